@@ -1,0 +1,37 @@
+#include "layer_kv.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+namespace kvscope {
+
+LayerKv LayerKv::absent(int heads, std::int64_t seq, int headDim)
+{
+    LayerKv kv;
+    kv.heads = heads;
+    kv.seq = seq;
+    kv.headDim = headDim;
+    const std::size_t n = std::size_t(heads) * std::size_t(seq) * std::size_t(headDim);
+    kv.k.assign(n, std::numeric_limits<float>::quiet_NaN());
+    kv.v.assign(n, std::numeric_limits<float>::quiet_NaN());
+    kv.present.assign(std::size_t(seq), 0);
+    return kv;
+}
+
+std::int64_t LayerKv::presentCount() const
+{
+    return std::accumulate(present.begin(), present.end(), std::int64_t(0));
+}
+
+void LayerKv::clear(std::int64_t pos)
+{
+    present[std::size_t(pos)] = 0;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int h = 0; h < heads; ++h) {
+        std::fill_n(k.begin() + std::ptrdiff_t(index(h, pos)), headDim, nan);
+        std::fill_n(v.begin() + std::ptrdiff_t(index(h, pos)), headDim, nan);
+    }
+}
+
+}  // namespace kvscope

@@ -1,0 +1,52 @@
+#include "snapshot_merge.h"
+
+#include "bundle_error.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace kvscope {
+
+std::vector<PositionRange> contributedRanges(const std::vector<SnapshotSpan>& spans, const std::string& file,
+                                             const std::string& object)
+{
+    std::vector<PositionRange> ranges;
+    std::int64_t begin = 0;
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+        const SnapshotSpan& s = spans[i];
+        const std::string where = object + (object.empty() ? "" : ", ") + "snapshot " + std::to_string(i);
+        if (s.validatedUntil > s.seqLen)
+            throw BundleError(file, where, "validated_until " + std::to_string(s.validatedUntil) +
+                                               " exceeds seq_len " + std::to_string(s.seqLen));
+        if (s.validatedUntil < begin)
+            throw BundleError(file, where, "validated_until " + std::to_string(s.validatedUntil) +
+                                               " goes back before the previous snapshot's " +
+                                               std::to_string(begin));
+        ranges.push_back({begin, s.validatedUntil});
+        begin = s.validatedUntil;
+    }
+    return ranges;
+}
+
+SnapshotMerger::SnapshotMerger(int heads, std::int64_t totalLen, int headDim)
+    : m_merged(LayerKv::absent(heads, totalLen, headDim))
+{
+}
+
+void SnapshotMerger::add(const LayerKv& snapshot, PositionRange range)
+{
+    if (snapshot.heads != m_merged.heads || snapshot.headDim != m_merged.headDim)
+        throw std::invalid_argument("SnapshotMerger: snapshot shape differs from the merged cache");
+    const std::int64_t end = std::min({range.end, snapshot.seq, m_merged.seq});
+    for (std::int64_t pos = std::max<std::int64_t>(range.begin, 0); pos < end; ++pos) {
+        if (!snapshot.present[std::size_t(pos)])
+            continue;
+        for (int h = 0; h < m_merged.heads; ++h) {
+            std::copy_n(snapshot.kAt(h, pos), m_merged.headDim, m_merged.k.begin() + std::ptrdiff_t(m_merged.index(h, pos)));
+            std::copy_n(snapshot.vAt(h, pos), m_merged.headDim, m_merged.v.begin() + std::ptrdiff_t(m_merged.index(h, pos)));
+        }
+        m_merged.present[std::size_t(pos)] = 1;
+    }
+}
+
+}  // namespace kvscope

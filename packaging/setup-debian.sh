@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvscope needs, only those that are missing.
+# Idempotent and non-interactive; run as root (or with sudo available).
+set -euo pipefail
+
+packages=(
+  build-essential cmake
+  qt6-base-dev qt6-base-dev-tools qt6-svg-dev
+  libqcustomplot-dev libqcustomplot2.1-qt6
+  libtorch-dev libhdf5-dev nlohmann-json3-dev
+  # looking at the GUI headless, and the tests that do
+  xvfb xauth imagemagick
+  # the Python capture side and its tests
+  python3-torch python3-h5py python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "kvscope setup: installing ${missing[*]}"
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
