@@ -1,1 +1,64 @@
-int main(){}
+// kvscope: the desktop app and its headless subcommands.
+
+#include "cli_inspect.h"
+#include "demo_capture.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* const kUsage = R"(usage: kvscope COMMAND [ARGS]
+
+commands:
+  demo [DIR]        write the built-in demo capture to DIR (default: ./kvscope-demo)
+                    and inspect it
+  inspect BUNDLE    show what a capture bundle holds and check that every layer of
+                    every prompt reconstructs; exit 0 if so, 1 if not, 2 if unreadable
+  write-demo FILE   write the built-in demo capture to FILE
+  help              this text
+
+Capture bundles are HDF5 files, format v1: see docs/bundle-format.md.
+)";
+
+std::string demoPath(const std::vector<std::string>& args)
+{
+    const std::filesystem::path dir = args.size() > 2 ? args[2] : "kvscope-demo";
+    std::filesystem::create_directories(dir);
+    return (dir / "demo-capture.h5").string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    const std::vector<std::string> args(argv, argv + argc);
+    const std::string command = args.size() > 1 ? args[1] : "help";
+    try {
+        if (command == "inspect" && args.size() == 3)
+            return kvscope::cli::inspect(args[2], std::cout, std::cerr);
+        if (command == "write-demo" && args.size() == 3) {
+            kvscope::writeDemoCapture(args[2]);
+            std::cout << "wrote " << args[2] << "\n";
+            return 0;
+        }
+        if (command == "demo" && args.size() <= 3) {
+            const std::string path = demoPath(args);
+            kvscope::writeDemoCapture(path);
+            std::cout << "wrote the demo capture to " << path << "\n\n";
+            return kvscope::cli::inspect(path, std::cout, std::cerr);
+        }
+        if (command == "help" || command == "--help" || command == "-h") {
+            std::cout << kUsage;
+            return 0;
+        }
+    } catch (const std::exception& e) {
+        std::cerr << "kvscope: " << e.what() << "\n";
+        return 2;
+    }
+    std::cerr << kUsage;
+    return 2;
+}

@@ -181,6 +181,9 @@ static std::uint32_t encodeMinifloat(float value, int expBits, int manBits, bool
         ? std::ldexp(float((2u << manBits) - 1), int(maxExponent) - 1 - bias - manBits)
         : std::ldexp(float((2u << manBits) - 2), int(maxExponent) - bias - manBits);
     const float magnitude = std::fabs(value);
+    if (std::isinf(magnitude))
+        return hasInfinity ? signBit | (maxExponent << manBits)
+                           : signBit | encodeMinifloat(maxFinite, expBits, manBits, hasInfinity);
     // Quantise to the grid of the exponent the value falls into.
     const int minNormalExponent = 1 - bias;
     int exponent = magnitude == 0.0f ? minNormalExponent : std::ilogb(magnitude);

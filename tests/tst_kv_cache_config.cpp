@@ -1,0 +1,121 @@
+// The KV cache config: parsing as the engine reports it, TP layout, and rejection of
+// configs that are malformed or inconsistent, with messages that say where.
+
+#include "kv_cache_config.h"
+#include "test_support.h"
+
+#include <QTest>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestKvCacheConfig : public QObject {
+    Q_OBJECT
+
+private slots:
+    void parsesEngineDict();
+    void tpLayout_data();
+    void tpLayout();
+    void rejects_data();
+    void rejects();
+    void jsonRoundTrip();
+};
+
+void TestKvCacheConfig::parsesEngineDict()
+{
+    // As get_kv_cache_config returns it, with fields kvscope does not use.
+    const std::string text = R"({"num_blocks": 4096, "tp_size": 4, "total_num_kv_heads": 8, "dcp_size": 1, "pcp_size": 1,
+      "groups": [
+        {"layer_names": ["model.layers.1.self_attn", "model.layers.3.self_attn"], "spec_type": "SlidingWindowSpec",
+         "block_size": 16, "num_kv_heads": 2, "head_size": 64, "dtype": "torch.bfloat16", "sliding_window": 128,
+         "attention_chunk_size": null, "page_size_bytes": 8192},
+        {"layer_names": ["model.layers.0.self_attn", "model.layers.2.self_attn", "model.layers.10.self_attn"],
+         "spec_type": "FullAttentionSpec", "block_size": 32, "num_kv_heads": 2, "head_size": 64,
+         "dtype": "torch.bfloat16", "sliding_window": null}]})";
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(text, "f.h5");
+    QCOMPARE(cfg.numBlocks, 4096);
+    QCOMPARE(cfg.groups.size(), std::size_t(2));
+    QCOMPARE(cfg.groups[0].specType, SpecType::SlidingWindow);
+    QCOMPARE(cfg.groups[0].slidingWindow, std::optional<int>(128));
+    QCOMPARE(cfg.groups[1].blockSize, 32);
+    QVERIFY(!cfg.groups[1].slidingWindow);
+    QCOMPARE(cfg.groupOf("model.layers.10.self_attn"), 1);
+    QCOMPARE(cfg.groupOf("model.layers.4.self_attn"), -1);
+    QCOMPARE(cfg.layerNames(), (std::vector<std::string>{"model.layers.0.self_attn", "model.layers.1.self_attn",
+                                                          "model.layers.2.self_attn", "model.layers.3.self_attn",
+                                                          "model.layers.10.self_attn"}));
+    QCOMPARE(cfg.json, text);
+}
+
+void TestKvCacheConfig::tpLayout_data()
+{
+    QTest::addColumn<int>("total");
+    QTest::addColumn<int>("tp");
+    QTest::addColumn<int>("perRank");
+    QTest::addColumn<bool>("replicated");
+    QTest::addColumn<std::vector<int>>("ranks");
+    QTest::newRow("8/8") << 8 << 8 << 1 << false << std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7};
+    QTest::newRow("2/8: stride 4") << 2 << 8 << 1 << true << std::vector<int>{0, 4};
+    QTest::newRow("16/8") << 16 << 8 << 2 << false << std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7};
+    QTest::newRow("8/4") << 8 << 4 << 2 << false << std::vector<int>{0, 1, 2, 3};
+    QTest::newRow("1/4: stride 4") << 1 << 4 << 1 << true << std::vector<int>{0};
+}
+
+void TestKvCacheConfig::tpLayout()
+{
+    QFETCH(int, total);
+    QFETCH(int, tp);
+    QFETCH(int, perRank);
+    QFETCH(bool, replicated);
+    QFETCH(std::vector<int>, ranks);
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(configJson(8, tp, total, 4, {{{"l0"}}}));
+    QCOMPARE(cfg.headsPerRank(), perRank);
+    QCOMPARE(cfg.tpMode() == TpMode::Replicated, replicated);
+    QCOMPARE(cfg.contributingRanks(), ranks);
+}
+
+void TestKvCacheConfig::rejects_data()
+{
+    QTest::addColumn<QString>("json");
+    QTest::addColumn<QString>("where");
+    QTest::addColumn<QString>("problem");
+    const QString good = QString::fromStdString(configJson(8, 2, 4, 4, {{{"l0", "l1"}}}));
+    auto edit = [&](const QString& from, const QString& to) { return QString(good).replace(from, to); };
+    QTest::newRow("not JSON") << "{\"num_blocks\": 8," << "cfg" << "not valid JSON";
+    QTest::newRow("not an object") << "[1, 2]" << "cfg" << "must be a JSON object";
+    QTest::newRow("num_blocks missing") << edit("\"num_blocks\": 8, ", "") << "cfg.num_blocks" << "missing";
+    QTest::newRow("num_blocks absurd") << edit("\"num_blocks\": 8", "\"num_blocks\": 99999999999") << "cfg.num_blocks" << "outside";
+    QTest::newRow("num_blocks not int") << edit("\"num_blocks\": 8", "\"num_blocks\": \"8\"") << "cfg.num_blocks" << "must be an integer";
+    QTest::newRow("heads per rank") << edit("\"num_kv_heads\": 2", "\"num_kv_heads\": 4") << "cfg.groups[0].num_kv_heads"
+                                    << "disagrees with total_num_kv_heads 4 over tp_size 2";
+    QTest::newRow("uneven partition") << edit("\"total_num_kv_heads\": 4", "\"total_num_kv_heads\": 5")
+                                      << "cfg.total_num_kv_heads" << "cannot be partitioned";
+    QTest::newRow("MLA") << edit("FullAttentionSpec", "MLAAttentionSpec") << "cfg.groups[0].spec_type" << "not supported";
+    QTest::newRow("dtype") << edit("torch.float32", "torch.int8") << "cfg.groups[0].dtype" << "unsupported dtype 'torch.int8'";
+    QTest::newRow("duplicate layer") << edit("\"l1\"", "\"l0\"") << "cfg.groups[0].layer_names" << "more than one place";
+    QTest::newRow("slash in name") << edit("\"l1\"", "\"a/b\"") << "cfg.groups[0].layer_names" << "cannot be an HDF5 name";
+    QTest::newRow("sliding without window") << edit("FullAttentionSpec", "SlidingWindowSpec") << "cfg.groups[0].sliding_window"
+                                            << "needs a sliding_window";
+    QTest::newRow("context parallel") << edit("\"dcp_size\": 1", "\"dcp_size\": 2") << "cfg.dcp_size" << "not supported";
+    QTest::newRow("no groups") << edit("\"groups\": [", "\"groups\": [], \"x\": [") << "cfg.groups" << "non-empty list";
+}
+
+void TestKvCacheConfig::rejects()
+{
+    QFETCH(QString, json);
+    QFETCH(QString, where);
+    QFETCH(QString, problem);
+    expectBundleError([&] { KvCacheConfig::fromJson(json.toStdString(), "bundle.h5", "cfg"); },
+                      {"bundle.h5", where.toStdString(), problem.toStdString()});
+}
+
+void TestKvCacheConfig::jsonRoundTrip()
+{
+    const KvCacheConfig a = KvCacheConfig::fromJson(configJson(8, 2, 4, 4, {{{"l0"}, "SlidingWindowSpec", 16, 64}, {{"l1"}}}));
+    const KvCacheConfig b = KvCacheConfig::fromJson(a.toJson());
+    QCOMPARE(b.toJson(), a.toJson());
+    QCOMPARE(b.groups[0].slidingWindow, std::optional<int>(64));
+}
+
+QTEST_APPLESS_MAIN(TestKvCacheConfig)
+#include "tst_kv_cache_config.moc"
