@@ -106,7 +106,8 @@ void writeDemoCapture(const std::string& path, const DemoCaptureOptions& o)
                 for (std::int64_t pos = promptLen + o.faultPosition; pos < seqLen; ++pos)
                     for (int d = 0; d + 1 < o.headDim; d += 2) {
                         float* k = eng.k.data() + eng.index(o.faultHead, pos) + d;
-                        const float angle = 0.3f / float(1 + d);
+                        // RoPE rotated by one position too many: pair i turns by 10000^(-2i/dim).
+                        const float angle = std::pow(10000.0f, -float(d) / float(o.headDim));
                         const float a = k[0], b = k[1];
                         k[0] = bf16(a * std::cos(angle) - b * std::sin(angle));
                         k[1] = bf16(a * std::sin(angle) + b * std::cos(angle));

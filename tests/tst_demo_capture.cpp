@@ -1,0 +1,139 @@
+// The demo capture end to end: written with a vLLM-like paged layout (shuffled pool,
+// freed and reused sliding-window blocks, TP shards, two snapshots around a divergence),
+// read back, reconstructed and compared with the baseline in plain double precision.
+
+#include "capture_loader.h"
+#include "demo_capture.h"
+
+#include <QProcess>
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <cmath>
+
+using namespace kvscope;
+
+namespace {
+
+// max |ref - x| / max |ref| over head_dim, computed here independently.
+double relativeLinf(const float* ref, const float* x, int dim)
+{
+    double maxDiff = 0, maxRef = 0;
+    for (int d = 0; d < dim; ++d) {
+        maxDiff = std::max(maxDiff, std::fabs(double(ref[d]) - double(x[d])));
+        maxRef = std::max(maxRef, std::fabs(double(ref[d])));
+    }
+    return maxDiff / std::max(maxRef, 1e-10);
+}
+
+}  // namespace
+
+class TestDemoCapture : public QObject {
+    Q_OBJECT
+
+private slots:
+    void initTestCase();
+    void layoutMatchesTheRules();
+    void engineMatchesBaselineExceptTheFault();
+    void cliInspect();
+
+private:
+    QTemporaryDir m_dir;
+    QString m_path;
+    DemoCaptureOptions m_options;
+};
+
+void TestDemoCapture::initTestCase()
+{
+    m_path = m_dir.filePath("demo.h5");
+    writeDemoCapture(m_path.toStdString(), m_options);
+}
+
+void TestDemoCapture::layoutMatchesTheRules()
+{
+    auto reader = std::make_shared<BundleReader>(m_path.toStdString());
+    QVERIFY(reader->validate().empty());
+    const CaptureLoader loader(reader);
+    QCOMPARE(reader->prompts().size(), m_options.promptLens.size());
+    for (const PromptInfo& p : reader->prompts()) {
+        const std::int64_t seqLen = p.promptLen + m_options.decodeTokens;
+        QCOMPARE(loader.sequenceLength(p.id), seqLen);
+        QCOMPARE(p.snapshots.size(), std::size_t(2));
+        // Only referenced blocks are stored, and the null block is never one of them.
+        QVERIFY(!p.snapshots[0].storedBlockIds.empty());
+        QVERIFY(p.snapshots[0].storedBlockIds.front() > 0);
+        for (const std::string& layer : reader->config().layerNames()) {
+            const bool sliding = reader->config().groups[std::size_t(reader->config().groupOf(layer))].specType ==
+                                 SpecType::SlidingWindow;
+            const LayerKv engine = loader.engineLayer(p.id, layer);
+            const LayerKv expected = loader.referenceLayer(p.id, ReferenceRole::Expected, layer);
+            for (std::int64_t pos = 0; pos < seqLen; ++pos) {
+                // Engine: snapshot 0 (written divergence + 1, validated to the divergence) holds the
+                // window before it; snapshot 1 (written seqLen - 1) the rest. The last position is never written.
+                const std::int64_t div = p.divergencePositions.at(0);
+                const std::int64_t firstHeld0 = sliding ? std::max<std::int64_t>(0, div + 1 - m_options.slidingWindow + 1) : 0;
+                const std::int64_t firstHeld1 = sliding ? seqLen - 1 - m_options.slidingWindow + 1 : 0;
+                const bool engineHeld = pos < div ? pos >= firstHeld0 : (pos >= firstHeld1 && pos < seqLen - 1);
+                QCOMPARE(bool(engine.present[std::size_t(pos)]), engineHeld);
+                const bool refHeld = !sliding || pos >= seqLen - (m_options.slidingWindow - 1);
+                QCOMPARE(bool(expected.present[std::size_t(pos)]), refHeld);
+            }
+        }
+    }
+}
+
+void TestDemoCapture::engineMatchesBaselineExceptTheFault()
+{
+    const CaptureLoader loader(std::make_shared<BundleReader>(m_path.toStdString()));
+    const std::string faultLayer = "model.layers." + std::to_string(m_options.faultLayer) + ".self_attn";
+    for (const PromptInfo& p : loader.reader().prompts()) {
+        for (const std::string& layer : loader.reader().config().layerNames()) {
+            const LayerKv engine = loader.engineLayer(p.id, layer);
+            const LayerKv baseline = loader.referenceLayer(p.id, ReferenceRole::Baseline, layer);
+            for (std::int64_t pos = 0; pos < engine.seq; ++pos) {
+                if (!engine.present[std::size_t(pos)] || !baseline.present[std::size_t(pos)])
+                    continue;
+                for (int h = 0; h < engine.heads; ++h) {
+                    const double v = relativeLinf(baseline.vAt(h, pos), engine.vAt(h, pos), engine.headDim);
+                    const double k = relativeLinf(baseline.kAt(h, pos), engine.kAt(h, pos), engine.headDim);
+                    QVERIFY2(v < 0.02, qPrintable(QString("V error %1 at pos %2").arg(v).arg(pos)));
+                    const bool faulty = layer == faultLayer && h == m_options.faultHead &&
+                                        pos >= p.promptLen + m_options.faultPosition;
+                    // bf16 rounding of a perturbation: a few ulps (2^-8 relative) at most.
+                    if (faulty)
+                        QVERIFY2(k > 0.05, qPrintable(QString("fault not visible at pos %1: %2").arg(pos).arg(k)));
+                    else
+                        QVERIFY2(k < 0.02, qPrintable(QString::fromStdString(layer) +
+                                                      QString(" head %1 pos %2: K error %3").arg(h).arg(pos).arg(k)));
+                }
+            }
+        }
+    }
+}
+
+void TestDemoCapture::cliInspect()
+{
+    QProcess ok;
+    ok.start(KVSCOPE_BINARY, {"inspect", m_path});
+    QVERIFY(ok.waitForFinished(60000));
+    QCOMPARE(ok.exitCode(), 0);
+    const QString out = ok.readAllStandardOutput();
+    QVERIFY(out.contains("TP 2 (partitioned"));
+    QVERIFY(out.contains("SlidingWindowSpec (sliding_window 24), block_size 8"));
+    QVERIFY(out.contains("model.layers.7.self_attn"));
+
+    const QString text = m_dir.filePath("notes.txt");
+    QFile f(text);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write("not a bundle");
+    f.close();
+    QProcess bad;
+    bad.start(KVSCOPE_BINARY, {"inspect", text});
+    QVERIFY(bad.waitForFinished(60000));
+    QCOMPARE(bad.exitCode(), 2);
+    const QString err = bad.readAllStandardError();
+    QVERIFY2(err.contains(text) && err.contains("not an HDF5 file"), qPrintable(err));
+}
+
+QTEST_GUILESS_MAIN(TestDemoCapture)
+#include "tst_demo_capture.moc"
