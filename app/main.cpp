@@ -1,5 +1,6 @@
 // kvscope: the desktop app and its headless subcommands.
 
+#include "cli_analyze.h"
 #include "cli_inspect.h"
 #include "demo_capture.h"
 
@@ -15,7 +16,11 @@ const char* const kUsage = R"(usage: kvscope COMMAND [ARGS]
 
 commands:
   demo [DIR]        write the built-in demo capture to DIR (default: ./kvscope-demo)
-                    and inspect it
+                    and analyse it
+  analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]
+                    compare the engine's KV with the reference: per (token, layer, head)
+                    cos / relative L-inf / relative L2, per (token, layer) BC, aggregated
+                    BC across prompts; a readable summary, or everything as JSON
   inspect BUNDLE    show what a capture bundle holds and check that every layer of
                     every prompt reconstructs; exit 0 if so, 1 if not, 2 if unreadable
   write-demo FILE   write the built-in demo capture to FILE
@@ -38,6 +43,8 @@ int main(int argc, char** argv)
     const std::vector<std::string> args(argv, argv + argc);
     const std::string command = args.size() > 1 ? args[1] : "help";
     try {
+        if (command == "analyze")
+            return kvscope::cli::analyze({args.begin() + 2, args.end()}, std::cout, std::cerr);
         if (command == "inspect" && args.size() == 3)
             return kvscope::cli::inspect(args[2], std::cout, std::cerr);
         if (command == "write-demo" && args.size() == 3) {
@@ -49,7 +56,7 @@ int main(int argc, char** argv)
             const std::string path = demoPath(args);
             kvscope::writeDemoCapture(path);
             std::cout << "wrote the demo capture to " << path << "\n\n";
-            return kvscope::cli::inspect(path, std::cout, std::cerr);
+            return kvscope::cli::analyze({path}, std::cout, std::cerr);
         }
         if (command == "help" || command == "--help" || command == "-h") {
             std::cout << kUsage;

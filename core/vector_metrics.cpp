@@ -1,0 +1,31 @@
+#include "vector_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvscope {
+
+bool compareVectors(const float* ref, const float* x, int dim, VectorComparison& out)
+{
+    double dot = 0, refSq = 0, xSq = 0, diffSq = 0, maxDiff = 0, maxRef = 0;
+    bool finite = true;
+    for (int d = 0; d < dim; ++d) {
+        const double r = ref[d], v = x[d];
+        finite = finite && std::isfinite(r) && std::isfinite(v);
+        const double diff = r - v;
+        dot += r * v;
+        refSq += r * r;
+        xSq += v * v;
+        diffSq += diff * diff;
+        maxDiff = std::max(maxDiff, std::fabs(diff));
+        maxRef = std::max(maxRef, std::fabs(r));
+    }
+    if (!finite)
+        return false;
+    out.cos = dot / (std::max(std::sqrt(refSq), kCosineEps) * std::max(std::sqrt(xSq), kCosineEps));
+    out.linf = maxDiff / std::max(maxRef, kRelativeEps);
+    out.l2 = std::sqrt(diffSq) / std::max(std::sqrt(refSq), kRelativeEps);
+    return true;
+}
+
+}  // namespace kvscope
