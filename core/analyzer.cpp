@@ -21,7 +21,7 @@ struct LayerSides {
     LayerKv reference;
     LayerKv target;
     LayerKv base;
-    TokenErrorRanges ranges;
+    TokenErrorStats stats;
     bool ok = false;
 };
 
@@ -29,50 +29,76 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                     int layer, AggregateBc& aggregate)
 {
     const std::size_t gCount = std::size_t(aggregate.generationCount);
+    auto promptLen = [&](std::size_t i) { return result.prompts[std::size_t(pooled[i])].promptLen; };
     for (KvPart part : {KvPart::K, KvPart::V}) {
-        // By generation index: the same absolute offset after each prompt's prefill.
-        for (std::size_t g = 0; g < gCount; ++g) {
-            ErrorRange range;
-            for (std::size_t i = 0; i < pooled.size(); ++i) {
-                const PromptAnalysis& p = result.prompts[std::size_t(pooled[i])];
-                if (sides[i].ok)
-                    range.merge(sides[i].ranges.of(part)[std::size_t(p.promptLen) + g]);
+        // Pass 1: the shared ranges, from the per-token ranges. By generation index (the same
+        // offset after each prompt's prefill), and combined (every prompt and token).
+        std::vector<ErrorRange> byIndex(gCount);
+        ErrorRange combined;
+        for (std::size_t i = 0; i < pooled.size(); ++i) {
+            if (!sides[i].ok)
+                continue;
+            for (std::int64_t t = 0; t < sides[i].stats.tokens; ++t) {
+                const ErrorRange& r = sides[i].stats.range(part, t);
+                combined.merge(r);
+                const std::int64_t g = t - promptLen(i);
+                if (g >= 0 && std::size_t(g) < gCount)
+                    byIndex[std::size_t(g)].merge(r);
             }
-            if (range.empty())
-                continue;  // no prompt holds this index: no data, not BC 1
-            const SharedBins bins(range);
-            Histogram base, target;
-            for (std::size_t i = 0; i < pooled.size(); ++i) {
-                const std::int64_t t = result.prompts[std::size_t(pooled[i])].promptLen + std::int64_t(g);
-                const LayerSides& s = sides[i];
-                if (!s.ok || s.ranges.of(part)[std::size_t(t)].empty())
-                    continue;
-                addTokenErrors(s.reference, s.base, t, part, bins, base);
-                addTokenErrors(s.reference, s.target, t, part, bins, target);
-            }
-            aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] = float(bhattacharyya(base, target));
         }
-        // Combined: every prompt and every token of the layer.
-        ErrorRange range;
-        for (const LayerSides& s : sides)
-            if (s.ok)
-                for (const ErrorRange& r : s.ranges.of(part))
-                    range.merge(r);
-        if (range.empty())
+        if (combined.empty())
             continue;
-        const SharedBins bins(range);
-        Histogram base, target;
-        for (const LayerSides& s : sides) {
+        // A generation index whose every token has the pooled range itself (always so with
+        // one prompt) has the same bins as those tokens: their counts add up exactly.
+        std::vector<char> reuse(gCount, 1);
+        for (std::size_t i = 0; i < pooled.size(); ++i)
+            for (std::size_t g = 0; g < gCount && sides[i].ok; ++g) {
+                const ErrorRange& r = sides[i].stats.range(part, promptLen(i) + std::int64_t(g));
+                if (!r.empty() && (r.lo != byIndex[g].lo || r.hi != byIndex[g].hi))
+                    reuse[g] = 0;
+            }
+        // Pass 2: counts on the shared bins, every token's errors computed once.
+        std::vector<SharedBins> indexBins;
+        for (const ErrorRange& r : byIndex)
+            indexBins.emplace_back(r);
+        std::vector<Histogram> indexBase(gCount), indexTarget(gCount);
+        const SharedBins combinedBins(combined);
+        Histogram combinedBase, combinedTarget;
+        std::vector<float> baseErrors, targetErrors;
+        for (std::size_t i = 0; i < pooled.size(); ++i) {
+            const LayerSides& s = sides[i];
             if (!s.ok)
                 continue;
+            const std::size_t n = s.reference.rowSize();
+            baseErrors.resize(n);
+            targetErrors.resize(n);
             for (std::int64_t t = 0; t < s.reference.seq; ++t) {
-                if (s.ranges.of(part)[std::size_t(t)].empty())
+                if (s.stats.range(part, t).empty())
+                    continue;  // not held by every side
+                tokenErrors(s.reference, s.base, t, part, baseErrors.data());
+                tokenErrors(s.reference, s.target, t, part, targetErrors.data());
+                combinedBins.add(baseErrors.data(), n, combinedBase);
+                combinedBins.add(targetErrors.data(), n, combinedTarget);
+                const std::int64_t g = t - promptLen(i);
+                if (g < 0 || std::size_t(g) >= gCount)
                     continue;
-                addTokenErrors(s.reference, s.base, t, part, bins, base);
-                addTokenErrors(s.reference, s.target, t, part, bins, target);
+                const std::size_t gi = std::size_t(g);
+                if (reuse[gi]) {
+                    for (int b = 0; b < kBcBins; ++b) {
+                        indexBase[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 0)[b];
+                        indexTarget[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 1)[b];
+                    }
+                } else {
+                    indexBins[gi].add(baseErrors.data(), n, indexBase[gi]);
+                    indexBins[gi].add(targetErrors.data(), n, indexTarget[gi]);
+                }
             }
         }
-        aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(base, target));
+        for (std::size_t g = 0; g < gCount; ++g)
+            if (!byIndex[g].empty())  // no prompt holds this index: no data, not BC 1
+                aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] =
+                    float(bhattacharyya(indexBase[g], indexTarget[g]));
+        aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(combinedBase, combinedTarget));
     }
 }
 
@@ -186,7 +212,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
                             s.reference = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
                         }
                         compareLayer(s.reference, s.target, p.threeWay ? &s.base : nullptr, layer, p, nonFinite,
-                                     &s.ranges);
+                                     &s.stats);
                         s.ok = true;
                     } catch (const BundleError& e) {
                         issues.push_back(e.what());

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 namespace kvscope {
 
@@ -27,7 +28,7 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
         return reference.present[std::size_t(t)] && target.present[std::size_t(t)] &&
                (!base || base->present[std::size_t(t)]);
     };
-    ErrorRange range;
+    ErrorRange range;  // of the float32 errors, as they are binned
     HeadErrorHistogram out;
     for (std::int64_t t = tokenBegin; t < tokenEnd; ++t) {
         if (!held(t))
@@ -46,15 +47,19 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
     out.target = Histogram(bins);
     if (base)
         out.base = Histogram(bins);
+    std::vector<float> targetErrors, baseErrors;
     for (std::int64_t t = tokenBegin; t < tokenEnd; ++t) {
         if (!held(t))
             continue;
         for (int d = 0; d < reference.headDim; ++d) {
-            out.target.add(shared, std::fabs(at(reference, t)[d] - at(target, t)[d]));
+            targetErrors.push_back(std::fabs(at(reference, t)[d] - at(target, t)[d]));
             if (base)
-                out.base->add(shared, std::fabs(at(reference, t)[d] - at(*base, t)[d]));
+                baseErrors.push_back(std::fabs(at(reference, t)[d] - at(*base, t)[d]));
         }
     }
+    shared.add(targetErrors.data(), targetErrors.size(), out.target);
+    if (base)
+        shared.add(baseErrors.data(), baseErrors.size(), *out.base);
     if (base && out.tokensUsed > 0)
         out.bc = float(bhattacharyya(*out.base, out.target));
     return out;

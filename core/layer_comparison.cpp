@@ -3,6 +3,7 @@
 #include "vector_metrics.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace kvscope {
@@ -14,25 +15,45 @@ const float* partAt(const LayerKv& kv, KvPart part, int head, std::int64_t token
     return part == KvPart::K ? kv.kAt(head, token) : kv.vAt(head, token);
 }
 
-ErrorRange errorRange(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part)
+// Scratch for one token's errors, per thread.
+float* errorBuffer(std::size_t size, int which)
 {
-    ErrorRange range;
-    for (int h = 0; h < reference.heads; ++h) {
-        const float* r = partAt(reference, part, h, token);
-        const float* v = partAt(x, part, h, token);
-        float lo = range.lo, hi = range.hi;
-        for (int d = 0; d < reference.headDim; ++d) {
-            const float e = std::fabs(r[d] - v[d]);  // float32, as the reference computes it
-            lo = e < lo ? e : lo;
-            hi = e > hi ? e : hi;
-        }
-        range.lo = lo;
-        range.hi = hi;
-    }
-    return range;
+    thread_local std::vector<float> buffers[2];
+    if (buffers[which].size() < size)
+        buffers[which].resize(size);
+    return buffers[which].data();
 }
 
 }  // namespace
+
+ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part, float* out)
+{
+    // With the position-major layout, one token's heads are one contiguous row.
+    const float* r = partAt(reference, part, 0, token);
+    const float* v = partAt(x, part, 0, token);
+    const std::size_t n = reference.rowSize();
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+    for (std::size_t i = 0; i < n; ++i) {
+        const float e = std::fabs(r[i] - v[i]);  // float32, as the reference computes it
+        out[i] = e;
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+    }
+    ErrorRange range;
+    if (lo <= hi)  // all NaN leaves the range empty
+        range.lo = lo, range.hi = hi;
+    return range;
+}
+
+void TokenErrorStats::reset(std::int64_t tokenCount)
+{
+    tokens = tokenCount;
+    for (int part = 0; part < 2; ++part) {
+        ranges[std::size_t(part)].assign(std::size_t(tokenCount), ErrorRange{});
+        counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
+    }
+}
 
 bool comparable(const LayerKv& reference, const LayerKv& target, const LayerKv* base, std::int64_t token)
 {
@@ -40,19 +61,8 @@ bool comparable(const LayerKv& reference, const LayerKv& target, const LayerKv* 
            (!base || base->present[std::size_t(token)]);
 }
 
-void addTokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part,
-                    const SharedBins& bins, Histogram& histogram)
-{
-    for (int h = 0; h < reference.heads; ++h) {
-        const float* r = partAt(reference, part, h, token);
-        const float* v = partAt(x, part, h, token);
-        for (int d = 0; d < reference.headDim; ++d)
-            histogram.add(bins, std::fabs(r[d] - v[d]));
-    }
-}
-
 void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv* base, int layer,
-                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorRanges* ranges)
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats)
 {
     auto sameShape = [](const LayerKv& a, const LayerKv& b) {
         return a.heads == b.heads && a.seq == b.seq && a.headDim == b.headDim;
@@ -61,10 +71,9 @@ void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv
         throw std::invalid_argument("compareLayer: reference, target and base differ in shape");
     if (reference.heads != out.heads || reference.seq != out.tokens)
         throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
-    if (ranges) {
-        ranges->k.assign(std::size_t(reference.seq), ErrorRange{});
-        ranges->v.assign(std::size_t(reference.seq), ErrorRange{});
-    }
+    if (stats)
+        stats->reset(reference.seq);
+    std::uint64_t scratch[2][kBcBins];
     const int dim = reference.headDim;
     for (std::int64_t t = 0; t < reference.seq; ++t) {
         if (!comparable(reference, target, base, t))
@@ -93,16 +102,22 @@ void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv
             if (!base)
                 continue;
             // BC between |baseline - expected| and |baseline - actual| over all heads.
-            ErrorRange range = errorRange(reference, *base, t, part);
-            range.merge(errorRange(reference, target, t, part));
-            if (ranges)
-                (part == KvPart::K ? ranges->k : ranges->v)[std::size_t(t)] = range;
+            const std::size_t n = std::size_t(reference.heads) * std::size_t(dim);
+            float* baseErrors = errorBuffer(n, 0);
+            float* targetErrors = errorBuffer(n, 1);
+            ErrorRange range = tokenErrors(reference, *base, t, part, baseErrors);
+            range.merge(tokenErrors(reference, target, t, part, targetErrors));
+            std::uint64_t* p = stats ? stats->countsOf(part, t, 0) : scratch[0];
+            std::uint64_t* q = stats ? stats->countsOf(part, t, 1) : scratch[1];
+            if (stats)
+                stats->ranges[std::size_t(part)][std::size_t(t)] = range;
+            else
+                std::fill_n(&scratch[0][0], 2 * kBcBins, 0);
             const SharedBins bins(range);
-            Histogram p, q;
-            addTokenErrors(reference, *base, t, part, bins, p);
-            addTokenErrors(reference, target, t, part, bins, q);
+            bins.add(baseErrors, n, p);
+            bins.add(targetErrors, n, q);
             out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
-                float(bhattacharyya(p, q));
+                float(bhattacharyya(p, q, kBcBins));
         }
     }
 }

@@ -10,16 +10,30 @@
 #include "bhattacharyya.h"
 #include "layer_kv.h"
 
+#include <array>
 #include <vector>
 
 namespace kvscope {
 
-// Per token, the range of both error sets together (empty where absent): what cross-prompt
-// aggregation needs to choose shared bin edges without keeping the errors.
-struct TokenErrorRanges {
-    std::vector<ErrorRange> k;
-    std::vector<ErrorRange> v;
-    const std::vector<ErrorRange>& of(KvPart part) const { return part == KvPart::K ? k : v; }
+// Per token and part, what cross-prompt aggregation needs without keeping the errors: the
+// range of both error sets together (empty where absent), which chooses the shared bin
+// edges, and each set's counts on that range's own bins (reusable wherever a pooled range
+// turns out to be the same range).
+struct TokenErrorStats {
+    std::int64_t tokens = 0;
+    std::array<std::vector<ErrorRange>, 2> ranges;        // [part][token]
+    std::array<std::vector<std::uint64_t>, 2> counts;     // [part][token][base, target][bin]
+
+    void reset(std::int64_t tokenCount);
+    const ErrorRange& range(KvPart part, std::int64_t token) const { return ranges[std::size_t(part)][std::size_t(token)]; }
+    std::uint64_t* countsOf(KvPart part, std::int64_t token, int set)
+    {
+        return counts[std::size_t(part)].data() + (std::size_t(token) * 2 + std::size_t(set)) * kBcBins;
+    }
+    const std::uint64_t* countsOf(KvPart part, std::int64_t token, int set) const
+    {
+        return counts[std::size_t(part)].data() + (std::size_t(token) * 2 + std::size_t(set)) * kBcBins;
+    }
 };
 
 // Writes layer `layer` of `out` (which must be allocated with matching tokens and heads);
@@ -27,13 +41,13 @@ struct TokenErrorRanges {
 // input holds NaN or infinity stay NaN and are listed in `nonFinite`.
 // Throws std::invalid_argument when the shapes of the sides differ.
 void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv* base, int layer,
-                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorRanges* ranges = nullptr);
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr);
 
 // Whether every side holds `token`.
 bool comparable(const LayerKv& reference, const LayerKv& target, const LayerKv* base, std::int64_t token);
 
-// Adds |reference - x| of every head at `token` to `histogram` on `bins` (for pooling).
-void addTokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part,
-                    const SharedBins& bins, Histogram& histogram);
+// |reference - x| of every head at `token` into `out` ([heads * head_dim], float32 as the
+// reference tool computes them); returns their range (empty if all are NaN).
+ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part, float* out);
 
 }  // namespace kvscope

@@ -28,10 +28,8 @@ void LayerKv::clear(std::int64_t pos)
 {
     present[std::size_t(pos)] = 0;
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    for (int h = 0; h < heads; ++h) {
-        std::fill_n(k.begin() + std::ptrdiff_t(index(h, pos)), headDim, nan);
-        std::fill_n(v.begin() + std::ptrdiff_t(index(h, pos)), headDim, nan);
-    }
+    std::fill_n(k.begin() + std::ptrdiff_t(index(0, pos)), rowSize(), nan);
+    std::fill_n(v.begin() + std::ptrdiff_t(index(0, pos)), rowSize(), nan);
 }
 
 }  // namespace kvscope

@@ -6,7 +6,8 @@
 
 namespace kvscope {
 
-// K and V laid out [heads, seq, head_dim] in float (every stored dtype converts exactly).
+// K and V laid out [seq, heads, head_dim] in float (every stored dtype converts exactly):
+// position-major, so that everything about one token (all its heads) is contiguous.
 // `present[p]` says whether position p holds data. Absent positions (outside a freed
 // sliding window, never written, padding) hold NaN in k and v, so that any computation
 // that forgets the mask produces NaN rather than a plausible number; the mask is the truth.
@@ -22,8 +23,9 @@ struct LayerKv {
 
     std::size_t index(int head, std::int64_t pos) const
     {
-        return (std::size_t(head) * std::size_t(seq) + std::size_t(pos)) * std::size_t(headDim);
+        return (std::size_t(pos) * std::size_t(heads) + std::size_t(head)) * std::size_t(headDim);
     }
+    std::size_t rowSize() const { return std::size_t(heads) * std::size_t(headDim); }
     const float* kAt(int head, std::int64_t pos) const { return k.data() + index(head, pos); }
     const float* vAt(int head, std::int64_t pos) const { return v.data() + index(head, pos); }
     std::int64_t presentCount() const;

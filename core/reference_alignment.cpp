@@ -33,11 +33,12 @@ LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batc
     }
 
     LayerKv out = LayerKv::absent(int(heads), targetLen, int(dim));
-    for (std::int64_t h = 0; h < heads; ++h) {
-        const std::int64_t src = ((batchRow * heads + h) * seq) * dim;
-        k.decode(src, seq * dim, out.k.data() + out.index(int(h), offset));
-        v.decode(src, seq * dim, out.v.data() + out.index(int(h), offset));
-    }
+    for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t s = 0; s < seq; ++s) {
+            const std::int64_t src = ((batchRow * heads + h) * seq + s) * dim;
+            k.decode(src, dim, out.k.data() + out.index(int(h), offset + s));
+            v.decode(src, dim, out.v.data() + out.index(int(h), offset + s));
+        }
     std::fill(out.present.begin() + offset, out.present.end(), 1);
     return out;
 }

@@ -41,10 +41,8 @@ void SnapshotMerger::add(const LayerKv& snapshot, PositionRange range)
     for (std::int64_t pos = std::max<std::int64_t>(range.begin, 0); pos < end; ++pos) {
         if (!snapshot.present[std::size_t(pos)])
             continue;
-        for (int h = 0; h < m_merged.heads; ++h) {
-            std::copy_n(snapshot.kAt(h, pos), m_merged.headDim, m_merged.k.begin() + std::ptrdiff_t(m_merged.index(h, pos)));
-            std::copy_n(snapshot.vAt(h, pos), m_merged.headDim, m_merged.v.begin() + std::ptrdiff_t(m_merged.index(h, pos)));
-        }
+        std::copy_n(snapshot.kAt(0, pos), m_merged.rowSize(), m_merged.k.begin() + std::ptrdiff_t(m_merged.index(0, pos)));
+        std::copy_n(snapshot.vAt(0, pos), m_merged.rowSize(), m_merged.v.begin() + std::ptrdiff_t(m_merged.index(0, pos)));
         m_merged.present[std::size_t(pos)] = 1;
     }
 }

@@ -3,7 +3,7 @@
 // read back, reconstructed and compared with the baseline in plain double precision.
 
 #include "capture_loader.h"
-#include "demo_capture.h"
+#include "synthetic_capture.h"
 
 #include <QProcess>
 #include <QTemporaryDir>
@@ -40,13 +40,13 @@ private slots:
 private:
     QTemporaryDir m_dir;
     QString m_path;
-    DemoCaptureOptions m_options;
+    SyntheticCaptureOptions m_options = demoCaptureOptions();
 };
 
 void TestDemoCapture::initTestCase()
 {
     m_path = m_dir.filePath("demo.h5");
-    writeDemoCapture(m_path.toStdString(), m_options);
+    writeSyntheticCapture(m_path.toStdString(), m_options);
 }
 
 void TestDemoCapture::layoutMatchesTheRules()

@@ -6,7 +6,7 @@
 #include "analysis_json.h"
 #include "analyzer.h"
 #include "bundle_writer.h"
-#include "demo_capture.h"
+#include "synthetic_capture.h"
 #include "divergence.h"
 #include "error_histogram.h"
 #include "layer_comparison.h"
@@ -137,6 +137,7 @@ private slots:
     void shapeMismatchIsAnError();
     void reductions();
     void aggregationEqualsPooledErrors();
+    void singlePromptAggregate();
     void headHistogram();
     void divergencesFromLogits();
     void progressAndCancellation();
@@ -151,13 +152,13 @@ private:
 void TestMetrics::initTestCase()
 {
     m_demo = m_dir.filePath("demo.h5").toStdString();
-    DemoCaptureOptions o;
+    SyntheticCaptureOptions o = demoCaptureOptions();
     o.layers = 4;
     o.promptLens = {20, 31, 26};
     o.decodeTokens = 12;
     o.faultLayer = 3;
     o.divergence = 4;
-    writeDemoCapture(m_demo, o);
+    writeSyntheticCapture(m_demo, o);
 }
 
 void TestMetrics::vectorMetrics()
@@ -271,8 +272,8 @@ void TestMetrics::compareLayer()
     const LayerKv& reference = threeWay ? baseline : expected;
     PromptAnalysis p = emptyPrompt(2, seq, heads, threeWay);
     std::vector<NonFiniteCell> nonFinite;
-    TokenErrorRanges ranges;
-    kvscope::compareLayer(reference, actual, threeWay ? &expected : nullptr, 1, p, nonFinite, &ranges);
+    TokenErrorStats stats;
+    kvscope::compareLayer(reference, actual, threeWay ? &expected : nullptr, 1, p, nonFinite, &stats);
     QVERIFY(nonFinite.empty());
 
     for (std::int64_t t = 0; t < seq; ++t) {
@@ -307,8 +308,22 @@ void TestMetrics::compareLayer()
                 QVERIFY(std::isnan(bc));
                 continue;
             }
-            const double expect = referenceBc(errors(reference, expected, t, part), errors(reference, actual, t, part));
+            const std::vector<double> eb = errors(reference, expected, t, part), et = errors(reference, actual, t, part);
+            const double expect = referenceBc(eb, et);
             QVERIFY2(std::abs(bc - expect) < 1e-6, qPrintable(QString("token %1: %2 vs %3").arg(t).arg(bc).arg(expect)));
+            // What aggregation keeps: the range of both sets, and each set's counts.
+            double lo = eb[0], hi = eb[0];
+            for (const auto* set : {&eb, &et})
+                for (double e : *set)
+                    lo = std::min(lo, e), hi = std::max(hi, e);
+            QCOMPARE(stats.range(part, t).lo, lo);
+            QCOMPARE(stats.range(part, t).hi, hi);
+            for (int set = 0; set < 2; ++set) {
+                std::uint64_t total = 0;
+                for (int b = 0; b < kBcBins; ++b)
+                    total += stats.countsOf(part, t, set)[b];
+                QCOMPARE(total, std::uint64_t(eb.size()));
+            }
         }
     }
 }
@@ -420,6 +435,31 @@ void TestMetrics::aggregationEqualsPooledErrors()
     }
     // The last generation index is the never-written last position: no data anywhere.
     QVERIFY(std::isnan(agg.bc[0][std::size_t(agg.generationCount) - 1]));
+}
+
+void TestMetrics::singlePromptAggregate()
+{
+    // One prompt pooled: each generation index holds one token, so its aggregated BC is that
+    // token's BC (checked against the plain implementation in compareLayer above).
+    AnalysisOptions options;
+    options.prompts = {"prompt_1"};
+    const AnalysisResult r = analyzeBundle(std::make_shared<BundleReader>(m_demo), options);
+    const PromptAnalysis& p = r.prompts.at(0);
+    const AggregateBc& a = *r.aggregate;
+    QCOMPARE(a.generationCount, p.tokens - p.promptLen);
+    int compared = 0;
+    for (int l = 0; l < int(p.layers.size()); ++l)
+        for (std::int64_t g = 0; g < a.generationCount; ++g)
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const float token = p.bcValue(part, l, p.promptLen + g);
+                const float pooled = a.bc[std::size_t(part)][std::size_t(l) * std::size_t(a.generationCount) + std::size_t(g)];
+                QVERIFY(std::isnan(token) == std::isnan(pooled));
+                if (!std::isnan(token)) {
+                    QCOMPARE(pooled, token);
+                    ++compared;
+                }
+            }
+    QVERIFY(compared > 50);
 }
 
 void TestMetrics::headHistogram()

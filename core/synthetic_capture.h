@@ -1,0 +1,55 @@
+#pragma once
+// Synthetic captures made without a model, for the demo, the tests and the benchmark.
+// The baseline is random KV with a few outlier channels (as real K has), "expected" is the
+// baseline in bf16, and the engine is the baseline perturbed below bf16 resolution and
+// rounded, so a clean engine differs from the baseline the way bf16 does. The engine's KV is
+// laid into a paged cache as vLLM would (see paged_layout.h); one fault can be injected.
+// Layers are generated one at a time from their own seed, so memory stays small.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct SyntheticCaptureOptions {
+    std::string model = "synthetic";
+    int layers = 8;
+    bool alternateSliding = true;  // even layers sliding window, odd full attention; else all full
+    int kvHeads = 4;
+    int headDim = 32;
+    int tpSize = 2;
+    int fullBlockSize = 16;
+    int slidingBlockSize = 8;
+    int slidingWindow = 24;
+    std::vector<int> promptLens{40, 56};
+    int decodeTokens = 20;
+    bool baseline = true;  // three-way
+    std::uint64_t seed = 7;
+    // From `faultPosition` (relative to the end of the prompt) on, one head of one layer has
+    // its K rotated as RoPE one position too far would. faultLayer < 0: no fault.
+    int faultLayer = 5;
+    int faultHead = 1;
+    int faultPosition = 6;
+    // Where the engine's token differed from the teacher's (relative to the end of the
+    // prompt): two snapshots, the first validated up to it. < 0: one snapshot, no divergence.
+    int divergence = 9;
+};
+
+// The built-in demo capture: 8 layers alternating sliding window / full attention, 4 KV
+// heads over TP 2, two prompts with a divergence, a RoPE-style fault in layer 5, head 1.
+SyntheticCaptureOptions demoCaptureOptions();
+
+// Shaped like Llama-3.3-70B: `layers` full-attention layers, 8 KV heads of dim 128, bf16,
+// block size 16, TP 8; one prompt of `tokens` positions (half prefill), three-way, no fault.
+SyntheticCaptureOptions llama70bShape(int tokens, int layers = 80);
+
+// Writes the capture to `path`. Throws BundleError on I/O failure.
+void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOptions& options);
+
+inline void writeDemoCapture(const std::string& path)
+{
+    writeSyntheticCapture(path, demoCaptureOptions());
+}
+
+}  // namespace kvscope
