@@ -4,7 +4,6 @@
 #include "bundle_reader.h"
 #include "synthetic_capture.h"
 
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -78,9 +78,19 @@ double roofline(const std::string& path, int threads, std::uint64_t& bytes)
 
 struct ChildResult {
     std::string output;
-    long peakRssKb = 0;
     int status = -1;
 };
+
+// Peak resident set of this process since exec (VmHWM), in kB. (getrusage's ru_maxrss
+// would also count what a forked child inherited from the parent before exec.)
+long peakRssKb()
+{
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+        if (line.rfind("VmHWM:", 0) == 0)
+            return std::atol(line.c_str() + 6);
+    return 0;
+}
 
 ChildResult runChild(const std::vector<std::string>& args)
 {
@@ -104,11 +114,9 @@ ChildResult runChild(const std::vector<std::string>& args)
     for (ssize_t n; (n = read(pipeFds[0], buffer, sizeof buffer)) > 0;)
         result.output.append(buffer, std::size_t(n));
     close(pipeFds[0]);
-    struct rusage usage {};
     int status = 0;
-    wait4(pid, &status, 0, &usage);
+    waitpid(pid, &status, 0);
     result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.peakRssKb = usage.ru_maxrss;
     return result;
 }
 
@@ -122,9 +130,10 @@ double bestOf(int runs, const std::vector<std::string>& args, long& peakRssKb, s
         std::istringstream in(r.output);
         double s = 0;
         std::uint64_t b = 0;
-        in >> s >> b;
+        long rss = 0;
+        in >> s >> b >> rss;
         best = std::min(best, s);
-        peakRssKb = std::max(peakRssKb, r.peakRssKb);
+        peakRssKb = std::max(peakRssKb, rss);
         if (bytes)
             *bytes = b;
     }
@@ -142,14 +151,14 @@ int benchRun(const std::vector<std::string>& args)
     if (args[0] == "roofline") {
         std::uint64_t bytes = 0;
         const double sum = roofline(args[1], threads, bytes);
-        std::cout << seconds(start) << " " << bytes << " " << sum << "\n";
+        std::cout << seconds(start) << " " << bytes << " " << peakRssKb() << " " << sum << "\n";
         return 0;
     }
     if (args[0] == "analyze") {
         AnalysisOptions options;
         options.threads = threads;
         const AnalysisResult result = analyzeBundle(std::make_shared<BundleReader>(args[1]), options);
-        std::cout << seconds(start) << " 0 " << result.prompts.size() << "\n";
+        std::cout << seconds(start) << " 0 " << peakRssKb() << " " << result.prompts.size() << "\n";
         return 0;
     }
     return 2;
@@ -157,7 +166,7 @@ int benchRun(const std::vector<std::string>& args)
 
 int bench(const std::vector<std::string>& args)
 {
-    int tokens = 2048, layers = 80, threads = int(std::max(1u, std::thread::hardware_concurrency())), runs = 2;
+    int tokens = 2048, layers = 80, threads = int(std::max(1u, std::thread::hardware_concurrency())), runs = 3;
     std::filesystem::path dir = std::filesystem::temp_directory_path() / "kvscope-bench";
     bool keep = false;
     for (std::size_t i = 0; i < args.size(); ++i) {
@@ -175,7 +184,7 @@ int bench(const std::vector<std::string>& args)
         else if (args[i] == "--keep")
             keep = true;
         else {
-            std::cerr << "usage: kvscope bench [--tokens 2048] [--layers 80] [--threads N] [--runs 2] [--dir DIR] [--keep]\n";
+            std::cerr << "usage: kvscope bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n";
             return 2;
         }
     }
@@ -189,7 +198,7 @@ int bench(const std::vector<std::string>& args)
               << "  roofline = read every input element once (HDF5 read + decode + sum), same threads\n\n"
               << std::left << std::setw(8) << "layers" << std::setw(14) << "input MB" << std::setw(13) << "roofline s"
               << std::setw(13) << "analysis s" << std::setw(8) << "ratio" << std::setw(18) << "analysis RSS MB"
-              << "roofline RSS MB\n";
+              << std::setw(17) << "(result arrays)" << "roofline RSS MB\n";
     for (int l : {layers, 2 * layers}) {
         const std::string path = (dir / ("bench-" + std::to_string(tokens) + "x" + std::to_string(l) + ".h5")).string();
         if (!std::filesystem::exists(path))
@@ -200,10 +209,13 @@ int bench(const std::vector<std::string>& args)
         runChild({"kvscope", "bench-run", "roofline", path, t});  // warm the page cache
         const double roof = bestOf(runs, {"kvscope", "bench-run", "roofline", path, t}, rooflineRss, &bytes);
         const double full = bestOf(runs, {"kvscope", "bench-run", "analyze", path, t}, analysisRss, nullptr);
+        // What the analysis must keep whatever the streaming: every metric of every cell.
+        const double resultBytes = 4.0 * double(l) * tokens * (kMetricCount * 8 + 2) + 8.0 * l * (tokens / 2 + 1);
         std::cout << std::setw(8) << l << std::setw(14) << std::fixed << std::setprecision(1) << double(bytes) / 1e6
                   << std::setw(13) << std::setprecision(3) << roof << std::setw(13) << full << std::setw(8)
                   << std::setprecision(2) << full / roof << std::setw(18) << std::setprecision(0)
-                  << double(analysisRss) / 1024 << double(rooflineRss) / 1024 << "\n";
+                  << double(analysisRss) / 1024 << std::setw(17) << resultBytes / 1e6 << double(rooflineRss) / 1024
+                  << "\n";
         if (!keep)
             std::filesystem::remove(path);
     }

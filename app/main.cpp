@@ -27,7 +27,7 @@ commands:
   inspect BUNDLE    show what a capture bundle holds and check that every layer of
                     every prompt reconstructs; exit 0 if so, 1 if not, 2 if unreadable
   write-demo FILE   write the built-in demo capture to FILE
-  bench [--tokens 2048] [--layers 80] [--threads N] [--runs 2] [--dir DIR] [--keep]
+  bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]
                     time the three-way analysis of a synthetic Llama-3.3-70B-shaped
                     capture against a read-once roofline, at L and 2L layers
   help              this text

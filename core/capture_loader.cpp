@@ -40,7 +40,7 @@ static void checkPrompt(const PromptInfo& prompt)
 }
 
 LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                                      std::vector<std::string>* issues) const
+                                      std::vector<std::string>* issues, std::int64_t length) const
 {
     const PromptInfo& prompt = m_reader->prompt(promptId);
     checkPrompt(prompt);
@@ -54,7 +54,7 @@ LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t s
     const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written);
     const LayerShards shards = readShards(promptId, snapshot, layer, &ids);
     ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
-    return reconstructLayer(config, layer, shards, table, snap.batchRow, written, options, issues);
+    return reconstructLayer(config, layer, shards, table, snap.batchRow, written, options, issues, length);
 }
 
 std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std::size_t snapshot,
@@ -99,7 +99,7 @@ LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::strin
                           config.groups[std::size_t(group)].headSize);
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
         if (ranges[s].end > ranges[s].begin)
-            merger.add(engineSnapshot(promptId, s, layer, issues), ranges[s]);
+            merger.add(engineSnapshot(promptId, s, layer, issues, sequenceLength(promptId)), ranges[s]);
     return merger.take();
 }
 

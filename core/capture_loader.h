@@ -23,9 +23,10 @@ public:
     // Positions of the merged engine cache: the last snapshot's sequence length.
     std::int64_t sequenceLength(const std::string& promptId) const;
 
-    // One snapshot, reconstructed: positions [0, seq_len - 1) (the last token is never written).
+    // One snapshot, reconstructed: positions [0, seq_len - 1) (the last token is never
+    // written), in `length` positions (default: seq_len - 1; the rest absent).
     LayerKv engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                           std::vector<std::string>* issues = nullptr) const;
+                           std::vector<std::string>* issues = nullptr, std::int64_t length = -1) const;
     // Every sequence of a snapshot's batch whose length is known.
     std::vector<LayerKv> engineBatch(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                                      std::vector<std::string>* issues = nullptr) const;

@@ -1,5 +1,7 @@
 #include "dtype.h"
 
+#include "simd_clones.h"
+
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -120,6 +122,7 @@ const DecodeTables& tables()
 }
 }  // namespace
 
+KVSCOPE_VECTOR_CLONES
 void decodeToFloat(DType dtype, const void* src, std::size_t count, float* dst, float scale)
 {
     switch (dtype) {

@@ -1,5 +1,6 @@
 #include "layer_comparison.h"
 
+#include "simd_clones.h"
 #include "vector_metrics.h"
 
 #include <cmath>
@@ -26,6 +27,7 @@ float* errorBuffer(std::size_t size, int which)
 
 }  // namespace
 
+KVSCOPE_VECTOR_CLONES
 ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part, float* out)
 {
     // With the position-major layout, one token's heads are one contiguous row.

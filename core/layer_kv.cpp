@@ -19,6 +19,26 @@ LayerKv LayerKv::absent(int heads, std::int64_t seq, int headDim)
     return kv;
 }
 
+LayerKv LayerKv::unwritten(int heads, std::int64_t seq, int headDim)
+{
+    LayerKv kv;
+    kv.heads = heads;
+    kv.seq = seq;
+    kv.headDim = headDim;
+    const std::size_t n = std::size_t(heads) * std::size_t(seq) * std::size_t(headDim);
+    kv.k.resize(n);
+    kv.v.resize(n);
+    kv.present.assign(std::size_t(seq), 0);
+    return kv;
+}
+
+void LayerKv::clearAbsent()
+{
+    for (std::int64_t pos = 0; pos < seq; ++pos)
+        if (!present[std::size_t(pos)])
+            clear(pos);
+}
+
 std::int64_t LayerKv::presentCount() const
 {
     return std::accumulate(present.begin(), present.end(), std::int64_t(0));

@@ -1,10 +1,15 @@
 #pragma once
 // One layer's K and V for one sequence, contiguous, with an explicit presence mask.
 
+#include "uninitialized_allocator.h"
+
 #include <cstdint>
 #include <vector>
 
 namespace kvscope {
+
+// Layer buffers are tens of megabytes and always written (data or NaN) before they are read.
+using FloatBuffer = std::vector<float, UninitializedAllocator<float>>;
 
 // K and V laid out [seq, heads, head_dim] in float (every stored dtype converts exactly):
 // position-major, so that everything about one token (all its heads) is contiguous.
@@ -15,11 +20,17 @@ struct LayerKv {
     int heads = 0;
     std::int64_t seq = 0;
     int headDim = 0;
-    std::vector<float> k;
-    std::vector<float> v;
+    FloatBuffer k;
+    FloatBuffer v;
     std::vector<std::uint8_t> present;
 
+    // Every position absent (NaN).
     static LayerKv absent(int heads, std::int64_t seq, int headDim);
+    // Every position marked absent but its values left unwritten: the producer writes each
+    // position, or clear()s it (see clearAbsent()).
+    static LayerKv unwritten(int heads, std::int64_t seq, int headDim);
+    // Fills every position not marked present with NaN.
+    void clearAbsent();
 
     std::size_t index(int head, std::int64_t pos) const
     {

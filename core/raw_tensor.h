@@ -3,6 +3,7 @@
 // from or written to a bundle.
 
 #include "dtype.h"
+#include "uninitialized_allocator.h"
 
 #include <cstdint>
 #include <string>
@@ -13,7 +14,8 @@ namespace kvscope {
 struct RawTensor {
     DType dtype = DType::Float32;
     std::vector<std::int64_t> shape;
-    std::vector<std::uint8_t> bytes;
+    // Uninitialised on resize: readers and writers fill every byte.
+    std::vector<std::uint8_t, UninitializedAllocator<std::uint8_t>> bytes;
     // Dequantisation scale: stored values times scale give the real values (fp8 caches).
     float scale = 1.0f;
 

@@ -86,7 +86,7 @@ std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std:
 
 LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
-                         const ReconstructOptions& options, std::vector<std::string>* issues)
+                         const ReconstructOptions& options, std::vector<std::string>* issues, std::int64_t length)
 {
     const ErrorContext ctx{options, layer};
     const KvCacheGroup& group = groupOfLayer(config, layer, ctx);
@@ -105,9 +105,13 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
     const int heads = headsPerRank * int(ranks.size());
     const int headDim = group.headSize;
     const int blockSize = group.blockSize;
-    LayerKv out = LayerKv::absent(heads, writtenLen, headDim);
-    if (writtenLen == 0)
+    if (length < writtenLen)
+        length = writtenLen;
+    LayerKv out = LayerKv::unwritten(heads, length, headDim);
+    if (writtenLen == 0) {
+        out.clearAbsent();
         return out;
+    }
 
     std::vector<std::unordered_map<std::int64_t, std::int64_t>> kSlots, vSlots;
     for (int rank : ranks) {
@@ -167,6 +171,7 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
         }
         std::fill(out.present.begin() + begin, out.present.begin() + end, 1);
     }
+    out.clearAbsent();
     return out;
 }
 

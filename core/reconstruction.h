@@ -34,12 +34,14 @@ std::int64_t firstHeldPosition(const KvCacheGroup& group, std::int64_t writtenLe
 std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std::string& layer,
                                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen);
 
-// Reconstructs positions [0, writtenLen) of block-table row `row`. Positions outside a
-// freed sliding window are absent. Throws BundleError on shards that disagree with the
-// config, a layer that belongs to no group, and (with policy Error) unreadable blocks.
+// Reconstructs positions [0, writtenLen) of block-table row `row`, into `length` positions
+// (default: writtenLen; positions from writtenLen on are absent). Positions outside a freed
+// sliding window are absent. Throws BundleError on shards that disagree with the config, a
+// layer that belongs to no group, and (with policy Error) unreadable blocks.
 LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
-                         const ReconstructOptions& options = {}, std::vector<std::string>* issues = nullptr);
+                         const ReconstructOptions& options = {}, std::vector<std::string>* issues = nullptr,
+                         std::int64_t length = -1);
 
 // Every row of the table; rows whose length is negative (unknown) come back empty.
 std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,

@@ -32,7 +32,7 @@ LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batc
         offset = targetLen - seq;
     }
 
-    LayerKv out = LayerKv::absent(int(heads), targetLen, int(dim));
+    LayerKv out = LayerKv::unwritten(int(heads), targetLen, int(dim));
     for (std::int64_t h = 0; h < heads; ++h)
         for (std::int64_t s = 0; s < seq; ++s) {
             const std::int64_t src = ((batchRow * heads + h) * seq + s) * dim;
@@ -40,6 +40,7 @@ LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batc
             v.decode(src, dim, out.v.data() + out.index(int(h), offset + s));
         }
     std::fill(out.present.begin() + offset, out.present.end(), 1);
+    out.clearAbsent();
     return out;
 }
 

@@ -36,11 +36,17 @@ std::vector<PositionRange> contributedRanges(const std::vector<SnapshotSpan>& sp
 class SnapshotMerger {
 public:
     SnapshotMerger(int heads, std::int64_t totalLen, int headDim);
-    // Copies the present positions of `snapshot` within `range` (clipped to what it holds).
+    // Takes the present positions of `snapshot` within `range` (clipped to what it holds).
+    // The first snapshot with the merged length is adopted rather than copied.
+    void add(LayerKv&& snapshot, PositionRange range);
     void add(const LayerKv& snapshot, PositionRange range);
-    LayerKv take() { return std::move(m_merged); }
+    LayerKv take();
 
 private:
+    int m_heads;
+    std::int64_t m_totalLen;
+    int m_headDim;
+    bool m_started = false;
     LayerKv m_merged;
 };
 

@@ -1,10 +1,13 @@
 #include "vector_metrics.h"
 
+#include "simd_clones.h"
+
 #include <algorithm>
 #include <cmath>
 
 namespace kvscope {
 
+KVSCOPE_VECTOR_CLONES
 bool compareVectors(const float* ref, const float* x, int dim, VectorComparison& out)
 {
     double dot = 0, refSq = 0, xSq = 0, diffSq = 0, maxDiff = 0, maxRef = 0;
