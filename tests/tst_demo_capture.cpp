@@ -36,6 +36,7 @@ private slots:
     void layoutMatchesTheRules();
     void engineMatchesBaselineExceptTheFault();
     void cliInspect();
+    void cliAnalyze();
 
 private:
     QTemporaryDir m_dir;
@@ -133,6 +134,38 @@ void TestDemoCapture::cliInspect()
     QCOMPARE(bad.exitCode(), 2);
     const QString err = bad.readAllStandardError();
     QVERIFY2(err.contains(text) && err.contains("not an HDF5 file"), qPrintable(err));
+}
+
+void TestDemoCapture::cliAnalyze()
+{
+    auto run = [](const QStringList& args, int expectCode) {
+        QProcess p;
+        p.start(KVSCOPE_BINARY, args);
+        if (!p.waitForFinished(120000))
+            return QString("timeout");
+        const QString all = p.readAllStandardOutput() + p.readAllStandardError();
+        if (p.exitCode() != expectCode)
+            return QString("exit %1: %2").arg(p.exitCode()).arg(all);
+        return all;
+    };
+    // The summary names the injected fault first.
+    const QString summary = run({"analyze", m_path}, 0);
+    const int worst = summary.indexOf("worst cells");
+    QVERIFY2(worst > 0, qPrintable(summary));
+    QVERIFY2(summary.indexOf("model.layers.5.self_attn", worst) - worst < 120, qPrintable(summary));
+    QVERIFY(summary.contains("divergences: 49 (recorded)"));
+
+    const QString json = m_dir.filePath("out.json");
+    QVERIFY(run({"analyze", m_path, "--json", json, "--layers", "4-5", "--prompt", "prompt_1"}, 0).contains("wrote"));
+    QFile f(json);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const QByteArray text = f.readAll();
+    QVERIFY(text.contains("\"layer_names\":[\"model.layers.4.self_attn\",\"model.layers.5.self_attn\"]"));
+    QVERIFY(!text.contains("NaN"));
+
+    QVERIFY(run({"analyze", m_path, "--layers", "9"}, 2).contains("outside 0-7"));
+    QVERIFY(run({"analyze", m_path, "--prompt", "nope"}, 2).contains("no such prompt"));
+    QVERIFY(run({"analyze"}, 2).contains("usage"));
 }
 
 QTEST_GUILESS_MAIN(TestDemoCapture)
