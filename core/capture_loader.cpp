@@ -33,21 +33,28 @@ LayerShards CaptureLoader::readShards(const std::string& promptId, std::size_t s
     return shards;
 }
 
-static void checkPrompt(const PromptInfo& prompt)
+const PromptInfo& CaptureLoader::usablePrompt(const std::string& promptId) const
 {
+    const PromptInfo& prompt = m_reader->prompt(promptId);
     if (!prompt.problems.empty())
-        throw std::runtime_error(prompt.problems.front());
+        throw BundleError(m_reader->path(), bundle_path::prompt(promptId), "cannot be analysed: " + prompt.problems.front());
+    return prompt;
+}
+
+int CaptureLoader::groupOf(const std::string& layer) const
+{
+    const int group = m_reader->config().groupOf(layer);
+    if (group < 0)
+        throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
+    return group;
 }
 
 LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                                       std::vector<std::string>* issues, std::int64_t length) const
 {
-    const PromptInfo& prompt = m_reader->prompt(promptId);
-    checkPrompt(prompt);
+    const PromptInfo& prompt = usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
-    const int group = config.groupOf(layer);
-    if (group < 0)
-        throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
+    const int group = groupOf(layer);
     const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
     const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
     const std::int64_t written = snap.seqLen() - 1;
@@ -60,12 +67,9 @@ LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t s
 std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std::size_t snapshot,
                                                 const std::string& layer, std::vector<std::string>* issues) const
 {
-    const PromptInfo& prompt = m_reader->prompt(promptId);
-    checkPrompt(prompt);
+    const PromptInfo& prompt = usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
-    const int group = config.groupOf(layer);
-    if (group < 0)
-        throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
+    const int group = groupOf(layer);
     const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
     const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
     std::vector<std::int64_t> written;
@@ -84,17 +88,14 @@ std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std
 LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::string& layer,
                                    std::vector<std::string>* issues) const
 {
-    const PromptInfo& prompt = m_reader->prompt(promptId);
-    checkPrompt(prompt);
+    const PromptInfo& prompt = usablePrompt(promptId);
     std::vector<SnapshotSpan> spans;
     for (const SnapshotInfo& s : prompt.snapshots)
         spans.push_back({s.seqLen(), s.validatedUntil});
     const std::vector<PositionRange> ranges =
         contributedRanges(spans, m_reader->path(), bundle_path::prompt(promptId) + "/engine");
     const KvCacheConfig& config = m_reader->config();
-    const int group = config.groupOf(layer);
-    if (group < 0)
-        throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
+    const int group = groupOf(layer);
     SnapshotMerger merger(config.totalNumKvHeads, sequenceLength(promptId),
                           config.groups[std::size_t(group)].headSize);
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
@@ -105,12 +106,9 @@ LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::strin
 
 LayerKv CaptureLoader::referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const
 {
-    const PromptInfo& prompt = m_reader->prompt(promptId);
-    checkPrompt(prompt);
+    usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
-    const int group = config.groupOf(layer);
-    if (group < 0)
-        throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
+    const int group = groupOf(layer);
     const BundleReader::Reference ref = m_reader->readReference(promptId, role, layer);
     return alignReference(ref.k, ref.v, ref.batchRow, config, config.groups[std::size_t(group)],
                           sequenceLength(promptId), m_reader->path(),

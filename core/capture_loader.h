@@ -37,6 +37,9 @@ public:
     LayerKv referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
 
 private:
+    // The prompt, or a BundleError when its structure was found broken on open.
+    const PromptInfo& usablePrompt(const std::string& promptId) const;
+    int groupOf(const std::string& layer) const;  // throws for a layer of no group
     LayerShards readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                            const std::vector<std::int64_t>* blockIds) const;
     std::vector<BlockTable> blockTable(const std::string& promptId, std::size_t snapshot) const;

@@ -8,14 +8,9 @@ namespace kvscope {
 
 LayerKv LayerKv::absent(int heads, std::int64_t seq, int headDim)
 {
-    LayerKv kv;
-    kv.heads = heads;
-    kv.seq = seq;
-    kv.headDim = headDim;
-    const std::size_t n = std::size_t(heads) * std::size_t(seq) * std::size_t(headDim);
-    kv.k.assign(n, std::numeric_limits<float>::quiet_NaN());
-    kv.v.assign(n, std::numeric_limits<float>::quiet_NaN());
-    kv.present.assign(std::size_t(seq), 0);
+    LayerKv kv = unwritten(heads, seq, headDim);
+    std::fill(kv.k.begin(), kv.k.end(), std::numeric_limits<float>::quiet_NaN());
+    std::fill(kv.v.begin(), kv.v.end(), std::numeric_limits<float>::quiet_NaN());
     return kv;
 }
 
