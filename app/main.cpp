@@ -3,7 +3,8 @@
 #include "cli_analyze.h"
 #include "cli_bench.h"
 #include "cli_inspect.h"
-#include "synthetic_capture.h"
+#include "cli_synth.h"
+#include "model_capture.h"
 
 #include <malloc.h>
 
@@ -18,15 +19,18 @@ namespace {
 const char* const kUsage = R"(usage: kvscope COMMAND [ARGS]
 
 commands:
-  demo [DIR]        write the built-in demo capture to DIR (default: ./kvscope-demo)
-                    and analyse it
+  demo [DIR]        analyse the built-in demo capture (made in DIR, default ./kvscope-demo,
+                    on first use: a 24-layer model with a RoPE fault in layer 13)
   analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]
                     compare the engine's KV with the reference: per (token, layer, head)
                     cos / relative L-inf / relative L2, per (token, layer) BC, aggregated
                     BC across prompts; a readable summary, or everything as JSON
   inspect BUNDLE    show what a capture bundle holds and check that every layer of
                     every prompt reconstructs; exit 0 if so, 1 if not, 2 if unreadable
-  write-demo FILE   write the built-in demo capture to FILE
+  synth OUT.h5 [--demo] [--layers N] ... [--fault KIND]
+                    a capture from a small transformer run three ways (fp32 baseline,
+                    bf16 expected, bf16 engine), with an injectable engine fault
+                    (kvscope synth --help lists the options)
   bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]
                     time the three-way analysis of a synthetic Llama-3.3-70B-shaped
                     capture against a read-once roofline, at L and 2L layers
@@ -35,11 +39,17 @@ commands:
 Capture bundles are HDF5 files, format v1: see docs/bundle-format.md.
 )";
 
-std::string demoPath(const std::vector<std::string>& args)
+// The demo capture, made by the model-based generator on first use and kept.
+std::string demoCapture(const std::vector<std::string>& args)
 {
     const std::filesystem::path dir = args.size() > 2 ? args[2] : "kvscope-demo";
     std::filesystem::create_directories(dir);
-    return (dir / "demo-capture.h5").string();
+    const std::string path = (dir / "demo-capture-v1.h5").string();
+    if (!std::filesystem::exists(path)) {
+        std::cout << "generating the demo capture (a 24-layer model run three ways; about half a minute, once)\n";
+        kvscope::synth::writeModelCapture(path, kvscope::synth::demoModelCaptureOptions());
+    }
+    return path;
 }
 
 }  // namespace
@@ -59,17 +69,13 @@ int main(int argc, char** argv)
             return kvscope::cli::bench({args.begin() + 2, args.end()});
         if (command == "bench-run")
             return kvscope::cli::benchRun({args.begin() + 2, args.end()});
+        if (command == "synth")
+            return kvscope::cli::synth({args.begin() + 2, args.end()});
         if (command == "inspect" && args.size() == 3)
             return kvscope::cli::inspect(args[2], std::cout, std::cerr);
-        if (command == "write-demo" && args.size() == 3) {
-            kvscope::writeDemoCapture(args[2]);
-            std::cout << "wrote " << args[2] << "\n";
-            return 0;
-        }
         if (command == "demo" && args.size() <= 3) {
-            const std::string path = demoPath(args);
-            kvscope::writeDemoCapture(path);
-            std::cout << "wrote the demo capture to " << path << "\n\n";
+            const std::string path = demoCapture(args);
+            std::cout << "demo capture: " << path << "\n\n";
             return kvscope::cli::analyze({path}, std::cout, std::cerr);
         }
         if (command == "help" || command == "--help" || command == "-h") {

@@ -35,6 +35,12 @@ BundleReader::BundleReader(const std::string& path)
     for (std::size_t i = 0; i < 4; ++i)
         if (m_file.hasAttribute("/", kRootMetadata[i]))
             *fields[i] = m_file.readStringAttribute("/", kRootMetadata[i]);
+    for (const std::string& name : m_file.attributeNames("/")) {
+        const bool known = name == "format" || name == "format_version" ||
+                           std::find(std::begin(kRootMetadata), std::end(kRootMetadata), name) != std::end(kRootMetadata);
+        if (!known)
+            m_metadata.extra[name] = m_file.readStringAttribute("/", name);
+    }
 
     m_config = KvCacheConfig::fromJson(m_file.readString(bundle_path::kConfig), path, bundle_path::kConfig);
 

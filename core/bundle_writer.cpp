@@ -54,11 +54,8 @@ BundleWriter::BundleWriter(std::string path, const BundleMetadata& metadata, con
     m_file->writeStringAttribute("/", "engine", metadata.engine);
     m_file->writeStringAttribute("/", "created", metadata.created.empty() ? utcNow() : metadata.created);
     m_file->writeStringAttribute("/", "notes", metadata.notes);
-    for (const auto& [key, value] : metadata.extra) {
-        if (key == "format" || key == "format_version")
-            fail("/", "metadata key '" + key + "' is reserved");
-        m_file->writeStringAttribute("/", key, value);
-    }
+    for (const auto& [key, value] : metadata.extra)
+        setMetadata(key, value);
     m_file->writeString(bundle_path::kConfig, config.json.empty() ? config.toJson() : config.json);
     m_file->createGroup(bundle_path::kPrompts);
 }
@@ -69,6 +66,13 @@ BundleWriter::~BundleWriter()
         m_file.reset();
         std::remove(m_partialPath.c_str());
     }
+}
+
+void BundleWriter::setMetadata(const std::string& key, const std::string& value)
+{
+    if (key == "format" || key == "format_version")
+        fail("/", "metadata key '" + key + "' is reserved");
+    m_file->writeStringAttribute("/", key, value);
 }
 
 void BundleWriter::fail(const std::string& object, const std::string& problem) const

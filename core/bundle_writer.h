@@ -51,6 +51,8 @@ public:
     void addReference(const std::string& promptId, ReferenceRole role, const std::string& layer, const RawTensor& k,
                       const RawTensor& v, std::int64_t batchRow = 0);
     void addLogits(const std::string& promptId, LogitsRole role, const Logits& logits);
+    // A further metadata attribute of the root group (see BundleMetadata::extra).
+    void setMetadata(const std::string& key, const std::string& value);
     void finish();
 
 private:

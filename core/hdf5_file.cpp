@@ -199,6 +199,24 @@ bool Hdf5File::hasAttribute(const std::string& object, const std::string& name) 
     return H5Aexists_by_name(m_file.id(), object.c_str(), name.c_str(), H5P_DEFAULT) > 0;
 }
 
+std::vector<std::string> Hdf5File::attributeNames(const std::string& object) const
+{
+    Hdf5Handle obj = openObject(object);
+    H5O_info_t info;
+    if (H5Oget_info(obj.id(), &info) < 0)
+        fail(object, "cannot list attributes");
+    std::vector<std::string> names;
+    for (hsize_t i = 0; i < info.num_attrs; ++i) {
+        const ssize_t len = H5Aget_name_by_idx(obj.id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+        if (len < 0)
+            fail(object, "cannot list attributes");
+        std::string name(std::size_t(len), '\0');
+        H5Aget_name_by_idx(obj.id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), std::size_t(len) + 1, H5P_DEFAULT);
+        names.push_back(name);
+    }
+    return names;
+}
+
 Hdf5Handle Hdf5File::openAttribute(const std::string& object, const std::string& name) const
 {
     if (!hasAttribute(object, name))

@@ -51,6 +51,7 @@ public:
     std::vector<std::string> children(const std::string& group) const;  // in creation order
 
     bool hasAttribute(const std::string& object, const std::string& name) const;
+    std::vector<std::string> attributeNames(const std::string& object) const;
     std::string readStringAttribute(const std::string& object, const std::string& name) const;
     std::int64_t readIntAttribute(const std::string& object, const std::string& name) const;
     double readDoubleAttribute(const std::string& object, const std::string& name) const;

@@ -57,7 +57,8 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
 }
 
 EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::string&)>& layerKv,
-                                     bool keepOnlyReferencedBlocks) const
+                                     bool keepOnlyReferencedBlocks,
+                                     const std::function<std::pair<float, float>(const std::string&)>& scaleOf) const
 {
     EngineSnapshot snap;
     snap.seqLens = {m_seqLen};
@@ -70,6 +71,7 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
         const std::int64_t blockElems = std::int64_t(hpr) * group.blockSize * group.headSize;
         for (const std::string& layer : group.layerNames) {
             const LayerKv kv = layerKv(layer);
+            const auto [kScale, vScale] = scaleOf ? scaleOf(layer) : std::pair<float, float>{1.0f, 1.0f};
             std::mt19937 noise(std::uint32_t(m_seed ^ std::hash<std::string>{}(layer)));
             std::normal_distribution<float> n01(0.0f, 1.0f);
             for (int r = 0; r < m_config.tpSize; ++r) {
@@ -98,8 +100,8 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
                     }
                 }
                 const std::vector<std::int64_t> shape{m_config.numBlocks, hpr, group.blockSize, group.headSize};
-                snap.ranks[std::size_t(r)][layer] = {RawTensor::fromFloat(group.dtype, shape, k),
-                                                     RawTensor::fromFloat(group.dtype, shape, v)};
+                snap.ranks[std::size_t(r)][layer] = {RawTensor::fromFloat(group.dtype, shape, k, kScale),
+                                                     RawTensor::fromFloat(group.dtype, shape, v, vScale)};
             }
         }
     }

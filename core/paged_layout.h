@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 
 namespace kvscope {
 
@@ -27,8 +28,9 @@ public:
     // The snapshot holding every layer: `layerKv(name)` gives the layer's contiguous KV
     // ([total heads, >= seqLen - 1, head_size]; only present positions are written).
     // Blocks no position uses hold deterministic noise (other sequences' data).
-    EngineSnapshot snapshot(const std::function<LayerKv(const std::string&)>& layerKv,
-                            bool keepOnlyReferencedBlocks) const;
+    // `scaleOf(layer)` gives the K and V dequantisation scales of fp8 caches (default 1).
+    EngineSnapshot snapshot(const std::function<LayerKv(const std::string&)>& layerKv, bool keepOnlyReferencedBlocks,
+                            const std::function<std::pair<float, float>(const std::string&)>& scaleOf = {}) const;
 
 private:
     KvCacheConfig m_config;

@@ -1,5 +1,6 @@
 #pragma once
-// Synthetic captures made without a model, for the demo, the tests and the benchmark.
+// Synthetic captures made without a model (fast at any size), for the tests and the benchmark;
+// captures from a real model run are core/synth/model_capture.h.
 // The baseline is random KV with a few outlier channels (as real K has), "expected" is the
 // baseline in bf16, and the engine is the baseline perturbed below bf16 resolution and
 // rounded, so a clean engine differs from the baseline the way bf16 does. The engine's KV is
@@ -36,8 +37,9 @@ struct SyntheticCaptureOptions {
     int divergence = 9;
 };
 
-// The built-in demo capture: 8 layers alternating sliding window / full attention, 4 KV
-// heads over TP 2, two prompts with a divergence, a RoPE-style fault in layer 5, head 1.
+// A small capture exercising the whole format: 8 layers alternating sliding window / full
+// attention, 4 KV heads over TP 2, two prompts with a divergence, a RoPE-style fault in
+// layer 5, head 1.
 SyntheticCaptureOptions demoCaptureOptions();
 
 // Shaped like Llama-3.3-70B: `layers` full-attention layers, 8 KV heads of dim 128, bf16,
@@ -46,10 +48,5 @@ SyntheticCaptureOptions llama70bShape(int tokens, int layers = 80);
 
 // Writes the capture to `path`. Throws BundleError on I/O failure.
 void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOptions& options);
-
-inline void writeDemoCapture(const std::string& path)
-{
-    writeSyntheticCapture(path, demoCaptureOptions());
-}
 
 }  // namespace kvscope

@@ -1,4 +1,4 @@
-// The demo capture end to end: written with a vLLM-like paged layout (shuffled pool,
+// The model-free synthetic capture end to end: written with a vLLM-like paged layout (shuffled pool,
 // freed and reused sliding-window blocks, TP shards, two snapshots around a divergence),
 // read back, reconstructed and compared with the baseline in plain double precision.
 
@@ -28,7 +28,7 @@ double relativeLinf(const float* ref, const float* x, int dim)
 
 }  // namespace
 
-class TestDemoCapture : public QObject {
+class TestSyntheticCapture : public QObject {
     Q_OBJECT
 
 private slots:
@@ -44,13 +44,13 @@ private:
     SyntheticCaptureOptions m_options = demoCaptureOptions();
 };
 
-void TestDemoCapture::initTestCase()
+void TestSyntheticCapture::initTestCase()
 {
     m_path = m_dir.filePath("demo.h5");
     writeSyntheticCapture(m_path.toStdString(), m_options);
 }
 
-void TestDemoCapture::layoutMatchesTheRules()
+void TestSyntheticCapture::layoutMatchesTheRules()
 {
     auto reader = std::make_shared<BundleReader>(m_path.toStdString());
     QVERIFY(reader->validate().empty());
@@ -83,7 +83,7 @@ void TestDemoCapture::layoutMatchesTheRules()
     }
 }
 
-void TestDemoCapture::engineMatchesBaselineExceptTheFault()
+void TestSyntheticCapture::engineMatchesBaselineExceptTheFault()
 {
     const CaptureLoader loader(std::make_shared<BundleReader>(m_path.toStdString()));
     const std::string faultLayer = "model.layers." + std::to_string(m_options.faultLayer) + ".self_attn";
@@ -112,7 +112,7 @@ void TestDemoCapture::engineMatchesBaselineExceptTheFault()
     }
 }
 
-void TestDemoCapture::cliInspect()
+void TestSyntheticCapture::cliInspect()
 {
     QProcess ok;
     ok.start(KVSCOPE_BINARY, {"inspect", m_path});
@@ -136,7 +136,7 @@ void TestDemoCapture::cliInspect()
     QVERIFY2(err.contains(text) && err.contains("not an HDF5 file"), qPrintable(err));
 }
 
-void TestDemoCapture::cliAnalyze()
+void TestSyntheticCapture::cliAnalyze()
 {
     auto run = [](const QStringList& args, int expectCode) {
         QProcess p;
@@ -168,5 +168,5 @@ void TestDemoCapture::cliAnalyze()
     QVERIFY(run({"analyze"}, 2).contains("usage"));
 }
 
-QTEST_GUILESS_MAIN(TestDemoCapture)
-#include "tst_demo_capture.moc"
+QTEST_GUILESS_MAIN(TestSyntheticCapture)
+#include "tst_synthetic_capture.moc"

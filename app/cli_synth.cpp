@@ -1,0 +1,120 @@
+#include "cli_synth.h"
+
+#include "model_capture.h"
+
+#include <iostream>
+#include <sstream>
+
+namespace kvscope::cli {
+
+namespace {
+
+const char* const kUsage = R"(usage: kvscope synth OUT.h5 [options]
+  --demo                 the built-in demo's shape (24 layers, 8 KV heads of 128, TP 4, 3 prompts,
+                         rope_offset fault); options after it override
+  --layers N --hidden N --query-heads N --kv-heads N --head-dim N --ffn N --vocab N
+  --window N             sliding window of the even layers (odd layers: full attention)
+  --spec sliding|full    SlidingWindowSpec (blocks freed) or FullAttentionSpec with sliding_window
+  --tp N --block-size N --sliding-block-size N --fp8
+  --prompts 100,180,260  prompt lengths         --decode N   decode steps per prompt
+  --two-way              no fp32 baseline       --seed N
+  --fault KIND           none, rope_offset, stale_block, shard_swap, fp8_scale, dead_head,
+                         window_off_by_one
+  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies
+)";
+
+std::vector<int> parseList(const std::string& text)
+{
+    std::vector<int> values;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');)
+        values.push_back(std::stoi(item));
+    return values;
+}
+
+}  // namespace
+
+int synth(const std::vector<std::string>& args)
+{
+    synth::ModelCaptureOptions o;
+    std::string out;
+    try {
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            const std::string& a = args[i];
+            auto value = [&]() -> const std::string& {
+                if (i + 1 >= args.size())
+                    throw std::invalid_argument(a + " needs a value");
+                return args[++i];
+            };
+            auto number = [&] { return std::stoi(value()); };
+            if (a == "--demo")
+                o = synth::demoModelCaptureOptions();
+            else if (a == "--layers")
+                o.layers = number();
+            else if (a == "--hidden")
+                o.hidden = number();
+            else if (a == "--query-heads")
+                o.queryHeads = number();
+            else if (a == "--kv-heads")
+                o.kvHeads = number();
+            else if (a == "--head-dim")
+                o.headDim = number();
+            else if (a == "--ffn")
+                o.ffn = number();
+            else if (a == "--vocab")
+                o.vocab = number();
+            else if (a == "--window")
+                o.window = number();
+            else if (a == "--spec") {
+                const std::string spec = value();
+                if (spec != "sliding" && spec != "full")
+                    throw std::invalid_argument("--spec takes sliding or full");
+                o.slidingWindowSpec = spec == "sliding";
+            } else if (a == "--tp")
+                o.tpSize = number();
+            else if (a == "--block-size")
+                o.fullBlockSize = number();
+            else if (a == "--sliding-block-size")
+                o.slidingBlockSize = number();
+            else if (a == "--fp8")
+                o.fp8Cache = true;
+            else if (a == "--prompts")
+                o.promptLens = parseList(value());
+            else if (a == "--decode")
+                o.decodeTokens = number();
+            else if (a == "--two-way")
+                o.baseline = false;
+            else if (a == "--seed")
+                o.seed = std::stoull(value());
+            else if (a == "--fault") {
+                const std::string name = value();
+                if (!synth::parseFault(name, o.fault))
+                    throw std::invalid_argument("unknown fault '" + name + "'");
+            } else if (a == "--fault-layer")
+                o.faultLayer = number();
+            else if (a == "--fault-head")
+                o.faultHead = number();
+            else if (a == "--fault-rank")
+                o.faultRank = number();
+            else if (a == "--fault-step")
+                o.faultStep = number();
+            else if (out.empty() && !a.starts_with("--"))
+                out = a;
+            else
+                throw std::invalid_argument("unexpected argument '" + a + "'");
+        }
+        if (out.empty())
+            throw std::invalid_argument("no output file");
+        synth::writeModelCapture(out, o);
+    } catch (const std::invalid_argument& e) {
+        std::cerr << "kvscope synth: " << e.what() << "\n" << kUsage;
+        return 2;
+    } catch (const std::exception& e) {
+        std::cerr << "kvscope synth: " << e.what() << "\n";
+        return 2;
+    }
+    std::cout << "wrote " << out << " (fault: " << synth::faultName(o.fault) << ")\n";
+    return 0;
+}
+
+}  // namespace kvscope::cli

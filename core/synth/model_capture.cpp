@@ -1,0 +1,419 @@
+#include "model_capture.h"
+
+#include "bundle_writer.h"
+#include "paged_layout.h"
+#include "tiny_transformer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <stdexcept>
+
+namespace kvscope::synth {
+
+namespace {
+
+// At most this many generate calls per prompt: after that many re-feeds, the last call is
+// scored teacher-forced to the end (its later divergences are recorded, not re-fed), which
+// keeps captures of badly broken engines from growing one snapshot per token.
+constexpr int kMaxSnapshots = 4;
+
+const std::pair<FaultKind, const char*> kFaultNames[] = {
+    {FaultKind::None, "none"},           {FaultKind::RopeOffset, "rope_offset"},
+    {FaultKind::StaleBlock, "stale_block"}, {FaultKind::ShardSwap, "shard_swap"},
+    {FaultKind::Fp8Scale, "fp8_scale"},  {FaultKind::DeadHead, "dead_head"},
+    {FaultKind::WindowOffByOne, "window_off_by_one"},
+};
+
+std::string layerName(int i)
+{
+    return "model.layers." + std::to_string(i) + ".self_attn";
+}
+
+LayerKv toLayerKv(const torch::Tensor& k, const torch::Tensor& v, std::int64_t positions)
+{
+    // [kvHeads, t, dim] -> position-major [positions, kvHeads, dim]
+    const torch::Tensor kt = k.slice(1, 0, positions).permute({1, 0, 2}).contiguous();
+    const torch::Tensor vt = v.slice(1, 0, positions).permute({1, 0, 2}).contiguous();
+    LayerKv kv = LayerKv::unwritten(int(k.size(0)), positions, int(k.size(2)));
+    std::copy_n(kt.data_ptr<float>(), kv.k.size(), kv.k.begin());
+    std::copy_n(vt.data_ptr<float>(), kv.v.size(), kv.v.begin());
+    std::fill(kv.present.begin(), kv.present.end(), 1);
+    return kv;
+}
+
+RawTensor referenceTensor(const torch::Tensor& x, std::int64_t from, DType dtype)
+{
+    // [kvHeads, t, dim] from position `from` -> [1, kvHeads, t - from, dim]
+    const torch::Tensor part = x.slice(1, from).contiguous();
+    std::vector<float> values(part.data_ptr<float>(), part.data_ptr<float>() + part.numel());
+    return RawTensor::fromFloat(dtype, {1, part.size(0), part.size(1), part.size(2)}, values);
+}
+
+Logits stepLogits(const torch::Tensor& logits, std::int64_t promptLen, std::int64_t steps)
+{
+    // Row p of a teacher-forced pass predicts position p + 1; step g predicts prompt_len + g.
+    const torch::Tensor rows = logits.slice(0, promptLen - 1, promptLen - 1 + steps).contiguous();
+    Logits out;
+    out.steps = rows.size(0);
+    out.vocab = rows.size(1);
+    out.values.assign(rows.data_ptr<float>(), rows.data_ptr<float>() + rows.numel());
+    return out;
+}
+
+std::int64_t argmaxRow(const torch::Tensor& logits, std::int64_t row)
+{
+    return logits[row].argmax().item<std::int64_t>();
+}
+
+struct ResolvedFault {
+    FaultKind kind = FaultKind::None;
+    int layer = -1;
+    int head = -1;
+    int rank = -1;
+    int step = -1;
+    nlohmann::json truth;
+};
+
+ResolvedFault resolveFault(const ModelCaptureOptions& o)
+{
+    ResolvedFault f;
+    f.kind = o.fault;
+    if (f.kind == FaultKind::None) {
+        f.truth = {{"kind", "none"}};
+        return f;
+    }
+    // Defaults: a full-attention layer in the middle, the middle head, ranks 0 and 1, a third
+    // into the decode.
+    f.layer = o.faultLayer >= 0 ? o.faultLayer : (o.layers / 2) | 1;
+    if (f.layer >= o.layers)
+        f.layer = o.layers - 1;
+    f.head = o.faultHead >= 0 ? o.faultHead : o.kvHeads / 2;
+    f.rank = o.faultRank >= 0 ? o.faultRank : 0;
+    f.step = o.faultStep >= 0 ? o.faultStep : o.decodeTokens / 3;
+    if (f.layer < 0 || f.layer >= o.layers)
+        throw std::invalid_argument("fault layer " + std::to_string(f.layer) + " outside the model");
+    if (f.head >= o.kvHeads)
+        throw std::invalid_argument("fault head " + std::to_string(f.head) + " outside the KV heads");
+    if (f.step >= o.decodeTokens)
+        throw std::invalid_argument("fault step " + std::to_string(f.step) + " beyond the decode");
+    f.truth = {{"kind", faultName(f.kind)}};
+    switch (f.kind) {
+    case FaultKind::RopeOffset:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["from_position"] = "prompt_len";
+        f.truth["description"] = "K of decode positions rotated for position + 1";
+        break;
+    case FaultKind::DeadHead:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["head"] = f.head;
+        f.truth["from_decode_step"] = f.step;
+        break;
+    case FaultKind::WindowOffByOne:
+        f.truth["layers"] = "every sliding-window layer";
+        f.truth["description"] = "the engine attends to window - 1 positions";
+        break;
+    case FaultKind::ShardSwap:
+        if (f.rank + 1 >= o.tpSize)
+            throw std::invalid_argument("shard_swap needs ranks " + std::to_string(f.rank) + " and " +
+                                        std::to_string(f.rank + 1) + " under tp_size " + std::to_string(o.tpSize));
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["ranks"] = {f.rank, f.rank + 1};
+        break;
+    case FaultKind::Fp8Scale:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["description"] = "stored dequantisation scale twice the true one";
+        break;
+    case FaultKind::StaleBlock:
+        f.truth["layer_group_of"] = layerName(f.layer);
+        f.truth["from_decode_step"] = f.step;
+        break;
+    case FaultKind::None:
+        break;
+    }
+    return f;
+}
+
+KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, bool fp8)
+{
+    nlohmann::json sliding = nlohmann::json::array(), full = nlohmann::json::array();
+    for (int l = 0; l < o.layers; ++l)
+        (l % 2 == 0 ? sliding : full).push_back(layerName(l));
+    const std::string dtype = fp8 ? "torch.float8_e4m3fn" : "torch.bfloat16";
+    const int perRank = std::max(1, o.kvHeads / o.tpSize);
+    nlohmann::json groups = nlohmann::json::array();
+    std::int64_t blocks = 2;
+    if (!sliding.empty()) {
+        groups.push_back({{"layer_names", sliding},
+                          {"spec_type", o.slidingWindowSpec ? "SlidingWindowSpec" : "FullAttentionSpec"},
+                          {"block_size", o.slidingBlockSize}, {"sliding_window", o.window}, {"dtype", dtype},
+                          {"num_kv_heads", perRank}, {"head_size", o.headDim}, {"attention_chunk_size", nullptr}});
+        blocks += longest / o.slidingBlockSize + 2;
+    }
+    if (!full.empty()) {
+        groups.push_back({{"layer_names", full}, {"spec_type", "FullAttentionSpec"}, {"block_size", o.fullBlockSize},
+                          {"sliding_window", nullptr}, {"dtype", dtype}, {"num_kv_heads", perRank},
+                          {"head_size", o.headDim}, {"attention_chunk_size", nullptr}});
+        blocks += longest / o.fullBlockSize + 2;
+    }
+    // Slack: freed sliding-window blocks and other sequences' blocks.
+    blocks += blocks / 2 + 4;
+    nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.kvHeads},
+                          {"dcp_size", 1}, {"pcp_size", 1}, {"groups", groups}};
+    return KvCacheConfig::fromJson(cfg.dump(), {}, "synthetic config");
+}
+
+void checkOptions(const ModelCaptureOptions& o)
+{
+    auto require = [](bool ok, const std::string& what) {
+        if (!ok)
+            throw std::invalid_argument(what);
+    };
+    require(o.layers >= 1 && o.layers <= 512, "layers must be in 1..512");
+    require(o.kvHeads >= 1 && o.queryHeads >= o.kvHeads && o.queryHeads % o.kvHeads == 0,
+            "query heads must be a multiple of the KV heads");
+    require(o.headDim >= 2 && o.headDim % 2 == 0, "head_dim must be even");
+    require(o.hidden >= 4 && o.ffn >= 4 && o.vocab >= 4, "hidden, ffn and vocab must be at least 4");
+    require(o.window >= 2, "the sliding window must be at least 2");
+    require(o.tpSize >= 1 && (o.kvHeads >= o.tpSize ? o.kvHeads % o.tpSize == 0 : o.tpSize % o.kvHeads == 0),
+            "KV heads must divide evenly over TP ranks (or ranks over heads)");
+    require(o.fullBlockSize >= 1 && o.slidingBlockSize >= 1, "block sizes must be positive");
+    require(!o.promptLens.empty(), "at least one prompt");
+    for (int len : o.promptLens)
+        require(len >= 2, "prompts need at least 2 tokens");
+    require(o.decodeTokens >= 2, "at least 2 decode tokens");
+}
+
+}  // namespace
+
+std::string faultName(FaultKind kind)
+{
+    for (const auto& [k, name] : kFaultNames)
+        if (k == kind)
+            return name;
+    return "?";
+}
+
+bool parseFault(const std::string& name, FaultKind& kind)
+{
+    for (const auto& [k, n] : kFaultNames)
+        if (name == n) {
+            kind = k;
+            return true;
+        }
+    return false;
+}
+
+std::vector<std::string> faultNames()
+{
+    std::vector<std::string> names;
+    for (const auto& [k, name] : kFaultNames)
+        names.push_back(name);
+    return names;
+}
+
+ModelCaptureOptions demoModelCaptureOptions()
+{
+    ModelCaptureOptions o;
+    o.layers = 24;
+    o.hidden = 256;
+    o.queryHeads = 16;
+    o.kvHeads = 8;
+    o.headDim = 128;
+    o.ffn = 512;
+    o.vocab = 2048;
+    o.window = 64;
+    o.tpSize = 4;
+    o.fullBlockSize = 16;
+    o.slidingBlockSize = 16;
+    o.promptLens = {100, 180, 260};
+    o.decodeTokens = 40;
+    o.fault = FaultKind::RopeOffset;
+    o.faultLayer = 13;
+    o.model = "kvscope-demo: synthetic 24-layer GQA transformer (16 query / 8 KV heads of 128)";
+    return o;
+}
+
+void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
+{
+    checkOptions(o);
+    at::set_num_threads(1);  // bit-for-bit reproducible runs
+    const ResolvedFault fault = resolveFault(o);
+    const bool fp8 = o.fp8Cache || fault.kind == FaultKind::Fp8Scale;
+
+    std::int64_t longest = 0;
+    for (int len : o.promptLens)
+        longest = std::max<std::int64_t>(longest, len + o.decodeTokens);
+    const KvCacheConfig config = makeConfig(o, longest, fp8);
+
+    const ModelShape shape{o.layers, o.hidden, o.queryHeads, o.kvHeads, o.headDim, o.ffn, o.vocab, o.window};
+    const TinyTransformer model(shape, o.seed);
+
+    BundleMetadata meta;
+    meta.model = o.model;
+    meta.engine = "kvscope synthetic engine (bf16, fp32 normalisation, fp32-accumulated matmuls)";
+    meta.notes = "Made by kvscope synth from a small transformer with deterministic weights.";
+    nlohmann::json optionsJson = {{"layers", o.layers}, {"hidden", o.hidden}, {"query_heads", o.queryHeads},
+                                  {"kv_heads", o.kvHeads}, {"head_dim", o.headDim}, {"ffn", o.ffn},
+                                  {"vocab", o.vocab}, {"window", o.window}, {"sliding_window_spec", o.slidingWindowSpec},
+                                  {"seed", o.seed}, {"tp_size", o.tpSize}, {"full_block_size", o.fullBlockSize},
+                                  {"sliding_block_size", o.slidingBlockSize}, {"fp8", fp8},
+                                  {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
+    meta.extra["synthetic_options"] = optionsJson.dump();
+    nlohmann::json truth = fault.truth;
+
+    EngineFaults engineFaults;
+    if (fault.kind == FaultKind::RopeOffset)
+        engineFaults.ropeOffsetLayer = fault.layer;
+    if (fault.kind == FaultKind::WindowOffByOne)
+        engineFaults.windowOffByOne = true;
+    if (fault.kind == FaultKind::DeadHead) {
+        engineFaults.deadLayer = fault.layer;
+        engineFaults.deadHead = fault.head;
+    }
+
+    BundleWriter writer(path, meta, config);
+    std::mt19937_64 rng(o.seed * 7919 + 17);
+    for (std::size_t p = 0; p < o.promptLens.size(); ++p) {
+        const std::int64_t promptLen = o.promptLens[p];
+        const std::int64_t steps = o.decodeTokens;
+        const std::int64_t total = promptLen + steps;
+        std::vector<std::int64_t> tokens;
+        std::uniform_int_distribution<std::int64_t> pick(0, o.vocab - 1);
+        for (std::int64_t i = 0; i < promptLen; ++i)
+            tokens.push_back(pick(rng));
+
+        // The teacher: the fp32 baseline decoding greedily.
+        {
+            std::vector<LayerCache> cache;
+            torch::Tensor logits = model.forward(tokens, 0, cache, Numerics::Baseline);
+            for (std::int64_t g = 0; g < steps; ++g) {
+                const std::int64_t next = argmaxRow(logits, logits.size(0) - 1);
+                tokens.push_back(next);
+                if (g + 1 < steps)
+                    logits = model.forward({next}, promptLen + g, cache, Numerics::Baseline);
+            }
+        }
+        // Teacher-forced passes over the same tokens.
+        std::vector<LayerCache> base, expected, engine;
+        const torch::Tensor baseLogits = model.forward(tokens, 0, base, Numerics::Baseline);
+        const torch::Tensor expectedLogits = model.forward(tokens, 0, expected, Numerics::Expected);
+        engineFaults.deadFrom = promptLen + fault.step;
+        const torch::Tensor engineLogits = model.forward(tokens, 0, engine, Numerics::Engine, engineFaults, promptLen);
+
+        // The validation loop: divergences where the engine's argmax leaves the teacher.
+        std::vector<std::int64_t> divergences;
+        for (std::int64_t g = 0; g < steps; ++g)
+            if (argmaxRow(engineLogits, promptLen - 1 + g) != tokens[std::size_t(promptLen + g)])
+                divergences.push_back(promptLen + g);
+
+        struct Snapshot {
+            std::int64_t seqLen;
+            std::int64_t validatedUntil;
+            std::vector<LayerKv> layers;
+        };
+        std::vector<Snapshot> snapshots;
+        for (std::int64_t d : divergences) {
+            if (int(snapshots.size()) + 1 >= kMaxSnapshots || d + 2 > total)
+                break;
+            // This call decoded up to d, sampled its own token there and one more: its cache
+            // holds the wrong token's KV at d (never validated), the teacher's before.
+            std::vector<LayerCache> prefix;
+            for (const LayerCache& c : engine)
+                prefix.push_back({c.k.slice(1, 0, d).clone(), c.v.slice(1, 0, d).clone()});
+            model.forward({argmaxRow(engineLogits, d - 1)}, d, prefix, Numerics::Engine, engineFaults, promptLen);
+            Snapshot s{d + 2, d, {}};
+            for (const LayerCache& c : prefix)
+                s.layers.push_back(toLayerKv(c.k, c.v, d + 1));
+            snapshots.push_back(std::move(s));
+        }
+        Snapshot last{total, total - 1, {}};
+        for (const LayerCache& c : engine)
+            last.layers.push_back(toLayerKv(c.k, c.v, total - 1));
+        snapshots.push_back(std::move(last));
+
+        // fp8 caches: one scale per layer and part, from the layer's largest magnitude.
+        std::map<std::string, std::pair<float, float>> scales;
+        for (int l = 0; l < o.layers; ++l) {
+            const LayerCache& c = engine[std::size_t(l)];
+            scales[layerName(l)] = {std::max(c.k.abs().max().item<float>(), 1e-6f) / 448.0f,
+                                    std::max(c.v.abs().max().item<float>(), 1e-6f) / 448.0f};
+        }
+
+        const std::string id = "prompt_" + std::to_string(p);
+        std::vector<EngineSnapshot> paged;
+        for (std::size_t s = 0; s < snapshots.size(); ++s) {
+            const PagedLayout layout(config, snapshots[s].seqLen, o.seed * 1000 + p * 10 + s);
+            EngineSnapshot snap = layout.snapshot(
+                [&](const std::string& layer) {
+                    return snapshots[s].layers[std::size_t(std::stoi(layer.substr(13)))];
+                },
+                true, [&](const std::string& layer) { return fp8 ? scales.at(layer) : std::pair{1.0f, 1.0f}; });
+            snap.validatedUntil = snapshots[s].validatedUntil;
+            const std::string faulty = layerName(fault.layer);
+            if (fault.kind == FaultKind::ShardSwap)
+                std::swap(snap.ranks[std::size_t(fault.rank)][faulty], snap.ranks[std::size_t(fault.rank + 1)][faulty]);
+            if (fault.kind == FaultKind::Fp8Scale)
+                for (auto& rank : snap.ranks) {
+                    rank[faulty].first.scale *= 2.0f;
+                    rank[faulty].second.scale *= 2.0f;
+                }
+            if (fault.kind == FaultKind::StaleBlock && p == 0 && s + 1 == snapshots.size()) {
+                // One table entry points at a block that holds another sequence's data.
+                const int g = config.groupOf(faulty);
+                const int blockSize = config.groups[std::size_t(g)].blockSize;
+                const std::int64_t logical = (promptLen + fault.step) / blockSize;
+                std::set<std::int32_t> used;
+                for (const BlockTable& t : snap.blockTables)
+                    used.insert(t.entries.begin(), t.entries.end());
+                std::int32_t stale = config.numBlocks - 1;
+                while (stale > 0 && used.count(stale))
+                    --stale;
+                BlockTable& table = snap.blockTables[std::size_t(g)];
+                truth["group"] = g;
+                truth["logical_block"] = logical;
+                truth["positions"] = {logical * blockSize, std::min<std::int64_t>((logical + 1) * blockSize, total - 1) - 1};
+                truth["original_block"] = table.entries[std::size_t(logical)];
+                truth["stale_block"] = stale;
+                truth["prompt"] = id;
+                table.entries[std::size_t(logical)] = stale;
+            }
+            paged.push_back(std::move(snap));
+        }
+
+        PromptRecord record;
+        record.id = id;
+        record.inputIds.assign(tokens.begin(), tokens.begin() + promptLen);
+        record.teacherTokens.assign(tokens.begin() + promptLen, tokens.end());
+        record.divergencePositions = divergences;
+        for (std::int64_t t : tokens)
+            record.tokenStrings.push_back("tok" + std::to_string(t));
+
+        writer.addPrompt(record);
+        for (const EngineSnapshot& snap : paged)
+            writer.addSnapshot(id, snap);
+        for (int l = 0; l < o.layers; ++l) {
+            // HF keeps only window - 1 positions of sliding-window layers.
+            const std::int64_t from = model.sliding(l) ? std::max<std::int64_t>(0, total - (o.window - 1)) : 0;
+            const LayerCache& e = expected[std::size_t(l)];
+            writer.addReference(id, ReferenceRole::Expected, layerName(l), referenceTensor(e.k, from, DType::BFloat16),
+                                referenceTensor(e.v, from, DType::BFloat16));
+            if (o.baseline) {
+                const LayerCache& b = base[std::size_t(l)];
+                writer.addReference(id, ReferenceRole::Baseline, layerName(l), referenceTensor(b.k, from, DType::Float32),
+                                    referenceTensor(b.v, from, DType::Float32));
+            }
+        }
+        writer.addLogits(id, LogitsRole::Expected, stepLogits(expectedLogits, promptLen, steps));
+        writer.addLogits(id, LogitsRole::Actual, stepLogits(engineLogits, promptLen, steps));
+        if (o.baseline)
+            writer.addLogits(id, LogitsRole::Baseline, stepLogits(baseLogits, promptLen, steps));
+    }
+
+    writer.setMetadata("synthetic_fault", truth.dump());
+    writer.finish();
+}
+
+}  // namespace kvscope::synth

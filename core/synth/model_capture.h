@@ -1,0 +1,64 @@
+#pragma once
+// Synthetic captures from a real (small) model run, made with libtorch behind this header.
+//
+// A small decoder-only transformer (GQA, RoPE, RMSNorm, gated MLP, alternating sliding-window
+// and full-attention layers; deterministic weights scaled like a trained model's, with
+// outlier channels in K) runs teacher-forced three ways on identical tokens: fp32
+// "baseline", bf16 "expected" (as HF runs it), and a bf16 "engine" with its own kernel
+// numerics (fp32 normalisation, fp32-accumulated matmuls rounded once). The engine runs a
+// teacher-forced validation loop (one snapshot per generate call, re-fed after each
+// divergence) and its KV is laid into a vLLM-like paged cache. One fault can be injected;
+// its ground truth goes into the bundle's metadata (attribute `synthetic_fault`, JSON).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope::synth {
+
+enum class FaultKind { None, RopeOffset, StaleBlock, ShardSwap, Fp8Scale, DeadHead, WindowOffByOne };
+
+std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
+bool parseFault(const std::string& name, FaultKind& kind);
+std::vector<std::string> faultNames();
+
+struct ModelCaptureOptions {
+    // The model.
+    int layers = 4;
+    int hidden = 64;
+    int queryHeads = 4;
+    int kvHeads = 2;
+    int headDim = 16;
+    int ffn = 128;
+    int vocab = 256;
+    int window = 16;             // sliding window of the even layers (counts the query token)
+    bool slidingWindowSpec = true;  // SlidingWindowSpec (blocks freed) or FullAttentionSpec(sliding_window)
+    std::uint64_t seed = 1;
+    // The engine's cache.
+    int tpSize = 2;
+    int fullBlockSize = 8;
+    int slidingBlockSize = 4;
+    bool fp8Cache = false;  // float8_e4m3fn with per-layer scales (always so for the fp8_scale fault)
+    // The run.
+    std::vector<int> promptLens{12, 20};
+    int decodeTokens = 10;
+    bool baseline = true;  // three-way
+    // The fault and where it applies (-1: a sensible default, chosen and recorded).
+    FaultKind fault = FaultKind::None;
+    int faultLayer = -1;
+    int faultHead = -1;
+    int faultRank = -1;
+    int faultStep = -1;  // decode step (position - prompt_len) where it starts; default: a third in
+    std::string model = "kvscope-synth";
+};
+
+// The demo capture: 24 layers alternating sliding/full attention, 8 KV heads of dim 128
+// (16 query heads), TP 4, block size 16, 3 prompts of 100-300 tokens, and a rope_offset fault.
+ModelCaptureOptions demoModelCaptureOptions();
+
+// Runs the model and writes the capture. Deterministic: the same options give identical
+// tensors, tables and logits (libtorch runs single-threaded for that). Throws
+// std::invalid_argument on inconsistent options, BundleError on I/O failure.
+void writeModelCapture(const std::string& path, const ModelCaptureOptions& options);
+
+}  // namespace kvscope::synth
