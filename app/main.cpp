@@ -2,6 +2,7 @@
 
 #include "cli_analyze.h"
 #include "cli_bench.h"
+#include "cli_export.h"
 #include "cli_inspect.h"
 #include "cli_synth.h"
 #include "model_capture.h"
@@ -31,6 +32,9 @@ commands:
                     a capture from a small transformer run three ways (fp32 baseline,
                     bf16 expected, bf16 engine), with an injectable engine fault
                     (kvscope synth --help lists the options)
+  export BUNDLE OUT.h5 [--prompt ID]... [--layers SPEC]
+                    write the reconstructed, merged engine KV and the aligned references,
+                    float32 [heads, seq, head_dim] with a presence mask, for other tools
   bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]
                     time the three-way analysis of a synthetic Llama-3.3-70B-shaped
                     capture against a read-once roofline, at L and 2L layers
@@ -69,6 +73,8 @@ int main(int argc, char** argv)
             return kvscope::cli::bench({args.begin() + 2, args.end()});
         if (command == "bench-run")
             return kvscope::cli::benchRun({args.begin() + 2, args.end()});
+        if (command == "export")
+            return kvscope::cli::exportKv({args.begin() + 2, args.end()});
         if (command == "synth")
             return kvscope::cli::synth({args.begin() + 2, args.end()});
         if (command == "inspect" && args.size() == 3)

@@ -1,0 +1,28 @@
+"""kvscope_capture: write kvscope capture bundles (format v1) from a Python vLLM process.
+
+The writer takes what the engine's RPCs return, as they are (torch.save bytes per rank and
+per group), or tensors / numpy arrays; and the reference model's past_key_values as HF returns
+them. See docs/bundle-format.md in the kvscope repository for the file format.
+"""
+
+from .bundle_writer import BundleWriter
+from .extract import (
+    extract_hf_kv_caches_teacher_forced,
+    extract_vllm_block_tables,
+    extract_vllm_kv_cache_config,
+    extract_vllm_kv_caches,
+    generate_hf_logits_and_kv,
+    make_kv_extract_fn,
+)
+from .kv_cache_config import KvCacheConfig
+
+__all__ = [
+    "BundleWriter",
+    "KvCacheConfig",
+    "extract_hf_kv_caches_teacher_forced",
+    "extract_vllm_block_tables",
+    "extract_vllm_kv_cache_config",
+    "extract_vllm_kv_caches",
+    "generate_hf_logits_and_kv",
+    "make_kv_extract_fn",
+]

@@ -1,0 +1,348 @@
+"""BundleWriter: one kvscope capture bundle (HDF5, format v1) per capture session.
+
+Every call checks its input completely (shapes, dtypes, layer names, consistency with the
+KV cache config) and raises ValueError before writing anything. The file is written under
+PATH.partial and moved to PATH only when close() (or the end of a `with` block) succeeds.
+"""
+
+import datetime
+import json
+import os
+
+import h5py
+import numpy as np
+
+from .kv_cache_config import KvCacheConfig
+from .tensors import load_torch_bytes, to_array, to_float32, to_int_array
+
+FORMAT_NAME = "kvscope-capture"
+FORMAT_VERSION = 1
+REFERENCE_ROLES = ("expected", "baseline")
+LOGITS_ROLES = ("expected", "actual", "baseline")
+
+
+def _valid_name(name):
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+
+
+class BundleWriter:
+    def __init__(self, path, model="", engine="", notes="", **metadata):
+        self.path = os.fspath(path)
+        self._partial = self.path + ".partial"
+        self._file = h5py.File(self._partial, "w", track_order=True)
+        attrs = self._file.attrs
+        attrs["format"] = FORMAT_NAME
+        attrs["format_version"] = np.int64(FORMAT_VERSION)
+        attrs["model"] = str(model)
+        attrs["engine"] = str(engine)
+        attrs["created"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        attrs["notes"] = str(notes)
+        for key, value in metadata.items():
+            if key in ("format", "format_version"):
+                raise ValueError(f"metadata key {key!r} is reserved")
+            attrs[key] = str(value)
+        self._file.create_group("prompts", track_order=True)
+        self._config = None
+        self._prompts = {}  # id -> {"prompt_len", "snapshots": [...], "references": {role: set}, "divergences"}
+        self._closed = False
+
+    # --- context manager -------------------------------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+        return False
+
+    # --- the KV cache config ---------------------------------------------------------
+    def set_kv_cache_config(self, cfg):
+        """The dict `get_kv_cache_config` returns (or its JSON text)."""
+        if isinstance(cfg, (str, bytes)):
+            try:
+                cfg = json.loads(cfg)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"kv_cache_config: not valid JSON ({e})") from e
+        config = KvCacheConfig(cfg)
+        if self._config is not None:
+            raise ValueError("kv_cache_config: already set")
+        self._config = config
+        self._file.create_dataset("kv_cache_config", data=json.dumps(cfg), dtype=h5py.string_dtype("utf-8"))
+
+    # --- prompts -----------------------------------------------------------------------
+    def add_prompt(self, prompt_id, input_ids, prompt_len, teacher_tokens=None, token_strings=None):
+        """`input_ids`: the prompt, or the whole sequence (then the tokens past prompt_len are the
+        teacher tokens unless given)."""
+        pid = str(prompt_id)
+        if not _valid_name(pid):
+            raise ValueError(f"prompt id {pid!r} cannot be an HDF5 name")
+        if pid in self._prompts:
+            raise ValueError(f"prompt {pid!r} added twice")
+        ids = to_int_array(input_ids, f"prompt {pid}: input_ids").reshape(-1)
+        if not isinstance(prompt_len, (int, np.integer)) or not 1 <= prompt_len <= len(ids):
+            raise ValueError(f"prompt {pid}: prompt_len {prompt_len!r} outside 1..{len(ids)} (the input_ids)")
+        prompt_len = int(prompt_len)
+        teacher = ids[prompt_len:] if teacher_tokens is None else to_int_array(teacher_tokens, f"prompt {pid}: teacher_tokens").reshape(-1)
+        strings = None
+        if token_strings is not None:
+            strings = [str(s) for s in token_strings]
+            if len(strings) != prompt_len + len(teacher):
+                raise ValueError(f"prompt {pid}: {len(strings)} token_strings for {prompt_len + len(teacher)} positions")
+        group = self._file["prompts"].create_group(pid, track_order=True)
+        group.attrs["prompt_len"] = np.int64(prompt_len)
+        group.create_dataset("input_ids", data=ids[:prompt_len])
+        if len(teacher):
+            group.create_dataset("teacher_tokens", data=teacher)
+        if strings is not None:
+            group.create_dataset("token_strings", data=strings, dtype=h5py.string_dtype("utf-8"))
+        self._prompts[pid] = {"prompt_len": prompt_len, "snapshots": [], "references": {}, "divergences": None}
+
+    def _prompt(self, prompt_id):
+        pid = str(prompt_id)
+        if pid not in self._prompts:
+            raise ValueError(f"prompt {pid!r} was not added (add_prompt first)")
+        return pid, self._prompts[pid]
+
+    def _need_config(self):
+        if self._config is None:
+            raise ValueError("set_kv_cache_config first: shapes are checked against it")
+        return self._config
+
+    # --- the engine ----------------------------------------------------------------------
+    def add_engine_snapshot(self, prompt_id, per_rank_kv, block_tables, seq_len, validated_until=None,
+                            batch_row=0, keep_only_referenced=False):
+        """One generate call's engine state.
+
+        per_rank_kv: one entry per TP rank, as `collective_rpc("get_kv_caches")` returns it:
+            {layer_name: torch.save({'k': k, 'v': v}) bytes}, or {layer_name: {'k': k, 'v': v}},
+            or {layer_name: (k, v)}; k and v [num_blocks, heads_per_rank, block_size, head_size].
+        block_tables: one per KV cache group, as `collective_rpc("get_block_tables")` returns it
+            for one rank (torch.save bytes), or tensors / arrays [batch, max_blocks] (-1 = null).
+        seq_len: tokens in this prompt's sequence (block-table row `batch_row`), counting the
+            last sampled token whose KV is not written yet.
+        validated_until: exclusive end of the positions this snapshot validates; by default it
+            is derived at close() from the divergences (set_divergence), else seq_len - 1.
+        keep_only_referenced: store only the blocks some block-table entry references.
+        """
+        pid, prompt = self._prompt(prompt_id)
+        cfg = self._need_config()
+        where = f"prompt {pid}, snapshot {len(prompt['snapshots'])}"
+
+        if len(block_tables) != len(cfg.groups):
+            raise ValueError(f"{where}: {len(block_tables)} block tables for {len(cfg.groups)} KV cache groups")
+        tables = [to_int_array(t, f"{where}: block table of group {g}") for g, t in enumerate(block_tables)]
+        for g, t in enumerate(tables):
+            if t.ndim == 1:
+                tables[g] = t = t.reshape(1, -1)
+            if t.ndim != 2:
+                raise ValueError(f"{where}: block table of group {g} must be [batch, max_blocks], got {t.shape}")
+            if t.shape[0] != tables[0].shape[0]:
+                raise ValueError(f"{where}: block tables disagree on the batch size ({t.shape[0]} vs {tables[0].shape[0]})")
+            bad = t[(t < -1) | (t >= cfg.num_blocks)]
+            if bad.size:
+                raise ValueError(f"{where}: block table of group {g} holds {int(bad[0])}, neither -1 nor a block id "
+                                 f"below num_blocks {cfg.num_blocks}")
+        batch = tables[0].shape[0]
+        if not 0 <= batch_row < batch:
+            raise ValueError(f"{where}: batch_row {batch_row} outside a batch of {batch}")
+        if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+            raise ValueError(f"{where}: seq_len must be a positive integer, got {seq_len!r}")
+        if validated_until is not None and not 0 <= validated_until <= seq_len:
+            raise ValueError(f"{where}: validated_until {validated_until} outside 0..seq_len {seq_len}")
+
+        if len(per_rank_kv) != cfg.tp_size:
+            raise ValueError(f"{where}: {len(per_rank_kv)} ranks of KV, the config has tp_size {cfg.tp_size}")
+        ranks = []
+        for r, caches in enumerate(per_rank_kv):
+            if not isinstance(caches, dict):
+                raise ValueError(f"{where}, rank {r}: must be a dict {{layer_name: kv}}")
+            layers = {}
+            for layer, kv in caches.items():
+                if layer not in cfg.layer_to_group:
+                    raise ValueError(f"{where}, rank {r}: layer {layer!r} belongs to no group of the KV cache config")
+                layers[layer] = self._engine_layer(cfg, layer, kv, f"{where}, rank {r}, layer {layer}")
+            missing = [name for name in cfg.layer_names() if name not in layers]
+            if missing:
+                raise ValueError(f"{where}, rank {r}: layers missing: {', '.join(missing[:4])}"
+                                 + (" ..." if len(missing) > 4 else ""))
+            ranks.append(layers)
+
+        stored = None
+        if keep_only_referenced:
+            ids = np.unique(np.concatenate([t[t >= 0].ravel() for t in tables] + [np.zeros(0, np.int64)]))
+            stored = ids.astype(np.int64)
+
+        # Everything checked: write.
+        index = len(prompt["snapshots"])
+        snap = self._file["prompts"][pid].require_group("engine").create_group(f"snapshot_{index}", track_order=True)
+        snap.attrs["batch_row"] = np.int64(batch_row)
+        seq_lens = np.full(batch, -1, np.int64)
+        seq_lens[batch_row] = int(seq_len)
+        snap.create_dataset("seq_lens", data=seq_lens)
+        if stored is not None:
+            snap.create_dataset("physical_block_ids", data=stored)
+        bt = snap.create_group("block_tables", track_order=True)
+        for g, t in enumerate(tables):
+            bt.create_dataset(f"group_{g}", data=t.astype(np.int32))
+        for r, layers in enumerate(ranks):
+            rank_group = snap.create_group(f"rank_{r}", track_order=True)
+            for layer in cfg.layer_names():
+                lg = rank_group.create_group(layer)
+                for part, (array, dtype, scale) in zip("kv", layers[layer]):
+                    data = array if stored is None else array[stored]
+                    block_bytes = array[0].nbytes if len(array) else 1
+                    chunk_rows = max(1, min(len(data), 65536 // max(1, block_bytes)))
+                    ds = lg.create_dataset(part, data=data, chunks=(chunk_rows,) + data.shape[1:] if len(data) else None)
+                    ds.attrs["dtype"] = dtype
+                    ds.attrs["scale"] = float(scale)
+        prompt["snapshots"].append({"seq_len": int(seq_len), "validated_until": validated_until})
+
+    def _engine_layer(self, cfg, layer, kv, where):
+        group = cfg.group_of(layer)
+        if isinstance(kv, (bytes, bytearray, memoryview)):
+            kv = load_torch_bytes(kv, where)
+        scales = (1.0, 1.0)
+        if isinstance(kv, dict):
+            if "k" not in kv or "v" not in kv:
+                raise ValueError(f"{where}: a dict needs 'k' and 'v', has {sorted(kv)}")
+            scales = (float(kv.get("k_scale", 1.0)), float(kv.get("v_scale", 1.0)))
+            kv = (kv["k"], kv["v"])
+        if not isinstance(kv, (tuple, list)) or len(kv) != 2:
+            raise ValueError(f"{where}: expected (k, v), {{'k': k, 'v': v}} or torch.save bytes of that")
+        out = []
+        expected = (cfg.num_blocks, cfg.heads_per_rank, group["block_size"], group["head_size"])
+        for part, value, scale in zip("kv", kv, scales):
+            array, dtype = to_array(value, f"{where}, {part}")
+            if tuple(array.shape) != expected:
+                raise ValueError(f"{where}, {part}: shape {tuple(array.shape)}, the config implies {expected} "
+                                 "[num_blocks, heads_per_rank, block_size, head_size]")
+            if dtype != group["dtype"]:
+                raise ValueError(f"{where}, {part}: {dtype} but the config says {group['dtype']}")
+            if not (scale > 0 and np.isfinite(scale)):
+                raise ValueError(f"{where}, {part}: scale {scale} must be finite and positive")
+            out.append((array, dtype, scale))
+        return out
+
+    # --- the reference -------------------------------------------------------------------
+    def add_reference_kv(self, prompt_id, role, kv, batch_row=0):
+        """HF past_key_values: a tuple per layer (k, v) in model order, or {layer_name: (k, v)};
+        k and v [batch, heads, seq, head_dim], torch or numpy. role: "expected" or "baseline"."""
+        pid, prompt = self._prompt(prompt_id)
+        cfg = self._need_config()
+        if role not in REFERENCE_ROLES:
+            raise ValueError(f"prompt {pid}: reference role {role!r} is neither 'expected' nor 'baseline'")
+        if role in prompt["references"]:
+            raise ValueError(f"prompt {pid}: {role} reference added twice")
+        if hasattr(kv, "to_legacy_cache"):  # transformers Cache objects
+            kv = kv.to_legacy_cache()
+        names = cfg.layer_names()
+        if isinstance(kv, dict):
+            unknown = [name for name in kv if name not in cfg.layer_to_group]
+            if unknown:
+                raise ValueError(f"prompt {pid}, {role}: layer {unknown[0]!r} belongs to no group of the KV cache config")
+            pairs = kv
+        else:
+            kv = list(kv)
+            if len(kv) != len(names):
+                raise ValueError(f"prompt {pid}, {role}: {len(kv)} layers of past_key_values, the config has {len(names)}")
+            pairs = dict(zip(names, kv))
+        missing = [name for name in names if name not in pairs]
+        if missing:
+            raise ValueError(f"prompt {pid}, {role}: layers missing: {', '.join(missing[:4])}")
+        arrays = {}
+        for name in names:
+            pair = pairs[name]
+            if not isinstance(pair, (tuple, list)) or len(pair) < 2:
+                raise ValueError(f"prompt {pid}, {role}, layer {name}: expected (k, v)")
+            group = cfg.group_of(name)
+            arrays[name] = []
+            for part, value in zip("kv", pair[:2]):
+                array, dtype = to_array(value, f"prompt {pid}, {role}, layer {name}, {part}")
+                if array.ndim != 4 or array.shape[1] != cfg.total_num_kv_heads or array.shape[3] != group["head_size"]:
+                    raise ValueError(f"prompt {pid}, {role}, layer {name}, {part}: shape {tuple(array.shape)}, expected "
+                                     f"[batch, {cfg.total_num_kv_heads}, seq, {group['head_size']}]")
+                if not 0 <= batch_row < array.shape[0]:
+                    raise ValueError(f"prompt {pid}, {role}, layer {name}: batch_row {batch_row} outside the batch")
+                arrays[name].append((array, dtype))
+            if arrays[name][0][0].shape != arrays[name][1][0].shape:
+                raise ValueError(f"prompt {pid}, {role}, layer {name}: k and v differ in shape")
+        ref = self._file["prompts"][pid].require_group("reference").create_group(role, track_order=True)
+        ref.attrs["batch_row"] = np.int64(batch_row)
+        for name in names:
+            lg = ref.create_group(name)
+            for part, (array, dtype) in zip("kv", arrays[name]):
+                ds = lg.create_dataset(part, data=array, chunks=(1,) + array.shape[1:] if array.size else None)
+                ds.attrs["dtype"] = dtype
+                ds.attrs["scale"] = 1.0
+        prompt["references"][role] = True
+
+    # --- logits and divergences ------------------------------------------------------------
+    def add_logits(self, prompt_id, role, logits):
+        """[steps, vocab] (a leading batch of 1 is dropped); step g predicts prompt_len + g."""
+        pid, _ = self._prompt(prompt_id)
+        if role not in LOGITS_ROLES:
+            raise ValueError(f"prompt {pid}: logits role {role!r} is not one of {', '.join(LOGITS_ROLES)}")
+        array = to_float32(logits, f"prompt {pid}: {role} logits")
+        if array.ndim == 3 and array.shape[0] == 1:
+            array = array[0]
+        if array.ndim != 2:
+            raise ValueError(f"prompt {pid}: {role} logits must be [steps, vocab], got {array.shape}")
+        logits_group = self._file["prompts"][pid].require_group("logits")
+        if role in logits_group:
+            raise ValueError(f"prompt {pid}: {role} logits added twice")
+        logits_group.create_dataset(role, data=array, chunks=(1, array.shape[1]) if array.size else None)
+
+    def set_divergence(self, prompt_id, positions):
+        """Absolute positions where the engine's token differed from the teacher's."""
+        pid, prompt = self._prompt(prompt_id)
+        values = to_int_array(positions, f"prompt {pid}: divergence positions").reshape(-1)
+        if np.any(values < prompt["prompt_len"]):
+            raise ValueError(f"prompt {pid}: divergence positions must be decode positions (>= prompt_len "
+                             f"{prompt['prompt_len']}), got {values.tolist()}")
+        prompt["divergences"] = np.sort(values)
+
+    # --- finishing ---------------------------------------------------------------------------
+    def close(self):
+        if self._closed:
+            return
+        if self._config is None:
+            raise ValueError("no kv_cache_config was set")
+        for pid, prompt in self._prompts.items():
+            if not prompt["snapshots"]:
+                raise ValueError(f"prompt {pid}: no engine snapshot")
+            if "expected" not in prompt["references"]:
+                raise ValueError(f"prompt {pid}: no expected reference KV")
+        for pid, prompt in self._prompts.items():
+            group = self._file["prompts"][pid]
+            divergences = prompt["divergences"]
+            if divergences is not None:
+                group.create_dataset("divergence_positions", data=divergences.astype(np.int64))
+            # validated_until: given, else the first divergence after where this snapshot starts
+            # (the divergence it starts at was re-prefilled with the teacher token), else
+            # everything written.
+            start = 0
+            for index, snap in enumerate(prompt["snapshots"]):
+                until = snap["validated_until"]
+                if until is None:
+                    until = snap["seq_len"] - 1
+                    if divergences is not None:
+                        later = divergences[divergences > start]
+                        if later.size and later[0] < until:
+                            until = int(later[0])
+                if until < start:
+                    raise ValueError(f"prompt {pid}, snapshot {index}: validated_until {until} goes back before {start}")
+                group["engine"][f"snapshot_{index}"].attrs["validated_until"] = np.int64(until)
+                start = until
+        self._file.close()
+        os.replace(self._partial, self.path)
+        self._closed = True
+
+    def abandon(self):
+        """Drops the partial file (after an error)."""
+        if not self._closed:
+            self._file.close()
+            if os.path.exists(self._partial):
+                os.remove(self._partial)
+            self._closed = True

@@ -1,0 +1,87 @@
+"""The engine's KV cache config (what get_kv_cache_config returns), validated as kvscope reads it."""
+
+import re
+
+from .tensors import DTYPES, canonical_dtype
+
+
+class KvCacheConfig:
+    def __init__(self, cfg):
+        if not isinstance(cfg, dict):
+            raise ValueError("kv_cache_config: must be a dict")
+        self.raw = cfg
+
+        def integer(obj, key, where, lo=1, hi=1 << 30):
+            if key not in obj:
+                raise ValueError(f"kv_cache_config.{where}{key}: missing")
+            value = obj[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise ValueError(f"kv_cache_config.{where}{key}: must be an integer in [{lo}, {hi}], got {value!r}")
+            return value
+
+        self.num_blocks = integer(cfg, "num_blocks", "")
+        self.tp_size = integer(cfg, "tp_size", "", hi=4096)
+        self.total_num_kv_heads = integer(cfg, "total_num_kv_heads", "", hi=4096)
+        for cp in ("dcp_size", "pcp_size"):
+            if cfg.get(cp) not in (None, 1):
+                raise ValueError(f"kv_cache_config.{cp}: context parallelism ({cfg[cp]}) is not supported")
+        total, tp = self.total_num_kv_heads, self.tp_size
+        if total >= tp and total % tp:
+            raise ValueError(f"kv_cache_config.total_num_kv_heads: {total} heads cannot be partitioned over tp_size {tp}")
+        if total < tp and tp % total:
+            raise ValueError(f"kv_cache_config.total_num_kv_heads: {total} heads cannot be replicated over tp_size {tp}")
+        self.heads_per_rank = max(1, total // tp)
+
+        groups = cfg.get("groups")
+        if not isinstance(groups, list) or not groups:
+            raise ValueError("kv_cache_config.groups: must be a non-empty list")
+        self.groups = []
+        seen = set()
+        for g, group in enumerate(groups):
+            where = f"groups[{g}]."
+            names = group.get("layer_names")
+            if not isinstance(names, list) or not names:
+                raise ValueError(f"kv_cache_config.{where}layer_names: must be a non-empty list")
+            for name in names:
+                if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+                    raise ValueError(f"kv_cache_config.{where}layer_names: {name!r} cannot be an HDF5 name")
+                if name in seen:
+                    raise ValueError(f"kv_cache_config.{where}layer_names: layer {name!r} appears in more than one place")
+                seen.add(name)
+            spec = group.get("spec_type")
+            if spec not in ("FullAttentionSpec", "SlidingWindowSpec"):
+                raise ValueError(f"kv_cache_config.{where}spec_type: {spec!r} is not supported "
+                                 "(supported: FullAttentionSpec, SlidingWindowSpec)")
+            window = group.get("sliding_window")
+            if spec == "SlidingWindowSpec" and not window:
+                raise ValueError(f"kv_cache_config.{where}sliding_window: SlidingWindowSpec needs a sliding_window")
+            dtype = canonical_dtype(group.get("dtype"))
+            if dtype is None:
+                raise ValueError(f"kv_cache_config.{where}dtype: unsupported dtype {group.get('dtype')!r} "
+                                 f"(supported: {', '.join(DTYPES)})")
+            entry = {
+                "layer_names": list(names),
+                "spec_type": spec,
+                "block_size": integer(group, "block_size", where, hi=1 << 16),
+                "num_kv_heads": integer(group, "num_kv_heads", where, hi=4096),
+                "head_size": integer(group, "head_size", where, hi=1 << 14),
+                "sliding_window": window,
+                "dtype": dtype,
+            }
+            if entry["num_kv_heads"] != self.heads_per_rank:
+                raise ValueError(f"kv_cache_config.{where}num_kv_heads: {entry['num_kv_heads']} per rank disagrees with "
+                                 f"total_num_kv_heads {total} over tp_size {tp} (expected {self.heads_per_rank})")
+            self.groups.append(entry)
+        self.layer_to_group = {name: g for g, group in enumerate(self.groups) for name in group["layer_names"]}
+
+    def layer_names(self):
+        """Every layer in model order: by the first number in the name (layers.2 before layers.10)."""
+        def key(name):
+            m = re.search(r"\d+", name)
+            return (int(m.group()) if m else -1, name)
+        return sorted(self.layer_to_group, key=key)
+
+    def group_of(self, layer):
+        if layer not in self.layer_to_group:
+            raise ValueError(f"layer {layer!r} belongs to no group of the KV cache config")
+        return self.groups[self.layer_to_group[layer]]

@@ -1,0 +1,104 @@
+"""Turning what the engine and HF hand over into numpy arrays, losslessly, with their dtype.
+
+Accepted: torch tensors, numpy arrays, and torch.save bytes (decoded with torch, which is
+needed only for that). bfloat16 and float8 have no numpy dtype: they travel as their raw bits
+(uint16 / uint8) with the dtype name beside them.
+"""
+
+import io
+
+import numpy as np
+
+DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
+
+# numpy dtype of the stored bits of each dtype
+STORAGE = {
+    "bfloat16": np.uint16,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float8_e4m3fn": np.uint8,
+    "float8_e5m2": np.uint8,
+}
+
+
+def canonical_dtype(name):
+    """'torch.bfloat16' -> 'bfloat16'; None for names kvscope does not store."""
+    name = str(name)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    aliases = {"half": "float16", "float": "float32", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
+               "fp8_e5m2": "float8_e5m2"}
+    name = aliases.get(name, name)
+    return name if name in DTYPES else None
+
+
+def load_torch_bytes(data, what):
+    """Decodes torch.save bytes (what get_kv_caches / get_block_tables return)."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is installed where bytes come from
+        raise ValueError(f"{what}: torch is needed to decode torch.save bytes") from e
+    try:
+        return torch.load(io.BytesIO(bytes(data)), map_location="cpu")
+    except Exception as e:
+        raise ValueError(f"{what}: not torch.save bytes ({e})") from e
+
+
+def to_array(value, what):
+    """A tensor-like value as (numpy array of the stored bits, dtype name)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = load_torch_bytes(value, what)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        name = canonical_dtype(t.dtype)
+        if name is None:
+            raise ValueError(f"{what}: unsupported dtype {t.dtype} (kvscope stores {', '.join(DTYPES)})")
+        if name == "bfloat16":
+            return t.view(torch.int16).numpy().view(np.uint16), name
+        if name.startswith("float8"):
+            return t.view(torch.uint8).numpy(), name
+        return t.numpy().astype(STORAGE[name], copy=False), name
+    if isinstance(value, np.ndarray):
+        if value.dtype == np.float32:
+            return np.ascontiguousarray(value), "float32"
+        if value.dtype == np.float16:
+            return np.ascontiguousarray(value), "float16"
+        raise ValueError(f"{what}: numpy dtype {value.dtype} is ambiguous or unsupported; pass float32/float16, "
+                         "or a torch tensor for bfloat16/float8")
+    raise ValueError(f"{what}: expected a tensor, a numpy array or torch.save bytes, got {type(value).__name__}")
+
+
+def to_int_array(value, what):
+    """Block tables and token ids: any integer tensor, array or list, as int64."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = load_torch_bytes(value, what)
+    try:
+        import torch
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+    except ImportError:
+        pass
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" and not (array.size == 0):
+        raise ValueError(f"{what}: must hold integers, got {array.dtype}")
+    return array.astype(np.int64)
+
+
+def to_float32(value, what):
+    """Logits: any float tensor or array, as float32 (bf16 converts exactly)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = load_torch_bytes(value, what)
+    try:
+        import torch
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().float().numpy()
+    except ImportError:
+        pass
+    array = np.asarray(value)
+    if array.dtype.kind != "f":
+        raise ValueError(f"{what}: must hold floats, got {array.dtype}")
+    return array.astype(np.float32)

@@ -1,0 +1,142 @@
+"""The writer refuses bad input with a clear ValueError before writing anything, and writes only
+documented fields of format v1."""
+
+import os
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+from engine_standin import PagedEngine, torch_save_bytes
+from kvscope_capture import BundleWriter
+
+LAYERS = ["layers.0.self_attn", "layers.1.self_attn"]
+
+
+def config(**overrides):
+    cfg = {"num_blocks": 12, "tp_size": 2, "total_num_kv_heads": 4, "dcp_size": 1, "pcp_size": 1,
+           "groups": [{"layer_names": LAYERS, "spec_type": "FullAttentionSpec", "block_size": 4,
+                       "sliding_window": None, "dtype": "torch.bfloat16", "num_kv_heads": 2, "head_size": 8}]}
+    cfg.update(overrides)
+    return cfg
+
+
+def engine_state(cfg, seq_len=10):
+    truth = {n: (torch.randn(4, seq_len, 8).to(torch.bfloat16), torch.randn(4, seq_len, 8).to(torch.bfloat16))
+             for n in LAYERS}
+    rpc, tables = PagedEngine(cfg, seed=0).snapshot(truth, seq_len)
+    return truth, rpc, tables
+
+
+class Writer(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.tmp.name, "b.h5")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def writer(self):
+        w = BundleWriter(self.path, model="m", engine="e", notes="n", run="42")
+        w.set_kv_cache_config(config())
+        w.add_prompt("p", list(range(10)), 6, token_strings=[f"t{i}" for i in range(10)])
+        return w
+
+    def test_writes_only_documented_fields(self):
+        truth, rpc, tables = engine_state(config())
+        with self.writer() as w:
+            w.add_engine_snapshot("p", rpc, tables, 10)
+            w.add_reference_kv("p", "expected", {n: (k.unsqueeze(0), v.unsqueeze(0)) for n, (k, v) in truth.items()})
+            w.add_reference_kv("p", "baseline", tuple((k.float().unsqueeze(0).numpy(), v.float().unsqueeze(0).numpy())
+                                                      for k, v in (truth[n] for n in LAYERS)))
+            w.add_logits("p", "actual", torch.randn(1, 4, 16))
+            w.set_divergence("p", [7])
+        self.assertFalse(os.path.exists(self.path + ".partial"))
+        with h5py.File(self.path, "r") as f:
+            self.assertEqual(f.attrs["format"], "kvscope-capture")
+            self.assertEqual(f.attrs["format_version"], 1)
+            self.assertEqual(f.attrs["run"], "42")
+            self.assertEqual(set(f), {"kv_cache_config", "prompts"})
+            p = f["prompts/p"]
+            self.assertEqual(set(p), {"input_ids", "teacher_tokens", "token_strings", "engine", "reference", "logits",
+                                      "divergence_positions"})
+            self.assertEqual(p.attrs["prompt_len"], 6)
+            self.assertEqual(p["teacher_tokens"][()].tolist(), [6, 7, 8, 9])
+            snap = p["engine/snapshot_0"]
+            self.assertEqual(set(snap), {"seq_lens", "block_tables", "rank_0", "rank_1"})
+            self.assertEqual(snap.attrs["validated_until"], 7)
+            k = snap["rank_1/layers.0.self_attn/k"]
+            self.assertEqual(k.shape, (12, 2, 4, 8))
+            self.assertEqual(k.attrs["dtype"], "bfloat16")
+            self.assertEqual(k.dtype, np.uint16)
+            self.assertEqual(p["reference/baseline/layers.1.self_attn/v"].attrs["dtype"], "float32")
+            self.assertEqual(p["logits/actual"].shape, (4, 16))
+
+    def test_refuses_bad_input_before_writing(self):
+        truth, rpc, tables = engine_state(config())
+        w = self.writer()
+        cases = {
+            "shape": lambda: w.add_engine_snapshot("p", [rpc[0], {n: {"k": torch.zeros(12, 2, 4, 7, dtype=torch.bfloat16),
+                                                                      "v": torch.zeros(12, 2, 4, 7, dtype=torch.bfloat16)}
+                                                                  for n in LAYERS}], tables, 10),
+            "dtype": lambda: w.add_engine_snapshot("p", [rpc[0], {n: (torch.zeros(12, 2, 4, 8), torch.zeros(12, 2, 4, 8))
+                                                                  for n in LAYERS}], tables, 10),
+            "layer": lambda: w.add_engine_snapshot("p", [rpc[0], dict(rpc[1], **{"layers.9.self_attn": rpc[1][LAYERS[0]]})],
+                                                   tables, 10),
+            "ranks": lambda: w.add_engine_snapshot("p", rpc[:1], tables, 10),
+            "table": lambda: w.add_engine_snapshot("p", rpc, [torch_save_bytes(torch.tensor([[1, 99]], dtype=torch.int32))], 10),
+            "bytes": lambda: w.add_engine_snapshot("p", [rpc[0], {n: b"not a pickle" for n in LAYERS}], tables, 10),
+            "reference heads": lambda: w.add_reference_kv("p", "expected", tuple((torch.zeros(1, 3, 10, 8),) * 2 for _ in LAYERS)),
+            "reference layers": lambda: w.add_reference_kv("p", "expected", ((torch.zeros(1, 4, 10, 8),) * 2,)),
+            "role": lambda: w.add_reference_kv("p", "golden", {}),
+            "prompt": lambda: w.add_logits("q", "actual", np.zeros((2, 3), np.float32)),
+            "slash": lambda: w.add_prompt("a/b", [1, 2], 1),
+            "divergence": lambda: w.set_divergence("p", [2]),
+        }
+        expected_words = {"shape": "shape", "dtype": "float32 but the config says bfloat16", "layer": "layers.9.self_attn",
+                          "ranks": "tp_size 2", "table": "99", "bytes": "not torch.save bytes",
+                          "reference heads": "[batch, 4, seq, 8]", "reference layers": "1 layers",
+                          "role": "golden", "prompt": "'q' was not added", "slash": "HDF5 name", "divergence": "prompt_len"}
+        for name, call in cases.items():
+            with self.subTest(name):
+                with self.assertRaises(ValueError) as caught:
+                    call()
+                self.assertIn(expected_words[name], str(caught.exception))
+        # Nothing of the refused calls was written.
+        with h5py.File(w._partial, "r") as f:
+            self.assertNotIn("engine", f["prompts/p"])
+            self.assertNotIn("reference", f["prompts/p"])
+        with self.assertRaises(ValueError):
+            w.close()  # no snapshot, no reference
+        w.abandon()
+        self.assertFalse(os.path.exists(w._partial))
+        self.assertFalse(os.path.exists(self.path))
+
+    def test_config_is_validated(self):
+        for cfg, words in (
+            (config(num_blocks=0), "num_blocks"),
+            (config(tp_size=3), "cannot be partitioned"),
+            (dict(config(), groups=[dict(config()["groups"][0], num_kv_heads=4)]), "num_kv_heads"),
+            (dict(config(), groups=[dict(config()["groups"][0], spec_type="MLAAttentionSpec")]), "not supported"),
+            (dict(config(), groups=[dict(config()["groups"][0], dtype="torch.int8")]), "unsupported dtype"),
+            (dict(config(), dcp_size=2), "context parallelism"),
+        ):
+            with self.subTest(words):
+                w = BundleWriter(self.path)
+                with self.assertRaises(ValueError) as caught:
+                    w.set_kv_cache_config(cfg)
+                self.assertIn(words, str(caught.exception))
+                w.abandon()
+
+    def test_exception_in_with_block_leaves_nothing(self):
+        with self.assertRaises(RuntimeError):
+            with self.writer():
+                raise RuntimeError("capture script failed")
+        self.assertFalse(os.path.exists(self.path))
+        self.assertFalse(os.path.exists(self.path + ".partial"))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,101 @@
+"""Bundles written by the Python writer from RPC-shaped torch.save bytes are read by kvscope (C++),
+which reconstructs them (TP merge, paging, sliding windows, snapshot merging) and must give back
+exactly the tensors the Python side started from. Needs KVSCOPE_BINARY (set by ctest)."""
+
+import os
+import subprocess
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+from engine_standin import PagedEngine
+from kvscope_capture import BundleWriter
+
+BINARY = os.environ.get("KVSCOPE_BINARY")
+
+
+def config(total_heads, tp, spec, window=6):
+    per_rank = max(1, total_heads // tp)
+    layers = ["model.layers.0.self_attn", "model.layers.1.self_attn", "model.layers.2.self_attn"]
+    return {
+        "num_blocks": 40, "tp_size": tp, "total_num_kv_heads": total_heads, "dcp_size": 1, "pcp_size": 1,
+        "groups": [
+            {"layer_names": [layers[0], layers[2]], "spec_type": spec, "block_size": 2, "sliding_window": window,
+             "dtype": "torch.bfloat16", "num_kv_heads": per_rank, "head_size": 4},
+            {"layer_names": [layers[1]], "spec_type": "FullAttentionSpec", "block_size": 4, "sliding_window": None,
+             "dtype": "torch.bfloat16", "num_kv_heads": per_rank, "head_size": 4},
+        ],
+    }
+
+
+@unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+class CrossLanguage(unittest.TestCase):
+    def run_case(self, total_heads, tp, spec, keep_only_referenced):
+        torch.manual_seed(total_heads * 100 + tp)
+        cfg = config(total_heads, tp, spec)
+        window = 6
+        prompt_len, total = 8, 16
+        divergence = 11
+        names = [n for g in cfg["groups"] for n in g["layer_names"]]
+        truth = {n: (torch.randn(total_heads, total, 4).to(torch.bfloat16),
+                     torch.randn(total_heads, total, 4).to(torch.bfloat16)) for n in names}
+        engine = PagedEngine(cfg, seed=tp)
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "capture.h5")
+            with BundleWriter(bundle, model="cross-language", engine="stand-in") as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(total)), prompt_len)
+                # Snapshot 0 ran to the divergence and one token past it: the KV at the divergence is
+                # the engine's own wrong token. Snapshot 1 re-prefilled the teacher token there.
+                wrong = {n: (k.clone(), v.clone()) for n, (k, v) in truth.items()}
+                for k, v in wrong.values():
+                    k[:, divergence] = 99
+                    v[:, divergence] = -99
+                rpc, tables = engine.snapshot(wrong, divergence + 2)
+                w.add_engine_snapshot("p", rpc, tables, divergence + 2, keep_only_referenced=keep_only_referenced)
+                rpc, tables = engine.snapshot(truth, total)
+                w.add_engine_snapshot("p", rpc, tables, total, keep_only_referenced=keep_only_referenced)
+                w.set_divergence("p", [divergence])
+                w.add_reference_kv("p", "expected", tuple((k.unsqueeze(0), v.unsqueeze(0)) for k, v in
+                                                          (truth[n] for n in sorted(names))))
+            out = os.path.join(tmp, "export.h5")
+            result = subprocess.run([BINARY, "export", bundle, out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with h5py.File(out, "r") as f:
+                for group in cfg["groups"]:
+                    for name in group["layer_names"]:
+                        k_true = truth[name][0].float().numpy()
+                        got = f[f"prompts/p/engine/{name}"]
+                        present = got["present"][()].astype(bool)
+                        # Held positions: the window of each snapshot (SlidingWindowSpec), its
+                        # validated range, never the last position.
+                        expect = np.zeros(total, bool)
+                        for written, begin, end in ((divergence + 1, 0, divergence), (total - 1, divergence, total - 1)):
+                            first = max(0, written - window + 1) if group["spec_type"] == "SlidingWindowSpec" else 0
+                            expect[max(begin, first):end] = True
+                        np.testing.assert_array_equal(present, expect, err_msg=name)
+                        k = got["k"][()]
+                        np.testing.assert_array_equal(k[:, present], k_true[:, present], err_msg=name)
+                        self.assertTrue(np.isnan(k[:, ~present]).all())
+                        np.testing.assert_array_equal(got["v"][()][:, present], truth[name][1].float().numpy()[:, present])
+                        ref = f[f"prompts/p/expected/{name}"]
+                        np.testing.assert_array_equal(ref["k"][()], k_true)
+
+    def test_partitioned_sliding_window_spec(self):
+        self.run_case(4, 2, "SlidingWindowSpec", keep_only_referenced=True)
+
+    def test_replicated_sliding_window_spec(self):
+        self.run_case(2, 4, "SlidingWindowSpec", keep_only_referenced=False)
+
+    def test_partitioned_full_attention_with_window(self):
+        self.run_case(4, 4, "FullAttentionSpec", keep_only_referenced=False)
+
+    def test_replicated_full_attention_with_window(self):
+        self.run_case(1, 2, "FullAttentionSpec", keep_only_referenced=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
