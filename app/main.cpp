@@ -3,6 +3,7 @@
 #include "cli_analyze.h"
 #include "cli_bench.h"
 #include "cli_export.h"
+#include "cli_import.h"
 #include "cli_inspect.h"
 #include "cli_synth.h"
 #include "model_capture.h"
@@ -32,6 +33,10 @@ commands:
                     a capture from a small transformer run three ways (fp32 baseline,
                     bf16 expected, bf16 engine), with an injectable engine fault
                     (kvscope synth --help lists the options)
+  import DIR -o BUNDLE.h5
+                    make a bundle from raw dumps: per-rank get_kv_caches .pt files, the
+                    config as JSON, block tables .pt, HF past_key_values as .pt or
+                    .safetensors, logits .pt (file names: docs/import.md)
   export BUNDLE OUT.h5 [--prompt ID]... [--layers SPEC]
                     write the reconstructed, merged engine KV and the aligned references,
                     float32 [heads, seq, head_dim] with a presence mask, for other tools
@@ -75,6 +80,8 @@ int main(int argc, char** argv)
             return kvscope::cli::benchRun({args.begin() + 2, args.end()});
         if (command == "export")
             return kvscope::cli::exportKv({args.begin() + 2, args.end()});
+        if (command == "import")
+            return kvscope::cli::importDumps({args.begin() + 2, args.end()});
         if (command == "synth")
             return kvscope::cli::synth({args.begin() + 2, args.end()});
         if (command == "inspect" && args.size() == 3)

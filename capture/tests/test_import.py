@@ -1,0 +1,138 @@
+"""`kvscope import DIR -o BUNDLE`: dumps written by Python's torch.save and by a safetensors
+writer made here become a bundle that reconstructs to exactly the tensors dumped; the limits
+of libtorch's pickle reader become clear errors naming the file. Needs KVSCOPE_BINARY."""
+
+import io
+import json
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+from engine_standin import PagedEngine
+
+BINARY = os.environ.get("KVSCOPE_BINARY")
+LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn", "model.layers.2.self_attn"]
+
+
+def write_safetensors(path, tensors):
+    """A minimal safetensors writer: little-endian header length, JSON header, raw data."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        if t.dtype == torch.bfloat16:
+            raw, dtype = t.contiguous().view(torch.int16).numpy().tobytes(), "BF16"
+        else:
+            raw, dtype = t.contiguous().numpy().astype(np.float32).tobytes(), "F32"
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def config():
+    return {"num_blocks": 30, "tp_size": 2, "total_num_kv_heads": 4, "dcp_size": 1, "pcp_size": 1,
+            "groups": [
+                {"layer_names": [LAYERS[0], LAYERS[2]], "spec_type": "SlidingWindowSpec", "block_size": 2,
+                 "sliding_window": 5, "dtype": "torch.bfloat16", "num_kv_heads": 2, "head_size": 4},
+                {"layer_names": [LAYERS[1]], "spec_type": "FullAttentionSpec", "block_size": 4,
+                 "sliding_window": None, "dtype": "torch.bfloat16", "num_kv_heads": 2, "head_size": 4}]}
+
+
+@unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+class Import(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = os.path.join(self.tmp.name, "dump")
+        os.makedirs(self.dir)
+        torch.manual_seed(3)
+        self.total = 12
+        self.truth = {n: (torch.randn(4, self.total, 4).to(torch.bfloat16), torch.randn(4, self.total, 4).to(torch.bfloat16))
+                      for n in LAYERS}
+        cfg = config()
+        with open(os.path.join(self.dir, "kv_cache_config.json"), "w") as f:
+            json.dump(cfg, f)
+        rpc, tables = PagedEngine(cfg, seed=5).snapshot(self.truth, self.total)
+        for r, caches in enumerate(rpc):  # what get_kv_caches returned, decoded and saved per rank
+            torch.save({layer: torch.load(io.BytesIO(data)) for layer, data in caches.items()},
+                       os.path.join(self.dir, f"kv_caches_rank{r}.pt"))
+        torch.save([torch.load(io.BytesIO(t)) for t in tables], os.path.join(self.dir, "block_tables.pt"))
+        with open(os.path.join(self.dir, "prompt.json"), "w") as f:
+            json.dump({"prompt_id": "imported", "input_ids": list(range(self.total)), "prompt_len": 7,
+                       "seq_len": self.total, "divergence_positions": [9], "model": "dumped"}, f)
+        write_safetensors(os.path.join(self.dir, "expected.safetensors"),
+                          {f"{n}.{p}": t.unsqueeze(0) for n, kv in self.truth.items() for p, t in zip("kv", kv)})
+        torch.save(tuple((k.float().unsqueeze(0), v.float().unsqueeze(0)) for k, v in (self.truth[n] for n in LAYERS)),
+                   os.path.join(self.dir, "baseline.pt"))
+        self.logits = torch.randn(5, 11).to(torch.bfloat16)
+        torch.save(self.logits, os.path.join(self.dir, "logits_actual.pt"))
+        self.bundle = os.path.join(self.tmp.name, "imported.h5")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def kvscope(self, *args):
+        return subprocess.run([BINARY, *args], capture_output=True, text=True)
+
+    def test_import_reconstructs_the_dumped_tensors(self):
+        result = self.kvscope("import", self.dir, "-o", self.bundle)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = os.path.join(self.tmp.name, "export.h5")
+        result = self.kvscope("export", self.bundle, out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with h5py.File(self.bundle, "r") as b:
+            self.assertEqual(b["prompts/imported/divergence_positions"][()].tolist(), [9])
+            logits = b["prompts/imported/logits/actual"][()]
+            np.testing.assert_array_equal(logits, self.logits.float().numpy())
+        with h5py.File(out, "r") as f:
+            for name in LAYERS:
+                k_true = self.truth[name][0].float().numpy()
+                engine = f[f"prompts/imported/engine/{name}"]
+                present = engine["present"][()].astype(bool)
+                self.assertFalse(present[-1])  # the last sampled token is never written
+                self.assertTrue(present[-2])
+                np.testing.assert_array_equal(engine["k"][()][:, present], k_true[:, present])
+                np.testing.assert_array_equal(f[f"prompts/imported/expected/{name}/k"][()], k_true)
+                np.testing.assert_array_equal(f[f"prompts/imported/baseline/{name}/v"][()],
+                                              self.truth[name][1].float().numpy())
+
+    def assert_refused(self, file, words):
+        result = self.kvscope("import", self.dir, "-o", self.bundle)
+        self.assertEqual(result.returncode, 2, result.stdout)
+        self.assertIn(file, result.stderr)
+        self.assertIn(words, result.stderr)
+        self.assertFalse(os.path.exists(self.bundle))
+
+    def test_pickle_limits_are_clear_errors(self):
+        rank0 = os.path.join(self.dir, "kv_caches_rank0.pt")
+        torch.save({LAYERS[0]: torch.zeros(2)}, rank0)  # exactly one entry
+        self.assert_refused(rank0, "exactly one entry")
+        torch.save({"a": b"raw", "b": b"rpc bytes"}, rank0)
+        self.assert_refused(rank0, "bytes objects")
+        torch.save({"a": torch.zeros(1), "b": torch.zeros(1)}, rank0, _use_new_zipfile_serialization=False)
+        self.assert_refused(rank0, "legacy torch.save format")
+        torch.save({"a": torch.zeros(1), "b": torch.zeros(1)}, rank0, pickle_protocol=4)
+        self.assert_refused(rank0, "pickle protocol above 2")
+        torch.save({"a": torch.zeros(1), "b": torch.zeros(1)}, rank0)
+        self.assert_refused(rank0, "layer 'a'")
+
+    def test_bad_files_name_themselves(self):
+        expected = os.path.join(self.dir, "expected.safetensors")
+        with open(expected, "r+b") as f:
+            f.truncate(os.path.getsize(expected) - 10)
+        self.assert_refused("expected.safetensors", "truncated")
+        os.remove(os.path.join(self.dir, "kv_cache_config.json"))
+        self.assert_refused("kv_cache_config.json", "missing")
+
+
+if __name__ == "__main__":
+    unittest.main()
