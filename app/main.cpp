@@ -6,7 +6,11 @@
 #include "cli_import.h"
 #include "cli_inspect.h"
 #include "cli_synth.h"
+#include "main_window.h"
 #include "model_capture.h"
+
+#include <QApplication>
+#include <QTimer>
 
 #include <malloc.h>
 
@@ -18,11 +22,13 @@
 
 namespace {
 
-const char* const kUsage = R"(usage: kvscope COMMAND [ARGS]
+const char* const kUsage = R"(usage: kvscope [BUNDLE | DIR]      the desktop app (on a bundle, or a folder of dumps)
+       kvscope COMMAND [ARGS]
 
 commands:
-  demo [DIR]        analyse the built-in demo capture (made in DIR, default ./kvscope-demo,
-                    on first use: a 24-layer model with a RoPE fault in layer 13)
+  demo [DIR]        open the app on the built-in demo capture (made in DIR, default
+                    ./kvscope-demo, on first use: a 24-layer model with a RoPE fault in
+                    layer 13); without a display, print its analysis instead
   analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]
                     compare the engine's KV with the reference: per (token, layer, head)
                     cos / relative L-inf / relative L2, per (token, layer) BC, aggregated
@@ -61,6 +67,36 @@ std::string demoCapture(const std::vector<std::string>& args)
     return path;
 }
 
+bool hasDisplay()
+{
+    const QByteArray platform = qgetenv("QT_QPA_PLATFORM");
+    if (platform == "offscreen" || platform == "minimal")
+        return false;
+    return !qEnvironmentVariableIsEmpty("DISPLAY") || !qEnvironmentVariableIsEmpty("WAYLAND_DISPLAY");
+}
+
+// `screenshot`: once the analysis is done, save the window to this file and quit (for the
+// README's pictures); `across`: show the across-prompts view.
+int runGui(int argc, char** argv, const QString& path, const QString& screenshot = {}, bool across = false)
+{
+    QApplication app(argc, argv);
+    QApplication::setOrganizationName("kvscope");
+    QApplication::setApplicationName("kvscope");
+    kvscope::MainWindow window;
+    window.show();
+    if (!screenshot.isEmpty())
+        QObject::connect(&window.controller(), &kvscope::AnalysisController::finished, &window, [&] {
+            window.showAcrossPrompts(across);
+            QTimer::singleShot(1500, &window, [&] {
+                window.grab().save(screenshot);
+                app.quit();
+            });
+        });
+    if (!path.isEmpty())
+        window.openPath(path);
+    return app.exec();
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -70,7 +106,15 @@ int main(int argc, char** argv)
     mallopt(M_MMAP_THRESHOLD, 512 << 20);
     mallopt(M_TRIM_THRESHOLD, 1024 << 20);
     const std::vector<std::string> args(argv, argv + argc);
-    const std::string command = args.size() > 1 ? args[1] : "help";
+    const std::string command = args.size() > 1 ? args[1] : "";
+    const bool isCommand = command == "analyze" || command == "inspect" || command == "demo" || command == "synth" ||
+                           command == "import" || command == "export" || command == "bench" ||
+                           command == "bench-run" || command == "help" || command == "--help" || command == "-h";
+    if (!isCommand && args.size() <= 2)
+        return runGui(argc, argv, QString::fromStdString(command));
+    if (!isCommand && args.size() >= 4 && args[2] == "--screenshot")
+        return runGui(1, argv, QString::fromStdString(command), QString::fromStdString(args[3]),
+                      args.size() > 4 && args[4] == "--across");
     try {
         if (command == "analyze")
             return kvscope::cli::analyze({args.begin() + 2, args.end()}, std::cout, std::cerr);
@@ -88,7 +132,9 @@ int main(int argc, char** argv)
             return kvscope::cli::inspect(args[2], std::cout, std::cerr);
         if (command == "demo" && args.size() <= 3) {
             const std::string path = demoCapture(args);
-            std::cout << "demo capture: " << path << "\n\n";
+            if (hasDisplay())
+                return runGui(1, argv, QString::fromStdString(path));
+            std::cout << "demo capture: " << path << " (no display: its analysis follows)\n\n";
             return kvscope::cli::analyze({path}, std::cout, std::cerr);
         }
         if (command == "help" || command == "--help" || command == "-h") {

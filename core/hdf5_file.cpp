@@ -8,14 +8,11 @@ namespace kvscope {
 
 namespace {
 
-// Silence HDF5's own error stack printing once; errors are reported as BundleError instead.
+// Silence HDF5's own error stack printing (per thread in thread-safe builds, so on every
+// open); errors are reported as BundleError instead.
 void silenceHdf5()
 {
-    static const bool silenced = [] {
-        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-        return true;
-    }();
-    (void)silenced;
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
 herr_t closeFile(hid_t id) { return H5Fclose(id); }

@@ -1,0 +1,66 @@
+#include "histogram_view.h"
+
+namespace kvscope {
+
+HistogramView::HistogramView(QWidget* parent)
+    : QCustomPlot(parent)
+{
+    setMinimumSize(300, 180);
+    plotLayout()->insertRow(0);
+    m_title = new QCPTextElement(this, QString(), QFont(font().family(), 9, QFont::Bold));
+    plotLayout()->addElement(0, 0, m_title);
+    m_base = new QCPBars(xAxis, yAxis);
+    m_target = new QCPBars(xAxis, yAxis);
+    m_base->setName("base: |baseline - expected|");
+    m_target->setName("target: |baseline - actual|");
+    m_base->setPen(Qt::NoPen);
+    m_target->setPen(Qt::NoPen);
+    m_base->setBrush(QColor(31, 119, 180, 140));
+    m_target->setBrush(QColor(255, 127, 14, 140));
+    xAxis->setLabel("absolute error");
+    yAxis->setLabel("count");
+    legend->setVisible(true);
+    legend->setFont(QFont(font().family(), 8));
+    axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+}
+
+void HistogramView::setHistogram(const HeadErrorHistogram& h, const QString& title)
+{
+    const double width = (h.hi - h.lo) / h.bins;
+    QVector<double> keys, base, target;
+    for (int b = 0; b < h.bins; ++b) {
+        keys.append(h.lo + (b + 0.5) * width);
+        target.append(double(h.target.counts[std::size_t(b)]));
+        base.append(h.base ? double(h.base->counts[std::size_t(b)]) : 0.0);
+    }
+    m_base->setWidth(width);
+    m_target->setWidth(width);
+    m_base->setData(keys, base);
+    m_target->setData(keys, target);
+    m_base->setVisible(bool(h.base));
+    m_title->setText(title + (std::isnan(h.bc) ? QString() : QString("   BC %1").arg(h.bc, 0, 'f', 4)));
+    rescaleAxes();
+    if (yAxis->scaleType() == QCPAxis::stLogarithmic)
+        yAxis->setRangeLower(0.5);
+    replot(QCustomPlot::rpQueuedReplot);
+}
+
+void HistogramView::setLogCounts(bool log)
+{
+    yAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
+    yAxis->setTicker(log ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog) : QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
+    rescaleAxes();
+    if (log)
+        yAxis->setRangeLower(0.5);
+    replot(QCustomPlot::rpQueuedReplot);
+}
+
+void HistogramView::clearHistogram(const QString& message)
+{
+    m_base->data()->clear();
+    m_target->data()->clear();
+    m_title->setText(message);
+    replot(QCustomPlot::rpQueuedReplot);
+}
+
+}  // namespace kvscope

@@ -1,0 +1,26 @@
+#pragma once
+// Per-head error histograms of the drill-down: base (expected vs baseline) and target (actual
+// vs baseline) on shared bins, overlaid, with an optional log count axis and the BC.
+
+#include "error_histogram.h"
+
+#include <qcustomplot.h>
+
+namespace kvscope {
+
+class HistogramView : public QCustomPlot {
+    Q_OBJECT
+
+public:
+    explicit HistogramView(QWidget* parent = nullptr);
+    void setHistogram(const HeadErrorHistogram& histogram, const QString& title);
+    void setLogCounts(bool log);
+    void clearHistogram(const QString& message);
+
+private:
+    QCPBars* m_base;
+    QCPBars* m_target;
+    QCPTextElement* m_title;
+};
+
+}  // namespace kvscope

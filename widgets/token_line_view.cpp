@@ -1,0 +1,60 @@
+#include "token_line_view.h"
+
+#include <cmath>
+
+namespace kvscope {
+
+TokenLineView::TokenLineView(QWidget* parent)
+    : QCustomPlot(parent)
+{
+    setMinimumSize(300, 160);
+    plotLayout()->insertRow(0);
+    m_title = new QCPTextElement(this, QString(), QFont(font().family(), 9, QFont::Bold));
+    plotLayout()->addElement(0, 0, m_title);
+    m_target = addGraph();
+    m_base = addGraph();
+    m_target->setName("actual");
+    m_base->setName("expected (base)");
+    m_target->setPen(QPen(QColor(214, 39, 40), 1.5));
+    m_base->setPen(QPen(QColor(31, 119, 180), 1.2));
+    xAxis->setLabel("token");
+    legend->setVisible(true);
+    legend->setFont(QFont(font().family(), 8));
+    setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+    axisRect()->setRangeZoom(Qt::Horizontal);
+    axisRect()->setRangeDrag(Qt::Horizontal);
+}
+
+void TokenLineView::setSeries(const QVector<double>& target, const QVector<double>& base, const QString& title,
+                              const QString& valueLabel, double prefillBoundary, const QVector<double>& divergences,
+                              qint64 selected)
+{
+    QVector<double> keys;
+    for (int i = 0; i < target.size(); ++i)
+        keys.append(i);
+    m_target->setData(keys, target, true);
+    m_base->setData(keys, base.isEmpty() ? QVector<double>(target.size(), std::nan("")) : base, true);
+    m_base->setVisible(!base.isEmpty());
+    m_title->setText(title);
+    yAxis->setLabel(valueLabel);
+    for (QCPAbstractItem* item : std::as_const(m_markers))
+        removeItem(item);
+    m_markers.clear();
+    auto vertical = [this](double x, const QPen& pen) {
+        auto* line = new QCPItemStraightLine(this);
+        line->point1->setCoords(x, 0);
+        line->point2->setCoords(x, 1);
+        line->setPen(pen);
+        m_markers.append(line);
+    };
+    vertical(prefillBoundary, QPen(QColor(220, 0, 0), 1.5));
+    for (double d : divergences)
+        vertical(d, QPen(QColor(255, 140, 0), 1.5, Qt::DashLine));
+    if (selected >= 0)
+        vertical(double(selected), QPen(Qt::black, 1, Qt::DotLine));
+    rescaleAxes();
+    xAxis->setRange(-0.5, std::max<double>(target.size(), 1) - 0.5);
+    replot(QCustomPlot::rpQueuedReplot);
+}
+
+}  // namespace kvscope

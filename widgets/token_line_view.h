@@ -1,0 +1,24 @@
+#pragma once
+// One metric of one layer and head across the sequence, with the heatmap's markers.
+
+#include <qcustomplot.h>
+
+namespace kvscope {
+
+class TokenLineView : public QCustomPlot {
+    Q_OBJECT
+
+public:
+    explicit TokenLineView(QWidget* parent = nullptr);
+    // NaN values (no data) leave gaps. `base` may be empty.
+    void setSeries(const QVector<double>& target, const QVector<double>& base, const QString& title,
+                   const QString& valueLabel, double prefillBoundary, const QVector<double>& divergences, qint64 selected);
+
+private:
+    QCPGraph* m_target;
+    QCPGraph* m_base;
+    QCPTextElement* m_title;
+    QList<QCPAbstractItem*> m_markers;
+};
+
+}  // namespace kvscope
