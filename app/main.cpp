@@ -2,9 +2,11 @@
 
 #include "cli_analyze.h"
 #include "cli_bench.h"
+#include "cli_check.h"
 #include "cli_export.h"
 #include "cli_import.h"
 #include "cli_inspect.h"
+#include "cli_report.h"
 #include "cli_synth.h"
 #include "main_window.h"
 #include "model_capture.h"
@@ -33,6 +35,11 @@ commands:
                     compare the engine's KV with the reference: per (token, layer, head)
                     cos / relative L-inf / relative L2, per (token, layer) BC, aggregated
                     BC across prompts; a readable summary, or everything as JSON
+  report BUNDLE -o DIR [--min-bc 0.9] [--max-ratio 2.0] [--max-linf X]
+                    a self-contained HTML report (opens offline) with PNG images of each map
+  check BUNDLE [--min-bc 0.9] [--max-ratio 2.0] [--max-linf X] [--json OUT]
+                    for CI: exit 0 when within the thresholds, 1 with the violations listed,
+                    2 when the bundle is unreadable or invalid
   inspect BUNDLE    show what a capture bundle holds and check that every layer of
                     every prompt reconstructs; exit 0 if so, 1 if not, 2 if unreadable
   synth OUT.h5 [--demo] [--layers N] ... [--fault KIND]
@@ -107,7 +114,7 @@ int main(int argc, char** argv)
     mallopt(M_TRIM_THRESHOLD, 1024 << 20);
     const std::vector<std::string> args(argv, argv + argc);
     const std::string command = args.size() > 1 ? args[1] : "";
-    const bool isCommand = command == "analyze" || command == "inspect" || command == "demo" || command == "synth" ||
+    const bool isCommand = command == "analyze" || command == "check" || command == "report" || command == "inspect" || command == "demo" || command == "synth" ||
                            command == "import" || command == "export" || command == "bench" ||
                            command == "bench-run" || command == "help" || command == "--help" || command == "-h";
     if (!isCommand && args.size() <= 2)
@@ -122,6 +129,15 @@ int main(int argc, char** argv)
             return kvscope::cli::bench({args.begin() + 2, args.end()});
         if (command == "bench-run")
             return kvscope::cli::benchRun({args.begin() + 2, args.end()});
+        if (command == "report") {
+            // Rendering the PNGs needs a QApplication; without a display, an offscreen one.
+            if (!hasDisplay())
+                qputenv("QT_QPA_PLATFORM", "offscreen");
+            QApplication app(argc, argv);
+            return kvscope::cli::report({args.begin() + 2, args.end()});
+        }
+        if (command == "check")
+            return kvscope::cli::check({args.begin() + 2, args.end()}, std::cout, std::cerr);
         if (command == "export")
             return kvscope::cli::exportKv({args.begin() + 2, args.end()});
         if (command == "import")

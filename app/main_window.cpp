@@ -5,6 +5,7 @@
 #include "head_table_model.h"
 #include "heatmap_view.h"
 #include "histogram_view.h"
+#include "report_writer.h"
 #include "token_line_view.h"
 #include "worst_cells_model.h"
 
@@ -82,6 +83,7 @@ void MainWindow::buildUi()
     auto* bar = addToolBar(tr("View"));
     bar->setObjectName("view");
     m_promptBox = new QComboBox;
+    m_promptBox->setSizeAdjustPolicy(QComboBox::AdjustToContents);
     m_partBox = new QComboBox;
     m_partBox->addItems({"K", "V"});
     m_metricBox = new QComboBox;
@@ -294,6 +296,26 @@ void MainWindow::buildMenus()
             if (!path.isEmpty() && !exportView(path))
                 QMessageBox::warning(this, tr("Export"), tr("Could not write %1").arg(path));
         });
+    exportMenu->addAction(tr("HTML report..."), this, [this] {
+        const auto result = m_controller->result();
+        if (!result || m_controller->isRunning()) {
+            QMessageBox::information(this, tr("Report"), tr("Wait for the analysis to finish."));
+            return;
+        }
+        const QString dir = QFileDialog::getExistingDirectory(this, tr("Write the report into"));
+        if (dir.isEmpty())
+            return;
+        // The PNG images are drawn by the heatmap widget, which lives on this thread.
+        QApplication::setOverrideCursor(Qt::WaitCursor);
+        try {
+            const ReportFiles files = writeReport(*m_controller->reader(), *result, Thresholds{}, dir);
+            QApplication::restoreOverrideCursor();
+            m_status->setText(tr("wrote %1").arg(files.html));
+        } catch (const std::exception& e) {
+            QApplication::restoreOverrideCursor();
+            QMessageBox::warning(this, tr("Report"), QString::fromStdString(e.what()));
+        }
+    });
     file->addSeparator();
     file->addAction(tr("&Quit"), QKeySequence::Quit, qApp, &QApplication::quit);
 }

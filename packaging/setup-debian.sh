@@ -11,7 +11,7 @@ packages=(
   # a fast BLAS for libtorch's fp32 matmuls (the default reference BLAS is 10x slower)
   libopenblas0-pthread
   # looking at the GUI headless, and the tests that do
-  xvfb xauth imagemagick
+  xvfb xauth imagemagick chromium
   # the Python capture side and its tests
   python3-torch python3-h5py python3-numpy
 )

@@ -1,0 +1,103 @@
+#include "cli_check.h"
+
+#include "analysis_json.h"
+#include "analyzer.h"
+#include "threshold_check.h"
+
+#include <cmath>
+#include <fstream>
+
+namespace kvscope::cli {
+
+int check(const std::vector<std::string>& args, std::ostream& out, std::ostream& err)
+{
+    const char* usage = "usage: kvscope check BUNDLE [--min-bc 0.9] [--max-ratio 2.0] [--max-linf X] [--json OUT]\n";
+    std::string bundle, jsonPath;
+    Thresholds t;
+    try {
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            const bool value = i + 1 < args.size();
+            if (args[i] == "--min-bc" && value)
+                t.minBc = std::stod(args[++i]);
+            else if (args[i] == "--max-ratio" && value)
+                t.maxRatio = std::stod(args[++i]);
+            else if (args[i] == "--max-linf" && value)
+                t.maxLinf = std::stod(args[++i]);
+            else if (args[i] == "--json" && value)
+                jsonPath = args[++i];
+            else if (bundle.empty() && !args[i].starts_with("--"))
+                bundle = args[i];
+            else
+                throw std::invalid_argument(args[i]);
+        }
+    } catch (const std::exception&) {
+        err << usage;
+        return 2;
+    }
+    if (bundle.empty()) {
+        err << usage;
+        return 2;
+    }
+    AnalysisResult result;
+    try {
+        AnalysisOptions options;
+        options.unreadableBlocks = UnreadableBlockPolicy::Error;  // CI: a broken capture is not a pass
+        result = analyzeBundle(std::make_shared<BundleReader>(bundle), options);
+        if (!result.problems.empty())
+            throw std::runtime_error(result.problems.front());
+        for (const PromptAnalysis& p : result.prompts)
+            if (!p.issues.empty())
+                throw std::runtime_error(p.issues.front());
+    } catch (const std::exception& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    }
+    const std::vector<Violation> violations = checkThresholds(result, t);
+    if (!jsonPath.empty()) {
+        std::ofstream file(jsonPath);
+        file << "{\"bundle\":" << jsonString(bundle) << ",\"thresholds\":{\"min_bc\":" << t.minBc
+             << ",\"max_ratio\":" << t.maxRatio << ",\"max_linf\":";
+        if (t.maxLinf)
+            file << *t.maxLinf;
+        else
+            file << "null";
+        file << "},\"passed\":" << (violations.empty() ? "true" : "false") << ",\"violations\":[";
+        for (std::size_t i = 0; i < violations.size(); ++i) {
+            const Violation& v = violations[i];
+            file << (i ? "," : "") << "{\"prompt\":" << (v.prompt.empty() ? "null" : jsonString(v.prompt))
+                 << ",\"layer\":" << jsonString(v.layer) << ",\"token\":";
+            if (v.token >= 0)
+                file << v.token;
+            else
+                file << "null";
+            file << ",\"head\":";
+            if (v.head >= 0)
+                file << v.head;
+            else
+                file << "null";
+            file << ",\"metric\":" << jsonString(v.metric) << ",\"value\":";
+            if (std::isfinite(v.value))
+                file << v.value;
+            else
+                file << "null";
+            file << ",\"threshold\":" << v.threshold << "}";
+        }
+        file << "]}\n";
+    }
+    out << "kvscope check " << bundle << ": min BC " << t.minBc << ", max L-inf multiplier " << t.maxRatio;
+    if (t.maxLinf)
+        out << ", max relative L-inf " << *t.maxLinf;
+    out << "\n";
+    for (const Violation& v : violations) {
+        out << "  FAIL " << (v.prompt.empty() ? "all prompts" : "prompt " + v.prompt) << ", " << v.layer;
+        if (v.token >= 0)
+            out << ", token " << v.token;
+        if (v.head >= 0)
+            out << ", head " << v.head;
+        out << ": " << v.metric << " = " << v.value << " (threshold " << v.threshold << ")\n";
+    }
+    out << (violations.empty() ? "PASS\n" : std::to_string(violations.size()) + " violation(s)\n");
+    return violations.empty() ? 0 : 1;
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,169 @@
+// Reports and the CI check: the HTML opens offline in a real browser (headless Chromium,
+// networking off) with every map drawn and no console error; the PNG images carry the
+// markers; `kvscope check` exits 0 / 1 / 2 on a clean capture, a faulty one and a broken file.
+
+#include "analyzer.h"
+#include "model_capture.h"
+#include "report_writer.h"
+#include "synthetic_capture.h"
+
+#include <QFile>
+#include <QFileInfo>
+#include <QImage>
+#include <QProcess>
+#include <QRegularExpression>
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <cmath>
+
+using namespace kvscope;
+
+class TestReport : public QObject {
+    Q_OBJECT
+
+private slots:
+    void initTestCase();
+    void htmlIsSelfContained();
+    void pngsCarryTheMarkers();
+    void chromiumDrawsEveryMapOffline();
+    void checkExitCodes();
+
+private:
+    QTemporaryDir m_dir;
+    QString m_bundle;
+    std::shared_ptr<BundleReader> m_reader;
+    AnalysisResult m_result;
+    ReportFiles m_files;
+};
+
+void TestReport::initTestCase()
+{
+    m_bundle = m_dir.filePath("capture.h5");
+    writeSyntheticCapture(m_bundle.toStdString(), demoCaptureOptions());
+    m_reader = std::make_shared<BundleReader>(m_bundle.toStdString());
+    m_result = analyzeBundle(m_reader);
+    m_files = writeReport(*m_reader, m_result, Thresholds{}, m_dir.filePath("report"));
+}
+
+void TestReport::htmlIsSelfContained()
+{
+    QFile f(m_files.html);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const QString html = QString::fromUtf8(f.readAll());
+    // Nothing is fetched: no remote URL, no external script or stylesheet.
+    QVERIFY(!html.contains("http://") && !html.contains("https://"));
+    QVERIFY(!html.contains(QRegularExpression("<script[^>]+src=")));
+    QVERIFY(!html.contains(QRegularExpression("<link[^>]+stylesheet")));
+    // Two prompts x (ratio, BC, L-inf, L2) x (K, V), and the aggregated BC for K and V.
+    QCOMPARE(m_files.images.size(), 2 * 8 + 2);
+    for (const QString& id : {"prompt_0_k_ratio", "prompt_1_v_bc", "prompt_0_k_linf", "prompt_1_v_l2", "aggregate_k_bc"})
+        QVERIFY2(html.contains("id=\"map-" + id + "\"") && html.contains("\"id\":\"" + id + "\""), qPrintable(id));
+    QVERIFY(html.contains("model.layers.5.self_attn"));  // layer names on the axes and in the tables
+    QVERIFY(html.contains("FAIL"));                       // the injected fault fails the thresholds
+    QVERIFY(!html.contains("NaN"));                       // no data is null, never NaN
+}
+
+void TestReport::pngsCarryTheMarkers()
+{
+    const QImage image(m_dir.filePath("report/prompt_0_k_linf.png"));
+    QVERIFY(!image.isNull());
+    QCOMPARE(image.width(), 1400);
+    // Find the red prefill/decode line and an orange divergence line by scanning one row.
+    const int y = image.height() / 2;
+    int red = -1, orange = -1;
+    for (int x = 0; x < image.width(); ++x) {
+        const QColor c(image.pixel(x, y));
+        if (red < 0 && c.red() > 190 && c.green() < 40 && c.blue() < 40)
+            red = x;
+        for (int dy = -8; dy <= 8 && orange < 0; ++dy) {
+            const QColor d(image.pixel(x, y + dy));
+            if (d.red() > 230 && d.green() > 110 && d.green() < 170 && d.blue() < 40)
+                orange = x;
+        }
+    }
+    QVERIFY2(red > 0 && orange > red, qPrintable(QString("red %1 orange %2").arg(red).arg(orange)));
+    // prompt_len 40, divergence 49 over 60 tokens: the lines are 9 tokens apart, in proportion.
+    const double tokensApart = double(orange - red) / (image.width() * 0.8 / 60);
+    QVERIFY2(tokensApart > 6 && tokensApart < 12, qPrintable(QString::number(tokensApart)));
+}
+
+void TestReport::chromiumDrawsEveryMapOffline()
+{
+    if (!QFileInfo::exists("/usr/bin/chromium"))
+        QSKIP("chromium is not installed (packaging/setup-debian.sh installs it)");
+    const QString profile = m_dir.filePath("chromium-profile");
+    const QStringList common{"--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                             "--user-data-dir=" + profile, "--virtual-time-budget=5000", "--window-size=1400,1600",
+                             "--enable-logging=stderr", "--v=0",
+                             // networking off: any request would fail, and show as a console error
+                             "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"};
+    QProcess dom;
+    dom.start("/usr/bin/chromium", common + QStringList{"--dump-dom", "file://" + m_files.html});
+    QVERIFY(dom.waitForFinished(120000));
+    const QString out = dom.readAllStandardOutput(), err = dom.readAllStandardError();
+    QVERIFY2(out.contains("data-maps-drawn=\"18\""), qPrintable(err.right(2000)));
+    QVERIFY2(!err.contains("Uncaught") && !err.contains("ERR_"), qPrintable(err.right(2000)));
+
+    const QString shot = m_dir.filePath("shot.png");
+    QProcess screenshot;
+    screenshot.start("/usr/bin/chromium", common + QStringList{"--screenshot=" + shot, "file://" + m_files.html});
+    QVERIFY(screenshot.waitForFinished(120000));
+    const QImage image(shot);
+    QVERIFY(!image.isNull());
+    // The first map is in view: plenty of heatmap colours (not white, not grey text).
+    int coloured = 0;
+    for (int y = 0; y < image.height(); y += 3)
+        for (int x = 0; x < image.width(); x += 3) {
+            const QColor c(image.pixel(x, y));
+            if (std::abs(c.red() - c.green()) > 60 || std::abs(c.green() - c.blue()) > 60)
+                ++coloured;
+        }
+    QVERIFY2(coloured > 2000, qPrintable(QString::number(coloured)));
+}
+
+void TestReport::checkExitCodes()
+{
+    auto run = [](const QStringList& args, QString* output = nullptr) {
+        QProcess p;
+        p.start(KVSCOPE_BINARY, args);
+        p.waitForFinished(120000);
+        if (output)
+            *output = p.readAllStandardOutput() + p.readAllStandardError();
+        return p.exitCode();
+    };
+    synth::ModelCaptureOptions o;
+    o.layers = 6;
+    o.hidden = 64;
+    o.queryHeads = 8;
+    o.kvHeads = 4;
+    o.headDim = 32;
+    o.window = 12;
+    o.promptLens = {24, 32};
+    o.decodeTokens = 16;
+    const QString clean = m_dir.filePath("clean.h5"), faulty = m_dir.filePath("faulty.h5");
+    synth::writeModelCapture(clean.toStdString(), o);
+    o.fault = synth::FaultKind::RopeOffset;
+    synth::writeModelCapture(faulty.toStdString(), o);
+    QString text;
+    QCOMPARE(run({"check", clean}, &text), 0);
+    QVERIFY(text.contains("PASS"));
+    const QString json = m_dir.filePath("check.json");
+    QCOMPARE(run({"check", faulty, "--json", json}, &text), 1);
+    QVERIFY2(text.contains("FAIL prompt prompt_0, model.layers.3.self_attn"), qPrintable(text));
+    QFile f(json);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    QVERIFY(f.readAll().contains("\"passed\":false"));
+    // Thresholds are the user's: loose enough, the faulty capture passes.
+    QCOMPARE(run({"check", faulty, "--max-ratio", "1000", "--min-bc", "0"}), 0);
+    const QString broken = m_dir.filePath("broken.h5");
+    QFile::copy(clean, broken);
+    QFile(broken).resize(QFile(broken).size() / 2);
+    QCOMPARE(run({"check", broken}, &text), 2);
+    QVERIFY(text.contains(broken));
+    QCOMPARE(run({"check", m_dir.filePath("missing.h5")}), 2);
+}
+
+QTEST_MAIN(TestReport)
+#include "tst_report.moc"
