@@ -30,7 +30,7 @@ const char* const kUsage = R"(usage: kvscope [BUNDLE | DIR]      the desktop app
 commands:
   demo [DIR]        open the app on the built-in demo capture (made in DIR, default
                     ./kvscope-demo, on first use: a 24-layer model with a RoPE fault in
-                    layer 13); without a display, print its analysis instead
+                    layer 13); without a display, write its HTML report and print its analysis
   analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]
                     compare the engine's KV with the reference: per (token, layer, head)
                     cos / relative L-inf / relative L2, per (token, layer) BC, aggregated
@@ -150,7 +150,13 @@ int main(int argc, char** argv)
             const std::string path = demoCapture(args);
             if (hasDisplay())
                 return runGui(1, argv, QString::fromStdString(path));
-            std::cout << "demo capture: " << path << " (no display: its analysis follows)\n\n";
+            // No display: the demo's report instead, and its summary here.
+            const std::string reportDir = (std::filesystem::path(path).parent_path() / "report").string();
+            qputenv("QT_QPA_PLATFORM", "offscreen");
+            QApplication app(argc, argv);
+            if (const int rc = kvscope::cli::report({path, "-o", reportDir}); rc != 0)
+                return rc;
+            std::cout << "open " << reportDir << "/report.html in a browser; the analysis:\n\n";
             return kvscope::cli::analyze({path}, std::cout, std::cerr);
         }
         if (command == "help" || command == "--help" || command == "-h") {
