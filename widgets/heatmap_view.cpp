@@ -1,5 +1,7 @@
 #include "heatmap_view.h"
 
+#include "plot_decorations.h"
+
 #include <cmath>
 
 namespace kvscope {
@@ -8,9 +10,7 @@ HeatmapView::HeatmapView(QWidget* parent)
     : QCustomPlot(parent)
 {
     setMinimumSize(400, 250);
-    plotLayout()->insertRow(0);
-    m_title = new QCPTextElement(this, QString(), QFont(font().family(), 10, QFont::Bold));
-    plotLayout()->addElement(0, 0, m_title);
+    m_title = addPlotTitle(this, 10);
 
     m_map = new QCPColorMap(xAxis, yAxis);
     m_map->setInterpolate(false);
@@ -112,20 +112,7 @@ void HeatmapView::updateTokenTicks()
 
 void HeatmapView::setMarkers(double prefillBoundary, const QVector<double>& divergences)
 {
-    for (QCPAbstractItem* item : std::as_const(m_markers))
-        removeItem(item);
-    m_markers.clear();
-    auto vertical = [this](double x, const QPen& pen) {
-        auto* line = new QCPItemStraightLine(this);
-        line->point1->setCoords(x, 0);
-        line->point2->setCoords(x, 1);
-        line->setPen(pen);
-        m_markers.append(line);
-    };
-    if (!std::isnan(prefillBoundary))
-        vertical(prefillBoundary, QPen(QColor(220, 0, 0), 2, Qt::SolidLine));
-    for (double d : divergences)
-        vertical(d, QPen(QColor(255, 140, 0), 2, Qt::DashLine));
+    setTokenMarkers(this, m_markers, prefillBoundary, divergences);
     replot(QCustomPlot::rpQueuedReplot);
 }
 

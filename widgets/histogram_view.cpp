@@ -1,14 +1,14 @@
 #include "histogram_view.h"
 
+#include "plot_decorations.h"
+
 namespace kvscope {
 
 HistogramView::HistogramView(QWidget* parent)
     : QCustomPlot(parent)
 {
     setMinimumSize(300, 180);
-    plotLayout()->insertRow(0);
-    m_title = new QCPTextElement(this, QString(), QFont(font().family(), 9, QFont::Bold));
-    plotLayout()->addElement(0, 0, m_title);
+    m_title = addPlotTitle(this, 9);
     m_base = new QCPBars(xAxis, yAxis);
     m_target = new QCPBars(xAxis, yAxis);
     m_base->setName("base: |baseline - expected|");

@@ -1,5 +1,7 @@
 #include "token_line_view.h"
 
+#include "plot_decorations.h"
+
 #include <cmath>
 
 namespace kvscope {
@@ -8,9 +10,7 @@ TokenLineView::TokenLineView(QWidget* parent)
     : QCustomPlot(parent)
 {
     setMinimumSize(300, 160);
-    plotLayout()->insertRow(0);
-    m_title = new QCPTextElement(this, QString(), QFont(font().family(), 9, QFont::Bold));
-    plotLayout()->addElement(0, 0, m_title);
+    m_title = addPlotTitle(this, 9);
     m_target = addGraph();
     m_base = addGraph();
     m_target->setName("actual");
@@ -37,21 +37,9 @@ void TokenLineView::setSeries(const QVector<double>& target, const QVector<doubl
     m_base->setVisible(!base.isEmpty());
     m_title->setText(title);
     yAxis->setLabel(valueLabel);
-    for (QCPAbstractItem* item : std::as_const(m_markers))
-        removeItem(item);
-    m_markers.clear();
-    auto vertical = [this](double x, const QPen& pen) {
-        auto* line = new QCPItemStraightLine(this);
-        line->point1->setCoords(x, 0);
-        line->point2->setCoords(x, 1);
-        line->setPen(pen);
-        m_markers.append(line);
-    };
-    vertical(prefillBoundary, QPen(QColor(220, 0, 0), 1.5));
-    for (double d : divergences)
-        vertical(d, QPen(QColor(255, 140, 0), 1.5, Qt::DashLine));
+    setTokenMarkers(this, m_markers, prefillBoundary, divergences, 1.5);
     if (selected >= 0)
-        vertical(double(selected), QPen(Qt::black, 1, Qt::DotLine));
+        addVerticalLine(this, m_markers, double(selected), QPen(Qt::black, 1, Qt::DotLine));
     rescaleAxes();
     xAxis->setRange(-0.5, std::max<double>(target.size(), 1) - 0.5);
     replot(QCustomPlot::rpQueuedReplot);
