@@ -108,6 +108,7 @@ void renderPng(const MapSpec& m, const QString& path)
     for (const std::string& r : m.rowLabels)
         rows << QString::fromStdString(r);
     view.resetView(m.grid.firstToken + m.grid.columns * m.grid.tokensPerColumn, m.grid.rows);
+    view.replot(QCustomPlot::rpImmediateRefresh);  // lay out first: how many row labels fit depends on it
     view.setRowLabels(rows);
     QVector<double> divergences;
     for (std::int64_t d : m.divergences)
