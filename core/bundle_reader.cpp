@@ -10,10 +10,10 @@ namespace kvscope {
 namespace {
 // Bounds on sizes that no real capture reaches; declared sizes beyond them are rejected
 // before anything is allocated.
-constexpr std::int64_t kMaxSeq = std::int64_t(1) << 24;
+constexpr std::int64_t kMaxSeq = std::int64_t(1) << 21;  // 2M positions
 constexpr std::int64_t kMaxBatch = 1 << 16;
 constexpr std::int64_t kMaxVocab = std::int64_t(1) << 24;
-constexpr std::int64_t kMaxTensorBytes = std::int64_t(64) << 30;
+constexpr std::int64_t kMaxTensorBytes = std::int64_t(16) << 30;
 
 const char* const kRootMetadata[] = {"model", "engine", "created", "notes"};
 }  // namespace
@@ -38,8 +38,12 @@ BundleReader::BundleReader(const std::string& path)
     for (const std::string& name : m_file.attributeNames("/")) {
         const bool known = name == "format" || name == "format_version" ||
                            std::find(std::begin(kRootMetadata), std::end(kRootMetadata), name) != std::end(kRootMetadata);
-        if (!known)
+        if (known)
+            continue;
+        try {  // metadata is string attributes; others (a number someone added) are not metadata
             m_metadata.extra[name] = m_file.readStringAttribute("/", name);
+        } catch (const BundleError&) {
+        }
     }
 
     m_config = KvCacheConfig::fromJson(m_file.readString(bundle_path::kConfig), path, bundle_path::kConfig);
@@ -66,14 +70,14 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
     const std::string path = bundle_path::prompt(id);
     try {
         info.promptLen = m_file.readIntAttribute(path, "prompt_len");
-        info.inputIds = m_file.readIntegers(path + "/input_ids");
+        info.inputIds = m_file.readIntegers(path + "/input_ids", kMaxSeq);
         if (std::int64_t(info.inputIds.size()) != info.promptLen || info.promptLen < 1)
             m_file.fail(path + "/input_ids", std::to_string(info.inputIds.size()) + " ids but prompt_len is " +
                                                  std::to_string(info.promptLen));
         if (m_file.exists(path + "/teacher_tokens"))
-            info.teacherTokens = m_file.readIntegers(path + "/teacher_tokens");
+            info.teacherTokens = m_file.readIntegers(path + "/teacher_tokens", kMaxSeq);
         if ((info.hasDivergences = m_file.exists(path + "/divergence_positions")))
-            info.divergencePositions = m_file.readIntegers(path + "/divergence_positions");
+            info.divergencePositions = m_file.readIntegers(path + "/divergence_positions", kMaxSeq);
         if (m_file.exists(path + "/token_strings"))
             info.tokenStrings = m_file.readStrings(path + "/token_strings");
 
@@ -82,13 +86,16 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
             SnapshotInfo snap;
             snap.batchRow = m_file.readIntAttribute(sp, "batch_row");
             snap.validatedUntil = m_file.readIntAttribute(sp, "validated_until");
-            snap.seqLens = m_file.readIntegers(sp + "/seq_lens");
+            snap.seqLens = m_file.readIntegers(sp + "/seq_lens", kMaxBatch);
             if (snap.batchRow < 0 || snap.batchRow >= std::int64_t(snap.seqLens.size()))
                 m_file.fail(sp, "batch_row " + std::to_string(snap.batchRow) + " outside seq_lens");
-            if (snap.seqLen() < 1 || snap.seqLen() > kMaxSeq)
-                m_file.fail(sp + "/seq_lens", "sequence length " + std::to_string(snap.seqLen()) + " is not plausible");
+            for (std::int64_t len : snap.seqLens)
+                if (len != -1 && (len < 1 || len > kMaxSeq))
+                    m_file.fail(sp + "/seq_lens", "sequence length " + std::to_string(len) + " is not plausible");
+            if (snap.seqLen() < 1)
+                m_file.fail(sp + "/seq_lens", "the prompt's own row has no length");
             if (m_file.exists(sp + "/physical_block_ids")) {
-                snap.storedBlockIds = m_file.readIntegers(sp + "/physical_block_ids");
+                snap.storedBlockIds = m_file.readIntegers(sp + "/physical_block_ids", m_config.numBlocks);
                 for (std::int64_t b : snap.storedBlockIds)
                     if (b < 0 || b >= m_config.numBlocks)
                         m_file.fail(sp + "/physical_block_ids", "id " + std::to_string(b) + " outside [0, num_blocks)");
@@ -120,6 +127,8 @@ DType BundleReader::checkedDType(const std::string& dataset) const
         m_file.fail(dataset, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2)");
     const DatasetInfo info = m_file.datasetInfo(dataset);
     const bool isFloat = *dtype == DType::Float32 || *dtype == DType::Float16;
+    if (!isFloat && info.isSigned)  // a signed read would clamp every negative value's bits to 0
+        m_file.fail(dataset, "stores the " + name + " bits as signed integers; they must be unsigned (uint16 / uint8)");
     if ((isFloat ? info.typeClass != H5T_FLOAT : info.typeClass != H5T_INTEGER) || info.typeSize != dtypeSize(*dtype))
         m_file.fail(dataset, "stored as a " + std::to_string(info.typeSize) + "-byte " +
                                  (info.typeClass == H5T_FLOAT ? "float" : "non-float") + " type, which cannot hold " + name);
@@ -142,7 +151,8 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
     t.shape = info.shape;
     if (rows)
         t.shape[0] = std::int64_t(rows->size());
-    if (t.numel() * std::int64_t(dtypeSize(t.dtype)) > kMaxTensorBytes)
+    const std::int64_t elements = Hdf5File::elementCount(t.shape);
+    if (elements < 0 || elements > kMaxTensorBytes / std::int64_t(dtypeSize(t.dtype)))
         m_file.fail(dataset, "declares " + shapeToString(info.shape) + ", too large to read");
     t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
     if (!t.bytes.empty())
@@ -177,7 +187,7 @@ BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t
     BlockTable table;
     table.rows = info.shape[0];
     table.cols = info.shape[1];
-    for (std::int64_t id : m_file.readIntegers(dataset)) {
+    for (std::int64_t id : m_file.readIntegers(dataset, std::int64_t(1) << 30)) {
         if (id < -1 || id > INT32_MAX)
             m_file.fail(dataset, "entry " + std::to_string(id) + " is neither a block id nor -1");
         table.entries.push_back(std::int32_t(id));
@@ -278,12 +288,15 @@ Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) co
     std::lock_guard lock(m_mutex);
     const std::string dataset = bundle_path::logits(promptId, role);
     const DatasetInfo info = m_file.datasetInfo(dataset);
-    if (info.shape.size() != 2 || info.shape[0] > kMaxSeq || info.shape[1] > kMaxVocab)
+    if (info.shape.size() != 2 || info.shape[0] > kMaxSeq || info.shape[1] > kMaxVocab || info.shape[1] < 1)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " must be [steps, vocab]");
     Logits logits;
     logits.steps = info.shape[0];
     logits.vocab = info.shape[1];
     logits.values = m_file.readFloats(dataset);
+    for (float v : logits.values)
+        if (!std::isfinite(v))
+            m_file.fail(dataset, "holds NaN or infinity: argmax (divergences) would be meaningless");
     return logits;
 }
 

@@ -164,6 +164,29 @@ Hdf5Handle Hdf5File::openDataset(const std::string& dataset) const
     return h;
 }
 
+std::int64_t Hdf5File::elementCount(const std::vector<std::int64_t>& shape)
+{
+    std::int64_t n = 1;
+    for (std::int64_t d : shape)
+        if (d < 0 || __builtin_mul_overflow(n, d, &n))
+            return -1;
+    return n;
+}
+
+namespace {
+// Unwritten parts of a dataset read back as the fill value (zeros) without any error: a
+// writer that died half-way must not pass for data.
+void requireWritten(const Hdf5File& file, hid_t dataset, const std::string& name)
+{
+    H5D_space_status_t status;
+    if (H5Dget_space_status(dataset, &status) < 0)
+        file.fail(name, "cannot be inspected");
+    Hdf5Handle space(H5Dget_space(dataset), closeSpace);
+    if (H5Sget_simple_extent_npoints(space.id()) > 0 && status != H5D_SPACE_STATUS_ALLOCATED)
+        file.fail(name, "holds parts that were never written (an unfinished file?)");
+}
+}  // namespace
+
 std::vector<std::string> Hdf5File::children(const std::string& group) const
 {
     if (!isGroup(group))
@@ -229,8 +252,9 @@ std::string Hdf5File::readStringAttribute(const std::string& object, const std::
 {
     Hdf5Handle a = openAttribute(object, name);
     Hdf5Handle type(H5Aget_type(a.id()), closeType);
-    if (H5Tget_class(type.id()) != H5T_STRING)
-        fail(object, "attribute '" + name + "' is not a string");
+    Hdf5Handle space(H5Aget_space(a.id()), closeSpace);
+    if (H5Tget_class(type.id()) != H5T_STRING || H5Sget_simple_extent_npoints(space.id()) != 1)
+        fail(object, "attribute '" + name + "' must be a single string");
     if (H5Tis_variable_str(type.id()) > 0) {
         Hdf5Handle mem = variableStringType();
         char* value = nullptr;
@@ -333,35 +357,33 @@ std::vector<std::string> Hdf5File::readStrings(const std::string& dataset) const
     return out;
 }
 
-std::vector<std::int64_t> Hdf5File::readIntegers(const std::string& dataset) const
+std::vector<std::int64_t> Hdf5File::readIntegers(const std::string& dataset, std::int64_t maxElements) const
 {
     const DatasetInfo info = datasetInfo(dataset);
     if (info.typeClass != H5T_INTEGER)
         fail(dataset, "must hold integers");
-    std::int64_t n = 1;
-    for (std::int64_t d : info.shape)
-        n *= d;
-    if (n > (std::int64_t(1) << 31))
-        fail(dataset, "declares an absurd size " + std::to_string(n));
+    const std::int64_t n = elementCount(info.shape);
+    if (n < 0 || n > maxElements)
+        fail(dataset, "declares an absurd size (shape [" + std::to_string(info.shape.empty() ? 0 : info.shape[0]) + ", ...])");
     std::vector<std::int64_t> out(static_cast<std::size_t>(n));
     Hdf5Handle d = openDataset(dataset);
+    requireWritten(*this, d.id(), dataset);
     if (n > 0 && H5Dread(d.id(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
         fail(dataset, "cannot be read (truncated file?)");
     return out;
 }
 
-std::vector<float> Hdf5File::readFloats(const std::string& dataset) const
+std::vector<float> Hdf5File::readFloats(const std::string& dataset, std::int64_t maxElements) const
 {
     const DatasetInfo info = datasetInfo(dataset);
     if (info.typeClass != H5T_FLOAT || (info.typeSize != 4 && info.typeSize != 8))
         fail(dataset, "must hold float32 or float64 values");
-    std::int64_t n = 1;
-    for (std::int64_t d : info.shape)
-        n *= d;
-    if (n > (std::int64_t(1) << 33))
-        fail(dataset, "declares an absurd size " + std::to_string(n));
+    const std::int64_t n = elementCount(info.shape);
+    if (n < 0 || n > maxElements)
+        fail(dataset, "declares an absurd size (shape [" + std::to_string(info.shape.empty() ? 0 : info.shape[0]) + ", ...])");
     std::vector<float> out(static_cast<std::size_t>(n));
     Hdf5Handle d = openDataset(dataset);
+    requireWritten(*this, d.id(), dataset);
     if (n > 0 && H5Dread(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
         fail(dataset, "cannot be read (truncated file?)");
     return out;
@@ -371,6 +393,7 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
                        const std::vector<std::int64_t>* rows) const
 {
     Hdf5Handle d = openDataset(dataset);
+    requireWritten(*this, d.id(), dataset);
     if (!rows) {
         if (H5Dread(d.id(), memType, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
             fail(dataset, "cannot be read (truncated file?)");

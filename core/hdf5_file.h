@@ -59,8 +59,11 @@ public:
     DatasetInfo datasetInfo(const std::string& dataset) const;
     std::string readString(const std::string& dataset) const;  // scalar string
     std::vector<std::string> readStrings(const std::string& dataset) const;  // 1-D strings
-    std::vector<std::int64_t> readIntegers(const std::string& dataset) const;  // any integer type
-    std::vector<float> readFloats(const std::string& dataset) const;  // float32/float64 data
+    // Whole datasets, refusing more than `maxElements` (declared sizes are not trusted).
+    std::vector<std::int64_t> readIntegers(const std::string& dataset, std::int64_t maxElements = 1 << 26) const;
+    std::vector<float> readFloats(const std::string& dataset, std::int64_t maxElements = std::int64_t(1) << 30) const;
+    // The element count of a shape, or -1 when it overflows.
+    static std::int64_t elementCount(const std::vector<std::int64_t>& shape);
     // Reads a whole dataset, or the rows `rows` (sorted ascending, along dimension 0),
     // into `dst` without conversion: `memType` must describe the stored type.
     void readRaw(const std::string& dataset, hid_t memType, void* dst,

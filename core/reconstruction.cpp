@@ -105,6 +105,11 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
     const int heads = headsPerRank * int(ranks.size());
     const int headDim = group.headSize;
     const int blockSize = group.blockSize;
+    const std::int64_t neededBlocks = (writtenLen + blockSize - 1) / blockSize;
+    if (neededBlocks > table.cols)  // before allocating: the table bounds what can be real
+        ctx.fail("block table of group " + std::to_string(config.groupOf(layer)) + " has " +
+                 std::to_string(table.cols) + " entries per row, " + std::to_string(writtenLen) +
+                 " positions need " + std::to_string(neededBlocks));
     if (length < writtenLen)
         length = writtenLen;
     LayerKv out = LayerKv::unwritten(heads, length, headDim);
@@ -120,11 +125,6 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
     }
 
     const std::int64_t firstHeld = firstHeldPosition(group, writtenLen);
-    const std::int64_t neededBlocks = (writtenLen + blockSize - 1) / blockSize;
-    if (neededBlocks > table.cols)
-        ctx.fail("block table of group " + std::to_string(config.groupOf(layer)) + " has " +
-                 std::to_string(table.cols) + " entries per row, " + std::to_string(writtenLen) +
-                 " positions need " + std::to_string(neededBlocks));
 
     for (std::int64_t b = firstHeld / blockSize; b < neededBlocks; ++b) {
         const std::int64_t begin = std::max(b * blockSize, firstHeld);

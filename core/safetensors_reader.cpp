@@ -96,7 +96,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
             throw BundleError(path, "tensor '" + name + "'", "data_offsets [" + std::to_string(e.begin) + ", " +
                                                              std::to_string(e.end) + ") do not fit shape " +
                                                              shapeToString(e.shape) + " of " + e.dtype);
-        if (m_dataStart + e.end > fileSize)
+        if (e.end > fileSize - m_dataStart)
             throw BundleError(path, "tensor '" + name + "'", "data runs past the end of the file (truncated?)");
         m_entries.emplace(name, e);
     }

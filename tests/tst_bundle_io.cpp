@@ -361,6 +361,13 @@ void TestBundleIo::badInput_data()
         << "disagrees with the config";
     QTest::newRow("missing expected reference") << "delete-expected" << "/prompts/p0/reference/expected"
         << "the expected reference KV is required";
+    QTest::newRow("bf16 bits stored signed") << "signed-bits" << "/prompts/p0/reference/expected/layers.1.self_attn/v"
+        << "must be unsigned";
+    QTest::newRow("dataset never written") << "unwritten" << "/prompts/p0/reference/expected/layers.0.self_attn/k"
+        << "never written";
+    QTest::newRow("absurd length of another row") << "seq-lens" << "/prompts/p0/engine/snapshot_0/seq_lens"
+        << "not plausible";
+    QTest::newRow("attribute holding two strings") << "format-array" << "/" << "must be a single string";
     QTest::newRow("block table wrong shape") << "table-shape" << "/prompts/p0/engine/snapshot_0/block_tables/group_1"
         << "must be integers [batch=2, max_blocks]";
 }
@@ -426,6 +433,36 @@ void TestBundleIo::badInput()
             replaceWithFloats(f, "/prompts/p0/reference/expected/layers.2.self_attn/k", {1, 4, hsize_t(1) << 40, 3});
         } else if (damage == "delete-expected") {
             H5Ldelete(f, "/prompts/p0/reference/expected", H5P_DEFAULT);
+        } else if (damage == "signed-bits") {
+            const char* target = "/prompts/p0/reference/expected/layers.1.self_attn/v";
+            H5Ldelete(f, target, H5P_DEFAULT);
+            const hsize_t dims[4] = {1, 4, 5, 3};
+            const std::vector<std::int16_t> bits(60, -16512);  // bf16 -1.0 read as int16
+            const hid_t sp = H5Screate_simple(4, dims, nullptr);
+            const hid_t d = H5Dcreate2(f, target, H5T_STD_I16LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            H5Dwrite(d, H5T_NATIVE_INT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data());
+            const hid_t str = H5Tcopy(H5T_C_S1);
+            H5Tset_size(str, 9);
+            const hid_t asp = H5Screate(H5S_SCALAR);
+            const hid_t a = H5Acreate2(d, "dtype", str, asp, H5P_DEFAULT, H5P_DEFAULT);
+            H5Awrite(a, str, "bfloat16");
+            H5Aclose(a), H5Sclose(asp), H5Tclose(str), H5Dclose(d), H5Sclose(sp);
+        } else if (damage == "unwritten") {
+            replaceWithFloats(f, "/prompts/p0/reference/expected/layers.0.self_attn/k", {1, 4, 10, 3});
+        } else if (damage == "seq-lens") {
+            const std::int64_t lens[2] = {10, std::int64_t(1) << 62};
+            const hid_t d = H5Dopen2(f, "/prompts/p0/engine/snapshot_0/seq_lens", H5P_DEFAULT);
+            H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, lens);
+            H5Dclose(d);
+        } else if (damage == "format-array") {
+            H5Adelete(f, "format");
+            const hid_t str = H5Tcopy(H5T_C_S1);
+            H5Tset_size(str, 16);
+            const hsize_t two = 2;
+            const hid_t sp = H5Screate_simple(1, &two, nullptr);
+            const hid_t a = H5Acreate2(f, "format", str, sp, H5P_DEFAULT, H5P_DEFAULT);
+            H5Awrite(a, str, "kvscope-capture\0kvscope-capture");
+            H5Aclose(a), H5Sclose(sp), H5Tclose(str);
         } else if (damage == "table-shape") {
             H5Ldelete(f, "/prompts/p0/engine/snapshot_0/block_tables/group_1", H5P_DEFAULT);
             const hsize_t dims[2] = {3, 6};

@@ -127,6 +127,13 @@ class Import(unittest.TestCase):
 
     def test_bad_files_name_themselves(self):
         expected = os.path.join(self.dir, "expected.safetensors")
+        # Offsets that wrap around 2^64 must not point back into the header.
+        text = json.dumps({f"{LAYERS[0]}.k": {"dtype": "BF16", "shape": [4],
+                                               "data_offsets": [2 ** 64 - 10, 2 ** 64 - 2]}}).encode()
+        with open(expected, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + b"\0" * 64)
+        self.assert_refused("expected.safetensors", "runs past the end")
+        write_safetensors(expected, {f"{n}.{p}": t.unsqueeze(0) for n, kv in self.truth.items() for p, t in zip("kv", kv)})
         with open(expected, "r+b") as f:
             f.truncate(os.path.getsize(expected) - 10)
         self.assert_refused("expected.safetensors", "truncated")

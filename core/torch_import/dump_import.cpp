@@ -74,8 +74,11 @@ BlockTable tableOf(const PtValue& v, const std::string& file, const std::string&
         t.rows = v.shape[0], t.cols = v.shape[1];
     else
         throw BundleError(file, where, "must be [batch, max_blocks], has shape " + shapeToString(v.shape));
-    for (std::int64_t id : v.intValues)
+    for (std::int64_t id : v.intValues) {
+        if (id < -1 || id > INT32_MAX)
+            throw BundleError(file, where, "entry " + std::to_string(id) + " is neither a block id nor -1");
         t.entries.push_back(std::int32_t(id));
+    }
     return t;
 }
 
@@ -109,9 +112,12 @@ std::vector<BlockTable> blockTables(const fs::path& dir, std::size_t groups)
 EngineSnapshot readSnapshot(const fs::path& dir, const KvCacheConfig& config, const Json& info, const fs::path& infoFile)
 {
     EngineSnapshot snap;
-    if (!info.contains("seq_len") || !info["seq_len"].is_number_integer())
-        throw BundleError(infoFile.string(), "seq_len", "missing or not an integer");
-    snap.batchRow = info.value("batch_row", 0);
+    for (const char* key : {"seq_len", "batch_row", "validated_until"})
+        if (info.contains(key) && !info[key].is_number_integer())
+            throw BundleError(infoFile.string(), key, "must be an integer");
+    if (!info.contains("seq_len"))
+        throw BundleError(infoFile.string(), "seq_len", "missing");
+    snap.batchRow = info.value("batch_row", std::int64_t(0));
     snap.blockTables = blockTables(dir, config.groups.size());
     snap.seqLens.assign(std::size_t(snap.blockTables.front().rows), -1);
     if (snap.batchRow < 0 || snap.batchRow >= std::int64_t(snap.seqLens.size()))
