@@ -245,8 +245,12 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     } else {
         shard.physicalIds = snap.storedBlockIds;
     }
+    // Every stored row wanted (the usual case when only referenced blocks were kept): one
+    // plain read instead of a selection of single rows.
+    const bool allRows = blockIds && std::int64_t(rows.size()) == shape[0] &&
+                         (rows.empty() || (rows.front() == 0 && rows.back() == shape[0] - 1));
     std::lock_guard lock(m_mutex);
-    shard.blocks = readTensor(dataset, shape, blockIds ? &rows : nullptr);
+    shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr);
     return shard;
 }
 
