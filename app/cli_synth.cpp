@@ -50,21 +50,21 @@ int synth(const std::vector<std::string>& args)
             if (a == "--demo")
                 o = synth::demoModelCaptureOptions();
             else if (a == "--layers")
-                o.layers = number();
+                o.shape.layers = number();
             else if (a == "--hidden")
-                o.hidden = number();
+                o.shape.hidden = number();
             else if (a == "--query-heads")
-                o.queryHeads = number();
+                o.shape.queryHeads = number();
             else if (a == "--kv-heads")
-                o.kvHeads = number();
+                o.shape.kvHeads = number();
             else if (a == "--head-dim")
-                o.headDim = number();
+                o.shape.headDim = number();
             else if (a == "--ffn")
-                o.ffn = number();
+                o.shape.ffn = number();
             else if (a == "--vocab")
-                o.vocab = number();
+                o.shape.vocab = number();
             else if (a == "--window")
-                o.window = number();
+                o.shape.window = number();
             else if (a == "--spec") {
                 const std::string spec = value();
                 if (spec != "sliding" && spec != "full")

@@ -21,13 +21,13 @@ namespace {
 ModelCaptureOptions small(FaultKind fault)
 {
     ModelCaptureOptions o;
-    o.layers = 6;
-    o.hidden = 64;
-    o.queryHeads = 8;
-    o.kvHeads = 4;
-    o.headDim = 32;
-    o.ffn = 128;
-    o.window = 12;
+    o.shape.layers = 6;
+    o.shape.hidden = 64;
+    o.shape.queryHeads = 8;
+    o.shape.kvHeads = 4;
+    o.shape.headDim = 32;
+    o.shape.ffn = 128;
+    o.shape.window = 12;
     o.tpSize = 2;
     o.promptLens = {24, 32};
     o.decodeTokens = 16;
@@ -262,7 +262,7 @@ void TestModelCapture::rejectsBadOptions()
     o.faultRank = 1;  // ranks 1 and 2 under TP 2
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, writeModelCapture(m_dir.filePath("x.h5").toStdString(), o));
     o = small(FaultKind::None);
-    o.queryHeads = 6;  // not a multiple of 4 KV heads
+    o.shape.queryHeads = 6;  // not a multiple of 4 KV heads
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, writeModelCapture(m_dir.filePath("x.h5").toStdString(), o));
     FaultKind k;
     QVERIFY(!parseFault("bitflip", k));

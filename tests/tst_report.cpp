@@ -134,12 +134,12 @@ void TestReport::checkExitCodes()
         return p.exitCode();
     };
     synth::ModelCaptureOptions o;
-    o.layers = 6;
-    o.hidden = 64;
-    o.queryHeads = 8;
-    o.kvHeads = 4;
-    o.headDim = 32;
-    o.window = 12;
+    o.shape.layers = 6;
+    o.shape.hidden = 64;
+    o.shape.queryHeads = 8;
+    o.shape.kvHeads = 4;
+    o.shape.headDim = 32;
+    o.shape.window = 12;
     o.promptLens = {24, 32};
     o.decodeTokens = 16;
     const QString clean = m_dir.filePath("clean.h5"), faulty = m_dir.filePath("faulty.h5");

@@ -87,15 +87,15 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     }
     // Defaults: a full-attention layer in the middle, the middle head, ranks 0 and 1, a third
     // into the decode.
-    f.layer = o.faultLayer >= 0 ? o.faultLayer : (o.layers / 2) | 1;
-    if (f.layer >= o.layers)
-        f.layer = o.layers - 1;
-    f.head = o.faultHead >= 0 ? o.faultHead : o.kvHeads / 2;
+    f.layer = o.faultLayer >= 0 ? o.faultLayer : (o.shape.layers / 2) | 1;
+    if (f.layer >= o.shape.layers)
+        f.layer = o.shape.layers - 1;
+    f.head = o.faultHead >= 0 ? o.faultHead : o.shape.kvHeads / 2;
     f.rank = o.faultRank >= 0 ? o.faultRank : 0;
     f.step = o.faultStep >= 0 ? o.faultStep : o.decodeTokens / 3;
-    if (f.layer < 0 || f.layer >= o.layers)
+    if (f.layer < 0 || f.layer >= o.shape.layers)
         throw std::invalid_argument("fault layer " + std::to_string(f.layer) + " outside the model");
-    if (f.head >= o.kvHeads)
+    if (f.head >= o.shape.kvHeads)
         throw std::invalid_argument("fault head " + std::to_string(f.head) + " outside the KV heads");
     if (f.step >= o.decodeTokens)
         throw std::invalid_argument("fault step " + std::to_string(f.step) + " beyond the decode");
@@ -139,28 +139,28 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
 KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, bool fp8)
 {
     nlohmann::json sliding = nlohmann::json::array(), full = nlohmann::json::array();
-    for (int l = 0; l < o.layers; ++l)
+    for (int l = 0; l < o.shape.layers; ++l)
         (l % 2 == 0 ? sliding : full).push_back(layerName(l));
     const std::string dtype = fp8 ? "torch.float8_e4m3fn" : "torch.bfloat16";
-    const int perRank = std::max(1, o.kvHeads / o.tpSize);
+    const int perRank = std::max(1, o.shape.kvHeads / o.tpSize);
     nlohmann::json groups = nlohmann::json::array();
     std::int64_t blocks = 2;
     if (!sliding.empty()) {
         groups.push_back({{"layer_names", sliding},
                           {"spec_type", o.slidingWindowSpec ? "SlidingWindowSpec" : "FullAttentionSpec"},
-                          {"block_size", o.slidingBlockSize}, {"sliding_window", o.window}, {"dtype", dtype},
-                          {"num_kv_heads", perRank}, {"head_size", o.headDim}, {"attention_chunk_size", nullptr}});
+                          {"block_size", o.slidingBlockSize}, {"sliding_window", o.shape.window}, {"dtype", dtype},
+                          {"num_kv_heads", perRank}, {"head_size", o.shape.headDim}, {"attention_chunk_size", nullptr}});
         blocks += longest / o.slidingBlockSize + 2;
     }
     if (!full.empty()) {
         groups.push_back({{"layer_names", full}, {"spec_type", "FullAttentionSpec"}, {"block_size", o.fullBlockSize},
                           {"sliding_window", nullptr}, {"dtype", dtype}, {"num_kv_heads", perRank},
-                          {"head_size", o.headDim}, {"attention_chunk_size", nullptr}});
+                          {"head_size", o.shape.headDim}, {"attention_chunk_size", nullptr}});
         blocks += longest / o.fullBlockSize + 2;
     }
     // Slack: freed sliding-window blocks and other sequences' blocks.
     blocks += blocks / 2 + 4;
-    nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.kvHeads},
+    nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.shape.kvHeads},
                           {"dcp_size", 1}, {"pcp_size", 1}, {"groups", groups}};
     return KvCacheConfig::fromJson(cfg.dump(), {}, "synthetic config");
 }
@@ -171,13 +171,13 @@ void checkOptions(const ModelCaptureOptions& o)
         if (!ok)
             throw std::invalid_argument(what);
     };
-    require(o.layers >= 1 && o.layers <= 512, "layers must be in 1..512");
-    require(o.kvHeads >= 1 && o.queryHeads >= o.kvHeads && o.queryHeads % o.kvHeads == 0,
+    require(o.shape.layers >= 1 && o.shape.layers <= 512, "layers must be in 1..512");
+    require(o.shape.kvHeads >= 1 && o.shape.queryHeads >= o.shape.kvHeads && o.shape.queryHeads % o.shape.kvHeads == 0,
             "query heads must be a multiple of the KV heads");
-    require(o.headDim >= 2 && o.headDim % 2 == 0, "head_dim must be even");
-    require(o.hidden >= 4 && o.ffn >= 4 && o.vocab >= 4, "hidden, ffn and vocab must be at least 4");
-    require(o.window >= 2, "the sliding window must be at least 2");
-    require(o.tpSize >= 1 && (o.kvHeads >= o.tpSize ? o.kvHeads % o.tpSize == 0 : o.tpSize % o.kvHeads == 0),
+    require(o.shape.headDim >= 2 && o.shape.headDim % 2 == 0, "head_dim must be even");
+    require(o.shape.hidden >= 4 && o.shape.ffn >= 4 && o.shape.vocab >= 4, "hidden, ffn and vocab must be at least 4");
+    require(o.shape.window >= 2, "the sliding window must be at least 2");
+    require(o.tpSize >= 1 && (o.shape.kvHeads >= o.tpSize ? o.shape.kvHeads % o.tpSize == 0 : o.tpSize % o.shape.kvHeads == 0),
             "KV heads must divide evenly over TP ranks (or ranks over heads)");
     require(o.fullBlockSize >= 1 && o.slidingBlockSize >= 1, "block sizes must be positive");
     require(!o.promptLens.empty(), "at least one prompt");
@@ -217,14 +217,14 @@ std::vector<std::string> faultNames()
 ModelCaptureOptions demoModelCaptureOptions()
 {
     ModelCaptureOptions o;
-    o.layers = 24;
-    o.hidden = 256;
-    o.queryHeads = 16;
-    o.kvHeads = 8;
-    o.headDim = 128;
-    o.ffn = 512;
-    o.vocab = 2048;
-    o.window = 64;
+    o.shape.layers = 24;
+    o.shape.hidden = 256;
+    o.shape.queryHeads = 16;
+    o.shape.kvHeads = 8;
+    o.shape.headDim = 128;
+    o.shape.ffn = 512;
+    o.shape.vocab = 2048;
+    o.shape.window = 64;
     o.tpSize = 4;
     o.fullBlockSize = 16;
     o.slidingBlockSize = 16;
@@ -248,16 +248,15 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         longest = std::max<std::int64_t>(longest, len + o.decodeTokens);
     const KvCacheConfig config = makeConfig(o, longest, fp8);
 
-    const ModelShape shape{o.layers, o.hidden, o.queryHeads, o.kvHeads, o.headDim, o.ffn, o.vocab, o.window};
-    const TinyTransformer model(shape, o.seed);
+    const TinyTransformer model(o.shape, o.seed);
 
     BundleMetadata meta;
     meta.model = o.model;
     meta.engine = "kvscope synthetic engine (bf16, fp32 normalisation, fp32-accumulated matmuls)";
     meta.notes = "Made by kvscope synth from a small transformer with deterministic weights.";
-    nlohmann::json optionsJson = {{"layers", o.layers}, {"hidden", o.hidden}, {"query_heads", o.queryHeads},
-                                  {"kv_heads", o.kvHeads}, {"head_dim", o.headDim}, {"ffn", o.ffn},
-                                  {"vocab", o.vocab}, {"window", o.window}, {"sliding_window_spec", o.slidingWindowSpec},
+    nlohmann::json optionsJson = {{"layers", o.shape.layers}, {"hidden", o.shape.hidden}, {"query_heads", o.shape.queryHeads},
+                                  {"kv_heads", o.shape.kvHeads}, {"head_dim", o.shape.headDim}, {"ffn", o.shape.ffn},
+                                  {"vocab", o.shape.vocab}, {"window", o.shape.window}, {"sliding_window_spec", o.slidingWindowSpec},
                                   {"seed", o.seed}, {"tp_size", o.tpSize}, {"full_block_size", o.fullBlockSize},
                                   {"sliding_block_size", o.slidingBlockSize}, {"fp8", fp8},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
@@ -281,7 +280,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         const std::int64_t steps = o.decodeTokens;
         const std::int64_t total = promptLen + steps;
         std::vector<std::int64_t> tokens;
-        std::uniform_int_distribution<std::int64_t> pick(0, o.vocab - 1);
+        std::uniform_int_distribution<std::int64_t> pick(0, o.shape.vocab - 1);
         for (std::int64_t i = 0; i < promptLen; ++i)
             tokens.push_back(pick(rng));
 
@@ -336,7 +335,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
 
         // fp8 caches: one scale per layer and part, from the layer's largest magnitude.
         std::map<std::string, std::pair<float, float>> scales;
-        for (int l = 0; l < o.layers; ++l) {
+        for (int l = 0; l < o.shape.layers; ++l) {
             const LayerCache& c = engine[std::size_t(l)];
             scales[layerName(l)] = {std::max(c.k.abs().max().item<float>(), 1e-6f) / 448.0f,
                                     std::max(c.v.abs().max().item<float>(), 1e-6f) / 448.0f};
@@ -394,9 +393,9 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         writer.addPrompt(record);
         for (const EngineSnapshot& snap : paged)
             writer.addSnapshot(id, snap);
-        for (int l = 0; l < o.layers; ++l) {
+        for (int l = 0; l < o.shape.layers; ++l) {
             // HF keeps only window - 1 positions of sliding-window layers.
-            const std::int64_t from = model.sliding(l) ? std::max<std::int64_t>(0, total - (o.window - 1)) : 0;
+            const std::int64_t from = model.sliding(l) ? std::max<std::int64_t>(0, total - (o.shape.window - 1)) : 0;
             const LayerCache& e = expected[std::size_t(l)];
             writer.addReference(id, ReferenceRole::Expected, layerName(l), referenceTensor(e.k, from, DType::BFloat16),
                                 referenceTensor(e.v, from, DType::BFloat16));

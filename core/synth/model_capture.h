@@ -22,8 +22,7 @@ std::string faultName(FaultKind kind);                 // "none", "rope_offset",
 bool parseFault(const std::string& name, FaultKind& kind);
 std::vector<std::string> faultNames();
 
-struct ModelCaptureOptions {
-    // The model.
+struct ModelShape {
     int layers = 4;
     int hidden = 64;
     int queryHeads = 4;
@@ -31,7 +30,11 @@ struct ModelCaptureOptions {
     int headDim = 16;
     int ffn = 128;
     int vocab = 256;
-    int window = 16;             // sliding window of the even layers (counts the query token)
+    int window = 16;  // sliding window of the even layers, counting the query token
+};
+
+struct ModelCaptureOptions {
+    ModelShape shape;
     bool slidingWindowSpec = true;  // SlidingWindowSpec (blocks freed) or FullAttentionSpec(sliding_window)
     std::uint64_t seed = 1;
     // The engine's cache.

@@ -2,23 +2,14 @@
 // A small decoder-only transformer in libtorch, run in three numerics. Internal to the
 // synthetic generator (model_capture.cpp): nothing outside core/synth includes torch.
 
+#include "model_capture.h"
+
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <vector>
 
 namespace kvscope::synth {
-
-struct ModelShape {
-    int layers = 4;
-    int hidden = 64;
-    int queryHeads = 4;
-    int kvHeads = 2;
-    int headDim = 16;
-    int ffn = 128;
-    int vocab = 256;
-    int window = 16;  // sliding window of the even layers, counting the query token
-};
 
 enum class Numerics {
     Baseline,  // fp32 throughout
