@@ -87,9 +87,7 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     }
     // Defaults: a full-attention layer in the middle, the middle head, ranks 0 and 1, a third
     // into the decode.
-    f.layer = o.faultLayer >= 0 ? o.faultLayer : (o.shape.layers / 2) | 1;
-    if (f.layer >= o.shape.layers)
-        f.layer = o.shape.layers - 1;
+    f.layer = o.faultLayer >= 0 ? o.faultLayer : std::min((o.shape.layers / 2) | 1, o.shape.layers - 1);
     f.head = o.faultHead >= 0 ? o.faultHead : o.shape.kvHeads / 2;
     f.rank = o.faultRank >= 0 ? o.faultRank : 0;
     f.step = o.faultStep >= 0 ? o.faultStep : o.decodeTokens / 3;
