@@ -117,8 +117,14 @@ int main(int argc, char** argv)
     const bool isCommand = command == "analyze" || command == "check" || command == "report" || command == "inspect" || command == "demo" || command == "synth" ||
                            command == "import" || command == "export" || command == "bench" ||
                            command == "bench-run" || command == "help" || command == "--help" || command == "-h";
-    if (!isCommand && args.size() <= 2)
+    if (!isCommand && args.size() <= 2) {
+        if (!hasDisplay() && qEnvironmentVariableIsEmpty("QT_QPA_PLATFORM")) {
+            std::cerr << "kvscope: no display for the app; headless, use `kvscope report BUNDLE -o DIR` or "
+                         "`kvscope analyze BUNDLE` (kvscope help lists the commands)\n";
+            return 2;
+        }
         return runGui(argc, argv, QString::fromStdString(command));
+    }
     if (!isCommand && args.size() >= 4 && args[2] == "--screenshot")
         return runGui(1, argv, QString::fromStdString(command), QString::fromStdString(args[3]),
                       args.size() > 4 && args[4] == "--across");
