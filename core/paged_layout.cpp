@@ -23,6 +23,7 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
     const std::int64_t written = seqLen - 1;
     m_tables.resize(config.groups.size());
     m_writtenTo.resize(config.groups.size());
+    m_freed.resize(config.groups.size());
     std::vector<std::int64_t> nextBlock(config.groups.size(), 0);
     for (std::size_t g = 0; g < config.groups.size(); ++g) {
         const std::int64_t cols = (seqLen + config.groups[g].blockSize - 1) / config.groups[g].blockSize;
@@ -42,13 +43,18 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
                 ++nextBlock[g];
             }
             if (group.specType == SpecType::SlidingWindow) {
-                // Blocks wholly before the first held position go back to the pool.
+                // Blocks wholly before the first held position go back to the pool, at its
+                // front: the next allocation reuses them, so they soon hold other data. Their
+                // table entries become the null block (-1), or, every other one, keep the
+                // stale id, as engines report both; readers must not read either.
                 const std::int64_t firstHeld = firstHeldPosition(group, std::min(pos + 1, written));
                 for (std::int64_t b = 0; b < firstHeld / group.blockSize; ++b) {
                     std::int32_t& entry = m_tables[g].entries[std::size_t(b)];
-                    if (entry >= 0) {
-                        free.push_back(entry);
-                        entry = -1;
+                    if (entry >= 0 && !m_freed[g].count(b)) {
+                        free.push_front(entry);
+                        m_freed[g].insert(b);
+                        if (b % 2 == 0)
+                            entry = -1;
                     }
                 }
             }

@@ -3,7 +3,7 @@
 // cache the way vLLM does, for synthetic captures. Physical block 0 is the null block; the
 // others come from a shuffled free pool shared by every group; a SlidingWindowSpec group
 // frees blocks that fall wholly out of the window as the sequence grows (their table entries
-// become -1) and the pool reuses them, so freed blocks end up holding other data.
+// become -1 or keep a stale id) and the pool reuses them first, so they hold other data.
 
 #include "bundle_writer.h"
 #include "kv_cache_config.h"
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -39,6 +40,7 @@ private:
     std::vector<BlockTable> m_tables;
     // Per group: the physical block each logical block was written to (before any freeing).
     std::vector<std::vector<std::int32_t>> m_writtenTo;
+    std::vector<std::set<std::int64_t>> m_freed;  // per group: logical blocks given back
 };
 
 }  // namespace kvscope
