@@ -16,8 +16,9 @@ AnalysisController::AnalysisController(QObject* parent)
 
 AnalysisController::~AnalysisController()
 {
-    m_cancel = true;
-    m_future.waitForFinished();
+    *m_cancel = true;
+    ++m_generation;
+    m_future.waitForFinished();  // the worker posts to this object
 }
 
 void AnalysisController::post(std::function<void()> fn, int generation)
@@ -33,14 +34,16 @@ void AnalysisController::post(std::function<void()> fn, int generation)
 
 void AnalysisController::cancel()
 {
-    m_cancel = true;
+    *m_cancel = true;
 }
 
 void AnalysisController::open(const QString& path)
 {
-    m_cancel = true;
-    m_future.waitForFinished();
-    m_cancel = false;
+    // The previous run stops at its next layer; its results are dropped (older generation).
+    // Waiting for it here could freeze the window behind a long import.
+    *m_cancel = true;
+    m_cancel = std::make_shared<std::atomic<bool>>(false);
+    auto cancel = m_cancel;
     const int generation = ++m_generation;
     m_path = path;
     m_running = true;
@@ -50,7 +53,7 @@ void AnalysisController::open(const QString& path)
     std::shared_ptr<QTemporaryDir> importDir;
     if (QFileInfo(path).isDir())
         importDir = std::make_shared<QTemporaryDir>();
-    m_future = QtConcurrent::run([this, path, generation, importDir] {
+    m_future = QtConcurrent::run([this, path, generation, importDir, cancel] {
         try {
             std::string bundle = path.toStdString();
             if (importDir) {
@@ -70,7 +73,7 @@ void AnalysisController::open(const QString& path)
                 emit opened(path);
                 emit progress(0, layers, tr("analysing"));
             }, generation);
-            options.cancel = &m_cancel;
+            options.cancel = cancel.get();
             options.layerDone = [this, generation](int layer, int done, int total) {
                 post([this, layer, done, total] {
                     m_ready[std::size_t(layer)] = 1;

@@ -48,7 +48,7 @@ private:
     std::shared_ptr<const BundleReader> m_reader;
     std::shared_ptr<AnalysisResult> m_result;
     std::vector<char> m_ready;
-    std::atomic<bool> m_cancel{false};
+    std::shared_ptr<std::atomic<bool>> m_cancel = std::make_shared<std::atomic<bool>>(false);  // this run's
     std::atomic<int> m_generation{0};
     bool m_running = false;
     QFuture<void> m_future;

@@ -259,6 +259,8 @@ void MainWindow::buildUi()
     connect(m_logCounts, &QCheckBox::toggled, m_histogram, &HistogramView::setLogCounts);
     connect(m_wholeSequence, &QCheckBox::toggled, this, &MainWindow::requestHistogram);
     connect(m_histogramWatcher, &QFutureWatcherBase::finished, this, [this] {
+        if (m_histogramWatcher->future().resultCount() == 0)
+            return;  // dropped (a new bundle was opened)
         const auto h = m_histogramWatcher->result();
         if (h)
             m_histogram->setHistogram(*h, m_histogramTitle);
@@ -329,6 +331,8 @@ void MainWindow::openPath(const QString& path)
     m_selLayer = -1;
     m_headModel->clear();
     m_worstModel->setCells(nullptr, {});
+    m_histogramWatcher->setFuture(QFuture<std::shared_ptr<HeadErrorHistogram>>());  // drop an old bundle's histogram
+    m_histogram->clearHistogram(QString());
     addRecent(path);
     m_controller->open(path);
 }
@@ -519,7 +523,7 @@ void MainWindow::refreshDrillDown()
 void MainWindow::requestHistogram()
 {
     const PromptAnalysis* p = prompt();
-    if (!p || m_selLayer < 0 || !m_controller->reader())
+    if (!p || m_selLayer < 0 || !m_controller->reader() || !m_controller->layerReady(m_selLayer))
         return;
     const HeatmapSpec s = spec();
     int head = -1;
@@ -552,13 +556,16 @@ void MainWindow::refreshSummary()
         return;
     if (!m_controller->isRunning())
         m_worstModel->setCells(p, kvscope::worstCells(*p, 100));
+    // Issues are appended by the workers while they run: read them once the analysis is over.
     QStringList problems;
     for (const std::string& s : m_controller->result()->problems)
         problems << QString::fromStdString(s);
-    for (const std::string& s : p->issues)
-        problems << QString::fromStdString(s);
-    if (!p->nonFinite.empty())
-        problems << tr("%1 cell(s) hold NaN or infinity in their input").arg(p->nonFinite.size());
+    if (!m_controller->isRunning()) {
+        for (const std::string& s : p->issues)
+            problems << QString::fromStdString(s);
+        if (!p->nonFinite.empty())
+            problems << tr("%1 cell(s) hold NaN or infinity in their input").arg(p->nonFinite.size());
+    }
     m_issues->setText(problems.isEmpty() ? QString() : tr("<b>Could not analyse everything:</b><br>") + problems.join("<br>"));
 }
 

@@ -18,10 +18,23 @@ constexpr std::int64_t kMaxTensorBytes = std::int64_t(16) << 30;
 const char* const kRootMetadata[] = {"model", "engine", "created", "notes"};
 }  // namespace
 
+std::mutex& BundleReader::hdf5Mutex()
+{
+    static std::mutex mutex;
+    return mutex;
+}
+
+BundleReader::~BundleReader()
+{
+    const std::lock_guard lock(hdf5Mutex());
+    m_file = Hdf5File();  // closes under the lock
+}
+
 BundleReader::BundleReader(const std::string& path)
     : m_path(path)
-    , m_file(Hdf5File::openReadOnly(path))
 {
+    const std::lock_guard lock(hdf5Mutex());
+    m_file = Hdf5File::openReadOnly(path);
     if (!m_file.hasAttribute("/", "format"))
         m_file.fail("/", "attribute 'format' is missing: not a kvscope capture bundle");
     const std::string format = m_file.readStringAttribute("/", "format");
@@ -94,7 +107,7 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
                     m_file.fail(sp + "/seq_lens", "sequence length " + std::to_string(len) + " is not plausible");
             if (snap.seqLen() < 1)
                 m_file.fail(sp + "/seq_lens", "the prompt's own row has no length");
-            if (m_file.exists(sp + "/physical_block_ids")) {
+            if ((snap.subsetStored = m_file.exists(sp + "/physical_block_ids"))) {
                 snap.storedBlockIds = m_file.readIntegers(sp + "/physical_block_ids", m_config.numBlocks);
                 for (std::int64_t b : snap.storedBlockIds)
                     if (b < 0 || b >= m_config.numBlocks)
@@ -168,7 +181,7 @@ std::vector<std::int64_t> BundleReader::engineShardShape(const PromptInfo& promp
         throw BundleError(m_path, "layer '" + layer + "'", "belongs to no group of the config");
     const KvCacheGroup& group = m_config.groups[std::size_t(g)];
     const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
-    const std::int64_t stored = snap.storedBlockIds.empty() ? m_config.numBlocks : std::int64_t(snap.storedBlockIds.size());
+    const std::int64_t stored = snap.subsetStored ? std::int64_t(snap.storedBlockIds.size()) : m_config.numBlocks;
     return {stored, m_config.headsPerRank(), group.blockSize, group.headSize};
 }
 
@@ -176,7 +189,7 @@ BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t
 {
     const PromptInfo& p = prompt(promptId);
     const std::string dataset = bundle_path::blockTable(promptId, snapshot, group);
-    std::lock_guard lock(m_mutex);
+    std::lock_guard lock(hdf5Mutex());
     if (snapshot >= p.snapshots.size())
         m_file.fail(bundle_path::snapshot(promptId, snapshot), "no such snapshot");
     const DatasetInfo info = m_file.datasetInfo(dataset);
@@ -212,7 +225,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     std::vector<std::int64_t> rows;
     if (blockIds) {
         for (std::int64_t id : *blockIds) {
-            if (snap.storedBlockIds.empty()) {
+            if (!snap.subsetStored) {
                 if (id >= 0 && id < m_config.numBlocks) {
                     rows.push_back(id);
                     shard.physicalIds.push_back(id);
@@ -239,7 +252,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
         }
         rows = std::move(sortedRows);
         shard.physicalIds = std::move(sortedIds);
-    } else if (snap.storedBlockIds.empty()) {
+    } else if (!snap.subsetStored) {
         for (std::int64_t id = 0; id < shape[0]; ++id)
             shard.physicalIds.push_back(id);
     } else {
@@ -249,7 +262,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     // plain read instead of a selection of single rows.
     const bool allRows = blockIds && std::int64_t(rows.size()) == shape[0] &&
                          (rows.empty() || (rows.front() == 0 && rows.back() == shape[0] - 1));
-    std::lock_guard lock(m_mutex);
+    std::lock_guard lock(hdf5Mutex());
     shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr);
     return shard;
 }
@@ -275,21 +288,23 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
                                                     const std::string& layer) const
 {
     prompt(promptId);
-    std::lock_guard lock(m_mutex);
+    std::lock_guard lock(hdf5Mutex());
     Reference ref;
     const std::string rolePath = bundle_path::referenceRole(promptId, role);
     ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
     const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
     const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
     ref.k = readTensor(kPath, referenceShape(kPath, layer), nullptr);
-    ref.v = readTensor(vPath, referenceShape(kPath, layer), nullptr);
+    ref.v = readTensor(vPath, referenceShape(vPath, layer), nullptr);
+    if (ref.v.shape != ref.k.shape)
+        m_file.fail(vPath, "shape " + shapeToString(ref.v.shape) + " differs from k's " + shapeToString(ref.k.shape));
     return ref;
 }
 
 Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) const
 {
     prompt(promptId);
-    std::lock_guard lock(m_mutex);
+    std::lock_guard lock(hdf5Mutex());
     const std::string dataset = bundle_path::logits(promptId, role);
     const DatasetInfo info = m_file.datasetInfo(dataset);
     if (info.shape.size() != 2 || info.shape[0] > kMaxSeq || info.shape[1] > kMaxVocab || info.shape[1] < 1)
@@ -314,7 +329,7 @@ std::vector<std::string> BundleReader::validate() const
             problems.push_back(e.what());
         }
     };
-    std::lock_guard lock(m_mutex);
+    std::lock_guard lock(hdf5Mutex());
     for (const PromptInfo& p : m_prompts) {
         problems.insert(problems.end(), p.problems.begin(), p.problems.end());
         if (!p.problems.empty())

@@ -21,6 +21,9 @@ public:
     // Throws BundleError when the file is not a v1 bundle or its config is invalid.
     // Problems confined to one prompt are recorded in that prompt's `problems` instead.
     explicit BundleReader(const std::string& path);
+    ~BundleReader();
+    BundleReader(const BundleReader&) = delete;
+    BundleReader& operator=(const BundleReader&) = delete;
 
     const std::string& path() const { return m_path; }
     const BundleMetadata& metadata() const { return m_metadata; }
@@ -57,7 +60,8 @@ private:
 
     std::string m_path;
     Hdf5File m_file;
-    mutable std::mutex m_mutex;
+    // HDF5 is not thread-safe in every build: one lock for every reader of the process.
+    static std::mutex& hdf5Mutex();
     BundleMetadata m_metadata;
     KvCacheConfig m_config;
     std::vector<PromptInfo> m_prompts;

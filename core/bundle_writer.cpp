@@ -204,7 +204,8 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
     m_file->writeIntAttribute(path, "batch_row", snap.batchRow);
     m_file->writeIntAttribute(path, "validated_until", validatedUntil);
     m_file->writeRaw(path + "/seq_lens", H5T_STD_I64LE, {rows}, snap.seqLens.data());
-    if (!stored.empty())
+    // A subset of blocks, even an empty one (every table entry -1), is recorded as such.
+    if (snap.keepOnlyReferencedBlocks || !snap.storedBlockIds.empty())
         m_file->writeRaw(path + "/physical_block_ids", H5T_STD_I64LE, {std::int64_t(stored.size())}, stored.data());
     for (std::size_t g = 0; g < snap.blockTables.size(); ++g) {
         const BlockTable& t = snap.blockTables[g];

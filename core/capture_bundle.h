@@ -32,7 +32,8 @@ struct SnapshotInfo {
     std::int64_t batchRow = 0;
     std::vector<std::int64_t> seqLens;  // per block-table row; -1 = unknown
     std::int64_t validatedUntil = 0;    // exclusive; see snapshot_merge.h
-    std::vector<std::int64_t> storedBlockIds;  // empty: every physical block is stored, in id order
+    bool subsetStored = false;                 // physical_block_ids present: only those blocks are stored
+    std::vector<std::int64_t> storedBlockIds;  // their ids, in row order (may be empty)
 
     std::int64_t seqLen() const { return seqLens.at(std::size_t(batchRow)); }
 };

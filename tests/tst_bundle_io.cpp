@@ -151,6 +151,7 @@ private slots:
     void roundTrip();
     void keepsOnlyReferencedBlocks();
     void loaderReconstructsFromBundle();
+    void noReferencedBlockAtAll();
     void readingNeverModifiesTheFile();
     void badInput_data();
     void badInput();
@@ -317,6 +318,41 @@ void TestBundleIo::loaderReconstructsFromBundle()
         refSliding[std::size_t(p)] = true;
     verifyLayer(loader.referenceLayer("p0", ReferenceRole::Expected, kLayers[0]), 0, std::vector<bool>(11, true));
     verifyLayer(loader.referenceLayer("p0", ReferenceRole::Expected, kLayers[1]), 1, refSliding);
+}
+
+void TestBundleIo::noReferencedBlockAtAll()
+{
+    // Every table entry null: "keep only referenced blocks" keeps none, and says so.
+    const QString path = m_dir.filePath("none-referenced.h5");
+    const KvCacheConfig cfg = smallConfig("torch.float32");
+    {
+        BundleWriter writer(path.toStdString(), {}, cfg);
+        writer.addPrompt({"p0", {1}, {}, std::nullopt, {}});
+        EngineSnapshot s;
+        s.seqLens = {1};  // nothing written yet
+        s.blockTables = {table({{-1, -1}}, 2), table({{-1}}, 1)};
+        s.keepOnlyReferencedBlocks = true;
+        s.ranks.resize(2);
+        for (int r = 0; r < 2; ++r)
+            for (std::size_t l = 0; l < 3; ++l) {
+                const std::vector<std::int64_t> shape{24, 2, l == 1 ? 2 : 4, 3};
+                const std::vector<float> zeros(std::size_t(24 * 2 * shape[2] * 3), 0.0f);
+                s.ranks[std::size_t(r)][kLayers[l]] = {RawTensor::fromFloat(DType::Float32, shape, zeros),
+                                                       RawTensor::fromFloat(DType::Float32, shape, zeros)};
+            }
+        writer.addSnapshot("p0", s);
+        for (const std::string& layer : kLayers)
+            writer.addReference("p0", ReferenceRole::Expected, layer, RawTensor::fromFloat(DType::Float32, {1, 4, 1, 3}, std::vector<float>(12)),
+                                RawTensor::fromFloat(DType::Float32, {1, 4, 1, 3}, std::vector<float>(12)));
+        writer.finish();
+    }
+    const auto reader = std::make_shared<BundleReader>(path.toStdString());
+    QVERIFY(reader->prompt("p0").snapshots[0].subsetStored);
+    QVERIFY(reader->prompt("p0").snapshots[0].storedBlockIds.empty());
+    QVERIFY(reader->validate().empty());
+    const LayerKv kv = CaptureLoader(reader).engineLayer("p0", kLayers[0]);
+    QCOMPARE(kv.seq, std::int64_t(1));
+    QCOMPARE(kv.presentCount(), std::int64_t(0));  // the only position is the unwritten last one
 }
 
 void TestBundleIo::readingNeverModifiesTheFile()

@@ -68,8 +68,12 @@ class BundleWriter:
         config = KvCacheConfig(cfg)
         if self._config is not None:
             raise ValueError("kv_cache_config: already set")
+        try:
+            text = json.dumps(cfg, allow_nan=False)  # strict JSON, as the reader parses it
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"kv_cache_config: cannot be written as JSON ({e})") from e
+        self._file.create_dataset("kv_cache_config", data=text, dtype=h5py.string_dtype("utf-8"))
         self._config = config
-        self._file.create_dataset("kv_cache_config", data=json.dumps(cfg), dtype=h5py.string_dtype("utf-8"))
 
     # --- prompts -----------------------------------------------------------------------
     def add_prompt(self, prompt_id, input_ids, prompt_len, teacher_tokens=None, token_strings=None):
@@ -90,6 +94,13 @@ class BundleWriter:
             strings = [str(s) for s in token_strings]
             if len(strings) != prompt_len + len(teacher):
                 raise ValueError(f"prompt {pid}: {len(strings)} token_strings for {prompt_len + len(teacher)} positions")
+            for i, s in enumerate(strings):  # HDF5 strings are NUL-terminated UTF-8
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"prompt {pid}: token string {i} is not valid UTF-8 ({e})") from e
+                if "\0" in s:
+                    raise ValueError(f"prompt {pid}: token string {i} holds a NUL character; escape it (e.g. '<0x00>')")
         group = self._file["prompts"].create_group(pid, track_order=True)
         group.attrs["prompt_len"] = np.int64(prompt_len)
         group.create_dataset("input_ids", data=ids[:prompt_len])
@@ -203,16 +214,22 @@ class BundleWriter:
         group = cfg.group_of(layer)
         if isinstance(kv, (bytes, bytearray, memoryview)):
             kv = load_torch_bytes(kv, where)
-        scales = (1.0, 1.0)
+        scales = None
         if isinstance(kv, dict):
             if "k" not in kv or "v" not in kv:
                 raise ValueError(f"{where}: a dict needs 'k' and 'v', has {sorted(kv)}")
-            scales = (float(kv.get("k_scale", 1.0)), float(kv.get("v_scale", 1.0)))
+            if "k_scale" in kv or "v_scale" in kv:
+                scales = (float(kv.get("k_scale", 1.0)), float(kv.get("v_scale", 1.0)))
             kv = (kv["k"], kv["v"])
         if not isinstance(kv, (tuple, list)) or len(kv) != 2:
             raise ValueError(f"{where}: expected (k, v), {{'k': k, 'v': v}} or torch.save bytes of that")
         out = []
         expected = (cfg.num_blocks, cfg.heads_per_rank, group["block_size"], group["head_size"])
+        if scales is None:
+            if group["dtype"].startswith("float8"):
+                raise ValueError(f"{where}: an fp8 cache needs its dequantisation scales: pass "
+                                 "{'k': k, 'v': v, 'k_scale': s, 'v_scale': s}")
+            scales = (1.0, 1.0)
         for part, value, scale in zip("kv", kv, scales):
             array, dtype = to_array(value, f"{where}, {part}")
             if tuple(array.shape) != expected:

@@ -19,12 +19,15 @@ class KvCacheConfig:
                 raise ValueError(f"kv_cache_config.{where}{key}: must be an integer in [{lo}, {hi}], got {value!r}")
             return value
 
-        self.num_blocks = integer(cfg, "num_blocks", "")
+        self.num_blocks = integer(cfg, "num_blocks", "", hi=1 << 26)
         self.tp_size = integer(cfg, "tp_size", "", hi=4096)
         self.total_num_kv_heads = integer(cfg, "total_num_kv_heads", "", hi=4096)
         for cp in ("dcp_size", "pcp_size"):
-            if cfg.get(cp) not in (None, 1):
-                raise ValueError(f"kv_cache_config.{cp}: context parallelism ({cfg[cp]}) is not supported")
+            value = cfg.get(cp)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"kv_cache_config.{cp}: must be an integer, got {value!r}")
+            if value not in (None, 0, 1):
+                raise ValueError(f"kv_cache_config.{cp}: context parallelism ({value}) is not supported")
         total, tp = self.total_num_kv_heads, self.tp_size
         if total >= tp and total % tp:
             raise ValueError(f"kv_cache_config.total_num_kv_heads: {total} heads cannot be partitioned over tp_size {tp}")
@@ -37,6 +40,7 @@ class KvCacheConfig:
             raise ValueError("kv_cache_config.groups: must be a non-empty list")
         self.groups = []
         seen = set()
+        head_sizes = set()
         for g, group in enumerate(groups):
             where = f"groups[{g}]."
             names = group.get("layer_names")
@@ -53,6 +57,8 @@ class KvCacheConfig:
                 raise ValueError(f"kv_cache_config.{where}spec_type: {spec!r} is not supported "
                                  "(supported: FullAttentionSpec, SlidingWindowSpec)")
             window = group.get("sliding_window")
+            if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+                raise ValueError(f"kv_cache_config.{where}sliding_window: must be a positive integer or None, got {window!r}")
             if spec == "SlidingWindowSpec" and not window:
                 raise ValueError(f"kv_cache_config.{where}sliding_window: SlidingWindowSpec needs a sliding_window")
             dtype = canonical_dtype(group.get("dtype"))
@@ -68,6 +74,9 @@ class KvCacheConfig:
                 "sliding_window": window,
                 "dtype": dtype,
             }
+            head_sizes.add(entry["head_size"])
+            if len(head_sizes) > 1:
+                raise ValueError(f"kv_cache_config.{where}head_size: differs from groups[0]")
             if entry["num_kv_heads"] != self.heads_per_rank:
                 raise ValueError(f"kv_cache_config.{where}num_kv_heads: {entry['num_kv_heads']} per rank disagrees with "
                                  f"total_num_kv_heads {total} over tp_size {tp} (expected {self.heads_per_rank})")

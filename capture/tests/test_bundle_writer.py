@@ -94,11 +94,13 @@ class Writer(unittest.TestCase):
             "prompt": lambda: w.add_logits("q", "actual", np.zeros((2, 3), np.float32)),
             "slash": lambda: w.add_prompt("a/b", [1, 2], 1),
             "divergence": lambda: w.set_divergence("p", [2]),
+            "nul": lambda: w.add_prompt("q", [1, 2], 1, token_strings=["a", "b\0"]),
         }
         expected_words = {"shape": "shape", "dtype": "float32 but the config says bfloat16", "layer": "layers.9.self_attn",
                           "ranks": "tp_size 2", "table": "99", "bytes": "not torch.save bytes",
                           "reference heads": "[batch, 4, seq, 8]", "reference layers": "1 layers",
-                          "role": "golden", "prompt": "'q' was not added", "slash": "HDF5 name", "divergence": "prompt_len"}
+                          "role": "golden", "prompt": "'q' was not added", "slash": "HDF5 name", "divergence": "prompt_len",
+                          "nul": "NUL"}
         for name, call in cases.items():
             with self.subTest(name):
                 with self.assertRaises(ValueError) as caught:
@@ -122,6 +124,10 @@ class Writer(unittest.TestCase):
             (dict(config(), groups=[dict(config()["groups"][0], spec_type="MLAAttentionSpec")]), "not supported"),
             (dict(config(), groups=[dict(config()["groups"][0], dtype="torch.int8")]), "unsupported dtype"),
             (dict(config(), dcp_size=2), "context parallelism"),
+            (dict(config(), groups=[dict(config()["groups"][0], sliding_window=4096.0)]), "positive integer"),
+            (dict(config(), groups=[config()["groups"][0], dict(config()["groups"][0], layer_names=["x"], head_size=16)]),
+             "head_size"),
+            (dict(config(), notes=float("nan")), "JSON"),
         ):
             with self.subTest(words):
                 w = BundleWriter(self.path)
