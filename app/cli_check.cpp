@@ -88,6 +88,9 @@ int check(const std::vector<std::string>& args, std::ostream& out, std::ostream&
     if (t.maxLinf)
         out << ", max relative L-inf " << *t.maxLinf;
     out << "\n";
+    for (const PromptAnalysis& p : result.prompts)
+        if (!p.threeWay && !t.maxLinf)
+            out << "  note: prompt " << p.id << " is two-way (no baseline): not judged without --max-linf\n";
     for (const Violation& v : violations) {
         out << "  FAIL " << (v.prompt.empty() ? "all prompts" : "prompt " + v.prompt) << ", " << v.layer;
         if (v.token >= 0)

@@ -9,6 +9,7 @@
 #include <QFile>
 #include <QTextStream>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -240,6 +241,10 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     if (thresholds.maxLinf)
         out << "; relative L-inf &le; " << *thresholds.maxLinf;
     out << ". Result: " << (violations.empty() ? "<span class=pass>PASS</span>" : "<span class=fail>FAIL</span>") << "</p>";
+    const bool twoWay = std::any_of(result.prompts.begin(), result.prompts.end(), [](const PromptAnalysis& p) { return !p.threeWay; });
+    if (twoWay && !thresholds.maxLinf)
+        out << "<p class=fail>Two-way prompts (no fp32 baseline) have no dtype-noise reference: they are not judged "
+               "unless a maximum relative L-inf is given (kvscope check --max-linf).</p>";
     if (!violations.empty()) {
         out << "<table><tr><th>prompt</th><th>layer</th><th>token</th><th>head</th><th>metric</th><th>value</th><th>threshold</th></tr>";
         for (const Violation& v : violations)
