@@ -227,7 +227,26 @@ void MainWindow::buildUi()
             m_headBox->setEnabled(m_reductionBox->currentIndex() == 2);
             refreshHeatmap();
             refreshDrillDown();
+            if (!m_controller->isRunning())
+                refreshAggregate();
         });
+    connect(m_aggregate, &HeatmapView::cellHovered, this, [this](int row, qint64 g, const QPoint& globalPos) {
+        const auto result = m_controller->result();
+        if (!result || !result->aggregate || m_controller->isRunning())
+            return;
+        const AggregateBc& a = *result->aggregate;
+        if (row < 0 || row >= int(a.layers.size()) || g < 0 || g >= a.generationCount)
+            return;
+        const float bc = a.bc[std::size_t(spec().part)][std::size_t(row) * std::size_t(a.generationCount) + std::size_t(g)];
+        QToolTip::showText(globalPos,
+                           QString("<b>%1</b><br>generation index %2<br>%3 BC: %4<br>divergences here: %5/%6")
+                               .arg(QString::fromStdString(a.layers[std::size_t(row)]))
+                               .arg(g)
+                               .arg(m_partBox->currentText(), std::isnan(bc) ? tr("no data") : QString::number(bc, 'f', 4))
+                               .arg(a.divergenceCounts[std::size_t(g)])
+                               .arg(a.promptIds.size()),
+                           m_aggregate);
+    });
     connect(m_metricBox, qOverload<int>(&QComboBox::currentIndexChanged), this, [this] {
         const QCPRange r = defaultRange(scaleOf(spec().metric));
         const QSignalBlocker b1(m_minBox), b2(m_maxBox);
