@@ -205,6 +205,26 @@ void requireWritten(const Hdf5File& file, hid_t dataset, const std::string& name
 }
 }  // namespace
 
+namespace {
+// Names listed by index with HDF5's two-call pattern: the length first, then the text.
+// `nameAt(i, buffer, size)` returns the length, or < 0 on failure.
+template <typename NameAt>
+std::vector<std::string> indexedNames(const Hdf5File& file, const std::string& object, hsize_t count, NameAt&& nameAt,
+                                      const char* problem)
+{
+    std::vector<std::string> names;
+    for (hsize_t i = 0; i < count; ++i) {
+        const ssize_t len = nameAt(i, nullptr, 0);
+        if (len < 0)
+            file.fail(object, problem);
+        std::string name(std::size_t(len), '\0');
+        nameAt(i, name.data(), std::size_t(len) + 1);
+        names.push_back(name);
+    }
+    return names;
+}
+}  // namespace
+
 std::vector<std::string> Hdf5File::children(const std::string& group) const
 {
     if (!isGroup(group))
@@ -218,16 +238,9 @@ std::vector<std::string> Hdf5File::children(const std::string& group) const
     unsigned flags = 0;
     H5Pget_link_creation_order(gcpl.id(), &flags);
     const H5_index_t index = (flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
-    std::vector<std::string> names;
-    for (hsize_t i = 0; i < info.nlinks; ++i) {
-        const ssize_t len = H5Lget_name_by_idx(g.id(), ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-        if (len < 0)
-            fail(group, "cannot be listed");
-        std::string name(std::size_t(len), '\0');
-        H5Lget_name_by_idx(g.id(), ".", index, H5_ITER_INC, i, name.data(), std::size_t(len) + 1, H5P_DEFAULT);
-        names.push_back(name);
-    }
-    return names;
+    return indexedNames(*this, group, info.nlinks, [&](hsize_t i, char* buffer, std::size_t size) {
+        return H5Lget_name_by_idx(g.id(), ".", index, H5_ITER_INC, i, buffer, size, H5P_DEFAULT);
+    }, "cannot be listed");
 }
 
 bool Hdf5File::hasAttribute(const std::string& object, const std::string& name) const
@@ -243,16 +256,9 @@ std::vector<std::string> Hdf5File::attributeNames(const std::string& object) con
     H5O_info_t info;
     if (H5Oget_info(obj.id(), &info) < 0)
         fail(object, "cannot list attributes");
-    std::vector<std::string> names;
-    for (hsize_t i = 0; i < info.num_attrs; ++i) {
-        const ssize_t len = H5Aget_name_by_idx(obj.id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-        if (len < 0)
-            fail(object, "cannot list attributes");
-        std::string name(std::size_t(len), '\0');
-        H5Aget_name_by_idx(obj.id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), std::size_t(len) + 1, H5P_DEFAULT);
-        names.push_back(name);
-    }
-    return names;
+    return indexedNames(*this, object, info.num_attrs, [&](hsize_t i, char* buffer, std::size_t size) {
+        return H5Aget_name_by_idx(obj.id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, buffer, size, H5P_DEFAULT);
+    }, "cannot list attributes");
 }
 
 Hdf5Handle Hdf5File::openAttribute(const std::string& object, const std::string& name) const

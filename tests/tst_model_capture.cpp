@@ -4,6 +4,7 @@
 
 #include "analyzer.h"
 #include "model_capture.h"
+#include "small_model.h"
 
 #include <nlohmann/json.hpp>
 
@@ -17,23 +18,6 @@ using namespace kvscope;
 using namespace kvscope::synth;
 
 namespace {
-
-ModelCaptureOptions small(FaultKind fault)
-{
-    ModelCaptureOptions o;
-    o.shape.layers = 6;
-    o.shape.hidden = 64;
-    o.shape.queryHeads = 8;
-    o.shape.kvHeads = 4;
-    o.shape.headDim = 32;
-    o.shape.ffn = 128;
-    o.shape.window = 12;
-    o.tpSize = 2;
-    o.promptLens = {24, 32};
-    o.decodeTokens = 16;
-    o.fault = fault;
-    return o;
-}
 
 // The three-way error ratio of a cell: the worse of K and V relative L-inf ratios.
 float ratio(const PromptAnalysis& p, int layer, std::int64_t token)
@@ -86,7 +70,7 @@ private:
 
 void TestModelCapture::deterministic()
 {
-    const ModelCaptureOptions o = small(FaultKind::DeadHead);
+    const ModelCaptureOptions o = kvtest::smallModel(FaultKind::DeadHead);
     const std::string a = m_dir.filePath("a.h5").toStdString(), b = m_dir.filePath("b.h5").toStdString();
     writeModelCapture(a, o);
     writeModelCapture(b, o);
@@ -121,7 +105,7 @@ void TestModelCapture::deterministic()
 void TestModelCapture::cleanCaptureLooksLikeDtypeNoise()
 {
     nlohmann::json truth;
-    const AnalysisResult r = run(small(FaultKind::None), "clean.h5", &truth);
+    const AnalysisResult r = run(kvtest::smallModel(FaultKind::None), "clean.h5", &truth);
     QCOMPARE(truth["kind"].get<std::string>(), std::string("none"));
     const AggregateBc& a = *r.aggregate;
     float minCombined = 1, maxMedian = 0, minMedian = 1e9;
@@ -142,7 +126,7 @@ void TestModelCapture::cleanCaptureLooksLikeDtypeNoise()
 void TestModelCapture::ropeOffset()
 {
     nlohmann::json truth;
-    const AnalysisResult r = run(small(FaultKind::RopeOffset), "rope.h5", &truth);
+    const AnalysisResult r = run(kvtest::smallModel(FaultKind::RopeOffset), "rope.h5", &truth);
     const int layer = 3;
     QCOMPARE(truth["layer"].get<std::string>(), std::string("model.layers.3.self_attn"));
     for (const PromptAnalysis& p : r.prompts) {
@@ -159,7 +143,7 @@ void TestModelCapture::ropeOffset()
 void TestModelCapture::staleBlock()
 {
     nlohmann::json truth;
-    const AnalysisResult r = run(small(FaultKind::StaleBlock), "stale.h5", &truth);
+    const AnalysisResult r = run(kvtest::smallModel(FaultKind::StaleBlock), "stale.h5", &truth);
     const int group = truth["group"].get<int>();
     const std::int64_t first = truth["positions"][0].get<std::int64_t>(), last = truth["positions"][1].get<std::int64_t>();
     QCOMPARE(truth["prompt"].get<std::string>(), std::string("prompt_0"));
@@ -185,7 +169,7 @@ void TestModelCapture::staleBlock()
 
 void TestModelCapture::shardSwap()
 {
-    ModelCaptureOptions o = small(FaultKind::ShardSwap);
+    ModelCaptureOptions o = kvtest::smallModel(FaultKind::ShardSwap);
     o.tpSize = 4;  // one KV head per rank: ranks 0 and 1 hold heads 0 and 1
     nlohmann::json truth;
     const AnalysisResult r = run(o, "swap.h5", &truth);
@@ -206,7 +190,7 @@ void TestModelCapture::shardSwap()
 
 void TestModelCapture::fp8Scale()
 {
-    const AnalysisResult r = run(small(FaultKind::Fp8Scale), "fp8.h5");
+    const AnalysisResult r = run(kvtest::smallModel(FaultKind::Fp8Scale), "fp8.h5");
     for (const PromptAnalysis& p : r.prompts) {
         float others = 0;
         for (int l = 0; l < int(p.layers.size()); ++l)
@@ -223,7 +207,7 @@ void TestModelCapture::fp8Scale()
 void TestModelCapture::deadHead()
 {
     nlohmann::json truth;
-    const AnalysisResult r = run(small(FaultKind::DeadHead), "dead.h5", &truth);
+    const AnalysisResult r = run(kvtest::smallModel(FaultKind::DeadHead), "dead.h5", &truth);
     const int head = truth["head"].get<int>(), step = truth["from_decode_step"].get<int>();
     QCOMPARE(head, 2);
     for (const PromptAnalysis& p : r.prompts) {
@@ -244,7 +228,7 @@ void TestModelCapture::deadHead()
 
 void TestModelCapture::windowOffByOne()
 {
-    const AnalysisResult r = run(small(FaultKind::WindowOffByOne), "window.h5");
+    const AnalysisResult r = run(kvtest::smallModel(FaultKind::WindowOffByOne), "window.h5");
     // The first sliding layer's window truncates from position window - 1 = 11 on; its own
     // K/V are computed before attention, so the first layer whose KV changes is layer 1.
     for (const PromptAnalysis& p : r.prompts) {
@@ -258,10 +242,10 @@ void TestModelCapture::windowOffByOne()
 
 void TestModelCapture::rejectsBadOptions()
 {
-    ModelCaptureOptions o = small(FaultKind::ShardSwap);
+    ModelCaptureOptions o = kvtest::smallModel(FaultKind::ShardSwap);
     o.faultRank = 1;  // ranks 1 and 2 under TP 2
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, writeModelCapture(m_dir.filePath("x.h5").toStdString(), o));
-    o = small(FaultKind::None);
+    o = kvtest::smallModel(FaultKind::None);
     o.shape.queryHeads = 6;  // not a multiple of 4 KV heads
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, writeModelCapture(m_dir.filePath("x.h5").toStdString(), o));
     FaultKind k;

@@ -5,6 +5,7 @@
 #include "analyzer.h"
 #include "model_capture.h"
 #include "report_writer.h"
+#include "small_model.h"
 #include "synthetic_capture.h"
 
 #include <QFile>
@@ -133,15 +134,7 @@ void TestReport::checkExitCodes()
             *output = p.readAllStandardOutput() + p.readAllStandardError();
         return p.exitCode();
     };
-    synth::ModelCaptureOptions o;
-    o.shape.layers = 6;
-    o.shape.hidden = 64;
-    o.shape.queryHeads = 8;
-    o.shape.kvHeads = 4;
-    o.shape.headDim = 32;
-    o.shape.window = 12;
-    o.promptLens = {24, 32};
-    o.decodeTokens = 16;
+    synth::ModelCaptureOptions o = kvtest::smallModel();
     const QString clean = m_dir.filePath("clean.h5"), faulty = m_dir.filePath("faulty.h5");
     synth::writeModelCapture(clean.toStdString(), o);
     o.fault = synth::FaultKind::RopeOffset;

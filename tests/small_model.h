@@ -1,0 +1,26 @@
+#pragma once
+// The small model capture the tests share: 6 layers, 4 KV heads of 32 over TP 2, two prompts;
+// a couple of seconds to make, big enough that dtype noise and faults are told apart.
+
+#include "model_capture.h"
+
+namespace kvtest {
+
+inline kvscope::synth::ModelCaptureOptions smallModel(kvscope::synth::FaultKind fault = kvscope::synth::FaultKind::None)
+{
+    kvscope::synth::ModelCaptureOptions o;
+    o.shape.layers = 6;
+    o.shape.hidden = 64;
+    o.shape.queryHeads = 8;
+    o.shape.kvHeads = 4;
+    o.shape.headDim = 32;
+    o.shape.ffn = 128;
+    o.shape.window = 12;
+    o.tpSize = 2;
+    o.promptLens = {24, 32};
+    o.decodeTokens = 16;
+    o.fault = fault;
+    return o;
+}
+
+}  // namespace kvtest
