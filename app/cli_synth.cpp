@@ -18,6 +18,7 @@ const char* const kUsage = R"(usage: kvscope synth OUT.h5 [options]
   --tp N --block-size N --sliding-block-size N --fp8
   --prompts 100,180,260  prompt lengths         --decode N   decode steps per prompt
   --two-way              no fp32 baseline       --seed N
+  --threads N            prompts computed in parallel (default: one per core; same result)
   --fault KIND           none, rope_offset, stale_block, shard_swap, fp8_scale, dead_head,
                          window_off_by_one
   --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies
@@ -76,6 +77,8 @@ int synth(const std::vector<std::string>& args)
                 o.fullBlockSize = number();
             else if (a == "--sliding-block-size")
                 o.slidingBlockSize = number();
+            else if (a == "--threads")
+                o.threads = number();
             else if (a == "--fp8")
                 o.fp8Cache = true;
             else if (a == "--prompts")

@@ -9,7 +9,8 @@ double ulpBound(double value, int nUlps, int mantissaBits)
 {
     if (value == 0 || !std::isfinite(value))
         return 0;
-    return nUlps * std::ldexp(1.0, int(std::floor(std::log2(std::fabs(value)))) - mantissaBits);
+    // floor(log2|v|) exactly: ilogb reads the exponent, where log2 is a libm approximation.
+    return nUlps * std::ldexp(1.0, std::ilogb(value) - mantissaBits);
 }
 
 namespace {

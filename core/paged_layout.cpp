@@ -1,5 +1,7 @@
 #include "paged_layout.h"
 
+#include "deterministic_math.h"
+
 #include "reconstruction.h"
 
 #include <algorithm>
@@ -78,13 +80,12 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
         for (const std::string& layer : group.layerNames) {
             const LayerKv kv = layerKv(layer);
             const auto [kScale, vScale] = scaleOf ? scaleOf(layer) : std::pair<float, float>{1.0f, 1.0f};
-            std::mt19937 noise(std::uint32_t(m_seed ^ std::hash<std::string>{}(layer)));
-            std::normal_distribution<float> n01(0.0f, 1.0f);
+            detmath::NormalSampler n01(m_seed ^ std::hash<std::string>{}(layer));
             for (int r = 0; r < m_config.tpSize; ++r) {
                 std::vector<float> k(std::size_t(m_config.numBlocks * blockElems)), v(k.size());
                 for (std::size_t i = 0; i < k.size(); ++i) {
-                    k[i] = n01(noise);
-                    v[i] = n01(noise);
+                    k[i] = float(n01());
+                    v[i] = float(n01());
                 }
                 // Blocks are written in allocation order, so a block reused after a freed
                 // window ends up holding the later position's data, as in the engine.

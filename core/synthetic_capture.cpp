@@ -1,6 +1,7 @@
 #include "synthetic_capture.h"
 
 #include "bundle_writer.h"
+#include "deterministic_math.h"
 #include "paged_layout.h"
 
 #include <cmath>
@@ -48,40 +49,9 @@ KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t lon
                                    {}, "synthetic config");
 }
 
-// splitmix64 and Box-Muller: fast, deterministic normal samples.
-class Normal {
-public:
-    explicit Normal(std::uint64_t seed) : m_state(seed) {}
-    float operator()()
-    {
-        if (m_hasSpare) {
-            m_hasSpare = false;
-            return m_spare;
-        }
-        const double u1 = (double(next() >> 11) + 0.5) * 0x1.0p-53;
-        const double u2 = double(next() >> 11) * 0x1.0p-53;
-        const double r = std::sqrt(-2.0 * std::log(u1));
-        m_spare = float(r * std::sin(2 * M_PI * u2));
-        m_hasSpare = true;
-        return float(r * std::cos(2 * M_PI * u2));
-    }
-
-private:
-    std::uint64_t next()
-    {
-        std::uint64_t z = (m_state += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
-    }
-    std::uint64_t m_state;
-    float m_spare = 0;
-    bool m_hasSpare = false;
-};
-
 float bf16(float x)
 {
-    return bf16ToFloat(floatToBf16(x));
+    return detmath::roundToBf16(x);
 }
 
 struct LayerData {
@@ -93,27 +63,28 @@ struct LayerData {
 LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, int layer, std::int64_t promptLen,
                         std::int64_t seqLen)
 {
-    Normal n01(o.seed * 1000003 + prompt * 7919 + std::uint64_t(layer) * 104729);
+    detmath::NormalSampler n01(o.seed * 1000003 + prompt * 7919 + std::uint64_t(layer) * 104729);
     LayerData d{LayerKv::absent(o.kvHeads, seqLen, o.headDim), LayerKv::absent(o.kvHeads, seqLen, o.headDim)};
     std::fill(d.baseline.present.begin(), d.baseline.present.end(), 1);
     std::fill(d.engine.present.begin(), d.engine.present.end(), 1);
     for (std::size_t i = 0; i < d.baseline.k.size(); ++i) {
         const int channel = int(i % std::size_t(o.headDim));
-        d.baseline.k[i] = n01() * (channel % 11 == 3 ? 8.0f : 1.0f);
-        d.baseline.v[i] = n01();
+        d.baseline.k[i] = float(n01()) * (channel % 11 == 3 ? 8.0f : 1.0f);
+        d.baseline.v[i] = float(n01());
         // A perturbation well below bf16's resolution changes some roundings only.
-        d.engine.k[i] = bf16(d.baseline.k[i] * (1.0f + 1e-3f * n01()));
-        d.engine.v[i] = bf16(d.baseline.v[i] * (1.0f + 1e-3f * n01()));
+        d.engine.k[i] = bf16(d.baseline.k[i] * (1.0f + 1e-3f * float(n01())));
+        d.engine.v[i] = bf16(d.baseline.v[i] * (1.0f + 1e-3f * float(n01())));
     }
     if (layer == o.faultLayer)
         for (std::int64_t pos = promptLen + o.faultPosition; pos < seqLen; ++pos)
             for (int c = 0; c + 1 < o.headDim; c += 2) {
                 // RoPE rotated by one position too many: pair i turns by 10000^(-2i/dim).
                 float* k = d.engine.k.data() + d.engine.index(o.faultHead, pos) + c;
-                const float angle = std::pow(10000.0f, -float(c) / float(o.headDim));
-                const float a = k[0], b = k[1];
-                k[0] = bf16(a * std::cos(angle) - b * std::sin(angle));
-                k[1] = bf16(a * std::sin(angle) + b * std::cos(angle));
+                double sinA = 0, cosA = 0;
+                detmath::sinCos(detmath::exp(-double(c) / o.headDim * 9.21034037197618273607), sinA, cosA);  // ln 10000
+                const float a = k[0], b = k[1], s = float(sinA), co = float(cosA);
+                k[0] = bf16(a * co - b * s);
+                k[1] = bf16(a * s + b * co);
             }
     return d;
 }
@@ -185,7 +156,7 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
         for (int s = 0; s < snapshots; ++s) {
             const std::int64_t snapSeqLen = s + 1 < snapshots ? divergence + 2 : seqLen;
             const PagedLayout layout(config, snapSeqLen, o.seed * 31 + p * 7 + std::uint64_t(s));
-            Normal wrong(o.seed + 17 * p);
+            detmath::NormalSampler wrong(o.seed + 17 * p);
             EngineSnapshot snap = layout.snapshot(
                 [&](const std::string& layer) {
                     const int index = std::stoi(layer.substr(std::string("model.layers.").size()));
@@ -193,8 +164,8 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
                     if (s + 1 < snapshots)
                         for (int h = 0; h < kv.heads; ++h)
                             for (int d = 0; d < kv.headDim; ++d) {
-                                kv.k[kv.index(h, divergence) + std::size_t(d)] = bf16(wrong() * 3.0f);
-                                kv.v[kv.index(h, divergence) + std::size_t(d)] = bf16(wrong() * 3.0f);
+                                kv.k[kv.index(h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
+                                kv.v[kv.index(h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
                             }
                     return kv;
                 },

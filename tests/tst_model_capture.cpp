@@ -1,6 +1,6 @@
-// The model-based synthetic generator (core/synth): determinism, clean captures that look
-// like dtype noise, and every fault visible where it was injected and not before it.
-// The thresholds below come from the observed values, printed with -v1 (qInfo).
+// The model-based synthetic generator (core/synth): the same bits on every CPU and thread
+// count, clean captures that look like dtype noise, and every fault visible where it was
+// injected and not before it. Observed values are printed with -v1 (qInfo).
 
 #include "analyzer.h"
 #include "model_capture.h"
@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <QProcess>
 #include <QTemporaryDir>
 #include <QTest>
 
@@ -46,6 +47,7 @@ class TestModelCapture : public QObject {
 
 private slots:
     void deterministic();
+    void sameBitsOnEveryCpu();
     void cleanCaptureLooksLikeDtypeNoise();
     void ropeOffset();
     void staleBlock();
@@ -56,6 +58,7 @@ private slots:
     void rejectsBadOptions();
 
 private:
+    void compareCaptures(const std::string& a, const std::string& b);
     AnalysisResult run(const ModelCaptureOptions& o, const QString& name, nlohmann::json* truth = nullptr)
     {
         const std::string path = m_dir.filePath(name).toStdString();
@@ -74,6 +77,53 @@ void TestModelCapture::deterministic()
     const std::string a = m_dir.filePath("a.h5").toStdString(), b = m_dir.filePath("b.h5").toStdString();
     writeModelCapture(a, o);
     writeModelCapture(b, o);
+    compareCaptures(a, b);
+}
+
+void TestModelCapture::sameBitsOnEveryCpu()
+{
+    // Instruction-set caps of every library that could pick kernels by CPU (libtorch, oneDNN,
+    // glibc's libm, kvscope's own vector paths), and 1 or 2 threads: the same bundle.
+    QList<QStringList> caps = {
+        {},
+        {"KVSCOPE_SIMD=sse2"},
+        {"ATEN_CPU_CAPABILITY=default", "ONEDNN_MAX_CPU_ISA=SSE41"},
+        {"ATEN_CPU_CAPABILITY=avx2", "ONEDNN_MAX_CPU_ISA=AVX2"},
+        {"GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F,-AVX512VL,-AVX512DQ,-AVX512BW"},
+    };
+    if (__builtin_cpu_supports("avx512f"))
+        caps.append(QStringList{"ATEN_CPU_CAPABILITY=avx512", "ONEDNN_MAX_CPU_ISA=AVX512_CORE"});
+    const QStringList shape = {"--layers", "6", "--hidden", "64", "--query-heads", "8", "--kv-heads", "4",
+                               "--head-dim", "32", "--ffn", "128", "--window", "12", "--tp", "2",
+                               "--prompts", "24,32", "--decode", "16", "--fault", "none"};
+    const auto run = [](const QStringList& env, const QStringList& args) {
+        QProcess p;
+        QProcessEnvironment e = QProcessEnvironment::systemEnvironment();
+        for (const QString& kv : env)
+            e.insert(kv.section('=', 0, 0), kv.section('=', 1));
+        p.setProcessEnvironment(e);
+        p.start(KVSCOPE_BINARY, args);
+        if (!p.waitForFinished(120000))
+            return -1;
+        return p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -1;
+    };
+    const QString first = m_dir.filePath("cap-0.h5");
+    int index = 0;
+    for (const QStringList& env : caps)
+        for (const char* threads : {"1", "2"}) {
+            const QString out = m_dir.filePath(QString("cap-%1.h5").arg(index++));
+            QCOMPARE(run(env, QStringList{"synth", out} + shape + QStringList{"--threads", threads}), 0);
+            compareCaptures(first.toStdString(), out.toStdString());
+            if (QTest::currentTestFailed())
+                qFatal("capture under %s with %s threads differs", qPrintable(env.join(' ')), threads);
+        }
+    // The clean capture passes `check` under every cap (its analysis has vector paths too).
+    for (const QStringList& env : caps)
+        QVERIFY2(run(env, {"check", first}) == 0, qPrintable(env.join(' ')));
+}
+
+void TestModelCapture::compareCaptures(const std::string& a, const std::string& b)
+{
     const BundleReader ra(a), rb(b);
     QCOMPARE(ra.config().json, rb.config().json);
     QCOMPARE(ra.metadata().extra, rb.metadata().extra);
@@ -95,8 +145,10 @@ void TestModelCapture::deterministic()
                                 rb.readEngineShard(p.id, s, r, layer, part).blocks.bytes);
         }
         for (const std::string& layer : ra.config().layerNames())
-            for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline})
+            for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
                 QVERIFY(ra.readReference(p.id, role, layer).k.bytes == rb.readReference(p.id, role, layer).k.bytes);
+                QVERIFY(ra.readReference(p.id, role, layer).v.bytes == rb.readReference(p.id, role, layer).v.bytes);
+            }
         for (LogitsRole role : {LogitsRole::Expected, LogitsRole::Actual, LogitsRole::Baseline})
             QCOMPARE(ra.readLogits(p.id, role).values, rb.readLogits(p.id, role).values);
     }
@@ -118,9 +170,9 @@ void TestModelCapture::cleanCaptureLooksLikeDtypeNoise()
         }
     }
     qInfo("clean: combined BC >= %.4f, per-layer median error ratio in [%.3f, %.3f]", minCombined, minMedian, maxMedian);
-    // Observed: combined BC 0.987-0.998; per-layer median ratios 1.00-1.62.
-    QVERIFY(minCombined > 0.97f);
-    QVERIFY(minMedian > 0.5f && maxMedian < 2.5f);
+    // Both bf16 runs carry the same kind of rounding noise against the fp32 baseline.
+    QVERIFY(minCombined >= 0.95f);
+    QVERIFY(minMedian >= 0.7f && maxMedian <= 1.6f);
 }
 
 void TestModelCapture::ropeOffset()

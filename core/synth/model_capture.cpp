@@ -7,6 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <numeric>
+#include <set>
+#include <thread>
 #include <map>
 #include <random>
 #include <stdexcept>
@@ -32,40 +38,42 @@ std::string layerName(int i)
     return "model.layers." + std::to_string(i) + ".self_attn";
 }
 
-LayerKv toLayerKv(const torch::Tensor& k, const torch::Tensor& v, std::int64_t positions)
+LayerKv toLayerKv(const LayerCache& c, const ModelShape& shape, std::int64_t positions)
 {
-    // [kvHeads, t, dim] -> position-major [positions, kvHeads, dim]
-    const torch::Tensor kt = k.slice(1, 0, positions).permute({1, 0, 2}).contiguous();
-    const torch::Tensor vt = v.slice(1, 0, positions).permute({1, 0, 2}).contiguous();
-    LayerKv kv = LayerKv::unwritten(int(k.size(0)), positions, int(k.size(2)));
-    std::copy_n(kt.data_ptr<float>(), kv.k.size(), kv.k.begin());
-    std::copy_n(vt.data_ptr<float>(), kv.v.size(), kv.v.begin());
+    LayerKv kv = LayerKv::unwritten(shape.kvHeads, positions, shape.headDim);
+    std::copy_n(c.k.begin(), kv.k.size(), kv.k.begin());
+    std::copy_n(c.v.begin(), kv.v.size(), kv.v.begin());
     std::fill(kv.present.begin(), kv.present.end(), 1);
     return kv;
 }
 
-RawTensor referenceTensor(const torch::Tensor& x, std::int64_t from, DType dtype)
+// Positions [from, end) of a position-major cache as HF's [1, kvHeads, t, dim].
+RawTensor referenceTensor(const std::vector<float>& x, const ModelShape& shape, std::int64_t from, std::int64_t end,
+                          DType dtype)
 {
-    // [kvHeads, t, dim] from position `from` -> [1, kvHeads, t - from, dim]
-    const torch::Tensor part = x.slice(1, from).contiguous();
-    std::vector<float> values(part.data_ptr<float>(), part.data_ptr<float>() + part.numel());
-    return RawTensor::fromFloat(dtype, {1, part.size(0), part.size(1), part.size(2)}, values);
+    const std::int64_t t = end - from, dim = shape.headDim;
+    std::vector<float> values(std::size_t(shape.kvHeads * t * dim));
+    for (int h = 0; h < shape.kvHeads; ++h)
+        for (std::int64_t p = 0; p < t; ++p)
+            std::copy_n(x.begin() + std::ptrdiff_t(((from + p) * shape.kvHeads + h) * dim), dim,
+                        values.begin() + std::ptrdiff_t((h * t + p) * dim));
+    return RawTensor::fromFloat(dtype, {1, shape.kvHeads, t, dim}, values);
 }
 
-Logits stepLogits(const torch::Tensor& logits, std::int64_t promptLen, std::int64_t steps)
+Logits stepLogits(const Matrix& logits, std::int64_t firstRow, std::int64_t steps)
 {
-    // Row p of a teacher-forced pass predicts position p + 1; step g predicts prompt_len + g.
-    const torch::Tensor rows = logits.slice(0, promptLen - 1, promptLen - 1 + steps).contiguous();
     Logits out;
-    out.steps = rows.size(0);
-    out.vocab = rows.size(1);
-    out.values.assign(rows.data_ptr<float>(), rows.data_ptr<float>() + rows.numel());
+    out.steps = steps;
+    out.vocab = logits.cols;
+    out.values.assign(logits.row(int(firstRow)), logits.row(int(firstRow + steps)));
     return out;
 }
 
-std::int64_t argmaxRow(const torch::Tensor& logits, std::int64_t row)
+// The first largest logit, as torch.argmax.
+std::int64_t argmaxRow(const Matrix& logits, std::int64_t row)
 {
-    return logits[row].argmax().item<std::int64_t>();
+    const float* r = logits.row(int(row));
+    return std::max_element(r, r + logits.cols) - r;
 }
 
 struct ResolvedFault {
@@ -234,10 +242,170 @@ ModelCaptureOptions demoModelCaptureOptions()
     return o;
 }
 
+namespace {
+
+// Everything one prompt contributes to the bundle, computed on a worker thread.
+struct PromptCapture {
+    PromptRecord record;
+    std::vector<EngineSnapshot> snapshots;
+    std::vector<std::pair<RawTensor, RawTensor>> expected, baseline;  // per layer: K, V
+    Logits expectedLogits, actualLogits, baselineLogits;
+    nlohmann::json truth;  // what the fault adds to the ground truth for this prompt
+};
+
+PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOptions& o, const KvCacheConfig& config,
+                            const ResolvedFault& fault, bool fp8, std::size_t p, std::vector<std::int64_t> tokens)
+{
+    const ModelShape& shape = o.shape;
+    const std::int64_t promptLen = std::int64_t(tokens.size());
+    const std::int64_t steps = o.decodeTokens;
+    const std::int64_t total = promptLen + steps;
+    EngineFaults engineFaults;
+    if (fault.kind == FaultKind::RopeOffset)
+        engineFaults.ropeOffsetLayer = fault.layer;
+    if (fault.kind == FaultKind::WindowOffByOne)
+        engineFaults.windowOffByOne = true;
+    if (fault.kind == FaultKind::DeadHead) {
+        engineFaults.deadLayer = fault.layer;
+        engineFaults.deadHead = fault.head;
+        engineFaults.deadFrom = promptLen + fault.step;
+    }
+    PromptCapture out;
+
+    // The teacher: the fp32 baseline decoding greedily. Every row is computed the same way
+    // whatever else is in the batch, so this incremental run is also the baseline's
+    // teacher-forced pass: its cache and logits are the baseline's.
+    std::vector<LayerCache> base;
+    Logits baseLogits;
+    baseLogits.steps = steps;
+    baseLogits.vocab = shape.vocab;
+    {
+        Matrix logits = model.forward(tokens, 0, base, Numerics::Baseline);
+        std::int64_t row = promptLen - 1;
+        for (std::int64_t g = 0; g < steps; ++g) {
+            baseLogits.values.insert(baseLogits.values.end(), logits.row(int(row)), logits.row(int(row)) + logits.cols);
+            tokens.push_back(argmaxRow(logits, row));
+            logits = model.forward({tokens.back()}, promptLen + g, base, Numerics::Baseline);
+            row = 0;
+        }
+    }
+    // Teacher-forced passes over the same tokens.
+    std::vector<LayerCache> expected, engine;
+    const Matrix expectedLogits = model.forward(tokens, 0, expected, Numerics::Expected);
+    const Matrix engineLogits = model.forward(tokens, 0, engine, Numerics::Engine, engineFaults, promptLen);
+
+    // The validation loop: divergences where the engine's argmax leaves the teacher.
+    std::vector<std::int64_t> divergences;
+    for (std::int64_t g = 0; g < steps; ++g)
+        if (argmaxRow(engineLogits, promptLen - 1 + g) != tokens[std::size_t(promptLen + g)])
+            divergences.push_back(promptLen + g);
+
+    struct Snapshot {
+        std::int64_t seqLen;
+        std::int64_t validatedUntil;
+        std::vector<LayerKv> layers;
+    };
+    std::vector<Snapshot> snapshots;
+    for (std::int64_t d : divergences) {
+        if (int(snapshots.size()) + 1 >= kMaxSnapshots || d + 2 > total)
+            break;
+        // This call decoded up to d, sampled its own token there and one more: its cache
+        // holds the wrong token's KV at d (never validated), the teacher's before.
+        std::vector<LayerCache> prefix;
+        for (const LayerCache& c : engine)
+            prefix.push_back(c.prefix(d, shape.kvHeads, shape.headDim));
+        model.forward({argmaxRow(engineLogits, d - 1)}, d, prefix, Numerics::Engine, engineFaults, promptLen);
+        Snapshot s{d + 2, d, {}};
+        for (const LayerCache& c : prefix)
+            s.layers.push_back(toLayerKv(c, shape, d + 1));
+        snapshots.push_back(std::move(s));
+    }
+    Snapshot last{total, total - 1, {}};
+    for (const LayerCache& c : engine)
+        last.layers.push_back(toLayerKv(c, shape, total - 1));
+    snapshots.push_back(std::move(last));
+
+    // fp8 caches: one scale per layer and part, from the layer's largest magnitude.
+    std::map<std::string, std::pair<float, float>> scales;
+    const auto largest = [](const std::vector<float>& x) {
+        float m = 1e-6f;
+        for (float value : x)
+            m = std::max(m, std::fabs(value));
+        return m;
+    };
+    for (int l = 0; l < shape.layers; ++l) {
+        const LayerCache& c = engine[std::size_t(l)];
+        scales[layerName(l)] = {largest(c.k) / 448.0f, largest(c.v) / 448.0f};
+    }
+
+    const std::string id = "prompt_" + std::to_string(p);
+    const std::string faulty = layerName(fault.layer);
+    for (std::size_t s = 0; s < snapshots.size(); ++s) {
+        const PagedLayout layout(config, snapshots[s].seqLen, o.seed * 1000 + p * 10 + s);
+        EngineSnapshot snap = layout.snapshot(
+            [&](const std::string& layer) { return snapshots[s].layers[std::size_t(std::stoi(layer.substr(13)))]; },
+            true, [&](const std::string& layer) { return fp8 ? scales.at(layer) : std::pair{1.0f, 1.0f}; });
+        snap.validatedUntil = snapshots[s].validatedUntil;
+        if (fault.kind == FaultKind::ShardSwap)
+            std::swap(snap.ranks[std::size_t(fault.rank)][faulty], snap.ranks[std::size_t(fault.rank + 1)][faulty]);
+        if (fault.kind == FaultKind::Fp8Scale)
+            for (auto& rank : snap.ranks) {
+                rank[faulty].first.scale *= 2.0f;
+                rank[faulty].second.scale *= 2.0f;
+            }
+        if (fault.kind == FaultKind::StaleBlock && p == 0 && s + 1 == snapshots.size()) {
+            // One table entry points at a block that holds another sequence's data.
+            const int g = config.groupOf(faulty);
+            const int blockSize = config.groups[std::size_t(g)].blockSize;
+            const std::int64_t logical = (promptLen + fault.step) / blockSize;
+            std::set<std::int32_t> used;
+            for (const BlockTable& t : snap.blockTables)
+                used.insert(t.entries.begin(), t.entries.end());
+            std::int32_t stale = config.numBlocks - 1;
+            while (stale > 0 && used.count(stale))
+                --stale;
+            BlockTable& table = snap.blockTables[std::size_t(g)];
+            out.truth["group"] = g;
+            out.truth["logical_block"] = logical;
+            out.truth["positions"] = {logical * blockSize, std::min<std::int64_t>((logical + 1) * blockSize, total - 1) - 1};
+            out.truth["original_block"] = table.entries[std::size_t(logical)];
+            out.truth["stale_block"] = stale;
+            out.truth["prompt"] = id;
+            table.entries[std::size_t(logical)] = stale;
+        }
+        out.snapshots.push_back(std::move(snap));
+    }
+
+    out.record.id = id;
+    out.record.inputIds.assign(tokens.begin(), tokens.begin() + promptLen);
+    out.record.teacherTokens.assign(tokens.begin() + promptLen, tokens.end());
+    out.record.divergencePositions = divergences;
+    for (std::int64_t t : tokens)
+        out.record.tokenStrings.push_back("tok" + std::to_string(t));
+
+    for (int l = 0; l < shape.layers; ++l) {
+        // HF keeps only window - 1 positions of sliding-window layers.
+        const std::int64_t from = model.sliding(l) ? std::max<std::int64_t>(0, total - (shape.window - 1)) : 0;
+        const LayerCache& e = expected[std::size_t(l)];
+        out.expected.emplace_back(referenceTensor(e.k, shape, from, total, DType::BFloat16),
+                                  referenceTensor(e.v, shape, from, total, DType::BFloat16));
+        if (o.baseline) {
+            const LayerCache& b = base[std::size_t(l)];
+            out.baseline.emplace_back(referenceTensor(b.k, shape, from, total, DType::Float32),
+                                      referenceTensor(b.v, shape, from, total, DType::Float32));
+        }
+    }
+    out.expectedLogits = stepLogits(expectedLogits, promptLen - 1, steps);
+    out.actualLogits = stepLogits(engineLogits, promptLen - 1, steps);
+    out.baselineLogits = std::move(baseLogits);
+    return out;
+}
+
+}  // namespace
+
 void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
 {
     checkOptions(o);
-    at::set_num_threads(1);  // bit-for-bit reproducible runs
     const ResolvedFault fault = resolveFault(o);
     const bool fp8 = o.fp8Cache || fault.kind == FaultKind::Fp8Scale;
 
@@ -250,7 +418,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
 
     BundleMetadata meta;
     meta.model = o.model;
-    meta.engine = "kvscope synthetic engine (bf16, fp32 normalisation, fp32-accumulated matmuls)";
+    meta.engine = "kvscope synthetic engine (bf16, split-K GEMMs, fp32 norms and RoPE, flash-style attention)";
     meta.notes = "Made by kvscope synth from a small transformer with deterministic weights.";
     nlohmann::json optionsJson = {{"layers", o.shape.layers}, {"hidden", o.shape.hidden}, {"query_heads", o.shape.queryHeads},
                                   {"kv_heads", o.shape.kvHeads}, {"head_dim", o.shape.headDim}, {"ffn", o.shape.ffn},
@@ -259,156 +427,71 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
                                   {"sliding_block_size", o.slidingBlockSize}, {"fp8", fp8},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
     meta.extra["synthetic_options"] = optionsJson.dump();
-    nlohmann::json truth = fault.truth;
 
-    EngineFaults engineFaults;
-    if (fault.kind == FaultKind::RopeOffset)
-        engineFaults.ropeOffsetLayer = fault.layer;
-    if (fault.kind == FaultKind::WindowOffByOne)
-        engineFaults.windowOffByOne = true;
-    if (fault.kind == FaultKind::DeadHead) {
-        engineFaults.deadLayer = fault.layer;
-        engineFaults.deadHead = fault.head;
+    // The prompts' tokens, drawn in order from one stream.
+    std::mt19937_64 rng(o.seed * 7919 + 17);
+    std::uniform_int_distribution<std::int64_t> pick(0, o.shape.vocab - 1);
+    std::vector<std::vector<std::int64_t>> prompts;
+    for (int len : o.promptLens) {
+        prompts.emplace_back();
+        for (int i = 0; i < len; ++i)
+            prompts.back().push_back(pick(rng));
     }
 
+    // Prompts run in parallel, longest first; each one's numbers do not depend on the thread.
+    std::vector<std::size_t> order(prompts.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        return prompts[a].size() > prompts[b].size();
+    });
+    std::vector<PromptCapture> captures(prompts.size());
+    std::vector<std::exception_ptr> errors(prompts.size());
+    std::atomic<std::size_t> next{0};
+    const auto work = [&] {
+        for (std::size_t i; (i = next++) < order.size();) {
+            const std::size_t p = order[i];
+            try {
+                captures[p] = capturePrompt(model, o, config, fault, fp8, p, prompts[p]);
+            } catch (...) {
+                errors[p] = std::current_exception();
+            }
+        }
+    };
+    const int threads = std::clamp(o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()), 1,
+                                   int(prompts.size()));
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t)
+        pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool)
+        t.join();
+    for (const std::exception_ptr& e : errors)
+        if (e)
+            std::rethrow_exception(e);
+
+    nlohmann::json truth = fault.truth;
     BundleWriter writer(path, meta, config);
-    std::mt19937_64 rng(o.seed * 7919 + 17);
-    for (std::size_t p = 0; p < o.promptLens.size(); ++p) {
-        const std::int64_t promptLen = o.promptLens[p];
-        const std::int64_t steps = o.decodeTokens;
-        const std::int64_t total = promptLen + steps;
-        std::vector<std::int64_t> tokens;
-        std::uniform_int_distribution<std::int64_t> pick(0, o.shape.vocab - 1);
-        for (std::int64_t i = 0; i < promptLen; ++i)
-            tokens.push_back(pick(rng));
-
-        // The teacher: the fp32 baseline decoding greedily.
-        {
-            std::vector<LayerCache> cache;
-            torch::Tensor logits = model.forward(tokens, 0, cache, Numerics::Baseline);
-            for (std::int64_t g = 0; g < steps; ++g) {
-                const std::int64_t next = argmaxRow(logits, logits.size(0) - 1);
-                tokens.push_back(next);
-                if (g + 1 < steps)
-                    logits = model.forward({next}, promptLen + g, cache, Numerics::Baseline);
-            }
-        }
-        // Teacher-forced passes over the same tokens.
-        std::vector<LayerCache> base, expected, engine;
-        const torch::Tensor baseLogits = model.forward(tokens, 0, base, Numerics::Baseline);
-        const torch::Tensor expectedLogits = model.forward(tokens, 0, expected, Numerics::Expected);
-        engineFaults.deadFrom = promptLen + fault.step;
-        const torch::Tensor engineLogits = model.forward(tokens, 0, engine, Numerics::Engine, engineFaults, promptLen);
-
-        // The validation loop: divergences where the engine's argmax leaves the teacher.
-        std::vector<std::int64_t> divergences;
-        for (std::int64_t g = 0; g < steps; ++g)
-            if (argmaxRow(engineLogits, promptLen - 1 + g) != tokens[std::size_t(promptLen + g)])
-                divergences.push_back(promptLen + g);
-
-        struct Snapshot {
-            std::int64_t seqLen;
-            std::int64_t validatedUntil;
-            std::vector<LayerKv> layers;
-        };
-        std::vector<Snapshot> snapshots;
-        for (std::int64_t d : divergences) {
-            if (int(snapshots.size()) + 1 >= kMaxSnapshots || d + 2 > total)
-                break;
-            // This call decoded up to d, sampled its own token there and one more: its cache
-            // holds the wrong token's KV at d (never validated), the teacher's before.
-            std::vector<LayerCache> prefix;
-            for (const LayerCache& c : engine)
-                prefix.push_back({c.k.slice(1, 0, d).clone(), c.v.slice(1, 0, d).clone()});
-            model.forward({argmaxRow(engineLogits, d - 1)}, d, prefix, Numerics::Engine, engineFaults, promptLen);
-            Snapshot s{d + 2, d, {}};
-            for (const LayerCache& c : prefix)
-                s.layers.push_back(toLayerKv(c.k, c.v, d + 1));
-            snapshots.push_back(std::move(s));
-        }
-        Snapshot last{total, total - 1, {}};
-        for (const LayerCache& c : engine)
-            last.layers.push_back(toLayerKv(c.k, c.v, total - 1));
-        snapshots.push_back(std::move(last));
-
-        // fp8 caches: one scale per layer and part, from the layer's largest magnitude.
-        std::map<std::string, std::pair<float, float>> scales;
-        for (int l = 0; l < o.shape.layers; ++l) {
-            const LayerCache& c = engine[std::size_t(l)];
-            scales[layerName(l)] = {std::max(c.k.abs().max().item<float>(), 1e-6f) / 448.0f,
-                                    std::max(c.v.abs().max().item<float>(), 1e-6f) / 448.0f};
-        }
-
-        const std::string id = "prompt_" + std::to_string(p);
-        std::vector<EngineSnapshot> paged;
-        for (std::size_t s = 0; s < snapshots.size(); ++s) {
-            const PagedLayout layout(config, snapshots[s].seqLen, o.seed * 1000 + p * 10 + s);
-            EngineSnapshot snap = layout.snapshot(
-                [&](const std::string& layer) {
-                    return snapshots[s].layers[std::size_t(std::stoi(layer.substr(13)))];
-                },
-                true, [&](const std::string& layer) { return fp8 ? scales.at(layer) : std::pair{1.0f, 1.0f}; });
-            snap.validatedUntil = snapshots[s].validatedUntil;
-            const std::string faulty = layerName(fault.layer);
-            if (fault.kind == FaultKind::ShardSwap)
-                std::swap(snap.ranks[std::size_t(fault.rank)][faulty], snap.ranks[std::size_t(fault.rank + 1)][faulty]);
-            if (fault.kind == FaultKind::Fp8Scale)
-                for (auto& rank : snap.ranks) {
-                    rank[faulty].first.scale *= 2.0f;
-                    rank[faulty].second.scale *= 2.0f;
-                }
-            if (fault.kind == FaultKind::StaleBlock && p == 0 && s + 1 == snapshots.size()) {
-                // One table entry points at a block that holds another sequence's data.
-                const int g = config.groupOf(faulty);
-                const int blockSize = config.groups[std::size_t(g)].blockSize;
-                const std::int64_t logical = (promptLen + fault.step) / blockSize;
-                std::set<std::int32_t> used;
-                for (const BlockTable& t : snap.blockTables)
-                    used.insert(t.entries.begin(), t.entries.end());
-                std::int32_t stale = config.numBlocks - 1;
-                while (stale > 0 && used.count(stale))
-                    --stale;
-                BlockTable& table = snap.blockTables[std::size_t(g)];
-                truth["group"] = g;
-                truth["logical_block"] = logical;
-                truth["positions"] = {logical * blockSize, std::min<std::int64_t>((logical + 1) * blockSize, total - 1) - 1};
-                truth["original_block"] = table.entries[std::size_t(logical)];
-                truth["stale_block"] = stale;
-                truth["prompt"] = id;
-                table.entries[std::size_t(logical)] = stale;
-            }
-            paged.push_back(std::move(snap));
-        }
-
-        PromptRecord record;
-        record.id = id;
-        record.inputIds.assign(tokens.begin(), tokens.begin() + promptLen);
-        record.teacherTokens.assign(tokens.begin() + promptLen, tokens.end());
-        record.divergencePositions = divergences;
-        for (std::int64_t t : tokens)
-            record.tokenStrings.push_back("tok" + std::to_string(t));
-
-        writer.addPrompt(record);
-        for (const EngineSnapshot& snap : paged)
+    for (PromptCapture& c : captures) {
+        const std::string& id = c.record.id;
+        writer.addPrompt(c.record);
+        for (const EngineSnapshot& snap : c.snapshots)
             writer.addSnapshot(id, snap);
         for (int l = 0; l < o.shape.layers; ++l) {
-            // HF keeps only window - 1 positions of sliding-window layers.
-            const std::int64_t from = model.sliding(l) ? std::max<std::int64_t>(0, total - (o.shape.window - 1)) : 0;
-            const LayerCache& e = expected[std::size_t(l)];
-            writer.addReference(id, ReferenceRole::Expected, layerName(l), referenceTensor(e.k, from, DType::BFloat16),
-                                referenceTensor(e.v, from, DType::BFloat16));
+            const auto& [ek, ev] = c.expected[std::size_t(l)];
+            writer.addReference(id, ReferenceRole::Expected, layerName(l), ek, ev);
             if (o.baseline) {
-                const LayerCache& b = base[std::size_t(l)];
-                writer.addReference(id, ReferenceRole::Baseline, layerName(l), referenceTensor(b.k, from, DType::Float32),
-                                    referenceTensor(b.v, from, DType::Float32));
+                const auto& [bk, bv] = c.baseline[std::size_t(l)];
+                writer.addReference(id, ReferenceRole::Baseline, layerName(l), bk, bv);
             }
         }
-        writer.addLogits(id, LogitsRole::Expected, stepLogits(expectedLogits, promptLen, steps));
-        writer.addLogits(id, LogitsRole::Actual, stepLogits(engineLogits, promptLen, steps));
+        writer.addLogits(id, LogitsRole::Expected, c.expectedLogits);
+        writer.addLogits(id, LogitsRole::Actual, c.actualLogits);
         if (o.baseline)
-            writer.addLogits(id, LogitsRole::Baseline, stepLogits(baseLogits, promptLen, steps));
+            writer.addLogits(id, LogitsRole::Baseline, c.baselineLogits);
+        if (!c.truth.is_null())
+            truth.update(c.truth);
+        c = {};  // release it before the next prompt's writes
     }
-
     writer.setMetadata("synthetic_fault", truth.dump());
     writer.finish();
 }

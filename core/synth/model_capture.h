@@ -1,11 +1,12 @@
 #pragma once
-// Synthetic captures from a real (small) model run, made with libtorch behind this header.
+// Synthetic captures from a real (small) model run.
 //
 // A small decoder-only transformer (GQA, RoPE, RMSNorm, gated MLP, alternating sliding-window
 // and full-attention layers; deterministic weights scaled like a trained model's, with
 // outlier channels in K) runs teacher-forced three ways on identical tokens: fp32
-// "baseline", bf16 "expected" (as HF runs it), and a bf16 "engine" with its own kernel
-// numerics (fp32 normalisation, fp32-accumulated matmuls rounded once). The engine runs a
+// "baseline", bf16 "expected" (as HF runs it on a GPU), and a bf16 "engine" with its own
+// kernel numerics (split-K GEMMs, fp32 norms and RoPE, flash-style attention), each with
+// explicit rounding rules (docs/synth.md): the same bits on every CPU. The engine runs a
 // teacher-forced validation loop (one snapshot per generate call, re-fed after each
 // divergence) and its KV is laid into a vLLM-like paged cache. One fault can be injected;
 // its ground truth goes into the bundle's metadata (attribute `synthetic_fault`, JSON).
@@ -53,6 +54,7 @@ struct ModelCaptureOptions {
     int faultRank = -1;
     int faultStep = -1;  // decode step (position - prompt_len) where it starts; default: a third in
     std::string model = "kvscope-synth";
+    int threads = 0;  // prompts computed in parallel (0: one per core); the result does not depend on it
 };
 
 // The demo capture: 24 layers alternating sliding/full attention, 8 KV heads of dim 128
@@ -60,7 +62,7 @@ struct ModelCaptureOptions {
 ModelCaptureOptions demoModelCaptureOptions();
 
 // Runs the model and writes the capture. Deterministic: the same options give identical
-// tensors, tables and logits (libtorch runs single-threaded for that). Throws
+// tensors, tables and logits on every CPU and with any number of threads. Throws
 // std::invalid_argument on inconsistent options, BundleError on I/O failure.
 void writeModelCapture(const std::string& path, const ModelCaptureOptions& options);
 

@@ -1,182 +1,381 @@
 #include "tiny_transformer.h"
 
+#include "deterministic_math.h"
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
 
 namespace kvscope::synth {
 
 namespace {
 
-torch::Tensor toBf16Values(const torch::Tensor& x)
+using detmath::roundToBf16;
+
+// The engine's GEMMs sum each output's products in chunks of this many (split-K), then add
+// the chunk sums in order; the reference sums them in one pass.
+constexpr int kEngineSplitK = 64;
+
+void roundInPlace(std::vector<float>& values)
 {
-    return x.to(torch::kBFloat16).to(torch::kFloat32);
+    for (float& x : values)
+        x = roundToBf16(x);
 }
 
-torch::Tensor store(const torch::Tensor& x, Numerics n)
+// y[n, N] = x[n, K] w[K, N]. Each output sums its K products in fp32 in chunks of `chunk`
+// (in order within a chunk, then the chunk sums in order). Vectorised across outputs only, so
+// every output's additions happen in the same order whatever the instruction set.
+[[gnu::always_inline]] inline void matmulBody(const float* x, int n, int K, const float* w, int N, float* y, int chunk)
 {
-    return n == Numerics::Baseline ? x : toBf16Values(x);
+    constexpr int kCols = 256, kRows = 4;
+    float acc[kRows][kCols];
+    float part[kRows][kCols];
+    for (int j0 = 0; j0 < N; j0 += kCols) {
+        const int nb = std::min(kCols, N - j0);
+        for (int i0 = 0; i0 < n; i0 += kRows) {
+            const int nt = std::min(kRows, n - i0);
+            for (int t = 0; t < nt; ++t)
+                std::fill_n(acc[t], nb, 0.0f);
+            for (int k0 = 0; k0 < K; k0 += chunk) {
+                const int k1 = std::min(K, k0 + chunk);
+                for (int t = 0; t < nt; ++t)
+                    std::fill_n(part[t], nb, 0.0f);
+                for (int k = k0; k < k1; ++k) {
+                    const float* wRow = w + std::size_t(k) * std::size_t(N) + std::size_t(j0);
+                    for (int t = 0; t < nt; ++t) {
+                        const float xv = x[std::size_t(i0 + t) * std::size_t(K) + std::size_t(k)];
+                        float* p = part[t];
+                        for (int j = 0; j < nb; ++j)
+                            p[j] += xv * wRow[j];
+                    }
+                }
+                for (int t = 0; t < nt; ++t)
+                    for (int j = 0; j < nb; ++j)
+                        acc[t][j] += part[t][j];
+            }
+            for (int t = 0; t < nt; ++t)
+                std::copy_n(acc[t], nb, y + std::size_t(i0 + t) * std::size_t(N) + std::size_t(j0));
+        }
+    }
+}
+
+// The same loops compiled for the x86-64 baseline and for AVX2 (without FMA): the same bits.
+void matmulBaseline(const float* x, int n, int K, const float* w, int N, float* y, int chunk)
+{
+    matmulBody(x, n, K, w, N, y, chunk);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+[[gnu::target("avx2")]] void matmulAvx2(const float* x, int n, int K, const float* w, int N, float* y, int chunk)
+{
+    matmulBody(x, n, K, w, N, y, chunk);
+}
+#endif
+
+using MatmulFn = void (*)(const float*, int, int, const float*, int, float*, int);
+
+MatmulFn chooseMatmul()
+{
+    // KVSCOPE_SIMD=sse2 forces the baseline path (the tests compare both).
+    const char* forced = std::getenv("KVSCOPE_SIMD");
+    if (forced && std::string_view(forced) == "sse2")
+        return matmulBaseline;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx2"))
+        return matmulAvx2;
+#endif
+    return matmulBaseline;
+}
+
+Matrix linear(const Matrix& x, const Matrix& w, Numerics n)
+{
+    static const MatmulFn matmul = chooseMatmul();
+    Matrix y(x.rows, w.cols);
+    matmul(x.values.data(), x.rows, x.cols, w.values.data(), w.cols, y.values.data(),
+           n == Numerics::Engine ? kEngineSplitK : x.cols);
+    if (n != Numerics::Baseline)
+        roundInPlace(y.values);  // bf16 output
+    return y;
+}
+
+Matrix rmsNorm(const Matrix& x, const std::vector<float>& weight, Numerics n)
+{
+    Matrix out(x.rows, x.cols);
+    for (int r = 0; r < x.rows; ++r) {
+        const float* in = x.row(r);
+        float squares = 0;
+        for (int c = 0; c < x.cols; ++c)
+            squares += in[c] * in[c];
+        const float inverseRms = 1.0f / std::sqrt(squares / float(x.cols) + 1e-6f);
+        float* o = out.row(r);
+        for (int c = 0; c < x.cols; ++c) {
+            const float normed = in[c] * inverseRms;
+            switch (n) {
+            case Numerics::Baseline: o[c] = normed * weight[std::size_t(c)]; break;
+            // HF: normalised in fp32, cast to bf16, then times the bf16 weight.
+            case Numerics::Expected: o[c] = roundToBf16(roundToBf16(normed) * weight[std::size_t(c)]); break;
+            // A fused kernel: the weight applied in fp32, one rounding.
+            case Numerics::Engine: o[c] = roundToBf16(normed * weight[std::size_t(c)]); break;
+            }
+        }
+    }
+    return out;
+}
+
+// Rotate-half RoPE of one token's heads [heads, dim] in place.
+void rope(float* x, int heads, int dim, std::int64_t position, const std::vector<float>& invFreq, Numerics n)
+{
+    const int half = dim / 2;
+    for (int i = 0; i < half; ++i) {
+        const float angle = float(position) * invFreq[std::size_t(i)];
+        double s = 0, c = 0;
+        detmath::sinCos(angle, s, c);
+        float cosA = float(c), sinA = float(s);
+        if (n == Numerics::Expected) {  // HF casts cos/sin to the model's dtype
+            cosA = roundToBf16(cosA);
+            sinA = roundToBf16(sinA);
+        }
+        for (int h = 0; h < heads; ++h) {
+            float* lo = x + std::size_t(h) * std::size_t(dim) + std::size_t(i);
+            float* hi = lo + half;
+            const float a = *lo, b = *hi;
+            switch (n) {
+            case Numerics::Baseline:
+                *lo = a * cosA + -b * sinA;
+                *hi = b * cosA + a * sinA;
+                break;
+            case Numerics::Expected:  // bf16 tensors: each product and the sum rounded
+                *lo = roundToBf16(roundToBf16(a * cosA) + roundToBf16(-b * sinA));
+                *hi = roundToBf16(roundToBf16(b * cosA) + roundToBf16(a * sinA));
+                break;
+            case Numerics::Engine:  // fp32 in registers, one rounding
+                *lo = roundToBf16(a * cosA + -b * sinA);
+                *hi = roundToBf16(b * cosA + a * sinA);
+                break;
+            }
+        }
+    }
+}
+
+float silu(float x)
+{
+    return float(double(x) / (1.0 + detmath::exp(-double(x))));
+}
+
+void append(LayerCache& c, const Matrix& k, const Matrix& v, int kvHeads, int dim)
+{
+    c.k.insert(c.k.end(), k.values.begin(), k.values.end());
+    c.v.insert(c.v.end(), v.values.begin(), v.values.end());
+    const std::int64_t positions = c.positions + k.rows;
+    const std::size_t channels = std::size_t(kvHeads) * std::size_t(dim);
+    if (positions > c.capacity) {
+        const std::int64_t capacity = std::max<std::int64_t>({positions, 2 * c.capacity, 64});
+        std::vector<float> grown(channels * std::size_t(capacity));
+        for (std::size_t ch = 0; ch < channels; ++ch)
+            std::copy_n(c.keysByChannel.data() + ch * std::size_t(c.capacity), c.positions,
+                        grown.data() + ch * std::size_t(capacity));
+        c.keysByChannel = std::move(grown);
+        c.capacity = capacity;
+    }
+    for (int i = 0; i < k.rows; ++i)
+        for (std::size_t ch = 0; ch < channels; ++ch)
+            c.keysByChannel[ch * std::size_t(c.capacity) + std::size_t(c.positions + i)] = k.row(i)[ch];
+    c.positions = positions;
 }
 
 }  // namespace
 
+LayerCache LayerCache::prefix(std::int64_t count, int kvHeads, int headDim) const
+{
+    const std::size_t row = std::size_t(kvHeads) * std::size_t(headDim);
+    LayerCache c;
+    c.positions = count;
+    c.k.assign(k.begin(), k.begin() + std::ptrdiff_t(row * std::size_t(count)));
+    c.v.assign(v.begin(), v.begin() + std::ptrdiff_t(row * std::size_t(count)));
+    c.capacity = count;
+    c.keysByChannel.resize(row * std::size_t(count));
+    for (std::size_t ch = 0; ch < row; ++ch)
+        std::copy_n(keysByChannel.data() + ch * std::size_t(capacity), count,
+                    c.keysByChannel.data() + ch * std::size_t(count));
+    return c;
+}
+
 TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
     : m_shape(shape)
 {
-    torch::manual_seed(seed);
-    const auto normal = [](std::initializer_list<std::int64_t> size, double std) {
-        return torch::randn(size, torch::kFloat32) * std;
+    detmath::NormalSampler normal(seed);
+    const auto matrix = [&](int rows, int cols, double stddev) {
+        Matrix m(rows, cols);
+        for (float& x : m.values)
+            x = float(normal() * stddev);
+        return m;
+    };
+    const auto normWeight = [&](int size) {
+        std::vector<float> w{};
+        w.resize(std::size_t(size));
+        for (float& x : w)
+            x = float(1.0 + 0.1 * normal());
+        return w;
     };
     const int h = shape.hidden, q = shape.queryHeads * shape.headDim, kv = shape.kvHeads * shape.headDim;
-    m_fp32.embed = normal({shape.vocab, h}, 1.0);
-    m_fp32.finalNorm = 1.0 + normal({h}, 0.1);
+    m_fp32.embed = matrix(shape.vocab, h, 1.0);
+    m_fp32.finalNorm = normWeight(h);
     // Logits spread like a trained model's: a few units between the top candidates.
-    m_fp32.lmHead = normal({h, shape.vocab}, 2.0 / std::sqrt(double(h)));
+    m_fp32.lmHead = matrix(h, shape.vocab, 2.0 / std::sqrt(double(h)));
     for (int l = 0; l < shape.layers; ++l) {
         Layer layer;
-        layer.attnNorm = 1.0 + normal({h}, 0.1);
-        layer.wq = normal({h, q}, 1.0 / std::sqrt(double(h)));
-        layer.wk = normal({h, kv}, 1.0 / std::sqrt(double(h)));
+        layer.attnNorm = normWeight(h);
+        layer.wq = matrix(h, q, 1.0 / std::sqrt(double(h)));
+        layer.wk = matrix(h, kv, 1.0 / std::sqrt(double(h)));
         // Trained K projections have a few channels with much larger magnitude.
         for (int head = 0; head < shape.kvHeads; ++head)
             for (int c : {1, shape.headDim / 2 + 1})
-                layer.wk.select(1, head * shape.headDim + c).mul_(6.0);
-        layer.wv = normal({h, kv}, 1.0 / std::sqrt(double(h)));
-        layer.wo = normal({q, h}, 0.5 / std::sqrt(double(q)));
-        layer.mlpNorm = 1.0 + normal({h}, 0.1);
-        layer.wGate = normal({h, shape.ffn}, 1.0 / std::sqrt(double(h)));
-        layer.wUp = normal({h, shape.ffn}, 1.0 / std::sqrt(double(h)));
-        layer.wDown = normal({shape.ffn, h}, 0.5 / std::sqrt(double(shape.ffn)));
-        m_fp32.layers.push_back(layer);
+                for (int r = 0; r < h; ++r)
+                    layer.wk.row(r)[head * shape.headDim + c] *= 6.0f;
+        layer.wv = matrix(h, kv, 1.0 / std::sqrt(double(h)));
+        layer.wo = matrix(q, h, 0.5 / std::sqrt(double(q)));
+        layer.mlpNorm = normWeight(h);
+        layer.wGate = matrix(h, shape.ffn, 1.0 / std::sqrt(double(h)));
+        layer.wUp = matrix(h, shape.ffn, 1.0 / std::sqrt(double(h)));
+        layer.wDown = matrix(shape.ffn, h, 0.5 / std::sqrt(double(shape.ffn)));
+        m_fp32.layers.push_back(std::move(layer));
     }
-    m_bf16.embed = toBf16Values(m_fp32.embed);
-    m_bf16.finalNorm = toBf16Values(m_fp32.finalNorm);
-    m_bf16.lmHead = toBf16Values(m_fp32.lmHead);
+    const auto rounded = [](auto x) {
+        if constexpr (std::is_same_v<decltype(x), Matrix>)
+            roundInPlace(x.values);
+        else
+            roundInPlace(x);
+        return x;
+    };
+    m_bf16.embed = rounded(m_fp32.embed);
+    m_bf16.finalNorm = rounded(m_fp32.finalNorm);
+    m_bf16.lmHead = rounded(m_fp32.lmHead);
     for (const Layer& l : m_fp32.layers)
-        m_bf16.layers.push_back({toBf16Values(l.attnNorm), toBf16Values(l.wq), toBf16Values(l.wk), toBf16Values(l.wv),
-                                 toBf16Values(l.wo), toBf16Values(l.mlpNorm), toBf16Values(l.wGate),
-                                 toBf16Values(l.wUp), toBf16Values(l.wDown)});
+        m_bf16.layers.push_back({rounded(l.attnNorm), rounded(l.mlpNorm), rounded(l.wq), rounded(l.wk), rounded(l.wv),
+                                 rounded(l.wo), rounded(l.wGate), rounded(l.wUp), rounded(l.wDown)});
+    // HF: inv_freq = 1 / theta^(2i / dim) in fp32.
+    for (int i = 0; i < shape.headDim / 2; ++i)
+        m_invFreq.push_back(float(detmath::exp(-(2.0 * i / shape.headDim) * 9.21034037197618273607)));  // ln 10000
 }
 
-const TinyTransformer::Weights& TinyTransformer::weightsFor(Numerics n) const
+void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
+                                const EngineFaults& faults, Matrix& out) const
 {
-    return n == Numerics::Baseline ? m_fp32 : m_bf16;
-}
-
-torch::Tensor TinyTransformer::linear(const torch::Tensor& x, const torch::Tensor& w, Numerics n) const
-{
-    switch (n) {
-    case Numerics::Baseline:
-        return x.matmul(w);
-    case Numerics::Expected:  // a bf16 GEMM (oneDNN), its output bf16
-        return x.to(torch::kBFloat16).matmul(w.to(torch::kBFloat16)).to(torch::kFloat32);
-    case Numerics::Engine:  // exact products accumulated in fp32 in another order, rounded once
-        return toBf16Values(x.matmul(w));
+    const ModelShape& s = m_shape;
+    const int dim = s.headDim, groupSize = s.queryHeads / s.kvHeads;
+    const float scale = 1.0f / std::sqrt(float(dim));
+    const bool engine = n == Numerics::Engine;
+    const int window = s.window - (engine && faults.windowOffByOne ? 1 : 0);
+    std::vector<float> scores, weights;
+    for (int i = 0; i < q.rows; ++i) {
+        const std::int64_t pos = start + i;
+        const std::int64_t first = sliding(layer) ? std::max<std::int64_t>(0, pos - window + 1) : 0;
+        const std::size_t count = std::size_t(pos - first + 1);
+        for (int h = 0; h < s.queryHeads; ++h) {
+            const int kvHead = h / groupSize;
+            const float* query = q.row(i) + std::size_t(h) * std::size_t(dim);
+            // Scores in fp32, summed over channels in order (vectorised across positions).
+            scores.assign(count, 0.0f);
+            for (int d = 0; d < dim; ++d) {
+                const float qd = query[d];
+                const float* keys = cache.keysByChannel.data() +
+                                    (std::size_t(kvHead) * std::size_t(dim) + std::size_t(d)) * std::size_t(cache.capacity) +
+                                    std::size_t(first);
+                for (std::size_t j = 0; j < count; ++j)
+                    scores[j] += qd * keys[j];
+            }
+            for (float& x : scores)  // HF eager: a bf16 matmul output, scaled in bf16
+                x = n == Numerics::Expected ? roundToBf16(roundToBf16(x) * scale) : x * scale;
+            const float top = *std::max_element(scores.begin(), scores.end());
+            weights.resize(count);
+            float sum = 0;
+            for (std::size_t j = 0; j < count; ++j) {
+                weights[j] = float(detmath::exp(double(scores[j] - top)));
+                sum += weights[j];
+            }
+            float* o = out.row(i) + std::size_t(h) * std::size_t(dim);
+            std::fill_n(o, dim, 0.0f);
+            // Baseline and HF normalise the weights first (HF then casts them to bf16); a flash
+            // kernel casts the unnormalised weights to bf16 and divides the output by the sum.
+            for (float& w : weights)
+                w = n == Numerics::Baseline ? w / sum : n == Numerics::Expected ? roundToBf16(w / sum) : roundToBf16(w);
+            for (std::size_t j = 0; j < count; ++j) {
+                const float w = weights[j];
+                const float* value = cache.v.data() +
+                                     (std::size_t(first + std::int64_t(j)) * std::size_t(s.kvHeads) + std::size_t(kvHead)) *
+                                         std::size_t(dim);
+                for (int d = 0; d < dim; ++d)
+                    o[d] += w * value[d];
+            }
+            if (engine)
+                for (int d = 0; d < dim; ++d)
+                    o[d] = roundToBf16(o[d] / sum);
+            else if (n == Numerics::Expected)
+                for (int d = 0; d < dim; ++d)
+                    o[d] = roundToBf16(o[d]);
+        }
     }
-    return x;
 }
 
-torch::Tensor TinyTransformer::rmsNorm(const torch::Tensor& x, const torch::Tensor& w, Numerics n) const
+Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
+                                Numerics numerics, const EngineFaults& faults, std::int64_t promptLen) const
 {
-    const torch::Tensor normed = x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6);
-    switch (n) {
-    case Numerics::Baseline:
-        return normed * w;
-    case Numerics::Expected:  // HF: normalise in fp32, cast to bf16, then times the weight
-        return toBf16Values(toBf16Values(normed) * w);
-    case Numerics::Engine:  // fp32 normalisation with the weight, one rounding
-        return toBf16Values(normed * w);
-    }
-    return normed;
-}
-
-torch::Tensor TinyTransformer::rope(const torch::Tensor& x, const torch::Tensor& positions, Numerics n) const
-{
-    // x: [t, heads, dim]; rotate-half convention, theta 10000, angles in fp32.
-    const int half = m_shape.headDim / 2;
-    const torch::Tensor invFreq =
-        torch::pow(10000.0, -torch::arange(0, half, torch::kFloat32) * 2.0 / double(m_shape.headDim));
-    const torch::Tensor angles = positions.to(torch::kFloat32).unsqueeze(1) * invFreq.unsqueeze(0);  // [t, half]
-    torch::Tensor cos = torch::cat({angles.cos(), angles.cos()}, -1).unsqueeze(1);
-    torch::Tensor sin = torch::cat({angles.sin(), angles.sin()}, -1).unsqueeze(1);
-    if (n == Numerics::Expected) {  // HF casts cos/sin to the model dtype
-        cos = toBf16Values(cos);
-        sin = toBf16Values(sin);
-    }
-    const torch::Tensor rotated = torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-    return store(x * cos + rotated * sin, n);
-}
-
-torch::Tensor TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::int64_t start,
-                                       std::vector<LayerCache>& cache, Numerics numerics, const EngineFaults& faults,
-                                       std::int64_t promptLen) const
-{
-    torch::NoGradGuard noGrad;
     const ModelShape& s = m_shape;
     const Weights& w = weightsFor(numerics);
-    const std::int64_t n = std::int64_t(tokens.size());
+    const int n = int(tokens.size());
     const bool engine = numerics == Numerics::Engine;
+    const bool bf16 = numerics != Numerics::Baseline;
     if (cache.empty())
         cache.resize(std::size_t(s.layers));
 
-    const torch::Tensor ids = torch::tensor(tokens, torch::kInt64);
-    torch::Tensor x = w.embed.index_select(0, ids);  // [n, hidden]
-    const torch::Tensor positions = torch::arange(start, start + n, torch::kInt64);
-    const std::int64_t ctx = start + n;
-    const torch::Tensor keyPos = torch::arange(0, ctx, torch::kInt64);
-    const int groupSize = s.queryHeads / s.kvHeads;
+    Matrix x(n, s.hidden);
+    for (int i = 0; i < n; ++i)
+        std::copy_n(w.embed.row(int(tokens[std::size_t(i)])), s.hidden, x.row(i));
+    const auto addResidual = [&](const Matrix& y) {
+        for (std::size_t i = 0; i < x.values.size(); ++i)
+            x.values[i] = bf16 ? roundToBf16(x.values[i] + y.values[i]) : x.values[i] + y.values[i];
+    };
 
     for (int l = 0; l < s.layers; ++l) {
         const Layer& layer = w.layers[std::size_t(l)];
-        const torch::Tensor h = rmsNorm(x, layer.attnNorm, numerics);
-        torch::Tensor q = linear(h, layer.wq, numerics).view({n, s.queryHeads, s.headDim});
-        torch::Tensor k = linear(h, layer.wk, numerics).view({n, s.kvHeads, s.headDim});
-        torch::Tensor v = linear(h, layer.wv, numerics).view({n, s.kvHeads, s.headDim});
-        q = rope(q, positions, numerics);
-        torch::Tensor kPositions = positions;
-        if (engine && l == faults.ropeOffsetLayer)
-            kPositions = positions + (positions >= promptLen).to(torch::kInt64);
-        k = rope(k, kPositions, numerics);
-        if (engine && l == faults.deadLayer) {
-            const torch::Tensor dead = (positions >= faults.deadFrom).to(torch::kFloat32).view({n, 1});
-            k.select(1, faults.deadHead).mul_(1 - dead);
-            v.select(1, faults.deadHead).mul_(1 - dead);
-        }
+        const Matrix h = rmsNorm(x, layer.attnNorm, numerics);
+        Matrix q = linear(h, layer.wq, numerics);
+        Matrix k = linear(h, layer.wk, numerics);
+        const Matrix v = [&] {
+            Matrix m = linear(h, layer.wv, numerics);
+            for (int i = 0; i < n; ++i) {
+                const std::int64_t pos = start + i;
+                rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
+                const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
+                rope(k.row(i), s.kvHeads, s.headDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
+                if (engine && l == faults.deadLayer && pos >= faults.deadFrom) {
+                    std::fill_n(k.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
+                    std::fill_n(m.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
+                }
+            }
+            return m;
+        }();
         LayerCache& c = cache[std::size_t(l)];
-        const torch::Tensor kNew = k.permute({1, 0, 2}).contiguous();  // [kvHeads, n, dim]
-        const torch::Tensor vNew = v.permute({1, 0, 2}).contiguous();
-        c.k = c.k.defined() ? torch::cat({c.k, kNew}, 1) : kNew;
-        c.v = c.v.defined() ? torch::cat({c.v, vNew}, 1) : vNew;
+        append(c, k, v, s.kvHeads, s.headDim);
 
-        // Attention over [0, ctx), causal, windowed on sliding layers.
-        const torch::Tensor keys = c.k.repeat_interleave(groupSize, 0);    // [qHeads, ctx, dim]
-        const torch::Tensor values = c.v.repeat_interleave(groupSize, 0);
-        const torch::Tensor queries = q.permute({1, 0, 2});                 // [qHeads, n, dim]
-        torch::Tensor scores;
-        if (numerics == Numerics::Expected)
-            scores = queries.to(torch::kBFloat16).matmul(keys.to(torch::kBFloat16).transpose(1, 2)).to(torch::kFloat32);
-        else
-            scores = store(queries.matmul(keys.transpose(1, 2)), numerics);
-        scores = scores / std::sqrt(double(s.headDim));
-        const torch::Tensor distance = positions.unsqueeze(1) - keyPos.unsqueeze(0);  // [n, ctx]
-        torch::Tensor allowed = distance >= 0;
-        if (sliding(l)) {
-            const int window = s.window - (engine && faults.windowOffByOne ? 1 : 0);
-            allowed = allowed & (distance < window);
+        Matrix attended(n, s.queryHeads * s.headDim);
+        attention(q, c, start, l, numerics, faults, attended);
+        addResidual(linear(attended, layer.wo, numerics));
+
+        const Matrix m = rmsNorm(x, layer.mlpNorm, numerics);
+        const Matrix gate = linear(m, layer.wGate, numerics);
+        Matrix act = linear(m, layer.wUp, numerics);
+        for (std::size_t i = 0; i < act.values.size(); ++i) {
+            const float g = silu(gate.values[i]), up = act.values[i];
+            switch (numerics) {
+            case Numerics::Baseline: act.values[i] = g * up; break;
+            case Numerics::Expected: act.values[i] = roundToBf16(roundToBf16(g) * up); break;  // silu, then mul
+            case Numerics::Engine: act.values[i] = roundToBf16(g * up); break;                 // fused silu-and-mul
+            }
         }
-        scores = scores.masked_fill(allowed.logical_not().unsqueeze(0), -std::numeric_limits<float>::infinity());
-        const torch::Tensor probs = store(torch::softmax(scores, -1), numerics);
-        torch::Tensor attended;
-        if (numerics == Numerics::Expected)
-            attended = probs.to(torch::kBFloat16).matmul(values.to(torch::kBFloat16)).to(torch::kFloat32);
-        else
-            attended = store(probs.matmul(values), numerics);
-        attended = attended.permute({1, 0, 2}).reshape({n, s.queryHeads * s.headDim});
-        x = store(x + linear(attended, layer.wo, numerics), numerics);
-
-        const torch::Tensor m = rmsNorm(x, layer.mlpNorm, numerics);
-        const torch::Tensor gate = linear(m, layer.wGate, numerics);
-        const torch::Tensor up = linear(m, layer.wUp, numerics);
-        const torch::Tensor act = store(torch::silu(gate) * up, numerics);
-        x = store(x + linear(act, layer.wDown, numerics), numerics);
+        addResidual(linear(act, layer.wDown, numerics));
     }
     return linear(rmsNorm(x, w.finalNorm, numerics), w.lmHead, numerics);
 }

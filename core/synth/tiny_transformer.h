@@ -1,10 +1,10 @@
 #pragma once
-// A small decoder-only transformer in libtorch, run in three numerics. Internal to the
-// synthetic generator (model_capture.cpp): nothing outside core/synth includes torch.
+// A small decoder-only transformer run in three numerics whose rounding rules are explicit
+// (docs/synth.md), so that a synthetic capture is the same bits on every CPU, with any number
+// of threads: plain C++ on IEEE basic operations in a fixed order, no BLAS, no libm.
+// Internal to the synthetic generator (model_capture.cpp).
 
 #include "model_capture.h"
-
-#include <torch/torch.h>
 
 #include <cstdint>
 #include <vector>
@@ -13,8 +13,8 @@ namespace kvscope::synth {
 
 enum class Numerics {
     Baseline,  // fp32 throughout
-    Expected,  // bf16 as HF runs it: bf16 matmuls, RMSNorm rounded before the weight
-    Engine,    // bf16 storage with fp32 normalisation and fp32-accumulated matmuls rounded once
+    Expected,  // bf16 as HF runs it on a GPU: bf16 GEMMs with fp32 accumulation, eager attention
+    Engine,    // bf16 with fused kernels: split-K GEMMs, fp32 norms and RoPE, flash-style attention
 };
 
 // Engine-side faults that change what the engine computes.
@@ -26,11 +26,30 @@ struct EngineFaults {
     bool windowOffByOne = false;  // sliding layers attend to one position too few
 };
 
-// K and V of one layer for positions [0, t): [kvHeads, t, headDim], float32 holding values of
-// the numerics' storage type.
+// Row-major float matrix.
+struct Matrix {
+    int rows = 0;
+    int cols = 0;
+    std::vector<float> values;
+
+    Matrix() = default;
+    Matrix(int r, int c) : rows(r), cols(c), values(std::size_t(r) * std::size_t(c)) {}
+    float* row(int r) { return values.data() + std::size_t(r) * std::size_t(cols); }
+    const float* row(int r) const { return values.data() + std::size_t(r) * std::size_t(cols); }
+};
+
+// K and V of one layer for positions [0, positions): position-major [positions, kvHeads,
+// headDim], holding values of the numerics' storage type. `keysByChannel` holds the same K
+// per head as [kvHeads, headDim, capacity] so that attention scores vectorise over positions.
 struct LayerCache {
-    torch::Tensor k;
-    torch::Tensor v;
+    std::int64_t positions = 0;
+    std::vector<float> k;
+    std::vector<float> v;
+    std::int64_t capacity = 0;
+    std::vector<float> keysByChannel;
+
+    // The first `count` positions.
+    LayerCache prefix(std::int64_t count, int kvHeads, int headDim) const;
 };
 
 class TinyTransformer {
@@ -41,27 +60,29 @@ public:
     bool sliding(int layer) const { return layer % 2 == 0; }
 
     // Runs `tokens` at positions [start, start + n) after `cache` (positions [0, start)),
-    // appends their K and V to `cache` and returns the logits [n, vocab] (float32).
+    // appends their K and V to `cache` and returns the logits [n, vocab].
     // `promptLen` tells the faults where decoding starts.
-    torch::Tensor forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
-                          Numerics numerics, const EngineFaults& faults = {}, std::int64_t promptLen = 0) const;
+    Matrix forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
+                   Numerics numerics, const EngineFaults& faults = {}, std::int64_t promptLen = 0) const;
 
 private:
     struct Layer {
-        torch::Tensor attnNorm, wq, wk, wv, wo, mlpNorm, wGate, wUp, wDown;
+        std::vector<float> attnNorm, mlpNorm;
+        Matrix wq, wk, wv, wo, wGate, wUp, wDown;  // [in, out]
     };
     struct Weights {
-        torch::Tensor embed, finalNorm, lmHead;
+        Matrix embed, lmHead;
+        std::vector<float> finalNorm;
         std::vector<Layer> layers;
     };
-    torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, Numerics n) const;
-    torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& w, Numerics n) const;
-    torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions, Numerics n) const;
-    const Weights& weightsFor(Numerics n) const;
+    const Weights& weightsFor(Numerics n) const { return n == Numerics::Baseline ? m_fp32 : m_bf16; }
+    void attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
+                   const EngineFaults& faults, Matrix& out) const;
 
     ModelShape m_shape;
-    Weights m_fp32;  // master weights
-    Weights m_bf16;  // the same rounded to bf16 (kept as float32 values)
+    std::vector<float> m_invFreq;  // RoPE inverse frequencies, fp32
+    Weights m_fp32;                // master weights
+    Weights m_bf16;                // the same rounded to bf16 (kept as float values)
 };
 
 }  // namespace kvscope::synth
