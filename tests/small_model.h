@@ -2,7 +2,7 @@
 // The small model capture the tests share: 6 layers, 4 KV heads of 32 over TP 2, two prompts;
 // a couple of seconds to make, big enough that dtype noise and faults are told apart.
 
-#include "model_capture.h"
+#include "synth/model_capture.h"
 
 namespace kvtest {
 

@@ -2,10 +2,10 @@
 // Helpers shared by the tests: hand-built paged caches whose contiguous contents are known
 // by construction (a closed formula), and checks on error messages.
 
-#include "bundle_error.h"
-#include "kv_cache_config.h"
-#include "layer_kv.h"
-#include "paged_kv.h"
+#include "format/bundle_error.h"
+#include "format/kv_cache_config.h"
+#include "kv/layer_kv.h"
+#include "format/paged_kv.h"
 
 #include <QTest>
 

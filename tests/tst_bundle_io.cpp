@@ -1,9 +1,9 @@
 // Capture bundle v1: writer -> reader round trips (bit-exact for every dtype), lazy reads,
 // and bad input, each of which must give an error naming the file, the object and the problem.
 
-#include "bundle_reader.h"
-#include "bundle_writer.h"
-#include "capture_loader.h"
+#include "format/bundle_reader.h"
+#include "format/bundle_writer.h"
+#include "kv/capture_loader.h"
 #include "test_support.h"
 
 #include <QCryptographicHash>

@@ -1,7 +1,7 @@
 // Exact decoding of the KV cache dtypes, on hand-worked bit patterns and full round trips.
 
-#include "dtype.h"
-#include "raw_tensor.h"
+#include "format/dtype.h"
+#include "format/raw_tensor.h"
 
 #include <QTest>
 

@@ -3,12 +3,12 @@
 // export a PNG and find the markers in its pixels; every item model through
 // QAbstractItemModelTester.
 
-#include "analyzer.h"
-#include "head_table_model.h"
-#include "heatmap_view.h"
-#include "main_window.h"
-#include "synthetic_capture.h"
-#include "worst_cells_model.h"
+#include "analysis/analyzer.h"
+#include "gui/head_table_model.h"
+#include "widgets/heatmap_view.h"
+#include "gui/main_window.h"
+#include "synth/synthetic_capture.h"
+#include "gui/worst_cells_model.h"
 
 #include <QAbstractItemModelTester>
 #include <QApplication>

@@ -1,7 +1,7 @@
 // The KV cache config: parsing as the engine reports it, TP layout, and rejection of
 // configs that are malformed or inconsistent, with messages that say where.
 
-#include "kv_cache_config.h"
+#include "format/kv_cache_config.h"
 #include "test_support.h"
 
 #include <QTest>

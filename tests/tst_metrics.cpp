@@ -3,15 +3,15 @@
 // comparison with absent positions, aggregation across prompts, drill-down histograms,
 // divergences from logits, reductions, cancellation and the JSON output.
 
-#include "analysis_json.h"
-#include "analyzer.h"
-#include "bundle_writer.h"
-#include "synthetic_capture.h"
-#include "divergence.h"
-#include "error_histogram.h"
-#include "layer_comparison.h"
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "format/bundle_writer.h"
+#include "synth/synthetic_capture.h"
+#include "analysis/divergence.h"
+#include "metrics/error_histogram.h"
+#include "analysis/layer_comparison.h"
 #include "test_support.h"
-#include "vector_metrics.h"
+#include "metrics/vector_metrics.h"
 
 #include <nlohmann/json.hpp>
 

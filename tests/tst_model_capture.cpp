@@ -2,8 +2,8 @@
 // count, clean captures that look like dtype noise, and every fault visible where it was
 // injected and not before it. Observed values are printed with -v1 (qInfo).
 
-#include "analyzer.h"
-#include "model_capture.h"
+#include "analysis/analyzer.h"
+#include "synth/model_capture.h"
 #include "small_model.h"
 
 #include <nlohmann/json.hpp>

@@ -1,9 +1,9 @@
 // Paged-to-contiguous reconstruction, TP merge, sliding windows, snapshot merging and
 // reference alignment, on small hand-built caches whose contents follow a closed formula.
 
-#include "reconstruction.h"
-#include "reference_alignment.h"
-#include "snapshot_merge.h"
+#include "kv/reconstruction.h"
+#include "kv/reference_alignment.h"
+#include "kv/snapshot_merge.h"
 #include "test_support.h"
 
 #include <QTest>

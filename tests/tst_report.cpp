@@ -2,11 +2,11 @@
 // networking off) with every map drawn and no console error; the PNG images carry the
 // markers; `kvscope check` exits 0 / 1 / 2 on a clean capture, a faulty one and a broken file.
 
-#include "analyzer.h"
-#include "model_capture.h"
-#include "report_writer.h"
+#include "analysis/analyzer.h"
+#include "synth/model_capture.h"
+#include "report/report_writer.h"
 #include "small_model.h"
-#include "synthetic_capture.h"
+#include "synth/synthetic_capture.h"
 
 #include <QFile>
 #include <QFileInfo>

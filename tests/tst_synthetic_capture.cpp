@@ -2,8 +2,8 @@
 // freed and reused sliding-window blocks, TP shards, two snapshots around a divergence),
 // read back, reconstructed and compared with the baseline in plain double precision.
 
-#include "capture_loader.h"
-#include "synthetic_capture.h"
+#include "kv/capture_loader.h"
+#include "synth/synthetic_capture.h"
 
 #include <QProcess>
 #include <QTemporaryDir>

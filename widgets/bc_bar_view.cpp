@@ -1,4 +1,4 @@
-#include "bc_bar_view.h"
+#include "widgets/bc_bar_view.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "color_scales.h"
+#include "widgets/color_scales.h"
 
 namespace kvscope {
 

@@ -1,6 +1,6 @@
-#include "heatmap_view.h"
+#include "widgets/heatmap_view.h"
 
-#include "plot_decorations.h"
+#include "widgets/plot_decorations.h"
 
 #include <cmath>
 

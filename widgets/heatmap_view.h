@@ -3,8 +3,8 @@
 // axis, tokens on X, the prefill/decode boundary (red) and divergences (orange, dashed),
 // absent cells hatched grey, the selected cell outlined. Emits the cell under the mouse.
 
-#include "color_scales.h"
-#include "heatmap_grid.h"
+#include "widgets/color_scales.h"
+#include "analysis/heatmap_grid.h"
 
 #include <qcustomplot.h>
 

@@ -1,6 +1,6 @@
-#include "histogram_view.h"
+#include "widgets/histogram_view.h"
 
-#include "plot_decorations.h"
+#include "widgets/plot_decorations.h"
 
 namespace kvscope {
 

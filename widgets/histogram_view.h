@@ -2,7 +2,7 @@
 // Per-head error histograms of the drill-down: base (expected vs baseline) and target (actual
 // vs baseline) on shared bins, overlaid, with an optional log count axis and the BC.
 
-#include "error_histogram.h"
+#include "metrics/error_histogram.h"
 
 #include <qcustomplot.h>
 

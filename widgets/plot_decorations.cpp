@@ -1,4 +1,4 @@
-#include "plot_decorations.h"
+#include "widgets/plot_decorations.h"
 
 #include <cmath>
 

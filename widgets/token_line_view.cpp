@@ -1,6 +1,6 @@
-#include "token_line_view.h"
+#include "widgets/token_line_view.h"
 
-#include "plot_decorations.h"
+#include "widgets/plot_decorations.h"
 
 #include <cmath>
 

@@ -1,8 +1,8 @@
-#include "model_capture.h"
+#include "synth/model_capture.h"
 
-#include "bundle_writer.h"
-#include "paged_layout.h"
-#include "tiny_transformer.h"
+#include "format/bundle_writer.h"
+#include "kv/paged_layout.h"
+#include "synth/tiny_transformer.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
-#include "tiny_transformer.h"
+#include "synth/tiny_transformer.h"
 
-#include "deterministic_math.h"
+#include "util/deterministic_math.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 // of threads: plain C++ on IEEE basic operations in a fixed order, no BLAS, no libm.
 // Internal to the synthetic generator (model_capture.cpp).
 
-#include "model_capture.h"
+#include "synth/model_capture.h"
 
 #include <cstdint>
 #include <vector>

@@ -1,0 +1,145 @@
+#include "cli/commands.h"
+
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "analysis/layer_selection.h"
+#include "format/bundle_error.h"
+#include "analysis/worst_cells.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+namespace kvscope::cli {
+
+namespace {
+
+std::string fixed(float v, int digits = 4)
+{
+    if (std::isnan(v))
+        return "-";
+    std::ostringstream s;
+    s << std::setprecision(digits) << v;
+    return s.str();
+}
+
+void printPrompt(const PromptAnalysis& p, std::ostream& out)
+{
+    out << "\nprompt " << p.id << " (" << (p.threeWay ? "three-way" : "two-way") << "): prompt_len " << p.promptLen
+        << ", " << p.tokens << " positions, " << p.layers.size() << " layers x " << p.heads << " heads\n";
+    out << "  divergences:";
+    if (p.divergences.empty())
+        out << " none";
+    for (const Divergence& d : p.divergences) {
+        out << " " << d.position << (d.derived ? " (from logits" : " (recorded");
+        if (d.inBounds)
+            out << ", gap " << fixed(float(*d.logitGap)) << (*d.inBounds ? " within" : " beyond") << " bf16 ulp bound "
+                << fixed(float(*d.ulpBound));
+        out << ")";
+    }
+    out << "\n";
+
+    const std::vector<WorstCell> worst = worstCells(p, 8);
+    out << "  worst cells (" << (p.threeWay ? "error ratio actual/expected vs baseline" : "relative L-inf") << "):\n";
+    for (const WorstCell& c : worst) {
+        out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token
+            << " head " << std::setw(3) << c.head << kvPartName(c.part) << "_linf " << std::setw(9) << fixed(c.error);
+        if (p.threeWay)
+            out << " base " << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio);
+        out << "\n";
+    }
+
+    out << "  per layer: max relative L-inf over tokens and heads (token/head)";
+    out << (p.threeWay ? ", min BC over tokens (token)\n" : "\n");
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        out << "    " << std::left << std::setw(34) << p.layers[std::size_t(l)];
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            const Extreme e = layerMax(p, metricFor(part, 1), l);
+            out << kvPartName(part) << " " << std::setw(9) << fixed(e.value) << std::setw(12)
+                << (e.head < 0 ? "" : "(" + std::to_string(e.token) + "/" + std::to_string(e.head) + ")");
+        }
+        if (p.threeWay)
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const Extreme e = layerMinBc(p, part, l);
+                out << kvPartName(part) << "_bc " << std::setw(7) << fixed(e.value) << std::setw(7)
+                    << (e.token < 0 ? "" : "(" + std::to_string(e.token) + ")");
+            }
+        out << "\n";
+    }
+    for (const std::string& issue : p.issues)
+        out << "  issue: " << issue << "\n";
+    if (!p.nonFinite.empty())
+        out << "  " << p.nonFinite.size() << " cell(s) hold NaN or infinity in their input (listed in the JSON)\n";
+}
+
+}  // namespace
+
+int analyze(const Args& args, std::ostream& out, std::ostream& err)
+{
+    std::string bundle, jsonPath, layerSpec;
+    AnalysisOptions options;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        const bool hasValue = i + 1 < args.size();
+        if (a == "--json" && hasValue)
+            jsonPath = args[++i];
+        else if (a == "--prompt" && hasValue)
+            options.prompts.push_back(args[++i]);
+        else if (a == "--layers" && hasValue)
+            layerSpec = args[++i];
+        else if (a == "--threads" && hasValue)
+            options.threads = std::atoi(args[++i].c_str());
+        else if (a == "--strict")
+            options.unreadableBlocks = UnreadableBlockPolicy::Error;
+        else if (bundle.empty() && !a.starts_with("--"))
+            bundle = a;
+        else {
+            printUsage("analyze", err);
+            return 2;
+        }
+    }
+    if (bundle.empty()) {
+        printUsage("analyze", err);
+        return 2;
+    }
+    try {
+        auto reader = std::make_shared<BundleReader>(bundle);
+        if (!layerSpec.empty())
+            options.layers = parseLayerSelection(layerSpec, reader->config().layerNames());
+        const AnalysisResult result = analyzeBundle(reader, options);
+        if (!jsonPath.empty()) {
+            std::ofstream file(jsonPath, std::ios::binary);
+            if (!file)
+                throw BundleError(jsonPath, {}, "cannot be written");
+            writeAnalysisJson(result, file);
+            if (!file.flush())
+                throw BundleError(jsonPath, {}, "write failed");
+            out << "wrote " << jsonPath << "\n";
+            return 0;
+        }
+        out << "bundle " << bundle << ": " << result.prompts.size() << " prompt(s) analysed\n";
+        for (const std::string& problem : result.problems)
+            out << "cannot analyse: " << problem << "\n";
+        for (const PromptAnalysis& p : result.prompts)
+            printPrompt(p, out);
+        if (result.aggregate) {
+            const AggregateBc& a = *result.aggregate;
+            out << "\naggregate over " << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
+                << " generation indices; combined BC per layer (K / V):\n";
+            for (std::size_t l = 0; l < a.layers.size(); ++l)
+                out << "    " << std::left << std::setw(34) << a.layers[l] << fixed(a.combined[0][l]) << " / "
+                    << fixed(a.combined[1][l]) << "\n";
+        }
+        return 0;
+    } catch (const std::invalid_argument& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    } catch (const std::exception& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    }
+}
+
+}  // namespace kvscope::cli

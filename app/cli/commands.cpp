@@ -1,0 +1,93 @@
+#include "cli/commands.h"
+
+#include <ostream>
+
+namespace kvscope::cli {
+
+const std::vector<Command>& commands()
+{
+    static const std::vector<Command> table = {
+        {"demo", "demo [DIR]\n"
+                 "  opens the app on the built-in demo capture, made in DIR (default ./kvscope-demo) on first\n"
+                 "  use: a 24-layer model with a RoPE fault in layer 13; without a display, writes its HTML\n"
+                 "  report into DIR/report and prints its analysis\n",
+         "open the app on the built-in demo capture (headless: write its report)", demo},
+        {"analyze", "analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]\n"
+                    "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
+                    "  --prompt ID    analyse this prompt only (repeatable)\n"
+                    "  --layers SPEC  layers by index in model order or by name, e.g. 0-3,7\n"
+                    "  --threads N    worker threads (default: one per core)\n"
+                    "  --strict       an unreadable block is an error instead of absent positions\n",
+         "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
+        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--max-ratio 2.0] [--max-linf X]\n"
+                   "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md)\n",
+         "a self-contained HTML report with PNG maps", report},
+        {"check", "check BUNDLE [--min-bc 0.9] [--max-ratio 2.0] [--max-linf X] [--json OUT]\n"
+                  "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
+                  "  unreadable or invalid (docs/reports.md)\n",
+         "pass/fail against thresholds, for CI", check},
+        {"inspect", "inspect BUNDLE\n"
+                    "  what a bundle holds; exit 0 when every layer of every prompt reconstructs, 1 if not,\n"
+                    "  2 when the file is not a readable bundle\n",
+         "what a bundle holds, and whether every layer reconstructs", inspect},
+        {"import", "import DIR -o BUNDLE.h5\n"
+                   "  a bundle from raw dumps: per-rank get_kv_caches .pt files, the config as JSON, block\n"
+                   "  tables .pt, HF past_key_values as .pt or .safetensors, logits .pt (docs/import.md)\n",
+         "a bundle from a folder of torch.save / safetensors dumps", importDumps},
+        {"export", "export BUNDLE OUT.h5 [--prompt ID]... [--layers SPEC]\n"
+                   "  the reconstructed, merged engine KV and the aligned references as float32\n"
+                   "  [heads, seq, head_dim] with a presence mask, for other tools\n",
+         "reconstructed KV as plain float32 arrays, for your own scripts", exportKv},
+        {"synth", "synth OUT.h5 [options]\n"
+                  "  --demo                 the built-in demo's shape (24 layers, 8 KV heads of 128, TP 4, 3\n"
+                  "                         prompts, rope_offset fault); options after it override\n"
+                  "  --layers N --hidden N --query-heads N --kv-heads N --head-dim N --ffn N --vocab N\n"
+                  "  --window N             sliding window of the even layers (odd layers: full attention)\n"
+                  "  --spec sliding|full    SlidingWindowSpec (blocks freed) or FullAttentionSpec with sliding_window\n"
+                  "  --tp N --block-size N --sliding-block-size N --fp8\n"
+                  "  --prompts 100,180,260  prompt lengths         --decode N   decode steps per prompt\n"
+                  "  --two-way              no fp32 baseline       --seed N\n"
+                  "  --threads N            prompts computed in parallel (default: one per core; same result)\n"
+                  "  --fault KIND           none, rope_offset, stale_block, shard_swap, fp8_scale, dead_head,\n"
+                  "                         window_off_by_one\n"
+                  "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies\n",
+         "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
+        {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
+                  "  times the three-way analysis of a synthetic Llama-3.3-70B-shaped capture against a\n"
+                  "  read-once roofline, at L and 2L layers\n",
+         "time the analysis against a read-once roofline", bench},
+        {"bench-run", "bench-run roofline|analyze BUNDLE THREADS\n", "one measurement of bench, in its own process",
+         benchRun, false},
+    };
+    return table;
+}
+
+const Command* findCommand(const std::string& name)
+{
+    for (const Command& c : commands())
+        if (name == c.name)
+            return &c;
+    return nullptr;
+}
+
+void printUsage(const std::string& name, std::ostream& out)
+{
+    if (const Command* c = findCommand(name))
+        out << "usage: kvscope " << c->usage;
+}
+
+void printOverview(std::ostream& out)
+{
+    out << "usage: kvscope [BUNDLE | DIR]     the desktop app (on a capture bundle, or a folder of dumps)\n"
+           "       kvscope COMMAND [ARGS]     (kvscope COMMAND --help: its options)\n"
+           "       kvscope --version\n\ncommands:\n";
+    for (const Command& c : commands())
+        if (c.listed) {
+            std::string name = c.name;
+            name.resize(10, ' ');
+            out << "  " << name << c.summary << "\n";
+        }
+    out << "\nCapture bundles are HDF5 files: docs/bundle-format.md.\n";
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,42 @@
+#pragma once
+// The command line: one table of commands (name, usage, what it does, the function), read by
+// main, by `kvscope --help` and by `kvscope COMMAND --help`. Every command takes its
+// arguments (after the command name) and two streams, and returns the process exit code:
+// 0 done, 1 done with findings (check, inspect), 2 bad arguments or unreadable input.
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace kvscope::cli {
+
+using Args = std::vector<std::string>;
+
+struct Command {
+    const char* name;
+    const char* usage;    // the synopsis and its options, without "usage: kvscope "
+    const char* summary;  // one line for `kvscope --help`
+    int (*run)(const Args& args, std::ostream& out, std::ostream& err);
+    bool listed = true;   // false: internal (bench's child processes)
+};
+
+const std::vector<Command>& commands();
+const Command* findCommand(const std::string& name);
+// "usage: kvscope NAME ..." of one command.
+void printUsage(const std::string& name, std::ostream& out);
+// The overview: every listed command with its one line.
+void printOverview(std::ostream& out);
+
+// The commands, one file each in app/cli/.
+int analyze(const Args& args, std::ostream& out, std::ostream& err);
+int report(const Args& args, std::ostream& out, std::ostream& err);
+int check(const Args& args, std::ostream& out, std::ostream& err);
+int inspect(const Args& args, std::ostream& out, std::ostream& err);
+int demo(const Args& args, std::ostream& out, std::ostream& err);
+int importDumps(const Args& args, std::ostream& out, std::ostream& err);
+int exportKv(const Args& args, std::ostream& out, std::ostream& err);
+int synth(const Args& args, std::ostream& out, std::ostream& err);
+int bench(const Args& args, std::ostream& out, std::ostream& err);
+int benchRun(const Args& args, std::ostream& out, std::ostream& err);
+
+}  // namespace kvscope::cli

@@ -1,0 +1,40 @@
+#include "cli/commands.h"
+
+#include "gui/gui_main.h"
+#include "report/drawing_application.h"
+#include "synth/model_capture.h"
+
+#include <filesystem>
+#include <ostream>
+
+namespace kvscope::cli {
+
+int demo(const Args& args, std::ostream& out, std::ostream& err)
+{
+    if (args.size() > 1 || (!args.empty() && args[0].starts_with("-"))) {
+        printUsage("demo", err);
+        return 2;
+    }
+    // The demo capture, made by the model-based generator on first use and kept.
+    const std::filesystem::path dir = args.empty() ? "kvscope-demo" : args[0];
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "demo-capture-v1.h5").string();
+    if (!std::filesystem::exists(path)) {
+        out << "generating the demo capture (a 24-layer model run three ways; about half a minute, once)" << std::endl;
+        synth::writeModelCapture(path, synth::demoModelCaptureOptions());
+    }
+    if (hasDisplay()) {
+        static int argc = 1;
+        static char name[] = "kvscope";
+        static char* argv[] = {name, nullptr};
+        return runGui(argc, argv, {QString::fromStdString(path), {}, false});
+    }
+    // No display: the demo's report instead, and its summary here.
+    const std::string reportDir = (dir / "report").string();
+    if (const int rc = report({path, "-o", reportDir}, out, err); rc != 0)
+        return rc;
+    out << "open " << reportDir << "/report.html in a browser; the analysis:\n\n";
+    return analyze({path}, out, err);
+}
+
+}  // namespace kvscope::cli

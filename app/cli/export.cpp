@@ -1,0 +1,86 @@
+#include "cli/commands.h"
+
+#include "analysis/layer_selection.h"
+#include "kv/capture_loader.h"
+#include "format/hdf5_file.h"
+
+#include <algorithm>
+#include <iostream>
+
+namespace kvscope::cli {
+
+namespace {
+
+// [seq, heads, dim] (kvscope's layout) to [heads, seq, dim] (HF's), NaN where absent.
+std::vector<float> headMajor(const LayerKv& kv, const FloatBuffer& values)
+{
+    std::vector<float> out(values.size());
+    for (int h = 0; h < kv.heads; ++h)
+        for (std::int64_t p = 0; p < kv.seq; ++p)
+            std::copy_n(values.data() + kv.index(h, p), kv.headDim,
+                        out.data() + (std::size_t(h) * std::size_t(kv.seq) + std::size_t(p)) * std::size_t(kv.headDim));
+    return out;
+}
+
+void writeLayer(Hdf5File& out, const std::string& group, const LayerKv& kv)
+{
+    const std::vector<std::int64_t> shape{kv.heads, kv.seq, kv.headDim};
+    out.writeRaw(group + "/k", H5T_IEEE_F32LE, shape, headMajor(kv, kv.k).data());
+    out.writeRaw(group + "/v", H5T_IEEE_F32LE, shape, headMajor(kv, kv.v).data());
+    out.writeRaw(group + "/present", H5T_STD_U8LE, {kv.seq}, kv.present.data());
+}
+
+}  // namespace
+
+int exportKv(const Args& args, std::ostream& out, std::ostream& err)
+{
+    std::string bundle, outPath, layerSpec;
+    std::vector<std::string> prompts;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        if (args[i] == "--prompt" && i + 1 < args.size())
+            prompts.push_back(args[++i]);
+        else if (args[i] == "--layers" && i + 1 < args.size())
+            layerSpec = args[++i];
+        else if (bundle.empty() && !args[i].starts_with("--"))
+            bundle = args[i];
+        else if (outPath.empty() && !args[i].starts_with("--"))
+            outPath = args[i];
+        else
+            bundle.clear(), outPath.clear(), i = args.size();
+    }
+    if (bundle.empty() || outPath.empty()) {
+        printUsage("export", err);
+        return 2;
+    }
+    try {
+        auto reader = std::make_shared<BundleReader>(bundle);
+        const CaptureLoader loader(reader);
+        const std::vector<std::string> layers = layerSpec.empty() ? reader->config().layerNames()
+                                                                  : parseLayerSelection(layerSpec, reader->config().layerNames());
+        if (prompts.empty())
+            for (const PromptInfo& p : reader->prompts())
+                prompts.push_back(p.id);
+        Hdf5File file = Hdf5File::create(outPath);
+        file.writeStringAttribute("/", "format", "kvscope-export");
+        file.writeStringAttribute("/", "layout", "k, v: float32 [heads, seq, head_dim], NaN where absent; "
+                                                "present: uint8 [seq]");
+        for (const std::string& id : prompts) {
+            const PromptInfo& p = reader->prompt(id);
+            for (const std::string& layer : layers) {
+                writeLayer(file, "/prompts/" + id + "/engine/" + layer, loader.engineLayer(id, layer));
+                writeLayer(file, "/prompts/" + id + "/expected/" + layer,
+                           loader.referenceLayer(id, ReferenceRole::Expected, layer));
+                if (p.hasBaseline)
+                    writeLayer(file, "/prompts/" + id + "/baseline/" + layer,
+                               loader.referenceLayer(id, ReferenceRole::Baseline, layer));
+            }
+        }
+    } catch (const std::exception& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    }
+    out << "wrote " << outPath << "\n";
+    return 0;
+}
+
+}  // namespace kvscope::cli

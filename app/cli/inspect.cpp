@@ -1,0 +1,111 @@
+#include "cli/commands.h"
+
+#include "kv/capture_loader.h"
+
+#include <iomanip>
+#include <memory>
+
+namespace kvscope::cli {
+
+namespace {
+
+std::string heldRanges(const LayerKv& kv)
+{
+    // "0-38, 40-58 of 60": the positions that hold data.
+    std::string text;
+    for (std::int64_t p = 0; p < kv.seq;) {
+        if (!kv.present[std::size_t(p)]) {
+            ++p;
+            continue;
+        }
+        std::int64_t q = p;
+        while (q + 1 < kv.seq && kv.present[std::size_t(q + 1)])
+            ++q;
+        text += (text.empty() ? "" : ",") + std::to_string(p) + (q > p ? "-" + std::to_string(q) : "");
+        p = q + 1;
+    }
+    return (text.empty() ? "none" : text);
+}
+
+void printConfig(const KvCacheConfig& c, std::ostream& out)
+{
+    out << "  config: " << c.numBlocks << " blocks, TP " << c.tpSize << " ("
+        << (c.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << ", " << c.headsPerRank()
+        << " head(s) per rank), " << c.totalNumKvHeads << " KV heads, head_size " << c.groups.front().headSize << "\n";
+    for (std::size_t g = 0; g < c.groups.size(); ++g) {
+        const KvCacheGroup& group = c.groups[g];
+        out << "    group " << g << ": " << specTypeName(group.specType);
+        if (group.slidingWindow)
+            out << " (sliding_window " << *group.slidingWindow << ")";
+        out << ", block_size " << group.blockSize << ", " << dtypeName(group.dtype) << ", "
+            << group.layerNames.size() << " layer(s)\n";
+    }
+}
+
+}  // namespace
+
+int inspect(const Args& args, std::ostream& out, std::ostream& err)
+{
+    if (args.size() != 1 || args[0].starts_with("-")) {
+        printUsage("inspect", err);
+        return 2;
+    }
+    const std::string& path = args[0];
+    std::shared_ptr<BundleReader> reader;
+    try {
+        reader = std::make_shared<BundleReader>(path);
+    } catch (const std::exception& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    }
+    const BundleMetadata& meta = reader->metadata();
+    out << "bundle " << path << "\n  model: " << meta.model << "\n  engine: " << meta.engine
+        << "\n  created: " << meta.created << "\n";
+    if (!meta.notes.empty())
+        out << "  notes: " << meta.notes << "\n";
+    printConfig(reader->config(), out);
+
+    int failures = 0;
+    for (const std::string& problem : reader->validate()) {
+        err << "kvscope: " << problem << "\n";
+        ++failures;
+    }
+    const CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);
+    for (const PromptInfo& p : reader->prompts()) {
+        out << "\n  prompt " << p.id << ": prompt_len " << p.promptLen << ", " << p.teacherTokens.size()
+            << " teacher tokens, " << p.snapshots.size() << " engine snapshot(s)";
+        if (!p.problems.empty()) {
+            out << ": cannot be analysed (see above)\n";
+            continue;
+        }
+        out << " (seq_len";
+        for (const SnapshotInfo& s : p.snapshots)
+            out << " " << s.seqLen() << "/validated " << s.validatedUntil;
+        out << "), divergences [";
+        for (std::size_t i = 0; i < p.divergencePositions.size(); ++i)
+            out << (i ? ", " : "") << p.divergencePositions[i];
+        out << "], reference: expected" << (p.hasBaseline ? " + baseline" : "") << "\n";
+        out << "    " << std::left << std::setw(32) << "layer" << std::setw(8) << "group" << std::setw(24)
+            << "engine holds" << "expected holds\n";
+        for (const std::string& layer : reader->config().layerNames()) {
+            out << "    " << std::left << std::setw(32) << layer << std::setw(8) << reader->config().groupOf(layer);
+            try {
+                std::vector<std::string> issues;
+                const LayerKv engine = loader.engineLayer(p.id, layer, &issues);
+                const LayerKv expected = loader.referenceLayer(p.id, ReferenceRole::Expected, layer);
+                out << std::setw(24) << heldRanges(engine) << heldRanges(expected) << "\n";
+                for (const std::string& issue : issues) {
+                    err << "kvscope: " << issue << "\n";
+                    ++failures;
+                }
+            } catch (const std::exception& e) {
+                out << "error\n";
+                err << "kvscope: " << e.what() << "\n";
+                ++failures;
+            }
+        }
+    }
+    return failures ? 1 : 0;
+}
+
+}  // namespace kvscope::cli

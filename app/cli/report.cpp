@@ -1,0 +1,51 @@
+#include "cli/commands.h"
+
+#include "analysis/threshold_check.h"
+#include "report/drawing_application.h"
+#include "report/report_writer.h"
+
+#include <ostream>
+
+namespace kvscope::cli {
+
+int report(const Args& args, std::ostream& out, std::ostream& err)
+{
+    std::string bundle, dir;
+    Thresholds t;
+    try {
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            const bool value = i + 1 < args.size();
+            if ((args[i] == "-o" || args[i] == "--output") && value)
+                dir = args[++i];
+            else if (args[i] == "--min-bc" && value)
+                t.minBc = std::stod(args[++i]);
+            else if (args[i] == "--max-ratio" && value)
+                t.maxRatio = std::stod(args[++i]);
+            else if (args[i] == "--max-linf" && value)
+                t.maxLinf = std::stod(args[++i]);
+            else if (bundle.empty() && !args[i].starts_with("-"))
+                bundle = args[i];
+            else
+                throw std::invalid_argument(args[i]);
+        }
+        if (bundle.empty() || dir.empty())
+            throw std::invalid_argument("arguments");
+    } catch (const std::exception&) {
+        printUsage("report", err);
+        return 2;
+    }
+    try {
+        const auto app = applicationForDrawing();  // the PNGs are drawn by the app's widgets
+        auto reader = std::make_shared<BundleReader>(bundle);
+        const AnalysisResult result = analyzeForVerdict(reader);  // the same verdict as `check`
+        const ReportFiles files = writeReport(*reader, result, t, QString::fromStdString(dir));
+        out << "wrote " << files.html.toStdString() << " (" << files.htmlBytes / 1024 << " KiB) and "
+                  << files.images.size() << " PNG images\n";
+    } catch (const std::exception& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    }
+    return 0;
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,58 @@
+#pragma once
+// Opens a bundle (or imports a folder of dumps) and analyses it in a worker thread, reporting
+// progress and each finished layer by signal; the GUI thread never loads or computes.
+
+#include "analysis/analyzer.h"
+#include "format/bundle_reader.h"
+
+#include <QFuture>
+#include <QObject>
+#include <QTemporaryDir>
+
+#include <atomic>
+#include <memory>
+
+namespace kvscope {
+
+class AnalysisController : public QObject {
+    Q_OBJECT
+
+public:
+    explicit AnalysisController(QObject* parent = nullptr);
+    ~AnalysisController() override;
+
+    // A bundle file, or a folder of dumps (imported into a temporary bundle first).
+    void open(const QString& path);
+    void cancel();
+    bool isRunning() const { return m_running; }
+
+    QString path() const { return m_path; }
+    std::shared_ptr<const BundleReader> reader() const { return m_reader; }
+    // Valid from opened(); a layer's cells are final once layerReady(layer).
+    std::shared_ptr<const AnalysisResult> result() const { return m_result; }
+    bool layerReady(int layer) const { return layer >= 0 && std::size_t(layer) < m_ready.size() && m_ready[std::size_t(layer)]; }
+    const std::vector<char>& readyLayers() const { return m_ready; }
+
+signals:
+    void opened(const QString& path);
+    void progress(int done, int total, const QString& what);
+    void layerFinished(int layer);
+    void finished();
+    void failed(const QString& message);
+    void cancelled();
+
+private:
+    void post(std::function<void()> fn, int generation);
+
+    QString m_path;
+    std::shared_ptr<const BundleReader> m_reader;
+    std::shared_ptr<AnalysisResult> m_result;
+    std::vector<char> m_ready;
+    std::shared_ptr<std::atomic<bool>> m_cancel = std::make_shared<std::atomic<bool>>(false);  // this run's
+    std::atomic<int> m_generation{0};
+    bool m_running = false;
+    QFuture<void> m_future;
+    std::shared_ptr<QTemporaryDir> m_importDir;  // holds an imported folder's bundle while it is open
+};
+
+}  // namespace kvscope

@@ -1,0 +1,30 @@
+#include "gui/gui_main.h"
+
+#include "gui/main_window.h"
+
+#include <QApplication>
+#include <QTimer>
+
+namespace kvscope {
+
+int runGui(int argc, char** argv, const GuiLaunch& launch)
+{
+    QApplication app(argc, argv);
+    QApplication::setOrganizationName("kvscope");
+    QApplication::setApplicationName("kvscope");
+    MainWindow window;
+    window.show();
+    if (!launch.screenshot.isEmpty())
+        QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
+            window.showAcrossPrompts(launch.acrossPrompts);
+            QTimer::singleShot(1500, &window, [&] {
+                window.grab().save(launch.screenshot);
+                app.quit();
+            });
+        });
+    if (!launch.path.isEmpty())
+        window.openPath(launch.path);
+    return app.exec();
+}
+
+}  // namespace kvscope

@@ -1,0 +1,58 @@
+#include "gui/worst_cells_model.h"
+
+namespace kvscope {
+
+void WorstCellsModel::setCells(const PromptAnalysis* prompt, std::vector<WorstCell> cells)
+{
+    beginResetModel();
+    m_cells = prompt ? std::move(cells) : std::vector<WorstCell>{};
+    m_layers = prompt ? prompt->layers : std::vector<std::string>{};
+    m_threeWay = prompt && prompt->threeWay;
+    endResetModel();
+}
+
+int WorstCellsModel::rowCount(const QModelIndex& parent) const
+{
+    return parent.isValid() ? 0 : int(m_cells.size());
+}
+
+int WorstCellsModel::columnCount(const QModelIndex& parent) const
+{
+    return parent.isValid() ? 0 : 6;
+}
+
+QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
+{
+    if (!index.isValid() || index.row() >= rowCount() || index.column() >= 6)
+        return {};
+    const WorstCell& c = m_cells[std::size_t(index.row())];
+    if (role == Qt::ToolTipRole)
+        return QString::fromStdString(m_layers[std::size_t(c.layer)]);
+    if (role != Qt::DisplayRole)
+        return {};
+    switch (index.column()) {
+    case 0:
+        return QString::fromStdString(m_layers[std::size_t(c.layer)]).remove(QStringLiteral(".self_attn"));
+    case 1:
+        return qlonglong(c.token);
+    case 2:
+        return QString("%1 %2").arg(kvPartName(c.part)).arg(c.head);
+    case 3:
+        return QString::number(c.error, 'g', 4);
+    case 4:
+        return m_threeWay ? QString::number(c.baseError, 'g', 4) : QStringLiteral("-");
+    case 5:
+        return m_threeWay ? QString::number(c.ratio, 'g', 4) : QStringLiteral("-");
+    }
+    return {};
+}
+
+QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, int role) const
+{
+    static const char* const titles[] = {"layer", "token", "head", "L-inf", "base", "ratio"};
+    if (orientation == Qt::Horizontal && role == Qt::DisplayRole && section >= 0 && section < 6)
+        return QString::fromLatin1(titles[section]);
+    return QAbstractTableModel::headerData(section, orientation, role);
+}
+
+}  // namespace kvscope

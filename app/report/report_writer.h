@@ -1,0 +1,25 @@
+#pragma once
+// The report people can send: one self-contained HTML file (styles, script and data inlined;
+// it opens offline from file://) with PNG images of each map beside it, rendered by the
+// app's own heatmap widget. Needs a QApplication (offscreen is fine).
+
+#include "analysis/analysis_result.h"
+#include "format/bundle_reader.h"
+#include "analysis/threshold_check.h"
+
+#include <QString>
+#include <QStringList>
+
+namespace kvscope {
+
+struct ReportFiles {
+    QString html;
+    QStringList images;
+    qint64 htmlBytes = 0;
+};
+
+// Writes DIR/report.html and DIR/*.png. Throws std::runtime_error when DIR cannot be written.
+ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result, const Thresholds& thresholds,
+                        const QString& directory);
+
+}  // namespace kvscope

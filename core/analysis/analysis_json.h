@@ -1,0 +1,17 @@
+#pragma once
+// The analysis as strict JSON (schema: docs/analysis-json.md). NaN ("no data") is written as
+// null, never as a bare NaN; base_* metrics and BC appear only for three-way prompts.
+
+#include "analysis/analysis_result.h"
+
+#include <ostream>
+#include <string>
+
+namespace kvscope {
+
+void writeAnalysisJson(const AnalysisResult& result, std::ostream& out);
+
+// A JSON string literal, quotes included.
+std::string jsonString(const std::string& text);
+
+}  // namespace kvscope

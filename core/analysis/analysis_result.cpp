@@ -1,0 +1,122 @@
+#include "analysis/analysis_result.h"
+
+#include <limits>
+
+namespace kvscope {
+
+const char* metricName(Metric metric)
+{
+    static const char* const names[kMetricCount] = {
+        "k_cos", "v_cos", "k_linf", "v_linf", "k_l2", "v_l2",
+        "base_k_cos", "base_v_cos", "base_k_linf", "base_v_linf", "base_k_l2", "base_v_l2"};
+    return names[int(metric)];
+}
+
+bool isBaseMetric(Metric metric)
+{
+    return int(metric) >= int(Metric::BaseKCos);
+}
+
+Metric baseOf(Metric metric)
+{
+    return isBaseMetric(metric) ? metric : Metric(int(metric) + int(Metric::BaseKCos));
+}
+
+Metric metricFor(KvPart part, int kind)
+{
+    return Metric(kind * 2 + (part == KvPart::V ? 1 : 0));
+}
+
+void PromptAnalysis::allocate()
+{
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::size_t cells = layers.size() * std::size_t(tokens) * std::size_t(heads);
+    for (auto& m : metrics)
+        m.assign(cells, nan);
+    for (auto& b : bc)
+        b.assign(layers.size() * std::size_t(tokens), nan);
+}
+
+HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token)
+{
+    HeadReduction r;
+    for (int h = 0; h < p.heads; ++h) {
+        const float v = p.value(m, layer, token, h);
+        if (!std::isnan(v) && (r.head < 0 || v > r.value)) {
+            r.value = v;
+            r.head = h;
+        }
+    }
+    return r;
+}
+
+HeadReduction minOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token)
+{
+    HeadReduction r;
+    for (int h = 0; h < p.heads; ++h) {
+        const float v = p.value(m, layer, token, h);
+        if (!std::isnan(v) && (r.head < 0 || v < r.value)) {
+            r.value = v;
+            r.head = h;
+        }
+    }
+    return r;
+}
+
+float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token)
+{
+    double sum = 0;
+    int n = 0;
+    for (int h = 0; h < p.heads; ++h) {
+        const float v = p.value(m, layer, token, h);
+        if (!std::isnan(v)) {
+            sum += v;
+            ++n;
+        }
+    }
+    return n ? float(sum / n) : std::nanf("");
+}
+
+float errorRatio(const PromptAnalysis& p, Metric target, int layer, std::int64_t token)
+{
+    const HeadReduction t = maxOverHeads(p, target, layer, token);
+    const HeadReduction b = maxOverHeads(p, baseOf(target), layer, token);
+    if (t.head < 0 || b.head < 0)
+        return std::nanf("");
+    return float(double(t.value) / std::max(double(b.value), 1e-10));
+}
+
+Extreme layerMax(const PromptAnalysis& p, Metric m, int layer)
+{
+    Extreme e;
+    for (std::int64_t t = 0; t < p.tokens; ++t) {
+        const HeadReduction r = maxOverHeads(p, m, layer, t);
+        if (r.head >= 0 && (e.head < 0 || r.value > e.value))
+            e = {r.value, layer, t, r.head};
+    }
+    return e;
+}
+
+Extreme tokenMax(const PromptAnalysis& p, Metric m, std::int64_t token)
+{
+    Extreme e;
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        const HeadReduction r = maxOverHeads(p, m, l, token);
+        if (r.head >= 0 && (e.head < 0 || r.value > e.value))
+            e = {r.value, l, token, r.head};
+    }
+    return e;
+}
+
+Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer)
+{
+    Extreme e;
+    for (std::int64_t t = 0; t < p.tokens; ++t) {
+        const float v = p.bcValue(part, layer, t);
+        if (!std::isnan(v) && (e.token < 0 || v < e.value))
+            e = {v, layer, t, -1};
+    }
+    return e;
+}
+
+}  // namespace kvscope

@@ -1,0 +1,120 @@
+#pragma once
+// What an analysis produces, as plain values: per prompt, the per-(layer, token, head)
+// metrics and per-(layer, token) Bhattacharyya coefficients; across prompts, the BC
+// aggregated by generation index and combined per layer. NaN means "no data" (absent
+// position, layer not analysed) everywhere: reductions skip it, JSON writes null.
+
+#include "format/paged_kv.h"
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+// Target metrics (actual vs reference) and base metrics (expected vs baseline, three-way only).
+enum class Metric {
+    KCos, VCos, KLinf, VLinf, KL2, VL2,
+    BaseKCos, BaseVCos, BaseKLinf, BaseVLinf, BaseKL2, BaseVL2,
+};
+inline constexpr int kMetricCount = 12;
+// The reference tool's names: k_cos, v_cos, k_linf, ..., base_k_linf, ...
+const char* metricName(Metric metric);
+bool isBaseMetric(Metric metric);
+// The base metric measuring the same thing as a target metric (KLinf -> BaseKLinf).
+Metric baseOf(Metric metric);
+Metric metricFor(KvPart part, int kind);  // kind 0 cos, 1 linf, 2 l2
+
+struct Divergence {
+    std::int64_t position = 0;   // absolute
+    bool derived = false;         // found from logits, not recorded in the bundle
+    std::optional<std::int64_t> engineToken;
+    std::optional<std::int64_t> teacherToken;
+    std::optional<double> logitGap;  // engine logit of its token minus that of the teacher token
+    std::optional<double> ulpBound;  // n_ulps * 2^(floor(log2|v|) - mantissa_bits), bf16
+    std::optional<bool> inBounds;
+};
+
+struct NonFiniteCell {
+    int layer = 0;
+    std::int64_t token = 0;
+    int head = 0;
+    KvPart part = KvPart::K;
+    std::string side;  // "actual", "expected" or "reference"
+};
+
+struct PromptAnalysis {
+    std::string id;
+    std::int64_t promptLen = 0;
+    std::int64_t tokens = 0;
+    int heads = 0;
+    int headDim = 0;
+    bool threeWay = false;
+    std::vector<std::string> layers;  // analysed layers, in model order
+    std::vector<int> layerGroups;
+    std::vector<Divergence> divergences;
+    std::array<std::vector<float>, kMetricCount> metrics;  // [layer][token][head]
+    std::array<std::vector<float>, 2> bc;                   // [K/V][layer][token]
+    std::vector<NonFiniteCell> nonFinite;
+    std::vector<std::string> issues;  // what could not be analysed, and why
+
+    void allocate();
+    std::size_t cell(int layer, std::int64_t token, int head) const
+    {
+        return (std::size_t(layer) * std::size_t(tokens) + std::size_t(token)) * std::size_t(heads) + std::size_t(head);
+    }
+    float value(Metric m, int layer, std::int64_t token, int head) const
+    {
+        return metrics[std::size_t(m)][cell(layer, token, head)];
+    }
+    float bcValue(KvPart part, int layer, std::int64_t token) const
+    {
+        return bc[std::size_t(part)][std::size_t(layer) * std::size_t(tokens) + std::size_t(token)];
+    }
+};
+
+struct AggregateBc {
+    std::vector<std::string> promptIds;  // the three-way prompts pooled
+    std::vector<std::string> layers;
+    std::int64_t generationCount = 0;  // minimum over prompts of the decode positions
+    std::array<std::vector<float>, 2> bc;        // [K/V][layer][generation index]
+    std::vector<int> divergenceCounts;           // per generation index, over the pooled prompts
+    std::array<std::vector<float>, 2> combined;  // [K/V][layer]: every prompt and token pooled
+};
+
+struct AnalysisResult {
+    std::string bundle;
+    std::vector<PromptAnalysis> prompts;
+    std::optional<AggregateBc> aggregate;
+    std::vector<std::string> problems;  // prompts that could not be analysed at all
+};
+
+// Reductions over heads for one (layer, token). Absent (NaN) heads are skipped; all
+// absent gives NaN and head -1.
+struct HeadReduction {
+    float value = std::nanf("");
+    int head = -1;  // the head holding the max (or min, for cos)
+};
+HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
+HeadReduction minOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
+float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
+// (max over heads of the target error) / max(max over heads of the base error, 1e-10):
+// the three-way error ratio of the reference tool. NaN when either side has no data.
+float errorRatio(const PromptAnalysis& p, Metric target, int layer, std::int64_t token);
+
+// Per-layer and per-token summaries: the extreme value over the other axis (and heads),
+// with where it is.
+struct Extreme {
+    float value = std::nanf("");
+    int layer = -1;
+    std::int64_t token = -1;
+    int head = -1;
+};
+Extreme layerMax(const PromptAnalysis& p, Metric m, int layer);
+Extreme tokenMax(const PromptAnalysis& p, Metric m, std::int64_t token);
+Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer);
+
+}  // namespace kvscope

@@ -1,0 +1,273 @@
+#include "analysis/analyzer.h"
+
+#include "format/bundle_error.h"
+#include "kv/capture_loader.h"
+#include "analysis/divergence.h"
+#include "analysis/layer_comparison.h"
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+namespace kvscope {
+
+namespace {
+
+// One prompt's three sides of one layer, kept while the layer's aggregate is computed.
+struct LayerSides {
+    LayerKv reference;
+    LayerKv target;
+    LayerKv base;
+    TokenErrorStats stats;
+    bool ok = false;
+};
+
+void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& sides,
+                    int layer, AggregateBc& aggregate)
+{
+    const std::size_t gCount = std::size_t(aggregate.generationCount);
+    auto promptLen = [&](std::size_t i) { return result.prompts[std::size_t(pooled[i])].promptLen; };
+    for (KvPart part : {KvPart::K, KvPart::V}) {
+        // Pass 1: the shared ranges, from the per-token ranges. By generation index (the same
+        // offset after each prompt's prefill), and combined (every prompt and token).
+        std::vector<ErrorRange> byIndex(gCount);
+        ErrorRange combined;
+        for (std::size_t i = 0; i < pooled.size(); ++i) {
+            if (!sides[i].ok)
+                continue;
+            for (std::int64_t t = 0; t < sides[i].stats.tokens; ++t) {
+                const ErrorRange& r = sides[i].stats.range(part, t);
+                combined.merge(r);
+                const std::int64_t g = t - promptLen(i);
+                if (g >= 0 && std::size_t(g) < gCount)
+                    byIndex[std::size_t(g)].merge(r);
+            }
+        }
+        if (combined.empty())
+            continue;
+        // A generation index whose every token has the pooled range itself (always so with
+        // one prompt) has the same bins as those tokens: their counts add up exactly.
+        std::vector<char> reuse(gCount, 1);
+        for (std::size_t i = 0; i < pooled.size(); ++i)
+            for (std::size_t g = 0; g < gCount && sides[i].ok; ++g) {
+                const ErrorRange& r = sides[i].stats.range(part, promptLen(i) + std::int64_t(g));
+                if (!r.empty() && (r.lo != byIndex[g].lo || r.hi != byIndex[g].hi))
+                    reuse[g] = 0;
+            }
+        // Pass 2: counts on the shared bins, every token's errors computed once.
+        std::vector<SharedBins> indexBins;
+        for (const ErrorRange& r : byIndex)
+            indexBins.emplace_back(r);
+        std::vector<Histogram> indexBase(gCount), indexTarget(gCount);
+        const SharedBins combinedBins(combined);
+        Histogram combinedBase, combinedTarget;
+        std::vector<float> baseErrors, targetErrors;
+        for (std::size_t i = 0; i < pooled.size(); ++i) {
+            const LayerSides& s = sides[i];
+            if (!s.ok)
+                continue;
+            const std::size_t n = s.reference.rowSize();
+            baseErrors.resize(n);
+            targetErrors.resize(n);
+            for (std::int64_t t = 0; t < s.reference.seq; ++t) {
+                if (s.stats.range(part, t).empty())
+                    continue;  // not held by every side
+                tokenErrors(s.reference, s.base, t, part, baseErrors.data());
+                tokenErrors(s.reference, s.target, t, part, targetErrors.data());
+                combinedBins.add(baseErrors.data(), n, combinedBase);
+                combinedBins.add(targetErrors.data(), n, combinedTarget);
+                const std::int64_t g = t - promptLen(i);
+                if (g < 0 || std::size_t(g) >= gCount)
+                    continue;
+                const std::size_t gi = std::size_t(g);
+                if (reuse[gi]) {
+                    for (int b = 0; b < kBcBins; ++b) {
+                        indexBase[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 0)[b];
+                        indexTarget[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 1)[b];
+                    }
+                } else {
+                    indexBins[gi].add(baseErrors.data(), n, indexBase[gi]);
+                    indexBins[gi].add(targetErrors.data(), n, indexTarget[gi]);
+                }
+            }
+        }
+        for (std::size_t g = 0; g < gCount; ++g)
+            if (!byIndex[g].empty())  // no prompt holds this index: no data, not BC 1
+                aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] =
+                    float(bhattacharyya(indexBase[g], indexTarget[g]));
+        aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(combinedBase, combinedTarget));
+    }
+}
+
+}  // namespace
+
+AnalysisResult prepareAnalysis(const BundleReader& reader, const AnalysisOptions& options)
+{
+    const KvCacheConfig& config = reader.config();
+    std::vector<std::string> layers = options.layers.empty() ? config.layerNames() : options.layers;
+    for (const std::string& layer : layers)
+        if (config.groupOf(layer) < 0)
+            throw BundleError(reader.path(), "layer '" + layer + "'", "is not a layer of this bundle's config");
+
+    AnalysisResult result;
+    result.bundle = reader.path();
+    std::vector<const PromptInfo*> prompts;
+    if (options.prompts.empty())
+        for (const PromptInfo& p : reader.prompts())
+            prompts.push_back(&p);
+    else
+        for (const std::string& id : options.prompts)
+            prompts.push_back(&reader.prompt(id));
+
+    for (const PromptInfo* info : prompts) {
+        if (!info->problems.empty()) {
+            result.problems.insert(result.problems.end(), info->problems.begin(), info->problems.end());
+            continue;
+        }
+        PromptAnalysis p;
+        p.id = info->id;
+        p.promptLen = info->promptLen;
+        p.tokens = info->snapshots.back().seqLen();
+        p.heads = config.totalNumKvHeads;
+        p.headDim = config.groups.front().headSize;
+        p.threeWay = info->hasBaseline;
+        p.layers = layers;
+        for (const std::string& layer : layers)
+            p.layerGroups.push_back(config.groupOf(layer));
+        try {
+            p.divergences = findDivergences(reader, *info);
+        } catch (const BundleError& e) {
+            p.issues.push_back(std::string("divergences: ") + e.what());
+        }
+        p.allocate();
+        result.prompts.push_back(std::move(p));
+    }
+
+    std::vector<const PromptAnalysis*> threeWay;
+    for (const PromptAnalysis& p : result.prompts)
+        if (p.threeWay)
+            threeWay.push_back(&p);
+    if (!threeWay.empty()) {
+        AggregateBc agg;
+        agg.layers = layers;
+        agg.generationCount = std::numeric_limits<std::int64_t>::max();
+        for (const PromptAnalysis* p : threeWay) {
+            agg.promptIds.push_back(p->id);
+            agg.generationCount = std::min(agg.generationCount, std::max<std::int64_t>(0, p->tokens - p->promptLen));
+        }
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        for (int part = 0; part < 2; ++part) {
+            agg.bc[std::size_t(part)].assign(layers.size() * std::size_t(agg.generationCount), nan);
+            agg.combined[std::size_t(part)].assign(layers.size(), nan);
+        }
+        agg.divergenceCounts.assign(std::size_t(agg.generationCount), 0);
+        for (const PromptAnalysis* p : threeWay)
+            for (const Divergence& d : p->divergences) {
+                const std::int64_t g = d.position - p->promptLen;
+                if (g >= 0 && g < agg.generationCount)
+                    ++agg.divergenceCounts[std::size_t(g)];
+            }
+        result.aggregate = std::move(agg);
+    }
+    return result;
+}
+
+void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options, AnalysisResult& result)
+{
+    const CaptureLoader loader(reader, options.unreadableBlocks);
+    const int layerCount = result.prompts.empty() ? 0 : int(result.prompts.front().layers.size());
+    std::vector<int> pooled;
+    for (std::size_t i = 0; i < result.prompts.size(); ++i)
+        if (result.prompts[i].threeWay)
+            pooled.push_back(int(i));
+
+    std::atomic<int> nextLayer{0};
+    std::atomic<int> layersDone{0};
+    std::atomic<bool> failed{false};
+    std::exception_ptr failure;
+    std::mutex mutex;  // guards issues, nonFinite and `failure`
+    auto cancelled = [&] { return failed.load() || (options.cancel && options.cancel->load()); };
+
+    auto work = [&] {
+        try {
+            for (int layer; !cancelled() && (layer = nextLayer++) < layerCount;) {
+                std::vector<LayerSides> sides(pooled.size());
+                for (std::size_t pi = 0; pi < result.prompts.size() && !cancelled(); ++pi) {
+                    PromptAnalysis& p = result.prompts[pi];
+                    const std::string& name = p.layers[std::size_t(layer)];
+                    const auto slot = std::find(pooled.begin(), pooled.end(), int(pi));
+                    LayerSides local;
+                    LayerSides& s = slot == pooled.end() ? local : sides[std::size_t(slot - pooled.begin())];
+                    std::vector<std::string> issues;
+                    std::vector<NonFiniteCell> nonFinite;
+                    try {
+                        s.target = loader.engineLayer(p.id, name, &issues);
+                        if (p.threeWay) {
+                            s.reference = loader.referenceLayer(p.id, ReferenceRole::Baseline, name);
+                            s.base = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
+                        } else {
+                            s.reference = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
+                        }
+                        compareLayer(s.reference, s.target, p.threeWay ? &s.base : nullptr, layer, p, nonFinite,
+                                     &s.stats);
+                        s.ok = true;
+                    } catch (const BundleError& e) {
+                        issues.push_back(e.what());
+                    }
+                    if (slot == pooled.end())
+                        local = {};
+                    if (!issues.empty() || !nonFinite.empty()) {
+                        std::lock_guard lock(mutex);
+                        p.issues.insert(p.issues.end(), issues.begin(), issues.end());
+                        p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
+                    }
+                }
+                if (cancelled())
+                    break;
+                if (result.aggregate)
+                    aggregateLayer(result, pooled, sides, layer, *result.aggregate);
+                const int done = ++layersDone;
+                if (options.layerDone)
+                    options.layerDone(layer, done, layerCount);
+            }
+        } catch (...) {
+            std::lock_guard lock(mutex);
+            if (!failure)
+                failure = std::current_exception();
+            failed = true;
+        }
+    };
+
+    const int threads = std::max(1, std::min(options.threads > 0 ? options.threads
+                                                                 : int(std::thread::hardware_concurrency()),
+                                             std::max(1, layerCount)));
+    std::vector<std::thread> pool;
+    for (int i = 1; i < threads; ++i)
+        pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool)
+        t.join();
+    if (failure)
+        std::rethrow_exception(failure);
+    if (options.cancel && options.cancel->load())
+        throw AnalysisCancelled();
+    // Issues arrive in thread order; sort them so that output is reproducible.
+    for (PromptAnalysis& p : result.prompts) {
+        std::sort(p.issues.begin(), p.issues.end());
+        std::sort(p.nonFinite.begin(), p.nonFinite.end(), [](const NonFiniteCell& a, const NonFiniteCell& b) {
+            return std::tie(a.layer, a.token, a.head, a.part, a.side) < std::tie(b.layer, b.token, b.head, b.part, b.side);
+        });
+    }
+}
+
+AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options)
+{
+    AnalysisResult result = prepareAnalysis(*reader, options);
+    runAnalysis(std::move(reader), options, result);
+    return result;
+}
+
+}  // namespace kvscope

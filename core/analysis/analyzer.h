@@ -1,0 +1,49 @@
+#pragma once
+// The analysis of a whole bundle: every selected prompt and layer compared, and the BC
+// aggregated across prompts. It streams layer by layer (each worker holds one layer of every
+// prompt at a time, so memory does not grow with the number of layers), runs layers in
+// parallel, reports progress and can be cancelled.
+
+#include "analysis/analysis_result.h"
+#include "format/bundle_reader.h"
+#include "kv/reconstruction.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct AnalysisOptions {
+    std::vector<std::string> prompts;  // empty: every prompt
+    std::vector<std::string> layers;   // empty: every layer
+    int threads = 0;                   // 0: one per core
+    // Lenient by default: an unreadable block makes its positions absent and is reported
+    // in the prompt's issues, so that a partly broken bundle still shows what it can.
+    UnreadableBlockPolicy unreadableBlocks = UnreadableBlockPolicy::MarkAbsent;
+    // Called from worker threads: after each finished layer (its cells in every prompt and
+    // its aggregate are final and will not change), with the layers done so far.
+    std::function<void(int layer, int layersDone, int layersTotal)> layerDone;
+    const std::atomic<bool>* cancel = nullptr;
+};
+
+class AnalysisCancelled : public std::runtime_error {
+public:
+    AnalysisCancelled() : std::runtime_error("analysis cancelled") {}
+};
+
+// The result's shape (prompts, layers, tokens, heads), allocated and all NaN, with the
+// divergences found; the GUI can show it before any layer is done.
+AnalysisResult prepareAnalysis(const BundleReader& reader, const AnalysisOptions& options);
+
+// Fills `result` (from prepareAnalysis with the same options). Throws AnalysisCancelled,
+// or BundleError for problems that stop the whole analysis.
+void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options, AnalysisResult& result);
+
+// Both steps.
+AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options = {});
+
+}  // namespace kvscope

@@ -1,0 +1,159 @@
+#include "analysis/heatmap_grid.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvscope {
+
+bool lowerIsWorse(HeatmapMetric metric)
+{
+    return metric == HeatmapMetric::Bc;
+}
+
+std::string heatmapMetricName(HeatmapMetric metric)
+{
+    switch (metric) {
+    case HeatmapMetric::RelLinf:
+        return "relative L-inf";
+    case HeatmapMetric::RelL2:
+        return "relative L2";
+    case HeatmapMetric::OneMinusCos:
+        return "1 - cosine";
+    case HeatmapMetric::ErrorRatio:
+        return "error ratio (actual / expected, L-inf vs baseline)";
+    case HeatmapMetric::Bc:
+        return "Bhattacharyya coefficient";
+    }
+    return "?";
+}
+
+float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token, int* head)
+{
+    if (head)
+        *head = -1;
+    const KvPart part = spec.part;
+    auto reduce = [&](Metric m, bool invert) -> float {
+        // invert: the metric is cos and the heatmap shows 1 - cos.
+        switch (spec.reduction) {
+        case HeadReductionKind::Max: {
+            const HeadReduction r = invert ? minOverHeads(p, m, layer, token) : maxOverHeads(p, m, layer, token);
+            if (head)
+                *head = r.head;
+            return invert ? 1.0f - r.value : r.value;
+        }
+        case HeadReductionKind::Mean: {
+            const float mean = meanOverHeads(p, m, layer, token);
+            return invert ? 1.0f - mean : mean;
+        }
+        case HeadReductionKind::OneHead: {
+            if (spec.head < 0 || spec.head >= p.heads)
+                return std::nanf("");
+            if (head)
+                *head = spec.head;
+            const float v = p.value(m, layer, token, spec.head);
+            return invert ? 1.0f - v : v;
+        }
+        }
+        return std::nanf("");
+    };
+    switch (spec.metric) {
+    case HeatmapMetric::RelLinf:
+        return reduce(metricFor(part, 1), false);
+    case HeatmapMetric::RelL2:
+        return reduce(metricFor(part, 2), false);
+    case HeatmapMetric::OneMinusCos:
+        return reduce(metricFor(part, 0), true);
+    case HeatmapMetric::Bc:
+        return p.threeWay ? p.bcValue(part, layer, token) : std::nanf("");
+    case HeatmapMetric::ErrorRatio: {
+        if (!p.threeWay)
+            return std::nanf("");
+        const Metric target = metricFor(part, 1);
+        if (spec.reduction == HeadReductionKind::Max) {
+            if (head)
+                *head = maxOverHeads(p, target, layer, token).head;
+            return errorRatio(p, target, layer, token);
+        }
+        float t, b;
+        if (spec.reduction == HeadReductionKind::Mean) {
+            t = meanOverHeads(p, target, layer, token);
+            b = meanOverHeads(p, baseOf(target), layer, token);
+        } else {
+            if (spec.head < 0 || spec.head >= p.heads)
+                return std::nanf("");
+            if (head)
+                *head = spec.head;
+            t = p.value(target, layer, token, spec.head);
+            b = p.value(baseOf(target), layer, token, spec.head);
+        }
+        if (std::isnan(t) || std::isnan(b))
+            return std::nanf("");
+        return float(double(t) / std::max(double(b), 1e-10));
+    }
+    }
+    return std::nanf("");
+}
+
+HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const std::vector<char>* rowsReady)
+{
+    HeatmapGrid g;
+    g.rows = int(p.layers.size());
+    g.columns = p.tokens;
+    g.values.resize(std::size_t(g.rows) * std::size_t(g.columns));
+    g.heads.resize(g.values.size());
+    for (int l = 0; l < g.rows; ++l)
+        for (std::int64_t t = 0; t < g.columns; ++t) {
+            int head = -1;
+            const std::size_t i = std::size_t(l) * std::size_t(g.columns) + std::size_t(t);
+            const bool ready = !rowsReady || (std::size_t(l) < rowsReady->size() && (*rowsReady)[std::size_t(l)]);
+            g.values[i] = ready ? heatmapValue(p, spec, l, t, &head) : std::nanf("");
+            g.heads[i] = std::int16_t(head);
+        }
+    return g;
+}
+
+HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t to, std::int64_t maxColumns,
+                        bool lowerWorse)
+{
+    from = std::clamp<std::int64_t>(from, 0, grid.columns);
+    to = std::clamp<std::int64_t>(to, from, grid.columns);
+    HeatmapGrid out;
+    out.rows = grid.rows;
+    const std::int64_t span = to - from;
+    out.tokensPerColumn = std::max<std::int64_t>(1, (span + std::max<std::int64_t>(maxColumns, 1) - 1) /
+                                                        std::max<std::int64_t>(maxColumns, 1)) * grid.tokensPerColumn;
+    const std::int64_t run = out.tokensPerColumn / grid.tokensPerColumn;
+    out.columns = (span + run - 1) / run;
+    out.firstToken = grid.firstToken + from * grid.tokensPerColumn;
+    out.values.assign(std::size_t(out.rows) * std::size_t(out.columns), std::nanf(""));
+    out.heads.assign(out.values.size(), -1);
+    for (int r = 0; r < grid.rows; ++r)
+        for (std::int64_t c = 0; c < out.columns; ++c) {
+            float best = std::nanf("");
+            std::int16_t head = -1;
+            for (std::int64_t k = from + c * run; k < std::min(to, from + (c + 1) * run); ++k) {
+                const float v = grid.at(r, k);
+                if (std::isnan(v))
+                    continue;
+                if (std::isnan(best) || (lowerWorse ? v < best : v > best)) {
+                    best = v;
+                    head = grid.headAt(r, k);
+                }
+            }
+            out.values[std::size_t(r) * std::size_t(out.columns) + std::size_t(c)] = best;
+            out.heads[std::size_t(r) * std::size_t(out.columns) + std::size_t(c)] = head;
+        }
+    return out;
+}
+
+HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part)
+{
+    HeatmapGrid g;
+    g.rows = int(aggregate.layers.size());
+    g.columns = aggregate.generationCount;
+    g.values = aggregate.bc[std::size_t(part)];
+    g.heads.assign(g.values.size(), -1);
+    return g;
+}
+
+}  // namespace kvscope

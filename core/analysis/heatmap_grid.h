@@ -1,0 +1,65 @@
+#pragma once
+// What a layer x token heatmap shows, computed from an analysis: one value per (layer,
+// token) for a chosen metric, K or V, and reduction over heads, with the head it came from;
+// and its downsampling for display, which keeps the worst value of each pooled run so that
+// nothing bad disappears when zoomed out. NaN = no data.
+
+#include "analysis/analysis_result.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+enum class HeatmapMetric {
+    RelLinf,      // relative L-inf of actual vs reference
+    RelL2,        // relative L2
+    OneMinusCos,  // 1 - cosine similarity
+    ErrorRatio,   // three-way: actual L-inf / expected L-inf, both vs baseline
+    Bc,           // three-way: Bhattacharyya coefficient (per layer and token, no heads)
+};
+enum class HeadReductionKind { Max, Mean, OneHead };
+
+struct HeatmapSpec {
+    HeatmapMetric metric = HeatmapMetric::RelLinf;
+    KvPart part = KvPart::K;
+    HeadReductionKind reduction = HeadReductionKind::Max;
+    int head = 0;  // for OneHead
+};
+
+// Whether low values are the bad ones (BC): then pooling keeps the minimum.
+bool lowerIsWorse(HeatmapMetric metric);
+std::string heatmapMetricName(HeatmapMetric metric);
+
+struct HeatmapGrid {
+    int rows = 0;              // layers
+    std::int64_t columns = 0;  // tokens (or pooled runs of tokens)
+    std::int64_t firstToken = 0;
+    std::int64_t tokensPerColumn = 1;
+    std::vector<float> values;       // [row][column]
+    std::vector<std::int16_t> heads;  // the head behind each value (-1: none / not per head)
+
+    float at(int row, std::int64_t column) const { return values[std::size_t(row) * std::size_t(columns) + std::size_t(column)]; }
+    std::int16_t headAt(int row, std::int64_t column) const
+    {
+        return heads[std::size_t(row) * std::size_t(columns) + std::size_t(column)];
+    }
+};
+
+// The value of one cell (and its head), as the heatmap shows it.
+float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token, int* head = nullptr);
+
+// `rowsReady` (optional, per layer): rows not yet analysed stay NaN and are not read (the
+// analysis may still be writing them).
+HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const std::vector<char>* rowsReady = nullptr);
+
+// Columns [from, to) of `grid` pooled into at most `maxColumns` columns, each the worst of
+// its run (max, or min where lower is worse); NaN only where the whole run has no data.
+HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t to, std::int64_t maxColumns,
+                        bool lowerWorse);
+
+// The aggregated BC across prompts: layers x generation indices.
+HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part);
+
+}  // namespace kvscope

@@ -1,0 +1,127 @@
+#include "analysis/layer_comparison.h"
+
+#include "util/simd_clones.h"
+#include "metrics/vector_metrics.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace kvscope {
+
+namespace {
+
+const float* partAt(const LayerKv& kv, KvPart part, int head, std::int64_t token)
+{
+    return part == KvPart::K ? kv.kAt(head, token) : kv.vAt(head, token);
+}
+
+// Scratch for one token's errors, per thread.
+float* errorBuffer(std::size_t size, int which)
+{
+    thread_local std::vector<float> buffers[2];
+    if (buffers[which].size() < size)
+        buffers[which].resize(size);
+    return buffers[which].data();
+}
+
+}  // namespace
+
+KVSCOPE_VECTOR_CLONES
+ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part, float* out)
+{
+    // With the position-major layout, one token's heads are one contiguous row.
+    const float* r = partAt(reference, part, 0, token);
+    const float* v = partAt(x, part, 0, token);
+    const std::size_t n = reference.rowSize();
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+    for (std::size_t i = 0; i < n; ++i) {
+        const float e = std::fabs(r[i] - v[i]);  // float32, as the reference computes it
+        out[i] = e;
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+    }
+    ErrorRange range;
+    if (lo <= hi)  // all NaN leaves the range empty
+        range.lo = lo, range.hi = hi;
+    return range;
+}
+
+void TokenErrorStats::reset(std::int64_t tokenCount)
+{
+    tokens = tokenCount;
+    for (int part = 0; part < 2; ++part) {
+        ranges[std::size_t(part)].assign(std::size_t(tokenCount), ErrorRange{});
+        counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
+    }
+}
+
+bool comparable(const LayerKv& reference, const LayerKv& target, const LayerKv* base, std::int64_t token)
+{
+    return reference.present[std::size_t(token)] && target.present[std::size_t(token)] &&
+           (!base || base->present[std::size_t(token)]);
+}
+
+void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv* base, int layer,
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats)
+{
+    auto sameShape = [](const LayerKv& a, const LayerKv& b) {
+        return a.heads == b.heads && a.seq == b.seq && a.headDim == b.headDim;
+    };
+    if (!sameShape(reference, target) || (base && !sameShape(reference, *base)))
+        throw std::invalid_argument("compareLayer: reference, target and base differ in shape");
+    if (reference.heads != out.heads || reference.seq != out.tokens)
+        throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
+    if (stats)
+        stats->reset(reference.seq);
+    std::uint64_t scratch[2][kBcBins];
+    const int dim = reference.headDim;
+    for (std::int64_t t = 0; t < reference.seq; ++t) {
+        if (!comparable(reference, target, base, t))
+            continue;
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            for (int h = 0; h < reference.heads; ++h) {
+                const std::size_t cell = out.cell(layer, t, h);
+                VectorComparison c;
+                if (compareVectors(partAt(reference, part, h, t), partAt(target, part, h, t), dim, c)) {
+                    out.metrics[std::size_t(metricFor(part, 0))][cell] = float(c.cos);
+                    out.metrics[std::size_t(metricFor(part, 1))][cell] = float(c.linf);
+                    out.metrics[std::size_t(metricFor(part, 2))][cell] = float(c.l2);
+                } else {
+                    nonFinite.push_back({layer, t, h, part, "actual"});
+                }
+                if (base) {
+                    if (compareVectors(partAt(reference, part, h, t), partAt(*base, part, h, t), dim, c)) {
+                        out.metrics[std::size_t(baseOf(metricFor(part, 0)))][cell] = float(c.cos);
+                        out.metrics[std::size_t(baseOf(metricFor(part, 1)))][cell] = float(c.linf);
+                        out.metrics[std::size_t(baseOf(metricFor(part, 2)))][cell] = float(c.l2);
+                    } else {
+                        nonFinite.push_back({layer, t, h, part, "expected"});
+                    }
+                }
+            }
+            if (!base)
+                continue;
+            // BC between |baseline - expected| and |baseline - actual| over all heads.
+            const std::size_t n = std::size_t(reference.heads) * std::size_t(dim);
+            float* baseErrors = errorBuffer(n, 0);
+            float* targetErrors = errorBuffer(n, 1);
+            ErrorRange range = tokenErrors(reference, *base, t, part, baseErrors);
+            range.merge(tokenErrors(reference, target, t, part, targetErrors));
+            std::uint64_t* p = stats ? stats->countsOf(part, t, 0) : scratch[0];
+            std::uint64_t* q = stats ? stats->countsOf(part, t, 1) : scratch[1];
+            if (stats)
+                stats->ranges[std::size_t(part)][std::size_t(t)] = range;
+            else
+                std::fill_n(&scratch[0][0], 2 * kBcBins, 0);
+            const SharedBins bins(range);
+            bins.add(baseErrors, n, p);
+            bins.add(targetErrors, n, q);
+            out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
+                float(bhattacharyya(p, q, kBcBins));
+        }
+    }
+}
+
+}  // namespace kvscope

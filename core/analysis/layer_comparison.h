@@ -1,0 +1,53 @@
+#pragma once
+// Compares one layer of one prompt: every (token, head) metric for K and V, and the
+// per-token Bhattacharyya coefficient between the base and target error sets.
+//
+// Two-way: reference = expected, target = actual, no base.
+// Three-way: reference = baseline, target = actual, base = expected.
+// A token is compared only where every side holds it; elsewhere its cells stay NaN.
+
+#include "analysis/analysis_result.h"
+#include "metrics/bhattacharyya.h"
+#include "kv/layer_kv.h"
+
+#include <array>
+#include <vector>
+
+namespace kvscope {
+
+// Per token and part, what cross-prompt aggregation needs without keeping the errors: the
+// range of both error sets together (empty where absent), which chooses the shared bin
+// edges, and each set's counts on that range's own bins (reusable wherever a pooled range
+// turns out to be the same range).
+struct TokenErrorStats {
+    std::int64_t tokens = 0;
+    std::array<std::vector<ErrorRange>, 2> ranges;        // [part][token]
+    std::array<std::vector<std::uint64_t>, 2> counts;     // [part][token][base, target][bin]
+
+    void reset(std::int64_t tokenCount);
+    const ErrorRange& range(KvPart part, std::int64_t token) const { return ranges[std::size_t(part)][std::size_t(token)]; }
+    std::uint64_t* countsOf(KvPart part, std::int64_t token, int set)
+    {
+        return counts[std::size_t(part)].data() + (std::size_t(token) * 2 + std::size_t(set)) * kBcBins;
+    }
+    const std::uint64_t* countsOf(KvPart part, std::int64_t token, int set) const
+    {
+        return counts[std::size_t(part)].data() + (std::size_t(token) * 2 + std::size_t(set)) * kBcBins;
+    }
+};
+
+// Writes layer `layer` of `out` (which must be allocated with matching tokens and heads);
+// only that layer's cells are touched, so layers may be compared concurrently. Cells whose
+// input holds NaN or infinity stay NaN and are listed in `nonFinite`.
+// Throws std::invalid_argument when the shapes of the sides differ.
+void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv* base, int layer,
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr);
+
+// Whether every side holds `token`.
+bool comparable(const LayerKv& reference, const LayerKv& target, const LayerKv* base, std::int64_t token);
+
+// |reference - x| of every head at `token` into `out` ([heads * head_dim], float32 as the
+// reference tool computes them); returns their range (empty if all are NaN).
+ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part, float* out);
+
+}  // namespace kvscope

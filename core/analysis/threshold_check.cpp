@@ -1,0 +1,60 @@
+#include "analysis/threshold_check.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace kvscope {
+
+std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& t)
+{
+    std::vector<Violation> out;
+    for (const PromptAnalysis& p : result.prompts) {
+        for (int l = 0; l < int(p.layers.size()); ++l) {
+            const std::string& layer = p.layers[std::size_t(l)];
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const Metric linf = metricFor(part, 1);
+                const Extreme target = layerMax(p, linf, l);
+                if (p.threeWay) {
+                    const Extreme base = layerMax(p, baseOf(linf), l);
+                    if (target.head >= 0 && base.head >= 0) {
+                        const double ratio = double(target.value) / std::max(double(base.value), 1e-10);
+                        if (ratio > t.maxRatio)
+                            out.push_back({p.id, layer, target.token, target.head,
+                                           std::string(kvPartName(part)) + "_linf multiplier (actual/expected)", ratio,
+                                           t.maxRatio});
+                    }
+                }
+                if (t.maxLinf && target.head >= 0 && target.value > *t.maxLinf)
+                    out.push_back({p.id, layer, target.token, target.head, metricName(linf), target.value, *t.maxLinf});
+            }
+        }
+        for (const NonFiniteCell& c : p.nonFinite)
+            out.push_back({p.id, p.layers[std::size_t(c.layer)], c.token, c.head,
+                           std::string(kvPartName(c.part)) + " input (" + c.side + ") holds NaN or infinity",
+                           std::nan(""), 0});
+    }
+    if (result.aggregate) {
+        const AggregateBc& a = *result.aggregate;
+        for (std::size_t l = 0; l < a.layers.size(); ++l)
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const float bc = a.combined[std::size_t(part)][l];
+                if (!std::isnan(bc) && bc < t.minBc)
+                    out.push_back({"", a.layers[l], -1, -1, std::string("combined ") + kvPartName(part) + "_bc", bc, t.minBc});
+            }
+    }
+    return out;
+}
+
+AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, AnalysisOptions options)
+{
+    options.unreadableBlocks = UnreadableBlockPolicy::Error;
+    AnalysisResult result = analyzeBundle(reader, options);
+    if (!result.problems.empty())
+        throw std::runtime_error(result.problems.front());
+    for (const PromptAnalysis& p : result.prompts)
+        if (!p.issues.empty())
+            throw std::runtime_error(p.issues.front());
+    return result;
+}
+
+}  // namespace kvscope

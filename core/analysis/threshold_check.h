@@ -1,0 +1,42 @@
+#pragma once
+// Pass/fail against thresholds, for CI pipelines (`kvscope check`) and the reports.
+//
+// Three-way prompts: for every layer and K/V, the layer's L-inf multiplier (the largest
+// actual relative L-inf over tokens and heads, over the largest expected one: how much worse
+// than dtype noise the engine gets) must not exceed maxRatio, and the combined BC of the layer
+// (every prompt and token pooled) must reach minBc. Any prompt, if maxLinf is set: every
+// cell's relative L-inf at most maxLinf. Inputs holding NaN/infinity always fail.
+
+#include "analysis/analysis_result.h"
+#include "analysis/analyzer.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct Thresholds {
+    double minBc = 0.9;     // the reference plugin's default
+    double maxRatio = 2.0;  // its default L-inf multiplier
+    std::optional<double> maxLinf;
+};
+
+struct Violation {
+    std::string prompt;  // empty for the across-prompt combined BC
+    std::string layer;
+    std::int64_t token = -1;  // -1: the layer as a whole
+    int head = -1;
+    std::string metric;
+    double value = 0;
+    double threshold = 0;
+};
+
+std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& thresholds);
+
+// The analysis a verdict is given on (`kvscope check`, the report's verdict): strict, since a
+// broken capture is not a pass. An unreadable block, a prompt or layer that cannot be
+// analysed throws (BundleError or std::runtime_error naming it).
+AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, AnalysisOptions options = {});
+
+}  // namespace kvscope

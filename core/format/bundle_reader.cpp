@@ -1,0 +1,374 @@
+#include "format/bundle_reader.h"
+
+#include "format/bundle_error.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvscope {
+
+namespace {
+// Bounds on sizes that no real capture reaches; declared sizes beyond them are rejected
+// before anything is allocated.
+constexpr std::int64_t kMaxSeq = std::int64_t(1) << 21;  // 2M positions
+constexpr std::int64_t kMaxBatch = 1 << 16;
+constexpr std::int64_t kMaxVocab = std::int64_t(1) << 24;
+constexpr std::int64_t kMaxTensorBytes = std::int64_t(16) << 30;
+
+const char* const kRootMetadata[] = {"model", "engine", "created", "notes"};
+}  // namespace
+
+std::mutex& BundleReader::hdf5Mutex()
+{
+    static std::mutex mutex;
+    return mutex;
+}
+
+BundleReader::~BundleReader()
+{
+    const std::lock_guard lock(hdf5Mutex());
+    m_file = Hdf5File();  // closes under the lock
+}
+
+BundleReader::BundleReader(const std::string& path)
+    : m_path(path)
+{
+    const std::lock_guard lock(hdf5Mutex());
+    m_file = Hdf5File::openReadOnly(path);
+    if (!m_file.hasAttribute("/", "format"))
+        m_file.fail("/", "attribute 'format' is missing: not a kvscope capture bundle");
+    const std::string format = m_file.readStringAttribute("/", "format");
+    if (format != kBundleFormatName)
+        m_file.fail("/", "format is '" + format + "', expected '" + kBundleFormatName + "'");
+    const std::int64_t version = m_file.readIntAttribute("/", "format_version");
+    if (version != kBundleFormatVersion)
+        m_file.fail("/", "format_version " + std::to_string(version) + " is not supported (this kvscope reads " +
+                             std::to_string(kBundleFormatVersion) + ")");
+    std::string* fields[] = {&m_metadata.model, &m_metadata.engine, &m_metadata.created, &m_metadata.notes};
+    for (std::size_t i = 0; i < 4; ++i)
+        if (m_file.hasAttribute("/", kRootMetadata[i]))
+            *fields[i] = m_file.readStringAttribute("/", kRootMetadata[i]);
+    for (const std::string& name : m_file.attributeNames("/")) {
+        const bool known = name == "format" || name == "format_version" ||
+                           std::find(std::begin(kRootMetadata), std::end(kRootMetadata), name) != std::end(kRootMetadata);
+        if (known)
+            continue;
+        try {  // metadata is string attributes; others (a number someone added) are not metadata
+            m_metadata.extra[name] = m_file.readStringAttribute("/", name);
+        } catch (const BundleError&) {
+        }
+    }
+
+    m_config = KvCacheConfig::fromJson(m_file.readString(bundle_path::kConfig), path, bundle_path::kConfig);
+
+    const std::vector<std::string> ids = m_file.children(bundle_path::kPrompts);
+    if (ids.empty())
+        m_file.fail(bundle_path::kPrompts, "holds no prompt");
+    for (const std::string& id : ids)
+        m_prompts.push_back(readPrompt(id));
+}
+
+const PromptInfo& BundleReader::prompt(const std::string& id) const
+{
+    for (const PromptInfo& p : m_prompts)
+        if (p.id == id)
+            return p;
+    throw BundleError(m_path, bundle_path::prompt(id), "no such prompt");
+}
+
+PromptInfo BundleReader::readPrompt(const std::string& id) const
+{
+    PromptInfo info;
+    info.id = id;
+    const std::string path = bundle_path::prompt(id);
+    try {
+        info.promptLen = m_file.readIntAttribute(path, "prompt_len");
+        info.inputIds = m_file.readIntegers(path + "/input_ids", kMaxSeq);
+        if (std::int64_t(info.inputIds.size()) != info.promptLen || info.promptLen < 1)
+            m_file.fail(path + "/input_ids", std::to_string(info.inputIds.size()) + " ids but prompt_len is " +
+                                                 std::to_string(info.promptLen));
+        if (m_file.exists(path + "/teacher_tokens"))
+            info.teacherTokens = m_file.readIntegers(path + "/teacher_tokens", kMaxSeq);
+        if ((info.hasDivergences = m_file.exists(path + "/divergence_positions")))
+            info.divergencePositions = m_file.readIntegers(path + "/divergence_positions", kMaxSeq);
+        if (m_file.exists(path + "/token_strings"))
+            info.tokenStrings = m_file.readStrings(path + "/token_strings");
+
+        for (std::size_t s = 0; m_file.exists(bundle_path::snapshot(id, s)); ++s) {
+            const std::string sp = bundle_path::snapshot(id, s);
+            SnapshotInfo snap;
+            snap.batchRow = m_file.readIntAttribute(sp, "batch_row");
+            snap.validatedUntil = m_file.readIntAttribute(sp, "validated_until");
+            snap.seqLens = m_file.readIntegers(sp + "/seq_lens", kMaxBatch);
+            if (snap.batchRow < 0 || snap.batchRow >= std::int64_t(snap.seqLens.size()))
+                m_file.fail(sp, "batch_row " + std::to_string(snap.batchRow) + " outside seq_lens");
+            for (std::int64_t len : snap.seqLens)
+                if (len != -1 && (len < 1 || len > kMaxSeq))
+                    m_file.fail(sp + "/seq_lens", "sequence length " + std::to_string(len) + " is not plausible");
+            if (snap.seqLen() < 1)
+                m_file.fail(sp + "/seq_lens", "the prompt's own row has no length");
+            if ((snap.subsetStored = m_file.exists(sp + "/physical_block_ids"))) {
+                snap.storedBlockIds = m_file.readIntegers(sp + "/physical_block_ids", m_config.numBlocks);
+                for (std::int64_t b : snap.storedBlockIds)
+                    if (b < 0 || b >= m_config.numBlocks)
+                        m_file.fail(sp + "/physical_block_ids", "id " + std::to_string(b) + " outside [0, num_blocks)");
+            }
+            info.snapshots.push_back(std::move(snap));
+        }
+        if (info.snapshots.empty())
+            m_file.fail(bundle_path::snapshot(id, 0), "missing: a prompt needs at least one engine snapshot");
+        info.hasExpected = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Expected));
+        info.hasBaseline = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Baseline));
+        if (!info.hasExpected)
+            m_file.fail(bundle_path::referenceRole(id, ReferenceRole::Expected), "missing: the expected reference KV is required");
+        for (LogitsRole role : {LogitsRole::Expected, LogitsRole::Actual, LogitsRole::Baseline})
+            if (m_file.exists(bundle_path::logits(id, role)))
+                info.logits.push_back(role);
+    } catch (const BundleError& e) {
+        info.problems.push_back(e.what());
+    }
+    return info;
+}
+
+DType BundleReader::checkedDType(const std::string& dataset) const
+{
+    if (!m_file.hasAttribute(dataset, "dtype"))
+        m_file.fail(dataset, "attribute 'dtype' is missing");
+    const std::string name = m_file.readStringAttribute(dataset, "dtype");
+    const auto dtype = parseDType(name);
+    if (!dtype)
+        m_file.fail(dataset, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2)");
+    const DatasetInfo info = m_file.datasetInfo(dataset);
+    const bool isFloat = *dtype == DType::Float32 || *dtype == DType::Float16;
+    if (!isFloat && info.isSigned)  // a signed read would clamp every negative value's bits to 0
+        m_file.fail(dataset, "stores the " + name + " bits as signed integers; they must be unsigned (uint16 / uint8)");
+    if ((isFloat ? info.typeClass != H5T_FLOAT : info.typeClass != H5T_INTEGER) || info.typeSize != dtypeSize(*dtype))
+        m_file.fail(dataset, "stored as a " + std::to_string(info.typeSize) + "-byte " +
+                                 (info.typeClass == H5T_FLOAT ? "float" : "non-float") + " type, which cannot hold " + name);
+    return *dtype;
+}
+
+RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
+                                   const std::vector<std::int64_t>* rows) const
+{
+    RawTensor t;
+    t.dtype = checkedDType(dataset);
+    const DatasetInfo info = m_file.datasetInfo(dataset);
+    if (info.shape != expectedShape)
+        m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", expected " + shapeToString(expectedShape));
+    if (m_file.hasAttribute(dataset, "scale")) {
+        t.scale = float(m_file.readDoubleAttribute(dataset, "scale"));
+        if (!(t.scale > 0.0f) || !std::isfinite(t.scale))
+            m_file.fail(dataset, "scale " + std::to_string(t.scale) + " must be finite and positive");
+    }
+    t.shape = info.shape;
+    if (rows)
+        t.shape[0] = std::int64_t(rows->size());
+    const std::int64_t elements = Hdf5File::elementCount(t.shape);
+    if (elements < 0 || elements > kMaxTensorBytes / std::int64_t(dtypeSize(t.dtype)))
+        m_file.fail(dataset, "declares " + shapeToString(info.shape) + ", too large to read");
+    t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
+    if (!t.bytes.empty())
+        m_file.readRaw(dataset, storageType(t.dtype), t.bytes.data(), rows);
+    return t;
+}
+
+std::vector<std::int64_t> BundleReader::engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
+                                                         const std::string& layer) const
+{
+    const int g = m_config.groupOf(layer);
+    if (g < 0)
+        throw BundleError(m_path, "layer '" + layer + "'", "belongs to no group of the config");
+    const KvCacheGroup& group = m_config.groups[std::size_t(g)];
+    const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
+    const std::int64_t stored = snap.subsetStored ? std::int64_t(snap.storedBlockIds.size()) : m_config.numBlocks;
+    return {stored, m_config.headsPerRank(), group.blockSize, group.headSize};
+}
+
+BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const
+{
+    const PromptInfo& p = prompt(promptId);
+    const std::string dataset = bundle_path::blockTable(promptId, snapshot, group);
+    std::lock_guard lock(hdf5Mutex());
+    if (snapshot >= p.snapshots.size())
+        m_file.fail(bundle_path::snapshot(promptId, snapshot), "no such snapshot");
+    const DatasetInfo info = m_file.datasetInfo(dataset);
+    if (info.typeClass != H5T_INTEGER || info.shape.size() != 2 ||
+        info.shape[0] != std::int64_t(p.snapshots[snapshot].seqLens.size()) || info.shape[1] > kMaxSeq)
+        m_file.fail(dataset, "must be integers [batch=" + std::to_string(p.snapshots[snapshot].seqLens.size()) +
+                                 ", max_blocks], found shape " + shapeToString(info.shape));
+    BlockTable table;
+    table.rows = info.shape[0];
+    table.cols = info.shape[1];
+    for (std::int64_t id : m_file.readIntegers(dataset, std::int64_t(1) << 30)) {
+        if (id < -1 || id > INT32_MAX)
+            m_file.fail(dataset, "entry " + std::to_string(id) + " is neither a block id nor -1");
+        table.entries.push_back(std::int32_t(id));
+    }
+    return table;
+}
+
+PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_t snapshot, int rank,
+                                         const std::string& layer, KvPart part,
+                                         const std::vector<std::int64_t>* blockIds) const
+{
+    const PromptInfo& p = prompt(promptId);
+    if (snapshot >= p.snapshots.size())
+        throw BundleError(m_path, bundle_path::snapshot(promptId, snapshot), "no such snapshot");
+    if (rank < 0 || rank >= m_config.tpSize)
+        throw BundleError(m_path, bundle_path::snapshot(promptId, snapshot), "no TP rank " + std::to_string(rank));
+    const SnapshotInfo& snap = p.snapshots[snapshot];
+    const std::string dataset = bundle_path::engineKv(promptId, snapshot, rank, layer, kvPartName(part));
+    const std::vector<std::int64_t> shape = engineShardShape(p, snapshot, layer);
+
+    PagedShard shard;
+    std::vector<std::int64_t> rows;
+    if (blockIds) {
+        for (std::int64_t id : *blockIds) {
+            if (!snap.subsetStored) {
+                if (id >= 0 && id < m_config.numBlocks) {
+                    rows.push_back(id);
+                    shard.physicalIds.push_back(id);
+                }
+                continue;
+            }
+            const auto it = std::find(snap.storedBlockIds.begin(), snap.storedBlockIds.end(), id);
+            if (it != snap.storedBlockIds.end()) {
+                rows.push_back(it - snap.storedBlockIds.begin());
+                shard.physicalIds.push_back(id);
+            }
+        }
+        // HDF5 returns selected rows in file order: sort rows and ids together.
+        std::vector<std::size_t> order(rows.size());
+        for (std::size_t i = 0; i < order.size(); ++i)
+            order[i] = i;
+        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return rows[a] < rows[b]; });
+        std::vector<std::int64_t> sortedRows, sortedIds;
+        for (std::size_t i : order) {
+            if (!sortedRows.empty() && sortedRows.back() == rows[i])
+                continue;
+            sortedRows.push_back(rows[i]);
+            sortedIds.push_back(shard.physicalIds[i]);
+        }
+        rows = std::move(sortedRows);
+        shard.physicalIds = std::move(sortedIds);
+    } else if (!snap.subsetStored) {
+        for (std::int64_t id = 0; id < shape[0]; ++id)
+            shard.physicalIds.push_back(id);
+    } else {
+        shard.physicalIds = snap.storedBlockIds;
+    }
+    // Every stored row wanted (the usual case when only referenced blocks were kept): one
+    // plain read instead of a selection of single rows.
+    const bool allRows = blockIds && std::int64_t(rows.size()) == shape[0] &&
+                         (rows.empty() || (rows.front() == 0 && rows.back() == shape[0] - 1));
+    std::lock_guard lock(hdf5Mutex());
+    shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr);
+    return shard;
+}
+
+std::vector<std::int64_t> BundleReader::referenceShape(const std::string& dataset, const std::string& layer) const
+{
+    const int g = m_config.groupOf(layer);
+    if (g < 0)
+        m_file.fail(dataset, "layer belongs to no group of the config");
+    const DatasetInfo info = m_file.datasetInfo(dataset);
+    if (info.shape.size() != 4)
+        m_file.fail(dataset, "shape " + shapeToString(info.shape) + " must be [batch, heads, seq, head_dim]");
+    const std::vector<std::int64_t> expected{info.shape[0], m_config.totalNumKvHeads, info.shape[2],
+                                             m_config.groups[std::size_t(g)].headSize};
+    if (info.shape != expected || info.shape[0] < 1 || info.shape[0] > kMaxBatch || info.shape[2] > kMaxSeq)
+        m_file.fail(dataset, "shape " + shapeToString(info.shape) + " disagrees with the config: expected [batch, " +
+                                 std::to_string(m_config.totalNumKvHeads) + ", seq, " +
+                                 std::to_string(m_config.groups[std::size_t(g)].headSize) + "]");
+    return info.shape;
+}
+
+BundleReader::Reference BundleReader::readReference(const std::string& promptId, ReferenceRole role,
+                                                    const std::string& layer) const
+{
+    prompt(promptId);
+    std::lock_guard lock(hdf5Mutex());
+    Reference ref;
+    const std::string rolePath = bundle_path::referenceRole(promptId, role);
+    ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
+    const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
+    const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
+    ref.k = readTensor(kPath, referenceShape(kPath, layer), nullptr);
+    ref.v = readTensor(vPath, referenceShape(vPath, layer), nullptr);
+    if (ref.v.shape != ref.k.shape)
+        m_file.fail(vPath, "shape " + shapeToString(ref.v.shape) + " differs from k's " + shapeToString(ref.k.shape));
+    return ref;
+}
+
+Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) const
+{
+    prompt(promptId);
+    std::lock_guard lock(hdf5Mutex());
+    const std::string dataset = bundle_path::logits(promptId, role);
+    const DatasetInfo info = m_file.datasetInfo(dataset);
+    if (info.shape.size() != 2 || info.shape[0] > kMaxSeq || info.shape[1] > kMaxVocab || info.shape[1] < 1)
+        m_file.fail(dataset, "shape " + shapeToString(info.shape) + " must be [steps, vocab]");
+    Logits logits;
+    logits.steps = info.shape[0];
+    logits.vocab = info.shape[1];
+    logits.values = m_file.readFloats(dataset);
+    for (float v : logits.values)
+        if (!std::isfinite(v))
+            m_file.fail(dataset, "holds NaN or infinity: argmax (divergences) would be meaningless");
+    return logits;
+}
+
+std::vector<std::string> BundleReader::validate() const
+{
+    std::vector<std::string> problems;
+    auto check = [&](auto&& fn) {
+        try {
+            fn();
+        } catch (const BundleError& e) {
+            problems.push_back(e.what());
+        }
+    };
+    std::lock_guard lock(hdf5Mutex());
+    for (const PromptInfo& p : m_prompts) {
+        problems.insert(problems.end(), p.problems.begin(), p.problems.end());
+        if (!p.problems.empty())
+            continue;
+        for (std::size_t s = 0; s < p.snapshots.size(); ++s) {
+            for (std::size_t g = 0; g < m_config.groups.size(); ++g)
+                check([&] {
+                    const std::string dataset = bundle_path::blockTable(p.id, s, g);
+                    const DatasetInfo info = m_file.datasetInfo(dataset);
+                    if (info.typeClass != H5T_INTEGER || info.shape.size() != 2 ||
+                        info.shape[0] != std::int64_t(p.snapshots[s].seqLens.size()))
+                        m_file.fail(dataset, "must be integers [batch, max_blocks], found " + shapeToString(info.shape));
+                });
+            for (int r = 0; r < m_config.tpSize; ++r)
+                for (const std::string& layer : m_config.layerNames())
+                    for (const char* part : {"k", "v"})
+                        check([&] {
+                            const std::string dataset = bundle_path::engineKv(p.id, s, r, layer, part);
+                            checkedDType(dataset);
+                            const std::vector<std::int64_t> shape = engineShardShape(p, s, layer);
+                            const DatasetInfo info = m_file.datasetInfo(dataset);
+                            if (info.shape != shape)
+                                m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", the config implies " +
+                                                         shapeToString(shape));
+                        });
+        }
+        for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
+            if (role == ReferenceRole::Baseline && !p.hasBaseline)
+                continue;
+            for (const std::string& layer : m_config.layerNames())
+                for (const char* part : {"k", "v"})
+                    check([&] {
+                        const std::string dataset = bundle_path::referenceKv(p.id, role, layer, part);
+                        checkedDType(dataset);
+                        referenceShape(dataset, layer);
+                    });
+        }
+    }
+    return problems;
+}
+
+}  // namespace kvscope

@@ -1,0 +1,70 @@
+#pragma once
+// Reads a capture bundle, format v1. Opening reads only the small things (metadata, config,
+// per-prompt tokens and the snapshot list) and checks the structure; tensors are read
+// lazily, one layer's K or V of one rank at a time, and only the blocks asked for.
+// Thread-safe: HDF5 calls are serialised internally.
+
+#include "format/capture_bundle.h"
+#include "format/hdf5_file.h"
+#include "format/kv_cache_config.h"
+#include "format/paged_kv.h"
+
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvscope {
+
+class BundleReader {
+public:
+    // Throws BundleError when the file is not a v1 bundle or its config is invalid.
+    // Problems confined to one prompt are recorded in that prompt's `problems` instead.
+    explicit BundleReader(const std::string& path);
+    ~BundleReader();
+    BundleReader(const BundleReader&) = delete;
+    BundleReader& operator=(const BundleReader&) = delete;
+
+    const std::string& path() const { return m_path; }
+    const BundleMetadata& metadata() const { return m_metadata; }
+    const KvCacheConfig& config() const { return m_config; }
+    const std::vector<PromptInfo>& prompts() const { return m_prompts; }
+    const PromptInfo& prompt(const std::string& id) const;  // throws if unknown
+
+    BlockTable readBlockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const;
+    // One rank's K or V of one layer. With `blockIds`, only those physical blocks (the ones
+    // the bundle stores; others are left out for reconstruction to report).
+    PagedShard readEngineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
+                               KvPart part, const std::vector<std::int64_t>* blockIds = nullptr) const;
+    // The reference K and V of one layer, [batch, heads, seq, head_dim], and the batch row to use.
+    struct Reference {
+        RawTensor k;
+        RawTensor v;
+        std::int64_t batchRow = 0;
+    };
+    Reference readReference(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+    Logits readLogits(const std::string& promptId, LogitsRole role) const;
+
+    // Checks every dataset's presence, shape and dtype (no tensor data is read). Returns
+    // one message per problem, each naming the file and the object.
+    std::vector<std::string> validate() const;
+
+private:
+    PromptInfo readPrompt(const std::string& id) const;
+    RawTensor readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
+                         const std::vector<std::int64_t>* rows) const;
+    DType checkedDType(const std::string& dataset) const;
+    std::vector<std::int64_t> engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
+                                               const std::string& layer) const;
+    std::vector<std::int64_t> referenceShape(const std::string& dataset, const std::string& layer) const;
+
+    std::string m_path;
+    Hdf5File m_file;
+    // HDF5 is not thread-safe in every build: one lock for every reader of the process.
+    static std::mutex& hdf5Mutex();
+    BundleMetadata m_metadata;
+    KvCacheConfig m_config;
+    std::vector<PromptInfo> m_prompts;
+};
+
+}  // namespace kvscope

@@ -1,0 +1,288 @@
+#include "format/bundle_writer.h"
+
+#include "format/bundle_error.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+namespace kvscope {
+
+namespace {
+
+std::string utcNow()
+{
+    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return text;
+}
+
+// Keeps rows `ids` (physical block ids = row indices) of a [num_blocks, ...] tensor.
+RawTensor selectBlocks(const RawTensor& all, const std::vector<std::int64_t>& ids)
+{
+    RawTensor out = all;
+    out.shape[0] = std::int64_t(ids.size());
+    const std::size_t rowBytes = std::size_t(all.stride(0)) * dtypeSize(all.dtype);
+    out.bytes.resize(ids.size() * rowBytes);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+        std::memcpy(out.bytes.data() + i * rowBytes, all.bytes.data() + std::size_t(ids[i]) * rowBytes, rowBytes);
+    return out;
+}
+
+bool validName(const std::string& name)
+{
+    return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+}
+
+}  // namespace
+
+BundleWriter::BundleWriter(std::string path, const BundleMetadata& metadata, const KvCacheConfig& config)
+    : m_path(std::move(path))
+    , m_partialPath(m_path + ".partial")
+    , m_config(config)
+{
+    m_file = std::make_unique<Hdf5File>(Hdf5File::create(m_partialPath));
+    m_file->writeStringAttribute("/", "format", kBundleFormatName);
+    m_file->writeIntAttribute("/", "format_version", kBundleFormatVersion);
+    m_file->writeStringAttribute("/", "model", metadata.model);
+    m_file->writeStringAttribute("/", "engine", metadata.engine);
+    m_file->writeStringAttribute("/", "created", metadata.created.empty() ? utcNow() : metadata.created);
+    m_file->writeStringAttribute("/", "notes", metadata.notes);
+    for (const auto& [key, value] : metadata.extra)
+        setMetadata(key, value);
+    m_file->writeString(bundle_path::kConfig, config.json.empty() ? config.toJson() : config.json);
+    m_file->createGroup(bundle_path::kPrompts);
+}
+
+BundleWriter::~BundleWriter()
+{
+    if (!m_finished) {
+        m_file.reset();
+        std::remove(m_partialPath.c_str());
+    }
+}
+
+void BundleWriter::setMetadata(const std::string& key, const std::string& value)
+{
+    if (key == "format" || key == "format_version")
+        fail("/", "metadata key '" + key + "' is reserved");
+    m_file->writeStringAttribute("/", key, value);
+}
+
+void BundleWriter::fail(const std::string& object, const std::string& problem) const
+{
+    throw BundleError(m_path, object, problem);
+}
+
+const PromptRecord& BundleWriter::prompt(const std::string& id) const
+{
+    const auto it = m_prompts.find(id);
+    if (it == m_prompts.end())
+        fail(bundle_path::prompt(id), "prompt was not added");
+    return it->second;
+}
+
+void BundleWriter::addPrompt(const PromptRecord& prompt)
+{
+    const std::string path = bundle_path::prompt(prompt.id);
+    if (!validName(prompt.id))
+        fail(path, "prompt id '" + prompt.id + "' cannot be an HDF5 name");
+    if (m_prompts.count(prompt.id))
+        fail(path, "prompt added twice");
+    if (prompt.inputIds.empty())
+        fail(path + "/input_ids", "empty prompt");
+    const std::size_t total = prompt.inputIds.size() + prompt.teacherTokens.size();
+    if (!prompt.tokenStrings.empty() && prompt.tokenStrings.size() != total)
+        fail(path + "/token_strings", std::to_string(prompt.tokenStrings.size()) + " strings for " +
+                                          std::to_string(total) + " positions");
+    m_file->createGroup(path);
+    m_file->writeIntAttribute(path, "prompt_len", std::int64_t(prompt.inputIds.size()));
+    m_file->writeRaw(path + "/input_ids", H5T_STD_I64LE, {std::int64_t(prompt.inputIds.size())},
+                     prompt.inputIds.data());
+    if (!prompt.teacherTokens.empty())
+        m_file->writeRaw(path + "/teacher_tokens", H5T_STD_I64LE, {std::int64_t(prompt.teacherTokens.size())},
+                         prompt.teacherTokens.data());
+    if (prompt.divergencePositions)
+        m_file->writeRaw(path + "/divergence_positions", H5T_STD_I64LE,
+                         {std::int64_t(prompt.divergencePositions->size())}, prompt.divergencePositions->data());
+    if (!prompt.tokenStrings.empty())
+        m_file->writeStrings(path + "/token_strings", prompt.tokenStrings);
+    m_prompts.emplace(prompt.id, prompt);
+}
+
+void BundleWriter::writeKv(const std::string& dataset, const RawTensor& tensor, std::int64_t chunkRows)
+{
+    if (tensor.bytes.size() != std::size_t(tensor.numel()) * dtypeSize(tensor.dtype))
+        fail(dataset, "tensor holds " + std::to_string(tensor.bytes.size()) + " bytes for shape " +
+                          shapeToString(tensor.shape));
+    if (!(tensor.scale > 0.0f) || !std::isfinite(tensor.scale))
+        fail(dataset, "scale must be finite and positive");
+    m_file->writeRaw(dataset, storageType(tensor.dtype), tensor.shape, tensor.bytes.data(), chunkRows);
+    m_file->writeStringAttribute(dataset, "dtype", dtypeName(tensor.dtype));
+    m_file->writeDoubleAttribute(dataset, "scale", tensor.scale);
+}
+
+void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot& snap)
+{
+    prompt(promptId);
+    const std::size_t index = m_snapshotCounts[promptId];
+    const std::string path = bundle_path::snapshot(promptId, index);
+
+    // Check everything before writing anything.
+    if (snap.blockTables.size() != m_config.groups.size())
+        fail(path, std::to_string(snap.blockTables.size()) + " block tables for " +
+                       std::to_string(m_config.groups.size()) + " groups");
+    const std::int64_t rows = std::int64_t(snap.seqLens.size());
+    if (snap.batchRow < 0 || snap.batchRow >= rows)
+        fail(path, "batch_row " + std::to_string(snap.batchRow) + " outside " + std::to_string(rows) + " seq_lens");
+    const std::int64_t seqLen = snap.seqLens[std::size_t(snap.batchRow)];
+    if (seqLen < 1)
+        fail(path, "the prompt's sequence length must be known and positive");
+    const std::int64_t validatedUntil = snap.validatedUntil.value_or(seqLen - 1);
+    if (validatedUntil < 0 || validatedUntil > seqLen)
+        fail(path, "validated_until " + std::to_string(validatedUntil) + " outside [0, seq_len]");
+    for (std::size_t g = 0; g < snap.blockTables.size(); ++g) {
+        const BlockTable& t = snap.blockTables[g];
+        if (t.rows != rows || std::int64_t(t.entries.size()) != t.rows * t.cols)
+            fail(bundle_path::blockTable(promptId, index, g),
+                 "block table [" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + "] does not match " +
+                     std::to_string(rows) + " seq_lens");
+    }
+    if (snap.ranks.size() != std::size_t(m_config.tpSize))
+        fail(path, std::to_string(snap.ranks.size()) + " TP ranks, the config has tp_size " +
+                       std::to_string(m_config.tpSize));
+
+    std::vector<std::int64_t> stored = snap.storedBlockIds;
+    if (snap.keepOnlyReferencedBlocks) {
+        if (!stored.empty())
+            fail(path, "keepOnlyReferencedBlocks needs tensors holding every block");
+        std::set<std::int64_t> ids;
+        for (const BlockTable& t : snap.blockTables)
+            for (std::int32_t id : t.entries)
+                if (id >= 0 && id < m_config.numBlocks)
+                    ids.insert(id);
+        stored.assign(ids.begin(), ids.end());
+    }
+    for (std::int64_t id : stored)
+        if (id < 0 || id >= m_config.numBlocks)
+            fail(path, "stored block id " + std::to_string(id) + " outside [0, num_blocks)");
+    const std::int64_t inputRows = snap.storedBlockIds.empty() ? m_config.numBlocks : std::int64_t(stored.size());
+
+    for (int r = 0; r < m_config.tpSize; ++r) {
+        for (std::size_t g = 0; g < m_config.groups.size(); ++g) {
+            const KvCacheGroup& group = m_config.groups[g];
+            for (const std::string& layer : group.layerNames) {
+                const auto it = snap.ranks[std::size_t(r)].find(layer);
+                if (it == snap.ranks[std::size_t(r)].end())
+                    fail(bundle_path::engineKv(promptId, index, r, layer, "k"), "layer missing from rank " +
+                                                                                  std::to_string(r));
+                const std::vector<std::int64_t> expected{inputRows, m_config.headsPerRank(), group.blockSize,
+                                                         group.headSize};
+                for (const RawTensor* t : {&it->second.first, &it->second.second}) {
+                    const char* part = t == &it->second.first ? "k" : "v";
+                    if (t->shape != expected)
+                        fail(bundle_path::engineKv(promptId, index, r, layer, part),
+                             "shape " + shapeToString(t->shape) + ", the config implies " + shapeToString(expected));
+                    if (t->dtype != group.dtype)
+                        fail(bundle_path::engineKv(promptId, index, r, layer, part),
+                             dtypeName(t->dtype) + " but the config says " + dtypeName(group.dtype));
+                }
+            }
+        }
+        for (const auto& [layer, kv] : snap.ranks[std::size_t(r)])
+            if (m_config.groupOf(layer) < 0)
+                fail(bundle_path::engineKv(promptId, index, r, layer, "k"), "layer belongs to no group of the config");
+    }
+
+    m_file->createGroup(path);
+    m_file->writeIntAttribute(path, "batch_row", snap.batchRow);
+    m_file->writeIntAttribute(path, "validated_until", validatedUntil);
+    m_file->writeRaw(path + "/seq_lens", H5T_STD_I64LE, {rows}, snap.seqLens.data());
+    // A subset of blocks, even an empty one (every table entry -1), is recorded as such.
+    if (snap.keepOnlyReferencedBlocks || !snap.storedBlockIds.empty())
+        m_file->writeRaw(path + "/physical_block_ids", H5T_STD_I64LE, {std::int64_t(stored.size())}, stored.data());
+    for (std::size_t g = 0; g < snap.blockTables.size(); ++g) {
+        const BlockTable& t = snap.blockTables[g];
+        m_file->writeRaw(bundle_path::blockTable(promptId, index, g), H5T_STD_I32LE, {t.rows, t.cols},
+                         t.entries.data());
+    }
+    for (int r = 0; r < m_config.tpSize; ++r) {
+        for (const auto& [layer, kv] : snap.ranks[std::size_t(r)]) {
+            const KvCacheGroup& group = m_config.groups[std::size_t(m_config.groupOf(layer))];
+            // Chunks of whole blocks, about 64 KiB, so that any block can be read alone cheaply.
+            const std::int64_t blockBytes = std::int64_t(m_config.headsPerRank()) * group.blockSize *
+                                            group.headSize * std::int64_t(dtypeSize(group.dtype));
+            const std::int64_t chunkRows = std::max<std::int64_t>(1, 65536 / blockBytes);
+            const bool select = snap.keepOnlyReferencedBlocks;
+            writeKv(bundle_path::engineKv(promptId, index, r, layer, "k"),
+                    select ? selectBlocks(kv.first, stored) : kv.first, chunkRows);
+            writeKv(bundle_path::engineKv(promptId, index, r, layer, "v"),
+                    select ? selectBlocks(kv.second, stored) : kv.second, chunkRows);
+        }
+    }
+    ++m_snapshotCounts[promptId];
+}
+
+void BundleWriter::addReference(const std::string& promptId, ReferenceRole role, const std::string& layer,
+                                const RawTensor& k, const RawTensor& v, std::int64_t batchRow)
+{
+    prompt(promptId);
+    const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
+    const int g = m_config.groupOf(layer);
+    if (g < 0)
+        fail(kPath, "layer belongs to no group of the config");
+    if (k.shape.size() != 4 || k.shape != v.shape)
+        fail(kPath, "k " + shapeToString(k.shape) + " and v " + shapeToString(v.shape) +
+                        " must share one shape [batch, heads, seq, head_dim]");
+    if (k.shape[1] != m_config.totalNumKvHeads || k.shape[3] != m_config.groups[std::size_t(g)].headSize)
+        fail(kPath, "shape " + shapeToString(k.shape) + " disagrees with total_num_kv_heads " +
+                        std::to_string(m_config.totalNumKvHeads) + " / head_size " +
+                        std::to_string(m_config.groups[std::size_t(g)].headSize));
+    if (batchRow < 0 || batchRow >= k.shape[0])
+        fail(kPath, "batch row " + std::to_string(batchRow) + " outside the batch");
+    const std::string rolePath = bundle_path::referenceRole(promptId, role);
+    m_file->createGroup(rolePath);
+    m_file->writeIntAttribute(rolePath, "batch_row", batchRow);
+    writeKv(kPath, k, 1);
+    writeKv(bundle_path::referenceKv(promptId, role, layer, "v"), v, 1);
+    m_referenceLayers[{promptId, role}].insert(layer);
+}
+
+void BundleWriter::addLogits(const std::string& promptId, LogitsRole role, const Logits& logits)
+{
+    prompt(promptId);
+    const std::string path = bundle_path::logits(promptId, role);
+    if (std::int64_t(logits.values.size()) != logits.steps * logits.vocab)
+        fail(path, std::to_string(logits.values.size()) + " values for [" + std::to_string(logits.steps) + ", " +
+                       std::to_string(logits.vocab) + "]");
+    m_file->writeRaw(path, H5T_IEEE_F32LE, {logits.steps, logits.vocab}, logits.values.data(), 1);
+}
+
+void BundleWriter::finish()
+{
+    for (const auto& [id, record] : m_prompts) {
+        if (!m_snapshotCounts[id])
+            fail(bundle_path::prompt(id), "has no engine snapshot");
+        for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
+            const auto it = m_referenceLayers.find({id, role});
+            if (it == m_referenceLayers.end() && role == ReferenceRole::Baseline)
+                continue;  // the baseline is optional
+            for (const std::string& layer : m_config.layerNames())
+                if (it == m_referenceLayers.end() || !it->second.count(layer))
+                    fail(bundle_path::referenceKv(id, role, layer, "k"), "missing: the " + referenceRoleName(role) +
+                                                                             " reference must cover every layer");
+        }
+    }
+    m_file.reset();
+    if (std::rename(m_partialPath.c_str(), m_path.c_str()) != 0)
+        fail({}, std::string("cannot move the finished bundle into place: ") + std::strerror(errno));
+    m_finished = true;
+}
+
+}  // namespace kvscope

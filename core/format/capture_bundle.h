@@ -1,0 +1,77 @@
+#pragma once
+// What a capture bundle holds (format v1, see docs/bundle-format.md), as plain values,
+// and the HDF5 paths where each piece lives. Shared by the reader and the writer.
+
+#include "format/raw_tensor.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+inline constexpr const char* kBundleFormatName = "kvscope-capture";
+inline constexpr int kBundleFormatVersion = 1;
+
+enum class ReferenceRole { Expected, Baseline };
+enum class LogitsRole { Expected, Actual, Baseline };
+std::string referenceRoleName(ReferenceRole role);
+std::string logitsRoleName(LogitsRole role);
+
+struct BundleMetadata {
+    std::string model;
+    std::string engine;
+    std::string created;  // ISO 8601, UTC
+    std::string notes;
+    // Further string attributes of the root group (for example a synthetic capture's fault).
+    std::map<std::string, std::string> extra;
+};
+
+struct SnapshotInfo {
+    std::int64_t batchRow = 0;
+    std::vector<std::int64_t> seqLens;  // per block-table row; -1 = unknown
+    std::int64_t validatedUntil = 0;    // exclusive; see snapshot_merge.h
+    bool subsetStored = false;                 // physical_block_ids present: only those blocks are stored
+    std::vector<std::int64_t> storedBlockIds;  // their ids, in row order (may be empty)
+
+    std::int64_t seqLen() const { return seqLens.at(std::size_t(batchRow)); }
+};
+
+struct PromptInfo {
+    std::string id;
+    std::int64_t promptLen = 0;
+    std::vector<std::int64_t> inputIds;
+    std::vector<std::int64_t> teacherTokens;
+    bool hasDivergences = false;  // divergence positions were recorded (possibly none)
+    std::vector<std::int64_t> divergencePositions;  // absolute positions
+    std::vector<std::string> tokenStrings;           // per absolute position, may be empty
+    std::vector<SnapshotInfo> snapshots;
+    bool hasExpected = false;
+    bool hasBaseline = false;
+    std::vector<LogitsRole> logits;
+    // Structural problems found on open; a prompt with problems cannot be analysed.
+    std::vector<std::string> problems;
+};
+
+struct Logits {
+    std::int64_t steps = 0;
+    std::int64_t vocab = 0;
+    std::vector<float> values;  // [steps, vocab]; step g predicts position prompt_len + g
+};
+
+// HDF5 paths of format v1.
+namespace bundle_path {
+inline constexpr const char* kConfig = "/kv_cache_config";
+inline constexpr const char* kPrompts = "/prompts";
+std::string prompt(const std::string& id);
+std::string snapshot(const std::string& id, std::size_t index);
+std::string blockTable(const std::string& id, std::size_t snapshotIndex, std::size_t group);
+std::string engineKv(const std::string& id, std::size_t snapshotIndex, int rank, const std::string& layer,
+                     const char* part);
+std::string referenceRole(const std::string& id, ReferenceRole role);
+std::string referenceKv(const std::string& id, ReferenceRole role, const std::string& layer, const char* part);
+std::string logits(const std::string& id, LogitsRole role);
+}  // namespace bundle_path
+
+}  // namespace kvscope

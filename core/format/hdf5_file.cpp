@@ -1,0 +1,554 @@
+#include "format/hdf5_file.h"
+
+#include "format/bundle_error.h"
+
+#include <cstring>
+
+namespace kvscope {
+
+namespace {
+
+// Silence HDF5's own error stack printing (per thread in thread-safe builds, so on every
+// open); errors are reported as BundleError instead.
+void silenceHdf5()
+{
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+herr_t closeFile(hid_t id) { return H5Fclose(id); }
+herr_t closeObject(hid_t id) { return H5Oclose(id); }
+herr_t closeDataset(hid_t id) { return H5Dclose(id); }
+herr_t closeAttribute(hid_t id) { return H5Aclose(id); }
+herr_t closeType(hid_t id) { return H5Tclose(id); }
+herr_t closeSpace(hid_t id) { return H5Sclose(id); }
+herr_t closePlist(hid_t id) { return H5Pclose(id); }
+herr_t closeGroup(hid_t id) { return H5Gclose(id); }
+
+Hdf5Handle variableStringType()
+{
+    Hdf5Handle type(H5Tcopy(H5T_C_S1), closeType);
+    H5Tset_size(type.id(), H5T_VARIABLE);
+    H5Tset_cset(type.id(), H5T_CSET_UTF8);
+    return type;
+}
+
+std::string parentOf(const std::string& path)
+{
+    const auto slash = path.find_last_of('/');
+    return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+Hdf5Handle& Hdf5Handle::operator=(Hdf5Handle&& other) noexcept
+{
+    if (this != &other) {
+        if (m_id >= 0 && m_closer)
+            m_closer(m_id);
+        m_id = other.m_id;
+        m_closer = other.m_closer;
+        other.m_id = -1;
+    }
+    return *this;
+}
+
+Hdf5Handle::~Hdf5Handle()
+{
+    if (m_id >= 0 && m_closer)
+        m_closer(m_id);
+}
+
+hid_t storageType(DType dtype)
+{
+    switch (dtype) {
+    case DType::Float32:
+        return H5T_IEEE_F32LE;
+    case DType::BFloat16:
+        return H5T_STD_U16LE;
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
+        return H5T_STD_U8LE;
+    case DType::Float16: {
+        // HDF5 1.10 has no predefined half type; this is the one h5py uses for numpy float16.
+        static const hid_t half = [] {
+            const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+            H5Tset_fields(t, 15, 10, 5, 0, 10);
+            H5Tset_size(t, 2);
+            H5Tset_ebias(t, 15);
+            H5Tlock(t);
+            return t;
+        }();
+        return half;
+    }
+    }
+    return H5T_STD_U8LE;
+}
+
+void Hdf5File::fail(const std::string& object, const std::string& problem) const
+{
+    throw BundleError(m_path, object, problem);
+}
+
+Hdf5File Hdf5File::openReadOnly(const std::string& path)
+{
+    silenceHdf5();
+    Hdf5File file;
+    file.m_path = path;
+    FILE* probe = std::fopen(path.c_str(), "rb");
+    if (!probe)
+        throw BundleError(path, {}, std::string("cannot open: ") + std::strerror(errno));
+    std::fclose(probe);
+    if (H5Fis_hdf5(path.c_str()) <= 0)
+        throw BundleError(path, {}, "not an HDF5 file");
+    file.m_file = Hdf5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), closeFile);
+    if (!file.m_file.valid())
+        throw BundleError(path, {}, "cannot be opened as HDF5 (truncated or corrupt?)");
+    return file;
+}
+
+Hdf5File Hdf5File::create(const std::string& path)
+{
+    silenceHdf5();
+    Hdf5File file;
+    file.m_path = path;
+    file.m_file = Hdf5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), closeFile);
+    if (!file.m_file.valid())
+        throw BundleError(path, {}, "cannot be created");
+    return file;
+}
+
+bool Hdf5File::exists(const std::string& object) const
+{
+    if (object == "/")
+        return true;
+    // Every prefix must exist before H5Lexists may be asked about the next component.
+    std::size_t pos = 1;
+    while (true) {
+        const std::size_t next = object.find('/', pos);
+        const std::string prefix = object.substr(0, next);
+        if (H5Lexists(m_file.id(), prefix.c_str(), H5P_DEFAULT) <= 0)
+            return false;
+        if (next == std::string::npos)
+            return H5Oexists_by_name(m_file.id(), object.c_str(), H5P_DEFAULT) > 0;
+        pos = next + 1;
+    }
+}
+
+bool Hdf5File::isGroup(const std::string& object) const
+{
+    if (!exists(object))
+        return false;
+    H5O_info_t info;
+    if (H5Oget_info_by_name(m_file.id(), object.c_str(), &info, H5P_DEFAULT) < 0)
+        return false;
+    return info.type == H5O_TYPE_GROUP;
+}
+
+Hdf5Handle Hdf5File::openObject(const std::string& object) const
+{
+    if (!exists(object))
+        fail(object, "missing");
+    Hdf5Handle h(H5Oopen(m_file.id(), object.c_str(), H5P_DEFAULT), closeObject);
+    if (!h.valid())
+        fail(object, "cannot be opened");
+    return h;
+}
+
+Hdf5Handle Hdf5File::openDataset(const std::string& dataset) const
+{
+    if (!exists(dataset))
+        fail(dataset, "missing");
+    Hdf5Handle h(H5Dopen2(m_file.id(), dataset.c_str(), H5P_DEFAULT), closeDataset);
+    if (!h.valid())
+        fail(dataset, "is not a dataset or cannot be opened");
+    return h;
+}
+
+std::int64_t Hdf5File::elementCount(const std::vector<std::int64_t>& shape)
+{
+    std::int64_t n = 1;
+    for (std::int64_t d : shape)
+        if (d < 0 || __builtin_mul_overflow(n, d, &n))
+            return -1;
+    return n;
+}
+
+namespace {
+// Unwritten parts of a dataset read back as the fill value (zeros) without any error: a
+// writer that died half-way must not pass for data.
+void requireWritten(const Hdf5File& file, hid_t dataset, const std::string& name)
+{
+    H5D_space_status_t status;
+    if (H5Dget_space_status(dataset, &status) < 0)
+        file.fail(name, "cannot be inspected");
+    Hdf5Handle space(H5Dget_space(dataset), closeSpace);
+    if (H5Sget_simple_extent_npoints(space.id()) == 0 || status == H5D_SPACE_STATUS_ALLOCATED)
+        return;
+    const std::string unwritten = "holds parts that were never written (an unfinished file?)";
+    if (status != H5D_SPACE_STATUS_PART_ALLOCATED)
+        file.fail(name, unwritten);
+    // HDF5 calls a chunked dataset whose edge chunks overhang its extent "partly allocated"
+    // even when every chunk was written: count the chunks instead.
+    Hdf5Handle dcpl(H5Dget_create_plist(dataset), closePlist);
+    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED)
+        file.fail(name, unwritten);
+    const int rank = H5Sget_simple_extent_ndims(space.id());
+    std::vector<hsize_t> dims(static_cast<std::size_t>(rank)), chunk(static_cast<std::size_t>(rank));
+    H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
+    H5Pget_chunk(dcpl.id(), rank, chunk.data());
+    hsize_t expected = 1;
+    for (int i = 0; i < rank; ++i)
+        expected *= (dims[std::size_t(i)] + chunk[std::size_t(i)] - 1) / chunk[std::size_t(i)];
+    hsize_t written = 0;
+    if (H5Dget_num_chunks(dataset, space.id(), &written) < 0 || written < expected)
+        file.fail(name, unwritten);
+}
+}  // namespace
+
+namespace {
+// Names listed by index with HDF5's two-call pattern: the length first, then the text.
+// `nameAt(i, buffer, size)` returns the length, or < 0 on failure.
+template <typename NameAt>
+std::vector<std::string> indexedNames(const Hdf5File& file, const std::string& object, hsize_t count, NameAt&& nameAt,
+                                      const char* problem)
+{
+    std::vector<std::string> names;
+    for (hsize_t i = 0; i < count; ++i) {
+        const ssize_t len = nameAt(i, nullptr, 0);
+        if (len < 0)
+            file.fail(object, problem);
+        std::string name(std::size_t(len), '\0');
+        nameAt(i, name.data(), std::size_t(len) + 1);
+        names.push_back(name);
+    }
+    return names;
+}
+}  // namespace
+
+std::vector<std::string> Hdf5File::children(const std::string& group) const
+{
+    if (!isGroup(group))
+        fail(group, "missing or not a group");
+    Hdf5Handle g(H5Gopen2(m_file.id(), group.c_str(), H5P_DEFAULT), closeGroup);
+    H5G_info_t info;
+    if (H5Gget_info(g.id(), &info) < 0)
+        fail(group, "cannot be listed");
+    // Creation order is tracked only when the writer asked for it; name order otherwise.
+    Hdf5Handle gcpl(H5Gget_create_plist(g.id()), closePlist);
+    unsigned flags = 0;
+    H5Pget_link_creation_order(gcpl.id(), &flags);
+    const H5_index_t index = (flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+    return indexedNames(*this, group, info.nlinks, [&](hsize_t i, char* buffer, std::size_t size) {
+        return H5Lget_name_by_idx(g.id(), ".", index, H5_ITER_INC, i, buffer, size, H5P_DEFAULT);
+    }, "cannot be listed");
+}
+
+bool Hdf5File::hasAttribute(const std::string& object, const std::string& name) const
+{
+    if (!exists(object))
+        return false;
+    return H5Aexists_by_name(m_file.id(), object.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+}
+
+std::vector<std::string> Hdf5File::attributeNames(const std::string& object) const
+{
+    Hdf5Handle obj = openObject(object);
+    H5O_info_t info;
+    if (H5Oget_info(obj.id(), &info) < 0)
+        fail(object, "cannot list attributes");
+    return indexedNames(*this, object, info.num_attrs, [&](hsize_t i, char* buffer, std::size_t size) {
+        return H5Aget_name_by_idx(obj.id(), ".", H5_INDEX_NAME, H5_ITER_INC, i, buffer, size, H5P_DEFAULT);
+    }, "cannot list attributes");
+}
+
+Hdf5Handle Hdf5File::openAttribute(const std::string& object, const std::string& name) const
+{
+    if (!hasAttribute(object, name))
+        fail(object, "attribute '" + name + "' is missing");
+    Hdf5Handle a(H5Aopen_by_name(m_file.id(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT),
+                 closeAttribute);
+    if (!a.valid())
+        fail(object, "attribute '" + name + "' cannot be opened");
+    return a;
+}
+
+std::string Hdf5File::readStringAttribute(const std::string& object, const std::string& name) const
+{
+    Hdf5Handle a = openAttribute(object, name);
+    Hdf5Handle type(H5Aget_type(a.id()), closeType);
+    Hdf5Handle space(H5Aget_space(a.id()), closeSpace);
+    if (H5Tget_class(type.id()) != H5T_STRING || H5Sget_simple_extent_npoints(space.id()) != 1)
+        fail(object, "attribute '" + name + "' must be a single string");
+    if (H5Tis_variable_str(type.id()) > 0) {
+        Hdf5Handle mem = variableStringType();
+        char* value = nullptr;
+        if (H5Aread(a.id(), mem.id(), &value) < 0)
+            fail(object, "attribute '" + name + "' cannot be read");
+        std::string s = value ? value : "";
+        H5free_memory(value);
+        return s;
+    }
+    const std::size_t size = H5Tget_size(type.id());
+    std::string s(size, '\0');
+    if (H5Aread(a.id(), type.id(), s.data()) < 0)
+        fail(object, "attribute '" + name + "' cannot be read");
+    s.resize(std::strlen(s.c_str()));
+    return s;
+}
+
+std::int64_t Hdf5File::readIntAttribute(const std::string& object, const std::string& name) const
+{
+    Hdf5Handle a = openAttribute(object, name);
+    Hdf5Handle type(H5Aget_type(a.id()), closeType);
+    Hdf5Handle space(H5Aget_space(a.id()), closeSpace);
+    if (H5Tget_class(type.id()) != H5T_INTEGER || H5Sget_simple_extent_npoints(space.id()) != 1)
+        fail(object, "attribute '" + name + "' must be a single integer");
+    std::int64_t value = 0;
+    if (H5Aread(a.id(), H5T_NATIVE_INT64, &value) < 0)
+        fail(object, "attribute '" + name + "' cannot be read");
+    return value;
+}
+
+double Hdf5File::readDoubleAttribute(const std::string& object, const std::string& name) const
+{
+    Hdf5Handle a = openAttribute(object, name);
+    Hdf5Handle type(H5Aget_type(a.id()), closeType);
+    Hdf5Handle space(H5Aget_space(a.id()), closeSpace);
+    const H5T_class_t cls = H5Tget_class(type.id());
+    if ((cls != H5T_FLOAT && cls != H5T_INTEGER) || H5Sget_simple_extent_npoints(space.id()) != 1)
+        fail(object, "attribute '" + name + "' must be a single number");
+    double value = 0;
+    if (H5Aread(a.id(), H5T_NATIVE_DOUBLE, &value) < 0)
+        fail(object, "attribute '" + name + "' cannot be read");
+    return value;
+}
+
+DatasetInfo Hdf5File::datasetInfo(const std::string& dataset) const
+{
+    Hdf5Handle d = openDataset(dataset);
+    Hdf5Handle space(H5Dget_space(d.id()), closeSpace);
+    Hdf5Handle type(H5Dget_type(d.id()), closeType);
+    DatasetInfo info;
+    const int rank = H5Sget_simple_extent_ndims(space.id());
+    if (rank < 0)
+        fail(dataset, "has an unreadable dataspace");
+    std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+    H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
+    info.shape.assign(dims.begin(), dims.end());
+    info.typeClass = H5Tget_class(type.id());
+    info.typeSize = H5Tget_size(type.id());
+    info.isSigned = info.typeClass == H5T_INTEGER && H5Tget_sign(type.id()) == H5T_SGN_2;
+    return info;
+}
+
+std::string Hdf5File::readString(const std::string& dataset) const
+{
+    const std::vector<std::string> values = readStrings(dataset);
+    if (values.size() != 1)
+        fail(dataset, "must hold a single string");
+    return values.front();
+}
+
+std::vector<std::string> Hdf5File::readStrings(const std::string& dataset) const
+{
+    Hdf5Handle d = openDataset(dataset);
+    Hdf5Handle type(H5Dget_type(d.id()), closeType);
+    Hdf5Handle space(H5Dget_space(d.id()), closeSpace);
+    if (H5Tget_class(type.id()) != H5T_STRING)
+        fail(dataset, "must hold strings");
+    const hssize_t n = H5Sget_simple_extent_npoints(space.id());
+    if (n < 0 || n > (1 << 26))
+        fail(dataset, "has an absurd number of strings");
+    std::vector<std::string> out;
+    if (H5Tis_variable_str(type.id()) > 0) {
+        Hdf5Handle mem = variableStringType();
+        std::vector<char*> raw(std::size_t(n), nullptr);
+        if (H5Dread(d.id(), mem.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
+            fail(dataset, "cannot be read (truncated file?)");
+        for (char* s : raw)
+            out.emplace_back(s ? s : "");
+        H5Dvlen_reclaim(mem.id(), space.id(), H5P_DEFAULT, raw.data());
+    } else {
+        const std::size_t size = H5Tget_size(type.id());
+        std::vector<char> buffer(std::size_t(n) * size);
+        if (H5Dread(d.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer.data()) < 0)
+            fail(dataset, "cannot be read (truncated file?)");
+        for (hssize_t i = 0; i < n; ++i) {
+            const char* p = buffer.data() + std::size_t(i) * size;
+            out.emplace_back(p, strnlen(p, size));
+        }
+    }
+    return out;
+}
+
+std::vector<std::int64_t> Hdf5File::readIntegers(const std::string& dataset, std::int64_t maxElements) const
+{
+    const DatasetInfo info = datasetInfo(dataset);
+    if (info.typeClass != H5T_INTEGER)
+        fail(dataset, "must hold integers");
+    const std::int64_t n = elementCount(info.shape);
+    if (n < 0 || n > maxElements)
+        fail(dataset, "declares an absurd size (shape [" + std::to_string(info.shape.empty() ? 0 : info.shape[0]) + ", ...])");
+    std::vector<std::int64_t> out(static_cast<std::size_t>(n));
+    Hdf5Handle d = openDataset(dataset);
+    requireWritten(*this, d.id(), dataset);
+    if (n > 0 && H5Dread(d.id(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
+        fail(dataset, "cannot be read (truncated file?)");
+    return out;
+}
+
+std::vector<float> Hdf5File::readFloats(const std::string& dataset, std::int64_t maxElements) const
+{
+    const DatasetInfo info = datasetInfo(dataset);
+    if (info.typeClass != H5T_FLOAT || (info.typeSize != 4 && info.typeSize != 8))
+        fail(dataset, "must hold float32 or float64 values");
+    const std::int64_t n = elementCount(info.shape);
+    if (n < 0 || n > maxElements)
+        fail(dataset, "declares an absurd size (shape [" + std::to_string(info.shape.empty() ? 0 : info.shape[0]) + ", ...])");
+    std::vector<float> out(static_cast<std::size_t>(n));
+    Hdf5Handle d = openDataset(dataset);
+    requireWritten(*this, d.id(), dataset);
+    if (n > 0 && H5Dread(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
+        fail(dataset, "cannot be read (truncated file?)");
+    return out;
+}
+
+void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
+                       const std::vector<std::int64_t>* rows) const
+{
+    Hdf5Handle d = openDataset(dataset);
+    requireWritten(*this, d.id(), dataset);
+    if (!rows) {
+        if (H5Dread(d.id(), memType, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+            fail(dataset, "cannot be read (truncated file?)");
+        return;
+    }
+    if (rows->empty())
+        return;
+    Hdf5Handle fileSpace(H5Dget_space(d.id()), closeSpace);
+    const int rank = H5Sget_simple_extent_ndims(fileSpace.id());
+    std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+    H5Sget_simple_extent_dims(fileSpace.id(), dims.data(), nullptr);
+    std::vector<hsize_t> start(static_cast<std::size_t>(rank), 0), count = dims;
+    count[0] = 1;
+    H5Sselect_none(fileSpace.id());
+    for (std::int64_t row : *rows) {
+        if (row < 0 || hsize_t(row) >= dims[0])
+            fail(dataset, "row " + std::to_string(row) + " out of range");
+        start[0] = hsize_t(row);
+        H5Sselect_hyperslab(fileSpace.id(), H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr);
+    }
+    std::vector<hsize_t> memDims = dims;
+    memDims[0] = rows->size();
+    Hdf5Handle memSpace(H5Screate_simple(rank, memDims.data(), nullptr), closeSpace);
+    if (H5Dread(d.id(), memType, memSpace.id(), fileSpace.id(), H5P_DEFAULT, dst) < 0)
+        fail(dataset, "cannot be read (truncated file?)");
+}
+
+void Hdf5File::createGroup(const std::string& group)
+{
+    if (exists(group))
+        return;
+    const std::string parent = parentOf(group);
+    if (parent != "/" && !exists(parent))
+        createGroup(parent);
+    Hdf5Handle gcpl(H5Pcreate(H5P_GROUP_CREATE), closePlist);
+    H5Pset_link_creation_order(gcpl.id(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+    Hdf5Handle g(H5Gcreate2(m_file.id(), group.c_str(), H5P_DEFAULT, gcpl.id(), H5P_DEFAULT), closeGroup);
+    if (!g.valid())
+        fail(group, "cannot create group");
+}
+
+namespace {
+template <typename Writer>
+void writeAttribute(const Hdf5File& file, hid_t fileId, const std::string& object,
+                    const std::string& name, hid_t type, Writer&& write)
+{
+    Hdf5Handle obj(H5Oopen(fileId, object.c_str(), H5P_DEFAULT), closeObject);
+    if (!obj.valid())
+        file.fail(object, "cannot open to write attribute '" + name + "'");
+    if (H5Aexists(obj.id(), name.c_str()) > 0)
+        H5Adelete(obj.id(), name.c_str());
+    Hdf5Handle space(H5Screate(H5S_SCALAR), closeSpace);
+    Hdf5Handle a(H5Acreate2(obj.id(), name.c_str(), type, space.id(), H5P_DEFAULT, H5P_DEFAULT),
+                 closeAttribute);
+    if (!a.valid() || write(a.id()) < 0)
+        file.fail(object, "cannot write attribute '" + name + "'");
+}
+}  // namespace
+
+void Hdf5File::writeStringAttribute(const std::string& object, const std::string& name,
+                                    const std::string& value)
+{
+    Hdf5Handle type = variableStringType();
+    const char* p = value.c_str();
+    writeAttribute(*this, m_file.id(), object, name, type.id(),
+                   [&](hid_t a) { return H5Awrite(a, type.id(), &p); });
+}
+
+void Hdf5File::writeIntAttribute(const std::string& object, const std::string& name, std::int64_t value)
+{
+    writeAttribute(*this, m_file.id(), object, name, H5T_STD_I64LE,
+                   [&](hid_t a) { return H5Awrite(a, H5T_NATIVE_INT64, &value); });
+}
+
+void Hdf5File::writeDoubleAttribute(const std::string& object, const std::string& name, double value)
+{
+    writeAttribute(*this, m_file.id(), object, name, H5T_IEEE_F64LE,
+                   [&](hid_t a) { return H5Awrite(a, H5T_NATIVE_DOUBLE, &value); });
+}
+
+void Hdf5File::writeString(const std::string& dataset, const std::string& value)
+{
+    createGroup(parentOf(dataset));
+    Hdf5Handle type = variableStringType();
+    Hdf5Handle space(H5Screate(H5S_SCALAR), closeSpace);
+    Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), type.id(), space.id(), H5P_DEFAULT,
+                            H5P_DEFAULT, H5P_DEFAULT),
+                 closeDataset);
+    const char* p = value.c_str();
+    if (!d.valid() || H5Dwrite(d.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p) < 0)
+        fail(dataset, "cannot be written");
+}
+
+void Hdf5File::writeStrings(const std::string& dataset, const std::vector<std::string>& values)
+{
+    createGroup(parentOf(dataset));
+    Hdf5Handle type = variableStringType();
+    const hsize_t n = values.size();
+    Hdf5Handle space(H5Screate_simple(1, &n, nullptr), closeSpace);
+    Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), type.id(), space.id(), H5P_DEFAULT,
+                            H5P_DEFAULT, H5P_DEFAULT),
+                 closeDataset);
+    std::vector<const char*> pointers;
+    for (const std::string& s : values)
+        pointers.push_back(s.c_str());
+    if (!d.valid() || (n > 0 && H5Dwrite(d.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()) < 0))
+        fail(dataset, "cannot be written");
+}
+
+void Hdf5File::writeRaw(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
+                        const void* src, std::int64_t chunkRows)
+{
+    createGroup(parentOf(dataset));
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    Hdf5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), closeSpace);
+    Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), closePlist);
+    bool nonEmpty = true;
+    for (hsize_t d : dims)
+        nonEmpty = nonEmpty && d > 0;
+    if (chunkRows > 0 && !dims.empty() && nonEmpty) {
+        std::vector<hsize_t> chunk = dims;
+        chunk[0] = std::min<hsize_t>(dims[0], hsize_t(chunkRows));
+        H5Pset_chunk(dcpl.id(), int(chunk.size()), chunk.data());
+    }
+    Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), fileType, space.id(), H5P_DEFAULT, dcpl.id(),
+                            H5P_DEFAULT),
+                 closeDataset);
+    if (!d.valid())
+        fail(dataset, "cannot be created");
+    if (nonEmpty && H5Dwrite(d.id(), fileType, H5S_ALL, H5S_ALL, H5P_DEFAULT, src) < 0)
+        fail(dataset, "cannot be written");
+}
+
+}  // namespace kvscope

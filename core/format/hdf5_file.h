@@ -1,0 +1,98 @@
+#pragma once
+// A thin RAII layer over the HDF5 C API. Every failure becomes a BundleError that names
+// the file and the object. Not thread-safe: callers serialise access (see BundleReader).
+
+#include "format/dtype.h"
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+// Owns one HDF5 identifier and closes it with the matching H5*close function.
+class Hdf5Handle {
+public:
+    using Closer = herr_t (*)(hid_t);
+    Hdf5Handle() = default;
+    Hdf5Handle(hid_t id, Closer closer) : m_id(id), m_closer(closer) {}
+    Hdf5Handle(Hdf5Handle&& other) noexcept : m_id(other.m_id), m_closer(other.m_closer) { other.m_id = -1; }
+    Hdf5Handle& operator=(Hdf5Handle&& other) noexcept;
+    Hdf5Handle(const Hdf5Handle&) = delete;
+    Hdf5Handle& operator=(const Hdf5Handle&) = delete;
+    ~Hdf5Handle();
+    hid_t id() const { return m_id; }
+    bool valid() const { return m_id >= 0; }
+
+private:
+    hid_t m_id = -1;
+    Closer m_closer = nullptr;
+};
+
+struct DatasetInfo {
+    std::vector<std::int64_t> shape;
+    H5T_class_t typeClass = H5T_NO_CLASS;
+    std::size_t typeSize = 0;
+    bool isSigned = false;
+};
+
+class Hdf5File {
+public:
+    static Hdf5File openReadOnly(const std::string& path);
+    static Hdf5File create(const std::string& path);  // truncates
+
+    const std::string& path() const { return m_path; }
+
+    bool exists(const std::string& object) const;
+    bool isGroup(const std::string& object) const;
+    std::vector<std::string> children(const std::string& group) const;  // in creation order
+
+    bool hasAttribute(const std::string& object, const std::string& name) const;
+    std::vector<std::string> attributeNames(const std::string& object) const;
+    std::string readStringAttribute(const std::string& object, const std::string& name) const;
+    std::int64_t readIntAttribute(const std::string& object, const std::string& name) const;
+    double readDoubleAttribute(const std::string& object, const std::string& name) const;
+
+    DatasetInfo datasetInfo(const std::string& dataset) const;
+    std::string readString(const std::string& dataset) const;  // scalar string
+    std::vector<std::string> readStrings(const std::string& dataset) const;  // 1-D strings
+    // Whole datasets, refusing more than `maxElements` (declared sizes are not trusted).
+    std::vector<std::int64_t> readIntegers(const std::string& dataset, std::int64_t maxElements = 1 << 26) const;
+    std::vector<float> readFloats(const std::string& dataset, std::int64_t maxElements = std::int64_t(1) << 30) const;
+    // The element count of a shape, or -1 when it overflows.
+    static std::int64_t elementCount(const std::vector<std::int64_t>& shape);
+    // Reads a whole dataset, or the rows `rows` (sorted ascending, along dimension 0),
+    // into `dst` without conversion: `memType` must describe the stored type.
+    void readRaw(const std::string& dataset, hid_t memType, void* dst,
+                 const std::vector<std::int64_t>* rows = nullptr) const;
+
+    void createGroup(const std::string& group);
+    void writeStringAttribute(const std::string& object, const std::string& name, const std::string& value);
+    void writeIntAttribute(const std::string& object, const std::string& name, std::int64_t value);
+    void writeDoubleAttribute(const std::string& object, const std::string& name, double value);
+    void writeString(const std::string& dataset, const std::string& value);
+    void writeStrings(const std::string& dataset, const std::vector<std::string>& values);
+    // Writes a dataset of `shape` from `src`, stored with `fileType` (memory layout identical),
+    // chunked by `chunkRows` rows of dimension 0 when > 0.
+    void writeRaw(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
+                  const void* src, std::int64_t chunkRows = 0);
+
+    [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
+
+private:
+    Hdf5Handle openObject(const std::string& object) const;
+    Hdf5Handle openDataset(const std::string& dataset) const;
+    Hdf5Handle openAttribute(const std::string& object, const std::string& name) const;
+
+    std::string m_path;
+    Hdf5Handle m_file;
+};
+
+// The HDF5 type a dtype is stored as: float32 as IEEE float, float16 as a 16-bit IEEE float
+// (as h5py writes numpy float16), bfloat16 as uint16, fp8 as uint8.
+hid_t storageType(DType dtype);
+
+}  // namespace kvscope

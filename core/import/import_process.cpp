@@ -1,0 +1,108 @@
+#include "import/import_process.h"
+
+#include "format/bundle_error.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <stdexcept>
+#include <vector>
+
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace kvscope {
+
+std::string importHelperPath()
+{
+    if (const char* forced = std::getenv("KVSCOPE_IMPORT_HELPER"); forced && *forced)
+        return forced;
+    std::error_code error;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+    if (error)
+        return "kvscope-import";
+    for (const std::filesystem::path& candidate :
+         {self.parent_path() / "kvscope-import", self.parent_path().parent_path() / "lib" / "kvscope" / "kvscope-import"})
+        if (std::filesystem::exists(candidate, error))
+            return candidate.string();
+    return (self.parent_path() / "kvscope-import").string();
+}
+
+void runImport(const std::string& directory, const std::string& bundlePath, const std::atomic<bool>* cancel)
+{
+    const std::string helper = importHelperPath();
+    int pipeFds[2];
+    if (pipe(pipeFds) != 0)
+        throw BundleError(directory, "", std::string("cannot start the import: ") + std::strerror(errno));
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, pipeFds[1], STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&actions, pipeFds[0]);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    std::vector<std::string> args{helper, directory, "-o", bundlePath};
+    std::vector<char*> argv;
+    for (std::string& a : args)
+        argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    const int spawned = posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(pipeFds[1]);
+    if (spawned != 0) {
+        close(pipeFds[0]);
+        throw BundleError(directory, "", "cannot run the import helper " + helper + ": " + std::strerror(spawned));
+    }
+    // Collect its messages until it exits, checking for cancellation in between.
+    std::string messages;
+    bool cancelled = false;
+    for (;;) {
+        pollfd fd{pipeFds[0], POLLIN, 0};
+        const int ready = poll(&fd, 1, 100);
+        if (cancel && *cancel && !cancelled) {
+            cancelled = true;
+            kill(pid, SIGKILL);
+        }
+        if (ready > 0) {
+            char buffer[4096];
+            const ssize_t n = read(pipeFds[0], buffer, sizeof buffer);
+            if (n <= 0)
+                break;
+            if (messages.size() < 65536)
+                messages.append(buffer, std::size_t(n));
+        } else if (ready < 0 && errno != EINTR) {
+            break;
+        }
+    }
+    close(pipeFds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (cancelled) {
+        std::error_code ignored;
+        std::filesystem::remove(bundlePath, ignored);
+        throw ImportCancelled{};
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return;
+    // The helper prints "kvscope-import: <BundleError text>"; pass its message on.
+    while (!messages.empty() && (messages.back() == '\n' || messages.back() == '\r'))
+        messages.pop_back();
+    const std::string prefix = "kvscope-import: ";
+    if (messages.rfind(prefix, 0) == 0)
+        messages.erase(0, prefix.size());
+    if (WIFSIGNALED(status))
+        messages = "the import helper crashed (signal " + std::to_string(WTERMSIG(status)) + ")" +
+                   (messages.empty() ? "" : ": " + messages);
+    else if (messages.empty())
+        messages = "the import helper failed with exit code " + std::to_string(WEXITSTATUS(status));
+    throw std::runtime_error(messages);  // already "file: object: problem"
+}
+
+}  // namespace kvscope

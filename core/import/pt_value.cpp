@@ -1,0 +1,115 @@
+#include "import/pt_value.h"
+
+#include "format/bundle_error.h"
+
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iterator>
+
+namespace kvscope {
+
+namespace {
+
+// libtorch 1.13's pickle_load fails on some things Python writes; say what and what to do.
+std::string explain(const std::string& message)
+{
+    const std::pair<const char*, const char*> known[] = {
+        {"Unknown opcode", "a dict or list with exactly one entry cannot be read by libtorch 1.13: save two or more "
+                           "entries, a bare tensor, or write the bundle with kvscope_capture in Python"},
+        {"_codecs.encode", "holds Python bytes objects (e.g. raw RPC results); decode them with torch.load and save "
+                           "the tensors, or write the bundle with kvscope_capture"},
+        {"Expected length to be 8", "holds an integer of magnitude 2^31 or more, which libtorch 1.13 misreads: "
+                                    "store it in a tensor"},
+        {"central directory", "is in the legacy torch.save format: save with the default zip format "
+                              "(no _use_new_zipfile_serialization=False)"},
+        {"Only Pickle protocol 2", "uses a pickle protocol above 2: save with pickle_protocol=2 (torch.save's default)"},
+    };
+    for (const auto& [needle, advice] : known)
+        if (message.find(needle) != std::string::npos)
+            return advice;
+    const std::string firstLine = message.substr(0, message.find('\n'));
+    return "libtorch cannot read it (" + firstLine + ")";
+}
+
+PtValue convert(const c10::IValue& v, const std::string& path, const std::string& where)
+{
+    PtValue out;
+    if (v.isNone())
+        return out;
+    if (v.isBool()) {
+        out.kind = PtValue::Kind::Bool;
+        out.boolean = v.toBool();
+    } else if (v.isInt()) {
+        out.kind = PtValue::Kind::Int;
+        out.integer = v.toInt();
+    } else if (v.isDouble()) {
+        out.kind = PtValue::Kind::Double;
+        out.number = v.toDouble();
+    } else if (v.isString()) {
+        out.kind = PtValue::Kind::String;
+        out.text = v.toStringRef();
+    } else if (v.isTensor()) {
+        const at::Tensor t = v.toTensor().contiguous();
+        for (std::int64_t d : t.sizes())
+            out.shape.push_back(d);
+        const c10::ScalarType type = t.scalar_type();
+        if (type == at::kBFloat16 || type == at::kHalf || type == at::kFloat) {
+            out.kind = PtValue::Kind::FloatTensor;
+            out.tensor.dtype = type == at::kBFloat16 ? DType::BFloat16 : type == at::kHalf ? DType::Float16 : DType::Float32;
+            out.tensor.shape = out.shape;
+            out.tensor.bytes.resize(std::size_t(t.numel()) * t.element_size());
+            std::memcpy(out.tensor.bytes.data(), t.data_ptr(), out.tensor.bytes.size());
+        } else if (type == at::kLong || type == at::kInt || type == at::kShort || type == at::kByte ||
+                   type == at::kChar || type == at::kBool) {
+            out.kind = PtValue::Kind::IntTensor;
+            const at::Tensor l = t.to(at::kLong);
+            out.intValues.assign(l.data_ptr<std::int64_t>(), l.data_ptr<std::int64_t>() + l.numel());
+        } else {
+            throw BundleError(path, where, std::string("tensor of dtype ") + c10::toString(type) +
+                                               " is not supported (bfloat16, float16, float32, integers)");
+        }
+    } else if (v.isList() || v.isTuple()) {
+        out.kind = PtValue::Kind::List;
+        const auto elements = v.isList() ? v.toListRef().vec() : v.toTupleRef().elements().vec();
+        for (std::size_t i = 0; i < elements.size(); ++i)
+            out.items.push_back(convert(elements[i], path, where + "[" + std::to_string(i) + "]"));
+    } else if (v.isGenericDict()) {
+        out.kind = PtValue::Kind::Dict;
+        for (const auto& entry : v.toGenericDict()) {
+            const c10::IValue& key = entry.key();
+            const std::string name = key.isString() ? key.toStringRef() : key.isInt() ? std::to_string(key.toInt()) : "?";
+            out.entries.emplace_back(name, convert(entry.value(), path, where + "['" + name + "']"));
+        }
+    } else {
+        throw BundleError(path, where, "holds a " + v.tagKind() + ", which kvscope does not read");
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string PtValue::kindName() const
+{
+    static const char* const names[] = {"None", "bool", "int", "float", "str", "float tensor", "integer tensor",
+                                        "list", "dict"};
+    return names[int(kind)];
+}
+
+PtValue loadPtFile(const std::string& path)
+{
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+        throw BundleError(path, {}, std::string("cannot open: ") + std::strerror(errno));
+    const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    c10::IValue value;
+    try {
+        value = torch::jit::pickle_load(data);
+    } catch (const std::exception& e) {
+        throw BundleError(path, {}, explain(e.what()));
+    }
+    return convert(value, path, "root");
+}
+
+}  // namespace kvscope

@@ -1,0 +1,118 @@
+#include "kv/capture_loader.h"
+
+#include "format/bundle_error.h"
+#include "kv/reference_alignment.h"
+#include "kv/snapshot_merge.h"
+
+#include <set>
+
+namespace kvscope {
+
+CaptureLoader::CaptureLoader(std::shared_ptr<const BundleReader> reader, UnreadableBlockPolicy policy)
+    : m_reader(std::move(reader))
+    , m_policy(policy)
+{
+}
+
+std::int64_t CaptureLoader::sequenceLength(const std::string& promptId) const
+{
+    return m_reader->prompt(promptId).snapshots.back().seqLen();
+}
+
+LayerShards CaptureLoader::readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+                                      const std::vector<std::int64_t>* blockIds) const
+{
+    const KvCacheConfig& config = m_reader->config();
+    LayerShards shards;
+    shards.k.resize(std::size_t(config.tpSize));
+    shards.v.resize(std::size_t(config.tpSize));
+    for (int rank : config.contributingRanks()) {
+        shards.k[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::K, blockIds);
+        shards.v[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::V, blockIds);
+    }
+    return shards;
+}
+
+const PromptInfo& CaptureLoader::usablePrompt(const std::string& promptId) const
+{
+    const PromptInfo& prompt = m_reader->prompt(promptId);
+    if (!prompt.problems.empty())
+        throw BundleError(m_reader->path(), bundle_path::prompt(promptId), "cannot be analysed: " + prompt.problems.front());
+    return prompt;
+}
+
+int CaptureLoader::groupOf(const std::string& layer) const
+{
+    const int group = m_reader->config().groupOf(layer);
+    if (group < 0)
+        throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
+    return group;
+}
+
+LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+                                      std::vector<std::string>* issues, std::int64_t length) const
+{
+    const PromptInfo& prompt = usablePrompt(promptId);
+    const KvCacheConfig& config = m_reader->config();
+    const int group = groupOf(layer);
+    const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
+    const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
+    const std::int64_t written = snap.seqLen() - 1;
+    const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written);
+    const LayerShards shards = readShards(promptId, snapshot, layer, &ids);
+    ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
+    return reconstructLayer(config, layer, shards, table, snap.batchRow, written, options, issues, length);
+}
+
+std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std::size_t snapshot,
+                                                const std::string& layer, std::vector<std::string>* issues) const
+{
+    const PromptInfo& prompt = usablePrompt(promptId);
+    const KvCacheConfig& config = m_reader->config();
+    const int group = groupOf(layer);
+    const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
+    const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
+    std::vector<std::int64_t> written;
+    std::set<std::int64_t> ids;
+    for (std::size_t row = 0; row < snap.seqLens.size(); ++row) {
+        written.push_back(snap.seqLens[row] < 0 ? -1 : snap.seqLens[row] - 1);
+        for (std::int64_t id : requiredBlocks(config, layer, table, std::int64_t(row), written.back()))
+            ids.insert(id);
+    }
+    const std::vector<std::int64_t> idList(ids.begin(), ids.end());
+    const LayerShards shards = readShards(promptId, snapshot, layer, &idList);
+    ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
+    return reconstructBatch(config, layer, shards, table, written, options, issues);
+}
+
+LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::string& layer,
+                                   std::vector<std::string>* issues) const
+{
+    const PromptInfo& prompt = usablePrompt(promptId);
+    std::vector<SnapshotSpan> spans;
+    for (const SnapshotInfo& s : prompt.snapshots)
+        spans.push_back({s.seqLen(), s.validatedUntil});
+    const std::vector<PositionRange> ranges =
+        contributedRanges(spans, m_reader->path(), bundle_path::prompt(promptId) + "/engine");
+    const KvCacheConfig& config = m_reader->config();
+    const int group = groupOf(layer);
+    SnapshotMerger merger(config.totalNumKvHeads, sequenceLength(promptId),
+                          config.groups[std::size_t(group)].headSize);
+    for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
+        if (ranges[s].end > ranges[s].begin)
+            merger.add(engineSnapshot(promptId, s, layer, issues, sequenceLength(promptId)), ranges[s]);
+    return merger.take();
+}
+
+LayerKv CaptureLoader::referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const
+{
+    usablePrompt(promptId);
+    const KvCacheConfig& config = m_reader->config();
+    const int group = groupOf(layer);
+    const BundleReader::Reference ref = m_reader->readReference(promptId, role, layer);
+    return alignReference(ref.k, ref.v, ref.batchRow, config, config.groups[std::size_t(group)],
+                          sequenceLength(promptId), m_reader->path(),
+                          bundle_path::referenceKv(promptId, role, layer, "k"));
+}
+
+}  // namespace kvscope

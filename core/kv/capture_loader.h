@@ -1,0 +1,51 @@
+#pragma once
+// From a bundle to contiguous, aligned KV for one layer of one prompt: the engine side
+// (every snapshot reconstructed, TP-merged and merged) and the reference side (aligned to
+// the engine's positions). Reads only the blocks a layer needs.
+
+#include "format/bundle_reader.h"
+#include "kv/layer_kv.h"
+#include "kv/reconstruction.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+class CaptureLoader {
+public:
+    explicit CaptureLoader(std::shared_ptr<const BundleReader> reader,
+                           UnreadableBlockPolicy policy = UnreadableBlockPolicy::Error);
+
+    const BundleReader& reader() const { return *m_reader; }
+
+    // Positions of the merged engine cache: the last snapshot's sequence length.
+    std::int64_t sequenceLength(const std::string& promptId) const;
+
+    // One snapshot, reconstructed: positions [0, seq_len - 1) (the last token is never
+    // written), in `length` positions (default: seq_len - 1; the rest absent).
+    LayerKv engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+                           std::vector<std::string>* issues = nullptr, std::int64_t length = -1) const;
+    // Every sequence of a snapshot's batch whose length is known.
+    std::vector<LayerKv> engineBatch(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+                                     std::vector<std::string>* issues = nullptr) const;
+    // All snapshots merged (see snapshot_merge.h), sequenceLength() positions.
+    LayerKv engineLayer(const std::string& promptId, const std::string& layer,
+                        std::vector<std::string>* issues = nullptr) const;
+    // The reference aligned to sequenceLength() positions.
+    LayerKv referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+
+private:
+    // The prompt, or a BundleError when its structure was found broken on open.
+    const PromptInfo& usablePrompt(const std::string& promptId) const;
+    int groupOf(const std::string& layer) const;  // throws for a layer of no group
+    LayerShards readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+                           const std::vector<std::int64_t>* blockIds) const;
+    std::vector<BlockTable> blockTable(const std::string& promptId, std::size_t snapshot) const;
+
+    std::shared_ptr<const BundleReader> m_reader;
+    UnreadableBlockPolicy m_policy;
+};
+
+}  // namespace kvscope

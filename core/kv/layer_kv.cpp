@@ -1,0 +1,50 @@
+#include "kv/layer_kv.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+namespace kvscope {
+
+LayerKv LayerKv::absent(int heads, std::int64_t seq, int headDim)
+{
+    LayerKv kv = unwritten(heads, seq, headDim);
+    std::fill(kv.k.begin(), kv.k.end(), std::numeric_limits<float>::quiet_NaN());
+    std::fill(kv.v.begin(), kv.v.end(), std::numeric_limits<float>::quiet_NaN());
+    return kv;
+}
+
+LayerKv LayerKv::unwritten(int heads, std::int64_t seq, int headDim)
+{
+    LayerKv kv;
+    kv.heads = heads;
+    kv.seq = seq;
+    kv.headDim = headDim;
+    const std::size_t n = std::size_t(heads) * std::size_t(seq) * std::size_t(headDim);
+    kv.k.resize(n);
+    kv.v.resize(n);
+    kv.present.assign(std::size_t(seq), 0);
+    return kv;
+}
+
+void LayerKv::clearAbsent()
+{
+    for (std::int64_t pos = 0; pos < seq; ++pos)
+        if (!present[std::size_t(pos)])
+            clear(pos);
+}
+
+std::int64_t LayerKv::presentCount() const
+{
+    return std::accumulate(present.begin(), present.end(), std::int64_t(0));
+}
+
+void LayerKv::clear(std::int64_t pos)
+{
+    present[std::size_t(pos)] = 0;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::fill_n(k.begin() + std::ptrdiff_t(index(0, pos)), rowSize(), nan);
+    std::fill_n(v.begin() + std::ptrdiff_t(index(0, pos)), rowSize(), nan);
+}
+
+}  // namespace kvscope

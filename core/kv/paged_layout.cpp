@@ -1,0 +1,118 @@
+#include "kv/paged_layout.h"
+
+#include "util/deterministic_math.h"
+
+#include "kv/reconstruction.h"
+
+#include <algorithm>
+#include <deque>
+#include <stdexcept>
+
+namespace kvscope {
+
+PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::uint64_t seed)
+    : m_config(config)
+    , m_seqLen(seqLen)
+    , m_seed(seed)
+{
+    std::mt19937_64 rng(seed);
+    std::vector<std::int32_t> pool;
+    for (std::int32_t b = 1; b < config.numBlocks; ++b)
+        pool.push_back(b);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    std::deque<std::int32_t> free(pool.begin(), pool.end());
+
+    const std::int64_t written = seqLen - 1;
+    m_tables.resize(config.groups.size());
+    m_writtenTo.resize(config.groups.size());
+    m_freed.resize(config.groups.size());
+    std::vector<std::int64_t> nextBlock(config.groups.size(), 0);
+    for (std::size_t g = 0; g < config.groups.size(); ++g) {
+        const std::int64_t cols = (seqLen + config.groups[g].blockSize - 1) / config.groups[g].blockSize;
+        m_tables[g] = BlockTable{1, cols, std::vector<std::int32_t>(std::size_t(cols), -1)};
+    }
+    // Grow the sequence one token at a time across all groups, as the engine does.
+    for (std::int64_t pos = 0; pos < seqLen; ++pos) {
+        for (std::size_t g = 0; g < config.groups.size(); ++g) {
+            const KvCacheGroup& group = config.groups[g];
+            const std::int64_t block = pos / group.blockSize;
+            if (block == nextBlock[g]) {
+                if (free.empty())
+                    throw std::invalid_argument("PagedLayout: num_blocks too small for the sequence");
+                m_tables[g].entries[std::size_t(block)] = free.front();
+                m_writtenTo[g].push_back(free.front());
+                free.pop_front();
+                ++nextBlock[g];
+            }
+            if (group.specType == SpecType::SlidingWindow) {
+                // Blocks wholly before the first held position go back to the pool, at its
+                // front: the next allocation reuses them, so they soon hold other data. Their
+                // table entries become the null block (-1), or, every other one, keep the
+                // stale id, as engines report both; readers must not read either.
+                const std::int64_t firstHeld = firstHeldPosition(group, std::min(pos + 1, written));
+                for (std::int64_t b = 0; b < firstHeld / group.blockSize; ++b) {
+                    std::int32_t& entry = m_tables[g].entries[std::size_t(b)];
+                    if (entry >= 0 && !m_freed[g].count(b)) {
+                        free.push_front(entry);
+                        m_freed[g].insert(b);
+                        if (b % 2 == 0)
+                            entry = -1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::string&)>& layerKv,
+                                     bool keepOnlyReferencedBlocks,
+                                     const std::function<std::pair<float, float>(const std::string&)>& scaleOf) const
+{
+    EngineSnapshot snap;
+    snap.seqLens = {m_seqLen};
+    snap.blockTables = m_tables;
+    snap.keepOnlyReferencedBlocks = keepOnlyReferencedBlocks;
+    snap.ranks.resize(std::size_t(m_config.tpSize));
+    const int hpr = m_config.headsPerRank();
+    for (std::size_t g = 0; g < m_config.groups.size(); ++g) {
+        const KvCacheGroup& group = m_config.groups[g];
+        const std::int64_t blockElems = std::int64_t(hpr) * group.blockSize * group.headSize;
+        for (const std::string& layer : group.layerNames) {
+            const LayerKv kv = layerKv(layer);
+            const auto [kScale, vScale] = scaleOf ? scaleOf(layer) : std::pair<float, float>{1.0f, 1.0f};
+            detmath::NormalSampler n01(m_seed ^ std::hash<std::string>{}(layer));
+            for (int r = 0; r < m_config.tpSize; ++r) {
+                std::vector<float> k(std::size_t(m_config.numBlocks * blockElems)), v(k.size());
+                for (std::size_t i = 0; i < k.size(); ++i) {
+                    k[i] = float(n01());
+                    v[i] = float(n01());
+                }
+                // Blocks are written in allocation order, so a block reused after a freed
+                // window ends up holding the later position's data, as in the engine.
+                for (std::size_t b = 0; b < m_writtenTo[g].size(); ++b) {
+                    const std::int32_t phys = m_writtenTo[g][b];
+                    for (int o = 0; o < group.blockSize; ++o) {
+                        const std::int64_t pos = std::int64_t(b) * group.blockSize + o;
+                        if (pos >= kv.seq || !kv.present[std::size_t(pos)])
+                            continue;
+                        for (int j = 0; j < hpr; ++j) {
+                            const int head = m_config.tpMode() == TpMode::Partitioned
+                                                 ? r * hpr + j
+                                                 : r / (m_config.tpSize / m_config.totalNumKvHeads);
+                            const std::size_t dst = std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + o) *
+                                                                group.headSize);
+                            std::copy_n(kv.kAt(head, pos), group.headSize, k.begin() + std::ptrdiff_t(dst));
+                            std::copy_n(kv.vAt(head, pos), group.headSize, v.begin() + std::ptrdiff_t(dst));
+                        }
+                    }
+                }
+                const std::vector<std::int64_t> shape{m_config.numBlocks, hpr, group.blockSize, group.headSize};
+                snap.ranks[std::size_t(r)][layer] = {RawTensor::fromFloat(group.dtype, shape, k, kScale),
+                                                     RawTensor::fromFloat(group.dtype, shape, v, vScale)};
+            }
+        }
+    }
+    return snap;
+}
+
+}  // namespace kvscope

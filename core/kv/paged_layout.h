@@ -1,0 +1,46 @@
+#pragma once
+// The inverse of reconstruction: lays contiguous per-layer KV of one sequence into a paged
+// cache the way vLLM does, for synthetic captures. Physical block 0 is the null block; the
+// others come from a shuffled free pool shared by every group; a SlidingWindowSpec group
+// frees blocks that fall wholly out of the window as the sequence grows (their table entries
+// become -1 or keep a stale id) and the pool reuses them first, so they hold other data.
+
+#include "format/bundle_writer.h"
+#include "format/kv_cache_config.h"
+#include "kv/layer_kv.h"
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace kvscope {
+
+class PagedLayout {
+public:
+    // Allocates block tables for one sequence (batch of one) of `seqLen` tokens, of which
+    // seqLen - 1 are written. Throws std::invalid_argument when num_blocks is too small.
+    PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::uint64_t seed);
+
+    const std::vector<BlockTable>& blockTables() const { return m_tables; }
+
+    // The snapshot holding every layer: `layerKv(name)` gives the layer's contiguous KV
+    // ([total heads, >= seqLen - 1, head_size]; only present positions are written).
+    // Blocks no position uses hold deterministic noise (other sequences' data).
+    // `scaleOf(layer)` gives the K and V dequantisation scales of fp8 caches (default 1).
+    EngineSnapshot snapshot(const std::function<LayerKv(const std::string&)>& layerKv, bool keepOnlyReferencedBlocks,
+                            const std::function<std::pair<float, float>(const std::string&)>& scaleOf = {}) const;
+
+private:
+    KvCacheConfig m_config;
+    std::int64_t m_seqLen;
+    std::uint64_t m_seed;
+    std::vector<BlockTable> m_tables;
+    // Per group: the physical block each logical block was written to (before any freeing).
+    std::vector<std::vector<std::int32_t>> m_writtenTo;
+    std::vector<std::set<std::int64_t>> m_freed;  // per group: logical blocks given back
+};
+
+}  // namespace kvscope

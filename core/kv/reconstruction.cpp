@@ -1,0 +1,195 @@
+#include "kv/reconstruction.h"
+
+#include "format/bundle_error.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace kvscope {
+
+namespace {
+
+struct ErrorContext {
+    const ReconstructOptions& options;
+    std::string layer;
+    [[noreturn]] void fail(const std::string& problem) const
+    {
+        const std::string object = options.object.empty() ? "layer '" + layer + "'"
+                                                           : options.object + ", layer '" + layer + "'";
+        throw BundleError(options.file, object, problem);
+    }
+};
+
+const KvCacheGroup& groupOfLayer(const KvCacheConfig& config, const std::string& layer, const ErrorContext& ctx)
+{
+    const int g = config.groupOf(layer);
+    if (g < 0)
+        ctx.fail("belongs to no KV cache group of the config");
+    return config.groups[std::size_t(g)];
+}
+
+void checkShard(const KvCacheConfig& config, const KvCacheGroup& group, const std::vector<PagedShard>& shards,
+                int rank, KvPart part, const ErrorContext& ctx)
+{
+    const std::string what = std::string(kvPartName(part)) + " shard of TP rank " + std::to_string(rank);
+    if (std::size_t(rank) >= shards.size())
+        ctx.fail(what + " is missing");
+    const PagedShard& shard = shards[std::size_t(rank)];
+    const std::vector<std::int64_t> expected{std::int64_t(shard.physicalIds.size()), config.headsPerRank(),
+                                             group.blockSize, group.headSize};
+    if (shard.blocks.shape != expected)
+        ctx.fail(what + " has shape " + shapeToString(shard.blocks.shape) + ", the config implies " +
+                 shapeToString(expected) + " ([stored blocks, heads_per_rank, block_size, head_size])");
+    if (shard.blocks.dtype != group.dtype)
+        ctx.fail(what + " is " + dtypeName(shard.blocks.dtype) + ", the config says " + dtypeName(group.dtype));
+    if (shard.blocks.bytes.size() != std::size_t(shard.blocks.numel()) * dtypeSize(shard.blocks.dtype))
+        ctx.fail(what + " holds " + std::to_string(shard.blocks.bytes.size()) + " bytes, its shape needs more");
+}
+
+std::unordered_map<std::int64_t, std::int64_t> slotsOf(const PagedShard& shard)
+{
+    std::unordered_map<std::int64_t, std::int64_t> slots;
+    slots.reserve(shard.physicalIds.size());
+    for (std::size_t i = 0; i < shard.physicalIds.size(); ++i)
+        slots.emplace(shard.physicalIds[i], std::int64_t(i));
+    return slots;
+}
+
+}  // namespace
+
+std::int64_t firstHeldPosition(const KvCacheGroup& group, std::int64_t writtenLen)
+{
+    if (group.specType != SpecType::SlidingWindow || !group.slidingWindow)
+        return 0;
+    return std::max<std::int64_t>(0, writtenLen - *group.slidingWindow + 1);
+}
+
+std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std::string& layer,
+                                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen)
+{
+    std::vector<std::int64_t> ids;
+    const int g = config.groupOf(layer);
+    if (g < 0 || row < 0 || row >= table.rows || writtenLen <= 0)
+        return ids;
+    const KvCacheGroup& group = config.groups[std::size_t(g)];
+    const std::int64_t first = firstHeldPosition(group, writtenLen) / group.blockSize;
+    const std::int64_t last = std::min<std::int64_t>((writtenLen - 1) / group.blockSize, table.cols - 1);
+    for (std::int64_t b = first; b <= last; ++b) {
+        const std::int32_t id = table.at(row, b);
+        if (id >= 0 && id < config.numBlocks)
+            ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+}
+
+LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
+                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
+                         const ReconstructOptions& options, std::vector<std::string>* issues, std::int64_t length)
+{
+    const ErrorContext ctx{options, layer};
+    const KvCacheGroup& group = groupOfLayer(config, layer, ctx);
+    const std::vector<int> ranks = config.contributingRanks();
+    for (int rank : ranks) {
+        checkShard(config, group, shards.k, rank, KvPart::K, ctx);
+        checkShard(config, group, shards.v, rank, KvPart::V, ctx);
+    }
+    if (row < 0 || row >= table.rows)
+        ctx.fail("block-table row " + std::to_string(row) + " does not exist (table has " +
+                 std::to_string(table.rows) + " rows)");
+    if (writtenLen < 0)
+        ctx.fail("negative sequence length " + std::to_string(writtenLen));
+
+    const int headsPerRank = config.headsPerRank();
+    const int heads = headsPerRank * int(ranks.size());
+    const int headDim = group.headSize;
+    const int blockSize = group.blockSize;
+    const std::int64_t neededBlocks = (writtenLen + blockSize - 1) / blockSize;
+    if (neededBlocks > table.cols)  // before allocating: the table bounds what can be real
+        ctx.fail("block table of group " + std::to_string(config.groupOf(layer)) + " has " +
+                 std::to_string(table.cols) + " entries per row, " + std::to_string(writtenLen) +
+                 " positions need " + std::to_string(neededBlocks));
+    if (length < writtenLen)
+        length = writtenLen;
+    LayerKv out = LayerKv::unwritten(heads, length, headDim);
+    if (writtenLen == 0) {
+        out.clearAbsent();
+        return out;
+    }
+
+    std::vector<std::unordered_map<std::int64_t, std::int64_t>> kSlots, vSlots;
+    for (int rank : ranks) {
+        kSlots.push_back(slotsOf(shards.k[std::size_t(rank)]));
+        vSlots.push_back(slotsOf(shards.v[std::size_t(rank)]));
+    }
+
+    const std::int64_t firstHeld = firstHeldPosition(group, writtenLen);
+
+    for (std::int64_t b = firstHeld / blockSize; b < neededBlocks; ++b) {
+        const std::int64_t begin = std::max(b * blockSize, firstHeld);
+        const std::int64_t end = std::min((b + 1) * blockSize, writtenLen);
+        const std::int32_t id = table.at(row, b);
+        std::string problem;
+        if (id == -1)
+            problem = "is the null block (-1)";
+        else if (id < 0 || id >= config.numBlocks)
+            problem = "is physical block " + std::to_string(id) + ", outside [0, num_blocks=" +
+                      std::to_string(config.numBlocks) + ")";
+        else if (!kSlots.front().count(id) || !vSlots.front().count(id))
+            problem = "is physical block " + std::to_string(id) + ", which the bundle does not store";
+        if (!problem.empty()) {
+            const std::string message = "row " + std::to_string(row) + ", logical block " + std::to_string(b) +
+                                        " (positions " + std::to_string(begin) + ".." + std::to_string(end - 1) +
+                                        ") " + problem + " but its data is needed";
+            if (options.unreadableBlocks == UnreadableBlockPolicy::Error)
+                ctx.fail(message);
+            if (issues)
+                issues->push_back(options.file + ": " + options.object + ", layer '" + layer + "': " + message);
+            continue;
+        }
+        for (std::size_t i = 0; i < ranks.size(); ++i) {
+            const PagedShard& ks = shards.k[std::size_t(ranks[i])];
+            const PagedShard& vs = shards.v[std::size_t(ranks[i])];
+            const auto kSlot = kSlots[i].find(id);
+            const auto vSlot = vSlots[i].find(id);
+            if (kSlot == kSlots[i].end() || vSlot == vSlots[i].end())
+                ctx.fail("physical block " + std::to_string(id) + " is missing from TP rank " +
+                         std::to_string(ranks[i]) + "'s shard");
+            for (int h = 0; h < headsPerRank; ++h) {
+                const int head = int(i) * headsPerRank + h;
+                for (std::int64_t pos = begin; pos < end; ++pos) {
+                    // blocks[slot, h, pos % blockSize, :]
+                    const std::int64_t src =
+                        ((kSlot->second * headsPerRank + h) * blockSize + pos % blockSize) * headDim;
+                    const std::int64_t vsrc =
+                        ((vSlot->second * headsPerRank + h) * blockSize + pos % blockSize) * headDim;
+                    ks.blocks.decode(src, headDim, out.k.data() + out.index(head, pos));
+                    vs.blocks.decode(vsrc, headDim, out.v.data() + out.index(head, pos));
+                }
+            }
+        }
+        std::fill(out.present.begin() + begin, out.present.begin() + end, 1);
+    }
+    out.clearAbsent();
+    return out;
+}
+
+std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,
+                                      const LayerShards& shards, const BlockTable& table,
+                                      const std::vector<std::int64_t>& writtenLens,
+                                      const ReconstructOptions& options, std::vector<std::string>* issues)
+{
+    if (std::int64_t(writtenLens.size()) != table.rows)
+        ErrorContext{options, layer}.fail(std::to_string(writtenLens.size()) + " sequence lengths for a block table of " +
+                                          std::to_string(table.rows) + " rows");
+    std::vector<LayerKv> rows;
+    for (std::int64_t r = 0; r < table.rows; ++r)
+        rows.push_back(writtenLens[std::size_t(r)] < 0
+                           ? LayerKv{}
+                           : reconstructLayer(config, layer, shards, table, r, writtenLens[std::size_t(r)],
+                                              options, issues));
+    return rows;
+}
+
+}  // namespace kvscope

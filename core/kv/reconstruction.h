@@ -1,0 +1,53 @@
+#pragma once
+// Paged to contiguous: one layer of one sequence (or every sequence of a batch), through
+// its group's block table and block size, with the TP shards merged on the head axis.
+
+#include "format/kv_cache_config.h"
+#include "kv/layer_kv.h"
+#include "format/paged_kv.h"
+
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+enum class UnreadableBlockPolicy {
+    Error,       // a needed block that is null (-1), out of range or not stored throws
+    MarkAbsent,  // ... becomes absent positions, and the problem is recorded in `issues`
+};
+
+struct ReconstructOptions {
+    UnreadableBlockPolicy unreadableBlocks = UnreadableBlockPolicy::Error;
+    // Named in error messages: the file and the object the data came from.
+    std::string file;
+    std::string object;
+};
+
+// The first position the engine still holds for a sequence with `writtenLen` positions
+// written: SlidingWindowSpec frees blocks wholly before writtenLen - sliding_window + 1
+// (vLLM's last useful token), so only the last sliding_window - 1 positions are kept, as
+// HF keeps them. FullAttentionSpec keeps every position even with a sliding_window.
+std::int64_t firstHeldPosition(const KvCacheGroup& group, std::int64_t writtenLen);
+
+// Physical ids (sorted, unique) of the blocks that hold row `row`'s positions
+// [firstHeldPosition, writtenLen). Null, out-of-range entries are skipped (reconstruction reports them).
+std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std::string& layer,
+                                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen);
+
+// Reconstructs positions [0, writtenLen) of block-table row `row`, into `length` positions
+// (default: writtenLen; positions from writtenLen on are absent). Positions outside a freed
+// sliding window are absent. Throws BundleError on shards that disagree with the config, a
+// layer that belongs to no group, and (with policy Error) unreadable blocks.
+LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
+                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
+                         const ReconstructOptions& options = {}, std::vector<std::string>* issues = nullptr,
+                         std::int64_t length = -1);
+
+// Every row of the table; rows whose length is negative (unknown) come back empty.
+std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,
+                                      const LayerShards& shards, const BlockTable& table,
+                                      const std::vector<std::int64_t>& writtenLens,
+                                      const ReconstructOptions& options = {},
+                                      std::vector<std::string>* issues = nullptr);
+
+}  // namespace kvscope

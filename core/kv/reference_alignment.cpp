@@ -1,0 +1,47 @@
+#include "kv/reference_alignment.h"
+
+#include "format/bundle_error.h"
+
+namespace kvscope {
+
+LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batchRow, const KvCacheConfig& config,
+                       const KvCacheGroup& group, std::int64_t targetLen, const std::string& file,
+                       const std::string& object)
+{
+    auto fail = [&](const std::string& problem) { throw BundleError(file, object, problem); };
+    if (k.shape.size() != 4 || k.shape != v.shape)
+        fail("k " + shapeToString(k.shape) + " and v " + shapeToString(v.shape) +
+             " must share one shape [batch, heads, seq, head_dim]");
+    const std::int64_t batch = k.shape[0], heads = k.shape[1], seq = k.shape[2], dim = k.shape[3];
+    if (batchRow < 0 || batchRow >= batch)
+        fail("batch row " + std::to_string(batchRow) + " outside a batch of " + std::to_string(batch));
+    if (heads != config.totalNumKvHeads)
+        fail(std::to_string(heads) + " heads, the config has total_num_kv_heads " +
+             std::to_string(config.totalNumKvHeads));
+    if (dim != group.headSize)
+        fail("head_dim " + std::to_string(dim) + ", the config has head_size " + std::to_string(group.headSize));
+
+    std::int64_t offset = 0;  // engine position of the reference's first position
+    if (seq != targetLen) {
+        const bool windowTrimmed = group.slidingWindow && seq == *group.slidingWindow - 1 && seq < targetLen;
+        if (!windowTrimmed)
+            fail("sequence length " + std::to_string(seq) + " does not match the engine's " +
+                 std::to_string(targetLen) +
+                 (group.slidingWindow ? " nor the sliding window's " + std::to_string(*group.slidingWindow - 1)
+                                      : std::string()));
+        offset = targetLen - seq;
+    }
+
+    LayerKv out = LayerKv::unwritten(int(heads), targetLen, int(dim));
+    for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t s = 0; s < seq; ++s) {
+            const std::int64_t src = ((batchRow * heads + h) * seq + s) * dim;
+            k.decode(src, dim, out.k.data() + out.index(int(h), offset + s));
+            v.decode(src, dim, out.v.data() + out.index(int(h), offset + s));
+        }
+    std::fill(out.present.begin() + offset, out.present.end(), 1);
+    out.clearAbsent();
+    return out;
+}
+
+}  // namespace kvscope

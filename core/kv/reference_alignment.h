@@ -1,0 +1,21 @@
+#pragma once
+// The reference (HF past_key_values) side of one layer, aligned to the engine's positions.
+
+#include "format/kv_cache_config.h"
+#include "kv/layer_kv.h"
+#include "format/raw_tensor.h"
+
+#include <string>
+
+namespace kvscope {
+
+// `k` and `v` are [batch, heads, seq, head_dim]; row `batchRow` is taken. When seq equals
+// `targetLen` every position is present. For a layer with a sliding window, HF may keep only
+// the last sliding_window - 1 positions: those are placed at the end and the positions before
+// are absent. Any other mismatch (heads, head_dim, length) throws BundleError naming
+// `file` and `object`.
+LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batchRow, const KvCacheConfig& config,
+                       const KvCacheGroup& group, std::int64_t targetLen, const std::string& file,
+                       const std::string& object);
+
+}  // namespace kvscope

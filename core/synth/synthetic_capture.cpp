@@ -1,0 +1,200 @@
+#include "synth/synthetic_capture.h"
+
+#include "format/bundle_writer.h"
+#include "util/deterministic_math.h"
+#include "kv/paged_layout.h"
+
+#include <cmath>
+#include <random>
+
+namespace kvscope {
+
+namespace {
+
+std::string layerName(int i)
+{
+    return "model.layers." + std::to_string(i) + ".self_attn";
+}
+
+bool isSliding(const SyntheticCaptureOptions& o, int layer)
+{
+    return o.alternateSliding && layer % 2 == 0;
+}
+
+KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t longest)
+{
+    std::vector<std::string> sliding, full;
+    for (int i = 0; i < o.layers; ++i)
+        (isSliding(o, i) ? sliding : full).push_back("\"" + layerName(i) + "\"");
+    const int perRank = std::max(1, o.kvHeads / o.tpSize);
+    auto group = [&](const std::vector<std::string>& names, const char* spec, int blockSize) {
+        std::string list;
+        for (const std::string& n : names)
+            list += (list.empty() ? "" : ", ") + n;
+        return "{\"layer_names\": [" + list + "], \"spec_type\": \"" + spec + "\", \"block_size\": " +
+               std::to_string(blockSize) + ", \"sliding_window\": " +
+               (o.alternateSliding ? std::to_string(o.slidingWindow) : "null") +
+               ", \"dtype\": \"torch.bfloat16\", \"num_kv_heads\": " + std::to_string(perRank) +
+               ", \"head_size\": " + std::to_string(o.headDim) + "}";
+    };
+    // Enough blocks for every group of the longest sequence, the null block and some slack.
+    const std::int64_t blocks = 2 + longest / o.fullBlockSize + (sliding.empty() ? 0 : longest / o.slidingBlockSize) + 8;
+    std::string groups = group(full, "FullAttentionSpec", o.fullBlockSize);
+    if (!sliding.empty())
+        groups = group(sliding, "SlidingWindowSpec", o.slidingBlockSize) + ", " + groups;
+    return KvCacheConfig::fromJson("{\"num_blocks\": " + std::to_string(blocks) + ", \"tp_size\": " +
+                                       std::to_string(o.tpSize) + ", \"total_num_kv_heads\": " +
+                                       std::to_string(o.kvHeads) + ", \"dcp_size\": 1, \"pcp_size\": 1, \"groups\": [" +
+                                       groups + "]}",
+                                   {}, "synthetic config");
+}
+
+float bf16(float x)
+{
+    return detmath::roundToBf16(x);
+}
+
+struct LayerData {
+    LayerKv baseline;
+    LayerKv engine;
+};
+
+// One layer of one prompt, every position present, regenerated identically from its seed.
+LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, int layer, std::int64_t promptLen,
+                        std::int64_t seqLen)
+{
+    detmath::NormalSampler n01(o.seed * 1000003 + prompt * 7919 + std::uint64_t(layer) * 104729);
+    LayerData d{LayerKv::absent(o.kvHeads, seqLen, o.headDim), LayerKv::absent(o.kvHeads, seqLen, o.headDim)};
+    std::fill(d.baseline.present.begin(), d.baseline.present.end(), 1);
+    std::fill(d.engine.present.begin(), d.engine.present.end(), 1);
+    for (std::size_t i = 0; i < d.baseline.k.size(); ++i) {
+        const int channel = int(i % std::size_t(o.headDim));
+        d.baseline.k[i] = float(n01()) * (channel % 11 == 3 ? 8.0f : 1.0f);
+        d.baseline.v[i] = float(n01());
+        // A perturbation well below bf16's resolution changes some roundings only.
+        d.engine.k[i] = bf16(d.baseline.k[i] * (1.0f + 1e-3f * float(n01())));
+        d.engine.v[i] = bf16(d.baseline.v[i] * (1.0f + 1e-3f * float(n01())));
+    }
+    if (layer == o.faultLayer)
+        for (std::int64_t pos = promptLen + o.faultPosition; pos < seqLen; ++pos)
+            for (int c = 0; c + 1 < o.headDim; c += 2) {
+                // RoPE rotated by one position too many: pair i turns by 10000^(-2i/dim).
+                float* k = d.engine.k.data() + d.engine.index(o.faultHead, pos) + c;
+                double sinA = 0, cosA = 0;
+                detmath::sinCos(detmath::exp(-double(c) / o.headDim * 9.21034037197618273607), sinA, cosA);  // ln 10000
+                const float a = k[0], b = k[1], s = float(sinA), co = float(cosA);
+                k[0] = bf16(a * co - b * s);
+                k[1] = bf16(a * s + b * co);
+            }
+    return d;
+}
+
+}  // namespace
+
+SyntheticCaptureOptions demoCaptureOptions()
+{
+    SyntheticCaptureOptions o;
+    o.model = "kvscope-demo (synthetic, 8 layers)";
+    return o;
+}
+
+SyntheticCaptureOptions llama70bShape(int tokens, int layers)
+{
+    SyntheticCaptureOptions o;
+    o.model = "synthetic, shaped like Llama-3.3-70B (" + std::to_string(layers) + " layers)";
+    o.layers = layers;
+    o.alternateSliding = false;
+    o.kvHeads = 8;
+    o.headDim = 128;
+    o.tpSize = 8;
+    o.fullBlockSize = 16;
+    o.promptLens = {tokens / 2};
+    o.decodeTokens = tokens - tokens / 2;
+    o.faultLayer = -1;
+    o.divergence = -1;
+    return o;
+}
+
+void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOptions& o)
+{
+    std::int64_t longest = 0;
+    for (int len : o.promptLens)
+        longest = std::max<std::int64_t>(longest, len + o.decodeTokens);
+    const KvCacheConfig config = syntheticConfig(o, longest);
+    BundleMetadata meta;
+    meta.model = o.model;
+    meta.engine = "synthetic paged engine";
+    meta.notes = "Synthetic capture: bf16 engine and reference over an fp32 baseline, made without a model.";
+    meta.extra["synthetic_fault"] = o.faultLayer < 0 ? "none"
+        : "rope_offset layer=" + layerName(o.faultLayer) + " head=" + std::to_string(o.faultHead) +
+              " from_decode_step=" + std::to_string(o.faultPosition);
+    BundleWriter writer(path, meta, config);
+
+    std::mt19937_64 rng(o.seed);
+    for (std::size_t p = 0; p < o.promptLens.size(); ++p) {
+        const std::string id = "prompt_" + std::to_string(p);
+        const std::int64_t promptLen = o.promptLens[p];
+        const std::int64_t seqLen = promptLen + o.decodeTokens;
+        const std::int64_t divergence = o.divergence < 0 ? -1 : promptLen + o.divergence;
+        PromptRecord record;
+        record.id = id;
+        std::uniform_int_distribution<std::int64_t> tokens(3, 32000);
+        for (std::int64_t i = 0; i < promptLen; ++i)
+            record.inputIds.push_back(tokens(rng));
+        for (int i = 0; i < o.decodeTokens; ++i)
+            record.teacherTokens.push_back(tokens(rng));
+        record.divergencePositions = divergence < 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{divergence};
+        for (std::int64_t t : record.inputIds)
+            record.tokenStrings.push_back("t" + std::to_string(t));
+        for (std::int64_t t : record.teacherTokens)
+            record.tokenStrings.push_back("t" + std::to_string(t));
+        writer.addPrompt(record);
+
+        // With a divergence, snapshot 0 ran one token past it: its KV there is the engine's own
+        // (wrong) token. Snapshot 1 re-prefilled the teacher token and ran to the end.
+        const int snapshots = divergence < 0 ? 1 : 2;
+        for (int s = 0; s < snapshots; ++s) {
+            const std::int64_t snapSeqLen = s + 1 < snapshots ? divergence + 2 : seqLen;
+            const PagedLayout layout(config, snapSeqLen, o.seed * 31 + p * 7 + std::uint64_t(s));
+            detmath::NormalSampler wrong(o.seed + 17 * p);
+            EngineSnapshot snap = layout.snapshot(
+                [&](const std::string& layer) {
+                    const int index = std::stoi(layer.substr(std::string("model.layers.").size()));
+                    LayerKv kv = generateLayer(o, p, index, promptLen, seqLen).engine;
+                    if (s + 1 < snapshots)
+                        for (int h = 0; h < kv.heads; ++h)
+                            for (int d = 0; d < kv.headDim; ++d) {
+                                kv.k[kv.index(h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
+                                kv.v[kv.index(h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
+                            }
+                    return kv;
+                },
+                true);
+            snap.validatedUntil = s + 1 < snapshots ? divergence : snapSeqLen - 1;
+            writer.addSnapshot(id, snap);
+        }
+
+        for (int l = 0; l < o.layers; ++l) {
+            const LayerKv base = generateLayer(o, p, l, promptLen, seqLen).baseline;
+            // HF keeps only window - 1 positions of sliding-window layers.
+            const std::int64_t keep = isSliding(o, l) ? std::min<std::int64_t>(seqLen, o.slidingWindow - 1) : seqLen;
+            std::vector<float> k, v;
+            k.reserve(std::size_t(o.kvHeads * keep * o.headDim));
+            v.reserve(k.capacity());
+            for (int h = 0; h < o.kvHeads; ++h)
+                for (std::int64_t pos = seqLen - keep; pos < seqLen; ++pos) {
+                    k.insert(k.end(), base.kAt(h, pos), base.kAt(h, pos) + o.headDim);
+                    v.insert(v.end(), base.vAt(h, pos), base.vAt(h, pos) + o.headDim);
+                }
+            const std::vector<std::int64_t> shape{1, o.kvHeads, keep, o.headDim};
+            if (o.baseline)
+                writer.addReference(id, ReferenceRole::Baseline, layerName(l), RawTensor::fromFloat(DType::Float32, shape, k),
+                                    RawTensor::fromFloat(DType::Float32, shape, v));
+            writer.addReference(id, ReferenceRole::Expected, layerName(l), RawTensor::fromFloat(DType::BFloat16, shape, k),
+                                RawTensor::fromFloat(DType::BFloat16, shape, v));
+        }
+    }
+    writer.finish();
+}
+
+}  // namespace kvscope
