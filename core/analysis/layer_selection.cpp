@@ -29,6 +29,8 @@ std::vector<std::string> parseLayerSelection(const std::string& spec, const std:
         } catch (const std::exception&) {
             throw std::invalid_argument("--layers: '" + item + "' is neither a layer name nor an index range");
         }
+        if (layers.empty())
+            throw std::invalid_argument("--layers: the capture has no layers");
         if (first > last || last >= layers.size())
             throw std::invalid_argument("--layers: '" + item + "' outside 0-" + std::to_string(layers.size() - 1));
         for (std::size_t i = first; i <= last; ++i)

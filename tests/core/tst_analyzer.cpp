@@ -1,0 +1,199 @@
+// The whole-bundle analysis: aggregation across prompts equals pooling the raw errors,
+// progress and cancellation, prompt and layer selection.
+
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "analysis/layer_selection.h"
+#include "format/bundle_writer.h"
+#include "synth/synthetic_capture.h"
+#include "analysis/divergence.h"
+#include "metrics/error_histogram.h"
+#include "analysis/layer_comparison.h"
+#include "metrics/vector_metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace kvscope;
+
+#include "metric_reference.h"
+#include "test_support.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestAnalyzer : public QObject {
+    Q_OBJECT
+
+private slots:
+    void initTestCase();
+    void aggregationEqualsPooledErrors();
+    void singlePromptAggregate();
+    void progressAndCancellation();
+    void layerSelection();
+    void layerSelectionSyntax();
+
+private:
+    QTemporaryDir m_dir;
+    std::string m_demo;
+};
+
+void TestAnalyzer::initTestCase()
+{
+    m_demo = m_dir.filePath("demo.h5").toStdString();
+    writeSmallCapture(m_demo);
+}
+
+void TestAnalyzer::aggregationEqualsPooledErrors()
+{
+    auto reader = std::make_shared<BundleReader>(m_demo);
+    const AnalysisResult result = analyzeBundle(reader);
+    QVERIFY(result.aggregate);
+    const AggregateBc& agg = *result.aggregate;
+    QCOMPARE(agg.promptIds.size(), std::size_t(3));
+    QCOMPARE(agg.generationCount, std::int64_t(12));  // every prompt has 12 decode positions
+    QCOMPARE(agg.divergenceCounts[4], 3);              // all three diverged at generation index 4
+    QCOMPARE(agg.divergenceCounts[3], 0);
+
+    const CaptureLoader loader(reader);
+    for (std::size_t l = 0; l < agg.layers.size(); ++l) {
+        std::vector<LayerKv> base, expected, actual;
+        for (const PromptAnalysis& p : result.prompts) {
+            base.push_back(loader.referenceLayer(p.id, ReferenceRole::Baseline, agg.layers[l]));
+            expected.push_back(loader.referenceLayer(p.id, ReferenceRole::Expected, agg.layers[l]));
+            actual.push_back(loader.engineLayer(p.id, agg.layers[l]));
+        }
+        auto held = [&](std::size_t i, std::int64_t t) {
+            return base[i].present[std::size_t(t)] && expected[i].present[std::size_t(t)] && actual[i].present[std::size_t(t)];
+        };
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            std::vector<double> allBase, allTarget;
+            for (std::int64_t g = 0; g < agg.generationCount; ++g) {
+                std::vector<double> pb, pt;
+                for (std::size_t i = 0; i < result.prompts.size(); ++i) {
+                    const std::int64_t t = result.prompts[i].promptLen + g;
+                    if (!held(i, t))
+                        continue;
+                    const auto eb = errors(base[i], expected[i], t, part), et = errors(base[i], actual[i], t, part);
+                    pb.insert(pb.end(), eb.begin(), eb.end());
+                    pt.insert(pt.end(), et.begin(), et.end());
+                }
+                const float got = agg.bc[std::size_t(part)][l * std::size_t(agg.generationCount) + std::size_t(g)];
+                if (pb.empty()) {
+                    QVERIFY(std::isnan(got));  // no prompt holds it: no data, never BC 1
+                    continue;
+                }
+                QVERIFY2(std::abs(got - referenceBc(pb, pt)) < 1e-6,
+                         qPrintable(QString("layer %1 g %2: %3 vs %4").arg(l).arg(g).arg(got).arg(referenceBc(pb, pt))));
+            }
+            for (std::size_t i = 0; i < result.prompts.size(); ++i)
+                for (std::int64_t t = 0; t < base[i].seq; ++t)
+                    if (held(i, t)) {
+                        const auto eb = errors(base[i], expected[i], t, part), et = errors(base[i], actual[i], t, part);
+                        allBase.insert(allBase.end(), eb.begin(), eb.end());
+                        allTarget.insert(allTarget.end(), et.begin(), et.end());
+                    }
+            QVERIFY(std::abs(agg.combined[std::size_t(part)][l] - referenceBc(allBase, allTarget)) < 1e-6);
+        }
+    }
+    // The last generation index is the never-written last position: no data anywhere.
+    QVERIFY(std::isnan(agg.bc[0][std::size_t(agg.generationCount) - 1]));
+}
+
+void TestAnalyzer::singlePromptAggregate()
+{
+    // One prompt pooled: each generation index holds one token, so its aggregated BC is that
+    // token's BC (checked against the plain implementation in compareLayer above).
+    AnalysisOptions options;
+    options.prompts = {"prompt_1"};
+    const AnalysisResult r = analyzeBundle(std::make_shared<BundleReader>(m_demo), options);
+    const PromptAnalysis& p = r.prompts.at(0);
+    const AggregateBc& a = *r.aggregate;
+    QCOMPARE(a.generationCount, p.tokens - p.promptLen);
+    int compared = 0;
+    for (int l = 0; l < int(p.layers.size()); ++l)
+        for (std::int64_t g = 0; g < a.generationCount; ++g)
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const float token = p.bcValue(part, l, p.promptLen + g);
+                const float pooled = a.bc[std::size_t(part)][std::size_t(l) * std::size_t(a.generationCount) + std::size_t(g)];
+                QVERIFY(std::isnan(token) == std::isnan(pooled));
+                if (!std::isnan(token)) {
+                    QCOMPARE(pooled, token);
+                    ++compared;
+                }
+            }
+    QVERIFY(compared > 50);
+}
+
+void TestAnalyzer::progressAndCancellation()
+{
+    auto reader = std::make_shared<BundleReader>(m_demo);
+    AnalysisOptions options;
+    std::vector<int> done;
+    std::mutex m;
+    options.layerDone = [&](int, int n, int total) {
+        std::lock_guard lock(m);
+        done.push_back(n);
+        QCOMPARE(total, 4);
+    };
+    analyzeBundle(reader, options);
+    std::sort(done.begin(), done.end());
+    QCOMPARE(done, (std::vector<int>{1, 2, 3, 4}));
+
+    std::atomic<bool> cancel{false};
+    options.threads = 1;
+    options.cancel = &cancel;
+    int calls = 0;
+    options.layerDone = [&](int, int, int) {
+        ++calls;
+        cancel = true;
+    };
+    QVERIFY_THROWS_EXCEPTION(AnalysisCancelled, analyzeBundle(reader, options));
+    QCOMPARE(calls, 1);
+}
+
+void TestAnalyzer::layerSelection()
+{
+    auto reader = std::make_shared<BundleReader>(m_demo);
+    AnalysisOptions options;
+    options.layers = {"model.layers.2.self_attn"};
+    options.prompts = {"prompt_2"};
+    const AnalysisResult r = analyzeBundle(reader, options);
+    QCOMPARE(r.prompts.size(), std::size_t(1));
+    QCOMPARE(r.prompts[0].layers, options.layers);
+    options.layers = {"model.layers.9.self_attn"};
+    kvtest::expectBundleError([&] { analyzeBundle(reader, options); }, {"model.layers.9.self_attn", "not a layer"});
+    options.layers = {};
+    options.prompts = {"nope"};
+    kvtest::expectBundleError([&] { analyzeBundle(reader, options); }, {"/prompts/nope", "no such prompt"});
+}
+
+void TestAnalyzer::layerSelectionSyntax()
+{
+    const std::vector<std::string> layers{"a.0", "a.1", "a.2", "a.3", "a.4"};
+    using L = std::vector<std::string>;
+    QCOMPARE(parseLayerSelection("0-2,4", layers), (L{"a.0", "a.1", "a.2", "a.4"}));
+    QCOMPARE(parseLayerSelection("a.3,1", layers), (L{"a.3", "a.1"}));
+    QCOMPARE(parseLayerSelection("3,,", layers), (L{"a.3"}));
+    for (const char* bad : {"5", "2-1", "0-9", "x", "1x", "-1"})
+        QVERIFY_THROWS_EXCEPTION(std::invalid_argument, parseLayerSelection(bad, layers));
+    QVERIFY_THROWS_EXCEPTION(std::invalid_argument, parseLayerSelection("0", {}));
+}
+
+QTEST_APPLESS_MAIN(TestAnalyzer)
+#include "tst_analyzer.moc"

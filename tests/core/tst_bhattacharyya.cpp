@@ -1,0 +1,91 @@
+// The Bhattacharyya coefficient: hand-worked cases and numpy-exact binning on the edges.
+
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "format/bundle_writer.h"
+#include "synth/synthetic_capture.h"
+#include "analysis/divergence.h"
+#include "metrics/error_histogram.h"
+#include "analysis/layer_comparison.h"
+#include "metrics/vector_metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace kvscope;
+
+#include "metric_reference.h"
+#include "test_support.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestBhattacharyya : public QObject {
+    Q_OBJECT
+
+private slots:
+    void bcHandWorked();
+    void bcBinsFollowNumpy();
+};
+
+void TestBhattacharyya::bcHandWorked()
+{
+    // The 1e-10 in p = counts / (sum + 1e-10) keeps identical sets a hair below 1.
+    QVERIFY(std::abs(bhattacharyyaOfSets({0.1, 0.2, 0.3}, {0.1, 0.2, 0.3}) - 1.0) < 1e-9);  // identical
+    QCOMPARE(bhattacharyyaOfSets({0, 0, 0}, {1, 1, 1}), 0.0);                               // disjoint ends
+    QCOMPARE(bhattacharyyaOfSets({}, {1.0}), 0.0);                                          // empty set
+    QVERIFY(std::abs(bhattacharyyaOfSets({2, 2}, {2, 2, 2}) - 1.0) < 1e-9);                 // zero-width range
+    // a = {0, 0.5, 1}, b = {0, 1, 1} on [0, 1]: bins 0, 50, 99 and 0, 99, 99.
+    // BC = sqrt(1/3 * 1/3) + sqrt(1/3 * 0) + sqrt(1/3 * 2/3) = 1/3 + sqrt(2)/3.
+    QVERIFY(std::abs(bhattacharyyaOfSets({0, 0.5, 1}, {0, 1, 1}) - (1.0 + std::sqrt(2.0)) / 3.0) < 1e-9);
+    // Four values in one bin vs spread over two: p = (1), q = (1/2, 1/2) -> sqrt(1/2).
+    QVERIFY(std::abs(bhattacharyyaOfSets({0.0, 0.001, 0.002, 0.003}, {0.0, 0.0, 1.0, 1.0}) - std::sqrt(0.5)) < 1e-9);
+}
+
+void TestBhattacharyya::bcBinsFollowNumpy()
+{
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<double> u(0, 1);
+    for (int trial = 0; trial < 200; ++trial) {
+        ErrorRange r;
+        r.add(u(rng) * 0.01);
+        r.add(0.01 + u(rng) * 3);
+        const SharedBins bins(r);
+        std::vector<double> values{r.lo, r.hi};
+        for (int i = 0; i <= 100; ++i) {
+            values.push_back(bins.edge(i));  // exactly on every edge, and one ulp either side
+            values.push_back(std::nextafter(bins.edge(i), -1.0));
+            values.push_back(std::nextafter(bins.edge(i), 10.0));
+        }
+        for (int i = 0; i < 20; ++i)
+            values.push_back(r.lo + u(rng) * (r.hi - r.lo));
+        for (double v : values) {
+            if (v < r.lo || v > r.hi)
+                continue;
+            int expect = 99;
+            while (expect > 0 && double(expect) * ((r.hi - r.lo) / 100) + r.lo > v)
+                --expect;
+            QCOMPARE(bins.binOf(v), expect);
+        }
+        QCOMPARE(bins.binOf(r.hi + 1e-9), -1);
+        QCOMPARE(bins.binOf(std::nan("")), -1);
+    }
+}
+
+QTEST_APPLESS_MAIN(TestBhattacharyya)
+#include "tst_bhattacharyya.moc"

@@ -1,0 +1,194 @@
+// One layer of one prompt against double-precision references: every metric, per-token BC,
+// absent positions, non-finite input, shape mismatches, and the reductions over heads.
+
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "format/bundle_writer.h"
+#include "synth/synthetic_capture.h"
+#include "analysis/divergence.h"
+#include "metrics/error_histogram.h"
+#include "analysis/layer_comparison.h"
+#include "metrics/vector_metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace kvscope;
+
+#include "metric_reference.h"
+#include "test_support.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestLayerComparison : public QObject {
+    Q_OBJECT
+
+private slots:
+    void compareLayer_data();
+    void compareLayer();
+    void nonFiniteInputIsReportedNotAveraged();
+    void shapeMismatchIsAnError();
+    void reductions();
+};
+
+void TestLayerComparison::compareLayer_data()
+{
+    QTest::addColumn<int>("heads");
+    QTest::addColumn<int>("seq");
+    QTest::addColumn<int>("dim");
+    QTest::addColumn<bool>("threeWay");
+    QTest::newRow("8 heads, 3-way") << 8 << 24 << 16 << true;
+    QTest::newRow("1 head, 3-way") << 1 << 10 << 64 << true;
+    QTest::newRow("single token") << 4 << 1 << 8 << true;
+    QTest::newRow("2-way") << 2 << 12 << 32 << false;
+}
+
+void TestLayerComparison::compareLayer()
+{
+    QFETCH(int, heads);
+    QFETCH(int, seq);
+    QFETCH(int, dim);
+    QFETCH(bool, threeWay);
+    std::mt19937 rng(11);
+    const LayerKv baseline = randomLayer(heads, seq, dim, rng, 0);
+    LayerKv expected = randomLayer(heads, seq, dim, rng, 0.004f, &baseline);
+    LayerKv actual = randomLayer(heads, seq, dim, rng, 0.01f, &baseline);
+    // Absent positions on each side (never written, outside a window, padding).
+    if (seq > 5) {
+        actual.clear(seq - 1);
+        expected.clear(0);
+        if (threeWay)
+            const_cast<LayerKv&>(baseline).clear(2);
+    }
+    // A zero vector in the reference.
+    std::fill_n(const_cast<LayerKv&>(baseline).k.begin() + std::ptrdiff_t(baseline.index(0, seq / 2)), dim, 0.0f);
+    const LayerKv& reference = threeWay ? baseline : expected;
+    PromptAnalysis p = emptyPrompt(2, seq, heads, threeWay);
+    std::vector<NonFiniteCell> nonFinite;
+    TokenErrorStats stats;
+    kvscope::compareLayer(reference, actual, threeWay ? &expected : nullptr, 1, p, nonFinite, &stats);
+    QVERIFY(nonFinite.empty());
+
+    for (std::int64_t t = 0; t < seq; ++t) {
+        const bool held = reference.present[std::size_t(t)] && actual.present[std::size_t(t)] &&
+                          (!threeWay || expected.present[std::size_t(t)]);
+        for (int h = 0; h < heads; ++h) {
+            QVERIFY(std::isnan(p.value(Metric::KLinf, 0, t, h)));  // layer 0 untouched
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const auto at = [&](const LayerKv& kv) { return part == KvPart::K ? kv.kAt(h, t) : kv.vAt(h, t); };
+                if (!held) {
+                    for (int m = 0; m < kMetricCount; ++m)
+                        QVERIFY(std::isnan(p.value(Metric(m), 1, t, h)));
+                    continue;
+                }
+                const Ref target = referenceMetrics(at(reference), at(actual), dim);
+                QVERIFY(close(p.value(metricFor(part, 0), 1, t, h), target.cos));
+                QVERIFY(close(p.value(metricFor(part, 1), 1, t, h), target.linf));
+                QVERIFY(close(p.value(metricFor(part, 2), 1, t, h), target.l2));
+                if (threeWay) {
+                    const Ref base = referenceMetrics(at(reference), at(expected), dim);
+                    QVERIFY(close(p.value(baseOf(metricFor(part, 1)), 1, t, h), base.linf));
+                    QVERIFY(close(p.value(baseOf(metricFor(part, 2)), 1, t, h), base.l2));
+                    QVERIFY(close(p.value(baseOf(metricFor(part, 0)), 1, t, h), base.cos));
+                } else {
+                    QVERIFY(std::isnan(p.value(baseOf(metricFor(part, 1)), 1, t, h)));
+                }
+            }
+        }
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            const float bc = p.bcValue(part, 1, t);
+            if (!threeWay || !held) {
+                QVERIFY(std::isnan(bc));
+                continue;
+            }
+            const std::vector<double> eb = errors(reference, expected, t, part), et = errors(reference, actual, t, part);
+            const double expect = referenceBc(eb, et);
+            QVERIFY2(std::abs(bc - expect) < 1e-6, qPrintable(QString("token %1: %2 vs %3").arg(t).arg(bc).arg(expect)));
+            // What aggregation keeps: the range of both sets, and each set's counts.
+            double lo = eb[0], hi = eb[0];
+            for (const auto* set : {&eb, &et})
+                for (double e : *set)
+                    lo = std::min(lo, e), hi = std::max(hi, e);
+            QCOMPARE(stats.range(part, t).lo, lo);
+            QCOMPARE(stats.range(part, t).hi, hi);
+            for (int set = 0; set < 2; ++set) {
+                std::uint64_t total = 0;
+                for (int b = 0; b < kBcBins; ++b)
+                    total += stats.countsOf(part, t, set)[b];
+                QCOMPARE(total, std::uint64_t(eb.size()));
+            }
+        }
+    }
+}
+
+void TestLayerComparison::nonFiniteInputIsReportedNotAveraged()
+{
+    std::mt19937 rng(2);
+    const LayerKv baseline = randomLayer(2, 4, 8, rng, 0);
+    const LayerKv expected = randomLayer(2, 4, 8, rng, 0.01f, &baseline);
+    LayerKv actual = randomLayer(2, 4, 8, rng, 0.01f, &baseline);
+    actual.k[actual.index(1, 2) + 3] = std::nanf("");
+    PromptAnalysis p = emptyPrompt(1, 4, 2, true);
+    std::vector<NonFiniteCell> nonFinite;
+    kvscope::compareLayer(baseline, actual, &expected, 0, p, nonFinite);
+    QCOMPARE(nonFinite.size(), std::size_t(1));
+    QCOMPARE(nonFinite[0].token, std::int64_t(2));
+    QCOMPARE(nonFinite[0].head, 1);
+    QCOMPARE(nonFinite[0].side, std::string("actual"));
+    QVERIFY(std::isnan(p.value(Metric::KLinf, 0, 2, 1)));
+    QVERIFY(!std::isnan(p.value(Metric::KLinf, 0, 2, 0)));
+    QVERIFY(!std::isnan(p.value(Metric::VLinf, 0, 2, 1)));
+    // The max over heads skips the cell: it is not taken for a number.
+    QCOMPARE(maxOverHeads(p, Metric::KLinf, 0, 2).head, 0);
+}
+
+void TestLayerComparison::shapeMismatchIsAnError()
+{
+    std::mt19937 rng(2);
+    const LayerKv a = randomLayer(2, 4, 8, rng, 0);
+    const LayerKv b = randomLayer(2, 5, 8, rng, 0);
+    PromptAnalysis p = emptyPrompt(1, 4, 2, false);
+    std::vector<NonFiniteCell> nf;
+    QVERIFY_THROWS_EXCEPTION(std::invalid_argument, kvscope::compareLayer(a, b, nullptr, 0, p, nf));
+    const LayerKv c = randomLayer(3, 4, 8, rng, 0);
+    QVERIFY_THROWS_EXCEPTION(std::invalid_argument, kvscope::compareLayer(a, a, &c, 0, p, nf));
+}
+
+void TestLayerComparison::reductions()
+{
+    PromptAnalysis p = emptyPrompt(1, 2, 3, true);
+    auto set = [&](Metric m, std::int64_t t, int h, float v) { p.metrics[std::size_t(m)][p.cell(0, t, h)] = v; };
+    set(Metric::KLinf, 0, 0, 0.1f), set(Metric::KLinf, 0, 2, 0.4f);  // head 1 absent
+    set(Metric::BaseKLinf, 0, 0, 0.05f), set(Metric::BaseKLinf, 0, 2, 0.02f);
+    QCOMPARE(maxOverHeads(p, Metric::KLinf, 0, 0).head, 2);
+    QCOMPARE(maxOverHeads(p, Metric::KLinf, 0, 0).value, 0.4f);
+    QCOMPARE(minOverHeads(p, Metric::KLinf, 0, 0).head, 0);
+    QVERIFY(std::abs(meanOverHeads(p, Metric::KLinf, 0, 0) - 0.25f) < 1e-7);
+    QVERIFY(std::abs(errorRatio(p, Metric::KLinf, 0, 0) - 0.4f / 0.05f) < 1e-5);  // max / max, not per head
+    QVERIFY(std::isnan(errorRatio(p, Metric::KLinf, 0, 1)));                       // token 1: no data
+    QCOMPARE(maxOverHeads(p, Metric::KLinf, 0, 1).head, -1);
+    set(Metric::KLinf, 1, 1, 0.3f), set(Metric::BaseKLinf, 1, 1, 0.0f);
+    QVERIFY(std::abs(errorRatio(p, Metric::KLinf, 0, 1) - 0.3f / 1e-10f) < 1e4);  // base clamped at 1e-10
+    const Extreme e = layerMax(p, Metric::KLinf, 0);
+    QCOMPARE(e.token, std::int64_t(0));
+    QCOMPARE(e.head, 2);
+}
+
+QTEST_APPLESS_MAIN(TestLayerComparison)
+#include "tst_layer_comparison.moc"

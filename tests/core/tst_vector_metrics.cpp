@@ -1,0 +1,79 @@
+// Relative L-inf, relative L2 and cosine of two vectors against a double-precision reference.
+
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "format/bundle_writer.h"
+#include "synth/synthetic_capture.h"
+#include "analysis/divergence.h"
+#include "metrics/error_histogram.h"
+#include "analysis/layer_comparison.h"
+#include "metrics/vector_metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace kvscope;
+
+#include "metric_reference.h"
+#include "test_support.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestVectorMetrics : public QObject {
+    Q_OBJECT
+
+private slots:
+    void vectorMetrics();
+};
+
+void TestVectorMetrics::vectorMetrics()
+{
+    std::mt19937 rng(3);
+    std::normal_distribution<float> n01;
+    for (int dim : {1, 3, 128}) {
+        for (int trial = 0; trial < 50; ++trial) {
+            std::vector<float> a(static_cast<std::size_t>(dim)), b(static_cast<std::size_t>(dim));
+            for (int i = 0; i < dim; ++i)
+                a[std::size_t(i)] = n01(rng) * 5, b[std::size_t(i)] = a[std::size_t(i)] + n01(rng) * 0.1f;
+            if (trial == 1)
+                std::fill(a.begin(), a.end(), 0.0f);  // zero reference
+            if (trial == 2)
+                std::fill(b.begin(), b.end(), 0.0f);  // zero target
+            if (trial == 3)
+                b = a;  // identical
+            VectorComparison c;
+            QVERIFY(compareVectors(a.data(), b.data(), dim, c));
+            const Ref r = referenceMetrics(a.data(), b.data(), dim);
+            QVERIFY2(close(c.cos, r.cos, 1e-12) && close(c.linf, r.linf, 1e-12) && close(c.l2, r.l2, 1e-12),
+                     qPrintable(QString("dim %1 trial %2").arg(dim).arg(trial)));
+        }
+    }
+    // Hand-worked: ref (3, 4), x (3, 0): cos = 9 / (5 * 3) = 0.6, L-inf = 4 / 4, L2 = 4 / 5.
+    const float ref[2] = {3, 4}, x[2] = {3, 0};
+    VectorComparison c;
+    QVERIFY(compareVectors(ref, x, 2, c));
+    QCOMPARE(c.cos, 0.6);
+    QCOMPARE(c.linf, 1.0);
+    QCOMPARE(c.l2, 0.8);
+    const float nan[2] = {1, std::nanf("")};
+    QVERIFY(!compareVectors(ref, nan, 2, c));
+}
+
+QTEST_APPLESS_MAIN(TestVectorMetrics)
+#include "tst_vector_metrics.moc"
