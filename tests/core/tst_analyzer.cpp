@@ -1,38 +1,18 @@
 // The whole-bundle analysis: aggregation across prompts equals pooling the raw errors,
 // progress and cancellation, prompt and layer selection.
 
-#include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
-#include "analysis/layer_selection.h"
-#include "format/bundle_writer.h"
-#include "synth/synthetic_capture.h"
-#include "analysis/divergence.h"
-#include "metrics/error_histogram.h"
 #include "analysis/layer_comparison.h"
-#include "metrics/vector_metrics.h"
-
-#include <nlohmann/json.hpp>
-
-#include <QTemporaryDir>
-#include <QTest>
-
-#include <fstream>
-#include <random>
-#include <sstream>
-
-using namespace kvscope;
-
+#include "analysis/layer_selection.h"
+#include "kv/capture_loader.h"
 #include "metric_reference.h"
 #include "test_support.h"
 
-#include <nlohmann/json.hpp>
-
 #include <QTemporaryDir>
 #include <QTest>
 
-#include <fstream>
+#include <atomic>
 #include <mutex>
-#include <sstream>
 
 using namespace kvscope;
 using namespace kvtest;

@@ -1,36 +1,12 @@
 // The Bhattacharyya coefficient: hand-worked cases and numpy-exact binning on the edges.
 
-#include "analysis/analysis_json.h"
-#include "analysis/analyzer.h"
-#include "format/bundle_writer.h"
-#include "synth/synthetic_capture.h"
-#include "analysis/divergence.h"
-#include "metrics/error_histogram.h"
-#include "analysis/layer_comparison.h"
-#include "metrics/vector_metrics.h"
-
-#include <nlohmann/json.hpp>
-
-#include <QTemporaryDir>
-#include <QTest>
-
-#include <fstream>
-#include <random>
-#include <sstream>
-
-using namespace kvscope;
-
+#include "metrics/bhattacharyya.h"
 #include "metric_reference.h"
 #include "test_support.h"
 
-#include <nlohmann/json.hpp>
-
-#include <QTemporaryDir>
 #include <QTest>
 
-#include <fstream>
-#include <mutex>
-#include <sstream>
+#include <random>
 
 using namespace kvscope;
 using namespace kvtest;

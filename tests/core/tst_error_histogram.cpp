@@ -1,36 +1,12 @@
 // The drill-down's per-head error histograms against errors binned here.
 
-#include "analysis/analysis_json.h"
-#include "analysis/analyzer.h"
-#include "format/bundle_writer.h"
-#include "synth/synthetic_capture.h"
-#include "analysis/divergence.h"
+#include "kv/capture_loader.h"
 #include "metrics/error_histogram.h"
-#include "analysis/layer_comparison.h"
-#include "metrics/vector_metrics.h"
-
-#include <nlohmann/json.hpp>
-
-#include <QTemporaryDir>
-#include <QTest>
-
-#include <fstream>
-#include <random>
-#include <sstream>
-
-using namespace kvscope;
-
 #include "metric_reference.h"
 #include "test_support.h"
 
-#include <nlohmann/json.hpp>
-
 #include <QTemporaryDir>
 #include <QTest>
-
-#include <fstream>
-#include <mutex>
-#include <sstream>
 
 using namespace kvscope;
 using namespace kvtest;
