@@ -5,11 +5,7 @@
   const data = JSON.parse(document.getElementById("kvscope-data").textContent);
   const tooltip = document.getElementById("tooltip");
 
-  const SCALES = {
-    error: [[0, [255, 255, 204]], [0.25, [254, 217, 118]], [0.5, [253, 141, 60]], [0.75, [227, 26, 28]], [1, [128, 0, 38]]],
-    ratio: [[0, [0, 104, 55]], [0.25, [102, 189, 99]], [0.5, [255, 255, 191]], [0.75, [244, 109, 67]], [1, [165, 0, 38]]],
-    bc: [[0, [215, 25, 28]], [0.8, [215, 25, 28]], [0.85, [253, 174, 97]], [0.9, [255, 255, 191]], [0.95, [166, 217, 106]], [1, [26, 150, 65]]],
-  };
+  const SCALES = data.scales;  // the app's colour stops (core/analysis/map_spec.h)
 
   function colour(kind, min, max, v) {
     const stops = SCALES[kind];
@@ -89,8 +85,8 @@
         ctx.lineTo(x(tx), top + rowHeight * map.rows.length);
         ctx.stroke();
       };
-      if (map.prefill !== null) line(map.prefill, "rgb(220,0,0)", []);
-      for (const d of map.divergences) line(d, "rgb(255,140,0)", [6, 4]);
+      if (map.prefill !== null) line(map.prefill, "rgb(" + SCALES.prefillLine.join(",") + ")", []);
+      for (const d of map.divergences) line(d, "rgb(" + SCALES.divergenceLine.join(",") + ")", [6, 4]);
       if (selection) {
         ctx.fillStyle = "rgba(0,0,0,0.15)";
         ctx.fillRect(Math.min(selection[0], selection[1]), top, Math.abs(selection[1] - selection[0]), rowHeight * map.rows.length);

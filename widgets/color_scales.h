@@ -1,15 +1,14 @@
 #pragma once
-// The colour scales of the reference tool's heatmaps: errors yellow (low) to red (high),
-// the error ratio green (low) to red (high), and the BC scale with its exact stops.
+// The map colour scales of analysis/map_spec.h as QCustomPlot gradients and ranges.
+
+#include "analysis/map_spec.h"
 
 #include <qcustomplot.h>
 
 namespace kvscope {
 
-enum class ScaleKind { Error, Ratio, Bc };
-
 QCPColorGradient colorGradient(ScaleKind kind);
-// The seed's default ranges: errors 0..0.2, ratio 0..3, BC 0..1.
-QCPRange defaultRange(ScaleKind kind);
+inline QCPRange toQcpRange(ValueRange r) { return {r.lower, r.upper}; }
+inline QColor toQColor(Rgb c) { return QColor(c.r, c.g, c.b); }
 
 }  // namespace kvscope

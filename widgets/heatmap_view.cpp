@@ -43,7 +43,7 @@ HeatmapView::HeatmapView(QWidget* parent)
         emit visibleTokensChanged(r.lower, r.upper);
     });
     connect(yAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), this, [this] { updateRowTicks(); });
-    setScale(ScaleKind::Error, defaultRange(ScaleKind::Error), false);
+    setScale(ScaleKind::Error, toQcpRange(defaultRange(ScaleKind::Error)), false);
 }
 
 void HeatmapView::setGrid(const HeatmapGrid& grid)
@@ -108,6 +108,29 @@ void HeatmapView::updateTokenTicks()
     } else if (qSharedPointerDynamicCast<QCPAxisTickerText>(xAxis->ticker())) {
         xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
     }
+}
+
+void HeatmapView::showMap(const MapSpec& spec)
+{
+    QStringList rows, tokens;
+    for (const std::string& r : spec.rowLabels)
+        rows << QString::fromStdString(r);
+    for (const std::string& t : spec.tokenText)
+        tokens << QString::fromStdString(t);
+    setRowLabels(rows);
+    setTokenLabels(tokens);
+    QVector<double> divergences;
+    for (std::int64_t d : spec.divergences)
+        divergences << double(d);
+    setMarkers(spec.prefillBoundary, divergences);
+    QVector<double> at;
+    QStringList labels;
+    for (const auto& [x, label] : spec.topLabels)
+        at << double(x), labels << QString::fromStdString(label);
+    setTopLabels(at, labels);
+    setTitle(QString::fromStdString(spec.title));
+    xAxis->setLabel(QString::fromStdString(spec.xLabel));
+    setScale(spec.scale, toQcpRange(spec.range), false);
 }
 
 void HeatmapView::setMarkers(double prefillBoundary, const QVector<double>& divergences)

@@ -16,6 +16,9 @@ class HeatmapView : public QCustomPlot {
 public:
     explicit HeatmapView(QWidget* parent = nullptr);
 
+    // The labelling of a map: row labels, token text, markers, top labels, title, axis label,
+    // and its scale at its default range.
+    void showMap(const MapSpec& spec);
     // Shows `grid`; columns cover grid.tokensPerColumn tokens each from grid.firstToken.
     void setGrid(const HeatmapGrid& grid);
     void setRowLabels(const QStringList& labels);

@@ -1,5 +1,7 @@
 #include "widgets/plot_decorations.h"
 
+#include "widgets/color_scales.h"
+
 #include <cmath>
 
 namespace kvscope {
@@ -28,9 +30,9 @@ void setTokenMarkers(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double p
         plot->removeItem(item);
     items.clear();
     if (!std::isnan(prefillBoundary))
-        addVerticalLine(plot, items, prefillBoundary, QPen(QColor(220, 0, 0), width, Qt::SolidLine));
+        addVerticalLine(plot, items, prefillBoundary, QPen(toQColor(kPrefillLineColor), width, Qt::SolidLine));
     for (double d : divergences)
-        addVerticalLine(plot, items, d, QPen(QColor(255, 140, 0), width, Qt::DashLine));
+        addVerticalLine(plot, items, d, QPen(toQColor(kDivergenceLineColor), width, Qt::DashLine));
 }
 
 }  // namespace kvscope

@@ -45,4 +45,13 @@ void TokenLineView::setSeries(const QVector<double>& target, const QVector<doubl
     replot(QCustomPlot::rpQueuedReplot);
 }
 
+void TokenLineView::clearSeries(const QString& message)
+{
+    m_target->data()->clear();
+    m_base->data()->clear();
+    m_title->setText(message);
+    setTokenMarkers(this, m_markers, std::nan(""), {});
+    replot(QCustomPlot::rpQueuedReplot);
+}
+
 }  // namespace kvscope

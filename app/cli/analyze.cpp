@@ -56,7 +56,7 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
     for (int l = 0; l < int(p.layers.size()); ++l) {
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(l)];
         for (KvPart part : {KvPart::K, KvPart::V}) {
-            const Extreme e = layerMax(p, metricFor(part, 1), l);
+            const Extreme e = layerMax(p, metricFor(part, MetricKind::Linf), l);
             out << kvPartName(part) << " " << std::setw(9) << fixed(e.value) << std::setw(12)
                 << (e.head < 0 ? "" : "(" + std::to_string(e.token) + "/" + std::to_string(e.head) + ")");
         }

@@ -8,18 +8,23 @@ namespace kvscope {
 
 namespace {
 
-// Columns after "head": per part, target L-inf, base L-inf, ratio, target L2, base L2, cos.
+// Columns after "head": per part, the engine's L-inf, the expected's (base) L-inf, their
+// ratio, then L2 and cos likewise.
+enum class Shown { Actual, Base, Ratio };
 struct Column {
     const char* title;
     KvPart part;
-    int kind;  // 0 cos, 1 linf, 2 l2, 3 ratio of linf
-    bool base;
+    MetricKind kind;
+    Shown shown;
 };
+constexpr MetricKind kLinf = MetricKind::Linf, kL2 = MetricKind::L2, kCos = MetricKind::Cos;
 const Column kColumns[] = {
-    {"k L-inf", KvPart::K, 1, false}, {"base k L-inf", KvPart::K, 1, true}, {"k ratio", KvPart::K, 3, false},
-    {"k L2", KvPart::K, 2, false},    {"base k L2", KvPart::K, 2, true},    {"k cos", KvPart::K, 0, false},
-    {"v L-inf", KvPart::V, 1, false}, {"base v L-inf", KvPart::V, 1, true}, {"v ratio", KvPart::V, 3, false},
-    {"v L2", KvPart::V, 2, false},    {"base v L2", KvPart::V, 2, true},    {"v cos", KvPart::V, 0, false},
+    {"k L-inf", KvPart::K, kLinf, Shown::Actual}, {"base k L-inf", KvPart::K, kLinf, Shown::Base},
+    {"k ratio", KvPart::K, kLinf, Shown::Ratio},  {"k L2", KvPart::K, kL2, Shown::Actual},
+    {"base k L2", KvPart::K, kL2, Shown::Base},   {"k cos", KvPart::K, kCos, Shown::Actual},
+    {"v L-inf", KvPart::V, kLinf, Shown::Actual}, {"base v L-inf", KvPart::V, kLinf, Shown::Base},
+    {"v ratio", KvPart::V, kLinf, Shown::Ratio},  {"v L2", KvPart::V, kL2, Shown::Actual},
+    {"base v L2", KvPart::V, kL2, Shown::Base},   {"v cos", KvPart::V, kCos, Shown::Actual},
 };
 constexpr int kColumnCount = int(std::size(kColumns)) + 1;
 
@@ -61,13 +66,12 @@ double HeadTableModel::value(int head, int column) const
         return std::nan("");
     const PromptAnalysis& p = m_result->prompts[std::size_t(m_prompt)];
     const Column& c = kColumns[column - 1];
-    if (c.kind == 3) {
-        const Metric m = metricFor(c.part, 1);
+    const Metric m = metricFor(c.part, c.kind);
+    if (c.shown == Shown::Ratio) {
         const float t = p.value(m, m_layer, m_token, head), b = p.value(baseOf(m), m_layer, m_token, head);
         return std::isnan(t) || std::isnan(b) ? std::nan("") : double(t) / std::max(double(b), 1e-10);
     }
-    const Metric m = metricFor(c.part, c.kind);
-    return p.value(c.base ? baseOf(m) : m, m_layer, m_token, head);
+    return p.value(c.shown == Shown::Base ? baseOf(m) : m, m_layer, m_token, head);
 }
 
 QVariant HeadTableModel::data(const QModelIndex& index, int role) const

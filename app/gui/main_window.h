@@ -1,34 +1,26 @@
 #pragma once
-// The desktop app: open a capture bundle and find the problem by looking.
+// The desktop app: open a capture bundle and find the problem by looking. The window is a
+// frame that wires its parts: the view toolbar, the per-prompt page, the across-prompts
+// page, the recent-files menu, the status bar; the controller does the work off this thread.
 
 #include "gui/analysis_controller.h"
-#include "analysis/heatmap_grid.h"
+#include "gui/view_toolbar.h"
 
-#include <QFutureWatcher>
 #include <QMainWindow>
 
-class QCheckBox;
-class QComboBox;
-class QDoubleSpinBox;
 class QLabel;
-class QMenu;
 class QProgressBar;
 class QPushButton;
-class QSortFilterProxyModel;
-class QSpinBox;
 class QTabWidget;
-class QTableView;
-class QTimer;
 
 namespace kvscope {
 
-class BcBarView;
+class AcrossPromptsPage;
 class HeadTableModel;
 class HeatmapView;
-class HistogramView;
-class TokenLineView;
+class PromptPage;
+class RecentFilesMenu;
 class WorstCellsModel;
-struct HeadErrorHistogram;
 
 class MainWindow : public QMainWindow {
     Q_OBJECT
@@ -39,21 +31,21 @@ public:
 
     void openPath(const QString& path);
     AnalysisController& controller() { return *m_controller; }
-    HeatmapView& heatmap() { return *m_heatmap; }
-    HeatmapView& aggregateHeatmap() { return *m_aggregate; }
-    HeadTableModel& headTable() { return *m_headModel; }
-    WorstCellsModel& worstCells() { return *m_worstModel; }
+    HeatmapView& heatmap();
+    HeatmapView& aggregateHeatmap();
+    HeadTableModel& headTable();
+    WorstCellsModel& worstCells();
 
     // The current view (per-prompt heatmap or aggregated) to PNG, PDF or SVG by extension.
     bool exportView(const QString& path);
     // Selectors, for the tests and the keyboard.
-    void setPrompt(int index);
-    void setMetric(HeatmapMetric metric);
-    void setPart(KvPart part);
+    void setPrompt(int index) { m_toolbar->setPrompt(index); }
+    void setMetric(HeatmapMetric metric) { m_toolbar->setMetric(metric); }
+    void setPart(KvPart part) { m_toolbar->setPart(part); }
     void selectCell(int layer, qint64 token);
-    int selectedLayer() const { return m_selLayer; }
-    qint64 selectedToken() const { return m_selToken; }
-    HeatmapSpec spec() const;
+    int selectedLayer() const;
+    qint64 selectedToken() const;
+    HeatmapSpec spec() const { return m_settings.map; }
     void showAcrossPrompts(bool across);
 
 signals:
@@ -65,57 +57,24 @@ protected:
     void keyPressEvent(QKeyEvent* event) override;
 
 private:
-    void buildUi();
     void buildMenus();
+    void applySettings(const ViewSettings& settings);
     void onOpened();
     void onProgress(int done, int total, const QString& what);
     void onFinished();
     void onFailed(const QString& message);
-    void refreshHeatmap();
-    void refreshPooling();
-    void refreshScale();
-    void refreshDrillDown();
-    void refreshSummary();
-    void refreshAggregate();
-    void requestHistogram();
-    void showTooltip(int row, qint64 token, const QPoint& globalPos);
-    void addRecent(const QString& path);
-    void rebuildRecentMenu();
-    const PromptAnalysis* prompt() const;
+    void exportReport();
 
     AnalysisController* m_controller;
-    HeatmapView* m_heatmap;
-    HeatmapView* m_aggregate;
-    BcBarView* m_bcBars;
-    HistogramView* m_histogram;
-    TokenLineView* m_line;
-    HeadTableModel* m_headModel;
-    QSortFilterProxyModel* m_headProxy;
-    QTableView* m_headView;
-    WorstCellsModel* m_worstModel;
-    QTableView* m_worstView;
-    QLabel* m_issues;
+    ViewToolbar* m_toolbar;
+    PromptPage* m_promptPage;
+    AcrossPromptsPage* m_acrossPage;
     QTabWidget* m_tabs;
-    QComboBox* m_promptBox;
-    QComboBox* m_partBox;
-    QComboBox* m_metricBox;
-    QComboBox* m_reductionBox;
-    QSpinBox* m_headBox;
-    QDoubleSpinBox* m_minBox;
-    QDoubleSpinBox* m_maxBox;
-    QCheckBox* m_logBox;
-    QCheckBox* m_logCounts;
-    QCheckBox* m_wholeSequence;
+    RecentFilesMenu* m_recent;
     QLabel* m_status;
     QProgressBar* m_progress;
     QPushButton* m_cancel;
-    QMenu* m_recentMenu;
-    QTimer* m_poolTimer;
-    HeatmapGrid m_fullGrid;
-    int m_selLayer = -1;
-    qint64 m_selToken = -1;
-    QFutureWatcher<std::shared_ptr<HeadErrorHistogram>>* m_histogramWatcher;
-    QString m_histogramTitle;
+    ViewSettings m_settings;
 };
 
 }  // namespace kvscope

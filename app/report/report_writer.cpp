@@ -2,6 +2,7 @@
 
 #include "analysis/analysis_json.h"
 #include "analysis/heatmap_grid.h"
+#include "analysis/map_spec.h"
 #include "widgets/heatmap_view.h"
 #include "analysis/worst_cells.h"
 
@@ -50,36 +51,27 @@ std::string number(float v)
     return buf;
 }
 
-struct MapSpec {
+// One map of the report: its labelling (shared with the app) and its pooled grid.
+struct ReportMap {
     std::string id;
-    std::string title;
+    MapSpec spec;
     HeatmapGrid grid;
-    ScaleKind scale;
-    std::vector<std::string> rowLabels, layerNames, tokenText;
-    double prefill = std::nan("");
-    std::vector<std::int64_t> divergences;
-    std::vector<std::pair<std::int64_t, std::string>> topLabels;
-    std::string xName = "token", xLabel = "token", metric;
 };
 
-std::string scaleName(ScaleKind k)
+void writeMapJson(std::ostream& o, const ReportMap& m)
 {
-    return k == ScaleKind::Bc ? "bc" : k == ScaleKind::Ratio ? "ratio" : "error";
-}
-
-void writeMapJson(std::ostream& o, const MapSpec& m)
-{
-    const QCPRange range = defaultRange(m.scale);
-    o << "{\"id\":" << jsonString(m.id) << ",\"columns\":" << m.grid.columns << ",\"firstToken\":" << m.grid.firstToken
-      << ",\"tokensPerColumn\":" << m.grid.tokensPerColumn << ",\"scale\":{\"kind\":\"" << scaleName(m.scale)
-      << "\",\"min\":" << range.lower << ",\"max\":" << range.upper << "},\"prefill\":"
-      << (std::isnan(m.prefill) ? std::string("null") : number(float(m.prefill))) << ",\"xName\":" << jsonString(m.xName)
-      << ",\"xLabel\":" << jsonString(m.xLabel) << ",\"metric\":" << jsonString(m.metric) << ",\"divergences\":[";
-    for (std::size_t i = 0; i < m.divergences.size(); ++i)
-        o << (i ? "," : "") << m.divergences[i];
+    const MapSpec& s = m.spec;
+    o << "{\"id\":" << jsonString(m.id) << ",\"title\":" << jsonString(s.title) << ",\"columns\":" << m.grid.columns
+      << ",\"firstToken\":" << m.grid.firstToken << ",\"tokensPerColumn\":" << m.grid.tokensPerColumn
+      << ",\"scale\":{\"kind\":\"" << scaleName(s.scale) << "\",\"min\":" << s.range.lower << ",\"max\":" << s.range.upper
+      << "},\"prefill\":" << (std::isnan(s.prefillBoundary) ? std::string("null") : number(float(s.prefillBoundary)))
+      << ",\"xName\":" << jsonString(s.xName) << ",\"xLabel\":" << jsonString(s.xLabel)
+      << ",\"metric\":" << jsonString(s.metricLabel) << ",\"divergences\":[";
+    for (std::size_t i = 0; i < s.divergences.size(); ++i)
+        o << (i ? "," : "") << s.divergences[i];
     o << "],\"topLabels\":[";
-    for (std::size_t i = 0; i < m.topLabels.size(); ++i)
-        o << (i ? "," : "") << "[" << m.topLabels[i].first << "," << jsonString(m.topLabels[i].second) << "]";
+    for (std::size_t i = 0; i < s.topLabels.size(); ++i)
+        o << (i ? "," : "") << "[" << s.topLabels[i].first << "," << jsonString(s.topLabels[i].second) << "]";
     o << "]";
     auto strings = [&](const char* key, const std::vector<std::string>& v) {
         o << ",\"" << key << "\":[";
@@ -87,10 +79,10 @@ void writeMapJson(std::ostream& o, const MapSpec& m)
             o << (i ? "," : "") << jsonString(v[i]);
         o << "]";
     };
-    strings("rows", m.rowLabels);
-    strings("layerNames", m.layerNames);
-    if (!m.tokenText.empty())
-        strings("tokenText", m.tokenText);
+    strings("rows", s.rowLabels);
+    strings("layerNames", s.layerNames);
+    if (!s.tokenText.empty())
+        strings("tokenText", s.tokenText);
     o << ",\"values\":[";
     for (std::size_t i = 0; i < m.grid.values.size(); ++i)
         o << (i ? "," : "") << number(m.grid.values[i]);
@@ -100,43 +92,39 @@ void writeMapJson(std::ostream& o, const MapSpec& m)
     o << "]}";
 }
 
-void renderPng(const MapSpec& m, const QString& path)
+// The colour stops of every scale, for the report's script (the same as the app's).
+void writeScalesJson(std::ostream& o)
+{
+    o << "{";
+    bool first = true;
+    for (ScaleKind kind : {ScaleKind::Error, ScaleKind::Ratio, ScaleKind::Bc}) {
+        o << (first ? "" : ",") << "\"" << scaleName(kind) << "\":[";
+        first = false;
+        const std::vector<ColorStop>& stops = colorStops(kind);
+        for (std::size_t i = 0; i < stops.size(); ++i)
+            o << (i ? "," : "") << "[" << stops[i].at << ",[" << stops[i].color.r << "," << stops[i].color.g << ","
+              << stops[i].color.b << "]]";
+        o << "]";
+    }
+    const auto rgb = [&](Rgb c) { o << "[" << c.r << "," << c.g << "," << c.b << "]"; };
+    o << ",\"prefillLine\":";
+    rgb(kPrefillLineColor);
+    o << ",\"divergenceLine\":";
+    rgb(kDivergenceLineColor);
+    o << "}";
+}
+
+void renderPng(const ReportMap& m, const QString& path)
 {
     HeatmapView view;
-    view.resize(1400, std::max(260, int(m.rowLabels.size()) * 16 + 110));
+    view.resize(1400, std::max(260, int(m.spec.rowLabels.size()) * 16 + 110));
     view.setGrid(m.grid);
-    QStringList rows;
-    for (const std::string& r : m.rowLabels)
-        rows << QString::fromStdString(r);
     view.resetView(m.grid.firstToken + m.grid.columns * m.grid.tokensPerColumn, m.grid.rows);
     view.replot(QCustomPlot::rpImmediateRefresh);  // lay out first: how many row labels fit depends on it
-    view.setRowLabels(rows);
-    QVector<double> divergences;
-    for (std::int64_t d : m.divergences)
-        divergences << double(d);
-    view.setMarkers(m.prefill, divergences);
-    view.setScale(m.scale, defaultRange(m.scale), false);
-    view.setTitle(QString::fromStdString(m.title));
-    view.xAxis->setLabel(QString::fromStdString(m.xLabel));
-    if (!m.topLabels.empty()) {
-        QVector<double> at;
-        QStringList labels;
-        for (const auto& [g, label] : m.topLabels)
-            at << double(g), labels << QString::fromStdString(label);
-        view.setTopLabels(at, labels);
-    }
+    view.showMap(m.spec);
     view.replot(QCustomPlot::rpImmediateRefresh);
     if (!view.savePng(path, view.width(), view.height()))
         throw std::runtime_error(("cannot write " + path).toStdString());
-}
-
-std::string layerLabel(const KvCacheConfig& cfg, const std::string& layer)
-{
-    const KvCacheGroup& g = cfg.groups[std::size_t(cfg.groupOf(layer))];
-    std::string name = layer;
-    if (const auto at = name.find(".self_attn"); at != std::string::npos)
-        name.erase(at);
-    return name + (g.specType == SpecType::SlidingWindow ? " [sliding]" : g.slidingWindow ? " [full, window]" : " [full]");
 }
 
 }  // namespace
@@ -148,65 +136,34 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     if (!dir.exists() && !QDir().mkpath(directory))
         throw std::runtime_error(("cannot create " + directory).toStdString());
     const KvCacheConfig& cfg = reader.config();
-    std::vector<MapSpec> maps;
+    std::vector<ReportMap> maps;
 
     for (const PromptAnalysis& p : result.prompts) {
-        std::vector<std::pair<HeatmapMetric, std::string>> metrics{{HeatmapMetric::RelLinf, "relative L-inf"},
-                                                                   {HeatmapMetric::RelL2, "relative L2"}};
+        std::vector<std::pair<HeatmapMetric, const char*>> metrics{{HeatmapMetric::RelLinf, "linf"}, {HeatmapMetric::RelL2, "l2"}};
         if (p.threeWay) {
-            metrics.insert(metrics.begin(), {HeatmapMetric::Bc, "BC"});
-            metrics.insert(metrics.begin(), {HeatmapMetric::ErrorRatio, "error ratio"});
+            metrics.insert(metrics.begin(), {HeatmapMetric::Bc, "bc"});
+            metrics.insert(metrics.begin(), {HeatmapMetric::ErrorRatio, "ratio"});
         }
         const PromptInfo& info = reader.prompt(p.id);
-        for (const auto& [metric, name] : metrics)
+        for (const auto& [metric, key] : metrics)
             for (KvPart part : {KvPart::K, KvPart::V}) {
-                MapSpec m;
-                m.id = p.id + "_" + kvPartName(part) + "_" +
-                       (metric == HeatmapMetric::Bc ? "bc" : metric == HeatmapMetric::ErrorRatio ? "ratio"
-                                                   : metric == HeatmapMetric::RelL2 ? "l2" : "linf");
                 HeatmapSpec spec;
                 spec.metric = metric;
                 spec.part = part;
                 const HeatmapGrid full = buildHeatmap(p, spec);
-                m.grid = poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric));
-                m.scale = metric == HeatmapMetric::Bc ? ScaleKind::Bc : metric == HeatmapMetric::ErrorRatio ? ScaleKind::Ratio : ScaleKind::Error;
-                m.title = p.id + ": " + kvPartName(part) + " " + name + (metric == HeatmapMetric::Bc ? "" : ", max over heads");
-                m.metric = std::string(kvPartName(part)) + " " + name;
-                for (const std::string& l : p.layers) {
-                    m.rowLabels.push_back(layerLabel(cfg, l));
-                    m.layerNames.push_back(l);
-                }
-                m.tokenText = info.tokenStrings;
-                m.prefill = double(p.promptLen) - 0.5;
-                for (const Divergence& d : p.divergences)
-                    m.divergences.push_back(d.position);
-                maps.push_back(std::move(m));
+                maps.push_back({p.id + "_" + kvPartName(part) + "_" + key, promptMapSpec(cfg, p, info, spec),
+                                poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric))});
             }
     }
     if (result.aggregate) {
         const AggregateBc& a = *result.aggregate;
-        for (KvPart part : {KvPart::K, KvPart::V}) {
-            MapSpec m;
-            m.id = std::string("aggregate_") + kvPartName(part) + "_bc";
-            m.grid = poolColumns(aggregateHeatmap(a, part), 0, a.generationCount, kMaxReportColumns, true);
-            m.scale = ScaleKind::Bc;
-            m.title = std::string("BC by generation index across prompts: ") + kvPartName(part);
-            m.metric = std::string(kvPartName(part)) + " BC";
-            m.xName = "generation index";
-            m.xLabel = "generation index (0 = first decode token); top: divergences c/N";
-            for (const std::string& l : a.layers) {
-                m.rowLabels.push_back(layerLabel(cfg, l));
-                m.layerNames.push_back(l);
-            }
-            for (std::int64_t g = 0; g < a.generationCount; ++g)
-                if (a.divergenceCounts[std::size_t(g)] > 0)
-                    m.topLabels.emplace_back(g, std::to_string(a.divergenceCounts[std::size_t(g)]) + "/" + std::to_string(a.promptIds.size()));
-            maps.push_back(std::move(m));
-        }
+        for (KvPart part : {KvPart::K, KvPart::V})
+            maps.push_back({std::string("aggregate_") + kvPartName(part) + "_bc", acrossPromptsMapSpec(cfg, a, part),
+                            poolColumns(aggregateHeatmap(a, part), 0, a.generationCount, kMaxReportColumns, true)});
     }
 
     ReportFiles files;
-    for (const MapSpec& m : maps) {
+    for (const ReportMap& m : maps) {
         const QString png = QString::fromStdString(m.id) + ".png";
         renderPng(m, dir.filePath(png));
         files.images << dir.filePath(png);
@@ -257,8 +214,8 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     for (const std::string& problem : result.problems)
         out << "<p class=fail>" << html(problem) << "</p>";
 
-    auto mapBlock = [&](const MapSpec& m) {
-        out << "<div class=map><div class=maptitle>" << html(m.title) << "</div><div id=\"map-" << html(m.id)
+    auto mapBlock = [&](const ReportMap& m) {
+        out << "<div class=map><div class=maptitle>" << html(m.spec.title) << "</div><div id=\"map-" << html(m.id)
             << "\"></div><div class=maphint>hover for values; drag to zoom, double-click to reset; image: <a href=\""
             << html(m.id) << ".png\">" << html(m.id) << ".png</a></div></div>";
     };
@@ -277,7 +234,7 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
             out << " ";
         }
         out << "</p>";
-        for (const MapSpec& m : maps)
+        for (const ReportMap& m : maps)
             if (m.id.rfind(p.id + "_", 0) == 0)
                 mapBlock(m);
         out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>K/V</th><th>head</th><th>rel. L-inf</th>"
@@ -297,7 +254,7 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
         const AggregateBc& a = *result.aggregate;
         out << "<h2>Across prompts</h2><p>" << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
             << " generation indices.</p>";
-        for (const MapSpec& m : maps)
+        for (const ReportMap& m : maps)
             if (m.id.rfind("aggregate_", 0) == 0)
                 mapBlock(m);
         out << "<h3>Combined BC per layer</h3><table><tr><th>layer</th><th>K</th><th>V</th></tr>";
@@ -314,7 +271,9 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     }
 
     std::ostringstream json;
-    json << "{\"maps\":[";
+    json << "{\"scales\":";
+    writeScalesJson(json);
+    json << ",\"maps\":[";
     for (std::size_t i = 0; i < maps.size(); ++i) {
         if (i)
             json << ",";

@@ -22,9 +22,9 @@ Metric baseOf(Metric metric)
     return isBaseMetric(metric) ? metric : Metric(int(metric) + int(Metric::BaseKCos));
 }
 
-Metric metricFor(KvPart part, int kind)
+Metric metricFor(KvPart part, MetricKind kind)
 {
-    return Metric(kind * 2 + (part == KvPart::V ? 1 : 0));
+    return Metric(int(kind) * 2 + (part == KvPart::V ? 1 : 0));  // KCos, VCos, KLinf, ... in that order
 }
 
 void PromptAnalysis::allocate()

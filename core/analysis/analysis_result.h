@@ -26,7 +26,8 @@ const char* metricName(Metric metric);
 bool isBaseMetric(Metric metric);
 // The base metric measuring the same thing as a target metric (KLinf -> BaseKLinf).
 Metric baseOf(Metric metric);
-Metric metricFor(KvPart part, int kind);  // kind 0 cos, 1 linf, 2 l2
+enum class MetricKind { Cos, Linf, L2 };
+Metric metricFor(KvPart part, MetricKind kind);
 
 struct Divergence {
     std::int64_t position = 0;   // absolute

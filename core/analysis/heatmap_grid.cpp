@@ -27,6 +27,18 @@ std::string heatmapMetricName(HeatmapMetric metric)
     return "?";
 }
 
+std::string heatmapMetricShortName(HeatmapMetric metric)
+{
+    switch (metric) {
+    case HeatmapMetric::ErrorRatio:
+        return "error ratio (3-way)";
+    case HeatmapMetric::Bc:
+        return "BC (3-way)";
+    default:
+        return heatmapMetricName(metric);
+    }
+}
+
 float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token, int* head)
 {
     if (head)
@@ -58,17 +70,17 @@ float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, 
     };
     switch (spec.metric) {
     case HeatmapMetric::RelLinf:
-        return reduce(metricFor(part, 1), false);
+        return reduce(metricFor(part, MetricKind::Linf), false);
     case HeatmapMetric::RelL2:
-        return reduce(metricFor(part, 2), false);
+        return reduce(metricFor(part, MetricKind::L2), false);
     case HeatmapMetric::OneMinusCos:
-        return reduce(metricFor(part, 0), true);
+        return reduce(metricFor(part, MetricKind::Cos), true);
     case HeatmapMetric::Bc:
         return p.threeWay ? p.bcValue(part, layer, token) : std::nanf("");
     case HeatmapMetric::ErrorRatio: {
         if (!p.threeWay)
             return std::nanf("");
-        const Metric target = metricFor(part, 1);
+        const Metric target = metricFor(part, MetricKind::Linf);
         if (spec.reduction == HeadReductionKind::Max) {
             if (head)
                 *head = maxOverHeads(p, target, layer, token).head;

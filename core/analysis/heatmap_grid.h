@@ -31,6 +31,8 @@ struct HeatmapSpec {
 // Whether low values are the bad ones (BC): then pooling keeps the minimum.
 bool lowerIsWorse(HeatmapMetric metric);
 std::string heatmapMetricName(HeatmapMetric metric);
+// For menus: "relative L-inf", ..., "error ratio (3-way)", "BC (3-way)".
+std::string heatmapMetricShortName(HeatmapMetric metric);
 
 struct HeatmapGrid {
     int rows = 0;              // layers

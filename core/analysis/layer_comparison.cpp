@@ -85,17 +85,17 @@ void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv
                 const std::size_t cell = out.cell(layer, t, h);
                 VectorComparison c;
                 if (compareVectors(partAt(reference, part, h, t), partAt(target, part, h, t), dim, c)) {
-                    out.metrics[std::size_t(metricFor(part, 0))][cell] = float(c.cos);
-                    out.metrics[std::size_t(metricFor(part, 1))][cell] = float(c.linf);
-                    out.metrics[std::size_t(metricFor(part, 2))][cell] = float(c.l2);
+                    out.metrics[std::size_t(metricFor(part, MetricKind::Cos))][cell] = float(c.cos);
+                    out.metrics[std::size_t(metricFor(part, MetricKind::Linf))][cell] = float(c.linf);
+                    out.metrics[std::size_t(metricFor(part, MetricKind::L2))][cell] = float(c.l2);
                 } else {
                     nonFinite.push_back({layer, t, h, part, "actual"});
                 }
                 if (base) {
                     if (compareVectors(partAt(reference, part, h, t), partAt(*base, part, h, t), dim, c)) {
-                        out.metrics[std::size_t(baseOf(metricFor(part, 0)))][cell] = float(c.cos);
-                        out.metrics[std::size_t(baseOf(metricFor(part, 1)))][cell] = float(c.linf);
-                        out.metrics[std::size_t(baseOf(metricFor(part, 2)))][cell] = float(c.l2);
+                        out.metrics[std::size_t(baseOf(metricFor(part, MetricKind::Cos)))][cell] = float(c.cos);
+                        out.metrics[std::size_t(baseOf(metricFor(part, MetricKind::Linf)))][cell] = float(c.linf);
+                        out.metrics[std::size_t(baseOf(metricFor(part, MetricKind::L2)))][cell] = float(c.l2);
                     } else {
                         nonFinite.push_back({layer, t, h, part, "expected"});
                     }

@@ -12,7 +12,7 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
         for (int l = 0; l < int(p.layers.size()); ++l) {
             const std::string& layer = p.layers[std::size_t(l)];
             for (KvPart part : {KvPart::K, KvPart::V}) {
-                const Metric linf = metricFor(part, 1);
+                const Metric linf = metricFor(part, MetricKind::Linf);
                 const Extreme target = layerMax(p, linf, l);
                 if (p.threeWay) {
                     const Extreme base = layerMax(p, baseOf(linf), l);

@@ -13,7 +13,7 @@ std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count)
             WorstCell best;
             bool found = false;
             for (KvPart part : {KvPart::K, KvPart::V}) {
-                const Metric m = metricFor(part, 1);
+                const Metric m = metricFor(part, MetricKind::Linf);
                 const HeadReduction r = maxOverHeads(p, m, l, t);
                 if (r.head < 0)
                     continue;

@@ -74,16 +74,16 @@ void TestLayerComparison::compareLayer()
                     continue;
                 }
                 const Ref target = referenceMetrics(at(reference), at(actual), dim);
-                QVERIFY(close(p.value(metricFor(part, 0), 1, t, h), target.cos));
-                QVERIFY(close(p.value(metricFor(part, 1), 1, t, h), target.linf));
-                QVERIFY(close(p.value(metricFor(part, 2), 1, t, h), target.l2));
+                QVERIFY(close(p.value(metricFor(part, MetricKind::Cos), 1, t, h), target.cos));
+                QVERIFY(close(p.value(metricFor(part, MetricKind::Linf), 1, t, h), target.linf));
+                QVERIFY(close(p.value(metricFor(part, MetricKind::L2), 1, t, h), target.l2));
                 if (threeWay) {
                     const Ref base = referenceMetrics(at(reference), at(expected), dim);
-                    QVERIFY(close(p.value(baseOf(metricFor(part, 1)), 1, t, h), base.linf));
-                    QVERIFY(close(p.value(baseOf(metricFor(part, 2)), 1, t, h), base.l2));
-                    QVERIFY(close(p.value(baseOf(metricFor(part, 0)), 1, t, h), base.cos));
+                    QVERIFY(close(p.value(baseOf(metricFor(part, MetricKind::Linf)), 1, t, h), base.linf));
+                    QVERIFY(close(p.value(baseOf(metricFor(part, MetricKind::L2)), 1, t, h), base.l2));
+                    QVERIFY(close(p.value(baseOf(metricFor(part, MetricKind::Cos)), 1, t, h), base.cos));
                 } else {
-                    QVERIFY(std::isnan(p.value(baseOf(metricFor(part, 1)), 1, t, h)));
+                    QVERIFY(std::isnan(p.value(baseOf(metricFor(part, MetricKind::Linf)), 1, t, h)));
                 }
             }
         }

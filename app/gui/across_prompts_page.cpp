@@ -1,0 +1,70 @@
+#include "gui/across_prompts_page.h"
+
+#include "analysis/map_spec.h"
+#include "gui/analysis_controller.h"
+#include "widgets/bc_bar_view.h"
+#include "widgets/heatmap_view.h"
+
+#include <QToolTip>
+
+#include <cmath>
+
+namespace kvscope {
+
+AcrossPromptsPage::AcrossPromptsPage(AnalysisController* controller, QWidget* parent)
+    : QSplitter(Qt::Vertical, parent)
+    , m_controller(controller)
+    , m_map(new HeatmapView)
+    , m_bars(new BcBarView)
+{
+    addWidget(m_map);
+    addWidget(m_bars);
+    setStretchFactor(0, 3);
+    setStretchFactor(1, 1);
+    connect(m_map, &HeatmapView::cellHovered, this, &AcrossPromptsPage::showTooltip);
+}
+
+void AcrossPromptsPage::setPart(KvPart part)
+{
+    m_part = part;
+    if (!m_controller->isRunning())
+        refresh();
+}
+
+bool AcrossPromptsPage::refresh()
+{
+    const auto result = m_controller->result();
+    if (!result || !result->aggregate)
+        return false;
+    const AggregateBc& a = *result->aggregate;
+    m_map->setGrid(aggregateHeatmap(a, m_part));
+    m_map->showMap(acrossPromptsMapSpec(m_controller->reader()->config(), a, m_part));
+    m_map->resetView(a.generationCount, int(a.layers.size()));
+    QStringList rows;
+    for (const std::string& l : a.layers)
+        rows << QString::fromStdString(layerRowLabel(m_controller->reader()->config(), l));
+    QVector<double> k(a.combined[0].begin(), a.combined[0].end()), v(a.combined[1].begin(), a.combined[1].end());
+    m_bars->setValues(rows, k, v);
+    return true;
+}
+
+void AcrossPromptsPage::showTooltip(int row, qint64 g, const QPoint& globalPos)
+{
+    const auto result = m_controller->result();
+    if (!result || !result->aggregate || m_controller->isRunning())
+        return;
+    const AggregateBc& a = *result->aggregate;
+    if (row < 0 || row >= int(a.layers.size()) || g < 0 || g >= a.generationCount)
+        return;
+    const float bc = a.bc[std::size_t(m_part)][std::size_t(row) * std::size_t(a.generationCount) + std::size_t(g)];
+    QToolTip::showText(globalPos,
+                       QString("<b>%1</b><br>generation index %2<br>%3 BC: %4<br>divergences here: %5/%6")
+                           .arg(QString::fromStdString(a.layers[std::size_t(row)]))
+                           .arg(g)
+                           .arg(kvPartName(m_part), std::isnan(bc) ? tr("no data") : QString::number(bc, 'f', 4))
+                           .arg(a.divergenceCounts[std::size_t(g)])
+                           .arg(a.promptIds.size()),
+                       m_map);
+}
+
+}  // namespace kvscope

@@ -1,0 +1,70 @@
+#pragma once
+// The per-prompt page: the layer x token heatmap over the drill-down, and at the side the
+// worst cells and what could not be analysed. It shows the controller's analysis of one
+// prompt as ViewSettings say.
+
+#include "analysis/heatmap_grid.h"
+#include "gui/view_toolbar.h"
+
+#include <QSplitter>
+
+class QLabel;
+class QTableView;
+class QTimer;
+
+namespace kvscope {
+
+class AnalysisController;
+class DrillDownPanel;
+class HeatmapView;
+class WorstCellsModel;
+
+class PromptPage : public QSplitter {
+    Q_OBJECT
+
+public:
+    PromptPage(AnalysisController* controller, QWidget* parent = nullptr);
+
+    // New settings; `promptChanged`: the selection and zoom start over.
+    void apply(const ViewSettings& settings, bool promptChanged);
+    // A bundle was opened, or more of it was analysed, or all of it.
+    void onOpened();
+    void onLayerFinished();
+    void onFinished();
+    void clear();  // nothing open
+
+    void selectCell(int layer, qint64 token);
+    // Arrow keys move the selected cell; false for other keys or without a selection.
+    bool moveSelection(int key);
+    int selectedLayer() const { return m_layer; }
+    qint64 selectedToken() const { return m_token; }
+    HeatmapView& heatmap() { return *m_heatmap; }
+    DrillDownPanel& drillDown() { return *m_drill; }
+    WorstCellsModel& worstCells() { return *m_worstModel; }
+
+signals:
+    // A worst cell of the other part (K/V) was chosen: the toolbar should switch.
+    void partRequested(KvPart part);
+
+private:
+    const PromptAnalysis* prompt() const;
+    void refreshHeatmap();
+    void refreshPooling();
+    void refreshSummary();
+    void refreshDrillDown();
+    void showTooltip(int row, qint64 token, const QPoint& globalPos);
+
+    AnalysisController* m_controller;
+    HeatmapView* m_heatmap;
+    DrillDownPanel* m_drill;
+    WorstCellsModel* m_worstModel;
+    QTableView* m_worstView;
+    QLabel* m_problems;
+    QTimer* m_poolTimer;
+    ViewSettings m_settings;
+    HeatmapGrid m_fullGrid;
+    int m_layer = -1;
+    qint64 m_token = -1;
+};
+
+}  // namespace kvscope

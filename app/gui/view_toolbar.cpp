@@ -1,0 +1,131 @@
+#include "gui/view_toolbar.h"
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QDoubleSpinBox>
+#include <QLabel>
+#include <QPushButton>
+#include <QSignalBlocker>
+#include <QSpinBox>
+
+namespace kvscope {
+
+ViewToolbar::ViewToolbar(QWidget* parent)
+    : QToolBar(tr("View"), parent)
+    , m_prompt(new QComboBox)
+    , m_part(new QComboBox)
+    , m_metric(new QComboBox)
+    , m_reduction(new QComboBox)
+    , m_head(new QSpinBox)
+    , m_min(new QDoubleSpinBox)
+    , m_max(new QDoubleSpinBox)
+    , m_log(new QCheckBox(tr("log")))
+{
+    setObjectName("view");
+    m_prompt->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+    m_part->addItem("K", int(KvPart::K));
+    m_part->addItem("V", int(KvPart::V));
+    for (HeatmapMetric m : {HeatmapMetric::RelLinf, HeatmapMetric::RelL2, HeatmapMetric::OneMinusCos,
+                            HeatmapMetric::ErrorRatio, HeatmapMetric::Bc})
+        m_metric->addItem(QString::fromStdString(heatmapMetricShortName(m)), int(m));
+    m_reduction->addItem(tr("max over heads"), int(HeadReductionKind::Max));
+    m_reduction->addItem(tr("mean over heads"), int(HeadReductionKind::Mean));
+    m_reduction->addItem(tr("one head"), int(HeadReductionKind::OneHead));
+    m_head->setPrefix(tr("head "));
+    m_head->setEnabled(false);
+    for (QDoubleSpinBox* box : {m_min, m_max}) {
+        box->setDecimals(5);
+        box->setRange(0, 1e9);
+        box->setSingleStep(0.01);
+        box->setKeyboardTracking(false);
+    }
+    auto* defaults = new QPushButton(tr("default range"));
+    addWidget(new QLabel(tr(" prompt ")));
+    addWidget(m_prompt);
+    addWidget(m_part);
+    addWidget(m_metric);
+    addWidget(m_reduction);
+    addWidget(m_head);
+    addSeparator();
+    addWidget(new QLabel(tr(" colour ")));
+    addWidget(m_min);
+    addWidget(new QLabel(" .. "));
+    addWidget(m_max);
+    addWidget(m_log);
+    addWidget(defaults);
+    resetRange();
+
+    for (QComboBox* box : {m_prompt, m_part, m_reduction})
+        connect(box, qOverload<int>(&QComboBox::currentIndexChanged), this, &ViewToolbar::emitChanged);
+    connect(m_metric, qOverload<int>(&QComboBox::currentIndexChanged), this, [this] {
+        resetRange();  // each metric has its own scale
+        emitChanged();
+    });
+    connect(m_head, qOverload<int>(&QSpinBox::valueChanged), this, &ViewToolbar::emitChanged);
+    for (QDoubleSpinBox* box : {m_min, m_max})
+        connect(box, qOverload<double>(&QDoubleSpinBox::valueChanged), this, &ViewToolbar::emitChanged);
+    connect(m_log, &QCheckBox::toggled, this, &ViewToolbar::emitChanged);
+    connect(defaults, &QPushButton::clicked, this, [this] {
+        resetRange();
+        const QSignalBlocker block(m_log);
+        m_log->setChecked(false);
+        emitChanged();
+    });
+}
+
+ViewSettings ViewToolbar::settings() const
+{
+    ViewSettings s;
+    s.prompt = m_prompt->currentIndex();
+    s.map.metric = HeatmapMetric(m_metric->currentData().toInt());
+    s.map.part = KvPart(m_part->currentData().toInt());
+    s.map.reduction = HeadReductionKind(m_reduction->currentData().toInt());
+    s.map.head = m_head->value();
+    s.range = {m_min->value(), std::max(m_max->value(), m_min->value() + 1e-9)};
+    s.logarithmic = m_log->isChecked();
+    return s;
+}
+
+void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWay)
+{
+    {
+        const QSignalBlocker b1(m_prompt), b2(m_head), b3(m_metric);
+        m_prompt->clear();
+        m_prompt->addItems(prompts);
+        m_head->setRange(0, std::max(0, heads - 1));
+        m_metric->setCurrentIndex(m_metric->findData(int(threeWay ? HeatmapMetric::ErrorRatio : HeatmapMetric::RelLinf)));
+        resetRange();
+    }
+    emitChanged();
+}
+
+void ViewToolbar::setPrompt(int index)
+{
+    m_prompt->setCurrentIndex(index);
+}
+
+void ViewToolbar::setMetric(HeatmapMetric metric)
+{
+    m_metric->setCurrentIndex(m_metric->findData(int(metric)));
+}
+
+void ViewToolbar::setPart(KvPart part)
+{
+    m_part->setCurrentIndex(m_part->findData(int(part)));
+}
+
+void ViewToolbar::resetRange()
+{
+    const ValueRange r = defaultRange(scaleOf(HeatmapMetric(m_metric->currentData().toInt())));
+    const QSignalBlocker b1(m_min), b2(m_max);
+    m_min->setValue(r.lower);
+    m_max->setValue(r.upper);
+}
+
+void ViewToolbar::emitChanged()
+{
+    m_head->setEnabled(HeadReductionKind(m_reduction->currentData().toInt()) == HeadReductionKind::OneHead);
+    emit settingsChanged(settings());
+}
+
+}  // namespace kvscope

@@ -1,0 +1,54 @@
+#pragma once
+// The view toolbar: which prompt, K or V, which metric, how heads are reduced, and the colour
+// range. Every change is one ViewSettings value; the toolbar knows nothing of the data.
+
+#include "analysis/map_spec.h"
+
+#include <QToolBar>
+
+class QCheckBox;
+class QComboBox;
+class QDoubleSpinBox;
+class QSpinBox;
+
+namespace kvscope {
+
+struct ViewSettings {
+    int prompt = -1;
+    HeatmapSpec map;
+    ValueRange range = defaultRange(ScaleKind::Error);
+    bool logarithmic = false;
+};
+
+class ViewToolbar : public QToolBar {
+    Q_OBJECT
+
+public:
+    explicit ViewToolbar(QWidget* parent = nullptr);
+
+    ViewSettings settings() const;
+    // A bundle was opened: its prompts, heads per layer, and whether it is three-way (then
+    // the error ratio is shown first: dtype noise is ~1, bugs stand out).
+    void setPrompts(const QStringList& prompts, int heads, bool threeWay);
+    void setPrompt(int index);
+    void setMetric(HeatmapMetric metric);
+    void setPart(KvPart part);
+
+signals:
+    void settingsChanged(const ViewSettings& settings);
+
+private:
+    void resetRange();
+    void emitChanged();
+
+    QComboBox* m_prompt;
+    QComboBox* m_part;
+    QComboBox* m_metric;
+    QComboBox* m_reduction;
+    QSpinBox* m_head;
+    QDoubleSpinBox* m_min;
+    QDoubleSpinBox* m_max;
+    QCheckBox* m_log;
+};
+
+}  // namespace kvscope

@@ -1,0 +1,113 @@
+#include "analysis/map_spec.h"
+
+namespace kvscope {
+
+ScaleKind scaleOf(HeatmapMetric metric)
+{
+    return metric == HeatmapMetric::Bc ? ScaleKind::Bc : metric == HeatmapMetric::ErrorRatio ? ScaleKind::Ratio : ScaleKind::Error;
+}
+
+const char* scaleName(ScaleKind kind)
+{
+    return kind == ScaleKind::Bc ? "bc" : kind == ScaleKind::Ratio ? "ratio" : "error";
+}
+
+const std::vector<ColorStop>& colorStops(ScaleKind kind)
+{
+    // Errors: YlOrRd. Ratio: RdYlGn reversed. BC: the reference tool's stops, flat red below 0.8.
+    static const std::vector<ColorStop> error{
+        {0.0, {255, 255, 204}}, {0.25, {254, 217, 118}}, {0.5, {253, 141, 60}}, {0.75, {227, 26, 28}}, {1.0, {128, 0, 38}}};
+    static const std::vector<ColorStop> ratio{
+        {0.0, {0, 104, 55}}, {0.25, {102, 189, 99}}, {0.5, {255, 255, 191}}, {0.75, {244, 109, 67}}, {1.0, {165, 0, 38}}};
+    static const std::vector<ColorStop> bc{{0.0, {215, 25, 28}},   {0.8, {215, 25, 28}},    {0.85, {253, 174, 97}},
+                                           {0.90, {255, 255, 191}}, {0.95, {166, 217, 106}}, {1.0, {26, 150, 65}}};
+    return kind == ScaleKind::Bc ? bc : kind == ScaleKind::Ratio ? ratio : error;
+}
+
+ValueRange defaultRange(ScaleKind kind)
+{
+    switch (kind) {
+    case ScaleKind::Error:
+        return {0.0, 0.2};
+    case ScaleKind::Ratio:
+        return {0.0, 3.0};
+    case ScaleKind::Bc:
+        return {0.0, 1.0};
+    }
+    return {0.0, 1.0};
+}
+
+std::string shortLayerName(const std::string& layer)
+{
+    const std::string suffix = ".self_attn";
+    if (layer.size() > suffix.size() && layer.compare(layer.size() - suffix.size(), suffix.size(), suffix) == 0)
+        return layer.substr(0, layer.size() - suffix.size());
+    return layer;
+}
+
+std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
+{
+    const int g = config.groupOf(layer);
+    if (g < 0)
+        return shortLayerName(layer);
+    const KvCacheGroup& group = config.groups[std::size_t(g)];
+    std::string kind = "full";
+    if (group.slidingWindow)
+        kind = group.specType == SpecType::SlidingWindow ? "sliding " + std::to_string(*group.slidingWindow)
+                                                         : "full, window " + std::to_string(*group.slidingWindow);
+    return shortLayerName(layer) + " [" + kind + "]";
+}
+
+std::string mapMetricLabel(const HeatmapSpec& spec)
+{
+    std::string label = std::string(kvPartName(spec.part)) + " " + heatmapMetricName(spec.metric);
+    if (spec.metric == HeatmapMetric::Bc)
+        return label;
+    switch (spec.reduction) {
+    case HeadReductionKind::Max: return label + ", max over heads";
+    case HeadReductionKind::Mean: return label + ", mean over heads";
+    case HeadReductionKind::OneHead: return label + ", head " + std::to_string(spec.head);
+    }
+    return label;
+}
+
+MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
+                      const HeatmapSpec& spec)
+{
+    MapSpec m;
+    m.metricLabel = mapMetricLabel(spec);
+    m.title = prompt.id + ": " + m.metricLabel;
+    m.scale = scaleOf(spec.metric);
+    m.range = defaultRange(m.scale);
+    for (const std::string& layer : prompt.layers) {
+        m.rowLabels.push_back(layerRowLabel(config, layer));
+        m.layerNames.push_back(layer);
+    }
+    m.tokenText = info.tokenStrings;
+    m.prefillBoundary = double(prompt.promptLen) - 0.5;
+    for (const Divergence& d : prompt.divergences)
+        m.divergences.push_back(d.position);
+    return m;
+}
+
+MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part)
+{
+    MapSpec m;
+    m.metricLabel = std::string(kvPartName(part)) + " BC";
+    m.title = m.metricLabel + " by generation index across " + std::to_string(aggregate.promptIds.size()) +
+              " prompt(s) (top: divergences c/N)";
+    m.xName = "generation index";
+    m.xLabel = "generation index (0 = first decode token)";
+    m.scale = ScaleKind::Bc;
+    m.range = defaultRange(m.scale);
+    for (const std::string& layer : aggregate.layers) {
+        m.rowLabels.push_back(layerRowLabel(config, layer));
+        m.layerNames.push_back(layer);
+    }
+    for (std::int64_t g = 0; g < aggregate.generationCount; ++g)
+        if (const int c = aggregate.divergenceCounts[std::size_t(g)]; c > 0)
+            m.topLabels.emplace_back(g, std::to_string(c) + "/" + std::to_string(aggregate.promptIds.size()));
+    return m;
+}
+
+}  // namespace kvscope

@@ -1,0 +1,72 @@
+#pragma once
+// How a map is labelled and coloured, in one place for the app, the PNG and the HTML report:
+// the colour scale of each metric (stops and default range), layer row labels with their
+// attention kind, the prefill | decode line, divergence lines and counts, titles.
+
+#include "analysis/heatmap_grid.h"
+#include "format/capture_bundle.h"
+#include "format/kv_cache_config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvscope {
+
+enum class ScaleKind {
+    Error,  // yellow (low) to red (high), 0..0.2
+    Ratio,  // green (like dtype noise) to red (far worse), 0..3
+    Bc,     // the reference tool's BC stops, 0..1
+};
+
+struct Rgb {
+    int r = 0, g = 0, b = 0;
+};
+struct ColorStop {
+    double at = 0;  // 0..1 along the scale
+    Rgb color;
+};
+struct ValueRange {
+    double lower = 0, upper = 1;
+};
+
+ScaleKind scaleOf(HeatmapMetric metric);
+const char* scaleName(ScaleKind kind);  // "error", "ratio", "bc"
+const std::vector<ColorStop>& colorStops(ScaleKind kind);
+ValueRange defaultRange(ScaleKind kind);
+// The token markers: prefill | decode (solid) and divergences (dashed).
+inline constexpr Rgb kPrefillLineColor{220, 0, 0};
+inline constexpr Rgb kDivergenceLineColor{255, 140, 0};
+
+// "model.layers.3.self_attn" -> "model.layers.3".
+std::string shortLayerName(const std::string& layer);
+// "model.layers.3 [sliding 128]", "[full]", or "[full, window 128]" (FullAttentionSpec with a
+// sliding window).
+std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer);
+// "K relative L-inf, max over heads"
+std::string mapMetricLabel(const HeatmapSpec& spec);
+
+struct MapSpec {
+    std::string title;
+    std::string metricLabel;           // what a cell's value is, for tooltips
+    std::string xName = "token";      // one column's unit, for tooltips
+    std::string xLabel = "token";
+    ScaleKind scale = ScaleKind::Error;
+    ValueRange range;
+    std::vector<std::string> rowLabels;   // layerRowLabel of each row
+    std::vector<std::string> layerNames;  // the full names
+    std::vector<std::string> tokenText;   // per token, when the bundle has it
+    double prefillBoundary = std::nan("");  // x of the prefill | decode line
+    std::vector<std::int64_t> divergences;
+    std::vector<std::pair<std::int64_t, std::string>> topLabels;  // divergence counts "c/N"
+};
+
+// A per-prompt map (layers x tokens).
+MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
+                      const HeatmapSpec& spec);
+// The across-prompts BC map (layers x generation index).
+MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part);
+
+}  // namespace kvscope
