@@ -10,13 +10,13 @@ HistogramView::HistogramView(QWidget* parent)
     setMinimumSize(300, 180);
     m_title = addPlotTitle(this, 9);
     m_base = new QCPBars(xAxis, yAxis);
-    m_target = new QCPBars(xAxis, yAxis);
+    m_actual = new QCPBars(xAxis, yAxis);
     m_base->setName("base: |baseline - expected|");
-    m_target->setName("target: |baseline - actual|");
+    m_actual->setName("actual: |baseline - actual|");
     m_base->setPen(Qt::NoPen);
-    m_target->setPen(Qt::NoPen);
+    m_actual->setPen(Qt::NoPen);
     m_base->setBrush(QColor(31, 119, 180, 140));
-    m_target->setBrush(QColor(255, 127, 14, 140));
+    m_actual->setBrush(QColor(255, 127, 14, 140));
     xAxis->setLabel("absolute error");
     yAxis->setLabel("count");
     legend->setVisible(true);
@@ -27,16 +27,16 @@ HistogramView::HistogramView(QWidget* parent)
 void HistogramView::setHistogram(const HeadErrorHistogram& h, const QString& title)
 {
     const double width = (h.hi - h.lo) / h.bins;
-    QVector<double> keys, base, target;
+    QVector<double> keys, base, actual;
     for (int b = 0; b < h.bins; ++b) {
         keys.append(h.lo + (b + 0.5) * width);
-        target.append(double(h.target.counts[std::size_t(b)]));
+        actual.append(double(h.actual.counts[std::size_t(b)]));
         base.append(h.base ? double(h.base->counts[std::size_t(b)]) : 0.0);
     }
     m_base->setWidth(width);
-    m_target->setWidth(width);
+    m_actual->setWidth(width);
     m_base->setData(keys, base);
-    m_target->setData(keys, target);
+    m_actual->setData(keys, actual);
     m_base->setVisible(bool(h.base));
     m_title->setText(title + (std::isnan(h.bc) ? QString() : QString("   BC %1").arg(h.bc, 0, 'f', 4)));
     rescaleAxes();
@@ -58,7 +58,7 @@ void HistogramView::setLogCounts(bool log)
 void HistogramView::clearHistogram(const QString& message)
 {
     m_base->data()->clear();
-    m_target->data()->clear();
+    m_actual->data()->clear();
     m_title->setText(message);
     replot(QCustomPlot::rpQueuedReplot);
 }

@@ -1,5 +1,5 @@
 #pragma once
-// Per-head error histograms of the drill-down: base (expected vs baseline) and target (actual
+// Per-head error histograms of the drill-down: base (expected vs baseline) and actual (actual
 // vs baseline) on shared bins, overlaid, with an optional log count axis and the BC.
 
 #include "metrics/error_histogram.h"
@@ -19,7 +19,7 @@ public:
 
 private:
     QCPBars* m_base;
-    QCPBars* m_target;
+    QCPBars* m_actual;
     QCPTextElement* m_title;
 };
 

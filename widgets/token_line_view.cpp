@@ -11,11 +11,11 @@ TokenLineView::TokenLineView(QWidget* parent)
 {
     setMinimumSize(300, 160);
     m_title = addPlotTitle(this, 9);
-    m_target = addGraph();
+    m_actual = addGraph();
     m_base = addGraph();
-    m_target->setName("actual");
+    m_actual->setName("actual");
     m_base->setName("expected (base)");
-    m_target->setPen(QPen(QColor(214, 39, 40), 1.5));
+    m_actual->setPen(QPen(QColor(214, 39, 40), 1.5));
     m_base->setPen(QPen(QColor(31, 119, 180), 1.2));
     xAxis->setLabel("token");
     legend->setVisible(true);
@@ -25,15 +25,15 @@ TokenLineView::TokenLineView(QWidget* parent)
     axisRect()->setRangeDrag(Qt::Horizontal);
 }
 
-void TokenLineView::setSeries(const QVector<double>& target, const QVector<double>& base, const QString& title,
+void TokenLineView::setSeries(const QVector<double>& actual, const QVector<double>& base, const QString& title,
                               const QString& valueLabel, double prefillBoundary, const QVector<double>& divergences,
                               qint64 selected)
 {
     QVector<double> keys;
-    for (int i = 0; i < target.size(); ++i)
+    for (int i = 0; i < actual.size(); ++i)
         keys.append(i);
-    m_target->setData(keys, target, true);
-    m_base->setData(keys, base.isEmpty() ? QVector<double>(target.size(), std::nan("")) : base, true);
+    m_actual->setData(keys, actual, true);
+    m_base->setData(keys, base.isEmpty() ? QVector<double>(actual.size(), std::nan("")) : base, true);
     m_base->setVisible(!base.isEmpty());
     m_title->setText(title);
     yAxis->setLabel(valueLabel);
@@ -41,13 +41,13 @@ void TokenLineView::setSeries(const QVector<double>& target, const QVector<doubl
     if (selected >= 0)
         addVerticalLine(this, m_markers, double(selected), QPen(Qt::black, 1, Qt::DotLine));
     rescaleAxes();
-    xAxis->setRange(-0.5, std::max<double>(target.size(), 1) - 0.5);
+    xAxis->setRange(-0.5, std::max<double>(actual.size(), 1) - 0.5);
     replot(QCustomPlot::rpQueuedReplot);
 }
 
 void TokenLineView::clearSeries(const QString& message)
 {
-    m_target->data()->clear();
+    m_actual->data()->clear();
     m_base->data()->clear();
     m_title->setText(message);
     setTokenMarkers(this, m_markers, std::nan(""), {});

@@ -11,13 +11,13 @@ class TokenLineView : public QCustomPlot {
 public:
     explicit TokenLineView(QWidget* parent = nullptr);
     // NaN values (no data) leave gaps. `base` may be empty.
-    void setSeries(const QVector<double>& target, const QVector<double>& base, const QString& title,
+    void setSeries(const QVector<double>& actual, const QVector<double>& base, const QString& title,
                    const QString& valueLabel, double prefillBoundary, const QVector<double>& divergences, qint64 selected);
     // No cell selected: empty, with `message` as the title.
     void clearSeries(const QString& message);
 
 private:
-    QCPGraph* m_target;
+    QCPGraph* m_actual;
     QCPGraph* m_base;
     QCPTextElement* m_title;
     QList<QCPAbstractItem*> m_markers;

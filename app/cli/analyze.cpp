@@ -68,8 +68,8 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
             }
         out << "\n";
     }
-    for (const std::string& issue : p.issues)
-        out << "  issue: " << issue << "\n";
+    for (const std::string& problem : p.problems)
+        out << "  problem: " << problem << "\n";
     if (!p.nonFinite.empty())
         out << "  " << p.nonFinite.size() << " cell(s) hold NaN or infinity in their input (listed in the JSON)\n";
 }

@@ -16,13 +16,9 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
     try {
         for (std::size_t i = 0; i < args.size(); ++i) {
             const bool value = i + 1 < args.size();
-            if (args[i] == "--min-bc" && value)
-                t.minBc = std::stod(args[++i]);
-            else if (args[i] == "--max-ratio" && value)
-                t.maxRatio = std::stod(args[++i]);
-            else if (args[i] == "--max-linf" && value)
-                t.maxLinf = std::stod(args[++i]);
-            else if (args[i] == "--json" && value)
+            if (takeThresholdOption(args, i, t))
+                continue;
+            if (args[i] == "--json" && value)
                 jsonPath = args[++i];
             else if (bundle.empty() && !args[i].starts_with("--"))
                 bundle = args[i];

@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <ostream>
+#include <stdexcept>
 
 namespace kvscope::cli {
 
@@ -74,6 +75,21 @@ void printUsage(const std::string& name, std::ostream& out)
 {
     if (const Command* c = findCommand(name))
         out << "usage: kvscope " << c->usage;
+}
+
+bool takeThresholdOption(const Args& args, std::size_t& i, Thresholds& thresholds)
+{
+    const std::string& a = args[i];
+    if (i + 1 >= args.size() || (a != "--min-bc" && a != "--max-ratio" && a != "--max-linf"))
+        return false;
+    const double value = std::stod(args[++i]);
+    if (a == "--min-bc")
+        thresholds.minBc = value;
+    else if (a == "--max-ratio")
+        thresholds.maxRatio = value;
+    else
+        thresholds.maxLinf = value;
+    return true;
 }
 
 void printOverview(std::ostream& out)

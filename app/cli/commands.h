@@ -4,6 +4,8 @@
 // arguments (after the command name) and two streams, and returns the process exit code:
 // 0 done, 1 done with findings (check, inspect), 2 bad arguments or unreadable input.
 
+#include "analysis/threshold_check.h"
+
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -26,6 +28,10 @@ const Command* findCommand(const std::string& name);
 void printUsage(const std::string& name, std::ostream& out);
 // The overview: every listed command with its one line.
 void printOverview(std::ostream& out);
+
+// --min-bc, --max-ratio, --max-linf at args[i] (with its value; i moves past it), for check
+// and report. False when args[i] is not one of them; throws std::invalid_argument on a bad value.
+bool takeThresholdOption(const Args& args, std::size_t& i, Thresholds& thresholds);
 
 // The commands, one file each in app/cli/.
 int analyze(const Args& args, std::ostream& out, std::ostream& err);

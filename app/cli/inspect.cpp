@@ -90,12 +90,12 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
         for (const std::string& layer : reader->config().layerNames()) {
             out << "    " << std::left << std::setw(32) << layer << std::setw(8) << reader->config().groupOf(layer);
             try {
-                std::vector<std::string> issues;
-                const LayerKv engine = loader.engineLayer(p.id, layer, &issues);
+                std::vector<std::string> problems;
+                const LayerKv engine = loader.engineLayer(p.id, layer, &problems);
                 const LayerKv expected = loader.referenceLayer(p.id, ReferenceRole::Expected, layer);
                 out << std::setw(24) << heldRanges(engine) << heldRanges(expected) << "\n";
-                for (const std::string& issue : issues) {
-                    err << "kvscope: " << issue << "\n";
+                for (const std::string& problem : problems) {
+                    err << "kvscope: " << problem << "\n";
                     ++failures;
                 }
             } catch (const std::exception& e) {

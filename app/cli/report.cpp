@@ -14,15 +14,11 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
     Thresholds t;
     try {
         for (std::size_t i = 0; i < args.size(); ++i) {
+            if (takeThresholdOption(args, i, t))
+                continue;
             const bool value = i + 1 < args.size();
             if ((args[i] == "-o" || args[i] == "--output") && value)
                 dir = args[++i];
-            else if (args[i] == "--min-bc" && value)
-                t.minBc = std::stod(args[++i]);
-            else if (args[i] == "--max-ratio" && value)
-                t.maxRatio = std::stod(args[++i]);
-            else if (args[i] == "--max-linf" && value)
-                t.maxLinf = std::stod(args[++i]);
             else if (bundle.empty() && !args[i].starts_with("-"))
                 bundle = args[i];
             else

@@ -1,6 +1,6 @@
 #pragma once
 // The drill-down's per-head table for one (prompt, token, layer): every metric for K and V,
-// target and base, and the error ratio. Sortable by the numbers (Qt::UserRole).
+// actual and base, and the error ratio. Sortable by the numbers (Qt::UserRole).
 
 #include "analysis/analysis_result.h"
 

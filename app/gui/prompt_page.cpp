@@ -192,7 +192,7 @@ void PromptPage::refreshSummary()
     for (const std::string& s : m_controller->result()->problems)
         problems << QString::fromStdString(s);
     if (!m_controller->isRunning()) {
-        for (const std::string& s : p->issues)
+        for (const std::string& s : p->problems)
             problems << QString::fromStdString(s);
         if (!p->nonFinite.empty())
             problems << tr("%1 cell(s) hold NaN or infinity in their input").arg(p->nonFinite.size());

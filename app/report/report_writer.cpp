@@ -247,8 +247,8 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
             out << "</tr>";
         }
         out << "</table>";
-        for (const std::string& issue : p.issues)
-            out << "<p class=fail>" << html(issue) << "</p>";
+        for (const std::string& problem : p.problems)
+            out << "<p class=fail>" << html(problem) << "</p>";
     }
     if (result.aggregate) {
         const AggregateBc& a = *result.aggregate;

@@ -149,8 +149,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         }
         o << '}';
     }
-    o << ",\"issues\":";
-    writeStrings(w, p.issues);
+    o << ",\"problems\":";
+    writeStrings(w, p.problems);
     o << ",\"non_finite\":";
     w.array(p.nonFinite.size(), [&](std::size_t i) {
         const NonFiniteCell& c = p.nonFinite[i];

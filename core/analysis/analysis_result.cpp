@@ -77,10 +77,10 @@ float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t t
     return n ? float(sum / n) : std::nanf("");
 }
 
-float errorRatio(const PromptAnalysis& p, Metric target, int layer, std::int64_t token)
+float errorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token)
 {
-    const HeadReduction t = maxOverHeads(p, target, layer, token);
-    const HeadReduction b = maxOverHeads(p, baseOf(target), layer, token);
+    const HeadReduction t = maxOverHeads(p, actual, layer, token);
+    const HeadReduction b = maxOverHeads(p, baseOf(actual), layer, token);
     if (t.head < 0 || b.head < 0)
         return std::nanf("");
     return float(double(t.value) / std::max(double(b.value), 1e-10));

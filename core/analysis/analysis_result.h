@@ -15,7 +15,7 @@
 
 namespace kvscope {
 
-// Target metrics (actual vs reference) and base metrics (expected vs baseline, three-way only).
+// Actual metrics (the engine vs the reference) and base metrics (expected vs baseline, three-way only).
 enum class Metric {
     KCos, VCos, KLinf, VLinf, KL2, VL2,
     BaseKCos, BaseVCos, BaseKLinf, BaseVLinf, BaseKL2, BaseVL2,
@@ -24,7 +24,7 @@ inline constexpr int kMetricCount = 12;
 // The reference tool's names: k_cos, v_cos, k_linf, ..., base_k_linf, ...
 const char* metricName(Metric metric);
 bool isBaseMetric(Metric metric);
-// The base metric measuring the same thing as a target metric (KLinf -> BaseKLinf).
+// The base metric measuring the same thing as an actual metric (KLinf -> BaseKLinf).
 Metric baseOf(Metric metric);
 enum class MetricKind { Cos, Linf, L2 };
 Metric metricFor(KvPart part, MetricKind kind);
@@ -60,7 +60,7 @@ struct PromptAnalysis {
     std::array<std::vector<float>, kMetricCount> metrics;  // [layer][token][head]
     std::array<std::vector<float>, 2> bc;                   // [K/V][layer][token]
     std::vector<NonFiniteCell> nonFinite;
-    std::vector<std::string> issues;  // what could not be analysed, and why
+    std::vector<std::string> problems;  // what could not be analysed, and why
 
     void allocate();
     std::size_t cell(int layer, std::int64_t token, int head) const
@@ -102,9 +102,9 @@ struct HeadReduction {
 HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 HeadReduction minOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
-// (max over heads of the target error) / max(max over heads of the base error, 1e-10):
+// (max over heads of the actual error) / max(max over heads of the base error, 1e-10):
 // the three-way error ratio of the reference tool. NaN when either side has no data.
-float errorRatio(const PromptAnalysis& p, Metric target, int layer, std::int64_t token);
+float errorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token);
 
 // Per-layer and per-token summaries: the extreme value over the other axis (and heads),
 // with where it is.

@@ -19,7 +19,7 @@ namespace {
 // One prompt's three sides of one layer, kept while the layer's aggregate is computed.
 struct LayerSides {
     LayerKv reference;
-    LayerKv target;
+    LayerKv actual;
     LayerKv base;
     TokenErrorStats stats;
     bool ok = false;
@@ -64,21 +64,21 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         std::vector<Histogram> indexBase(gCount), indexTarget(gCount);
         const SharedBins combinedBins(combined);
         Histogram combinedBase, combinedTarget;
-        std::vector<float> baseErrors, targetErrors;
+        std::vector<float> baseErrors, actualErrors;
         for (std::size_t i = 0; i < pooled.size(); ++i) {
             const LayerSides& s = sides[i];
             if (!s.ok)
                 continue;
             const std::size_t n = s.reference.rowSize();
             baseErrors.resize(n);
-            targetErrors.resize(n);
+            actualErrors.resize(n);
             for (std::int64_t t = 0; t < s.reference.seq; ++t) {
                 if (s.stats.range(part, t).empty())
                     continue;  // not held by every side
                 tokenErrors(s.reference, s.base, t, part, baseErrors.data());
-                tokenErrors(s.reference, s.target, t, part, targetErrors.data());
+                tokenErrors(s.reference, s.actual, t, part, actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
-                combinedBins.add(targetErrors.data(), n, combinedTarget);
+                combinedBins.add(actualErrors.data(), n, combinedTarget);
                 const std::int64_t g = t - promptLen(i);
                 if (g < 0 || std::size_t(g) >= gCount)
                     continue;
@@ -90,7 +90,7 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                     }
                 } else {
                     indexBins[gi].add(baseErrors.data(), n, indexBase[gi]);
-                    indexBins[gi].add(targetErrors.data(), n, indexTarget[gi]);
+                    indexBins[gi].add(actualErrors.data(), n, indexTarget[gi]);
                 }
             }
         }
@@ -140,7 +140,7 @@ AnalysisResult prepareAnalysis(const BundleReader& reader, const AnalysisOptions
         try {
             p.divergences = findDivergences(reader, *info);
         } catch (const BundleError& e) {
-            p.issues.push_back(std::string("divergences: ") + e.what());
+            p.problems.push_back(std::string("divergences: ") + e.what());
         }
         p.allocate();
         result.prompts.push_back(std::move(p));
@@ -188,7 +188,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
     std::atomic<int> layersDone{0};
     std::atomic<bool> failed{false};
     std::exception_ptr failure;
-    std::mutex mutex;  // guards issues, nonFinite and `failure`
+    std::mutex mutex;  // guards problems, nonFinite and `failure`
     auto cancelled = [&] { return failed.load() || (options.cancel && options.cancel->load()); };
 
     auto work = [&] {
@@ -201,27 +201,27 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
                     const auto slot = std::find(pooled.begin(), pooled.end(), int(pi));
                     LayerSides local;
                     LayerSides& s = slot == pooled.end() ? local : sides[std::size_t(slot - pooled.begin())];
-                    std::vector<std::string> issues;
+                    std::vector<std::string> problems;
                     std::vector<NonFiniteCell> nonFinite;
                     try {
-                        s.target = loader.engineLayer(p.id, name, &issues);
+                        s.actual = loader.engineLayer(p.id, name, &problems);
                         if (p.threeWay) {
                             s.reference = loader.referenceLayer(p.id, ReferenceRole::Baseline, name);
                             s.base = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
                         } else {
                             s.reference = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
                         }
-                        compareLayer(s.reference, s.target, p.threeWay ? &s.base : nullptr, layer, p, nonFinite,
+                        compareLayer(s.reference, s.actual, p.threeWay ? &s.base : nullptr, layer, p, nonFinite,
                                      &s.stats);
                         s.ok = true;
                     } catch (const BundleError& e) {
-                        issues.push_back(e.what());
+                        problems.push_back(e.what());
                     }
                     if (slot == pooled.end())
                         local = {};
-                    if (!issues.empty() || !nonFinite.empty()) {
+                    if (!problems.empty() || !nonFinite.empty()) {
                         std::lock_guard lock(mutex);
-                        p.issues.insert(p.issues.end(), issues.begin(), issues.end());
+                        p.problems.insert(p.problems.end(), problems.begin(), problems.end());
                         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
                     }
                 }
@@ -256,7 +256,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
         throw AnalysisCancelled();
     // Issues arrive in thread order; sort them so that output is reproducible.
     for (PromptAnalysis& p : result.prompts) {
-        std::sort(p.issues.begin(), p.issues.end());
+        std::sort(p.problems.begin(), p.problems.end());
         std::sort(p.nonFinite.begin(), p.nonFinite.end(), [](const NonFiniteCell& a, const NonFiniteCell& b) {
             return std::tie(a.layer, a.token, a.head, a.part, a.side) < std::tie(b.layer, b.token, b.head, b.part, b.side);
         });

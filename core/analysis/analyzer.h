@@ -22,7 +22,7 @@ struct AnalysisOptions {
     std::vector<std::string> layers;   // empty: every layer
     int threads = 0;                   // 0: one per core
     // Lenient by default: an unreadable block makes its positions absent and is reported
-    // in the prompt's issues, so that a partly broken bundle still shows what it can.
+    // in the prompt's problems, so that a partly broken bundle still shows what it can.
     UnreadableBlockPolicy unreadableBlocks = UnreadableBlockPolicy::MarkAbsent;
     // Called from worker threads: after each finished layer (its cells in every prompt and
     // its aggregate are final and will not change), with the layers done so far.

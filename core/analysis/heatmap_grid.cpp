@@ -80,23 +80,23 @@ float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, 
     case HeatmapMetric::ErrorRatio: {
         if (!p.threeWay)
             return std::nanf("");
-        const Metric target = metricFor(part, MetricKind::Linf);
+        const Metric actual = metricFor(part, MetricKind::Linf);
         if (spec.reduction == HeadReductionKind::Max) {
             if (head)
-                *head = maxOverHeads(p, target, layer, token).head;
-            return errorRatio(p, target, layer, token);
+                *head = maxOverHeads(p, actual, layer, token).head;
+            return errorRatio(p, actual, layer, token);
         }
         float t, b;
         if (spec.reduction == HeadReductionKind::Mean) {
-            t = meanOverHeads(p, target, layer, token);
-            b = meanOverHeads(p, baseOf(target), layer, token);
+            t = meanOverHeads(p, actual, layer, token);
+            b = meanOverHeads(p, baseOf(actual), layer, token);
         } else {
             if (spec.head < 0 || spec.head >= p.heads)
                 return std::nanf("");
             if (head)
                 *head = spec.head;
-            t = p.value(target, layer, token, spec.head);
-            b = p.value(baseOf(target), layer, token, spec.head);
+            t = p.value(actual, layer, token, spec.head);
+            b = p.value(baseOf(actual), layer, token, spec.head);
         }
         if (std::isnan(t) || std::isnan(b))
             return std::nanf("");

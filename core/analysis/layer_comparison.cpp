@@ -57,20 +57,20 @@ void TokenErrorStats::reset(std::int64_t tokenCount)
     }
 }
 
-bool comparable(const LayerKv& reference, const LayerKv& target, const LayerKv* base, std::int64_t token)
+bool comparable(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, std::int64_t token)
 {
-    return reference.present[std::size_t(token)] && target.present[std::size_t(token)] &&
+    return reference.present[std::size_t(token)] && actual.present[std::size_t(token)] &&
            (!base || base->present[std::size_t(token)]);
 }
 
-void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv* base, int layer,
+void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats)
 {
     auto sameShape = [](const LayerKv& a, const LayerKv& b) {
         return a.heads == b.heads && a.seq == b.seq && a.headDim == b.headDim;
     };
-    if (!sameShape(reference, target) || (base && !sameShape(reference, *base)))
-        throw std::invalid_argument("compareLayer: reference, target and base differ in shape");
+    if (!sameShape(reference, actual) || (base && !sameShape(reference, *base)))
+        throw std::invalid_argument("compareLayer: reference, actual and base differ in shape");
     if (reference.heads != out.heads || reference.seq != out.tokens)
         throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
     if (stats)
@@ -78,13 +78,13 @@ void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv
     std::uint64_t scratch[2][kBcBins];
     const int dim = reference.headDim;
     for (std::int64_t t = 0; t < reference.seq; ++t) {
-        if (!comparable(reference, target, base, t))
+        if (!comparable(reference, actual, base, t))
             continue;
         for (KvPart part : {KvPart::K, KvPart::V}) {
             for (int h = 0; h < reference.heads; ++h) {
                 const std::size_t cell = out.cell(layer, t, h);
                 VectorComparison c;
-                if (compareVectors(partAt(reference, part, h, t), partAt(target, part, h, t), dim, c)) {
+                if (compareVectors(partAt(reference, part, h, t), partAt(actual, part, h, t), dim, c)) {
                     out.metrics[std::size_t(metricFor(part, MetricKind::Cos))][cell] = float(c.cos);
                     out.metrics[std::size_t(metricFor(part, MetricKind::Linf))][cell] = float(c.linf);
                     out.metrics[std::size_t(metricFor(part, MetricKind::L2))][cell] = float(c.l2);
@@ -106,9 +106,9 @@ void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv
             // BC between |baseline - expected| and |baseline - actual| over all heads.
             const std::size_t n = std::size_t(reference.heads) * std::size_t(dim);
             float* baseErrors = errorBuffer(n, 0);
-            float* targetErrors = errorBuffer(n, 1);
+            float* actualErrors = errorBuffer(n, 1);
             ErrorRange range = tokenErrors(reference, *base, t, part, baseErrors);
-            range.merge(tokenErrors(reference, target, t, part, targetErrors));
+            range.merge(tokenErrors(reference, actual, t, part, actualErrors));
             std::uint64_t* p = stats ? stats->countsOf(part, t, 0) : scratch[0];
             std::uint64_t* q = stats ? stats->countsOf(part, t, 1) : scratch[1];
             if (stats)
@@ -117,7 +117,7 @@ void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv
                 std::fill_n(&scratch[0][0], 2 * kBcBins, 0);
             const SharedBins bins(range);
             bins.add(baseErrors, n, p);
-            bins.add(targetErrors, n, q);
+            bins.add(actualErrors, n, q);
             out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bhattacharyya(p, q, kBcBins));
         }

@@ -1,9 +1,9 @@
 #pragma once
 // Compares one layer of one prompt: every (token, head) metric for K and V, and the
-// per-token Bhattacharyya coefficient between the base and target error sets.
+// per-token Bhattacharyya coefficient between the base and actual error sets.
 //
-// Two-way: reference = expected, target = actual, no base.
-// Three-way: reference = baseline, target = actual, base = expected.
+// Two-way: reference = expected, actual = the engine, no base.
+// Three-way: reference = baseline, actual = the engine, base = expected.
 // A token is compared only where every side holds it; elsewhere its cells stay NaN.
 
 #include "analysis/analysis_result.h"
@@ -22,7 +22,7 @@ namespace kvscope {
 struct TokenErrorStats {
     std::int64_t tokens = 0;
     std::array<std::vector<ErrorRange>, 2> ranges;        // [part][token]
-    std::array<std::vector<std::uint64_t>, 2> counts;     // [part][token][base, target][bin]
+    std::array<std::vector<std::uint64_t>, 2> counts;     // [part][token][base, actual][bin]
 
     void reset(std::int64_t tokenCount);
     const ErrorRange& range(KvPart part, std::int64_t token) const { return ranges[std::size_t(part)][std::size_t(token)]; }
@@ -40,11 +40,11 @@ struct TokenErrorStats {
 // only that layer's cells are touched, so layers may be compared concurrently. Cells whose
 // input holds NaN or infinity stay NaN and are listed in `nonFinite`.
 // Throws std::invalid_argument when the shapes of the sides differ.
-void compareLayer(const LayerKv& reference, const LayerKv& target, const LayerKv* base, int layer,
+void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr);
 
 // Whether every side holds `token`.
-bool comparable(const LayerKv& reference, const LayerKv& target, const LayerKv* base, std::int64_t token);
+bool comparable(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, std::int64_t token);
 
 // |reference - x| of every head at `token` into `out` ([heads * head_dim], float32 as the
 // reference tool computes them); returns their range (empty if all are NaN).

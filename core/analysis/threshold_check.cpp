@@ -13,19 +13,19 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
             const std::string& layer = p.layers[std::size_t(l)];
             for (KvPart part : {KvPart::K, KvPart::V}) {
                 const Metric linf = metricFor(part, MetricKind::Linf);
-                const Extreme target = layerMax(p, linf, l);
+                const Extreme actual = layerMax(p, linf, l);
                 if (p.threeWay) {
                     const Extreme base = layerMax(p, baseOf(linf), l);
-                    if (target.head >= 0 && base.head >= 0) {
-                        const double ratio = double(target.value) / std::max(double(base.value), 1e-10);
+                    if (actual.head >= 0 && base.head >= 0) {
+                        const double ratio = double(actual.value) / std::max(double(base.value), 1e-10);
                         if (ratio > t.maxRatio)
-                            out.push_back({p.id, layer, target.token, target.head,
+                            out.push_back({p.id, layer, actual.token, actual.head,
                                            std::string(kvPartName(part)) + "_linf multiplier (actual/expected)", ratio,
                                            t.maxRatio});
                     }
                 }
-                if (t.maxLinf && target.head >= 0 && target.value > *t.maxLinf)
-                    out.push_back({p.id, layer, target.token, target.head, metricName(linf), target.value, *t.maxLinf});
+                if (t.maxLinf && actual.head >= 0 && actual.value > *t.maxLinf)
+                    out.push_back({p.id, layer, actual.token, actual.head, metricName(linf), actual.value, *t.maxLinf});
             }
         }
         for (const NonFiniteCell& c : p.nonFinite)
@@ -52,8 +52,8 @@ AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, An
     if (!result.problems.empty())
         throw std::runtime_error(result.problems.front());
     for (const PromptAnalysis& p : result.prompts)
-        if (!p.issues.empty())
-            throw std::runtime_error(p.issues.front());
+        if (!p.problems.empty())
+            throw std::runtime_error(p.problems.front());
     return result;
 }
 

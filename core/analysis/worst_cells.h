@@ -14,7 +14,7 @@ struct WorstCell {
     std::int64_t token = 0;
     int head = 0;
     KvPart part = KvPart::K;
-    float error = 0;      // target relative L-inf, max over heads
+    float error = 0;      // actual relative L-inf, max over heads
     float baseError = 0;  // the same for expected vs baseline (three-way; NaN otherwise)
     float ratio = 0;      // error / baseError (three-way; NaN otherwise)
     float score = 0;      // what the ranking used

@@ -50,7 +50,7 @@ int CaptureLoader::groupOf(const std::string& layer) const
 }
 
 LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                                      std::vector<std::string>* issues, std::int64_t length) const
+                                      std::vector<std::string>* problems, std::int64_t length) const
 {
     const PromptInfo& prompt = usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
@@ -61,11 +61,11 @@ LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t s
     const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written);
     const LayerShards shards = readShards(promptId, snapshot, layer, &ids);
     ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
-    return reconstructLayer(config, layer, shards, table, snap.batchRow, written, options, issues, length);
+    return reconstructLayer(config, layer, shards, table, snap.batchRow, written, options, problems, length);
 }
 
 std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std::size_t snapshot,
-                                                const std::string& layer, std::vector<std::string>* issues) const
+                                                const std::string& layer, std::vector<std::string>* problems) const
 {
     const PromptInfo& prompt = usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
@@ -82,11 +82,11 @@ std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std
     const std::vector<std::int64_t> idList(ids.begin(), ids.end());
     const LayerShards shards = readShards(promptId, snapshot, layer, &idList);
     ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
-    return reconstructBatch(config, layer, shards, table, written, options, issues);
+    return reconstructBatch(config, layer, shards, table, written, options, problems);
 }
 
 LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::string& layer,
-                                   std::vector<std::string>* issues) const
+                                   std::vector<std::string>* problems) const
 {
     const PromptInfo& prompt = usablePrompt(promptId);
     std::vector<SnapshotSpan> spans;
@@ -100,7 +100,7 @@ LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::strin
                           config.groups[std::size_t(group)].headSize);
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
         if (ranges[s].end > ranges[s].begin)
-            merger.add(engineSnapshot(promptId, s, layer, issues, sequenceLength(promptId)), ranges[s]);
+            merger.add(engineSnapshot(promptId, s, layer, problems, sequenceLength(promptId)), ranges[s]);
     return merger.take();
 }
 

@@ -26,13 +26,13 @@ public:
     // One snapshot, reconstructed: positions [0, seq_len - 1) (the last token is never
     // written), in `length` positions (default: seq_len - 1; the rest absent).
     LayerKv engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                           std::vector<std::string>* issues = nullptr, std::int64_t length = -1) const;
+                           std::vector<std::string>* problems = nullptr, std::int64_t length = -1) const;
     // Every sequence of a snapshot's batch whose length is known.
     std::vector<LayerKv> engineBatch(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                                     std::vector<std::string>* issues = nullptr) const;
+                                     std::vector<std::string>* problems = nullptr) const;
     // All snapshots merged (see snapshot_merge.h), sequenceLength() positions.
     LayerKv engineLayer(const std::string& promptId, const std::string& layer,
-                        std::vector<std::string>* issues = nullptr) const;
+                        std::vector<std::string>* problems = nullptr) const;
     // The reference aligned to sequenceLength() positions.
     LayerKv referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
 

@@ -86,7 +86,7 @@ std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std:
 
 LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
-                         const ReconstructOptions& options, std::vector<std::string>* issues, std::int64_t length)
+                         const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length)
 {
     const ErrorContext ctx{options, layer};
     const KvCacheGroup& group = groupOfLayer(config, layer, ctx);
@@ -144,8 +144,8 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
                                         ") " + problem + " but its data is needed";
             if (options.unreadableBlocks == UnreadableBlockPolicy::Error)
                 ctx.fail(message);
-            if (issues)
-                issues->push_back(options.file + ": " + options.object + ", layer '" + layer + "': " + message);
+            if (problems)
+                problems->push_back(options.file + ": " + options.object + ", layer '" + layer + "': " + message);
             continue;
         }
         for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -178,7 +178,7 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
 std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,
                                       const LayerShards& shards, const BlockTable& table,
                                       const std::vector<std::int64_t>& writtenLens,
-                                      const ReconstructOptions& options, std::vector<std::string>* issues)
+                                      const ReconstructOptions& options, std::vector<std::string>* problems)
 {
     if (std::int64_t(writtenLens.size()) != table.rows)
         ErrorContext{options, layer}.fail(std::to_string(writtenLens.size()) + " sequence lengths for a block table of " +
@@ -188,7 +188,7 @@ std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::st
         rows.push_back(writtenLens[std::size_t(r)] < 0
                            ? LayerKv{}
                            : reconstructLayer(config, layer, shards, table, r, writtenLens[std::size_t(r)],
-                                              options, issues));
+                                              options, problems));
     return rows;
 }
 

@@ -13,7 +13,7 @@ namespace kvscope {
 
 enum class UnreadableBlockPolicy {
     Error,       // a needed block that is null (-1), out of range or not stored throws
-    MarkAbsent,  // ... becomes absent positions, and the problem is recorded in `issues`
+    MarkAbsent,  // ... becomes absent positions, and the problem is recorded in `problems`
 };
 
 struct ReconstructOptions {
@@ -40,7 +40,7 @@ std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std:
 // layer that belongs to no group, and (with policy Error) unreadable blocks.
 LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
-                         const ReconstructOptions& options = {}, std::vector<std::string>* issues = nullptr,
+                         const ReconstructOptions& options = {}, std::vector<std::string>* problems = nullptr,
                          std::int64_t length = -1);
 
 // Every row of the table; rows whose length is negative (unknown) come back empty.
@@ -48,6 +48,6 @@ std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::st
                                       const LayerShards& shards, const BlockTable& table,
                                       const std::vector<std::int64_t>& writtenLens,
                                       const ReconstructOptions& options = {},
-                                      std::vector<std::string>* issues = nullptr);
+                                      std::vector<std::string>* problems = nullptr);
 
 }  // namespace kvscope

@@ -12,7 +12,7 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
 {
     const PromptInfo& info = loader.reader().prompt(promptId);
     const bool threeWay = info.hasBaseline;
-    const LayerKv target = loader.engineLayer(promptId, layer);
+    const LayerKv actual = loader.engineLayer(promptId, layer);
     const LayerKv reference = loader.referenceLayer(promptId, threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, layer);
     std::optional<LayerKv> base;
     if (threeWay)
@@ -25,7 +25,7 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
 
     auto at = [&](const LayerKv& kv, std::int64_t t) { return part == KvPart::K ? kv.kAt(head, t) : kv.vAt(head, t); };
     auto held = [&](std::int64_t t) {
-        return reference.present[std::size_t(t)] && target.present[std::size_t(t)] &&
+        return reference.present[std::size_t(t)] && actual.present[std::size_t(t)] &&
                (!base || base->present[std::size_t(t)]);
     };
     ErrorRange range;  // of the float32 errors, as they are binned
@@ -35,7 +35,7 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
             continue;
         ++out.tokensUsed;
         for (int d = 0; d < reference.headDim; ++d) {
-            range.add(std::fabs(at(reference, t)[d] - at(target, t)[d]));
+            range.add(std::fabs(at(reference, t)[d] - at(actual, t)[d]));
             if (base)
                 range.add(std::fabs(at(reference, t)[d] - at(*base, t)[d]));
         }
@@ -44,24 +44,24 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
     out.lo = shared.lo();
     out.hi = shared.hi();
     out.bins = bins;
-    out.target = Histogram(bins);
+    out.actual = Histogram(bins);
     if (base)
         out.base = Histogram(bins);
-    std::vector<float> targetErrors, baseErrors;
+    std::vector<float> actualErrors, baseErrors;
     for (std::int64_t t = tokenBegin; t < tokenEnd; ++t) {
         if (!held(t))
             continue;
         for (int d = 0; d < reference.headDim; ++d) {
-            targetErrors.push_back(std::fabs(at(reference, t)[d] - at(target, t)[d]));
+            actualErrors.push_back(std::fabs(at(reference, t)[d] - at(actual, t)[d]));
             if (base)
                 baseErrors.push_back(std::fabs(at(reference, t)[d] - at(*base, t)[d]));
         }
     }
-    shared.add(targetErrors.data(), targetErrors.size(), out.target);
+    shared.add(actualErrors.data(), actualErrors.size(), out.actual);
     if (base)
         shared.add(baseErrors.data(), baseErrors.size(), *out.base);
     if (base && out.tokensUsed > 0)
-        out.bc = float(bhattacharyya(*out.base, out.target));
+        out.bc = float(bhattacharyya(*out.base, out.actual));
     return out;
 }
 

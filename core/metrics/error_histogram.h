@@ -1,7 +1,7 @@
 #pragma once
-// Per-head error histograms for the drill-down: the base (|baseline - expected|) and target
+// Per-head error histograms for the drill-down: the base (|baseline - expected|) and actual
 // (|baseline - actual|) errors of one head of one layer, K or V, over a token range, on
-// shared bins, with their Bhattacharyya coefficient. Two-way captures have only the target
+// shared bins, with their Bhattacharyya coefficient. Two-way captures have only the actual
 // (|expected - actual|).
 
 #include "metrics/bhattacharyya.h"
@@ -18,7 +18,7 @@ struct HeadErrorHistogram {
     double hi = 0;
     int bins = kBcBins;
     std::optional<Histogram> base;
-    Histogram target;
+    Histogram actual;
     std::int64_t tokensUsed = 0;  // tokens in the range that every side holds
     float bc = std::nanf("");    // three-way only
 };

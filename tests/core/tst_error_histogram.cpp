@@ -49,7 +49,7 @@ void TestErrorHistogram::headHistogram()
     }
     QCOMPARE(h.tokensUsed, used);
     QCOMPARE(h.base->total(), std::uint64_t(eb.size()));
-    QCOMPARE(h.target.total(), std::uint64_t(et.size()));
+    QCOMPARE(h.actual.total(), std::uint64_t(et.size()));
     QVERIFY(std::abs(h.bc - referenceBc(eb, et)) < 1e-6);
     QCOMPARE(h.hi, std::max(*std::max_element(eb.begin(), eb.end()), *std::max_element(et.begin(), et.end())));
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, headErrorHistogram(loader, "prompt_1", layer, 9, KvPart::K, 0, 5));
