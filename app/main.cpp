@@ -3,6 +3,7 @@
 #include "cli/commands.h"
 #include "gui/gui_main.h"
 #include "report/drawing_application.h"
+#include "util/version.h"
 
 #include <malloc.h>
 
@@ -25,7 +26,7 @@ int main(int argc, char** argv)
         return 0;
     }
     if (first == "--version") {
-        std::cout << "kvscope " << KVSCOPE_VERSION << "\n";
+        std::cout << "kvscope " << kVersion << "\n";
         return 0;
     }
     if (const cli::Command* command = cli::findCommand(first)) {

@@ -5,6 +5,7 @@
 #include "analysis/map_spec.h"
 #include "widgets/heatmap_view.h"
 #include "analysis/worst_cells.h"
+#include "util/version.h"
 
 #include <QDir>
 #include <QFile>
@@ -173,7 +174,8 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     QString body;
     QTextStream out(&body);
     const BundleMetadata& meta = reader.metadata();
-    out << "<h1>kvscope report</h1><div>" << html(reader.path()) << "</div>";
+    out << "<h1>kvscope report</h1><div>" << html(reader.path()) << "</div><div class=legend>written by kvscope "
+        << kVersion << "</div>";
     out << "<h2>Capture</h2><table>";
     out << "<tr><th>model</th><td>" << html(meta.model) << "</td></tr><tr><th>engine</th><td>" << html(meta.engine)
         << "</td></tr><tr><th>created</th><td>" << html(meta.created) << "</td></tr>";

@@ -5,6 +5,7 @@ per group), or tensors / numpy arrays; and the reference model's past_key_values
 them. See docs/bundle-format.md in the kvscope repository for the file format.
 """
 
+from ._version import __version__
 from .bundle_writer import BundleWriter
 from .extract import (
     extract_hf_kv_caches_teacher_forced,
@@ -17,6 +18,7 @@ from .extract import (
 from .kv_cache_config import KvCacheConfig
 
 __all__ = [
+    "__version__",
     "BundleWriter",
     "KvCacheConfig",
     "extract_hf_kv_caches_teacher_forced",

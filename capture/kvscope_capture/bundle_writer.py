@@ -12,6 +12,8 @@ import os
 import h5py
 import numpy as np
 
+from ._version import __version__
+
 from .kv_cache_config import KvCacheConfig
 from .tensors import load_torch_bytes, to_array, to_float32, to_int_array
 
@@ -37,8 +39,9 @@ class BundleWriter:
         attrs["engine"] = str(engine)
         attrs["created"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         attrs["notes"] = str(notes)
+        attrs["writer"] = "kvscope_capture " + __version__
         for key, value in metadata.items():
-            if key in ("format", "format_version"):
+            if key in ("format", "format_version", "writer"):
                 raise ValueError(f"metadata key {key!r} is reserved")
             attrs[key] = str(value)
         self._file.create_group("prompts", track_order=True)

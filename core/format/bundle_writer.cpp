@@ -1,6 +1,7 @@
 #include "format/bundle_writer.h"
 
 #include "format/bundle_error.h"
+#include "util/version.h"
 
 #include <algorithm>
 #include <chrono>
@@ -54,6 +55,7 @@ BundleWriter::BundleWriter(std::string path, const BundleMetadata& metadata, con
     m_file->writeStringAttribute("/", "engine", metadata.engine);
     m_file->writeStringAttribute("/", "created", metadata.created.empty() ? utcNow() : metadata.created);
     m_file->writeStringAttribute("/", "notes", metadata.notes);
+    m_file->writeStringAttribute("/", "writer", std::string("kvscope ") + kVersion);
     for (const auto& [key, value] : metadata.extra)
         setMetadata(key, value);
     m_file->writeString(bundle_path::kConfig, config.json.empty() ? config.toJson() : config.json);
@@ -70,7 +72,7 @@ BundleWriter::~BundleWriter()
 
 void BundleWriter::setMetadata(const std::string& key, const std::string& value)
 {
-    if (key == "format" || key == "format_version")
+    if (key == "format" || key == "format_version" || key == "writer")
         fail("/", "metadata key '" + key + "' is reserved");
     m_file->writeStringAttribute("/", key, value);
 }
