@@ -181,6 +181,8 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
         << "</td></tr><tr><th>created</th><td>" << html(meta.created) << "</td></tr>";
     if (!meta.notes.empty())
         out << "<tr><th>notes</th><td>" << html(meta.notes) << "</td></tr>";
+    if (!meta.writer.empty())
+        out << "<tr><th>written by</th><td>" << html(meta.writer) << "</td></tr>";
     for (const auto& [key, value] : meta.extra)
         out << "<tr><th>" << html(key) << "</th><td><code>" << html(value) << "</code></td></tr>";
     out << "<tr><th>tensor parallel</th><td>TP " << cfg.tpSize << ", " << cfg.totalNumKvHeads << " KV heads, "

@@ -15,7 +15,7 @@ constexpr std::int64_t kMaxBatch = 1 << 16;
 constexpr std::int64_t kMaxVocab = std::int64_t(1) << 24;
 constexpr std::int64_t kMaxTensorBytes = std::int64_t(16) << 30;
 
-const char* const kRootMetadata[] = {"model", "engine", "created", "notes"};
+const char* const kRootMetadata[] = {"model", "engine", "created", "notes", "writer"};
 }  // namespace
 
 std::mutex& BundleReader::hdf5Mutex()
@@ -44,8 +44,9 @@ BundleReader::BundleReader(const std::string& path)
     if (version != kBundleFormatVersion)
         m_file.fail("/", "format_version " + std::to_string(version) + " is not supported (this kvscope reads " +
                              std::to_string(kBundleFormatVersion) + ")");
-    std::string* fields[] = {&m_metadata.model, &m_metadata.engine, &m_metadata.created, &m_metadata.notes};
-    for (std::size_t i = 0; i < 4; ++i)
+    std::string* fields[] = {&m_metadata.model, &m_metadata.engine, &m_metadata.created, &m_metadata.notes,
+                             &m_metadata.writer};
+    for (std::size_t i = 0; i < std::size(fields); ++i)
         if (m_file.hasAttribute("/", kRootMetadata[i]))
             *fields[i] = m_file.readStringAttribute("/", kRootMetadata[i]);
     for (const std::string& name : m_file.attributeNames("/")) {

@@ -26,6 +26,7 @@ struct BundleMetadata {
     std::string notes;
     // Further string attributes of the root group (for example a synthetic capture's fault).
     std::map<std::string, std::string> extra;
+    std::string writer;  // what wrote the file ("kvscope 0.2.0"): set by the writers, not by callers
 };
 
 struct SnapshotInfo {

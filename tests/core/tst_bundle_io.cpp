@@ -3,6 +3,7 @@
 
 #include "format/bundle_reader.h"
 #include "format/bundle_writer.h"
+#include "util/version.h"
 #include "kv/capture_loader.h"
 #include "test_support.h"
 
@@ -186,6 +187,7 @@ void TestBundleIo::roundTrip()
     QCOMPARE(reader.metadata().engine, std::string("test-engine"));
     QCOMPARE(reader.metadata().created, std::string("2026-11-30T00:00:00Z"));
     QCOMPARE(reader.metadata().notes, std::string("round trip"));
+    QCOMPARE(reader.metadata().writer, std::string("kvscope ") + kVersion);
     QCOMPARE(reader.metadata().extra, (std::map<std::string, std::string>{{"fault", "none"}}));
     QCOMPARE(reader.config().toJson(), w.config.toJson());
     QCOMPARE(reader.prompts().size(), std::size_t(1));
