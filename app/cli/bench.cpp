@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -28,7 +29,21 @@ double seconds(Clock::time_point since)
     return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-// Reads every KV element the analysis reads (all stored engine blocks of every rank, both
+// The blocks the block tables of one snapshot reference for `layer` (what the analysis reads).
+std::vector<std::int64_t> referencedBlocks(const BundleReader& reader, const PromptInfo& p, std::size_t snapshot,
+                                           const std::string& layer)
+{
+    const BlockTable table = reader.readBlockTable(p.id, snapshot, std::size_t(reader.config().groupOf(layer)));
+    std::vector<std::int64_t> ids;
+    for (std::int32_t id : table.entries)
+        if (id >= 0)
+            ids.push_back(id);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+}
+
+// Reads every KV element the analysis needs (the referenced engine blocks of every rank, both
 // references) once, decodes it and sums it: the least any analysis must do.
 double roofline(const std::string& path, int threads, std::uint64_t& bytes)
 {
@@ -48,20 +63,24 @@ double roofline(const std::string& path, int threads, std::uint64_t& bytes)
             sums[std::size_t(self)] += s;
             total += t.bytes.size();
         };
-        for (int l; (l = next++) < int(layers.size());)
+        for (int l; (l = next++) < int(layers.size());) {
+            const std::string& layer = layers[std::size_t(l)];
             for (const PromptInfo& p : reader.prompts()) {
-                for (std::size_t s = 0; s < p.snapshots.size(); ++s)
+                for (std::size_t s = 0; s < p.snapshots.size(); ++s) {
+                    const std::vector<std::int64_t> ids = referencedBlocks(reader, p, s, layer);
                     for (int r : reader.config().contributingRanks())
                         for (KvPart part : {KvPart::K, KvPart::V})
-                            add(reader.readEngineShard(p.id, s, r, layers[std::size_t(l)], part).blocks);
+                            add(reader.readEngineShard(p.id, s, r, layer, part, &ids).blocks);
+                }
                 for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
                     if (role == ReferenceRole::Baseline && !p.hasBaseline)
                         continue;
-                    const BundleReader::Reference ref = reader.readReference(p.id, role, layers[std::size_t(l)]);
+                    const BundleReader::Reference ref = reader.readReference(p.id, role, layer);
                     add(ref.k);
                     add(ref.v);
                 }
             }
+        }
     };
     std::vector<std::thread> pool;
     for (int i = 1; i < threads; ++i)
@@ -74,6 +93,32 @@ double roofline(const std::string& path, int threads, std::uint64_t& bytes)
     for (double s : sums)
         sum += s;
     return sum;
+}
+
+// Reading each layer's referenced engine blocks (scattered over the pool) against reading as
+// many rows of the same dataset in one contiguous range: seconds for each, every layer once.
+std::pair<double, double> blockReads(const std::string& path)
+{
+    const BundleReader reader(path);
+    const PromptInfo& p = reader.prompts().front();
+    double scattered = 0, contiguous = 0;
+    for (const std::string& layer : reader.config().layerNames()) {
+        const std::vector<std::int64_t> ids = referencedBlocks(reader, p, 0, layer);
+        const auto t0 = Clock::now();
+        const PagedShard a = reader.readEngineShard(p.id, 0, 0, layer, KvPart::K, &ids);
+        scattered += seconds(t0);
+        // The same number of rows from the start of the dataset, in one range.
+        const std::vector<std::int64_t>& stored = p.snapshots[0].subsetStored ? p.snapshots[0].storedBlockIds : std::vector<std::int64_t>{};
+        std::vector<std::int64_t> range;
+        for (std::size_t i = 0; i < ids.size(); ++i)
+            range.push_back(p.snapshots[0].subsetStored ? stored[i] : std::int64_t(i));
+        const auto t1 = Clock::now();
+        const PagedShard b = reader.readEngineShard(p.id, 0, 0, layer, KvPart::K, &range);
+        contiguous += seconds(t1);
+        if (a.blocks.bytes.size() != b.blocks.bytes.size())
+            throw std::runtime_error("block read benchmark: sizes differ");
+    }
+    return {scattered, contiguous};
 }
 
 struct ChildResult {
@@ -154,6 +199,11 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         out << seconds(start) << " " << bytes << " " << peakRssKb() << " " << sum << "\n";
         return 0;
     }
+    if (args[0] == "blocks") {
+        const auto [scattered, contiguous] = blockReads(args[1]);
+        out << scattered << " " << contiguous << "\n";
+        return 0;
+    }
     if (args[0] == "analyze") {
         AnalysisOptions options;
         options.threads = threads;
@@ -193,32 +243,75 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
         return 2;
     }
     std::filesystem::create_directories(dir);
-    out << "kvscope bench: synthetic capture shaped like Llama-3.3-70B (8 KV heads x 128, bf16, block 16, TP 8), "
-              << tokens << " tokens, three-way, " << threads << " thread(s), best of " << runs << "\n"
-              << "  roofline = read every input element once (HDF5 read + decode + sum), same threads\n\n"
-              << std::left << std::setw(8) << "layers" << std::setw(14) << "input MB" << std::setw(13) << "roofline s"
-              << std::setw(13) << "analysis s" << std::setw(8) << "ratio" << std::setw(18) << "analysis RSS MB"
-              << std::setw(17) << "(result arrays)" << "roofline RSS MB\n";
-    for (int l : {layers, 2 * layers}) {
-        const std::string path = (dir / ("bench-" + std::to_string(tokens) + "x" + std::to_string(l) + ".h5")).string();
-        if (!std::filesystem::exists(path))
-            writeSyntheticCapture(path, llama70bShape(tokens, l));
-        long rooflineRss = 0, analysisRss = 0;
-        std::uint64_t bytes = 0;
-        const std::string t = std::to_string(threads);
-        runChild({"kvscope", "bench-run", "roofline", path, t});  // warm the page cache
-        const double roof = bestOf(runs, {"kvscope", "bench-run", "roofline", path, t}, rooflineRss, &bytes);
-        const double full = bestOf(runs, {"kvscope", "bench-run", "analyze", path, t}, analysisRss, nullptr);
-        // What the analysis must keep whatever the streaming: every metric of every cell.
-        const double resultBytes = 4.0 * double(l) * tokens * (kMetricCount * 8 + 2) + 8.0 * l * (tokens / 2 + 1);
-        out << std::setw(8) << l << std::setw(14) << std::fixed << std::setprecision(1) << double(bytes) / 1e6
-                  << std::setw(13) << std::setprecision(3) << roof << std::setw(13) << full << std::setw(8)
-                  << std::setprecision(2) << full / roof << std::setw(18) << std::setprecision(0)
-                  << double(analysisRss) / 1024 << std::setw(17) << resultBytes / 1e6 << double(rooflineRss) / 1024
-                  << "\n";
-        if (!keep)
-            std::filesystem::remove(path);
+    const std::string t = std::to_string(threads);
+
+    // Start-up: a command that loads nothing, and `check` on a tiny bundle, as separate processes.
+    const std::string tiny = (dir / "bench-tiny.h5").string();
+    {
+        SyntheticCaptureOptions o = demoCaptureOptions();
+        o.layers = 2;
+        o.promptLens = {8};
+        o.decodeTokens = 4;
+        o.faultLayer = -1;
+        o.divergence = -1;
+        writeSyntheticCapture(tiny, o);
     }
+    const auto startup = [&](const std::vector<std::string>& command) {
+        double best = 1e300;
+        for (int i = 0; i < std::max(runs, 5); ++i) {
+            const auto t0 = Clock::now();
+            runChild(command);
+            best = std::min(best, seconds(t0));
+        }
+        return best;
+    };
+    out << "kvscope bench, " << threads << " thread(s), best of " << runs << "\n\nstart-up (fork + exec + exit):\n"
+        << "  kvscope --help               " << std::fixed << std::setprecision(1)
+        << 1000 * startup({"kvscope", "--help"}) << " ms\n"
+        << "  kvscope check (2-layer file) " << 1000 * startup({"kvscope", "check", tiny}) << " ms\n";
+    std::filesystem::remove(tiny);
+
+    out << "\nanalysis: synthetic capture shaped like Llama-3.3-70B (8 KV heads x 128, bf16 engine and expected,\n"
+           "fp32 baseline, block 16, TP 8), "
+        << tokens << " tokens, laid out as the Python writer leaves a vLLM cache: a pool 4x what the\n"
+           "sequence uses, scattered block ids, -1 padding in the tables. roofline = read the bytes the\n"
+           "analysis needs once (referenced blocks, references), decode and sum them, same threads.\n"
+           "block read = each layer's scattered referenced blocks / as many rows read as one range.\n\n"
+        << std::left << std::setw(12) << "stored" << std::setw(8) << "layers" << std::setw(12) << "needed MB"
+        << std::setw(13) << "roofline s" << std::setw(13) << "analysis s" << std::setw(8) << "ratio" << std::setw(12)
+        << "block read" << std::setw(18) << "analysis RSS MB" << "(result arrays MB)\n";
+    for (const bool referencedOnly : {false, true})
+        for (int l : {layers, 2 * layers}) {
+            const std::string path = (dir / ("bench-" + std::to_string(tokens) + "x" + std::to_string(l) +
+                                              (referencedOnly ? "-referenced" : "-pool") + ".h5"))
+                                         .string();
+            if (!std::filesystem::exists(path)) {
+                SyntheticCaptureOptions o = llama70bShape(tokens, l);
+                o.keepOnlyReferencedBlocks = referencedOnly;
+                writeSyntheticCapture(path, o);
+            }
+            long rooflineRss = 0, analysisRss = 0;
+            std::uint64_t bytes = 0;
+            runChild({"kvscope", "bench-run", "roofline", path, t});  // warm the page cache
+            const double roof = bestOf(runs, {"kvscope", "bench-run", "roofline", path, t}, rooflineRss, &bytes);
+            const double full = bestOf(runs, {"kvscope", "bench-run", "analyze", path, t}, analysisRss, nullptr);
+            double blockRatio = 1e300;
+            for (int i = 0; i < runs; ++i) {
+                std::istringstream in(runChild({"kvscope", "bench-run", "blocks", path, t}).output);
+                double scattered = 0, contiguous = 1;
+                in >> scattered >> contiguous;
+                blockRatio = std::min(blockRatio, scattered / contiguous);
+            }
+            // What the analysis must keep whatever the streaming: every metric of every cell.
+            const double resultBytes = 4.0 * double(l) * tokens * (kMetricCount * 8 + 2) + 8.0 * l * (tokens / 2 + 1);
+            out << std::setw(12) << (referencedOnly ? "referenced" : "whole pool") << std::setw(8) << l << std::setw(12)
+                << std::fixed << std::setprecision(1) << double(bytes) / 1e6 << std::setw(13) << std::setprecision(3)
+                << roof << std::setw(13) << full << std::setw(8) << std::setprecision(2) << full / roof << std::setw(12)
+                << blockRatio << std::setw(18) << std::setprecision(0) << double(analysisRss) / 1024
+                << resultBytes / 1e6 << std::endl;
+            if (!keep)
+                std::filesystem::remove(path);
+        }
     return 0;
 }
 

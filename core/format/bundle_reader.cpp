@@ -239,7 +239,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
                 shard.physicalIds.push_back(id);
             }
         }
-        // HDF5 returns selected rows in file order: sort rows and ids together.
+        // Rows are read in file order (each run of consecutive rows in one read): sort rows and ids together.
         std::vector<std::size_t> order(rows.size());
         for (std::size_t i = 0; i < order.size(); ++i)
             order[i] = i;

@@ -429,20 +429,66 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
     const int rank = H5Sget_simple_extent_ndims(fileSpace.id());
     std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
     H5Sget_simple_extent_dims(fileSpace.id(), dims.data(), nullptr);
+    std::size_t rowBytes = H5Tget_size(memType);
+    for (int i = 1; i < rank; ++i)
+        rowBytes *= std::size_t(dims[std::size_t(i)]);
+    for (std::size_t i = 0; i < rows->size(); ++i)  // sorted and unique (the caller's promise, checked)
+        if ((*rows)[i] < 0 || hsize_t((*rows)[i]) >= dims[0] || (i > 0 && (*rows)[i] <= (*rows)[i - 1]))
+            fail(dataset, "row " + std::to_string((*rows)[i]) + " out of range or out of order");
+    if (readRowsByChunk(d.id(), memType, dims, rowBytes, *rows, static_cast<unsigned char*>(dst), dataset))
+        return;
+    // Otherwise one plain read per run of consecutive rows: a union of single-row hyperslabs
+    // costs HDF5 far more in selection bookkeeping than the data itself.
     std::vector<hsize_t> start(static_cast<std::size_t>(rank), 0), count = dims;
-    count[0] = 1;
-    H5Sselect_none(fileSpace.id());
-    for (std::int64_t row : *rows) {
-        if (row < 0 || hsize_t(row) >= dims[0])
-            fail(dataset, "row " + std::to_string(row) + " out of range");
-        start[0] = hsize_t(row);
-        H5Sselect_hyperslab(fileSpace.id(), H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr);
+    auto* out = static_cast<unsigned char*>(dst);
+    for (std::size_t first = 0; first < rows->size();) {
+        std::size_t last = first;
+        while (last + 1 < rows->size() && (*rows)[last + 1] == (*rows)[last] + 1)
+            ++last;
+        start[0] = hsize_t((*rows)[first]);
+        count[0] = hsize_t(last - first + 1);
+        H5Sselect_hyperslab(fileSpace.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+        Hdf5Handle memSpace(H5Screate_simple(rank, count.data(), nullptr), closeSpace);
+        if (H5Dread(d.id(), memType, memSpace.id(), fileSpace.id(), H5P_DEFAULT, out + first * rowBytes) < 0)
+            fail(dataset, "cannot be read (truncated file?)");
+        first = last + 1;
     }
-    std::vector<hsize_t> memDims = dims;
-    memDims[0] = rows->size();
-    Hdf5Handle memSpace(H5Screate_simple(rank, memDims.data(), nullptr), closeSpace);
-    if (H5Dread(d.id(), memType, memSpace.id(), fileSpace.id(), H5P_DEFAULT, dst) < 0)
-        fail(dataset, "cannot be read (truncated file?)");
+}
+
+bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
+                               const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& dataset) const
+{
+    // Only chunks of whole rows, unfiltered, stored exactly as the memory type wants them:
+    // then a chunk's bytes on disk are the rows themselves.
+    Hdf5Handle dcpl(H5Dget_create_plist(d), closePlist);
+    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED || H5Pget_nfilters(dcpl.id()) != 0)
+        return false;
+    const int rank = int(dims.size());
+    std::vector<hsize_t> chunk(dims.size());
+    if (H5Pget_chunk(dcpl.id(), rank, chunk.data()) != rank || chunk[0] == 0)
+        return false;
+    for (int i = 1; i < rank; ++i)
+        if (chunk[std::size_t(i)] != dims[std::size_t(i)])
+            return false;
+    Hdf5Handle fileType(H5Dget_type(d), H5Tclose);
+    if (H5Tequal(fileType.id(), memType) <= 0)
+        return false;
+    const std::size_t chunkBytes = std::size_t(chunk[0]) * rowBytes;
+    std::vector<unsigned char> scratch(chunkBytes);
+    std::vector<hsize_t> offset(dims.size(), 0);
+    for (std::size_t i = 0; i < rows.size();) {
+        const hsize_t c = hsize_t(rows[i]) / chunk[0];
+        offset[0] = c * chunk[0];
+        hsize_t stored = 0;
+        if (H5Dget_chunk_storage_size(d, offset.data(), &stored) < 0 || stored != chunkBytes)
+            fail(dataset, "chunk at row " + std::to_string(offset[0]) + " is missing or of the wrong size (truncated file?)");
+        std::uint32_t filters = 0;
+        if (H5Dread_chunk(d, H5P_DEFAULT, offset.data(), &filters, scratch.data()) < 0)
+            fail(dataset, "chunk at row " + std::to_string(offset[0]) + " cannot be read (truncated file?)");
+        for (; i < rows.size() && hsize_t(rows[i]) / chunk[0] == c; ++i)
+            std::memcpy(out + i * rowBytes, scratch.data() + (hsize_t(rows[i]) - offset[0]) * rowBytes, rowBytes);
+    }
+    return true;
 }
 
 void Hdf5File::createGroup(const std::string& group)

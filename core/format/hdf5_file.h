@@ -28,6 +28,7 @@ public:
     bool valid() const { return m_id >= 0; }
 
 private:
+
     hid_t m_id = -1;
     Closer m_closer = nullptr;
 };
@@ -83,6 +84,10 @@ public:
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 
 private:
+    // readRaw's fast path: whole chunks read raw (H5Dread_chunk) when chunks hold whole rows,
+    // unfiltered, in the memory type; false when the dataset is not laid out so.
+    bool readRowsByChunk(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
+                         const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& name) const;
     Hdf5Handle openObject(const std::string& object) const;
     Hdf5Handle openDataset(const std::string& dataset) const;
     Hdf5Handle openAttribute(const std::string& object, const std::string& name) const;

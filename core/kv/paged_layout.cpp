@@ -10,7 +10,7 @@
 
 namespace kvscope {
 
-PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::uint64_t seed)
+PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::uint64_t seed, int padding)
     : m_config(config)
     , m_seqLen(seqLen)
     , m_seed(seed)
@@ -28,7 +28,7 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
     m_freed.resize(config.groups.size());
     std::vector<std::int64_t> nextBlock(config.groups.size(), 0);
     for (std::size_t g = 0; g < config.groups.size(); ++g) {
-        const std::int64_t cols = (seqLen + config.groups[g].blockSize - 1) / config.groups[g].blockSize;
+        const std::int64_t cols = (seqLen + config.groups[g].blockSize - 1) / config.groups[g].blockSize + padding;
         m_tables[g] = BlockTable{1, cols, std::vector<std::int32_t>(std::size_t(cols), -1)};
     }
     // Grow the sequence one token at a time across all groups, as the engine does.

@@ -21,8 +21,9 @@ namespace kvscope {
 class PagedLayout {
 public:
     // Allocates block tables for one sequence (batch of one) of `seqLen` tokens, of which
-    // seqLen - 1 are written. Throws std::invalid_argument when num_blocks is too small.
-    PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::uint64_t seed);
+    // seqLen - 1 are written; each table row has `padding` more entries (-1) than needed, as
+    // engines report rows of max_blocks. Throws std::invalid_argument when num_blocks is too small.
+    PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::uint64_t seed, int padding = 0);
 
     const std::vector<BlockTable>& blockTables() const { return m_tables; }
 

@@ -37,8 +37,10 @@ KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t lon
                ", \"dtype\": \"torch.bfloat16\", \"num_kv_heads\": " + std::to_string(perRank) +
                ", \"head_size\": " + std::to_string(o.headDim) + "}";
     };
-    // Enough blocks for every group of the longest sequence, the null block and some slack.
-    const std::int64_t blocks = 2 + longest / o.fullBlockSize + (sliding.empty() ? 0 : longest / o.slidingBlockSize) + 8;
+    // Enough blocks for every group of the longest sequence, the null block and some slack,
+    // times the pool factor (other sequences' blocks).
+    const std::int64_t needed = 2 + longest / o.fullBlockSize + (sliding.empty() ? 0 : longest / o.slidingBlockSize) + 8;
+    const std::int64_t blocks = needed * std::max(1, o.poolFactor);
     std::string groups = group(full, "FullAttentionSpec", o.fullBlockSize);
     if (!sliding.empty())
         groups = group(sliding, "SlidingWindowSpec", o.slidingBlockSize) + ", " + groups;
@@ -112,6 +114,8 @@ SyntheticCaptureOptions llama70bShape(int tokens, int layers)
     o.decodeTokens = tokens - tokens / 2;
     o.faultLayer = -1;
     o.divergence = -1;
+    o.poolFactor = 4;
+    o.tablePadding = 8;
     return o;
 }
 
@@ -155,7 +159,7 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
         const int snapshots = divergence < 0 ? 1 : 2;
         for (int s = 0; s < snapshots; ++s) {
             const std::int64_t snapSeqLen = s + 1 < snapshots ? divergence + 2 : seqLen;
-            const PagedLayout layout(config, snapSeqLen, o.seed * 31 + p * 7 + std::uint64_t(s));
+            const PagedLayout layout(config, snapSeqLen, o.seed * 31 + p * 7 + std::uint64_t(s), o.tablePadding);
             detmath::NormalSampler wrong(o.seed + 17 * p);
             EngineSnapshot snap = layout.snapshot(
                 [&](const std::string& layer) {
@@ -169,7 +173,7 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
                             }
                     return kv;
                 },
-                true);
+                o.keepOnlyReferencedBlocks);
             snap.validatedUntil = s + 1 < snapshots ? divergence : snapSeqLen - 1;
             writer.addSnapshot(id, snap);
         }

@@ -35,6 +35,12 @@ struct SyntheticCaptureOptions {
     // Where the engine's token differed from the teacher's (relative to the end of the
     // prompt): two snapshots, the first validated up to it. < 0: one snapshot, no divergence.
     int divergence = 9;
+    // The engine's cache as real captures have it: a block pool `poolFactor` times what the
+    // sequence needs (ids scattered over it), block-table rows `tablePadding` entries longer
+    // than needed (-1), and every pool block stored or only the referenced ones.
+    int poolFactor = 1;
+    int tablePadding = 0;
+    bool keepOnlyReferencedBlocks = true;
 };
 
 // A small capture exercising the whole format: 8 layers alternating sliding window / full
@@ -43,7 +49,9 @@ struct SyntheticCaptureOptions {
 SyntheticCaptureOptions demoCaptureOptions();
 
 // Shaped like Llama-3.3-70B: `layers` full-attention layers, 8 KV heads of dim 128, bf16,
-// block size 16, TP 8; one prompt of `tokens` positions (half prefill), three-way, no fault.
+// block size 16, TP 8; one prompt of `tokens` positions (half prefill), three-way, no fault;
+// laid out as the Python writer's defaults leave a vLLM cache: a pool four times what the
+// sequence uses, scattered ids, -1 padding in the tables.
 SyntheticCaptureOptions llama70bShape(int tokens, int layers = 80);
 
 // Writes the capture to `path`. Throws BundleError on I/O failure.
