@@ -15,6 +15,7 @@
 #include <QVBoxLayout>
 
 #include <cmath>
+#include <utility>
 
 namespace kvscope {
 
@@ -27,6 +28,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_worstView(new QTableView)
     , m_problems(new QLabel)
     , m_poolTimer(new QTimer(this))
+    , m_layerTimer(new QTimer(this))
 {
     m_worstView->setModel(m_worstModel);
     m_worstView->verticalHeader()->hide();
@@ -58,6 +60,16 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     connect(m_heatmap, &HeatmapView::cellHovered, this, &PromptPage::showTooltip);
     connect(m_heatmap, &HeatmapView::visibleTokensChanged, m_poolTimer, qOverload<>(&QTimer::start));
     connect(m_poolTimer, &QTimer::timeout, this, &PromptPage::refreshPooling);
+    // Layers finish faster than a map is worth redrawing: the first at once, then at most
+    // every 100 ms (each redraw rebuilds the whole grid).
+    m_layerTimer->setSingleShot(true);
+    m_layerTimer->setInterval(100);
+    connect(m_layerTimer, &QTimer::timeout, this, [this] {
+        if (std::exchange(m_layerPending, false)) {
+            refreshHeatmap();
+            m_layerTimer->start();
+        }
+    });
     connect(m_worstView, &QTableView::clicked, this, [this](const QModelIndex& index) {
         const WorstCell& c = m_worstModel->cell(index.row());
         emit partRequested(c.part);
@@ -102,11 +114,18 @@ void PromptPage::onOpened()
 
 void PromptPage::onLayerFinished()
 {
+    if (m_layerTimer->isActive()) {
+        m_layerPending = true;
+        return;
+    }
     refreshHeatmap();
+    m_layerTimer->start();
 }
 
 void PromptPage::onFinished()
 {
+    m_layerTimer->stop();
+    m_layerPending = false;
     refreshHeatmap();
     refreshSummary();
     if (m_layer >= 0) {

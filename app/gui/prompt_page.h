@@ -61,6 +61,8 @@ private:
     QTableView* m_worstView;
     QLabel* m_problems;
     QTimer* m_poolTimer;
+    QTimer* m_layerTimer;  // coalesces the redraws as layers finish
+    bool m_layerPending = false;
     ViewSettings m_settings;
     HeatmapGrid m_fullGrid;
     int m_layer = -1;
