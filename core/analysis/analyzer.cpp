@@ -191,6 +191,10 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
     std::mutex mutex;  // guards problems, nonFinite and `failure`
     auto cancelled = [&] { return failed.load() || (options.cancel && options.cancel->load()); };
 
+    // Fewer layers than threads (a layer selection): the spare threads split each layer's tokens.
+    const int threads = std::max(1, options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency()));
+    const int layerThreads = std::min(threads, std::max(1, layerCount));
+    const int tokenThreads = std::max(1, threads / layerThreads);
     auto work = [&] {
         try {
             for (int layer; !cancelled() && (layer = nextLayer++) < layerCount;) {
@@ -212,7 +216,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
                             s.reference = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
                         }
                         compareLayer(s.reference, s.actual, p.threeWay ? &s.base : nullptr, layer, p, nonFinite,
-                                     &s.stats);
+                                     &s.stats, tokenThreads);
                         s.ok = true;
                     } catch (const BundleError& e) {
                         problems.push_back(e.what());
@@ -241,11 +245,8 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
         }
     };
 
-    const int threads = std::max(1, std::min(options.threads > 0 ? options.threads
-                                                                 : int(std::thread::hardware_concurrency()),
-                                             std::max(1, layerCount)));
     std::vector<std::thread> pool;
-    for (int i = 1; i < threads; ++i)
+    for (int i = 1; i < layerThreads; ++i)
         pool.emplace_back(work);
     work();
     for (std::thread& t : pool)

@@ -3,7 +3,11 @@
 #include "util/simd_clones.h"
 #include "metrics/vector_metrics.h"
 
+#include <algorithm>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <limits>
 #include <stdexcept>
 
@@ -63,22 +67,15 @@ bool comparable(const LayerKv& reference, const LayerKv& actual, const LayerKv* 
            (!base || base->present[std::size_t(token)]);
 }
 
-void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
-                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats)
+namespace {
+
+// Tokens [begin, end) of compareLayer: every write goes to cells and stats of these tokens only.
+void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer, PromptAnalysis& out,
+                   std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, std::int64_t begin, std::int64_t end)
 {
-    auto sameShape = [](const LayerKv& a, const LayerKv& b) {
-        return a.heads == b.heads && a.seq == b.seq && a.headDim == b.headDim;
-    };
-    if (!sameShape(reference, actual) || (base && !sameShape(reference, *base)))
-        throw std::invalid_argument("compareLayer: reference, actual and base differ in shape");
-    if (reference.heads != out.heads || reference.seq != out.tokens)
-        throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
-    if (stats)
-        stats->reset(reference.seq);
     std::uint64_t scratch[2][kBcBins];
     const int dim = reference.headDim;
-    for (std::int64_t t = 0; t < reference.seq; ++t) {
-        if (!comparable(reference, actual, base, t))
+    for (std::int64_t t = begin; t < end; ++t) {        if (!comparable(reference, actual, base, t))
             continue;
         for (KvPart part : {KvPart::K, KvPart::V}) {
             for (int h = 0; h < reference.heads; ++h) {
@@ -122,6 +119,56 @@ void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv
                 float(bhattacharyya(p, q, kBcBins));
         }
     }
+}
+
+}  // namespace
+
+void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int threads)
+{
+    auto sameShape = [](const LayerKv& a, const LayerKv& b) {
+        return a.heads == b.heads && a.seq == b.seq && a.headDim == b.headDim;
+    };
+    if (!sameShape(reference, actual) || (base && !sameShape(reference, *base)))
+        throw std::invalid_argument("compareLayer: reference, actual and base differ in shape");
+    if (reference.heads != out.heads || reference.seq != out.tokens)
+        throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
+    if (stats)
+        stats->reset(reference.seq);
+    const std::int64_t tokens = reference.seq;
+    const int parts = int(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, tokens / 64)));
+    if (parts == 1) {
+        compareTokens(reference, actual, base, layer, out, nonFinite, stats, 0, tokens);
+        return;
+    }
+    // Split over tokens (each range writes only its own cells); non-finite cells are
+    // collected per range and appended in token order.
+    std::vector<std::vector<NonFiniteCell>> found;
+    found.resize(std::size_t(parts));
+    std::vector<std::thread> helpers;
+    std::exception_ptr failure;
+    std::mutex mutex;
+    for (int i = 0; i < parts; ++i) {
+        const std::int64_t begin = tokens * i / parts, end = tokens * (i + 1) / parts;
+        auto run = [&, i, begin, end] {
+            try {
+                compareTokens(reference, actual, base, layer, out, found[std::size_t(i)], stats, begin, end);
+            } catch (...) {
+                std::lock_guard lock(mutex);
+                failure = std::current_exception();
+            }
+        };
+        if (i + 1 < parts)
+            helpers.emplace_back(run);
+        else
+            run();
+    }
+    for (std::thread& t : helpers)
+        t.join();
+    if (failure)
+        std::rethrow_exception(failure);
+    for (const auto& cells : found)
+        nonFinite.insert(nonFinite.end(), cells.begin(), cells.end());
 }
 
 }  // namespace kvscope

@@ -38,10 +38,12 @@ struct TokenErrorStats {
 
 // Writes layer `layer` of `out` (which must be allocated with matching tokens and heads);
 // only that layer's cells are touched, so layers may be compared concurrently. Cells whose
-// input holds NaN or infinity stay NaN and are listed in `nonFinite`.
+// input holds NaN or infinity stay NaN and are listed in `nonFinite`, in token order.
+// `threads` > 1 splits the tokens over that many threads (when there are enough tokens).
 // Throws std::invalid_argument when the shapes of the sides differ.
 void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
-                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr);
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
+                  int threads = 1);
 
 // Whether every side holds `token`.
 bool comparable(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, std::int64_t token);

@@ -7,6 +7,8 @@
 
 #include <QTest>
 
+#include <cstring>
+
 #include <random>
 
 using namespace kvscope;
@@ -21,6 +23,7 @@ private slots:
     void nonFiniteInputIsReportedNotAveraged();
     void shapeMismatchIsAnError();
     void reductions();
+    void tokensSplitOverThreadsGiveTheSameResult();
 };
 
 void TestLayerComparison::compareLayer_data()
@@ -164,6 +167,37 @@ void TestLayerComparison::reductions()
     const Extreme e = layerMax(p, Metric::KLinf, 0);
     QCOMPARE(e.token, std::int64_t(0));
     QCOMPARE(e.head, 2);
+}
+
+void TestLayerComparison::tokensSplitOverThreadsGiveTheSameResult()
+{
+    std::mt19937 rng(11);
+    const int heads = 3, dim = 16;
+    const std::int64_t seq = 400;
+    const LayerKv baseline = randomLayer(heads, seq, dim, rng, 0);
+    const LayerKv expected = randomLayer(heads, seq, dim, rng, 0.004f, &baseline);
+    LayerKv actual = randomLayer(heads, seq, dim, rng, 0.01f, &baseline);
+    actual.k[actual.index(1, 350)] = std::nanf("");  // non-finite cells in two ranges
+    actual.v[actual.index(2, 10)] = INFINITY;
+    actual.clear(200);
+    PromptAnalysis one = emptyPrompt(1, seq, heads, true), split = one;
+    std::vector<NonFiniteCell> nf1, nf3;
+    TokenErrorStats s1, s3;
+    kvscope::compareLayer(baseline, actual, &expected, 0, one, nf1, &s1, 1);
+    kvscope::compareLayer(baseline, actual, &expected, 0, split, nf3, &s3, 3);
+    for (int m = 0; m < kMetricCount; ++m)
+        QVERIFY(std::memcmp(one.metrics[std::size_t(m)].data(), split.metrics[std::size_t(m)].data(),
+                            one.metrics[std::size_t(m)].size() * sizeof(float)) == 0);
+    for (int part = 0; part < 2; ++part) {
+        QVERIFY(std::memcmp(one.bc[std::size_t(part)].data(), split.bc[std::size_t(part)].data(),
+                            one.bc[std::size_t(part)].size() * sizeof(float)) == 0);
+        QVERIFY(s1.counts[std::size_t(part)] == s3.counts[std::size_t(part)]);
+    }
+    QCOMPARE(nf3.size(), nf1.size());
+    QCOMPARE(nf1.size(), std::size_t(2));
+    for (std::size_t i = 0; i < nf1.size(); ++i)
+        QCOMPARE(nf3[i].token, nf1[i].token);
+    QVERIFY(nf3[0].token < nf3[1].token);  // in token order
 }
 
 QTEST_APPLESS_MAIN(TestLayerComparison)
