@@ -3,6 +3,8 @@
 #include "format/bundle_error.h"
 
 #include <cstring>
+#include <unistd.h>
+#include <fcntl.h>
 
 namespace kvscope {
 
@@ -103,6 +105,14 @@ Hdf5File Hdf5File::openReadOnly(const std::string& path)
     file.m_file = Hdf5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), closeFile);
     if (!file.m_file.valid())
         throw BundleError(path, {}, "cannot be opened as HDF5 (truncated or corrupt?)");
+    auto raw = std::make_shared<RawFile>();
+    raw->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    Hdf5Handle fcpl(H5Fget_create_plist(file.m_file.id()), closePlist);
+    hsize_t userBlock = 0;
+    if (raw->fd >= 0 && fcpl.valid() && H5Pget_userblock(fcpl.id(), &userBlock) >= 0) {
+        raw->base = userBlock;
+        file.m_raw = std::move(raw);
+    }
     return file;
 }
 
@@ -455,6 +465,12 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
     }
 }
 
+Hdf5File::RawFile::~RawFile()
+{
+    if (fd >= 0)
+        ::close(fd);
+}
+
 bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
                                const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& dataset) const
 {
@@ -473,20 +489,36 @@ bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t
     Hdf5Handle fileType(H5Dget_type(d), H5Tclose);
     if (H5Tequal(fileType.id(), memType) <= 0)
         return false;
+    if (!m_raw)
+        return false;
     const std::size_t chunkBytes = std::size_t(chunk[0]) * rowBytes;
-    std::vector<unsigned char> scratch(chunkBytes);
     std::vector<hsize_t> offset(dims.size(), 0);
     for (std::size_t i = 0; i < rows.size();) {
         const hsize_t c = hsize_t(rows[i]) / chunk[0];
         offset[0] = c * chunk[0];
+        unsigned filters = 0;
+        haddr_t address = HADDR_UNDEF;
         hsize_t stored = 0;
-        if (H5Dget_chunk_storage_size(d, offset.data(), &stored) < 0 || stored != chunkBytes)
+        if (H5Dget_chunk_info_by_coord(d, offset.data(), &filters, &address, &stored) < 0 || address == HADDR_UNDEF ||
+            stored != chunkBytes)
             fail(dataset, "chunk at row " + std::to_string(offset[0]) + " is missing or of the wrong size (truncated file?)");
-        std::uint32_t filters = 0;
-        if (H5Dread_chunk(d, H5P_DEFAULT, offset.data(), &filters, scratch.data()) < 0)
-            fail(dataset, "chunk at row " + std::to_string(offset[0]) + " cannot be read (truncated file?)");
-        for (; i < rows.size() && hsize_t(rows[i]) / chunk[0] == c; ++i)
-            std::memcpy(out + i * rowBytes, scratch.data() + (hsize_t(rows[i]) - offset[0]) * rowBytes, rowBytes);
+        // Each run of consecutive wanted rows in this chunk: one read, straight into place.
+        while (i < rows.size() && hsize_t(rows[i]) / chunk[0] == c) {
+            std::size_t last = i;
+            while (last + 1 < rows.size() && rows[last + 1] == rows[last] + 1 && hsize_t(rows[last + 1]) / chunk[0] == c)
+                ++last;
+            const std::size_t bytes = (last - i + 1) * rowBytes;
+            const off_t at = off_t(m_raw->base + address + (hsize_t(rows[i]) - offset[0]) * rowBytes);
+            for (std::size_t done = 0; done < bytes;) {
+                const ssize_t n = ::pread(m_raw->fd, out + i * rowBytes + done, bytes - done, at + off_t(done));
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n <= 0)
+                    fail(dataset, "chunk at row " + std::to_string(offset[0]) + " lies beyond the end of the file (truncated?)");
+                done += std::size_t(n);
+            }
+            i = last + 1;
+        }
     }
     return true;
 }

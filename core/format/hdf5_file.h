@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,16 +85,25 @@ public:
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 
 private:
-    // readRaw's fast path: whole chunks read raw (H5Dread_chunk) when chunks hold whole rows,
-    // unfiltered, in the memory type; false when the dataset is not laid out so.
+    // readRaw's fast path, when chunks hold whole rows, unfiltered, in the memory type: the
+    // wanted rows are read straight from their chunks' places in the file (one pread per run
+    // of rows); false when the dataset is not laid out so.
     bool readRowsByChunk(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
                          const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& name) const;
     Hdf5Handle openObject(const std::string& object) const;
     Hdf5Handle openDataset(const std::string& dataset) const;
     Hdf5Handle openAttribute(const std::string& object, const std::string& name) const;
 
+    // The same file opened plainly, read-only, for the fast path.
+    struct RawFile {
+        int fd = -1;
+        std::uint64_t base = 0;  // where HDF5 addresses start (after a user block)
+        ~RawFile();
+    };
+
     std::string m_path;
     Hdf5Handle m_file;
+    std::shared_ptr<RawFile> m_raw;
 };
 
 // The HDF5 type a dtype is stored as: float32 as IEEE float, float16 as a 16-bit IEEE float
