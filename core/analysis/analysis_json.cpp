@@ -147,6 +147,12 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
             const float* data = p.bc[std::size_t(part)].data();
             w.array(layers, [&](std::size_t l) { w.floatArray(data + l * tokens, tokens); });
         }
+        o << "},\"bc_vs_noise\":{";
+        for (int part = 0; part < 2; ++part) {
+            o << (part ? ",\"v\":" : "\"k\":");
+            const float* data = p.bcVsNoise[std::size_t(part)].data();
+            w.array(layers, [&](std::size_t l) { w.floatArray(data + l * tokens, tokens); });
+        }
         o << '}';
     }
     o << ",\"problems\":";
@@ -192,6 +198,14 @@ void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
     w.floatArray(a.combined[0].data(), a.layers.size());
     out << ",\"combined_v_bc\":";
     w.floatArray(a.combined[1].data(), a.layers.size());
+    for (int part = 0; part < 2; ++part) {
+        out << (part ? ",\"v_bc_vs_noise\":" : ",\"k_bc_vs_noise\":");
+        w.array(a.layers.size(), [&](std::size_t l) { w.floatArray(a.bcVsNoise[std::size_t(part)].data() + l * g, g); });
+    }
+    out << ",\"combined_k_bc_vs_noise\":";
+    w.floatArray(a.combinedVsNoise[0].data(), a.layers.size());
+    out << ",\"combined_v_bc_vs_noise\":";
+    w.floatArray(a.combinedVsNoise[1].data(), a.layers.size());
     out << "}}\n";
 }
 

@@ -35,6 +35,8 @@ void PromptAnalysis::allocate()
         m.assign(cells, nan);
     for (auto& b : bc)
         b.assign(layers.size() * std::size_t(tokens), nan);
+    for (auto& b : bcVsNoise)
+        b.assign(layers.size() * std::size_t(tokens), nan);
 }
 
 HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token)

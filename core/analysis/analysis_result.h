@@ -58,7 +58,8 @@ struct PromptAnalysis {
     std::vector<int> layerGroups;
     std::vector<Divergence> divergences;
     std::array<std::vector<float>, kMetricCount> metrics;  // [layer][token][head]
-    std::array<std::vector<float>, 2> bc;                   // [K/V][layer][token]
+    std::array<std::vector<float>, 2> bc;                   // [K/V][layer][token], the reference tool's
+    std::array<std::vector<float>, 2> bcVsNoise;            // [K/V][layer][token] (metrics/bc_vs_noise.h)
     std::vector<NonFiniteCell> nonFinite;
     std::vector<std::string> problems;  // what could not be analysed, and why
 
@@ -75,6 +76,10 @@ struct PromptAnalysis {
     {
         return bc[std::size_t(part)][std::size_t(layer) * std::size_t(tokens) + std::size_t(token)];
     }
+    float bcVsNoiseValue(KvPart part, int layer, std::int64_t token) const
+    {
+        return bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(tokens) + std::size_t(token)];
+    }
 };
 
 struct AggregateBc {
@@ -84,6 +89,9 @@ struct AggregateBc {
     std::array<std::vector<float>, 2> bc;        // [K/V][layer][generation index]
     std::vector<int> divergenceCounts;           // per generation index, over the pooled prompts
     std::array<std::vector<float>, 2> combined;  // [K/V][layer]: every prompt and token pooled
+    // The same two for BC against the noise floor (metrics/bc_vs_noise.h).
+    std::array<std::vector<float>, 2> bcVsNoise;
+    std::array<std::vector<float>, 2> combinedVsNoise;
 };
 
 struct AnalysisResult {

@@ -64,6 +64,10 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         std::vector<Histogram> indexBase(gCount), indexTarget(gCount);
         const SharedBins combinedBins(combined);
         Histogram combinedBase, combinedTarget;
+        // BC against the noise floor: fixed bins, so the counts of every token simply add up.
+        std::vector<std::uint32_t> noiseIndex(gCount * 2 * std::size_t(kLogBins), 0);
+        std::vector<std::uint32_t> noiseCombined(2 * std::size_t(kLogBins), 0);
+        const auto noiseCounts = [&](std::size_t g) { return noiseIndex.data() + g * 2 * std::size_t(kLogBins); };
         std::vector<float> baseErrors, actualErrors;
         for (std::size_t i = 0; i < pooled.size(); ++i) {
             const LayerSides& s = sides[i];
@@ -79,10 +83,14 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 tokenErrors(s.reference, s.actual, t, part, actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
+                addLogBins(baseErrors.data(), n, noiseCombined.data());
+                addLogBins(actualErrors.data(), n, noiseCombined.data() + kLogBins);
                 const std::int64_t g = t - promptLen(i);
                 if (g < 0 || std::size_t(g) >= gCount)
                     continue;
                 const std::size_t gi = std::size_t(g);
+                addLogBins(baseErrors.data(), n, noiseCounts(gi));
+                addLogBins(actualErrors.data(), n, noiseCounts(gi) + kLogBins);
                 if (reuse[gi]) {
                     for (int b = 0; b < kBcBins; ++b) {
                         indexBase[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 0)[b];
@@ -99,6 +107,11 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] =
                     float(bhattacharyya(indexBase[g], indexTarget[g]));
         aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(combinedBase, combinedTarget));
+        for (std::size_t g = 0; g < gCount; ++g)
+            aggregate.bcVsNoise[std::size_t(part)][std::size_t(layer) * gCount + g] =
+                float(bcVsNoise(noiseCounts(g), noiseCounts(g) + kLogBins));
+        aggregate.combinedVsNoise[std::size_t(part)][std::size_t(layer)] =
+            float(bcVsNoise(noiseCombined.data(), noiseCombined.data() + kLogBins));
     }
 }
 
@@ -162,6 +175,8 @@ AnalysisResult prepareAnalysis(const BundleReader& reader, const AnalysisOptions
         for (int part = 0; part < 2; ++part) {
             agg.bc[std::size_t(part)].assign(layers.size() * std::size_t(agg.generationCount), nan);
             agg.combined[std::size_t(part)].assign(layers.size(), nan);
+            agg.bcVsNoise[std::size_t(part)].assign(layers.size() * std::size_t(agg.generationCount), nan);
+            agg.combinedVsNoise[std::size_t(part)].assign(layers.size(), nan);
         }
         agg.divergenceCounts.assign(std::size_t(agg.generationCount), 0);
         for (const PromptAnalysis* p : threeWay)

@@ -1,12 +1,14 @@
 #pragma once
 // Compares one layer of one prompt: every (token, head) metric for K and V, and the
-// per-token Bhattacharyya coefficient between the base and actual error sets.
+// per-token Bhattacharyya coefficients between the base and actual error sets (the reference
+// tool's, and against the noise floor).
 //
 // Two-way: reference = expected, actual = the engine, no base.
 // Three-way: reference = baseline, actual = the engine, base = expected.
 // A token is compared only where every side holds it; elsewhere its cells stay NaN.
 
 #include "analysis/analysis_result.h"
+#include "metrics/bc_vs_noise.h"
 #include "metrics/bhattacharyya.h"
 #include "kv/layer_kv.h"
 

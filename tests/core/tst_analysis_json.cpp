@@ -77,6 +77,11 @@ void TestAnalysisJson::jsonIsStrictAndComplete()
     const auto& a = j["aggregate"];
     QCOMPARE(a["num_generation_indices"].get<int>(), 12);
     QCOMPARE(a["combined_v_bc"].size(), r.layers.size());
+    QCOMPARE(a["combined_k_bc_vs_noise"].size(), r.layers.size());
+    QCOMPARE(a["v_bc_vs_noise"][2].size(), std::size_t(12));
+    QCOMPARE(p["bc_vs_noise"]["v"].size(), r.layers.size());
+    QCOMPARE(p["bc_vs_noise"]["k"][0].size(), std::size_t(r.tokens));
+    QVERIFY(p["bc_vs_noise"]["k"][0][0].is_null());  // outside the window: no data
     QCOMPARE(a["k_bc"][2].size(), std::size_t(12));
     QCOMPARE(jsonString("a\"b\\c\n\x01"), std::string("\"a\\\"b\\\\c\\n\\u0001\""));
 }

@@ -63,6 +63,7 @@ void TestAnalyzer::aggregationEqualsPooledErrors()
         };
         for (KvPart part : {KvPart::K, KvPart::V}) {
             std::vector<double> allBase, allTarget;
+            double faultyWorst = 1;  // the fault is in layer 3, from decode step 6
             for (std::int64_t g = 0; g < agg.generationCount; ++g) {
                 std::vector<double> pb, pt;
                 for (std::size_t i = 0; i < result.prompts.size(); ++i) {
@@ -80,6 +81,11 @@ void TestAnalyzer::aggregationEqualsPooledErrors()
                 }
                 QVERIFY2(std::abs(got - referenceBc(pb, pt)) < 1e-6,
                          qPrintable(QString("layer %1 g %2: %3 vs %4").arg(l).arg(g).arg(got).arg(referenceBc(pb, pt))));
+                const float noise = agg.bcVsNoise[std::size_t(part)][l * std::size_t(agg.generationCount) + std::size_t(g)];
+                QVERIFY2(std::abs(noise - referenceBcVsNoise(pb, pt)) < 1e-6,
+                         qPrintable(QString("vs noise, layer %1 g %2: %3 vs %4").arg(l).arg(g).arg(noise).arg(referenceBcVsNoise(pb, pt))));
+                if (l == 3 && part == KvPart::K && g >= 6)
+                    faultyWorst = std::min(faultyWorst, double(noise));
             }
             for (std::size_t i = 0; i < result.prompts.size(); ++i)
                 for (std::int64_t t = 0; t < base[i].seq; ++t)
@@ -89,6 +95,20 @@ void TestAnalyzer::aggregationEqualsPooledErrors()
                         allTarget.insert(allTarget.end(), et.begin(), et.end());
                     }
             QVERIFY(std::abs(agg.combined[std::size_t(part)][l] - referenceBc(allBase, allTarget)) < 1e-6);
+            QVERIFY(std::abs(agg.combinedVsNoise[std::size_t(part)][l] - referenceBcVsNoise(allBase, allTarget)) < 1e-6);
+            // Per (prompt, token) too.
+            for (std::size_t i = 0; i < result.prompts.size(); ++i)
+                for (std::int64_t t = 0; t < base[i].seq; ++t) {
+                    const float got = result.prompts[i].bcVsNoiseValue(part, int(l), t);
+                    if (!held(i, t)) {
+                        QVERIFY(std::isnan(got));
+                        continue;
+                    }
+                    const auto eb = errors(base[i], expected[i], t, part), et = errors(base[i], actual[i], t, part);
+                    QVERIFY(std::abs(got - referenceBcVsNoise(eb, et)) < 1e-6);
+                }
+            if (l == 3 && part == KvPart::K)
+                QVERIFY2(faultyWorst < 0.95, qPrintable(QString("one faulty head of four: %1").arg(faultyWorst)));
         }
     }
     // The last generation index is the never-written last position: no data anywhere.

@@ -1,6 +1,7 @@
 // The Bhattacharyya coefficient: hand-worked cases and numpy-exact binning on the edges.
 
 #include "metrics/bhattacharyya.h"
+#include "metrics/bc_vs_noise.h"
 #include "metric_reference.h"
 #include "test_support.h"
 
@@ -17,6 +18,7 @@ class TestBhattacharyya : public QObject {
 private slots:
     void bcHandWorked();
     void bcBinsFollowNumpy();
+    void bcVsNoiseHandWorked();
 };
 
 void TestBhattacharyya::bcHandWorked()
@@ -61,6 +63,31 @@ void TestBhattacharyya::bcBinsFollowNumpy()
         QCOMPARE(bins.binOf(r.hi + 1e-9), -1);
         QCOMPARE(bins.binOf(std::nan("")), -1);
     }
+}
+
+void TestBhattacharyya::bcVsNoiseHandWorked()
+{
+    // Bins by hand: 1.0 = 2^0 (exponent field 127) -> 127 * 8 = 1016; 1.5 adds mantissa .1 -> 1020;
+    // 0.75 = 1.5 * 2^-1 -> 1012; 0 -> 0; 1.0625 stays in 1.0's bin (eight per octave).
+    QCOMPARE(logBinOf(1.0f), 1016);
+    QCOMPARE(logBinOf(1.5f), 1020);
+    QCOMPARE(logBinOf(0.75f), 1012);
+    QCOMPARE(logBinOf(1.0625f), 1016);
+    QCOMPARE(logBinOf(0.0f), 0);
+    QCOMPARE(logBinOf(std::nanf("")), -1);
+    for (float e : {1e-30f, 1e-40f, 3.7e-3f, 0.3f, 17.0f, 1e30f})
+        QCOMPARE(logBinOf(e), referenceLogBin(e));
+    // The same errors: 1. Half of the actual errors far beyond the noise: only 0.001's bin is
+    // shared, sqrt(0.5 * 0.5) = 0.5.
+    const std::vector<float> noise{0.001f, 0.002f}, same{0.002f, 0.001f}, half{0.001f, 5.0f};
+    std::vector<std::uint32_t> a(kLogBins), b(kLogBins), c(kLogBins);
+    addLogBins(noise.data(), 2, a.data());
+    addLogBins(same.data(), 2, b.data());
+    addLogBins(half.data(), 2, c.data());
+    QCOMPARE(bcVsNoise(a.data(), b.data()), 1.0);
+    QVERIFY(std::abs(bcVsNoise(a.data(), c.data()) - std::sqrt(0.5 * 0.5)) < 1e-12);
+    std::vector<std::uint32_t> empty(kLogBins);
+    QVERIFY(std::isnan(bcVsNoise(a.data(), empty.data())));
 }
 
 QTEST_APPLESS_MAIN(TestBhattacharyya)

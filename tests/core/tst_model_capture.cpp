@@ -40,6 +40,22 @@ float medianRatio(const PromptAnalysis& p, int layer, std::int64_t from, std::in
     return values[values.size() / 2];
 }
 
+// The layer whose combined BC against the noise floor (K or V, the lower) is lowest. (For
+// faults whose downstream effect is larger, rope_offset and dead_head, that is the next
+// layer, not the cause: telling them apart is the suspects' job.)
+int lowestBcVsNoiseLayer(const AnalysisResult& r)
+{
+    const AggregateBc& a = *r.aggregate;
+    int lowest = -1;
+    float value = 2;
+    for (std::size_t l = 0; l < a.layers.size(); ++l) {
+        const float v = std::min(a.combinedVsNoise[0][l], a.combinedVsNoise[1][l]);
+        if (v < value)
+            value = v, lowest = int(l);
+    }
+    return lowest;
+}
+
 }  // namespace
 
 class TestModelCapture : public QObject {
@@ -173,6 +189,11 @@ void TestModelCapture::cleanCaptureLooksLikeDtypeNoise()
     // Both bf16 runs carry the same kind of rounding noise against the fp32 baseline.
     QVERIFY(minCombined >= 0.95f);
     QVERIFY(minMedian >= 0.7f && maxMedian <= 1.6f);
+    float minVsNoise = 1;
+    for (std::size_t l = 0; l < a.layers.size(); ++l)
+        minVsNoise = std::min({minVsNoise, a.combinedVsNoise[0][l], a.combinedVsNoise[1][l]});
+    qInfo("clean: combined BC vs noise >= %.4f", minVsNoise);
+    QVERIFY(minVsNoise >= 0.95f);
 }
 
 void TestModelCapture::ropeOffset()
@@ -225,6 +246,7 @@ void TestModelCapture::shardSwap()
     o.tpSize = 4;  // one KV head per rank: ranks 0 and 1 hold heads 0 and 1
     nlohmann::json truth;
     const AnalysisResult r = run(o, "swap.h5", &truth);
+    QCOMPARE(lowestBcVsNoiseLayer(r), 3);
     QVERIFY(truth["ranks"] == nlohmann::json::array({0, 1}));
     for (const PromptAnalysis& p : r.prompts)
         for (int l = 0; l < int(p.layers.size()); ++l)
@@ -243,6 +265,7 @@ void TestModelCapture::shardSwap()
 void TestModelCapture::fp8Scale()
 {
     const AnalysisResult r = run(kvtest::smallModel(FaultKind::Fp8Scale), "fp8.h5");
+    QCOMPARE(lowestBcVsNoiseLayer(r), 3);
     for (const PromptAnalysis& p : r.prompts) {
         float others = 0;
         for (int l = 0; l < int(p.layers.size()); ++l)

@@ -114,6 +114,40 @@ inline bool close(double a, double b, double rel = 2e-6)
 }
 
 
+// BC against the noise floor by its definition: eight bins per octave of the error's
+// magnitude (frexp), zero in its own bin; p and q the two sets' shares; sum of sqrt(p q).
+inline int referenceLogBin(double e)
+{
+    if (e == 0)
+        return 0;
+    if (std::isinf(e))
+        return 2040;
+    int exponent = 0;
+    const double m = std::frexp(e, &exponent);  // e = m 2^exponent, m in [0.5, 1)
+    const int biased = exponent + 126;          // float32's exponent field of e
+    if (biased <= 0)                            // subnormal: the mantissa's bits are e / 2^-149
+        return int(std::ldexp(e, 149)) >> 20;
+    return biased * 8 + int((2 * m - 1) * 8);
+}
+
+inline double referenceBcVsNoise(const std::vector<double>& base, const std::vector<double>& actual)
+{
+    std::vector<double> p(2041), q(2041);
+    double nb = 0, na = 0;
+    for (double e : base)
+        if (!std::isnan(e))
+            p[std::size_t(referenceLogBin(e))] += 1, nb += 1;
+    for (double e : actual)
+        if (!std::isnan(e))
+            q[std::size_t(referenceLogBin(e))] += 1, na += 1;
+    if (nb == 0 || na == 0)
+        return std::nan("");
+    double bc = 0;
+    for (std::size_t i = 0; i < p.size(); ++i)
+        bc += std::sqrt(p[i] / nb * q[i] / na);
+    return std::clamp(bc, 0.0, 1.0);
+}
+
 // A small model-free capture: 4 layers, three prompts, a fault in layer 3, a divergence.
 inline void writeSmallCapture(const std::string& path)
 {
