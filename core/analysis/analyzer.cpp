@@ -65,9 +65,8 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         const SharedBins combinedBins(combined);
         Histogram combinedBase, combinedTarget;
         // BC against the noise floor: fixed bins, so the counts of every token simply add up.
-        std::vector<std::uint32_t> noiseIndex(gCount * 2 * std::size_t(kLogBins), 0);
-        std::vector<std::uint32_t> noiseCombined(2 * std::size_t(kLogBins), 0);
-        const auto noiseCounts = [&](std::size_t g) { return noiseIndex.data() + g * 2 * std::size_t(kLogBins); };
+        std::vector<LogHistogram> noiseIndexBase(gCount), noiseIndexActual(gCount);
+        LogHistogram noiseBase, noiseActual, tokenBase, tokenActual;
         std::vector<float> baseErrors, actualErrors;
         for (std::size_t i = 0; i < pooled.size(); ++i) {
             const LayerSides& s = sides[i];
@@ -83,14 +82,18 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 tokenErrors(s.reference, s.actual, t, part, actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
-                addLogBins(baseErrors.data(), n, noiseCombined.data());
-                addLogBins(actualErrors.data(), n, noiseCombined.data() + kLogBins);
+                tokenBase.clear();
+                tokenActual.clear();
+                tokenBase.add(baseErrors.data(), n);
+                tokenActual.add(actualErrors.data(), n);
+                noiseBase.merge(tokenBase);
+                noiseActual.merge(tokenActual);
                 const std::int64_t g = t - promptLen(i);
                 if (g < 0 || std::size_t(g) >= gCount)
                     continue;
                 const std::size_t gi = std::size_t(g);
-                addLogBins(baseErrors.data(), n, noiseCounts(gi));
-                addLogBins(actualErrors.data(), n, noiseCounts(gi) + kLogBins);
+                noiseIndexBase[gi].merge(tokenBase);
+                noiseIndexActual[gi].merge(tokenActual);
                 if (reuse[gi]) {
                     for (int b = 0; b < kBcBins; ++b) {
                         indexBase[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 0)[b];
@@ -109,9 +112,8 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(combinedBase, combinedTarget));
         for (std::size_t g = 0; g < gCount; ++g)
             aggregate.bcVsNoise[std::size_t(part)][std::size_t(layer) * gCount + g] =
-                float(bcVsNoise(noiseCounts(g), noiseCounts(g) + kLogBins));
-        aggregate.combinedVsNoise[std::size_t(part)][std::size_t(layer)] =
-            float(bcVsNoise(noiseCombined.data(), noiseCombined.data() + kLogBins));
+                float(bcVsNoise(noiseIndexBase[g], noiseIndexActual[g]));
+        aggregate.combinedVsNoise[std::size_t(part)][std::size_t(layer)] = float(bcVsNoise(noiseBase, noiseActual));
     }
 }
 

@@ -117,12 +117,13 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
             bins.add(actualErrors, n, q);
             out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bhattacharyya(p, q, kBcBins));
-            thread_local std::vector<std::uint32_t> logCounts;
-            logCounts.assign(2 * std::size_t(kLogBins), 0);
-            addLogBins(baseErrors, n, logCounts.data());
-            addLogBins(actualErrors, n, logCounts.data() + kLogBins);
+            thread_local LogHistogram noiseBase, noiseActual;
+            noiseBase.add(baseErrors, n);
+            noiseActual.add(actualErrors, n);
             out.bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
-                float(bcVsNoise(logCounts.data(), logCounts.data() + kLogBins));
+                float(bcVsNoise(noiseBase, noiseActual));
+            noiseBase.clear();
+            noiseActual.clear();
         }
     }
 }

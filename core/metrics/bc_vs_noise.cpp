@@ -1,30 +1,97 @@
 #include "metrics/bc_vs_noise.h"
 
+#include "util/simd_clones.h"
+
 #include <algorithm>
 #include <cmath>
 
 namespace kvscope {
 
-void addLogBins(const float* errors, std::size_t count, std::uint32_t* counts)
+namespace {
+
+// The bins of `count` errors (NaN gives a bin >= kLogBins), and their smallest and largest.
+KVSCOPE_VECTOR_CLONES
+void binsOf(const float* errors, std::size_t count, std::uint16_t* bins, std::uint32_t& lo, std::uint32_t& hi)
 {
-    for (std::size_t i = 0; i < count; ++i)
-        if (const int bin = logBinOf(errors[i]); bin >= 0)
-            ++counts[bin];
+    std::uint32_t l = 0xffffffffu, h = 0;
+#pragma omp simd reduction(min : l) reduction(max : h)
+    for (std::size_t i = 0; i < count; ++i) {
+        const std::uint32_t b = (std::bit_cast<std::uint32_t>(errors[i]) & 0x7fffffffu) >> 20;
+        bins[i] = std::uint16_t(b);
+        l = b < l ? b : l;
+        h = b > h ? b : h;
+    }
+    lo = l;
+    hi = h;
 }
 
-double bcVsNoise(const std::uint32_t* base, const std::uint32_t* actual)
+}  // namespace
+
+void LogHistogram::add(const float* errors, std::size_t count)
+{
+    if (count == 0)
+        return;
+    if (counts.empty())
+        counts.assign(kLogBins, 0);
+    thread_local std::vector<std::uint16_t> bins;
+    bins.resize(count);
+    std::uint32_t lo = 0, hi = 0;
+    binsOf(errors, count, bins.data(), lo, hi);
+    // Four counters per bin break the store-to-load chains of repeated bins (errors of one
+    // token crowd into a few octaves); NaN lands past kLogBins and is dropped below.
+    constexpr std::size_t kLanes = 4, kSpan = 2048;
+    thread_local std::vector<std::uint32_t> lanes(kLanes * kSpan, 0);
+    std::uint32_t* lane[kLanes] = {lanes.data(), lanes.data() + kSpan, lanes.data() + 2 * kSpan, lanes.data() + 3 * kSpan};
+    std::size_t i = 0;
+    for (; i + kLanes <= count; i += kLanes)
+        for (std::size_t k = 0; k < kLanes; ++k)
+            ++lane[k][bins[i + k]];
+    for (; i < count; ++i)
+        ++lane[0][bins[i]];
+    for (std::uint32_t b = lo; b <= hi; ++b) {
+        const std::uint32_t n = lane[0][b] + lane[1][b] + lane[2][b] + lane[3][b];
+        lane[0][b] = lane[1][b] = lane[2][b] = lane[3][b] = 0;
+        if (n == 0 || b >= std::uint32_t(kLogBins))
+            continue;
+        counts[b] += n;
+        first = int(b) < first ? int(b) : first;
+        last = int(b) > last ? int(b) : last;
+    }
+}
+
+void LogHistogram::merge(const LogHistogram& other)
+{
+    if (other.last < 0)
+        return;
+    if (counts.empty())
+        counts.assign(kLogBins, 0);
+    for (int i = other.first; i <= other.last; ++i)
+        counts[std::size_t(i)] += other.counts[std::size_t(i)];
+    first = std::min(first, other.first);
+    last = std::max(last, other.last);
+}
+
+void LogHistogram::clear()
+{
+    for (int i = first; i <= last; ++i)
+        counts[std::size_t(i)] = 0;
+    first = kLogBins;
+    last = -1;
+}
+
+double bcVsNoise(const LogHistogram& base, const LogHistogram& actual)
 {
     double nBase = 0, nActual = 0;
-    for (int i = 0; i < kLogBins; ++i) {
-        nBase += double(base[i]);
-        nActual += double(actual[i]);
-    }
+    for (int i = base.first; i <= base.last; ++i)
+        nBase += double(base.counts[std::size_t(i)]);
+    for (int i = actual.first; i <= actual.last; ++i)
+        nActual += double(actual.counts[std::size_t(i)]);
     if (nBase == 0 || nActual == 0)
         return std::nan("");
     double bc = 0;
-    for (int i = 0; i < kLogBins; ++i)
-        if (base[i] && actual[i])
-            bc += std::sqrt(double(base[i]) / nBase * double(actual[i]) / nActual);
+    for (int i = std::max(base.first, actual.first); i <= std::min(base.last, actual.last); ++i)
+        if (base.counts[std::size_t(i)] && actual.counts[std::size_t(i)])
+            bc += std::sqrt(double(base.counts[std::size_t(i)]) / nBase * double(actual.counts[std::size_t(i)]) / nActual);
     return std::clamp(bc, 0.0, 1.0);
 }
 

@@ -19,6 +19,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace kvscope {
 
@@ -32,10 +33,19 @@ inline int logBinOf(float error)
     return bin < std::uint32_t(kLogBins) ? int(bin) : -1;
 }
 
-// Adds `count` errors to `counts` (kLogBins of them).
-void addLogBins(const float* errors, std::size_t count, std::uint32_t* counts);
+// A histogram on those bins that knows which bins it has touched, so that sums over it and
+// clearing it cost what the data spans (a few hundred bins), not all 2041.
+struct LogHistogram {
+    std::vector<std::uint32_t> counts;  // kLogBins, allocated on first use
+    int first = kLogBins;  // touched bins: [first, last]
+    int last = -1;
+
+    void add(const float* errors, std::size_t count);
+    void merge(const LogHistogram& other);
+    void clear();
+};
 
 // BC of two such histograms.
-double bcVsNoise(const std::uint32_t* base, const std::uint32_t* actual);
+double bcVsNoise(const LogHistogram& base, const LogHistogram& actual);
 
 }  // namespace kvscope

@@ -80,14 +80,21 @@ void TestBhattacharyya::bcVsNoiseHandWorked()
     // The same errors: 1. Half of the actual errors far beyond the noise: only 0.001's bin is
     // shared, sqrt(0.5 * 0.5) = 0.5.
     const std::vector<float> noise{0.001f, 0.002f}, same{0.002f, 0.001f}, half{0.001f, 5.0f};
-    std::vector<std::uint32_t> a(kLogBins), b(kLogBins), c(kLogBins);
-    addLogBins(noise.data(), 2, a.data());
-    addLogBins(same.data(), 2, b.data());
-    addLogBins(half.data(), 2, c.data());
-    QCOMPARE(bcVsNoise(a.data(), b.data()), 1.0);
-    QVERIFY(std::abs(bcVsNoise(a.data(), c.data()) - std::sqrt(0.5 * 0.5)) < 1e-12);
-    std::vector<std::uint32_t> empty(kLogBins);
-    QVERIFY(std::isnan(bcVsNoise(a.data(), empty.data())));
+    LogHistogram a, b, c, empty;
+    a.add(noise.data(), 2);
+    b.add(same.data(), 2);
+    c.add(half.data(), 2);
+    QCOMPARE(bcVsNoise(a, b), 1.0);
+    QVERIFY(std::abs(bcVsNoise(a, c) - std::sqrt(0.5 * 0.5)) < 1e-12);
+    QVERIFY(std::isnan(bcVsNoise(a, empty)));
+    // Merging is adding counts; clearing empties.
+    LogHistogram pooled;
+    pooled.merge(b);
+    pooled.merge(c);
+    QCOMPARE(pooled.counts[std::size_t(logBinOf(0.001f))], 2u);
+    QCOMPARE(pooled.counts[std::size_t(logBinOf(5.0f))], 1u);
+    pooled.clear();
+    QVERIFY(std::isnan(bcVsNoise(a, pooled)));
 }
 
 QTEST_APPLESS_MAIN(TestBhattacharyya)
