@@ -66,7 +66,7 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         Histogram combinedBase, combinedTarget;
         // BC against the noise floor: fixed bins, so the counts of every token simply add up.
         std::vector<LogHistogram> noiseIndexBase(gCount), noiseIndexActual(gCount);
-        LogHistogram noiseBase, noiseActual, tokenBase, tokenActual;
+        LogHistogram noiseBase, noiseActual;
         std::vector<float> baseErrors, actualErrors;
         for (std::size_t i = 0; i < pooled.size(); ++i) {
             const LayerSides& s = sides[i];
@@ -82,18 +82,16 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 tokenErrors(s.reference, s.actual, t, part, actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
-                tokenBase.clear();
-                tokenActual.clear();
-                tokenBase.add(baseErrors.data(), n);
-                tokenActual.add(actualErrors.data(), n);
-                noiseBase.merge(tokenBase);
-                noiseActual.merge(tokenActual);
+                const LogHistogramSlice& tokenBase = s.stats.noise[std::size_t(part)][std::size_t(t) * 2];
+                const LogHistogramSlice& tokenActual = s.stats.noise[std::size_t(part)][std::size_t(t) * 2 + 1];
+                noiseBase.merge(tokenBase.first, tokenBase.counts.data(), tokenBase.counts.size());
+                noiseActual.merge(tokenActual.first, tokenActual.counts.data(), tokenActual.counts.size());
                 const std::int64_t g = t - promptLen(i);
                 if (g < 0 || std::size_t(g) >= gCount)
                     continue;
                 const std::size_t gi = std::size_t(g);
-                noiseIndexBase[gi].merge(tokenBase);
-                noiseIndexActual[gi].merge(tokenActual);
+                noiseIndexBase[gi].merge(tokenBase.first, tokenBase.counts.data(), tokenBase.counts.size());
+                noiseIndexActual[gi].merge(tokenActual.first, tokenActual.counts.data(), tokenActual.counts.size());
                 if (reuse[gi]) {
                     for (int b = 0; b < kBcBins; ++b) {
                         indexBase[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 0)[b];

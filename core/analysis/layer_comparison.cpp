@@ -58,6 +58,7 @@ void TokenErrorStats::reset(std::int64_t tokenCount)
     for (int part = 0; part < 2; ++part) {
         ranges[std::size_t(part)].assign(std::size_t(tokenCount), ErrorRange{});
         counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
+        noise[std::size_t(part)].assign(std::size_t(tokenCount) * 2, LogHistogramSlice{});
     }
 }
 
@@ -122,6 +123,10 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
             noiseActual.add(actualErrors, n);
             out.bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bcVsNoise(noiseBase, noiseActual));
+            if (stats) {
+                stats->noise[std::size_t(part)][std::size_t(t) * 2] = LogHistogramSlice(noiseBase);
+                stats->noise[std::size_t(part)][std::size_t(t) * 2 + 1] = LogHistogramSlice(noiseActual);
+            }
             noiseBase.clear();
             noiseActual.clear();
         }

@@ -25,6 +25,7 @@ struct TokenErrorStats {
     std::int64_t tokens = 0;
     std::array<std::vector<ErrorRange>, 2> ranges;        // [part][token]
     std::array<std::vector<std::uint64_t>, 2> counts;     // [part][token][base, actual][bin]
+    std::array<std::vector<LogHistogramSlice>, 2> noise;  // [part][token][base, actual]: bc_vs_noise's bins
 
     void reset(std::int64_t tokenCount);
     const ErrorRange& range(KvPart part, std::int64_t token) const { return ranges[std::size_t(part)][std::size_t(token)]; }

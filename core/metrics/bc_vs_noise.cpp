@@ -71,6 +71,25 @@ void LogHistogram::merge(const LogHistogram& other)
     last = std::max(last, other.last);
 }
 
+void LogHistogram::merge(int from, const std::uint32_t* values, std::size_t size)
+{
+    if (size == 0)
+        return;
+    if (counts.empty())
+        counts.assign(kLogBins, 0);
+    for (std::size_t i = 0; i < size; ++i)
+        counts[std::size_t(from) + i] += values[i];
+    first = std::min(first, from);
+    last = std::max(last, from + int(size) - 1);
+}
+
+LogHistogramSlice::LogHistogramSlice(const LogHistogram& h)
+    : first(h.last < 0 ? 0 : h.first)
+{
+    if (h.last >= 0)
+        counts.assign(h.counts.begin() + h.first, h.counts.begin() + h.last + 1);
+}
+
 void LogHistogram::clear()
 {
     for (int i = first; i <= last; ++i)

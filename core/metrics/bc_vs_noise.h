@@ -42,7 +42,16 @@ struct LogHistogram {
 
     void add(const float* errors, std::size_t count);
     void merge(const LogHistogram& other);
+    // Counts of bins [first, first + size): a histogram kept compactly.
+    void merge(int first, const std::uint32_t* counts, std::size_t size);
     void clear();
+};
+
+// A LogHistogram's touched bins, kept (per token, for pooling later) without the rest.
+struct LogHistogramSlice {
+    int first = 0;
+    std::vector<std::uint32_t> counts;
+    explicit LogHistogramSlice(const LogHistogram& h = {});
 };
 
 // BC of two such histograms.
