@@ -18,7 +18,7 @@ BcBarView::BcBarView(QWidget* parent)
     m_v->setPen(Qt::NoPen);
     m_k->setWidth(0.4);
     m_v->setWidth(0.4);
-    yAxis->setLabel("combined BC");
+    yAxis->setLabel("combined BC vs noise");
     yAxis->setRange(0.0, 1.02);
     legend->setVisible(true);
     // BC 0.9: the reference plugin's default pass threshold.

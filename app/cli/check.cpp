@@ -44,6 +44,7 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
     if (!jsonPath.empty()) {
         std::ofstream file(jsonPath);
         file << "{\"bundle\":" << jsonString(bundle) << ",\"thresholds\":{\"min_bc\":" << t.minBc
+             << ",\"bc\":\"" << (t.bcVsNoise ? "bc_vs_noise" : "bc") << "\""
              << ",\"max_ratio\":" << t.maxRatio << ",\"max_linf\":";
         if (t.maxLinf)
             file << *t.maxLinf;
@@ -72,7 +73,7 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
         }
         file << "]}\n";
     }
-    out << "kvscope check " << bundle << ": min BC " << t.minBc << ", max L-inf multiplier " << t.maxRatio;
+    out << "kvscope check " << bundle << ": min combined " << (t.bcVsNoise ? "BC vs noise " : "BC (reference tool's) ") << t.minBc << ", max L-inf multiplier " << t.maxRatio;
     if (t.maxLinf)
         out << ", max relative L-inf " << *t.maxLinf;
     out << "\n";

@@ -20,12 +20,13 @@ const std::vector<Command>& commands()
                     "  --threads N    worker threads (default: one per core)\n"
                     "  --strict       an unreadable block is an error instead of absent positions\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
-        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--max-ratio 2.0] [--max-linf X]\n"
+        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X]\n"
                    "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md)\n",
          "a self-contained HTML report with PNG maps", report},
-        {"check", "check BUNDLE [--min-bc 0.9] [--max-ratio 2.0] [--max-linf X] [--json OUT]\n"
+        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--json OUT]\n"
                   "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
-                  "  unreadable or invalid (docs/reports.md)\n",
+                  "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
+                  "  noise floor; --seed-bc: the reference tool's BC instead\n",
          "pass/fail against thresholds, for CI", check},
         {"inspect", "inspect BUNDLE\n"
                     "  what a bundle holds; exit 0 when every layer of every prompt reconstructs, 1 if not,\n"
@@ -80,6 +81,10 @@ void printUsage(const std::string& name, std::ostream& out)
 bool takeThresholdOption(const Args& args, std::size_t& i, Thresholds& thresholds)
 {
     const std::string& a = args[i];
+    if (a == "--seed-bc") {
+        thresholds.bcVsNoise = false;
+        return true;
+    }
     if (i + 1 >= args.size() || (a != "--min-bc" && a != "--max-ratio" && a != "--max-linf"))
         return false;
     const double value = std::stod(args[++i]);

@@ -43,7 +43,9 @@ bool AcrossPromptsPage::refresh()
     QStringList rows;
     for (const std::string& l : a.layers)
         rows << QString::fromStdString(layerRowLabel(m_controller->reader()->config(), l));
-    QVector<double> k(a.combined[0].begin(), a.combined[0].end()), v(a.combined[1].begin(), a.combined[1].end());
+    // BC against the noise floor: the reference tool's BC reads ~1 on real faults.
+    QVector<double> k(a.combinedVsNoise[0].begin(), a.combinedVsNoise[0].end()),
+        v(a.combinedVsNoise[1].begin(), a.combinedVsNoise[1].end());
     m_bars->setValues(rows, k, v);
     return true;
 }
@@ -56,9 +58,9 @@ void AcrossPromptsPage::showTooltip(int row, qint64 g, const QPoint& globalPos)
     const AggregateBc& a = *result->aggregate;
     if (row < 0 || row >= int(a.layers.size()) || g < 0 || g >= a.generationCount)
         return;
-    const float bc = a.bc[std::size_t(m_part)][std::size_t(row) * std::size_t(a.generationCount) + std::size_t(g)];
+    const float bc = a.bcVsNoise[std::size_t(m_part)][std::size_t(row) * std::size_t(a.generationCount) + std::size_t(g)];
     QToolTip::showText(globalPos,
-                       QString("<b>%1</b><br>generation index %2<br>%3 BC: %4<br>divergences here: %5/%6")
+                       QString("<b>%1</b><br>generation index %2<br>%3 BC vs noise: %4<br>divergences here: %5/%6")
                            .arg(QString::fromStdString(a.layers[std::size_t(row)]))
                            .arg(g)
                            .arg(kvPartName(m_part), std::isnan(bc) ? tr("no data") : QString::number(bc, 'f', 4))

@@ -26,7 +26,7 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     m_part->addItem("K", int(KvPart::K));
     m_part->addItem("V", int(KvPart::V));
     for (HeatmapMetric m : {HeatmapMetric::RelLinf, HeatmapMetric::RelL2, HeatmapMetric::OneMinusCos,
-                            HeatmapMetric::ErrorRatio, HeatmapMetric::Bc})
+                            HeatmapMetric::ErrorRatio, HeatmapMetric::BcVsNoise, HeatmapMetric::Bc})
         m_metric->addItem(QString::fromStdString(heatmapMetricShortName(m)), int(m));
     m_reduction->addItem(tr("max over heads"), int(HeadReductionKind::Max));
     m_reduction->addItem(tr("mean over heads"), int(HeadReductionKind::Mean));

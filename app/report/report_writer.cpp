@@ -143,6 +143,7 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
         std::vector<std::pair<HeatmapMetric, const char*>> metrics{{HeatmapMetric::RelLinf, "linf"}, {HeatmapMetric::RelL2, "l2"}};
         if (p.threeWay) {
             metrics.insert(metrics.begin(), {HeatmapMetric::Bc, "bc"});
+            metrics.insert(metrics.begin(), {HeatmapMetric::BcVsNoise, "bc_vs_noise"});
             metrics.insert(metrics.begin(), {HeatmapMetric::ErrorRatio, "ratio"});
         }
         const PromptInfo& info = reader.prompt(p.id);
@@ -158,9 +159,11 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     }
     if (result.aggregate) {
         const AggregateBc& a = *result.aggregate;
-        for (KvPart part : {KvPart::K, KvPart::V})
-            maps.push_back({std::string("aggregate_") + kvPartName(part) + "_bc", acrossPromptsMapSpec(cfg, a, part),
-                            poolColumns(aggregateHeatmap(a, part), 0, a.generationCount, kMaxReportColumns, true)});
+        for (const bool vsNoise : {true, false})
+            for (KvPart part : {KvPart::K, KvPart::V})
+                maps.push_back({std::string("aggregate_") + kvPartName(part) + (vsNoise ? "_bc_vs_noise" : "_bc"),
+                                acrossPromptsMapSpec(cfg, a, part, vsNoise),
+                                poolColumns(aggregateHeatmap(a, part, vsNoise), 0, a.generationCount, kMaxReportColumns, true)});
     }
 
     ReportFiles files;
@@ -197,7 +200,8 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     }
     out << "</td></tr></table>";
 
-    out << "<h2>Verdict</h2><p>Thresholds: combined BC per layer &ge; " << thresholds.minBc
+    out << "<h2>Verdict</h2><p>Thresholds: combined BC per layer ("
+        << (thresholds.bcVsNoise ? "against the noise floor" : "the reference tool's") << ") &ge; " << thresholds.minBc
         << "; L-inf multiplier per layer (largest actual L-inf / largest expected L-inf) &le; " << thresholds.maxRatio;
     if (thresholds.maxLinf)
         out << "; relative L-inf &le; " << *thresholds.maxLinf;
@@ -261,14 +265,17 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
         for (const ReportMap& m : maps)
             if (m.id.rfind("aggregate_", 0) == 0)
                 mapBlock(m);
-        out << "<h3>Combined BC per layer</h3><table><tr><th>layer</th><th>K</th><th>V</th></tr>";
+        out << "<h3>Combined BC per layer</h3><table><tr><th>layer</th><th>K vs noise</th><th>V vs noise</th>"
+               "<th>K (reference tool)</th><th>V (reference tool)</th></tr>";
         for (std::size_t l = 0; l < a.layers.size(); ++l) {
             out << "<tr><td>" << html(a.layers[l]) << "</td>";
-            for (int part = 0; part < 2; ++part) {
-                const float bc = a.combined[std::size_t(part)][l];
-                out << "<td class=" << (bc < thresholds.minBc ? "fail" : "pass") << ">"
-                    << (std::isnan(bc) ? QString("no data") : QString::number(bc, 'f', 4)) << "</td>";
-            }
+            for (const bool vsNoise : {true, false})
+                for (int part = 0; part < 2; ++part) {
+                    const float bc = (vsNoise ? a.combinedVsNoise : a.combined)[std::size_t(part)][l];
+                    const bool judged = vsNoise == thresholds.bcVsNoise;
+                    out << "<td class=" << (!judged ? "" : bc < thresholds.minBc ? "fail" : "pass") << ">"
+                        << (std::isnan(bc) ? QString("no data") : QString::number(bc, 'f', 4)) << "</td>";
+                }
             out << "</tr>";
         }
         out << "</table>";

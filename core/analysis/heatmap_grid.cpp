@@ -7,7 +7,7 @@ namespace kvscope {
 
 bool lowerIsWorse(HeatmapMetric metric)
 {
-    return metric == HeatmapMetric::Bc;
+    return metric == HeatmapMetric::Bc || metric == HeatmapMetric::BcVsNoise;
 }
 
 std::string heatmapMetricName(HeatmapMetric metric)
@@ -22,7 +22,9 @@ std::string heatmapMetricName(HeatmapMetric metric)
     case HeatmapMetric::ErrorRatio:
         return "error ratio (actual / expected, L-inf vs baseline)";
     case HeatmapMetric::Bc:
-        return "Bhattacharyya coefficient";
+        return "Bhattacharyya coefficient (reference tool)";
+    case HeatmapMetric::BcVsNoise:
+        return "BC against the noise floor";
     }
     return "?";
 }
@@ -33,7 +35,9 @@ std::string heatmapMetricShortName(HeatmapMetric metric)
     case HeatmapMetric::ErrorRatio:
         return "error ratio (3-way)";
     case HeatmapMetric::Bc:
-        return "BC (3-way)";
+        return "BC, reference tool's (3-way)";
+    case HeatmapMetric::BcVsNoise:
+        return "BC vs noise (3-way)";
     default:
         return heatmapMetricName(metric);
     }
@@ -77,6 +81,8 @@ float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, 
         return reduce(metricFor(part, MetricKind::Cos), true);
     case HeatmapMetric::Bc:
         return p.threeWay ? p.bcValue(part, layer, token) : std::nanf("");
+    case HeatmapMetric::BcVsNoise:
+        return p.threeWay ? p.bcVsNoiseValue(part, layer, token) : std::nanf("");
     case HeatmapMetric::ErrorRatio: {
         if (!p.threeWay)
             return std::nanf("");
@@ -158,12 +164,12 @@ HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t
     return out;
 }
 
-HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part)
+HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part, bool vsNoise)
 {
     HeatmapGrid g;
     g.rows = int(aggregate.layers.size());
     g.columns = aggregate.generationCount;
-    g.values = aggregate.bc[std::size_t(part)];
+    g.values = vsNoise ? aggregate.bcVsNoise[std::size_t(part)] : aggregate.bc[std::size_t(part)];
     g.heads.assign(g.values.size(), -1);
     return g;
 }

@@ -17,7 +17,8 @@ enum class HeatmapMetric {
     RelL2,        // relative L2
     OneMinusCos,  // 1 - cosine similarity
     ErrorRatio,   // three-way: actual L-inf / expected L-inf, both vs baseline
-    Bc,           // three-way: Bhattacharyya coefficient (per layer and token, no heads)
+    Bc,           // three-way: the reference tool's Bhattacharyya coefficient (per layer and token)
+    BcVsNoise,    // three-way: BC against the noise floor (metrics/bc_vs_noise.h), the default BC
 };
 enum class HeadReductionKind { Max, Mean, OneHead };
 
@@ -61,7 +62,8 @@ HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const
 HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t to, std::int64_t maxColumns,
                         bool lowerWorse);
 
-// The aggregated BC across prompts: layers x generation indices.
-HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part);
+// The aggregated BC across prompts: layers x generation indices; against the noise floor, or
+// the reference tool's.
+HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part, bool vsNoise = true);
 
 }  // namespace kvscope

@@ -4,7 +4,9 @@ namespace kvscope {
 
 ScaleKind scaleOf(HeatmapMetric metric)
 {
-    return metric == HeatmapMetric::Bc ? ScaleKind::Bc : metric == HeatmapMetric::ErrorRatio ? ScaleKind::Ratio : ScaleKind::Error;
+    if (metric == HeatmapMetric::Bc || metric == HeatmapMetric::BcVsNoise)
+        return ScaleKind::Bc;
+    return metric == HeatmapMetric::ErrorRatio ? ScaleKind::Ratio : ScaleKind::Error;
 }
 
 const char* scaleName(ScaleKind kind)
@@ -61,7 +63,7 @@ std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
 std::string mapMetricLabel(const HeatmapSpec& spec)
 {
     std::string label = std::string(kvPartName(spec.part)) + " " + heatmapMetricName(spec.metric);
-    if (spec.metric == HeatmapMetric::Bc)
+    if (spec.metric == HeatmapMetric::Bc || spec.metric == HeatmapMetric::BcVsNoise)
         return label;
     switch (spec.reduction) {
     case HeadReductionKind::Max: return label + ", max over heads";
@@ -90,10 +92,10 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
     return m;
 }
 
-MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part)
+MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise)
 {
     MapSpec m;
-    m.metricLabel = std::string(kvPartName(part)) + " BC";
+    m.metricLabel = std::string(kvPartName(part)) + (vsNoise ? " BC vs noise" : " BC (reference tool)");
     m.title = m.metricLabel + " by generation index across " + std::to_string(aggregate.promptIds.size()) +
               " prompt(s) (top: divergences c/N)";
     m.xName = "generation index";

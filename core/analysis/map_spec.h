@@ -66,7 +66,8 @@ struct MapSpec {
 // A per-prompt map (layers x tokens).
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
                       const HeatmapSpec& spec);
-// The across-prompts BC map (layers x generation index).
-MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part);
+// The across-prompts BC map (layers x generation index): against the noise floor, or the
+// reference tool's BC.
+MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise = true);
 
 }  // namespace kvscope

@@ -37,9 +37,11 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
         const AggregateBc& a = *result.aggregate;
         for (std::size_t l = 0; l < a.layers.size(); ++l)
             for (KvPart part : {KvPart::K, KvPart::V}) {
-                const float bc = a.combined[std::size_t(part)][l];
+                const float bc = (t.bcVsNoise ? a.combinedVsNoise : a.combined)[std::size_t(part)][l];
                 if (!std::isnan(bc) && bc < t.minBc)
-                    out.push_back({"", a.layers[l], -1, -1, std::string("combined ") + kvPartName(part) + "_bc", bc, t.minBc});
+                    out.push_back({"", a.layers[l], -1, -1,
+                                   std::string("combined ") + kvPartName(part) + (t.bcVsNoise ? "_bc_vs_noise" : "_bc"), bc,
+                                   t.minBc});
             }
     }
     return out;

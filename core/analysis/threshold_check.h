@@ -4,7 +4,8 @@
 // Three-way prompts: for every layer and K/V, the layer's L-inf multiplier (the largest
 // actual relative L-inf over tokens and heads, over the largest expected one: how much worse
 // than dtype noise the engine gets) must not exceed maxRatio, and the combined BC of the layer
-// (every prompt and token pooled) must reach minBc. Any prompt, if maxLinf is set: every
+// (every prompt and token pooled; against the noise floor unless bcVsNoise is false) must
+// reach minBc. Any prompt, if maxLinf is set: every
 // cell's relative L-inf at most maxLinf. Inputs holding NaN/infinity always fail.
 
 #include "analysis/analysis_result.h"
@@ -18,6 +19,9 @@ namespace kvscope {
 
 struct Thresholds {
     double minBc = 0.9;     // the reference plugin's default
+    // Which combined BC minBc judges: against the noise floor (default; the reference tool's
+    // BC reads ~1 on real faults, docs/analysis-json.md), or the reference tool's.
+    bool bcVsNoise = true;
     double maxRatio = 2.0;  // its default L-inf multiplier
     std::optional<double> maxLinf;
 };

@@ -96,7 +96,8 @@ void TestGui::opensAndAnalysesInTheBackground()
 void TestGui::heatmapShowsTheEngineNumbers()
 {
     for (int prompt : {0, 1})
-        for (HeatmapMetric metric : {HeatmapMetric::RelLinf, HeatmapMetric::ErrorRatio, HeatmapMetric::Bc})
+        for (HeatmapMetric metric : {HeatmapMetric::RelLinf, HeatmapMetric::ErrorRatio, HeatmapMetric::Bc,
+                                     HeatmapMetric::BcVsNoise})
             for (KvPart part : {KvPart::K, KvPart::V}) {
                 m_window->setPrompt(prompt);
                 m_window->setMetric(metric);

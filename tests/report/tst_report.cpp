@@ -56,9 +56,11 @@ void TestReport::htmlIsSelfContained()
     QVERIFY(!html.contains("http://") && !html.contains("https://"));
     QVERIFY(!html.contains(QRegularExpression("<script[^>]+src=")));
     QVERIFY(!html.contains(QRegularExpression("<link[^>]+stylesheet")));
-    // Two prompts x (ratio, BC, L-inf, L2) x (K, V), and the aggregated BC for K and V.
-    QCOMPARE(m_files.images.size(), 2 * 8 + 2);
-    for (const QString& id : {"prompt_0_k_ratio", "prompt_1_v_bc", "prompt_0_k_linf", "prompt_1_v_l2", "aggregate_k_bc"})
+    // Two prompts x (ratio, BC vs noise, BC, L-inf, L2) x (K, V), and the aggregated BC (vs
+    // noise, the reference tool's) for K and V.
+    QCOMPARE(m_files.images.size(), 2 * 10 + 4);
+    for (const QString& id : {"prompt_0_k_ratio", "prompt_1_v_bc", "prompt_0_k_bc_vs_noise", "prompt_0_k_linf",
+                              "prompt_1_v_l2", "aggregate_k_bc", "aggregate_v_bc_vs_noise"})
         QVERIFY2(html.contains("id=\"map-" + id + "\"") && html.contains("\"id\":\"" + id + "\""), qPrintable(id));
     QVERIFY(html.contains("model.layers.5.self_attn"));  // layer names on the axes and in the tables
     QVERIFY(html.contains("FAIL"));                       // the injected fault fails the thresholds
@@ -104,7 +106,7 @@ void TestReport::chromiumDrawsEveryMapOffline()
     dom.start("/usr/bin/chromium", common + QStringList{"--dump-dom", "file://" + m_files.html});
     QVERIFY(dom.waitForFinished(120000));
     const QString out = dom.readAllStandardOutput(), err = dom.readAllStandardError();
-    QVERIFY2(out.contains("data-maps-drawn=\"18\""), qPrintable(err.right(2000)));
+    QVERIFY2(out.contains("data-maps-drawn=\"24\""), qPrintable(err.right(2000)));
     QVERIFY2(!err.contains("Uncaught") && !err.contains("ERR_"), qPrintable(err.right(2000)));
 
     const QString shot = m_dir.filePath("shot.png");
