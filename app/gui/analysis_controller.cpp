@@ -16,9 +16,10 @@ AnalysisController::AnalysisController(QObject* parent)
 
 AnalysisController::~AnalysisController()
 {
-    *m_cancel = true;
+    *m_cancel = true;  // older runs were told at the next open()
     ++m_generation;
-    m_future.waitForFinished();  // the worker posts to this object
+    for (QFuture<void>& run : m_runs)
+        run.waitForFinished();  // workers post to this object
 }
 
 void AnalysisController::post(std::function<void()> fn, int generation)
@@ -53,7 +54,8 @@ void AnalysisController::open(const QString& path)
     std::shared_ptr<QTemporaryDir> importDir;
     if (QFileInfo(path).isDir())
         importDir = std::make_shared<QTemporaryDir>();
-    m_future = QtConcurrent::run([this, path, generation, importDir, cancel] {
+    std::erase_if(m_runs, [](const QFuture<void>& run) { return run.isFinished(); });
+    m_runs.push_back(QtConcurrent::run([this, path, generation, importDir, cancel] {
         try {
             std::string bundle = path.toStdString();
             if (importDir) {
@@ -103,7 +105,7 @@ void AnalysisController::open(const QString& path)
                 emit failed(message);
             }, generation);
         }
-    });
+    }));
 }
 
 }  // namespace kvscope

@@ -51,7 +51,9 @@ private:
     std::shared_ptr<std::atomic<bool>> m_cancel = std::make_shared<std::atomic<bool>>(false);  // this run's
     std::atomic<int> m_generation{0};
     bool m_running = false;
-    QFuture<void> m_future;
+    // Every run not finished yet: a cancelled older run may still be reading its last layer,
+    // and it posts to this object, so the destructor waits for all of them.
+    std::vector<QFuture<void>> m_runs;
     std::shared_ptr<QTemporaryDir> m_importDir;  // holds an imported folder's bundle while it is open
 };
 

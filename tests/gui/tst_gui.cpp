@@ -35,6 +35,7 @@ private slots:
     void arrowKeysMoveTheSelection();
     void exportedPngHasTheMarkers();
     void brokenBundleIsAMessageNotACrash();
+    void closingWhileSeveralRunsAnalyseIsSafe();
 
 private:
     void openDemo();
@@ -198,6 +199,20 @@ void TestGui::brokenBundleIsAMessageNotACrash()
     m_window->openPath(broken);
     QVERIFY(failed.wait(20000));
     QVERIFY2(failed.first().first().toString().contains(broken), qPrintable(failed.first().first().toString()));
+}
+
+void TestGui::closingWhileSeveralRunsAnalyseIsSafe()
+{
+    // Each open() cancels the run before it, which may still be reading a layer and posting
+    // to the controller: closing the window must wait for all of them, not only the latest.
+    for (int round = 0; round < 3; ++round) {
+        auto window = std::make_unique<MainWindow>();
+        for (int i = 0; i < 4; ++i)
+            window->openPath(m_path);
+        QCoreApplication::processEvents();
+        window.reset();
+        QCoreApplication::processEvents();  // anything a stale run posted would run now
+    }
 }
 
 QTEST_MAIN(TestGui)
