@@ -2,6 +2,7 @@
 
 #include "analysis/analyzer.h"
 #include "gui/main_window.h"
+#include "report/drawing_application.h"
 #include "format/bundle_reader.h"
 #include "synth/synthetic_capture.h"
 
@@ -113,10 +114,10 @@ std::pair<double, double> blockReads(const std::string& path)
         const PagedShard a = reader.readEngineShard(p.id, 0, 0, layer, KvPart::K, &ids);
         scattered += seconds(t0);
         // The same number of rows from the start of the dataset, in one range.
-        const std::vector<std::int64_t>& stored = p.snapshots[0].subsetStored ? p.snapshots[0].storedBlockIds : std::vector<std::int64_t>{};
+        // (Block ids: the first stored ones when only referenced blocks are kept, else 0, 1, ...)
         std::vector<std::int64_t> range;
         for (std::size_t i = 0; i < ids.size(); ++i)
-            range.push_back(p.snapshots[0].subsetStored ? stored[i] : std::int64_t(i));
+            range.push_back(p.snapshots[0].subsetStored ? p.snapshots[0].storedBlockIds[i] : std::int64_t(i));
         const auto t1 = Clock::now();
         const PagedShard b = reader.readEngineShard(p.id, 0, 0, layer, KvPart::K, &range);
         contiguous += seconds(t1);
@@ -216,10 +217,7 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         // times since the epoch for the window (the parent knows when it started us), and
         // since open() for the first heatmap row and the whole map.
         qputenv("QT_QPA_PLATFORM", "offscreen");
-        static int argc = 1;
-        static char name[] = "kvscope";
-        static char* argv[] = {name, nullptr};
-        QApplication app(argc, argv);
+        const auto app = applicationForDrawing();
         MainWindow window;
         window.show();
         QCoreApplication::processEvents();
@@ -232,12 +230,12 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         });
         QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
             whole = timer.nsecsElapsed() / 1e9;
-            app.quit();
+            QCoreApplication::quit();
         });
-        QObject::connect(&window.controller(), &AnalysisController::failed, &app, &QApplication::quit);
+        QObject::connect(&window.controller(), &AnalysisController::failed, &window, &QCoreApplication::quit);
         timer.start();
         window.openPath(QString::fromStdString(args[1]));
-        app.exec();
+        QCoreApplication::exec();
         out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << "\n";
         return whole < 0 ? 1 : 0;
     }
