@@ -77,13 +77,16 @@
       ctx.rect(left, top, plotW, rowHeight * map.rows.length);
       ctx.clip();
       const line = (tx, style, dash) => {
-        ctx.strokeStyle = style;
-        ctx.lineWidth = 2;
-        ctx.setLineDash(dash);
-        ctx.beginPath();
-        ctx.moveTo(x(tx), top);
-        ctx.lineTo(x(tx), top + rowHeight * map.rows.length);
-        ctx.stroke();
+        // A white outline under the line keeps it visible on every cell colour.
+        for (const [colour, width, pattern] of [["rgb(" + SCALES.markerOutline.join(",") + ")", 4, []], [style, 2, dash]]) {
+          ctx.strokeStyle = colour;
+          ctx.lineWidth = width;
+          ctx.setLineDash(pattern);
+          ctx.beginPath();
+          ctx.moveTo(x(tx), top);
+          ctx.lineTo(x(tx), top + rowHeight * map.rows.length);
+          ctx.stroke();
+        }
       };
       if (map.prefill !== null) line(map.prefill, "rgb(" + SCALES.prefillLine.join(",") + ")", []);
       for (const d of map.divergences) line(d, "rgb(" + SCALES.divergenceLine.join(",") + ")", [6, 4]);

@@ -2,6 +2,8 @@
 
 #include "widgets/plot_decorations.h"
 
+#include <QApplication>
+
 #include <cmath>
 
 namespace kvscope {
@@ -14,7 +16,7 @@ HeatmapView::HeatmapView(QWidget* parent)
 
     m_map = new QCPColorMap(xAxis, yAxis);
     m_map->setInterpolate(false);
-    m_map->setTightBoundary(true);
+    m_map->setTightBoundary(false);  // edge cells as wide as the others
     m_scale = new QCPColorScale(this);
     plotLayout()->addElement(1, 1, m_scale);
     m_scale->setType(QCPAxis::atRight);
@@ -27,6 +29,7 @@ HeatmapView::HeatmapView(QWidget* parent)
     axisRect()->setBackground(QBrush(QColor(150, 150, 150), Qt::BDiagPattern));
     yAxis->setRangeReversed(true);  // layer 0 at the top
     yAxis->setTicker(QSharedPointer<QCPAxisTickerText>(new QCPAxisTickerText));
+    yAxis->setTickLabelFont(QFont(font().family(), 8));
     xAxis->setLabel("token");
     xAxis2->setVisible(false);
     setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
@@ -38,16 +41,123 @@ HeatmapView::HeatmapView(QWidget* parent)
     m_selection->setVisible(false);
     m_selection->setLayer("overlay");
 
+    m_emptyText = new QCPItemText(this);
+    m_emptyText->position->setType(QCPItemPosition::ptAxisRectRatio);
+    m_emptyText->position->setCoords(0.5, 0.45);
+    m_emptyText->setFont(QFont(font().family(), 11));
+    m_emptyText->setColor(QColor(90, 90, 90));
+    m_emptyText->setLayer("overlay");
+
+    setFocusPolicy(Qt::StrongFocus);  // reachable with Tab; arrows move the selection
     connect(xAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), this, [this](const QCPRange& r) {
+        clampRange(xAxis, m_fullX);
+        if (xAxis->range() != r)
+            return;  // clamped: the signal comes again with the final range
         updateTokenTicks();
         emit visibleTokensChanged(r.lower, r.upper);
     });
-    connect(yAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), this, [this] { updateRowTicks(); });
+    connect(yAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), this, [this](const QCPRange& r) {
+        clampRange(yAxis, m_fullY);
+        if (yAxis->range() == r)
+            updateRowTicks();
+    });
     setScale(ScaleKind::Error, toQcpRange(defaultRange(ScaleKind::Error)), false);
+    showEmpty(tr("Nothing open"));
+}
+
+void HeatmapView::clampRange(QCPAxis* axis, const QCPRange& full)
+{
+    // Zoomed out no further than the data, panned no further than its edges, zoomed in no
+    // further than a few cells.
+    QCPRange r = axis->range();
+    const double smallest = std::min(full.size(), axis == xAxis ? 4.0 : 1.0);
+    if (r.size() < smallest)
+        r = QCPRange(r.center() - smallest / 2, r.center() + smallest / 2);
+    if (r.size() >= full.size()) {
+        r = full;
+    } else if (r.lower < full.lower) {
+        r += full.lower - r.lower;
+    } else if (r.upper > full.upper) {
+        r -= r.upper - full.upper;
+    }
+    if (r != axis->range())
+        axis->setRange(r);
+}
+
+void HeatmapView::showEmpty(const QString& message)
+{
+    m_empty = true;
+    m_grid = {};
+    m_map->data()->clear();
+    m_map->setVisible(false);
+    m_scale->setVisible(false);
+    m_selection->setVisible(false);
+    setTokenMarkers(this, m_markers, std::nan(""), {});
+    setPendingRows({}, {});
+    m_rowLabels.clear();
+    m_tokenLabels.clear();
+    updateRowTicks();
+    setTopLabels({}, {});
+    xAxis->setTicks(false);
+    xAxis->setTickLabels(false);
+    yAxis->setTicks(false);
+    yAxis->setTickLabels(false);
+    axisRect()->setBackground(Qt::NoBrush);
+    m_title->setText(QString());
+    m_emptyText->setText(message);
+    m_emptyText->setVisible(true);
+    replot(QCustomPlot::rpQueuedReplot);
+}
+
+void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& label)
+{
+    for (QCPAbstractItem* item : std::as_const(m_pending))
+        removeItem(item);
+    m_pending.clear();
+    // One cover per run of rows that are not ready.
+    for (std::size_t first = 0; first < ready.size();) {
+        if (ready[first]) {
+            ++first;
+            continue;
+        }
+        std::size_t last = first;
+        while (last + 1 < ready.size() && !ready[last + 1])
+            ++last;
+        auto* cover = new QCPItemRect(this);
+        for (QCPItemPosition* corner : {cover->topLeft, cover->bottomRight}) {
+            corner->setTypeX(QCPItemPosition::ptAxisRectRatio);
+            corner->setTypeY(QCPItemPosition::ptPlotCoords);
+        }
+        cover->topLeft->setCoords(0, double(first) - 0.5);
+        cover->bottomRight->setCoords(1, double(last) + 0.5);
+        cover->setPen(Qt::NoPen);
+        cover->setBrush(QColor(235, 235, 240));
+        auto* text = new QCPItemText(this);
+        text->position->setTypeX(QCPItemPosition::ptAxisRectRatio);
+        text->position->setTypeY(QCPItemPosition::ptPlotCoords);
+        text->position->setCoords(0.5, (double(first) + double(last)) / 2);
+        text->setText(label);
+        text->setColor(QColor(80, 80, 100));
+        text->setFont(QFont(font().family(), 8, -1, true));
+        m_pending << cover << text;
+        first = last + 1;
+    }
+    replot(QCustomPlot::rpQueuedReplot);
 }
 
 void HeatmapView::setGrid(const HeatmapGrid& grid)
 {
+    if (m_empty) {
+        m_empty = false;
+        m_emptyText->setVisible(false);
+        m_map->setVisible(true);
+        m_scale->setVisible(true);
+        for (QCPAxis* axis : {xAxis, yAxis}) {
+            axis->setTicks(true);
+            axis->setTickLabels(true);
+        }
+        axisRect()->setBackground(QBrush(QColor(150, 150, 150), Qt::BDiagPattern));
+    }
     m_grid = grid;
     const double first = double(grid.firstToken);
     const double step = double(grid.tokensPerColumn);
@@ -188,9 +298,30 @@ void HeatmapView::setTopLabels(const QVector<double>& positions, const QStringLi
 
 void HeatmapView::resetView(qint64 tokens, int rows)
 {
-    xAxis->setRange(-0.5, double(std::max<qint64>(tokens, 1)) - 0.5);
-    yAxis->setRange(-0.5, double(std::max(rows, 1)) - 0.5);
+    m_fullX = QCPRange(-0.5, double(std::max<qint64>(tokens, 1)) - 0.5);
+    m_fullY = QCPRange(-0.5, double(std::max(rows, 1)) - 0.5);
+    resetZoom();
+}
+
+void HeatmapView::resetZoom()
+{
+    xAxis->setRange(m_fullX);
+    yAxis->setRange(m_fullY);
     updateRowTicks();
+}
+
+void HeatmapView::ensureVisible(int row, qint64 token)
+{
+    const QCPRange x = xAxis->range(), y = yAxis->range();
+    const double t = double(token);
+    if (t - 0.5 < x.lower)
+        xAxis->setRange(x + (t - 0.5 - x.lower));
+    else if (t + 0.5 > x.upper)
+        xAxis->setRange(x + (t + 0.5 - x.upper));
+    if (row - 0.5 < y.lower)
+        yAxis->setRange(y + (row - 0.5 - y.lower));
+    else if (row + 0.5 > y.upper)
+        yAxis->setRange(y + (row + 0.5 - y.upper));
 }
 
 bool HeatmapView::cellAt(const QPoint& pos, int& row, qint64& token) const
@@ -207,11 +338,28 @@ bool HeatmapView::cellAt(const QPoint& pos, int& row, qint64& token) const
 void HeatmapView::mousePressEvent(QMouseEvent* event)
 {
     m_pressPos = event->pos();
-    QCustomPlot::mousePressEvent(event);
+    m_pressed = event->button() == Qt::LeftButton;
+    QCustomPlot::mousePressEvent(event);  // starts a pan
+}
+
+void HeatmapView::mouseReleaseEvent(QMouseEvent* event)
+{
+    QCustomPlot::mouseReleaseEvent(event);
+    // A click selects; a drag only pans.
+    const bool click = m_pressed && event->button() == Qt::LeftButton &&
+                       (event->pos() - m_pressPos).manhattanLength() < QApplication::startDragDistance();
+    m_pressed = false;
     int row;
     qint64 token;
-    if (event->button() == Qt::LeftButton && cellAt(event->pos(), row, token))
+    if (click && cellAt(event->pos(), row, token))
         emit cellClicked(row, token);
+}
+
+void HeatmapView::mouseDoubleClickEvent(QMouseEvent* event)
+{
+    QCustomPlot::mouseDoubleClickEvent(event);
+    if (event->button() == Qt::LeftButton)
+        resetZoom();
 }
 
 void HeatmapView::mouseMoveEvent(QMouseEvent* event)
@@ -221,6 +369,57 @@ void HeatmapView::mouseMoveEvent(QMouseEvent* event)
     qint64 token;
     if (!(event->buttons() & Qt::LeftButton) && cellAt(event->pos(), row, token))
         emit cellHovered(row, token, event->globalPosition().toPoint());
+}
+
+void HeatmapView::keyPressEvent(QKeyEvent* event)
+{
+    switch (event->key()) {
+    case Qt::Key_Home:
+        resetZoom();
+        return;
+    case Qt::Key_Left:
+    case Qt::Key_Right:
+    case Qt::Key_Up:
+    case Qt::Key_Down:
+    case Qt::Key_Return:
+    case Qt::Key_Enter:
+    case Qt::Key_Escape:
+        if (!m_empty) {
+            emit keyPressed(event->key());
+            return;
+        }
+        break;
+    default:
+        break;
+    }
+    QCustomPlot::keyPressEvent(event);
+}
+
+void HeatmapView::contextMenuEvent(QContextMenuEvent* event)
+{
+    emit contextMenuRequested(event->globalPos());
+}
+
+void HeatmapView::paintEvent(QPaintEvent* event)
+{
+    QCustomPlot::paintEvent(event);
+    if (hasFocus()) {  // where the keyboard goes
+        QPainter painter(this);
+        painter.setPen(QPen(palette().color(QPalette::Highlight), 2));
+        painter.drawRect(rect().adjusted(1, 1, -1, -1));
+    }
+}
+
+void HeatmapView::focusInEvent(QFocusEvent* event)
+{
+    QCustomPlot::focusInEvent(event);
+    update();
+}
+
+void HeatmapView::focusOutEvent(QFocusEvent* event)
+{
+    QCustomPlot::focusOutEvent(event);
+    update();
 }
 
 }  // namespace kvscope

@@ -1,7 +1,9 @@
 #pragma once
 // A layer x token heatmap (QCustomPlot colour map with a colour scale): layer names on the Y
-// axis, tokens on X, the prefill/decode boundary (red) and divergences (orange, dashed),
-// absent cells hatched grey, the selected cell outlined. Emits the cell under the mouse.
+// axis, tokens on X, the prefill/decode boundary and divergence markers, absent cells hatched
+// grey, rows not analysed (yet) covered and labelled, the selected cell outlined, an empty
+// state that says what to do. Zoom (wheel) and pan (drag) stay within the data; a click
+// without movement selects; double-click, Home and the context menu reset the view.
 
 #include "widgets/color_scales.h"
 #include "analysis/heatmap_grid.h"
@@ -17,10 +19,14 @@ public:
     explicit HeatmapView(QWidget* parent = nullptr);
 
     // The labelling of a map: row labels, token text, markers, top labels, title, axis label,
-    // and its scale at its default range.
+    // and its scale at the spec's range.
     void showMap(const MapSpec& spec);
     // Shows `grid`; columns cover grid.tokensPerColumn tokens each from grid.firstToken.
     void setGrid(const HeatmapGrid& grid);
+    // Nothing to show: no map, no scale, `message` in the middle.
+    void showEmpty(const QString& message);
+    // Rows whose `ready` entry is 0 are covered with `label` ("analysing", "not analysed").
+    void setPendingRows(const std::vector<char>& ready, const QString& label);
     void setRowLabels(const QStringList& labels);
     void setTokenLabels(const QStringList& labels);  // shown on the X axis when zoomed in enough
     void setMarkers(double prefillBoundary, const QVector<double>& divergences);
@@ -28,8 +34,13 @@ public:
     void setTitle(const QString& title);
     void setSelection(int row, qint64 token);  // row < 0: none
     void setTopLabels(const QVector<double>& positions, const QStringList& labels);  // e.g. divergence counts
-    // Fits the axes to `tokens` x `rows`.
+    // The data is `tokens` x `rows`: zoom and pan stay inside it; fits the axes to it.
     void resetView(qint64 tokens, int rows);
+    // Back to the whole map.
+    void resetZoom();
+    // Pans, if needed, so that the cell is visible.
+    void ensureVisible(int row, qint64 token);
+    bool isEmpty() const { return m_empty; }
     QCPColorScale* colorScale() const { return m_scale; }
     const HeatmapGrid& grid() const { return m_grid; }
     // The cell under a widget position, or false.
@@ -39,25 +50,42 @@ signals:
     void cellClicked(int row, qint64 token);
     void cellHovered(int row, qint64 token, const QPoint& globalPos);
     void visibleTokensChanged(double lower, double upper);
+    // An arrow key, Enter or Esc while the map has the focus (the page decides what moves).
+    void keyPressed(int key);
+    void contextMenuRequested(const QPoint& globalPos);
 
 protected:
     void mousePressEvent(QMouseEvent* event) override;
     void mouseMoveEvent(QMouseEvent* event) override;
+    void mouseReleaseEvent(QMouseEvent* event) override;
+    void mouseDoubleClickEvent(QMouseEvent* event) override;
+    void keyPressEvent(QKeyEvent* event) override;
+    void contextMenuEvent(QContextMenuEvent* event) override;
     void resizeEvent(QResizeEvent* event) override;
+    void paintEvent(QPaintEvent* event) override;
+    void focusInEvent(QFocusEvent* event) override;
+    void focusOutEvent(QFocusEvent* event) override;
 
 private:
     void updateTokenTicks();
     void updateRowTicks();
+    void clampRange(QCPAxis* axis, const QCPRange& full);
 
     QCPColorMap* m_map = nullptr;
     QCPColorScale* m_scale = nullptr;
     QCPTextElement* m_title = nullptr;
     QCPItemRect* m_selection = nullptr;
+    QCPItemText* m_emptyText = nullptr;
     QList<QCPAbstractItem*> m_markers;
+    QList<QCPAbstractItem*> m_pending;
     HeatmapGrid m_grid;
     QStringList m_tokenLabels;
     QStringList m_rowLabels;
+    QCPRange m_fullX{-0.5, 0.5};
+    QCPRange m_fullY{-0.5, 0.5};
     QPoint m_pressPos;
+    bool m_pressed = false;
+    bool m_empty = false;
 };
 
 }  // namespace kvscope

@@ -2,63 +2,168 @@
 
 #include "widgets/plot_decorations.h"
 
+#include <algorithm>
+
 namespace kvscope {
+
+namespace {
+
+const QColor kBaseColor(31, 119, 180);
+const QColor kActualColor(230, 85, 13);
+
+QCPGraph* stepGraph(QCustomPlot* plot, const QColor& colour, Qt::BrushStyle brush = Qt::SolidPattern)
+{
+    QCPGraph* g = plot->addGraph();
+    g->setLineStyle(QCPGraph::lsStepLeft);
+    g->setPen(QPen(colour, 1.2));
+    QColor fill = colour;
+    fill.setAlpha(brush == Qt::SolidPattern ? 90 : 200);
+    g->setBrush(QBrush(fill, brush));
+    return g;
+}
+
+// A filled step curve over `edges` with `counts` (one more point closes the last bin). On a
+// log count axis empty bins drop below the axis instead of to an impossible 0.
+void setSteps(QCPGraph* graph, const std::vector<double>& edges, const std::vector<double>& counts, bool logCounts)
+{
+    QVector<double> keys, values;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+        keys << edges[i];
+        values << (logCounts ? std::max(counts[i], 0.1) : counts[i]);
+    }
+    if (!counts.empty()) {
+        keys << edges.back();
+        values << values.back();
+    }
+    graph->setData(keys, values, true);
+}
+
+}  // namespace
 
 HistogramView::HistogramView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(300, 180);
-    m_title = addPlotTitle(this, 9);
-    m_base = new QCPBars(xAxis, yAxis);
-    m_actual = new QCPBars(xAxis, yAxis);
-    m_base->setName("base: |baseline - expected|");
-    m_actual->setName("actual: |baseline - actual|");
-    m_base->setPen(Qt::NoPen);
-    m_actual->setPen(Qt::NoPen);
-    m_base->setBrush(QColor(31, 119, 180, 140));
-    m_actual->setBrush(QColor(255, 127, 14, 140));
-    xAxis->setLabel("absolute error");
+    setMinimumSize(260, 180);
+    m_title = addPlotTitle(this, 8);
+    m_base = stepGraph(this, kBaseColor);
+    m_actual = stepGraph(this, kActualColor);
+    m_overflowBase = stepGraph(this, kBaseColor, Qt::BDiagPattern);
+    m_overflowActual = stepGraph(this, kActualColor, Qt::FDiagPattern);
+    m_base->setName("base (expected)");
+    m_actual->setName("actual (engine)");
+    m_overflowBase->removeFromLegend();
+    m_overflowActual->removeFromLegend();
     yAxis->setLabel("count");
-    legend->setVisible(true);
-    legend->setFont(QFont(font().family(), 8));
-    axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
+    placeLegendAbove(this);
+    m_apart = new QCPItemText(this);
+    m_apart->position->setType(QCPItemPosition::ptAxisRectRatio);
+    m_apart->position->setCoords(0.98, 0.04);
+    m_apart->setPositionAlignment(Qt::AlignRight | Qt::AlignTop);
+    m_apart->setFont(QFont(font().family(), 8));
+    m_apart->setBrush(QColor(255, 255, 255, 220));
+    m_apart->setPadding(QMargins(3, 2, 3, 2));
+    setLogErrors(true);
 }
 
 void HistogramView::setHistogram(const HeadErrorHistogram& h, const QString& title)
 {
-    const double width = (h.hi - h.lo) / h.bins;
-    QVector<double> keys, base, actual;
-    for (int b = 0; b < h.bins; ++b) {
-        keys.append(h.lo + (b + 0.5) * width);
-        actual.append(double(h.actual.counts[std::size_t(b)]));
-        base.append(h.base ? double(h.base->counts[std::size_t(b)]) : 0.0);
-    }
-    m_base->setWidth(width);
-    m_actual->setWidth(width);
-    m_base->setData(keys, base);
-    m_actual->setData(keys, actual);
-    m_base->setVisible(bool(h.base));
-    m_title->setText(title + (std::isnan(h.bc) ? QString() : QString("   BC %1").arg(h.bc, 0, 'f', 4)));
-    rescaleAxes();
-    if (yAxis->scaleType() == QCPAxis::stLogarithmic)
-        yAxis->setRangeLower(0.5);
-    replot(QCustomPlot::rpQueuedReplot);
+    m_histogram = h;
+    m_titleText = title + (std::isnan(h.bc) ? QString() : QString("   BC %1").arg(h.bc, 0, 'f', 4));
+    redraw();
+}
+
+const DisplayBins* HistogramView::shownBins() const
+{
+    if (!m_histogram)
+        return nullptr;
+    return m_logErrors ? &m_histogram->logBins : &m_histogram->linearBins;
+}
+
+QString HistogramView::apartLabel() const
+{
+    return m_apart->visible() ? m_apart->text() : QString();
 }
 
 void HistogramView::setLogCounts(bool log)
 {
+    m_logCounts = log;
     yAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
     yAxis->setTicker(log ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog) : QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
-    rescaleAxes();
-    if (log)
-        yAxis->setRangeLower(0.5);
+    redraw();
+}
+
+void HistogramView::setLogErrors(bool log)
+{
+    m_logErrors = log;
+    xAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
+    QSharedPointer<QCPAxisTicker> ticker(log ? new QCPAxisTickerLog : new QCPAxisTicker);
+    ticker->setTickCount(4);
+    xAxis->setTicker(ticker);
+    xAxis->setNumberFormat(log ? "eb" : "gb");  // log: 10^-3 as a power
+    xAxis->setNumberPrecision(log ? 0 : 3);
+    xAxis->setLabel(log ? "|baseline - x| (log scale)" : "|baseline - x|");
+    redraw();
+}
+
+void HistogramView::redraw()
+{
+    for (QCPGraph* g : {m_base, m_actual, m_overflowBase, m_overflowActual})
+        g->data()->clear();
+    m_apart->setVisible(false);
+    const DisplayBins* bins = shownBins();
+    if (!bins) {
+        replot(QCustomPlot::rpQueuedReplot);
+        return;
+    }
+    m_title->setText(m_titleText);
+    const bool threeWay = !bins->base.empty();
+    m_base->setVisible(threeWay);
+    if (bins->edges.empty()) {
+        m_title->setText(m_titleText + tr("  (no errors above 0)"));
+        replot(QCustomPlot::rpQueuedReplot);
+        return;
+    }
+    setSteps(m_actual, bins->edges, bins->actual, m_logCounts);
+    if (threeWay)
+        setSteps(m_base, bins->edges, bins->base, m_logCounts);
+    double top = 0;
+    for (const std::vector<double>* counts : {&bins->base, &bins->actual})
+        for (double c : *counts)
+            top = std::max(top, c);
+    double right = bins->edges.back();
+    const std::int64_t apart = bins->baseApart + bins->actualApart;
+    if (apart > 0) {
+        QString label;
+        if (bins->logarithmic) {
+            label = tr("exactly 0 (not on a log axis): ");
+        } else {
+            // The overflow bar: one more bin width past the cut, hatched.
+            const double width = bins->edges[1] - bins->edges[0];
+            const std::vector<double> edges{right, right + width};
+            setSteps(m_overflowActual, edges, {double(bins->actualApart)}, m_logCounts);
+            if (threeWay)
+                setSteps(m_overflowBase, edges, {double(bins->baseApart)}, m_logCounts);
+            top = std::max({top, double(bins->actualApart), double(bins->baseApart)});
+            right += width;
+            label = tr("overflow > %1 (hatched): ").arg(bins->edges.back(), 0, 'g', 3);
+        }
+        label += threeWay ? tr("base %1, actual %2").arg(bins->baseApart).arg(bins->actualApart)
+                          : tr("%1").arg(bins->actualApart);
+        m_apart->setText(label);
+        m_apart->setVisible(true);
+    }
+    xAxis->setRange(bins->edges.front(), right);
+    // Headroom above the tallest bar (and the label); a log axis needs a positive floor.
+    yAxis->setRange(m_logCounts ? 0.5 : 0, m_logCounts ? std::max(top, 1.0) * 4 : std::max(top, 1.0) * 1.15);
     replot(QCustomPlot::rpQueuedReplot);
 }
 
 void HistogramView::clearHistogram(const QString& message)
 {
-    m_base->data()->clear();
-    m_actual->data()->clear();
+    m_histogram.reset();
+    for (QCPGraph* g : {m_base, m_actual, m_overflowBase, m_overflowActual})
+        g->data()->clear();
+    m_apart->setVisible(false);
     m_title->setText(message);
     replot(QCustomPlot::rpQueuedReplot);
 }

@@ -1,6 +1,8 @@
 #pragma once
 // Per-head error histograms of the drill-down: base (expected vs baseline) and actual (actual
-// vs baseline) on shared bins, overlaid, with an optional log count axis and the BC.
+// vs baseline) errors overlaid as filled steps, on a log error axis (default: a fault's errors
+// and dtype noise differ by orders of magnitude) or a linear one cut at the 99th percentile
+// with the rest in a labelled overflow bar; counts linear or log; axes fitted to the data.
 
 #include "metrics/error_histogram.h"
 
@@ -15,12 +17,26 @@ public:
     explicit HistogramView(QWidget* parent = nullptr);
     void setHistogram(const HeadErrorHistogram& histogram, const QString& title);
     void setLogCounts(bool log);
+    void setLogErrors(bool log);
     void clearHistogram(const QString& message);
+    bool hasHistogram() const { return m_histogram.has_value(); }
+    // What is drawn, for the tests: the bins shown and the label of the counts kept apart.
+    const DisplayBins* shownBins() const;
+    QString apartLabel() const;
 
 private:
-    QCPBars* m_base;
-    QCPBars* m_actual;
+    void redraw();
+
+    QCPGraph* m_base;
+    QCPGraph* m_actual;
+    QCPGraph* m_overflowBase;
+    QCPGraph* m_overflowActual;
     QCPTextElement* m_title;
+    QCPItemText* m_apart;
+    std::optional<HeadErrorHistogram> m_histogram;
+    QString m_titleText;
+    bool m_logCounts = false;
+    bool m_logErrors = true;
 };
 
 }  // namespace kvscope

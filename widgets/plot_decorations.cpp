@@ -14,6 +14,23 @@ QCPTextElement* addPlotTitle(QCustomPlot* plot, int pointSize)
     return title;
 }
 
+void placeLegendAbove(QCustomPlot* plot)
+{
+    QCPLegend* legend = plot->legend;
+    legend->setVisible(true);
+    legend->setFont(QFont(plot->font().family(), 8));
+    legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
+    legend->setBorderPen(Qt::NoPen);
+    legend->setBrush(Qt::NoBrush);
+    auto* row = new QCPLayoutGrid;
+    plot->plotLayout()->insertRow(1);
+    plot->plotLayout()->addElement(1, 0, row);
+    plot->plotLayout()->setRowStretchFactor(1, 0.001);
+    row->setMargins(QMargins(0, 0, 0, 0));
+    plot->axisRect()->insetLayout()->take(legend);
+    row->addElement(0, 0, legend);
+}
+
 void addVerticalLine(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double x, const QPen& pen)
 {
     auto* line = new QCPItemStraightLine(plot);
@@ -29,10 +46,15 @@ void setTokenMarkers(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double p
     for (QCPAbstractItem* item : std::as_const(items))
         plot->removeItem(item);
     items.clear();
+    // Each line over a white outline twice its width: visible on every colour of every scale.
+    auto marker = [&](double x, Rgb colour, Qt::PenStyle style) {
+        addVerticalLine(plot, items, x, QPen(toQColor(kMarkerOutlineColor), width + 2, Qt::SolidLine));
+        addVerticalLine(plot, items, x, QPen(toQColor(colour), width, style));
+    };
     if (!std::isnan(prefillBoundary))
-        addVerticalLine(plot, items, prefillBoundary, QPen(toQColor(kPrefillLineColor), width, Qt::SolidLine));
+        marker(prefillBoundary, kPrefillLineColor, Qt::SolidLine);
     for (double d : divergences)
-        addVerticalLine(plot, items, d, QPen(toQColor(kDivergenceLineColor), width, Qt::DashLine));
+        marker(d, kDivergenceLineColor, Qt::DashLine);
 }
 
 }  // namespace kvscope

@@ -1,12 +1,14 @@
 #pragma once
-// What every kvscope plot shares: a title row, and the token markers of the reference tool
-// (red solid line at the prefill/decode boundary, orange dashed lines at divergences).
+// What every kvscope plot shares: a title row, and the token markers (a solid line at the
+// prefill/decode boundary, dashed lines at divergences, colours in analysis/map_spec.h).
 
 #include <qcustomplot.h>
 
 namespace kvscope {
 
 QCPTextElement* addPlotTitle(QCustomPlot* plot, int pointSize);
+// The legend in one row under the title (call after addPlotTitle), never over the data.
+void placeLegendAbove(QCustomPlot* plot);
 
 // Replaces `items` (the previous markers, removed from the plot) by new ones; NaN boundary: none.
 void setTokenMarkers(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double prefillBoundary,

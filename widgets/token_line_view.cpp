@@ -2,6 +2,7 @@
 
 #include "widgets/plot_decorations.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvscope {
@@ -18,8 +19,7 @@ TokenLineView::TokenLineView(QWidget* parent)
     m_actual->setPen(QPen(QColor(214, 39, 40), 1.5));
     m_base->setPen(QPen(QColor(31, 119, 180), 1.2));
     xAxis->setLabel("token");
-    legend->setVisible(true);
-    legend->setFont(QFont(font().family(), 8));
+    placeLegendAbove(this);
     setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
     axisRect()->setRangeZoom(Qt::Horizontal);
     axisRect()->setRangeDrag(Qt::Horizontal);
@@ -40,7 +40,13 @@ void TokenLineView::setSeries(const QVector<double>& actual, const QVector<doubl
     setTokenMarkers(this, m_markers, prefillBoundary, divergences, 1.5);
     if (selected >= 0)
         addVerticalLine(this, m_markers, double(selected), QPen(Qt::black, 1, Qt::DotLine));
-    rescaleAxes();
+    // Fitted to the data with headroom, so no curve touches the frame.
+    double top = 0;
+    for (const QVector<double>* series : {&actual, &base})
+        for (double v : *series)
+            if (std::isfinite(v))
+                top = std::max(top, v);
+    yAxis->setRange(0, top > 0 ? top * 1.1 : 1);
     xAxis->setRange(-0.5, std::max<double>(actual.size(), 1) - 0.5);
     replot(QCustomPlot::rpQueuedReplot);
 }

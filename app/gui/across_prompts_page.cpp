@@ -21,7 +21,9 @@ AcrossPromptsPage::AcrossPromptsPage(AnalysisController* controller, QWidget* pa
     addWidget(m_bars);
     setStretchFactor(0, 3);
     setStretchFactor(1, 1);
+    setObjectName("acrossPrompts");
     connect(m_map, &HeatmapView::cellHovered, this, &AcrossPromptsPage::showTooltip);
+    connect(m_map, &HeatmapView::cellClicked, this, &AcrossPromptsPage::cellChosen);
 }
 
 void AcrossPromptsPage::setPart(KvPart part)
@@ -60,7 +62,7 @@ void AcrossPromptsPage::showTooltip(int row, qint64 g, const QPoint& globalPos)
         return;
     const float bc = a.bcVsNoise[std::size_t(m_part)][std::size_t(row) * std::size_t(a.generationCount) + std::size_t(g)];
     QToolTip::showText(globalPos,
-                       QString("<b>%1</b><br>generation index %2<br>%3 BC vs noise: %4<br>divergences here: %5/%6")
+                       QString("<b>%1</b><br>generation index %2<br>%3 BC vs noise: %4<br>divergences here: %5/%6<br><i>click: the prompt where it is worst</i>")
                            .arg(QString::fromStdString(a.layers[std::size_t(row)]))
                            .arg(g)
                            .arg(kvPartName(m_part), std::isnan(bc) ? tr("no data") : QString::number(bc, 'f', 4))

@@ -1,6 +1,7 @@
 #pragma once
-// The across-prompts page: BC by generation index x layer with divergence counts, and the
-// combined BC per layer.
+// The across-prompts page: BC against the noise floor by generation index x layer with
+// divergence counts, and the combined BC per layer. A click on a cell asks to go to the
+// prompt where that cell is worst.
 
 #include "analysis/analysis_result.h"
 
@@ -22,6 +23,9 @@ public:
     // The analysis is complete: draw it (false when there is nothing to aggregate).
     bool refresh();
     HeatmapView& heatmap() { return *m_map; }
+
+signals:
+    void cellChosen(int layer, qint64 generation);
 
 private:
     void showTooltip(int row, qint64 generation, const QPoint& globalPos);

@@ -11,6 +11,8 @@
 #include <QCheckBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
+#include <QLabel>
+#include <QScrollBar>
 #include <QSortFilterProxyModel>
 #include <QTableView>
 #include <QVBoxLayout>
@@ -23,38 +25,65 @@ DrillDownPanel::DrillDownPanel(QWidget* parent)
     , m_headModel(new HeadTableModel(this))
     , m_headProxy(new QSortFilterProxyModel(this))
     , m_headView(new QTableView)
+    , m_floor(new QLabel)
     , m_histogram(new HistogramView)
     , m_logCounts(new QCheckBox(tr("log counts")))
-    , m_wholeSequence(new QCheckBox(tr("all tokens of the layer")))
+    , m_logErrors(new QCheckBox(tr("log errors")))
+    , m_wholeSequence(new QCheckBox(tr("all tokens")))
     , m_line(new TokenLineView)
     , m_watcher(new QFutureWatcher<std::shared_ptr<HeadErrorHistogram>>(this))
 {
+    setObjectName("drillDown");
     m_headProxy->setSourceModel(m_headModel);
     m_headProxy->setSortRole(Qt::UserRole);
     m_headView->setModel(m_headProxy);
     m_headView->setSortingEnabled(true);
-    m_headView->verticalHeader()->hide();
+    m_headView->setSelectionBehavior(QAbstractItemView::SelectRows);
+    m_headView->setSelectionMode(QAbstractItemView::SingleSelection);
+    m_headView->setTabKeyNavigation(false);  // Tab leaves the table; arrows move within it
     m_headView->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+    m_headView->verticalHeader()->setDefaultSectionSize(m_headView->fontMetrics().height() + 6);
+    m_headView->setWordWrap(false);
+    m_headView->horizontalHeader()->setMinimumSectionSize(30);
+    m_floor->setWordWrap(true);
+    m_logErrors->setChecked(true);
+    m_logErrors->setToolTip(tr("Error axis on a log scale: a fault's errors and dtype noise differ by orders of magnitude"));
+    m_wholeSequence->setToolTip(tr("The histogram of every token of the layer instead of the selected token"));
+
+    auto* tableBox = new QWidget;
+    auto* tableLayout = new QVBoxLayout(tableBox);
+    tableLayout->setContentsMargins(0, 0, 0, 0);
+    tableLayout->addWidget(m_floor);
+    tableLayout->addWidget(m_headView);
 
     auto* histogramBox = new QWidget;
     auto* histogramLayout = new QVBoxLayout(histogramBox);
     histogramLayout->setContentsMargins(0, 0, 0, 0);
     auto* options = new QHBoxLayout;
+    options->addWidget(m_logErrors);
     options->addWidget(m_logCounts);
     options->addWidget(m_wholeSequence);
     options->addStretch();
     histogramLayout->addLayout(options);
     histogramLayout->addWidget(m_histogram);
 
-    addWidget(m_headView);
+    addWidget(tableBox);
     addWidget(histogramBox);
     addWidget(m_line);
-    setStretchFactor(0, 3);
-    setStretchFactor(1, 2);
-    setStretchFactor(2, 2);
+    setStretchFactor(0, 4);
+    setStretchFactor(1, 3);
+    setStretchFactor(2, 3);
+    setSizes({480, 250, 230});
+    for (int i = 0; i < 3; ++i)
+        setCollapsible(i, false);
 
     connect(m_logCounts, &QCheckBox::toggled, m_histogram, &HistogramView::setLogCounts);
+    connect(m_logErrors, &QCheckBox::toggled, m_histogram, &HistogramView::setLogErrors);
     connect(m_wholeSequence, &QCheckBox::toggled, this, &DrillDownPanel::requestHistogram);
+    connect(m_headView->selectionModel(), &QItemSelectionModel::currentRowChanged, this, [this](const QModelIndex& current) {
+        if (!m_selectingRow && current.isValid())
+            showHead(m_headProxy->mapToSource(current).row());
+    });
     connect(m_watcher, &QFutureWatcherBase::finished, this, [this] {
         if (m_watcher->future().resultCount() == 0)
             return;  // dropped: the selection changed since
@@ -64,13 +93,16 @@ DrillDownPanel::DrillDownPanel(QWidget* parent)
             m_histogram->clearHistogram(tr("no histogram: the data could not be read"));
         emit histogramShown();
     });
+    clear(tr("nothing selected"));
 }
 
 void DrillDownPanel::clear(const QString& why)
 {
     m_result.reset();
     m_layer = -1;
+    m_head = -1;
     m_headModel->clear();
+    m_floor->setText(why.isEmpty() ? tr("no cell selected") : why);
     m_watcher->setFuture(QFuture<std::shared_ptr<HeadErrorHistogram>>());  // drop a pending histogram
     m_histogram->clearHistogram(why);
     m_line->clearSeries(why);
@@ -80,58 +112,103 @@ void DrillDownPanel::showCell(std::shared_ptr<const BundleReader> reader, std::s
                               int promptIndex, const HeatmapSpec& spec, int layer, qint64 token)
 {
     const PromptAnalysis& p = result->prompts[std::size_t(promptIndex)];
+    const bool sameCell = m_result == result && m_prompt == promptIndex && m_layer == layer && m_token == token;
+    int head = m_head;
+    if (spec.reduction == HeadReductionKind::OneHead) {
+        head = spec.head;
+    } else if (!sameCell || head < 0) {  // a new cell starts on its worst head
+        heatmapValue(p, spec, layer, token, &head);
+        if (head < 0)
+            head = 0;
+    }
     m_headModel->setCell(result, promptIndex, layer, token);
-    int head = -1;
-    heatmapValue(p, spec, layer, token, &head);
-    if (head < 0)
-        head = spec.reduction == HeadReductionKind::OneHead ? spec.head : 0;
     m_reader = std::move(reader);
     m_result = std::move(result);
+    m_spec = spec;
     m_prompt = promptIndex;
     m_layer = layer;
     m_token = token;
-    m_head = head;
-    m_part = spec.part;
+    showPartColumns();
+    const double floor = m_headModel->noiseFloor(spec.part);
+    m_floor->setText(QString("<b>%1, token %2</b>").arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(layer)]))).arg(token) +
+                     (std::isnan(floor) ? QString()
+                                        : tr(" &middot; %1 noise floor %2 &middot; ratio = L-inf / floor")
+                                              .arg(QString(kvPartName(spec.part)).toUpper())
+                                              .arg(floor, 0, 'g', 4)));
+    m_floor->setToolTip(tr("The noise floor is the cell's largest base (expected vs baseline) L-inf over heads: "
+                           "what bf16 alone does here. A head's ratio is its L-inf over it."));
+    m_head = -1;
+    showHead(head);
+}
 
+void DrillDownPanel::showPartColumns()
+{
+    const KvPart other = m_spec.part == KvPart::K ? KvPart::V : KvPart::K;
+    for (int c : HeadTableModel::columnsOf(m_spec.part))
+        m_headView->setColumnHidden(c, false);
+    for (int c : HeadTableModel::columnsOf(other))
+        m_headView->setColumnHidden(c, true);
+    // The splitter gives the table at least the width of its columns: no horizontal scroll.
+    m_headView->resizeColumnsToContents();
+    int width = 2 * m_headView->frameWidth() + m_headView->verticalHeader()->sizeHint().width() +
+                m_headView->verticalScrollBar()->sizeHint().width();
+    for (int c : HeadTableModel::columnsOf(m_spec.part))
+        width += m_headView->columnWidth(c);
+    m_headView->setMinimumWidth(width);
+}
+
+void DrillDownPanel::showHead(int head)
+{
+    if (!m_result || m_layer < 0 || head < 0 || head >= m_result->prompts[std::size_t(m_prompt)].heads || head == m_head)
+        return;
+    m_head = head;
+    m_selectingRow = true;
+    m_headView->selectRow(m_headProxy->mapFromSource(m_headModel->index(head, 0)).row());
+    m_selectingRow = false;
+    showLine();
+    requestHistogram();
+}
+
+void DrillDownPanel::showLine()
+{
     // The per-token line: the chosen metric of this layer and head across the sequence.
-    const MetricKind kind = spec.metric == HeatmapMetric::RelL2 ? MetricKind::L2
-                          : spec.metric == HeatmapMetric::OneMinusCos ? MetricKind::Cos : MetricKind::Linf;
-    const Metric metric = metricFor(spec.part, kind);
+    const PromptAnalysis& p = m_result->prompts[std::size_t(m_prompt)];
+    const MetricKind kind = m_spec.metric == HeatmapMetric::RelL2 ? MetricKind::L2
+                          : m_spec.metric == HeatmapMetric::OneMinusCos ? MetricKind::Cos : MetricKind::Linf;
+    const Metric metric = metricFor(m_spec.part, kind);
     const auto shown = [&](float v) { return kind == MetricKind::Cos ? 1.0 - v : double(v); };
     QVector<double> actual, base;
     for (qint64 t = 0; t < p.tokens; ++t) {
-        actual << shown(p.value(metric, layer, t, head));
+        actual << shown(p.value(metric, m_layer, t, m_head));
         if (p.threeWay)
-            base << shown(p.value(baseOf(metric), layer, t, head));
+            base << shown(p.value(baseOf(metric), m_layer, t, m_head));
     }
     QVector<double> divergences;
     for (const Divergence& d : p.divergences)
         divergences << double(d.position);
     m_line->setSeries(actual, base,
-                      QString("%1, head %2").arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(layer)]))).arg(head),
-                      QString("%1 %2").arg(kvPartName(spec.part), kind == MetricKind::Cos ? "1 - cos"
-                                                                  : kind == MetricKind::L2 ? "rel. L2" : "rel. L-inf"),
-                      double(p.promptLen) - 0.5, divergences, token);
-    m_headView->selectRow(m_headProxy->mapFromSource(m_headModel->index(head, 0)).row());
-    requestHistogram();
+                      QString("%1, head %2").arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(m_layer)]))).arg(m_head),
+                      QString("%1 %2").arg(kvPartName(m_spec.part), kind == MetricKind::Cos ? "1 - cos"
+                                                                    : kind == MetricKind::L2 ? "rel. L2" : "rel. L-inf"),
+                      double(p.promptLen) - 0.5, divergences, m_token);
 }
 
 void DrillDownPanel::requestHistogram()
 {
-    if (!m_result || m_layer < 0 || !m_reader)
+    if (!m_result || m_layer < 0 || !m_reader || m_head < 0)
         return;
     const PromptAnalysis& p = m_result->prompts[std::size_t(m_prompt)];
     const bool whole = m_wholeSequence->isChecked();
     const qint64 begin = whole ? 0 : m_token, end = whole ? p.tokens : m_token + 1;
-    m_histogramTitle = QString("%1 head %2 %3, %4")
-                           .arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(m_layer)])))
+    m_histogramTitle = QString("head %1 %2, %3")
                            .arg(m_head)
-                           .arg(kvPartName(m_part), whole ? tr("all tokens") : tr("token %1").arg(m_token));
+                           .arg(QString(kvPartName(m_spec.part)).toUpper(), whole ? tr("all tokens") : tr("token %1").arg(m_token));
+    m_histogram->clearHistogram(tr("reading %1").arg(m_histogramTitle));
     // Reading the bundle is work: off the GUI thread.
     auto reader = m_reader;
     const std::string id = p.id, layer = p.layers[std::size_t(m_layer)];
     const int head = m_head;
-    const KvPart part = m_part;
+    const KvPart part = m_spec.part;
     m_watcher->setFuture(QtConcurrent::run([reader, id, layer, head, part, begin, end] {
         try {
             const CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);

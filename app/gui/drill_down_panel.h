@@ -1,7 +1,8 @@
 #pragma once
-// The drill-down under the heatmap for one selected cell: every metric of every head (table),
-// that head's error histograms (computed off the GUI thread), and the metric across the
-// sequence (token line).
+// The drill-down under the heatmap for one selected cell: every metric of every head (table,
+// the current part's columns), that head's error histograms (computed off the GUI thread),
+// and the metric across the sequence (token line). A new cell starts on its worst head;
+// choosing a row of the table shows that head; switching metric or K/V keeps it.
 
 #include "analysis/heatmap_grid.h"
 
@@ -11,6 +12,7 @@
 #include <memory>
 
 class QCheckBox;
+class QLabel;
 class QSortFilterProxyModel;
 class QTableView;
 
@@ -34,19 +36,28 @@ public:
                   int promptIndex, const HeatmapSpec& spec, int layer, qint64 token);
     // Nothing selected: every part empty, saying so.
     void clear(const QString& why = {});
+    void showHead(int head);
+    int head() const { return m_head; }
     HeadTableModel& headTable() { return *m_headModel; }
+    QTableView& headView() { return *m_headView; }
+    HistogramView& histogram() { return *m_histogram; }
+    TokenLineView& line() { return *m_line; }
 
 signals:
     void histogramShown();
 
 private:
     void requestHistogram();
+    void showLine();
+    void showPartColumns();
 
     HeadTableModel* m_headModel;
     QSortFilterProxyModel* m_headProxy;
     QTableView* m_headView;
+    QLabel* m_floor;
     HistogramView* m_histogram;
     QCheckBox* m_logCounts;
+    QCheckBox* m_logErrors;
     QCheckBox* m_wholeSequence;
     TokenLineView* m_line;
     QFutureWatcher<std::shared_ptr<HeadErrorHistogram>>* m_watcher;
@@ -54,11 +65,12 @@ private:
     // The cell shown, for the histogram request.
     std::shared_ptr<const BundleReader> m_reader;
     std::shared_ptr<const AnalysisResult> m_result;
+    HeatmapSpec m_spec;
     int m_prompt = -1;
     int m_layer = -1;
     qint64 m_token = -1;
     int m_head = -1;
-    KvPart m_part = KvPart::K;
+    bool m_selectingRow = false;
 };
 
 }  // namespace kvscope

@@ -8,25 +8,31 @@ namespace kvscope {
 
 namespace {
 
-// Columns after "head": per part, the engine's L-inf, the expected's (base) L-inf, their
-// ratio, then L2 and cos likewise.
+// Per part: the error ratio, the engine's L-inf, the expected's (base) L-inf, then L2 and cos.
 enum class Shown { Actual, Base, Ratio };
 struct Column {
     const char* title;
+    const char* tip;
     KvPart part;
     MetricKind kind;
     Shown shown;
 };
 constexpr MetricKind kLinf = MetricKind::Linf, kL2 = MetricKind::L2, kCos = MetricKind::Cos;
 const Column kColumns[] = {
-    {"k L-inf", KvPart::K, kLinf, Shown::Actual}, {"base k L-inf", KvPart::K, kLinf, Shown::Base},
-    {"k ratio", KvPart::K, kLinf, Shown::Ratio},  {"k L2", KvPart::K, kL2, Shown::Actual},
-    {"base k L2", KvPart::K, kL2, Shown::Base},   {"k cos", KvPart::K, kCos, Shown::Actual},
-    {"v L-inf", KvPart::V, kLinf, Shown::Actual}, {"base v L-inf", KvPart::V, kLinf, Shown::Base},
-    {"v ratio", KvPart::V, kLinf, Shown::Ratio},  {"v L2", KvPart::V, kL2, Shown::Actual},
-    {"base v L2", KvPart::V, kL2, Shown::Base},   {"v cos", KvPart::V, kCos, Shown::Actual},
+    {"ratio", "K relative L-inf / the cell's K noise floor (max base L-inf over heads)", KvPart::K, kLinf, Shown::Ratio},
+    {"L-inf", "K relative L-inf, engine vs reference", KvPart::K, kLinf, Shown::Actual},
+    {"base L-inf", "K relative L-inf, expected vs baseline (dtype noise)", KvPart::K, kLinf, Shown::Base},
+    {"L2", "K relative L2, engine vs reference", KvPart::K, kL2, Shown::Actual},
+    {"base L2", "K relative L2, expected vs baseline", KvPart::K, kL2, Shown::Base},
+    {"cos", "K cosine similarity, engine vs reference", KvPart::K, kCos, Shown::Actual},
+    {"ratio", "V relative L-inf / the cell's V noise floor (max base L-inf over heads)", KvPart::V, kLinf, Shown::Ratio},
+    {"L-inf", "V relative L-inf, engine vs reference", KvPart::V, kLinf, Shown::Actual},
+    {"base L-inf", "V relative L-inf, expected vs baseline (dtype noise)", KvPart::V, kLinf, Shown::Base},
+    {"L2", "V relative L2, engine vs reference", KvPart::V, kL2, Shown::Actual},
+    {"base L2", "V relative L2, expected vs baseline", KvPart::V, kL2, Shown::Base},
+    {"cos", "V cosine similarity, engine vs reference", KvPart::V, kCos, Shown::Actual},
 };
-constexpr int kColumnCount = int(std::size(kColumns)) + 1;
+constexpr int kColumnCount = int(std::size(kColumns));
 
 }  // namespace
 
@@ -48,6 +54,27 @@ void HeadTableModel::clear()
     endResetModel();
 }
 
+QList<int> HeadTableModel::columnsOf(KvPart part)
+{
+    QList<int> columns;
+    for (int c = 0; c < kColumnCount; ++c)
+        if (kColumns[c].part == part)
+            columns << c;
+    return columns;
+}
+
+int HeadTableModel::ratioColumn(KvPart part)
+{
+    return part == KvPart::K ? 0 : 6;
+}
+
+double HeadTableModel::noiseFloor(KvPart part) const
+{
+    if (!m_result || m_prompt < 0 || !m_result->prompts[std::size_t(m_prompt)].threeWay)
+        return std::nan("");
+    return kvscope::noiseFloor(m_result->prompts[std::size_t(m_prompt)], metricFor(part, MetricKind::Linf), m_layer, m_token);
+}
+
 int HeadTableModel::rowCount(const QModelIndex& parent) const
 {
     if (parent.isValid() || !m_result || m_prompt < 0)
@@ -62,15 +89,15 @@ int HeadTableModel::columnCount(const QModelIndex& parent) const
 
 double HeadTableModel::value(int head, int column) const
 {
-    if (!m_result || m_prompt < 0 || column < 1 || column >= kColumnCount)
+    if (!m_result || m_prompt < 0 || column < 0 || column >= kColumnCount)
         return std::nan("");
     const PromptAnalysis& p = m_result->prompts[std::size_t(m_prompt)];
-    const Column& c = kColumns[column - 1];
+    const Column& c = kColumns[column];
     const Metric m = metricFor(c.part, c.kind);
-    if (c.shown == Shown::Ratio) {
-        const float t = p.value(m, m_layer, m_token, head), b = p.value(baseOf(m), m_layer, m_token, head);
-        return std::isnan(t) || std::isnan(b) ? std::nan("") : double(t) / std::max(double(b), 1e-10);
-    }
+    if (c.shown == Shown::Ratio)
+        return p.threeWay ? headErrorRatio(p, m, m_layer, m_token, head) : std::nan("");
+    if (c.shown == Shown::Base && !p.threeWay)
+        return std::nan("");
     return p.value(c.shown == Shown::Base ? baseOf(m) : m, m_layer, m_token, head);
 }
 
@@ -78,12 +105,10 @@ QVariant HeadTableModel::data(const QModelIndex& index, int role) const
 {
     if (!index.isValid() || index.row() >= rowCount() || index.column() >= kColumnCount)
         return {};
-    if (index.column() == 0)
-        return role == Qt::DisplayRole || role == Qt::UserRole ? QVariant(index.row()) : QVariant();
     const double v = value(index.row(), index.column());
     switch (role) {
     case Qt::DisplayRole:
-        return std::isnan(v) ? QStringLiteral("no data") : QString::number(v, 'g', 5);
+        return std::isnan(v) ? QStringLiteral("-") : QString::number(v, 'g', 4);
     case Qt::UserRole:  // sorting: no data sorts last
         return std::isnan(v) ? QVariant(-1e300) : QVariant(v);
     case Qt::TextAlignmentRole:
@@ -97,9 +122,15 @@ QVariant HeadTableModel::data(const QModelIndex& index, int role) const
 
 QVariant HeadTableModel::headerData(int section, Qt::Orientation orientation, int role) const
 {
-    if (orientation != Qt::Horizontal || role != Qt::DisplayRole || section < 0 || section >= kColumnCount)
+    if (orientation == Qt::Vertical && role == Qt::DisplayRole && section >= 0 && section < rowCount())
+        return QStringLiteral("head %1").arg(section);
+    if (orientation != Qt::Horizontal || section < 0 || section >= kColumnCount)
         return QAbstractTableModel::headerData(section, orientation, role);
-    return section == 0 ? QStringLiteral("head") : QString::fromLatin1(kColumns[section - 1].title);
+    if (role == Qt::DisplayRole)
+        return QString::fromLatin1(kColumns[section].title);
+    if (role == Qt::ToolTipRole)
+        return QString::fromLatin1(kColumns[section].tip);
+    return {};
 }
 
 }  // namespace kvscope

@@ -1,6 +1,8 @@
 #pragma once
-// The drill-down's per-head table for one (prompt, token, layer): every metric for K and V,
-// actual and base, and the error ratio. Sortable by the numbers (Qt::UserRole).
+// The drill-down's per-head table for one (prompt, token, layer): per K and V the error ratio
+// (analysis_result.h: the head's L-inf over the cell's noise floor), L-inf and L2, actual and
+// base, and cos. One row per head, the head number in the vertical header (so it stays in
+// view when the table scrolls). Sortable by the numbers (Qt::UserRole).
 
 #include "analysis/analysis_result.h"
 
@@ -26,6 +28,11 @@ public:
 
     // The number shown in (head, column): NaN where there is no data.
     double value(int head, int column) const;
+    // The columns of K or V.
+    static QList<int> columnsOf(KvPart part);
+    static int ratioColumn(KvPart part);
+    // The cell's noise floor (max base L-inf over heads), NaN when two-way.
+    double noiseFloor(KvPart part) const;
 
 private:
     std::shared_ptr<const AnalysisResult> m_result;

@@ -2,8 +2,7 @@
 
 #include "gui/across_prompts_page.h"
 #include "gui/drill_down_panel.h"
-#include "gui/prompt_page.h"
-#include "gui/recent_files_menu.h"
+#include "gui/help_menu.h"
 #include "report/report_writer.h"
 #include "widgets/heatmap_view.h"
 
@@ -17,6 +16,7 @@
 #include <QMimeData>
 #include <QProgressBar>
 #include <QPushButton>
+#include <QSettings>
 #include <QStatusBar>
 #include <QSvgGenerator>
 #include <QTabWidget>
@@ -47,11 +47,18 @@ MainWindow::MainWindow(QWidget* parent)
     statusBar()->addPermanentWidget(m_cancel);
     m_progress->hide();
     m_cancel->hide();
+    m_tabs->setTabEnabled(1, false);
     buildMenus();
     m_settings = m_toolbar->settings();
+    // Tab order: toolbar, heatmap, drill-down (head table, its options), worst cells.
+    setTabOrder(&m_promptPage->heatmap(), &m_promptPage->drillDown().headView());
+    setTabOrder(&m_promptPage->drillDown().headView(), &m_promptPage->worstCellsView());
 
     connect(m_toolbar, &ViewToolbar::settingsChanged, this, &MainWindow::applySettings);
     connect(m_promptPage, &PromptPage::partRequested, this, &MainWindow::setPart);
+    connect(m_promptPage, &PromptPage::autoRangeChosen, m_toolbar, &ViewToolbar::showRange);
+    connect(m_tabs, &QTabWidget::currentChanged, this, [this](int index) { m_toolbar->setAcrossPrompts(index == 1); });
+    connect(m_acrossPage, &AcrossPromptsPage::cellChosen, this, &MainWindow::jumpToPrompt);
     connect(&m_promptPage->drillDown(), &DrillDownPanel::histogramShown, this, &MainWindow::histogramShown);
     connect(m_recent, &RecentFilesMenu::openRequested, this, &MainWindow::openPath);
     connect(m_cancel, &QPushButton::clicked, m_controller, &AnalysisController::cancel);
@@ -64,11 +71,46 @@ MainWindow::MainWindow(QWidget* parent)
         m_progress->hide();
         m_cancel->hide();
         m_status->setText(tr("analysis cancelled: the layers done so far are shown"));
+        if (m_controller->result()) {
+            m_promptPage->onCancelled();
+        } else {  // cancelled before anything was read (an import)
+            m_promptPage->clear(tr("Import cancelled"));
+            setWindowTitle("kvscope");
+        }
     });
-    resize(1500, 950);
+    resize(1400, 900);
+    restoreLayout();
 }
 
 MainWindow::~MainWindow() = default;
+
+void MainWindow::closeEvent(QCloseEvent* event)
+{
+    saveLayout();
+    QMainWindow::closeEvent(event);
+}
+
+QList<QSplitter*> MainWindow::splitters() const
+{
+    return {m_promptPage, &m_promptPage->mapSplitter(), &m_promptPage->drillDown(), m_acrossPage};
+}
+
+// Panel sizes are the user's: remembered across runs.
+void MainWindow::saveLayout() const
+{
+    QSettings settings;
+    settings.setValue("layout/window", saveGeometry());
+    for (const QSplitter* splitter : splitters())
+        settings.setValue("layout/" + splitter->objectName(), splitter->saveState());
+}
+
+void MainWindow::restoreLayout()
+{
+    QSettings settings;
+    restoreGeometry(settings.value("layout/window").toByteArray());
+    for (QSplitter* splitter : splitters())
+        splitter->restoreState(settings.value("layout/" + splitter->objectName()).toByteArray());
+}
 
 HeatmapView& MainWindow::heatmap() { return m_promptPage->heatmap(); }
 HeatmapView& MainWindow::aggregateHeatmap() { return m_acrossPage->heatmap(); }
@@ -105,6 +147,32 @@ void MainWindow::buildMenus()
     exportMenu->addAction(tr("HTML report..."), this, &MainWindow::exportReport);
     file->addSeparator();
     file->addAction(tr("&Quit"), QKeySequence::Quit, qApp, &QApplication::quit);
+
+    QMenu* view = menuBar()->addMenu(tr("&View"));
+    QAction* resetZoom = view->addAction(tr("&Reset zoom"), this, [this] {
+        (m_tabs->currentIndex() == 1 ? aggregateHeatmap() : heatmap()).resetZoom();
+    });
+    resetZoom->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_0));
+    resetZoom->setToolTip(tr("Reset zoom (Home, Ctrl+0, double-click)"));
+    m_toolbar->addSeparator();
+    m_toolbar->addAction(resetZoom);
+    view->addSeparator();
+    view->addAction(tr("&Keys (K)"), QKeySequence(Qt::Key_K), this, [this] { setPart(KvPart::K); });
+    view->addAction(tr("&Values (V)"), QKeySequence(Qt::Key_V), this, [this] { setPart(KvPart::V); });
+    QMenu* metrics = view->addMenu(tr("&Metric"));
+    int key = Qt::Key_1;
+    for (HeatmapMetric m : {HeatmapMetric::RelLinf, HeatmapMetric::RelL2, HeatmapMetric::OneMinusCos,
+                            HeatmapMetric::ErrorRatio, HeatmapMetric::BcVsNoise, HeatmapMetric::Bc})
+        metrics->addAction(QString::fromStdString(heatmapMetricShortName(m)), QKeySequence(key++), this,
+                           [this, m] { setMetric(m); });
+    view->addSeparator();
+    view->addAction(tr("&Previous prompt"), QKeySequence(Qt::CTRL | Qt::Key_PageUp), this, [this] { m_toolbar->stepPrompt(-1); });
+    view->addAction(tr("&Next prompt"), QKeySequence(Qt::CTRL | Qt::Key_PageDown), this, [this] { m_toolbar->stepPrompt(1); });
+    view->addSeparator();
+    view->addAction(tr("Per &prompt"), QKeySequence(Qt::CTRL | Qt::Key_1), this, [this] { showAcrossPrompts(false); });
+    view->addAction(tr("&Across prompts"), QKeySequence(Qt::CTRL | Qt::Key_2), this, [this] { showAcrossPrompts(true); });
+
+    menuBar()->addMenu(new HelpMenu(this));
 }
 
 void MainWindow::applySettings(const ViewSettings& settings)
@@ -123,8 +191,12 @@ void MainWindow::openPath(const QString& path)
     m_progress->setRange(0, 0);
     m_progress->show();
     m_cancel->show();
-    m_promptPage->clear();
-    m_recent->add(path);
+    // The previous bundle's views go now: nothing stale stays on screen while this one loads.
+    m_promptPage->clear(tr("Opening %1 ...").arg(QFileInfo(path).fileName()));
+    m_tabs->setTabEnabled(1, false);
+    m_tabs->setCurrentIndex(0);
+    m_toolbar->setPrompts({}, 0, false);
+    setWindowTitle("kvscope");
     m_controller->open(path);
 }
 
@@ -132,9 +204,10 @@ void MainWindow::onOpened()
 {
     const auto result = m_controller->result();
     setWindowTitle("kvscope - " + QFileInfo(m_controller->path()).fileName());
+    m_recent->add(m_controller->path());  // only what opened
     QStringList prompts;
     for (const PromptAnalysis& p : result->prompts)
-        prompts << QString("%1 (%2, %3 tokens)").arg(QString::fromStdString(p.id), p.threeWay ? "3-way" : "2-way").arg(p.tokens);
+        prompts << QString("%1 (%2 tokens%3)").arg(QString::fromStdString(p.id)).arg(p.tokens).arg(p.threeWay ? "" : ", 2-way");
     m_settings.prompt = -1;  // whatever the toolbar says next is a new prompt
     m_toolbar->setPrompts(prompts, result->prompts.empty() ? 0 : result->prompts.front().heads,
                           !result->prompts.empty() && result->prompts.front().threeWay);
@@ -167,6 +240,9 @@ void MainWindow::onFailed(const QString& message)
     m_cancel->hide();
     m_status->setText(tr("could not open: %1").arg(message));
     m_recent->remove(m_controller->path());
+    m_promptPage->clear(tr("Could not open %1 (see the message)").arg(QFileInfo(m_controller->path()).fileName()));
+    m_tabs->setTabEnabled(1, false);
+    setWindowTitle("kvscope");
     auto* box = new QMessageBox(QMessageBox::Critical, tr("kvscope"), tr("This capture cannot be analysed."),
                                 QMessageBox::Ok, this);
     box->setInformativeText(message);
@@ -181,9 +257,15 @@ void MainWindow::exportReport()
         QMessageBox::information(this, tr("Report"), tr("Wait for the analysis to finish."));
         return;
     }
-    const QString dir = QFileDialog::getExistingDirectory(this, tr("Write the report into"));
-    if (dir.isEmpty())
+    // A folder to create or reuse: a save dialog accepts a name that does not exist yet.
+    QFileDialog dialog(this, tr("Write the report into the folder"));
+    dialog.setAcceptMode(QFileDialog::AcceptSave);
+    dialog.setFileMode(QFileDialog::AnyFile);
+    dialog.setOption(QFileDialog::ShowDirsOnly);
+    dialog.selectFile("kvscope-report");
+    if (dialog.exec() != QDialog::Accepted || dialog.selectedFiles().isEmpty())
         return;
+    const QString dir = dialog.selectedFiles().first();
     // The PNG images are drawn by the heatmap widget, which lives on this thread.
     QApplication::setOverrideCursor(Qt::WaitCursor);
     try {
@@ -222,12 +304,49 @@ bool MainWindow::exportView(const QString& path)
 
 void MainWindow::showAcrossPrompts(bool across)
 {
-    m_tabs->setCurrentIndex(across ? 1 : 0);
+    if (!across || m_tabs->isTabEnabled(1))
+        m_tabs->setCurrentIndex(across ? 1 : 0);
+}
+
+void MainWindow::jumpToPrompt(int layer, qint64 generation)
+{
+    // An across-prompts cell pools every prompt: go to the one that is worst there.
+    const auto result = m_controller->result();
+    if (!result || !result->aggregate)
+        return;
+    const KvPart part = m_settings.map.part;
+    int best = -1;
+    qint64 bestToken = -1;
+    float bestBc = 2;
+    for (int i = 0; i < int(result->prompts.size()); ++i) {
+        const PromptAnalysis& p = result->prompts[std::size_t(i)];
+        const qint64 token = p.promptLen + generation;
+        if (!p.threeWay || layer >= int(p.layers.size()) || token >= p.tokens)
+            continue;
+        const float bc = p.bcVsNoiseValue(part, layer, token);
+        if (best < 0 || (!std::isnan(bc) && bc < bestBc)) {
+            best = i;
+            bestToken = token;
+            bestBc = std::isnan(bc) ? bestBc : bc;
+        }
+    }
+    if (best < 0)
+        return;
+    showAcrossPrompts(false);
+    setPrompt(best);
+    selectCell(layer, bestToken);
+    m_promptPage->heatmap().setFocus();
+    m_status->setText(tr("%1 at generation index %2 is worst in prompt %3 (token %4)")
+                          .arg(QString::fromStdString(result->prompts[std::size_t(best)].layers[std::size_t(layer)]))
+                          .arg(generation)
+                          .arg(QString::fromStdString(result->prompts[std::size_t(best)].id))
+                          .arg(bestToken));
 }
 
 void MainWindow::keyPressEvent(QKeyEvent* event)
 {
-    if (!m_promptPage->moveSelection(event->key()))
+    // Arrows that reach the window (no focused widget took them) move the selection.
+    if (m_tabs->currentIndex() != 0 || !m_promptPage->moveSelection(event->key()))
         QMainWindow::keyPressEvent(event);
 }
 

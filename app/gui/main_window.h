@@ -4,6 +4,8 @@
 // page, the recent-files menu, the status bar; the controller does the work off this thread.
 
 #include "gui/analysis_controller.h"
+#include "gui/prompt_page.h"
+#include "gui/recent_files_menu.h"
 #include "gui/view_toolbar.h"
 
 #include <QMainWindow>
@@ -11,6 +13,7 @@
 class QLabel;
 class QProgressBar;
 class QPushButton;
+class QSplitter;
 class QTabWidget;
 
 namespace kvscope {
@@ -18,8 +21,6 @@ namespace kvscope {
 class AcrossPromptsPage;
 class HeadTableModel;
 class HeatmapView;
-class PromptPage;
-class RecentFilesMenu;
 class WorstCellsModel;
 
 class MainWindow : public QMainWindow {
@@ -42,6 +43,10 @@ public:
     void setPrompt(int index) { m_toolbar->setPrompt(index); }
     void setMetric(HeatmapMetric metric) { m_toolbar->setMetric(metric); }
     void setPart(KvPart part) { m_toolbar->setPart(part); }
+    ViewToolbar& toolbar() { return *m_toolbar; }
+    PromptPage& promptPage() { return *m_promptPage; }
+    AcrossPromptsPage& acrossPage() { return *m_acrossPage; }
+    RecentFilesMenu& recentFiles() { return *m_recent; }
     void selectCell(int layer, qint64 token);
     int selectedLayer() const;
     qint64 selectedToken() const;
@@ -55,6 +60,7 @@ protected:
     void dragEnterEvent(QDragEnterEvent* event) override;
     void dropEvent(QDropEvent* event) override;
     void keyPressEvent(QKeyEvent* event) override;
+    void closeEvent(QCloseEvent* event) override;
 
 private:
     void buildMenus();
@@ -64,6 +70,10 @@ private:
     void onFinished();
     void onFailed(const QString& message);
     void exportReport();
+    void jumpToPrompt(int layer, qint64 generation);
+    QList<QSplitter*> splitters() const;
+    void saveLayout() const;
+    void restoreLayout();
 
     AnalysisController* m_controller;
     ViewToolbar* m_toolbar;

@@ -9,6 +9,7 @@
 
 #include <QHeaderView>
 #include <QLabel>
+#include <QMenu>
 #include <QTableView>
 #include <QTimer>
 #include <QToolTip>
@@ -24,41 +25,80 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_controller(controller)
     , m_heatmap(new HeatmapView)
     , m_drill(new DrillDownPanel)
+    , m_vertical(new QSplitter(Qt::Vertical))
     , m_worstModel(new WorstCellsModel(this))
     , m_worstView(new QTableView)
+    , m_worstTitle(new QLabel)
     , m_problems(new QLabel)
     , m_poolTimer(new QTimer(this))
     , m_layerTimer(new QTimer(this))
 {
+    setObjectName("promptPage");
+    m_vertical->setObjectName("mapAndDrillDown");
     m_worstView->setModel(m_worstModel);
     m_worstView->verticalHeader()->hide();
     m_worstView->setSelectionBehavior(QAbstractItemView::SelectRows);
+    m_worstView->setSelectionMode(QAbstractItemView::SingleSelection);
+    m_worstView->setTabKeyNavigation(false);
+    m_worstView->setWordWrap(false);
     m_worstView->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+    m_worstView->horizontalHeader()->setMinimumSectionSize(36);
+    m_worstView->verticalHeader()->setDefaultSectionSize(m_worstView->fontMetrics().height() + 6);
+    m_worstTitle->setWordWrap(true);
     m_problems->setWordWrap(true);
     m_problems->setStyleSheet("color: #a00;");
     auto* side = new QWidget;
+    side->setMinimumWidth(310);
     auto* sideLayout = new QVBoxLayout(side);
     sideLayout->setContentsMargins(0, 0, 0, 0);
-    sideLayout->addWidget(new QLabel(tr("<b>Worst cells</b> (three-way: by error ratio)")));
+    sideLayout->addWidget(m_worstTitle);
     sideLayout->addWidget(m_worstView);
     sideLayout->addWidget(m_problems);
 
-    auto* vertical = new QSplitter(Qt::Vertical);
-    vertical->addWidget(m_heatmap);
-    vertical->addWidget(m_drill);
-    vertical->setStretchFactor(0, 3);
-    vertical->setStretchFactor(1, 2);
-    vertical->setSizes({560, 330});
-    addWidget(vertical);
+    m_vertical->addWidget(m_heatmap);
+    m_vertical->addWidget(m_drill);
+    m_vertical->setStretchFactor(0, 3);
+    m_vertical->setStretchFactor(1, 2);
+    m_vertical->setSizes({450, 300});
+    m_vertical->setCollapsible(0, false);
+    addWidget(m_vertical);
     addWidget(side);
     setStretchFactor(0, 4);
     setStretchFactor(1, 1);
+    setCollapsible(0, false);
+    setSizes({1000, 320});
 
     m_poolTimer->setSingleShot(true);
     m_poolTimer->setInterval(40);  // coalesce zoom and pan into one re-pooling
     connect(m_heatmap, &HeatmapView::cellClicked, this, &PromptPage::selectCell);
-    connect(m_heatmap, &HeatmapView::cellHovered, this, &PromptPage::showTooltip);
+    connect(m_heatmap, &HeatmapView::cellHovered, this, [this](int row, qint64 token, const QPoint& at) {
+        QString text = cellTooltip(row, token);
+        const HeatmapGrid& shown = m_heatmap->grid();
+        if (!text.isEmpty() && shown.tokensPerColumn > 1 && row < shown.rows) {
+            // Zoomed out, a pixel column shows the worst of its tokens.
+            const qint64 column = (token - shown.firstToken) / shown.tokensPerColumn;
+            const qint64 first = shown.firstToken + column * shown.tokensPerColumn;
+            if (column >= 0 && column < shown.columns)
+                text += tr("<br><i>this column shows the worst of tokens %1-%2: %3</i>")
+                            .arg(first)
+                            .arg(first + shown.tokensPerColumn - 1)
+                            .arg(shown.at(row, column), 0, 'g', 4);
+        }
+        if (!text.isEmpty())
+            QToolTip::showText(at, text, m_heatmap);
+    });
     connect(m_heatmap, &HeatmapView::visibleTokensChanged, m_poolTimer, qOverload<>(&QTimer::start));
+    connect(m_heatmap, &HeatmapView::keyPressed, this, [this](int key) {
+        if (key == Qt::Key_Escape)
+            clearSelection();
+        else if (key == Qt::Key_Return || key == Qt::Key_Enter)
+            m_drill->setFocus();  // on to the selected cell's heads
+        else if (m_layer < 0)
+            selectCell(0, 0);  // the first arrow press starts at the top left
+        else
+            moveSelection(key);
+    });
+    connect(m_heatmap, &HeatmapView::contextMenuRequested, this, &PromptPage::showContextMenu);
     connect(m_poolTimer, &QTimer::timeout, this, &PromptPage::refreshPooling);
     // Layers finish faster than a map is worth redrawing: the first at once, then at most
     // every 100 ms (each redraw rebuilds the whole grid).
@@ -70,11 +110,18 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
             m_layerTimer->start();
         }
     });
-    connect(m_worstView, &QTableView::clicked, this, [this](const QModelIndex& index) {
-        const WorstCell& c = m_worstModel->cell(index.row());
-        emit partRequested(c.part);
-        selectCell(c.layer, c.token);
+    // The list follows the keyboard: moving the highlight shows that cell; Enter goes to the map.
+    connect(m_worstView->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
+            [this](const QModelIndex& current) {
+                if (current.isValid())
+                    followWorstCell(current.row());
+            });
+    connect(m_worstView, &QTableView::activated, this, [this](const QModelIndex& index) {
+        followWorstCell(index.row());
+        m_heatmap->setFocus();
     });
+    connect(m_worstView, &QTableView::clicked, this, [this](const QModelIndex& index) { followWorstCell(index.row()); });
+    clear(tr("Open a capture bundle: File > Open (Ctrl+O), or drop one here"));
 }
 
 const PromptAnalysis* PromptPage::prompt() const
@@ -88,7 +135,6 @@ const PromptAnalysis* PromptPage::prompt() const
 void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
 {
     m_settings = settings;
-    m_heatmap->setScale(scaleOf(settings.map.metric), toQcpRange(settings.range), settings.logarithmic);
     if (promptChanged) {
         m_layer = -1;
         m_heatmap->setSelection(-1, 0);
@@ -97,12 +143,15 @@ void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
         refreshSummary();
     }
     refreshHeatmap();
+    if (promptChanged && m_layer < 0)
+        selectWorstCell();  // a new prompt starts where it is worst, as a new bundle does
     refreshDrillDown();
 }
 
 void PromptPage::onOpened()
 {
     m_layer = -1;
+    m_cancelled = false;
     m_heatmap->setSelection(-1, 0);
     m_drill->clear(tr("click a cell of the heatmap"));
     m_worstModel->setCells(nullptr, {});
@@ -128,24 +177,46 @@ void PromptPage::onFinished()
     m_layerPending = false;
     refreshHeatmap();
     refreshSummary();
-    if (m_layer >= 0) {
+    if (m_layer >= 0)
         refreshDrillDown();
-    } else if (m_worstModel->rowCount() > 0) {  // start where it is worst
-        const WorstCell& c = m_worstModel->cell(0);
-        emit partRequested(c.part);
-        selectCell(c.layer, c.token);
-    }
+    else
+        selectWorstCell();
 }
 
-void PromptPage::clear()
+void PromptPage::onCancelled()
+{
+    // The layers done so far are final: show them, rank their cells, mark the rest.
+    m_cancelled = true;
+    onFinished();
+}
+
+void PromptPage::selectWorstCell()
+{
+    if (m_worstModel->rowCount() > 0)
+        followWorstCell(0);
+}
+
+void PromptPage::followWorstCell(int row)
+{
+    if (row < 0 || row >= m_worstModel->rowCount() || m_followingList)
+        return;
+    const WorstCell c = m_worstModel->cell(row);
+    m_followingList = true;  // switching K/V rebuilds views, not this list
+    emit partRequested(c.part);
+    selectCell(c.layer, c.token);
+    m_worstView->selectRow(row);
+    m_followingList = false;
+}
+
+void PromptPage::clear(const QString& message)
 {
     m_layer = -1;
     m_fullGrid = {};
-    m_heatmap->setGrid({});
-    m_heatmap->setSelection(-1, 0);
+    m_heatmap->showEmpty(message);
     m_worstModel->setCells(nullptr, {});
+    m_worstTitle->setText(tr("<b>Worst cells</b>"));
     m_problems->clear();
-    m_drill->clear();
+    m_drill->clear(tr("nothing open"));
 }
 
 void PromptPage::refreshHeatmap()
@@ -154,11 +225,22 @@ void PromptPage::refreshHeatmap()
     if (!p)
         return;
     const BundleReader& reader = *m_controller->reader();
-    m_fullGrid = buildHeatmap(*p, m_settings.map, &m_controller->readyLayers());
+    const std::vector<char>& ready = m_controller->readyLayers();
+    m_fullGrid = buildHeatmap(*p, m_settings.map, &ready);
     MapSpec spec = promptMapSpec(reader.config(), *p, reader.prompt(p->id), m_settings.map);
-    spec.range = m_settings.range;
+    ValueRange range = m_settings.range;
+    if (m_settings.autoRange) {
+        range = dataRange(*p, m_settings.map, m_settings.logarithmic, &ready);
+        emit autoRangeChosen(range);
+    } else if (m_settings.logarithmic && !(range.lower > 0)) {
+        // A log scale cannot start at 0: from the data's smallest values instead.
+        range.lower = std::min(dataRange(*p, m_settings.map, true, &ready).lower, range.upper / 10);
+    }
+    spec.range = range;
+    m_heatmap->setGrid({});  // leaves the empty state before the labels are laid out
     m_heatmap->showMap(spec);
-    m_heatmap->setScale(spec.scale, toQcpRange(m_settings.range), m_settings.logarithmic);
+    m_heatmap->setScale(spec.scale, toQcpRange(range), m_settings.logarithmic);
+    m_heatmap->setPendingRows(ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."));
     refreshPooling();
 }
 
@@ -182,6 +264,15 @@ void PromptPage::selectCell(int layer, qint64 token)
     m_layer = layer;
     m_token = token;
     m_heatmap->setSelection(layer, token);
+    m_heatmap->ensureVisible(layer, token);
+    refreshDrillDown();
+}
+
+void PromptPage::clearSelection()
+{
+    m_layer = -1;
+    m_heatmap->setSelection(-1, 0);
+    m_worstView->clearSelection();
     refreshDrillDown();
 }
 
@@ -189,11 +280,11 @@ void PromptPage::refreshDrillDown()
 {
     const PromptAnalysis* p = prompt();
     if (!p || m_layer < 0) {
-        m_drill->clear(tr("click a cell of the heatmap"));
+        m_drill->clear(tr("no cell selected: click the heatmap or a worst cell"));
         return;
     }
     if (!m_controller->layerReady(m_layer)) {
-        m_drill->clear(tr("this layer is not analysed yet"));
+        m_drill->clear(m_controller->isRunning() ? tr("this layer is not analysed yet") : tr("this layer was not analysed"));
         return;
     }
     m_drill->showCell(m_controller->reader(), m_controller->result(), m_settings.prompt, m_settings.map, m_layer, m_token);
@@ -204,45 +295,67 @@ void PromptPage::refreshSummary()
     const PromptAnalysis* p = prompt();
     if (!p)
         return;
+    m_worstTitle->setText(p->threeWay ? tr("<b>Worst cells</b>, by error ratio (L-inf / noise floor)")
+                                      : tr("<b>Worst cells</b>, by relative L-inf (two-way)"));
+    // Cells of unfinished layers are still being written: rank once the analysis is over.
     if (!m_controller->isRunning())
-        m_worstModel->setCells(p, kvscope::worstCells(*p, 100));
+        m_worstModel->setCells(p, kvscope::worstCells(*p, 100, &m_controller->readyLayers()));
     // Problems are appended by the workers while they run: read them once the analysis is over.
     QStringList problems;
     for (const std::string& s : m_controller->result()->problems)
-        problems << QString::fromStdString(s);
+        problems << QString::fromStdString(s).toHtmlEscaped();
     if (!m_controller->isRunning()) {
         for (const std::string& s : p->problems)
-            problems << QString::fromStdString(s);
+            problems << QString::fromStdString(s).toHtmlEscaped();
         if (!p->nonFinite.empty())
             problems << tr("%1 cell(s) hold NaN or infinity in their input").arg(p->nonFinite.size());
     }
     m_problems->setText(problems.isEmpty() ? QString() : tr("<b>Could not analyse everything:</b><br>") + problems.join("<br>"));
 }
 
-void PromptPage::showTooltip(int row, qint64 token, const QPoint& globalPos)
+QString PromptPage::cellTooltip(int row, qint64 token) const
 {
     const PromptAnalysis* p = prompt();
-    if (!p || !m_controller->layerReady(row))
-        return;
-    const HeatmapSpec& s = m_settings.map;
-    int head = -1;
-    const float value = heatmapValue(*p, s, row, token, &head);
+    if (!p || row < 0 || row >= int(p->layers.size()) || token < 0 || token >= p->tokens)
+        return {};
     const PromptInfo& info = m_controller->reader()->prompt(p->id);
     QString text = QString("<b>%1</b><br>token %2").arg(QString::fromStdString(p->layers[std::size_t(row)])).arg(token);
     if (std::size_t(token) < info.tokenStrings.size())
         text += QString(" '%1'").arg(QString::fromStdString(info.tokenStrings[std::size_t(token)]).toHtmlEscaped());
     text += token < p->promptLen ? tr(" (prefill)") : tr(" (decode)");
-    text += QString("<br>%1: %2").arg(QString::fromStdString(heatmapMetricName(s.metric)),
-                                      std::isnan(value) ? tr("no data") : QString::number(value, 'g', 5));
+    for (const Divergence& d : p->divergences)
+        if (d.position == token) {
+            text += tr("<br><b>divergence</b>");
+            if (d.logitGap && d.ulpBound)
+                text += tr(": logit gap %1, %2 the bf16 bound %3")
+                            .arg(*d.logitGap, 0, 'g', 4)
+                            .arg(d.inBounds.value_or(false) ? tr("within") : tr("beyond"))
+                            .arg(*d.ulpBound, 0, 'g', 4);
+            else
+                text += tr(" (recorded; no logits to bound it)");
+        }
+    if (!m_controller->layerReady(row))
+        return text + (m_controller->isRunning() ? tr("<br>not analysed yet") : tr("<br>not analysed"));
+    const HeatmapSpec& s = m_settings.map;
+    int head = -1;
+    const float value = heatmapValue(*p, s, row, token, &head);
+    text += QString("<br>%1: <b>%2</b>").arg(QString::fromStdString(mapMetricLabel(s)),
+                                             std::isnan(value) ? tr("no data") : QString::number(value, 'g', 4));
+    if (const float noise = heatmapBaseValue(*p, s, row, token); !std::isnan(noise))
+        text += tr("<br>dtype noise here (expected vs baseline): %1").arg(noise, 0, 'g', 4);
     if (head >= 0) {
         const Metric m = metricFor(s.part, MetricKind::Linf);
-        text += tr("<br>worst head %1: actual L-inf %2").arg(head).arg(p->value(m, row, token, head), 0, 'g', 4);
+        text += tr("<br>head %1: L-inf %2").arg(head).arg(p->value(m, row, token, head), 0, 'g', 4);
         if (p->threeWay)
-            text += tr(", expected (base) %1").arg(p->value(baseOf(m), row, token, head), 0, 'g', 4);
+            text += tr(", ratio %1 (noise floor %2)")
+                        .arg(headErrorRatio(*p, m, row, token, head), 0, 'g', 4)
+                        .arg(noiseFloor(*p, m, row, token), 0, 'g', 4);
     }
     if (p->threeWay)
-        text += QString("<br>BC K %1, V %2").arg(p->bcValue(KvPart::K, row, token), 0, 'g', 4).arg(p->bcValue(KvPart::V, row, token), 0, 'g', 4);
-    QToolTip::showText(globalPos, text, m_heatmap);
+        text += tr("<br>BC vs noise K %1, V %2")
+                    .arg(p->bcVsNoiseValue(KvPart::K, row, token), 0, 'g', 4)
+                    .arg(p->bcVsNoiseValue(KvPart::V, row, token), 0, 'g', 4);
+    return text;
 }
 
 bool PromptPage::moveSelection(int key)
@@ -265,6 +378,15 @@ bool PromptPage::moveSelection(int key)
     default:
         return false;
     }
+}
+
+void PromptPage::showContextMenu(const QPoint& globalPos)
+{
+    QMenu menu;
+    menu.addAction(tr("Reset zoom\tHome"), m_heatmap, &HeatmapView::resetZoom);
+    QAction* clearSelection = menu.addAction(tr("Clear selection\tEsc"), this, &PromptPage::clearSelection);
+    clearSelection->setEnabled(m_layer >= 0);
+    menu.exec(globalPos);
 }
 
 }  // namespace kvscope

@@ -1,7 +1,7 @@
 #pragma once
 // The per-prompt page: the layer x token heatmap over the drill-down, and at the side the
 // worst cells and what could not be analysed. It shows the controller's analysis of one
-// prompt as ViewSettings say.
+// prompt as ViewSettings say; every panel shows the selected cell or says there is none.
 
 #include "analysis/heatmap_grid.h"
 #include "gui/view_toolbar.h"
@@ -27,24 +27,33 @@ public:
 
     // New settings; `promptChanged`: the selection and zoom start over.
     void apply(const ViewSettings& settings, bool promptChanged);
-    // A bundle was opened, or more of it was analysed, or all of it.
+    // A bundle was opened, or more of it was analysed, or all of it, or the rest cancelled.
     void onOpened();
     void onLayerFinished();
     void onFinished();
-    void clear();  // nothing open
+    void onCancelled();
+    // Nothing open: every panel empty, `message` on the map.
+    void clear(const QString& message);
 
     void selectCell(int layer, qint64 token);
+    void clearSelection();
     // Arrow keys move the selected cell; false for other keys or without a selection.
     bool moveSelection(int key);
     int selectedLayer() const { return m_layer; }
     qint64 selectedToken() const { return m_token; }
+    // What hovering a cell shows.
+    QString cellTooltip(int layer, qint64 token) const;
     HeatmapView& heatmap() { return *m_heatmap; }
     DrillDownPanel& drillDown() { return *m_drill; }
     WorstCellsModel& worstCells() { return *m_worstModel; }
+    QTableView& worstCellsView() { return *m_worstView; }
+    QSplitter& mapSplitter() { return *m_vertical; }
 
 signals:
     // A worst cell of the other part (K/V) was chosen: the toolbar should switch.
     void partRequested(KvPart part);
+    // The colour range the map uses when the settings leave it to the data.
+    void autoRangeChosen(ValueRange range);
 
 private:
     const PromptAnalysis* prompt() const;
@@ -52,17 +61,23 @@ private:
     void refreshPooling();
     void refreshSummary();
     void refreshDrillDown();
-    void showTooltip(int row, qint64 token, const QPoint& globalPos);
+    void followWorstCell(int row);
+    void selectWorstCell();
+    void showContextMenu(const QPoint& globalPos);
 
     AnalysisController* m_controller;
     HeatmapView* m_heatmap;
     DrillDownPanel* m_drill;
+    QSplitter* m_vertical;
     WorstCellsModel* m_worstModel;
     QTableView* m_worstView;
+    QLabel* m_worstTitle;
     QLabel* m_problems;
     QTimer* m_poolTimer;
     QTimer* m_layerTimer;  // coalesces the redraws as layers finish
     bool m_layerPending = false;
+    bool m_cancelled = false;
+    bool m_followingList = false;
     ViewSettings m_settings;
     HeatmapGrid m_fullGrid;
     int m_layer = -1;

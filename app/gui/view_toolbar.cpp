@@ -20,26 +20,35 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     , m_min(new QDoubleSpinBox)
     , m_max(new QDoubleSpinBox)
     , m_log(new QCheckBox(tr("log")))
+    , m_auto(new QPushButton(tr("auto range")))
 {
     setObjectName("view");
-    m_prompt->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+    for (QComboBox* box : {m_prompt, m_metric, m_reduction})
+        box->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+    m_prompt->setToolTip(tr("Prompt (Page Up / Page Down)"));
     m_part->addItem("K", int(KvPart::K));
     m_part->addItem("V", int(KvPart::V));
+    m_part->setToolTip(tr("Keys or values (K, V)"));
     for (HeatmapMetric m : {HeatmapMetric::RelLinf, HeatmapMetric::RelL2, HeatmapMetric::OneMinusCos,
                             HeatmapMetric::ErrorRatio, HeatmapMetric::BcVsNoise, HeatmapMetric::Bc})
         m_metric->addItem(QString::fromStdString(heatmapMetricShortName(m)), int(m));
+    m_metric->setToolTip(tr("Metric (keys 1-6)"));
     m_reduction->addItem(tr("max over heads"), int(HeadReductionKind::Max));
     m_reduction->addItem(tr("mean over heads"), int(HeadReductionKind::Mean));
     m_reduction->addItem(tr("one head"), int(HeadReductionKind::OneHead));
     m_head->setPrefix(tr("head "));
     m_head->setEnabled(false);
     for (QDoubleSpinBox* box : {m_min, m_max}) {
-        box->setDecimals(5);
+        box->setDecimals(6);
         box->setRange(0, 1e9);
         box->setSingleStep(0.01);
         box->setKeyboardTracking(false);
+        box->setMaximumWidth(100);
     }
-    auto* defaults = new QPushButton(tr("default range"));
+    m_auto->setToolTip(tr("Colour range from the data: up to twice the dtype noise's 99th percentile (errors), "
+                          "0..3 (ratio), 0..1 (BC)"));
+    m_auto->setCheckable(true);
+    m_auto->setChecked(true);
     addWidget(new QLabel(tr(" prompt ")));
     addWidget(m_prompt);
     addWidget(m_part);
@@ -52,23 +61,23 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     addWidget(new QLabel(" .. "));
     addWidget(m_max);
     addWidget(m_log);
-    addWidget(defaults);
-    resetRange();
+    addWidget(m_auto);
 
     for (QComboBox* box : {m_prompt, m_part, m_reduction})
         connect(box, qOverload<int>(&QComboBox::currentIndexChanged), this, &ViewToolbar::emitChanged);
     connect(m_metric, qOverload<int>(&QComboBox::currentIndexChanged), this, [this] {
-        resetRange();  // each metric has its own scale
+        m_autoRange = true;  // each metric has its own scale
         emitChanged();
     });
     connect(m_head, qOverload<int>(&QSpinBox::valueChanged), this, &ViewToolbar::emitChanged);
     for (QDoubleSpinBox* box : {m_min, m_max})
-        connect(box, qOverload<double>(&QDoubleSpinBox::valueChanged), this, &ViewToolbar::emitChanged);
+        connect(box, qOverload<double>(&QDoubleSpinBox::valueChanged), this, [this] {
+            m_autoRange = false;  // the user's range stays until "auto range"
+            emitChanged();
+        });
     connect(m_log, &QCheckBox::toggled, this, &ViewToolbar::emitChanged);
-    connect(defaults, &QPushButton::clicked, this, [this] {
-        resetRange();
-        const QSignalBlocker block(m_log);
-        m_log->setChecked(false);
+    connect(m_auto, &QPushButton::clicked, this, [this] {
+        m_autoRange = true;
         emitChanged();
     });
 }
@@ -82,6 +91,7 @@ ViewSettings ViewToolbar::settings() const
     s.map.reduction = HeadReductionKind(m_reduction->currentData().toInt());
     s.map.head = m_head->value();
     s.range = {m_min->value(), std::max(m_max->value(), m_min->value() + 1e-9)};
+    s.autoRange = m_autoRange;
     s.logarithmic = m_log->isChecked();
     return s;
 }
@@ -94,7 +104,7 @@ void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWa
         m_prompt->addItems(prompts);
         m_head->setRange(0, std::max(0, heads - 1));
         m_metric->setCurrentIndex(m_metric->findData(int(threeWay ? HeatmapMetric::ErrorRatio : HeatmapMetric::RelLinf)));
-        resetRange();
+        m_autoRange = true;
     }
     emitChanged();
 }
@@ -102,6 +112,13 @@ void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWa
 void ViewToolbar::setPrompt(int index)
 {
     m_prompt->setCurrentIndex(index);
+}
+
+void ViewToolbar::stepPrompt(int delta)
+{
+    const int next = m_prompt->currentIndex() + delta;
+    if (next >= 0 && next < m_prompt->count())
+        m_prompt->setCurrentIndex(next);
 }
 
 void ViewToolbar::setMetric(HeatmapMetric metric)
@@ -114,16 +131,23 @@ void ViewToolbar::setPart(KvPart part)
     m_part->setCurrentIndex(m_part->findData(int(part)));
 }
 
-void ViewToolbar::resetRange()
+void ViewToolbar::showRange(ValueRange range)
 {
-    const ValueRange r = defaultRange(scaleOf(HeatmapMetric(m_metric->currentData().toInt())));
     const QSignalBlocker b1(m_min), b2(m_max);
-    m_min->setValue(r.lower);
-    m_max->setValue(r.upper);
+    m_min->setValue(range.lower);
+    m_max->setValue(range.upper);
+}
+
+void ViewToolbar::setAcrossPrompts(bool across)
+{
+    for (QWidget* w : std::initializer_list<QWidget*>{m_prompt, m_metric, m_reduction, m_min, m_max, m_log, m_auto})
+        w->setEnabled(!across);
+    m_head->setEnabled(!across && HeadReductionKind(m_reduction->currentData().toInt()) == HeadReductionKind::OneHead);
 }
 
 void ViewToolbar::emitChanged()
 {
+    m_auto->setChecked(m_autoRange);
     m_head->setEnabled(HeadReductionKind(m_reduction->currentData().toInt()) == HeadReductionKind::OneHead);
     emit settingsChanged(settings());
 }

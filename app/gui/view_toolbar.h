@@ -1,6 +1,7 @@
 #pragma once
 // The view toolbar: which prompt, K or V, which metric, how heads are reduced, and the colour
-// range. Every change is one ViewSettings value; the toolbar knows nothing of the data.
+// range (from the data unless edited). Every change is one ViewSettings value; the toolbar
+// knows nothing of the data.
 
 #include "analysis/map_spec.h"
 
@@ -9,6 +10,7 @@
 class QCheckBox;
 class QComboBox;
 class QDoubleSpinBox;
+class QPushButton;
 class QSpinBox;
 
 namespace kvscope {
@@ -17,6 +19,7 @@ struct ViewSettings {
     int prompt = -1;
     HeatmapSpec map;
     ValueRange range = defaultRange(ScaleKind::Error);
+    bool autoRange = true;  // the range follows the data (map_spec.h: dataRange)
     bool logarithmic = false;
 };
 
@@ -31,14 +34,19 @@ public:
     // the error ratio is shown first: dtype noise is ~1, bugs stand out).
     void setPrompts(const QStringList& prompts, int heads, bool threeWay);
     void setPrompt(int index);
+    void stepPrompt(int delta);
     void setMetric(HeatmapMetric metric);
     void setPart(KvPart part);
+    // Shows the range the data chose, without a change of settings.
+    void showRange(ValueRange range);
+    // The across-prompts page: only K/V applies there.
+    void setAcrossPrompts(bool across);
+    QComboBox& promptBox() { return *m_prompt; }
 
 signals:
     void settingsChanged(const ViewSettings& settings);
 
 private:
-    void resetRange();
     void emitChanged();
 
     QComboBox* m_prompt;
@@ -49,6 +57,8 @@ private:
     QDoubleSpinBox* m_min;
     QDoubleSpinBox* m_max;
     QCheckBox* m_log;
+    QPushButton* m_auto;
+    bool m_autoRange = true;
 };
 
 }  // namespace kvscope

@@ -28,31 +28,43 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
     const WorstCell& c = m_cells[std::size_t(index.row())];
     if (role == Qt::ToolTipRole)
         return QString::fromStdString(m_layers[std::size_t(c.layer)]);
+    if (role == Qt::TextAlignmentRole)
+        return int(Qt::AlignRight | Qt::AlignVCenter);
     if (role != Qt::DisplayRole)
         return {};
+    // The ranking key first: ratio (three-way) or L-inf (two-way).
     switch (index.column()) {
     case 0:
-        return QString::fromStdString(m_layers[std::size_t(c.layer)]).remove(QStringLiteral(".self_attn"));
+        return c.layer;  // the row of the map; the name is the tooltip
     case 1:
         return qlonglong(c.token);
     case 2:
         return QString("%1 %2").arg(kvPartName(c.part)).arg(c.head);
     case 3:
-        return QString::number(c.error, 'g', 4);
+        return m_threeWay ? QString::number(c.ratio, 'g', 4) : QString::number(c.error, 'g', 4);
     case 4:
-        return m_threeWay ? QString::number(c.baseError, 'g', 4) : QStringLiteral("-");
+        return m_threeWay ? QString::number(c.error, 'g', 4) : QStringLiteral("-");
     case 5:
-        return m_threeWay ? QString::number(c.ratio, 'g', 4) : QStringLiteral("-");
+        return m_threeWay ? QString::number(c.baseError, 'g', 4) : QStringLiteral("-");
     }
     return {};
 }
 
 QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, int role) const
 {
-    static const char* const titles[] = {"layer", "token", "head", "L-inf", "base", "ratio"};
-    if (orientation == Qt::Horizontal && role == Qt::DisplayRole && section >= 0 && section < 6)
-        return QString::fromLatin1(titles[section]);
-    return QAbstractTableModel::headerData(section, orientation, role);
+    if (orientation != Qt::Horizontal || section < 0 || section >= 6)
+        return QAbstractTableModel::headerData(section, orientation, role);
+    static const char* const titles[] = {"layer", "token", "head", "ratio", "L-inf", "floor"};
+    static const char* const tips[] = {
+        "the layer (its row in the map)", "the token", "K or V, and the worst head of the cell",
+        "three-way: the cell's error ratio = L-inf / floor (the ranking key); two-way: the relative L-inf",
+        "the head's relative L-inf, engine vs reference",
+        "the cell's noise floor: its largest expected-vs-baseline L-inf over heads"};
+    if (role == Qt::DisplayRole)
+        return section == 3 && !m_threeWay ? QStringLiteral("L-inf") : QString::fromLatin1(titles[section]);
+    if (role == Qt::ToolTipRole)
+        return QString::fromLatin1(tips[section]);
+    return {};
 }
 
 }  // namespace kvscope

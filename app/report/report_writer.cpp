@@ -112,6 +112,8 @@ void writeScalesJson(std::ostream& o)
     rgb(kPrefillLineColor);
     o << ",\"divergenceLine\":";
     rgb(kDivergenceLineColor);
+    o << ",\"markerOutline\":";
+    rgb(kMarkerOutlineColor);
     o << "}";
 }
 

@@ -79,13 +79,37 @@ float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t t
     return n ? float(sum / n) : std::nanf("");
 }
 
-float errorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token)
+float noiseFloor(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token)
 {
-    const HeadReduction t = maxOverHeads(p, actual, layer, token);
-    const HeadReduction b = maxOverHeads(p, baseOf(actual), layer, token);
-    if (t.head < 0 || b.head < 0)
+    return maxOverHeads(p, baseOf(actual), layer, token).value;
+}
+
+namespace {
+
+float ratioTo(float actual, float floor)
+{
+    if (std::isnan(actual) || std::isnan(floor))
         return std::nanf("");
-    return float(double(t.value) / std::max(double(b.value), 1e-10));
+    return float(double(actual) / std::max(double(floor), 1e-10));
+}
+
+}  // namespace
+
+float headErrorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token, int head)
+{
+    return ratioTo(p.value(actual, layer, token, head), noiseFloor(p, actual, layer, token));
+}
+
+HeadReduction errorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token)
+{
+    const HeadReduction worst = maxOverHeads(p, actual, layer, token);
+    const float ratio = ratioTo(worst.value, noiseFloor(p, actual, layer, token));
+    return std::isnan(ratio) ? HeadReduction{} : HeadReduction{ratio, worst.head};
+}
+
+float meanErrorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token)
+{
+    return ratioTo(meanOverHeads(p, actual, layer, token), noiseFloor(p, actual, layer, token));
 }
 
 Extreme layerMax(const PromptAnalysis& p, Metric m, int layer)

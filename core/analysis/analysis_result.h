@@ -110,9 +110,17 @@ struct HeadReduction {
 HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 HeadReduction minOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
-// (max over heads of the actual error) / max(max over heads of the base error, 1e-10):
-// the three-way error ratio of the reference tool. NaN when either side has no data.
-float errorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token);
+// The three-way error ratio, defined once for every view. A cell's noise floor is its largest
+// base (expected vs baseline, dtype-only) error over heads; a head's ratio is its actual error
+// over that floor, actual / max(floor, 1e-10); the cell's ratio is its largest head ratio
+// (= the reference tool's max-over-heads actual / max-over-heads base), with that head. NaN
+// when either side has no data. The floor is pooled over heads because one head's own base
+// error, a maximum over only head_dim values, is too noisy a denominator: on clean captures
+// the max over heads of actual / own base sits at 1.4-2.3, against 1.0-1.3 with the floor.
+float noiseFloor(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token);
+float headErrorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token, int head);
+HeadReduction errorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token);
+float meanErrorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token);
 
 // Per-layer and per-token summaries: the extreme value over the other axis (and heads),
 // with where it is.

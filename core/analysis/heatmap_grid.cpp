@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace kvscope {
 
@@ -20,7 +21,7 @@ std::string heatmapMetricName(HeatmapMetric metric)
     case HeatmapMetric::OneMinusCos:
         return "1 - cosine";
     case HeatmapMetric::ErrorRatio:
-        return "error ratio (actual / expected, L-inf vs baseline)";
+        return "error ratio (actual L-inf / noise floor, both vs baseline)";
     case HeatmapMetric::Bc:
         return "Bhattacharyya coefficient (reference tool)";
     case HeatmapMetric::BcVsNoise:
@@ -43,42 +44,67 @@ std::string heatmapMetricShortName(HeatmapMetric metric)
     }
 }
 
+namespace {
+
+// An error metric (L-inf, L2, cos shown as 1 - cos) of `m` reduced over heads as `spec` says.
+float reducedError(const PromptAnalysis& p, const HeatmapSpec& spec, Metric m, int layer, std::int64_t token, int* head)
+{
+    const bool invert = m == Metric::KCos || m == Metric::VCos || m == Metric::BaseKCos || m == Metric::BaseVCos;
+    switch (spec.reduction) {
+    case HeadReductionKind::Max: {
+        const HeadReduction r = invert ? minOverHeads(p, m, layer, token) : maxOverHeads(p, m, layer, token);
+        if (head)
+            *head = r.head;
+        return invert ? 1.0f - r.value : r.value;
+    }
+    case HeadReductionKind::Mean: {
+        const float mean = meanOverHeads(p, m, layer, token);
+        return invert ? 1.0f - mean : mean;
+    }
+    case HeadReductionKind::OneHead: {
+        if (spec.head < 0 || spec.head >= p.heads)
+            return std::nanf("");
+        if (head)
+            *head = spec.head;
+        const float v = p.value(m, layer, token, spec.head);
+        return invert ? 1.0f - v : v;
+    }
+    }
+    return std::nanf("");
+}
+
+std::optional<MetricKind> errorKind(HeatmapMetric metric)
+{
+    switch (metric) {
+    case HeatmapMetric::RelLinf:
+        return MetricKind::Linf;
+    case HeatmapMetric::RelL2:
+        return MetricKind::L2;
+    case HeatmapMetric::OneMinusCos:
+        return MetricKind::Cos;
+    default:
+        return std::nullopt;
+    }
+}
+
+}  // namespace
+
+float heatmapBaseValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token)
+{
+    const std::optional<MetricKind> kind = errorKind(spec.metric);
+    if (!kind || !p.threeWay)
+        return std::nanf("");
+    return reducedError(p, spec, baseOf(metricFor(spec.part, *kind)), layer, token, nullptr);
+}
+
 float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token, int* head)
 {
     if (head)
         *head = -1;
     const KvPart part = spec.part;
-    auto reduce = [&](Metric m, bool invert) -> float {
-        // invert: the metric is cos and the heatmap shows 1 - cos.
-        switch (spec.reduction) {
-        case HeadReductionKind::Max: {
-            const HeadReduction r = invert ? minOverHeads(p, m, layer, token) : maxOverHeads(p, m, layer, token);
-            if (head)
-                *head = r.head;
-            return invert ? 1.0f - r.value : r.value;
-        }
-        case HeadReductionKind::Mean: {
-            const float mean = meanOverHeads(p, m, layer, token);
-            return invert ? 1.0f - mean : mean;
-        }
-        case HeadReductionKind::OneHead: {
-            if (spec.head < 0 || spec.head >= p.heads)
-                return std::nanf("");
-            if (head)
-                *head = spec.head;
-            const float v = p.value(m, layer, token, spec.head);
-            return invert ? 1.0f - v : v;
-        }
-        }
-        return std::nanf("");
-    };
+    if (const std::optional<MetricKind> kind = errorKind(spec.metric))
+        return reducedError(p, spec, metricFor(part, *kind), layer, token, head);
     switch (spec.metric) {
-    case HeatmapMetric::RelLinf:
-        return reduce(metricFor(part, MetricKind::Linf), false);
-    case HeatmapMetric::RelL2:
-        return reduce(metricFor(part, MetricKind::L2), false);
-    case HeatmapMetric::OneMinusCos:
-        return reduce(metricFor(part, MetricKind::Cos), true);
     case HeatmapMetric::Bc:
         return p.threeWay ? p.bcValue(part, layer, token) : std::nanf("");
     case HeatmapMetric::BcVsNoise:
@@ -87,29 +113,27 @@ float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, 
         if (!p.threeWay)
             return std::nanf("");
         const Metric actual = metricFor(part, MetricKind::Linf);
-        if (spec.reduction == HeadReductionKind::Max) {
+        switch (spec.reduction) {
+        case HeadReductionKind::Max: {
+            const HeadReduction r = errorRatio(p, actual, layer, token);
             if (head)
-                *head = maxOverHeads(p, actual, layer, token).head;
-            return errorRatio(p, actual, layer, token);
+                *head = r.head;
+            return r.value;
         }
-        float t, b;
-        if (spec.reduction == HeadReductionKind::Mean) {
-            t = meanOverHeads(p, actual, layer, token);
-            b = meanOverHeads(p, baseOf(actual), layer, token);
-        } else {
+        case HeadReductionKind::Mean:
+            return meanErrorRatio(p, actual, layer, token);
+        case HeadReductionKind::OneHead:
             if (spec.head < 0 || spec.head >= p.heads)
                 return std::nanf("");
             if (head)
                 *head = spec.head;
-            t = p.value(actual, layer, token, spec.head);
-            b = p.value(baseOf(actual), layer, token, spec.head);
+            return headErrorRatio(p, actual, layer, token, spec.head);
         }
-        if (std::isnan(t) || std::isnan(b))
-            return std::nanf("");
-        return float(double(t) / std::max(double(b), 1e-10));
+        return std::nanf("");
     }
+    default:
+        return std::nanf("");  // the error metrics, above
     }
-    return std::nanf("");
 }
 
 HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const std::vector<char>* rowsReady)

@@ -16,7 +16,7 @@ enum class HeatmapMetric {
     RelLinf,      // relative L-inf of actual vs reference
     RelL2,        // relative L2
     OneMinusCos,  // 1 - cosine similarity
-    ErrorRatio,   // three-way: actual L-inf / expected L-inf, both vs baseline
+    ErrorRatio,   // three-way: actual L-inf / the cell's dtype noise floor (analysis_result.h)
     Bc,           // three-way: the reference tool's Bhattacharyya coefficient (per layer and token)
     BcVsNoise,    // three-way: BC against the noise floor (metrics/bc_vs_noise.h), the default BC
 };
@@ -52,6 +52,9 @@ struct HeatmapGrid {
 
 // The value of one cell (and its head), as the heatmap shows it.
 float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token, int* head = nullptr);
+// For the error metrics of a three-way prompt, the same value of the base (expected vs
+// baseline: the dtype noise) at that cell; NaN otherwise.
+float heatmapBaseValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token);
 
 // `rowsReady` (optional, per layer): rows not yet analysed stay NaN and are not read (the
 // analysis may still be writing them).

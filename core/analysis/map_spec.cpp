@@ -1,5 +1,7 @@
 #include "analysis/map_spec.h"
 
+#include <algorithm>
+
 namespace kvscope {
 
 ScaleKind scaleOf(HeatmapMetric metric)
@@ -37,6 +39,52 @@ ValueRange defaultRange(ScaleKind kind)
         return {0.0, 1.0};
     }
     return {0.0, 1.0};
+}
+
+namespace {
+
+// The q-quantile (0..1) of `values` (reordered), by the nearest rank.
+double quantile(std::vector<float>& values, double q)
+{
+    const std::size_t k = std::min(values.size() - 1, std::size_t(q * double(values.size())));
+    std::nth_element(values.begin(), values.begin() + std::ptrdiff_t(k), values.end());
+    return double(values[k]);
+}
+
+}  // namespace
+
+ValueRange dataRange(const PromptAnalysis& p, const HeatmapSpec& spec, bool logarithmic, const std::vector<char>* rowsReady)
+{
+    const ScaleKind scale = scaleOf(spec.metric);
+    if (scale == ScaleKind::Ratio)
+        return logarithmic ? ValueRange{0.1, 10.0} : defaultRange(scale);
+    if (scale == ScaleKind::Bc)
+        return logarithmic ? ValueRange{0.5, 1.0} : defaultRange(scale);
+    std::vector<float> noise, values;
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        if (rowsReady && (std::size_t(l) >= rowsReady->size() || !(*rowsReady)[std::size_t(l)]))
+            continue;
+        for (std::int64_t t = 0; t < p.tokens; ++t) {
+            if (const float v = heatmapValue(p, spec, l, t); std::isfinite(v))
+                values.push_back(v);
+            if (const float b = heatmapBaseValue(p, spec, l, t); std::isfinite(b))
+                noise.push_back(b);
+        }
+    }
+    if (values.empty())
+        return logarithmic ? ValueRange{1e-4, defaultRange(scale).upper} : defaultRange(scale);
+    double upper = noise.empty() ? quantile(values, 0.99) : 2 * quantile(noise, 0.99);
+    std::vector<float> positive;
+    for (float v : noise.empty() ? values : noise)
+        if (v > 0)
+            positive.push_back(v);
+    const double smallest = positive.empty() ? 0 : quantile(positive, 0.01);
+    if (!(upper > 0))  // all zero: any positive range shows that
+        upper = std::max(smallest, 1e-6);
+    if (!logarithmic)
+        return {0.0, upper};
+    const double lower = smallest > 0 && smallest < upper ? smallest : upper * 1e-3;
+    return {lower, upper};
 }
 
 std::string shortLayerName(const std::string& layer)
@@ -80,7 +128,7 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
     m.metricLabel = mapMetricLabel(spec);
     m.title = prompt.id + ": " + m.metricLabel;
     m.scale = scaleOf(spec.metric);
-    m.range = defaultRange(m.scale);
+    m.range = dataRange(prompt, spec, false);
     for (const std::string& layer : prompt.layers) {
         m.rowLabels.push_back(layerRowLabel(config, layer));
         m.layerNames.push_back(layer);

@@ -16,7 +16,7 @@
 namespace kvscope {
 
 enum class ScaleKind {
-    Error,  // yellow (low) to red (high), 0..0.2
+    Error,  // yellow (low) to red (high), range from the data (dataRange)
     Ratio,  // green (like dtype noise) to red (far worse), 0..3
     Bc,     // the reference tool's BC stops, 0..1
 };
@@ -36,9 +36,20 @@ ScaleKind scaleOf(HeatmapMetric metric);
 const char* scaleName(ScaleKind kind);  // "error", "ratio", "bc"
 const std::vector<ColorStop>& colorStops(ScaleKind kind);
 ValueRange defaultRange(ScaleKind kind);
-// The token markers: prefill | decode (solid) and divergences (dashed).
-inline constexpr Rgb kPrefillLineColor{220, 0, 0};
-inline constexpr Rgb kDivergenceLineColor{255, 140, 0};
+// The colour range of a prompt's map, from its data (rows not in `rowsReady` skipped). Errors:
+// 0 up to twice the 99th percentile of the dtype noise at the same cells (three-way), so that
+// noise fills the lower half and a bug saturates, or up to the 99th percentile of the values
+// (two-way). The ratio and BC keep their fixed ranges (a ratio of 1 is noise). On a log scale
+// the lower bound is positive: the 1st percentile of the positive values (errors), 0.1 (ratio:
+// 0.1..10 puts noise in the middle), 0.5 (BC).
+ValueRange dataRange(const PromptAnalysis& prompt, const HeatmapSpec& spec, bool logarithmic,
+                     const std::vector<char>* rowsReady = nullptr);
+// The token markers: prefill | decode (solid) and divergences (dashed), in colours no scale
+// uses (every scale runs through reds, oranges and yellows), each drawn over a white outline
+// so that it stays visible on any cell colour.
+inline constexpr Rgb kPrefillLineColor{0, 0, 0};
+inline constexpr Rgb kDivergenceLineColor{180, 0, 220};
+inline constexpr Rgb kMarkerOutlineColor{255, 255, 255};
 
 // "model.layers.3.self_attn" -> "model.layers.3".
 std::string shortLayerName(const std::string& layer);

@@ -5,26 +5,26 @@
 
 namespace kvscope {
 
-std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count)
+std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count, const std::vector<char>* layersReady)
 {
     std::vector<WorstCell> cells;
-    for (int l = 0; l < int(p.layers.size()); ++l)
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        if (layersReady && (std::size_t(l) >= layersReady->size() || !(*layersReady)[std::size_t(l)]))
+            continue;
         for (std::int64_t t = 0; t < p.tokens; ++t) {
             WorstCell best;
             bool found = false;
             for (KvPart part : {KvPart::K, KvPart::V}) {
                 const Metric m = metricFor(part, MetricKind::Linf);
-                const HeadReduction r = maxOverHeads(p, m, l, t);
+                // The cell's worst head, by the number the list ranks by.
+                const HeadReduction r = p.threeWay ? errorRatio(p, m, l, t) : maxOverHeads(p, m, l, t);
                 if (r.head < 0)
                     continue;
-                WorstCell c{l, t, r.head, part, r.value, std::nanf(""), std::nanf(""), r.value};
+                WorstCell c{l, t, r.head, part, p.value(m, l, t, r.head), std::nanf(""), std::nanf(""), r.value};
                 if (p.threeWay) {
-                    c.baseError = maxOverHeads(p, baseOf(m), l, t).value;
-                    c.ratio = errorRatio(p, m, l, t);
-                    c.score = c.ratio;
+                    c.baseError = noiseFloor(p, m, l, t);
+                    c.ratio = r.value;
                 }
-                if (std::isnan(c.score))
-                    continue;
                 if (!found || c.score > best.score)
                     best = c;
                 found = true;
@@ -32,6 +32,7 @@ std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count)
             if (found)
                 cells.push_back(best);
         }
+    }
     const std::size_t n = std::min(count, cells.size());
     std::partial_sort(cells.begin(), cells.begin() + std::ptrdiff_t(n), cells.end(),
                       [](const WorstCell& a, const WorstCell& b) {

@@ -21,6 +21,25 @@ namespace kvscope::synth {
 
 namespace {
 
+// The synthetic vocabulary's text: a pronounceable word per id (two or three syllables), so
+// that the app's axis and tooltips show text as they do for a real tokenizer's strings.
+std::string tokenText(std::int64_t id)
+{
+    static const char consonants[] = "bdfgklmnprstvz";
+    static const char vowels[] = "aeiou";
+    constexpr std::int64_t syllables = 14 * 5;
+    std::string word;
+    std::int64_t rest = id;
+    do {
+        const std::int64_t s = rest % syllables;
+        word += consonants[s / 5];
+        word += vowels[s % 5];
+        rest /= syllables;
+    } while (rest > 0 || word.size() < 4);
+    return word;
+}
+
+
 // At most this many generate calls per prompt: after that many re-feeds, the last call is
 // scored teacher-forced to the end (its later divergences are recorded, not re-fed), which
 // keeps captures of badly broken engines from growing one snapshot per token.
@@ -381,7 +400,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     out.record.teacherTokens.assign(tokens.begin() + promptLen, tokens.end());
     out.record.divergencePositions = divergences;
     for (std::int64_t t : tokens)
-        out.record.tokenStrings.push_back("tok" + std::to_string(t));
+        out.record.tokenStrings.push_back(tokenText(t));
 
     for (int l = 0; l < shape.layers; ++l) {
         // HF keeps only window - 1 positions of sliding-window layers.

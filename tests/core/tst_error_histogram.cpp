@@ -17,6 +17,7 @@ class TestErrorHistogram : public QObject {
 private slots:
     void initTestCase();
     void headHistogram();
+    void displayBins();
 
 private:
     QTemporaryDir m_dir;
@@ -54,6 +55,37 @@ void TestErrorHistogram::headHistogram()
     QCOMPARE(h.hi, std::max(*std::max_element(eb.begin(), eb.end()), *std::max_element(et.begin(), et.end())));
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, headErrorHistogram(loader, "prompt_1", layer, 9, KvPart::K, 0, 5));
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, headErrorHistogram(loader, "prompt_1", layer, 0, KvPart::K, 5, 500));
+}
+
+void TestErrorHistogram::displayBins()
+{
+    // Log: 3 bins from the smallest positive error (0.002) to the largest (2), a factor 10
+    // each: [0.002, 0.02), [0.02, 0.2), [0.2, 2]; the exact zero is counted apart.
+    const DisplayBins log = logDisplayBins({0.0f, 0.005f, 0.05f}, {0.002f, 0.5f, 2.0f}, 3);
+    QCOMPARE(log.edges.size(), std::size_t(4));
+    QVERIFY(std::abs(log.edges[1] - 0.02) < 1e-9 && std::abs(log.edges[2] - 0.2) < 1e-8);
+    QCOMPARE(log.edges.front(), double(0.002f));
+    QCOMPARE(log.edges.back(), 2.0);
+    QCOMPARE(log.base, (std::vector<double>{1, 1, 0}));
+    QCOMPARE(log.actual, (std::vector<double>{1, 0, 2}));
+    QCOMPARE(log.baseApart, std::int64_t(1));
+    QCOMPARE(log.actualApart, std::int64_t(0));
+    // Linear: 100 errors 0.00, 0.01, ..., 0.99 and one huge one. The 99th percentile of the
+    // 101 (rank 99 of 0..100) is 0.99: bins of 0.99 / 3 = 0.33 and the huge one overflows.
+    std::vector<float> base;
+    for (int i = 0; i < 100; ++i)
+        base.push_back(float(i) / 100);
+    const DisplayBins linear = linearDisplayBins(base, {1000.0f}, 3);
+    QCOMPARE(linear.edges.front(), 0.0);
+    QCOMPARE(linear.edges.back(), double(0.99f));
+    // [0, .33): 0.00..0.32; [.33, .66): 0.33..0.65; [.66, .99]: 0.66..0.99 (last bin closed).
+    QCOMPARE(linear.base, (std::vector<double>{33, 33, 34}));
+    QCOMPARE(linear.actual, (std::vector<double>{0, 0, 0}));
+    QCOMPARE(linear.actualApart, std::int64_t(1));
+    QCOMPARE(linear.baseApart, std::int64_t(0));
+    // Nothing positive: no log bins; all zero: one linear range that holds them.
+    QVERIFY(logDisplayBins({0.0f}, {0.0f}).edges.empty());
+    QCOMPARE(linearDisplayBins({0.0f}, {0.0f}, 2).base, (std::vector<double>{1, 0}));
 }
 
 QTEST_APPLESS_MAIN(TestErrorHistogram)

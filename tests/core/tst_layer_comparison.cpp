@@ -159,11 +159,20 @@ void TestLayerComparison::reductions()
     QCOMPARE(maxOverHeads(p, Metric::KLinf, 0, 0).value, 0.4f);
     QCOMPARE(minOverHeads(p, Metric::KLinf, 0, 0).head, 0);
     QVERIFY(std::abs(meanOverHeads(p, Metric::KLinf, 0, 0) - 0.25f) < 1e-7);
-    QVERIFY(std::abs(errorRatio(p, Metric::KLinf, 0, 0) - 0.4f / 0.05f) < 1e-5);  // max / max, not per head
-    QVERIFY(std::isnan(errorRatio(p, Metric::KLinf, 0, 1)));                       // token 1: no data
+    // The noise floor is the largest base error, 0.05; per head: 0.1/0.05 = 2 and 0.4/0.05 = 8;
+    // the cell: 8 at head 2 (= max/max); the mean over heads: 0.25/0.05 = 5.
+    QCOMPARE(noiseFloor(p, Metric::KLinf, 0, 0), 0.05f);
+    QVERIFY(std::abs(errorRatio(p, Metric::KLinf, 0, 0).value - 8.0f) < 1e-5);
+    QCOMPARE(errorRatio(p, Metric::KLinf, 0, 0).head, 2);
+    QVERIFY(std::abs(headErrorRatio(p, Metric::KLinf, 0, 0, 0) - 2.0f) < 1e-6);
+    QVERIFY(std::abs(headErrorRatio(p, Metric::KLinf, 0, 0, 2) - 8.0f) < 1e-5);
+    QVERIFY(std::isnan(headErrorRatio(p, Metric::KLinf, 0, 0, 1)));  // head 1 absent
+    QVERIFY(std::abs(meanErrorRatio(p, Metric::KLinf, 0, 0) - 5.0f) < 1e-5);
+    QVERIFY(std::isnan(errorRatio(p, Metric::KLinf, 0, 1).value));  // token 1: no data
+    QCOMPARE(errorRatio(p, Metric::KLinf, 0, 1).head, -1);
     QCOMPARE(maxOverHeads(p, Metric::KLinf, 0, 1).head, -1);
     set(Metric::KLinf, 1, 1, 0.3f), set(Metric::BaseKLinf, 1, 1, 0.0f);
-    QVERIFY(std::abs(errorRatio(p, Metric::KLinf, 0, 1) - 0.3f / 1e-10f) < 1e4);  // base clamped at 1e-10
+    QVERIFY(std::abs(errorRatio(p, Metric::KLinf, 0, 1).value - 0.3f / 1e-10f) < 1e4);  // base clamped at 1e-10
     const Extreme e = layerMax(p, Metric::KLinf, 0);
     QCOMPARE(e.token, std::int64_t(0));
     QCOMPARE(e.head, 2);

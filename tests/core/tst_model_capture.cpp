@@ -23,7 +23,7 @@ namespace {
 // The three-way error ratio of a cell: the worse of K and V relative L-inf ratios.
 float ratio(const PromptAnalysis& p, int layer, std::int64_t token)
 {
-    const float k = errorRatio(p, Metric::KLinf, layer, token), v = errorRatio(p, Metric::VLinf, layer, token);
+    const float k = errorRatio(p, Metric::KLinf, layer, token).value, v = errorRatio(p, Metric::VLinf, layer, token).value;
     return std::isnan(k) ? v : std::isnan(v) ? k : std::max(k, v);
 }
 

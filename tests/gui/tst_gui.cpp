@@ -10,7 +10,22 @@
 #include "synth/synthetic_capture.h"
 #include "gui/worst_cells_model.h"
 
+#include "gui/across_prompts_page.h"
+#include "gui/drill_down_panel.h"
+#include "gui/prompt_page.h"
+#include "gui/recent_files_menu.h"
+#include "widgets/histogram_view.h"
+#include "widgets/token_line_view.h"
+
 #include <QAbstractItemModelTester>
+#include <QComboBox>
+#include <QHeaderView>
+#include <QRegularExpression>
+#include <QScrollBar>
+#include <QSettings>
+#include <QTableView>
+#include <QTabWidget>
+#include <QWheelEvent>
 #include <QApplication>
 #include <QFile>
 #include <QImage>
@@ -36,9 +51,25 @@ private slots:
     void exportedPngHasTheMarkers();
     void brokenBundleIsAMessageNotACrash();
     void closingWhileSeveralRunsAnalyseIsSafe();
+    // The usability issue, point by point.
+    void emptyStateSaysWhatToDo();
+    void oneRatioInEveryView();
+    void panelsFollowThePromptAndKeepTheHead();
+    void failedOpenLeavesNothingStale();
+    void histogramAxesFitTheData();
+    void zoomStaysInTheDataAndResets();
+    void dragPansWithoutSelecting();
+    void keyboardReachesEveryPanel();
+    void layoutFitsAt1280x800AndIsRemembered();
+    void colourRangeComesFromTheData();
+    void acrossPromptsLeadsToThePrompt();
+    void linePlotShowsAllItsData();
+    void cancelKeepsWhatWasAnalysed();
+    void tooltipUsesTokenTextAndDivergenceBounds();
 
 private:
     void openDemo();
+    void ensureDemoOpen();
     QTemporaryDir m_dir;
     QString m_path;
     std::shared_ptr<BundleReader> m_reader;
@@ -49,6 +80,7 @@ private:
 void TestGui::initTestCase()
 {
     QStandardPaths::setTestModeEnabled(true);  // recent files go to a test location
+    QSettings().clear();                       // and start empty: no layout of an earlier run
     m_path = m_dir.filePath("demo.h5");
     writeSyntheticCapture(m_path.toStdString(), demoCaptureOptions());
     m_reader = std::make_shared<BundleReader>(m_path.toStdString());
@@ -64,6 +96,55 @@ void TestGui::openDemo()
     QSignalSpy finished(&m_window->controller(), &AnalysisController::finished);
     m_window->openPath(m_path);
     QVERIFY(finished.wait(60000));
+}
+
+void TestGui::ensureDemoOpen()
+{
+    if (m_window->controller().path() != m_path || !m_window->controller().result() || m_window->controller().isRunning())
+        openDemo();
+    m_window->showAcrossPrompts(false);
+    m_window->setPrompt(0);
+    m_window->activateWindow();  // window shortcuts need the active window
+    QVERIFY(QTest::qWaitForWindowActive(m_window.get()));
+}
+
+// The cell ratio computed here from the stored per-head errors: the largest actual L-inf
+// over heads divided by the largest base L-inf over heads (analysis_result.h).
+static double referenceRatio(const PromptAnalysis& p, KvPart part, int layer, qint64 token, int* worstHead = nullptr)
+{
+    const Metric actual = part == KvPart::K ? Metric::KLinf : Metric::VLinf;
+    const Metric base = part == KvPart::K ? Metric::BaseKLinf : Metric::BaseVLinf;
+    double a = -1, b = -1;
+    for (int h = 0; h < p.heads; ++h) {
+        const double va = p.value(actual, layer, token, h), vb = p.value(base, layer, token, h);
+        if (!std::isnan(va) && va > a) {
+            a = va;
+            if (worstHead)
+                *worstHead = h;
+        }
+        if (!std::isnan(vb))
+            b = std::max(b, vb);
+    }
+    return a < 0 || b < 0 ? std::nan("") : a / std::max(b, 1e-10);
+}
+
+// The number after `label` in rich text: "<b>2.345</b>" or plain.
+static double numberAfter(const QString& text, const QString& label)
+{
+    const int at = text.indexOf(label);
+    if (at < 0)
+        return std::nan("");
+    QString rest = text.mid(at + label.size());
+    rest.remove(QRegularExpression("<[^>]*>"));
+    const QRegularExpressionMatch m = QRegularExpression(R"(^\s*([-+0-9.eE]+))").match(rest);
+    return m.hasMatch() ? m.captured(1).toDouble() : std::nan("");
+}
+
+static bool sameTo4Digits(double a, double b)
+{
+    if (std::isnan(a) || std::isnan(b))
+        return std::isnan(a) && std::isnan(b);  // no data in both
+    return std::abs(a - b) <= 5e-4 * std::max(std::abs(a), std::abs(b));
 }
 
 void TestGui::modelsPassTheTester()
@@ -140,11 +221,11 @@ void TestGui::clickOpensTheDrillDown()
     for (int h = 0; h < p.heads; ++h) {
         QCOMPARE(table.value(h, 1), double(p.value(Metric::KLinf, layer, token, h)));
         QCOMPARE(table.value(h, 2), double(p.value(Metric::BaseKLinf, layer, token, h)));
-        QCOMPARE(table.value(h, 6), double(p.value(Metric::KCos, layer, token, h)));
-        QCOMPARE(table.value(h, 10), double(p.value(Metric::VL2, layer, token, h)));
+        QCOMPARE(table.value(h, 5), double(p.value(Metric::KCos, layer, token, h)));
+        QCOMPARE(table.value(h, 9), double(p.value(Metric::VL2, layer, token, h)));
     }
     // The faulty head stands out in the table as in the data.
-    QVERIFY(table.value(1, 3) > 20);
+    QVERIFY(table.value(1, HeadTableModel::ratioColumn(KvPart::K)) > 20);
     QSignalSpy histogram(m_window.get(), &MainWindow::histogramShown);
     QVERIFY(histogram.wait(20000) || histogram.count() > 0);
 }
@@ -176,18 +257,22 @@ void TestGui::exportedPngHasTheMarkers()
     const QRect rect = view.axisRect()->rect();
     auto columnHas = [&](double token, auto&& isColour) {
         const int x = int(std::round(view.xAxis->coordToPixel(token) * 2));
-        for (int y = rect.top() * 2 + 4; y < rect.bottom() * 2 - 4; ++y)
-            for (int dx = -2; dx <= 2; ++dx)
+        for (int y = rect.top() * 2 + 14; y < rect.bottom() * 2 - 14; ++y)  // clear of the axes' ticks
+            for (int dx = -5; dx <= 5; ++dx)
                 if (isColour(QColor(image.pixel(x + dx, y))))
                     return true;
         return false;
     };
-    auto red = [](const QColor& c) { return c.red() > 190 && c.green() < 40 && c.blue() < 40; };
-    auto orange = [](const QColor& c) { return c.red() > 230 && c.green() > 110 && c.green() < 170 && c.blue() < 40; };
-    QVERIFY2(columnHas(double(p.promptLen) - 0.5, red), "no red prefill/decode line");
-    QVERIFY2(columnHas(double(p.divergences.at(0).position), orange), "no orange divergence line");
+    // Off every palette (black, violet), each over a white outline.
+    auto black = [](const QColor& c) { return c.red() < 40 && c.green() < 40 && c.blue() < 40; };
+    auto violet = [](const QColor& c) { return c.red() > 140 && c.red() < 220 && c.green() < 50 && c.blue() > 180; };
+    auto white = [](const QColor& c) { return c.red() > 245 && c.green() > 245 && c.blue() > 245; };
+    QVERIFY2(columnHas(double(p.promptLen) - 0.5, black), "no prefill/decode line");
+    QVERIFY2(columnHas(double(p.promptLen) - 0.5, white), "no outline around the prefill/decode line");
+    QVERIFY2(columnHas(double(p.divergences.at(0).position), violet), "no divergence line");
     // And not everywhere: a column well inside the prefill has neither.
-    QVERIFY(!columnHas(10.0, orange));
+    QVERIFY(!columnHas(10.0, violet));
+    QVERIFY(!columnHas(10.0, black));
 }
 
 void TestGui::brokenBundleIsAMessageNotACrash()
@@ -213,6 +298,452 @@ void TestGui::closingWhileSeveralRunsAnalyseIsSafe()
         window.reset();
         QCoreApplication::processEvents();  // anything a stale run posted would run now
     }
+}
+
+void TestGui::emptyStateSaysWhatToDo()
+{
+    MainWindow fresh;
+    fresh.resize(1280, 800);
+    fresh.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&fresh));
+    QVERIFY(fresh.heatmap().isEmpty());
+    QVERIFY(!fresh.heatmap().colorScale()->visible());  // no scale that reads as "zero error"
+    QCOMPARE(fresh.worstCells().rowCount(), 0);
+    QCOMPARE(fresh.headTable().rowCount(), 0);
+    int row;
+    qint64 token;
+    QVERIFY(!fresh.heatmap().cellAt(fresh.heatmap().axisRect()->center(), row, token));
+}
+
+void TestGui::oneRatioInEveryView()
+{
+    ensureDemoOpen();
+    m_window->setMetric(HeatmapMetric::ErrorRatio);
+    m_window->setPart(KvPart::K);
+    const PromptAnalysis& p = m_reference.prompts[0];
+    WorstCellsModel& list = m_window->worstCells();
+    QVERIFY(list.rowCount() >= 10);
+    // The list is ordered by the number it shows, and it shows the reference ratio.
+    double previous = 1e300;
+    for (int r = 0; r < list.rowCount(); ++r) {
+        const WorstCell& c = list.cell(r);
+        const double shown = list.data(list.index(r, 3)).toString().toDouble();
+        QVERIFY2(shown <= previous * (1 + 5e-4), qPrintable(QString("row %1 not in order").arg(r)));
+        previous = shown;
+        int head = -1;
+        const double expect = referenceRatio(p, c.part, c.layer, c.token, &head);
+        QVERIFY2(sameTo4Digits(shown, expect), qPrintable(QString("row %1: %2 vs %3").arg(r).arg(shown).arg(expect)));
+        QCOMPARE(c.head, head);
+    }
+    // The top cell, and the fault's cells, in every view.
+    QList<QPair<int, qint64>> cells{{list.cell(0).layer, list.cell(0).token}, {5, 50}, {5, 47}, {2, 10}};
+    for (const auto& [layer, token] : cells) {
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            m_window->setPart(part);
+            int head = -1;
+            const double expect = referenceRatio(p, part, layer, token, &head);
+            // The heatmap
+            QTRY_COMPARE(m_window->heatmap().grid().columns, p.tokens);
+            QVERIFY2(sameTo4Digits(m_window->heatmap().grid().at(layer, token), expect), qPrintable(QString("%1 vs %2 layer %3 token %4").arg(m_window->heatmap().grid().at(layer, token)).arg(expect).arg(layer).arg(token)));
+            // the tooltip
+            const QString tip = m_window->promptPage().cellTooltip(layer, token);
+            QVERIFY2(sameTo4Digits(numberAfter(tip, "max over heads:"), expect), qPrintable(tip));
+            QVERIFY2(sameTo4Digits(numberAfter(tip, ", ratio"), expect), qPrintable(tip));
+            QVERIFY2(std::isnan(expect) || tip.contains(QString("head %1:").arg(head)), qPrintable(tip));
+            // the drill-down table, on the same head (a new selection starts on the worst head)
+            m_window->promptPage().clearSelection();
+            m_window->selectCell(layer, token);
+            if (!std::isnan(expect))
+                QCOMPARE(m_window->promptPage().drillDown().head(), head);
+            const double inTable = m_window->headTable().value(head, HeadTableModel::ratioColumn(part));
+            QVERIFY2(sameTo4Digits(inTable, expect), qPrintable(QString("table %1 vs %2").arg(inTable).arg(expect)));
+            // every other head's ratio is below it, over the same floor
+            for (int h = 0; h < p.heads && !std::isnan(expect); ++h)
+                QVERIFY(m_window->headTable().value(h, HeadTableModel::ratioColumn(part)) <= inTable);
+        }
+    }
+    m_window->setPart(KvPart::K);
+}
+
+void TestGui::panelsFollowThePromptAndKeepTheHead()
+{
+    ensureDemoOpen();
+    m_window->setMetric(HeatmapMetric::RelLinf);
+    m_window->selectCell(5, 50);
+    DrillDownPanel& drill = m_window->promptPage().drillDown();
+    // A head chosen in the table stays through metric and K/V switches.
+    drill.showHead(2);
+    QCOMPARE(drill.head(), 2);
+    m_window->setMetric(HeatmapMetric::RelL2);
+    m_window->setPart(KvPart::V);
+    m_window->setMetric(HeatmapMetric::ErrorRatio);
+    QCOMPARE(drill.head(), 2);
+    QCOMPARE(m_window->selectedLayer(), 5);
+    m_window->setPart(KvPart::K);
+    // Another prompt: every panel shows a cell of that prompt (its worst), none of the old one.
+    QSignalSpy histogram(m_window.get(), &MainWindow::histogramShown);
+    m_window->setPrompt(1);
+    const PromptAnalysis& p1 = m_reference.prompts[1];
+    const std::vector<WorstCell> worst = worstCells(p1, 1);
+    QCOMPARE(m_window->selectedLayer(), worst[0].layer);
+    QCOMPARE(m_window->selectedToken(), worst[0].token);
+    const QCPGraph* line = drill.line().graph(0);
+    QCOMPARE(line->dataCount(), int(p1.tokens));
+    for (int t = 0; t < int(p1.tokens); t += 7) {
+        const double expect = p1.value(worst[0].part == KvPart::K ? Metric::KLinf : Metric::VLinf, worst[0].layer, t, drill.head());
+        QVERIFY(std::isnan(expect) ? std::isnan(line->data()->at(t)->value) : line->data()->at(t)->value == expect);
+    }
+    QVERIFY(histogram.wait(20000) || histogram.count() > 0);
+    QVERIFY(drill.histogram().hasHistogram());
+    // Nothing selected: the panels say so rather than show the last cell.
+    m_window->promptPage().clearSelection();
+    QVERIFY(!drill.histogram().hasHistogram());
+    QCOMPARE(drill.line().graph(0)->dataCount(), 0);
+    QCOMPARE(m_window->headTable().rowCount(), 0);
+    m_window->setPrompt(0);
+}
+
+void TestGui::failedOpenLeavesNothingStale()
+{
+    ensureDemoOpen();
+    const QString broken = m_dir.filePath("stale.h5");
+    QFile::remove(broken);
+    QFile::copy(m_path, broken);
+    QFile(broken).resize(QFile(broken).size() / 4);
+    QSignalSpy failed(&m_window->controller(), &AnalysisController::failed);
+    m_window->openPath(broken);
+    QVERIFY(failed.wait(20000));
+    QCoreApplication::processEvents();
+    QVERIFY(m_window->heatmap().isEmpty());
+    QCOMPARE(m_window->windowTitle(), QString("kvscope"));
+    QCOMPARE(m_window->worstCells().rowCount(), 0);
+    QCOMPARE(m_window->headTable().rowCount(), 0);
+    QCOMPARE(m_window->toolbar().promptBox().count(), 0);
+    QVERIFY(!m_window->findChild<QTabWidget*>()->isTabEnabled(1));
+    QCOMPARE(m_window->selectedLayer(), -1);
+    // Open Recent lists what opened, not what failed.
+    QVERIFY(!QSettings().value("recentFiles").toStringList().contains(broken));
+    QVERIFY(QSettings().value("recentFiles").toStringList().contains(m_path));
+    for (QWidget* w : QApplication::topLevelWidgets())  // the message box
+        if (w->inherits("QMessageBox"))
+            w->close();
+}
+
+void TestGui::histogramAxesFitTheData()
+{
+    ensureDemoOpen();
+    m_window->setMetric(HeatmapMetric::ErrorRatio);
+    m_window->setPart(KvPart::K);
+    DrillDownPanel& drill = m_window->promptPage().drillDown();
+    QSignalSpy shown(m_window.get(), &MainWindow::histogramShown);
+    m_window->selectCell(5, 50);  // the faulty head: errors far beyond the noise
+    QVERIFY(shown.wait(20000) || shown.count() > 0);
+    HistogramView& h = drill.histogram();
+    QVERIFY(h.hasHistogram());
+    const PromptAnalysis& p = m_reference.prompts[0];
+    const double values = double(p.headDim);  // one token, one head
+    for (bool logErrors : {true, false})
+        for (bool logCounts : {false, true}) {
+            h.setLogErrors(logErrors);
+            h.setLogCounts(logCounts);
+            const DisplayBins* bins = h.shownBins();
+            QVERIFY(bins && !bins->edges.empty());
+            double total = double(bins->actualApart), top = 0;
+            for (double c : bins->actual)
+                total += c, top = std::max(top, c);
+            for (double c : bins->base)
+                top = std::max(top, c);
+            QCOMPARE(total, values);  // every error counted, in a bin or apart
+            // The x axis holds every bin; the y axis the tallest bar with room to spare.
+            QVERIFY(h.xAxis->range().lower <= bins->edges.front() && h.xAxis->range().upper >= bins->edges.back());
+            QVERIFY(h.yAxis->range().upper > top);
+            if (!logErrors) {
+                // Linear: cut at the 99th percentile, the rest is an overflow bar that is labelled.
+                QVERIFY(bins->edges.front() == 0);
+                if (bins->actualApart + bins->baseApart > 0) {
+                    QVERIFY2(h.apartLabel().contains("overflow"), qPrintable(h.apartLabel()));
+                    QVERIFY(h.xAxis->range().upper > bins->edges.back());
+                }
+            } else {
+                // Log: the bins span orders of magnitude, from the smallest positive error.
+                QVERIFY(bins->edges.back() / bins->edges.front() > 10);
+            }
+        }
+    h.setLogErrors(true);
+    h.setLogCounts(false);
+}
+
+void TestGui::zoomStaysInTheDataAndResets()
+{
+    ensureDemoOpen();
+    HeatmapView& view = m_window->heatmap();
+    const PromptAnalysis& p = m_reference.prompts[0];
+    const QCPRange full(-0.5, double(p.tokens) - 0.5);
+    auto wheel = [&](int delta) {
+        const QPointF at = view.axisRect()->center();
+        QWheelEvent event(at, view.mapToGlobal(at), {}, QPoint(0, delta), Qt::NoButton, Qt::NoModifier, Qt::NoScrollPhase, false);
+        QApplication::sendEvent(&view, &event);
+    };
+    for (int i = 0; i < 10; ++i)
+        wheel(-120);  // zoom out: no further than the data
+    QCOMPARE(view.xAxis->range().lower, full.lower);
+    QCOMPARE(view.xAxis->range().upper, full.upper);
+    QCOMPARE(view.yAxis->range().lower, -0.5);
+    QCOMPARE(view.yAxis->range().upper, 7.5);
+    wheel(960);  // zoom in
+    QVERIFY(view.xAxis->range().size() < full.size() / 2);
+    QVERIFY(view.xAxis->range().lower >= full.lower && view.xAxis->range().upper <= full.upper);
+    view.setFocus();
+    QTest::keyClick(&view, Qt::Key_Home);
+    QCOMPARE(view.xAxis->range().size(), full.size());
+    wheel(480);
+    QTest::keyClick(&view, Qt::Key_0, Qt::ControlModifier);
+    QCOMPARE(view.xAxis->range().size(), full.size());
+    wheel(480);
+    QTest::mouseDClick(&view, Qt::LeftButton, {}, view.axisRect()->center());
+    QCOMPARE(view.xAxis->range().size(), full.size());
+}
+
+void TestGui::dragPansWithoutSelecting()
+{
+    ensureDemoOpen();
+    HeatmapView& view = m_window->heatmap();
+    view.resetZoom();
+    view.xAxis->setRange(10, 30);  // zoomed in, so there is room to pan
+    view.replot(QCustomPlot::rpImmediateRefresh);
+    m_window->selectCell(2, 20);
+    const QPoint from(int(view.xAxis->coordToPixel(20)), int(view.yAxis->coordToPixel(4)));
+    const QPoint to = from + QPoint(-120, 0);
+    QTest::mousePress(&view, Qt::LeftButton, {}, from);
+    QMouseEvent move(QEvent::MouseMove, to, view.mapToGlobal(to), Qt::NoButton, Qt::LeftButton, Qt::NoModifier);
+    QApplication::sendEvent(&view, &move);
+    QTest::mouseRelease(&view, Qt::LeftButton, {}, to);
+    QVERIFY(view.xAxis->range().lower > 10);  // panned
+    QCOMPARE(m_window->selectedLayer(), 2);     // and the selection stayed
+    QCOMPARE(m_window->selectedToken(), qint64(20));
+    // A click without movement selects.
+    const QPoint at(int(view.xAxis->coordToPixel(25)), int(view.yAxis->coordToPixel(6)));
+    QTest::mouseClick(&view, Qt::LeftButton, {}, at);
+    QCOMPARE(m_window->selectedLayer(), 6);
+    QCOMPARE(m_window->selectedToken(), qint64(25));
+    view.resetZoom();
+}
+
+void TestGui::keyboardReachesEveryPanel()
+{
+    ensureDemoOpen();
+    m_window->activateWindow();
+    HeatmapView& view = m_window->heatmap();
+    QTableView& heads = m_window->promptPage().drillDown().headView();
+    QTableView& worst = m_window->promptPage().worstCellsView();
+    QVERIFY(view.focusPolicy() & Qt::TabFocus);
+    view.setFocus();
+    QTRY_VERIFY(view.hasFocus());
+    // Tab: heatmap -> head table -> ... -> worst cells, never stuck inside a table.
+    QTest::keyClick(QApplication::focusWidget(), Qt::Key_Tab);
+    QTRY_VERIFY(heads.hasFocus());
+    QVERIFY(!heads.tabKeyNavigation());
+    QTest::keyClick(QApplication::focusWidget(), Qt::Key_Tab);
+    QVERIFY(!heads.hasFocus());
+    for (int i = 0; i < 6 && !worst.hasFocus(); ++i)
+        QTest::keyClick(QApplication::focusWidget(), Qt::Key_Tab);
+    QVERIFY(worst.hasFocus());
+    // Up/Down in the worst cells go to the cell; Enter goes to the map.
+    worst.setCurrentIndex(worst.model()->index(0, 0));
+    QTest::keyClick(&worst, Qt::Key_Down);
+    const WorstCell second = m_window->worstCells().cell(1);
+    QCOMPARE(m_window->selectedLayer(), second.layer);
+    QCOMPARE(m_window->selectedToken(), second.token);
+    QCOMPARE(m_window->spec().part, second.part);
+    QTest::keyClick(&worst, Qt::Key_Return);
+    QTRY_VERIFY(view.hasFocus());
+    // Arrows on the map move the selection; Esc clears it.
+    QTest::keyClick(&view, Qt::Key_Left);
+    QCOMPARE(m_window->selectedToken(), second.token - 1);
+    QTest::keyClick(&view, Qt::Key_Escape);
+    QCOMPARE(m_window->selectedLayer(), -1);
+    // Shortcuts: K / V, metrics 1-6, prompts.
+    QTest::keyClick(&view, Qt::Key_V);
+    QCOMPARE(m_window->spec().part, KvPart::V);
+    QTest::keyClick(&view, Qt::Key_K);
+    QCOMPARE(m_window->spec().part, KvPart::K);
+    QTest::keyClick(&view, Qt::Key_2);
+    QCOMPARE(m_window->spec().metric, HeatmapMetric::RelL2);
+    QTest::keyClick(&view, Qt::Key_5);
+    QCOMPARE(m_window->spec().metric, HeatmapMetric::BcVsNoise);
+    QTest::keyClick(&view, Qt::Key_PageDown, Qt::ControlModifier);
+    QCOMPARE(m_window->toolbar().promptBox().currentIndex(), 1);
+    QTest::keyClick(&view, Qt::Key_PageUp, Qt::ControlModifier);
+    QCOMPARE(m_window->toolbar().promptBox().currentIndex(), 0);
+}
+
+void TestGui::layoutFitsAt1280x800AndIsRemembered()
+{
+    ensureDemoOpen();
+    m_window->setMetric(HeatmapMetric::ErrorRatio);
+    m_window->resize(1280, 800);
+    m_window->selectCell(5, 50);
+    QCoreApplication::processEvents();
+    m_window->heatmap().replot(QCustomPlot::rpImmediateRefresh);
+    // Every layer labelled.
+    auto ticker = qSharedPointerDynamicCast<QCPAxisTickerText>(m_window->heatmap().yAxis->ticker());
+    QCOMPARE(ticker->ticks().size(), 8);
+    // The worst cells' columns (the ranking key included) and the current part's head columns
+    // fit without a horizontal scroll; the head numbers are a fixed header.
+    QTableView& worst = m_window->promptPage().worstCellsView();
+    QTRY_COMPARE(worst.horizontalScrollBar()->maximum(), 0);
+    QTableView& heads = m_window->promptPage().drillDown().headView();
+    QTRY_COMPARE(heads.horizontalScrollBar()->maximum(), 0);
+    QVERIFY(heads.verticalHeader()->isVisible());
+    QCOMPARE(heads.model()->headerData(0, Qt::Vertical).toString().left(4), QString("head"));
+    // Splitter sizes are remembered.
+    QSplitter& split = m_window->promptPage().mapSplitter();
+    split.setSizes({300, 400});
+    const QList<int> chosen = split.sizes();
+    m_window->close();
+    MainWindow again;
+    again.resize(1280, 800);
+    again.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&again));
+    QCOMPARE(again.promptPage().mapSplitter().sizes(), chosen);
+    m_window->show();
+}
+
+void TestGui::colourRangeComesFromTheData()
+{
+    ensureDemoOpen();
+    m_window->setMetric(HeatmapMetric::RelL2);
+    m_window->setPart(KvPart::V);
+    // Default: up to twice the 99th percentile of the dtype noise (max over heads of base V L2).
+    const PromptAnalysis& p = m_reference.prompts[0];
+    std::vector<double> noise;
+    for (int l = 0; l < int(p.layers.size()); ++l)
+        for (qint64 t = 0; t < p.tokens; ++t) {
+            double m = -1;
+            for (int h = 0; h < p.heads; ++h)
+                if (!std::isnan(p.value(Metric::BaseVL2, l, t, h)))
+                    m = std::max(m, double(p.value(Metric::BaseVL2, l, t, h)));
+            if (m >= 0)
+                noise.push_back(m);
+        }
+    std::sort(noise.begin(), noise.end());
+    const double expectUpper = 2 * noise[std::min(noise.size() - 1, std::size_t(0.99 * double(noise.size())))];
+    const QCPRange range = m_window->heatmap().colorScale()->dataRange();
+    QVERIFY2(std::abs(range.upper - expectUpper) <= 1e-6 * expectUpper, qPrintable(QString("%1 vs %2").arg(range.upper).arg(expectUpper)));
+    QCOMPARE(range.lower, 0.0);
+    QVERIFY(expectUpper < 0.1);  // far below the reference tool's fixed 0.2: the noise is visible
+    // Log with a lower bound of 0: the scale starts at a positive value from the data.
+    ViewSettings s = m_window->toolbar().settings();
+    s.autoRange = false;
+    s.range = {0.0, 0.2};
+    s.logarithmic = true;
+    m_window->promptPage().apply(s, false);
+    const QCPRange log = m_window->heatmap().colorScale()->dataRange();
+    QVERIFY(log.lower > 0 && log.lower < 0.2);
+    QCOMPARE(m_window->heatmap().colorScale()->axis()->scaleType(), QCPAxis::stLogarithmic);
+    m_window->promptPage().apply(m_window->toolbar().settings(), false);
+    m_window->setPart(KvPart::K);
+}
+
+void TestGui::acrossPromptsLeadsToThePrompt()
+{
+    ensureDemoOpen();
+    m_window->showAcrossPrompts(true);
+    QComboBox& prompts = m_window->toolbar().promptBox();
+    QVERIFY(!prompts.isEnabled());  // what does not apply there is off
+    const AggregateBc& a = *m_reference.aggregate;
+    // Row labels carry the attention kind.
+    auto ticker = qSharedPointerDynamicCast<QCPAxisTickerText>(m_window->aggregateHeatmap().yAxis->ticker());
+    QVERIFY(ticker && !ticker->ticks().isEmpty());
+    for (const QString& label : ticker->ticks())
+        QVERIFY2(label.contains("[sliding") || label.contains("[full"), qPrintable(label));
+    // A click goes to the prompt where that cell's BC vs noise is lowest.
+    const int layer = 5;
+    const qint64 g = 3;
+    int expectPrompt = -1;
+    double lowest = 2;
+    for (int i = 0; i < int(m_reference.prompts.size()); ++i) {
+        const PromptAnalysis& p = m_reference.prompts[std::size_t(i)];
+        const double bc = p.bcVsNoiseValue(KvPart::K, layer, p.promptLen + g);
+        if (bc < lowest)
+            lowest = bc, expectPrompt = i;
+    }
+    QVERIFY(expectPrompt >= 0 && g < a.generationCount);
+    emit m_window->acrossPage().cellChosen(layer, g);
+    QCOMPARE(m_window->toolbar().promptBox().currentIndex(), expectPrompt);
+    QVERIFY(prompts.isEnabled());
+    QCOMPARE(m_window->selectedLayer(), layer);
+    QCOMPARE(m_window->selectedToken(), m_reference.prompts[std::size_t(expectPrompt)].promptLen + g);
+    m_window->setPrompt(0);
+}
+
+void TestGui::linePlotShowsAllItsData()
+{
+    ensureDemoOpen();
+    m_window->setMetric(HeatmapMetric::RelLinf);
+    m_window->selectCell(5, 50);
+    TokenLineView& line = m_window->promptPage().drillDown().line();
+    line.replot(QCustomPlot::rpImmediateRefresh);
+    // The legend sits outside the plotted area, the curves below its top edge.
+    QVERIFY(!line.legend->outerRect().intersects(line.axisRect()->rect()));
+    double top = 0;
+    for (int g = 0; g < 2; ++g)
+        for (auto it = line.graph(g)->data()->constBegin(); it != line.graph(g)->data()->constEnd(); ++it)
+            if (std::isfinite(it->value))
+                top = std::max(top, it->value);
+    QVERIFY(line.yAxis->range().upper > top);
+    // The prefill | decode marker is not the colour of a curve.
+    QVERIFY(toQColor(kPrefillLineColor) != line.graph(0)->pen().color());
+    QVERIFY(toQColor(kPrefillLineColor) != line.graph(1)->pen().color());
+}
+
+void TestGui::cancelKeepsWhatWasAnalysed()
+{
+    MainWindow window;
+    window.resize(1280, 800);
+    window.show();
+    QSignalSpy layer(&window.controller(), &AnalysisController::layerFinished);
+    QSignalSpy cancelled(&window.controller(), &AnalysisController::cancelled);
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    window.openPath(m_path);
+    QVERIFY(layer.wait(30000));
+    window.controller().cancel();
+    QTRY_VERIFY_WITH_TIMEOUT(cancelled.count() + finished.count() > 0, 30000);
+    if (finished.count() > 0)
+        QSKIP("the analysis finished before the cancel reached it");
+    const std::vector<char>& ready = window.controller().readyLayers();
+    const int done = int(std::count(ready.begin(), ready.end(), 1));
+    QVERIFY(done >= 1);
+    if (done == 8)
+        QSKIP("every layer finished before the cancel reached the analysis");
+    // The finished layers are ranked; the others are covered and said to be not analysed.
+    QVERIFY(window.worstCells().rowCount() > 0);
+    for (int r = 0; r < window.worstCells().rowCount(); ++r)
+        QVERIFY(ready[std::size_t(window.worstCells().cell(r).layer)]);
+    int notReady = 0;
+    while (ready[std::size_t(notReady)])
+        ++notReady;
+    QVERIFY(window.promptPage().cellTooltip(notReady, 0).contains("not analysed"));
+    bool covered = false;
+    for (int i = 0; i < window.heatmap().itemCount(); ++i)
+        if (auto* text = qobject_cast<QCPItemText*>(window.heatmap().item(i)); text && text->text().contains("cancelled"))
+            covered = true;
+    QVERIFY(covered);
+}
+
+void TestGui::tooltipUsesTokenTextAndDivergenceBounds()
+{
+    ensureDemoOpen();
+    const PromptAnalysis& p = m_reference.prompts[0];
+    const PromptInfo& info = m_reader->prompt(p.id);
+    QVERIFY(!info.tokenStrings.empty());
+    const QString tip = m_window->promptPage().cellTooltip(3, 12);
+    QVERIFY2(tip.contains("'" + QString::fromStdString(info.tokenStrings[12]) + "'"), qPrintable(tip));
+    const Divergence& d = p.divergences.at(0);
+    const QString atDivergence = m_window->promptPage().cellTooltip(3, d.position);
+    QVERIFY2(atDivergence.contains("divergence"), qPrintable(atDivergence));
+    if (d.inBounds)
+        QVERIFY(atDivergence.contains(*d.inBounds ? "within the bf16 bound" : "beyond the bf16 bound"));
 }
 
 QTEST_MAIN(TestGui)
