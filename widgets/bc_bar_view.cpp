@@ -1,5 +1,7 @@
 #include "widgets/bc_bar_view.h"
 
+#include "widgets/plot_decorations.h"
+
 #include <cmath>
 
 namespace kvscope {
@@ -20,7 +22,7 @@ BcBarView::BcBarView(QWidget* parent)
     m_v->setWidth(0.4);
     yAxis->setLabel("combined BC vs noise");
     yAxis->setRange(0.0, 1.02);
-    legend->setVisible(true);
+    placeLegendAbove(this, 0);
     // BC 0.9: the reference plugin's default pass threshold.
     auto* threshold = new QCPItemStraightLine(this);
     threshold->point1->setCoords(0, 0.9);

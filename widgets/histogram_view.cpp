@@ -43,14 +43,14 @@ void setSteps(QCPGraph* graph, const std::vector<double>& edges, const std::vect
 HistogramView::HistogramView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(260, 180);
+    setMinimumSize(200, 160);
     m_title = addPlotTitle(this, 8);
     m_base = stepGraph(this, kBaseColor);
     m_actual = stepGraph(this, kActualColor);
     m_overflowBase = stepGraph(this, kBaseColor, Qt::BDiagPattern);
     m_overflowActual = stepGraph(this, kActualColor, Qt::FDiagPattern);
-    m_base->setName("base (expected)");
-    m_actual->setName("actual (engine)");
+    m_base->setName("base");
+    m_actual->setName("actual");
     m_overflowBase->removeFromLegend();
     m_overflowActual->removeFromLegend();
     yAxis->setLabel("count");
@@ -59,7 +59,7 @@ HistogramView::HistogramView(QWidget* parent)
     m_apart->position->setType(QCPItemPosition::ptAxisRectRatio);
     m_apart->position->setCoords(0.98, 0.04);
     m_apart->setPositionAlignment(Qt::AlignRight | Qt::AlignTop);
-    m_apart->setFont(QFont(font().family(), 8));
+    m_apart->setFont(QFont(font().family(), 7));
     m_apart->setBrush(QColor(255, 255, 255, 220));
     m_apart->setPadding(QMargins(3, 2, 3, 2));
     setLogErrors(true);
@@ -135,7 +135,7 @@ void HistogramView::redraw()
     if (apart > 0) {
         QString label;
         if (bins->logarithmic) {
-            label = tr("exactly 0 (not on a log axis): ");
+            label = tr("= 0: ");
         } else {
             // The overflow bar: one more bin width past the cut, hatched.
             const double width = bins->edges[1] - bins->edges[0];
@@ -145,7 +145,7 @@ void HistogramView::redraw()
                 setSteps(m_overflowBase, edges, {double(bins->baseApart)}, m_logCounts);
             top = std::max({top, double(bins->actualApart), double(bins->baseApart)});
             right += width;
-            label = tr("overflow > %1 (hatched): ").arg(bins->edges.back(), 0, 'g', 3);
+            label = tr("> %1 (hatched): ").arg(bins->edges.back(), 0, 'g', 3);
         }
         label += threeWay ? tr("base %1, actual %2").arg(bins->baseApart).arg(bins->actualApart)
                           : tr("%1").arg(bins->actualApart);

@@ -14,7 +14,7 @@ QCPTextElement* addPlotTitle(QCustomPlot* plot, int pointSize)
     return title;
 }
 
-void placeLegendAbove(QCustomPlot* plot)
+void placeLegendAbove(QCustomPlot* plot, int rowIndex)
 {
     QCPLegend* legend = plot->legend;
     legend->setVisible(true);
@@ -23,9 +23,9 @@ void placeLegendAbove(QCustomPlot* plot)
     legend->setBorderPen(Qt::NoPen);
     legend->setBrush(Qt::NoBrush);
     auto* row = new QCPLayoutGrid;
-    plot->plotLayout()->insertRow(1);
-    plot->plotLayout()->addElement(1, 0, row);
-    plot->plotLayout()->setRowStretchFactor(1, 0.001);
+    plot->plotLayout()->insertRow(rowIndex);
+    plot->plotLayout()->addElement(rowIndex, 0, row);
+    plot->plotLayout()->setRowStretchFactor(rowIndex, 0.001);
     row->setMargins(QMargins(0, 0, 0, 0));
     plot->axisRect()->insetLayout()->take(legend);
     row->addElement(0, 0, legend);

@@ -7,8 +7,8 @@
 namespace kvscope {
 
 QCPTextElement* addPlotTitle(QCustomPlot* plot, int pointSize);
-// The legend in one row under the title (call after addPlotTitle), never over the data.
-void placeLegendAbove(QCustomPlot* plot);
+// The legend in one row above the plot (`row`: 1 under a title, 0 without), never over the data.
+void placeLegendAbove(QCustomPlot* plot, int row = 1);
 
 // Replaces `items` (the previous markers, removed from the plot) by new ones; NaN boundary: none.
 void setTokenMarkers(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double prefillBoundary,

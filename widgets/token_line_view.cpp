@@ -10,12 +10,12 @@ namespace kvscope {
 TokenLineView::TokenLineView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(300, 160);
+    setMinimumSize(200, 160);
     m_title = addPlotTitle(this, 9);
     m_actual = addGraph();
     m_base = addGraph();
     m_actual->setName("actual");
-    m_base->setName("expected (base)");
+    m_base->setName("base");
     m_actual->setPen(QPen(QColor(214, 39, 40), 1.5));
     m_base->setPen(QPen(QColor(31, 119, 180), 1.2));
     xAxis->setLabel("token");

@@ -13,6 +13,8 @@ int runGui(int argc, char** argv, const GuiLaunch& launch)
     QApplication::setOrganizationName("kvscope");
     QApplication::setApplicationName("kvscope");
     MainWindow window;
+    if (!launch.screenshot.isEmpty())
+        window.resize(1280, 800);  // the README's size, whatever was remembered
     window.show();
     if (!launch.screenshot.isEmpty())
         QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {

@@ -8,7 +8,7 @@ namespace kvscope {
 
 namespace {
 
-// Per part: the error ratio, the engine's L-inf, the expected's (base) L-inf, then L2 and cos.
+// Per part: the error ratio, the engine's L-inf, the expected's (base) L-inf, then L2, and 1 - cos.
 enum class Shown { Actual, Base, Ratio };
 struct Column {
     const char* title;
@@ -24,13 +24,13 @@ const Column kColumns[] = {
     {"base L-inf", "K relative L-inf, expected vs baseline (dtype noise)", KvPart::K, kLinf, Shown::Base},
     {"L2", "K relative L2, engine vs reference", KvPart::K, kL2, Shown::Actual},
     {"base L2", "K relative L2, expected vs baseline", KvPart::K, kL2, Shown::Base},
-    {"cos", "K cosine similarity, engine vs reference", KvPart::K, kCos, Shown::Actual},
+    {"1 - cos", "K 1 - cosine similarity, engine vs reference", KvPart::K, kCos, Shown::Actual},
     {"ratio", "V relative L-inf / the cell's V noise floor (max base L-inf over heads)", KvPart::V, kLinf, Shown::Ratio},
     {"L-inf", "V relative L-inf, engine vs reference", KvPart::V, kLinf, Shown::Actual},
     {"base L-inf", "V relative L-inf, expected vs baseline (dtype noise)", KvPart::V, kLinf, Shown::Base},
     {"L2", "V relative L2, engine vs reference", KvPart::V, kL2, Shown::Actual},
     {"base L2", "V relative L2, expected vs baseline", KvPart::V, kL2, Shown::Base},
-    {"cos", "V cosine similarity, engine vs reference", KvPart::V, kCos, Shown::Actual},
+    {"1 - cos", "V 1 - cosine similarity, engine vs reference", KvPart::V, kCos, Shown::Actual},
 };
 constexpr int kColumnCount = int(std::size(kColumns));
 
@@ -98,7 +98,8 @@ double HeadTableModel::value(int head, int column) const
         return p.threeWay ? headErrorRatio(p, m, m_layer, m_token, head) : std::nan("");
     if (c.shown == Shown::Base && !p.threeWay)
         return std::nan("");
-    return p.value(c.shown == Shown::Base ? baseOf(m) : m, m_layer, m_token, head);
+    const double v = p.value(c.shown == Shown::Base ? baseOf(m) : m, m_layer, m_token, head);
+    return c.kind == kCos ? 1.0 - v : v;  // as the heatmap shows it: cos reads 1 to four digits
 }
 
 QVariant HeadTableModel::data(const QModelIndex& index, int role) const

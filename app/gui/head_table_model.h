@@ -1,7 +1,7 @@
 #pragma once
 // The drill-down's per-head table for one (prompt, token, layer): per K and V the error ratio
 // (analysis_result.h: the head's L-inf over the cell's noise floor), L-inf and L2, actual and
-// base, and cos. One row per head, the head number in the vertical header (so it stays in
+// base, and 1 - cos. One row per head, the head number in the vertical header (so it stays in
 // view when the table scrolls). Sortable by the numbers (Qt::UserRole).
 
 #include "analysis/analysis_result.h"

@@ -229,9 +229,10 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
             << "\"></div><div class=maphint>hover for values; drag to zoom, double-click to reset; image: <a href=\""
             << html(m.id) << ".png\">" << html(m.id) << ".png</a></div></div>";
     };
-    out << "<p class=legend>Red line: prefill | decode. Orange dashed: divergences. Hatched: no data (outside a freed "
-           "sliding window, never written). Errors 0..0.2 (yellow to red), error ratio 0..3 (green: like dtype noise, "
-           "red: far worse), BC 0..1 (below 0.8 flat red).</p>";
+    out << "<p class=legend>Black line: prefill | decode. Violet dashed: divergences. Hatched: no data (outside a freed "
+           "sliding window, never written). Errors yellow to red from 0 to twice the dtype noise's 99th percentile "
+           "(two-way: the errors' own 99th percentile), error ratio 0..3 (green: like dtype noise, red: far worse), "
+           "BC 0..1 (below 0.8 flat red).</p>";
     for (const PromptAnalysis& p : result.prompts) {
         out << "<h2>Prompt " << html(p.id) << "</h2><p>" << (p.threeWay ? "three-way" : "two-way") << ", prompt_len "
             << p.promptLen << ", " << p.tokens << " positions, divergences: ";
