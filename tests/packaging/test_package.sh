@@ -11,15 +11,18 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 (cd "$build" && cpack -G DEB -B "$work/cpack" >/dev/null)
 deb=$(ls "$work"/cpack/kvscope_"$version"_*.deb) || fail "no kvscope_${version} .deb"
-dpkg-deb -I "$deb" | grep -q "Depends:.*libqt6widgets6" || fail "Depends lacks the Qt runtime"
-if dpkg-deb -I "$deb" | grep "Depends:" | grep -q -- "-dev"; then fail "depends on -dev packages"; fi
+# Into a variable first: `dpkg-deb | grep -q` under pipefail fails whenever grep exits before
+# dpkg-deb has written everything (SIGPIPE).
+info=$(dpkg-deb -I "$deb")
+grep -q "Depends:.*libqt6widgets6" <<<"$info" || fail "Depends lacks the Qt runtime"
+if grep "Depends:" <<<"$info" | grep -q -- "-dev"; then fail "depends on -dev packages"; fi
 dpkg-deb -x "$deb" "$work/root"
 root=$work/root
 kvscope=$root/usr/bin/kvscope
 
 [ "$("$kvscope" --version)" = "kvscope $version" ] || fail "kvscope --version: $("$kvscope" --version)"
-"$kvscope" --help | grep -q "^  check " || fail "--help does not list check"
-"$kvscope" analyze --help | grep -q "usage: kvscope analyze" || fail "analyze --help"
+grep -q "^  check " <<<"$("$kvscope" --help)" || fail "--help does not list check"
+grep -q "usage: kvscope analyze" <<<"$("$kvscope" analyze --help)" || fail "analyze --help"
 set +e
 "$kvscope" analyze --no-such-option x.h5 >/dev/null 2>"$work/err"; rc=$?
 set -e
@@ -28,7 +31,7 @@ set -e
 cd "$work"
 "$kvscope" synth small.h5 --layers 4 --hidden 64 --query-heads 4 --kv-heads 2 --head-dim 16 --prompts 12,16 --decode 6 \
     --fault rope_offset >/dev/null
-"$kvscope" analyze small.h5 | grep -q "worst cells" || fail "analyze from the package"
+grep -q "worst cells" <<<"$("$kvscope" analyze small.h5)" || fail "analyze from the package"
 QT_QPA_PLATFORM=offscreen "$kvscope" report small.h5 -o report >/dev/null || fail "report from the package"
 [ -s report/report.html ] && ls report/*.png >/dev/null || fail "report wrote no HTML or PNG"
 grep -q "kvscope $version" report/report.html || fail "the report does not say which kvscope wrote it"
