@@ -55,7 +55,7 @@ void AnalysisController::open(const QString& path)
     if (QFileInfo(path).isDir())
         importDir = std::make_shared<QTemporaryDir>();
     std::erase_if(m_runs, [](const QFuture<void>& run) { return run.isFinished(); });
-    m_runs.push_back(QtConcurrent::run([this, path, generation, importDir, cancel] {
+    m_runs.push_back(QtConcurrent::run([this, path, generation, importDir, cancel, hook = m_workerLayerHook] {
         try {
             std::string bundle = path.toStdString();
             if (importDir) {
@@ -76,7 +76,9 @@ void AnalysisController::open(const QString& path)
                 emit progress(0, layers, tr("analysing"));
             }, generation);
             options.cancel = cancel.get();
-            options.layerDone = [this, generation](int layer, int done, int total) {
+            options.layerDone = [this, generation, hook](int layer, int done, int total) {
+                if (hook)
+                    hook(done);
                 post([this, layer, done, total] {
                     m_ready[std::size_t(layer)] = 1;
                     emit layerFinished(layer);

@@ -10,6 +10,7 @@
 #include <QTemporaryDir>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 namespace kvscope {
@@ -32,6 +33,9 @@ public:
     std::shared_ptr<const AnalysisResult> result() const { return m_result; }
     bool layerReady(int layer) const { return layer >= 0 && std::size_t(layer) < m_ready.size() && m_ready[std::size_t(layer)]; }
     const std::vector<char>& readyLayers() const { return m_ready; }
+    // Called on the worker thread after each finished layer, with the count so far: lets a
+    // test act at a known point of the analysis (e.g. cancel after the first layer).
+    void setWorkerLayerHook(std::function<void(int)> hook) { m_workerLayerHook = std::move(hook); }
 
 signals:
     void opened(const QString& path);
@@ -54,7 +58,8 @@ private:
     // Every run not finished yet: a cancelled older run may still be reading its last layer,
     // and it posts to this object, so the destructor waits for all of them.
     std::vector<QFuture<void>> m_runs;
-    std::shared_ptr<QTemporaryDir> m_importDir;  // holds an imported folder's bundle while it is open
+    std::shared_ptr<QTemporaryDir> m_importDir;
+    std::function<void(int)> m_workerLayerHook;  // holds an imported folder's bundle while it is open
 };
 
 }  // namespace kvscope

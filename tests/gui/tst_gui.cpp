@@ -702,24 +702,25 @@ void TestGui::cancelKeepsWhatWasAnalysed()
     MainWindow window;
     window.resize(1280, 800);
     window.show();
-    QSignalSpy layer(&window.controller(), &AnalysisController::layerFinished);
     QSignalSpy cancelled(&window.controller(), &AnalysisController::cancelled);
     QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    // Cancelled by the worker itself after its first layer: the same point on every machine
+    // (a cancel from this thread could arrive after the last of 8 small layers).
+    AnalysisController& controller = window.controller();
+    controller.setWorkerLayerHook([&controller](int) { controller.cancel(); });
     window.openPath(m_path);
-    QVERIFY(layer.wait(30000));
-    window.controller().cancel();
-    QTRY_VERIFY_WITH_TIMEOUT(cancelled.count() + finished.count() > 0, 30000);
-    if (finished.count() > 0)
-        QSKIP("the analysis finished before the cancel reached it");
-    const std::vector<char>& ready = window.controller().readyLayers();
+    QTRY_VERIFY_WITH_TIMEOUT(cancelled.count() + finished.count() > 0, 60000);
+    QCOMPARE(cancelled.count(), 1);
+    QCOMPARE(finished.count(), 0);
+    const std::vector<char>& ready = controller.readyLayers();
     const int done = int(std::count(ready.begin(), ready.end(), 1));
-    QVERIFY(done >= 1);
-    if (done == 8)
-        QSKIP("every layer finished before the cancel reached the analysis");
+    QVERIFY(done >= 1);  // one per worker at most: 8 only with 8 or more cores
     // The finished layers are ranked; the others are covered and said to be not analysed.
     QVERIFY(window.worstCells().rowCount() > 0);
     for (int r = 0; r < window.worstCells().rowCount(); ++r)
         QVERIFY(ready[std::size_t(window.worstCells().cell(r).layer)]);
+    if (done == 8)
+        return;
     int notReady = 0;
     while (ready[std::size_t(notReady)])
         ++notReady;
