@@ -98,10 +98,7 @@ void HeatmapView::showEmpty(const QString& message)
     m_tokenLabels.clear();
     updateRowTicks();
     setTopLabels({}, {});
-    xAxis->setTicks(false);
-    xAxis->setTickLabels(false);
-    yAxis->setTicks(false);
-    yAxis->setTickLabels(false);
+    setAxesVisible(this, false);
     axisRect()->setBackground(Qt::NoBrush);
     m_title->setText(QString());
     m_emptyText->setText(message);
@@ -152,10 +149,8 @@ void HeatmapView::setGrid(const HeatmapGrid& grid)
         m_emptyText->setVisible(false);
         m_map->setVisible(true);
         m_scale->setVisible(true);
-        for (QCPAxis* axis : {xAxis, yAxis}) {
-            axis->setTicks(true);
-            axis->setTickLabels(true);
-        }
+        setAxesVisible(this, true);
+        legend->setVisible(false);
         axisRect()->setBackground(QBrush(QColor(150, 150, 150), Qt::BDiagPattern));
     }
     m_grid = grid;

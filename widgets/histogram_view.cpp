@@ -68,6 +68,7 @@ HistogramView::HistogramView(QWidget* parent)
 void HistogramView::setHistogram(const HeadErrorHistogram& h, const QString& title)
 {
     m_histogram = h;
+    setAxesVisible(this, true);
     m_titleText = title + (std::isnan(h.bc) ? QString() : QString("   BC %1").arg(h.bc, 0, 'f', 4));
     redraw();
 }
@@ -165,6 +166,7 @@ void HistogramView::clearHistogram(const QString& message)
         g->data()->clear();
     m_apart->setVisible(false);
     m_title->setText(message);
+    setAxesVisible(this, false);
     replot(QCustomPlot::rpQueuedReplot);
 }
 

@@ -31,6 +31,15 @@ void placeLegendAbove(QCustomPlot* plot, int rowIndex)
     row->addElement(0, 0, legend);
 }
 
+void setAxesVisible(QCustomPlot* plot, bool visible)
+{
+    for (QCPAxis* axis : {plot->xAxis, plot->yAxis}) {
+        axis->setVisible(visible);
+        axis->grid()->setVisible(visible);
+    }
+    plot->legend->setVisible(visible);
+}
+
 void addVerticalLine(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double x, const QPen& pen)
 {
     auto* line = new QCPItemStraightLine(plot);

@@ -13,6 +13,8 @@ void placeLegendAbove(QCustomPlot* plot, int row = 1);
 // Replaces `items` (the previous markers, removed from the plot) by new ones; NaN boundary: none.
 void setTokenMarkers(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double prefillBoundary,
                      const QVector<double>& divergences, qreal width = 2);
+// Axes, grids and legend shown or not: an empty plot should not read as data at zero.
+void setAxesVisible(QCustomPlot* plot, bool visible);
 // One more vertical line (e.g. the selected token), kept in `items`.
 void addVerticalLine(QCustomPlot* plot, QList<QCPAbstractItem*>& items, double x, const QPen& pen);
 

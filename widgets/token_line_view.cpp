@@ -36,6 +36,7 @@ void TokenLineView::setSeries(const QVector<double>& actual, const QVector<doubl
     m_base->setData(keys, base.isEmpty() ? QVector<double>(actual.size(), std::nan("")) : base, true);
     m_base->setVisible(!base.isEmpty());
     m_title->setText(title);
+    setAxesVisible(this, true);
     yAxis->setLabel(valueLabel);
     setTokenMarkers(this, m_markers, prefillBoundary, divergences, 1.5);
     if (selected >= 0)
@@ -57,6 +58,7 @@ void TokenLineView::clearSeries(const QString& message)
     m_base->data()->clear();
     m_title->setText(message);
     setTokenMarkers(this, m_markers, std::nan(""), {});
+    setAxesVisible(this, false);
     replot(QCustomPlot::rpQueuedReplot);
 }
 

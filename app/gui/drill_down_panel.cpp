@@ -102,6 +102,7 @@ void DrillDownPanel::clear(const QString& why)
     m_layer = -1;
     m_head = -1;
     m_headModel->clear();
+    showPartColumns();
     m_floor->setText(why.isEmpty() ? tr("no cell selected") : why);
     m_watcher->setFuture(QFuture<std::shared_ptr<HeadErrorHistogram>>());  // drop a pending histogram
     m_histogram->clearHistogram(why);

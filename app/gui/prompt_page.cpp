@@ -215,6 +215,8 @@ void PromptPage::clear(const QString& message)
     m_heatmap->showEmpty(message);
     m_worstModel->setCells(nullptr, {});
     m_worstTitle->setText(tr("<b>Worst cells</b>"));
+    for (int column : {4, 5})
+        m_worstView->setColumnHidden(column, true);
     m_problems->clear();
     m_drill->clear(tr("nothing open"));
 }
@@ -297,6 +299,8 @@ void PromptPage::refreshSummary()
         return;
     m_worstTitle->setText(p->threeWay ? tr("<b>Worst cells</b>, by error ratio (L-inf / noise floor)")
                                       : tr("<b>Worst cells</b>, by relative L-inf (two-way)"));
+    for (int column : {4, 5})  // L-inf and noise floor beside the ratio; two-way has neither
+        m_worstView->setColumnHidden(column, !p->threeWay);
     // Cells of unfinished layers are still being written: rank once the analysis is over.
     if (!m_controller->isRunning())
         m_worstModel->setCells(p, kvscope::worstCells(*p, 100, &m_controller->readyLayers()));
