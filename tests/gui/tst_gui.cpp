@@ -66,6 +66,7 @@ private slots:
     void linePlotShowsAllItsData();
     void cancelKeepsWhatWasAnalysed();
     void tooltipUsesTokenTextAndDivergenceBounds();
+    void twoWayCaptureRanksByError();
 
 private:
     void openDemo();
@@ -745,6 +746,53 @@ void TestGui::tooltipUsesTokenTextAndDivergenceBounds()
     QVERIFY2(atDivergence.contains("divergence"), qPrintable(atDivergence));
     if (d.inBounds)
         QVERIFY(atDivergence.contains(*d.inBounds ? "within the bf16 bound" : "beyond the bf16 bound"));
+}
+
+void TestGui::twoWayCaptureRanksByError()
+{
+    SyntheticCaptureOptions o = demoCaptureOptions();
+    o.baseline = false;
+    const QString path = m_dir.filePath("two-way.h5");
+    writeSyntheticCapture(path.toStdString(), o);
+    const AnalysisResult reference = analyzeBundle(std::make_shared<BundleReader>(path.toStdString()));
+    MainWindow window;
+    window.resize(1280, 800);
+    window.show();
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    window.openPath(path);
+    QVERIFY(finished.wait(60000));
+    QCOMPARE(window.spec().metric, HeatmapMetric::RelLinf);  // no ratio without a baseline
+    const PromptAnalysis& p = reference.prompts[0];
+    WorstCellsModel& list = window.worstCells();
+    QVERIFY(list.rowCount() > 0);
+    double previous = 1e300;
+    for (int r = 0; r < list.rowCount(); ++r) {
+        const WorstCell& c = list.cell(r);
+        double worst = -1;
+        for (int h = 0; h < p.heads; ++h)
+            worst = std::max(worst, double(p.value(c.part == KvPart::K ? Metric::KLinf : Metric::VLinf, c.layer, c.token, h)));
+        const double shown = list.data(list.index(r, 3)).toString().toDouble();
+        QVERIFY(sameTo4Digits(shown, worst));
+        QVERIFY(shown <= previous * (1 + 5e-4));
+        previous = shown;
+    }
+    QVERIFY(window.promptPage().worstCellsView().isColumnHidden(5));
+    window.selectCell(5, 50);
+    QVERIFY(std::isnan(window.headTable().value(0, HeadTableModel::ratioColumn(KvPart::K))));
+    // The colour range: up to the 99th percentile of the shown values.
+    std::vector<double> values;
+    for (int l = 0; l < int(p.layers.size()); ++l)
+        for (qint64 t = 0; t < p.tokens; ++t) {
+            double m = -1;
+            for (int h = 0; h < p.heads; ++h)
+                if (!std::isnan(p.value(Metric::KLinf, l, t, h)))
+                    m = std::max(m, double(p.value(Metric::KLinf, l, t, h)));
+            if (m >= 0)
+                values.push_back(m);
+        }
+    std::sort(values.begin(), values.end());
+    const double expect = values[std::min(values.size() - 1, std::size_t(0.99 * double(values.size())))];
+    QVERIFY(std::abs(window.heatmap().colorScale()->dataRange().upper - expect) <= 1e-6 * expect);
 }
 
 QTEST_MAIN(TestGui)
