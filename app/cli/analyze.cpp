@@ -4,6 +4,7 @@
 #include "analysis/analyzer.h"
 #include "analysis/layer_selection.h"
 #include "format/bundle_error.h"
+#include "analysis/suspects.h"
 #include "analysis/worst_cells.h"
 
 #include <algorithm>
@@ -40,6 +41,14 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         out << ")";
     }
     out << "\n";
+
+    out << "  suspects:";
+    if (p.suspects.empty())
+        out << " none (nothing leaves the noise floor)";
+    out << "\n";
+    for (const Suspect& s : p.suspects)
+        out << "    " << suspectPatternName(s.pattern) << " (score " << fixed(float(s.score), 3) << "): " << s.evidence
+            << "\n";
 
     const std::vector<WorstCell> worst = worstCells(p, 8);
     out << "  worst cells (" << (p.threeWay ? "error ratio actual/expected vs baseline" : "relative L-inf") << "):\n";

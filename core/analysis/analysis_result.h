@@ -4,6 +4,7 @@
 // aggregated by generation index and combined per layer. NaN means "no data" (absent
 // position, layer not analysed) everywhere: reductions skip it, JSON writes null.
 
+#include "analysis/suspect.h"
 #include "format/paged_kv.h"
 
 #include <array>
@@ -62,6 +63,7 @@ struct PromptAnalysis {
     std::array<std::vector<float>, 2> bcVsNoise;            // [K/V][layer][token] (metrics/bc_vs_noise.h)
     std::vector<NonFiniteCell> nonFinite;
     std::vector<std::string> problems;  // what could not be analysed, and why
+    std::vector<Suspect> suspects;      // best first (analysis/suspects.h)
 
     void allocate();
     std::size_t cell(int layer, std::int64_t token, int head) const
@@ -99,6 +101,7 @@ struct AnalysisResult {
     std::vector<PromptAnalysis> prompts;
     std::optional<AggregateBc> aggregate;
     std::vector<std::string> problems;  // prompts that could not be analysed at all
+    std::vector<Suspect> suspects;      // the prompts' suspects pooled, best first
 };
 
 // Reductions over heads for one (layer, token). Absent (NaN) heads are skipped; all

@@ -1,5 +1,7 @@
 #include "analysis/analyzer.h"
 
+#include "analysis/suspects.h"
+
 #include "format/bundle_error.h"
 #include "kv/capture_loader.h"
 #include "analysis/divergence.h"
@@ -277,6 +279,12 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
             return std::tie(a.layer, a.token, a.head, a.part, a.side) < std::tie(b.layer, b.token, b.head, b.part, b.side);
         });
     }
+    std::vector<std::vector<Suspect>> suspects;
+    for (PromptAnalysis& p : result.prompts) {
+        p.suspects = findSuspects(*reader, p, options.suspects);
+        suspects.push_back(p.suspects);
+    }
+    result.suspects = poolSuspects(suspects);
 }
 
 AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options)

@@ -5,6 +5,7 @@
 // parallel, reports progress and can be cancelled.
 
 #include "analysis/analysis_result.h"
+#include "analysis/suspect.h"
 #include "format/bundle_reader.h"
 #include "kv/reconstruction.h"
 
@@ -28,6 +29,8 @@ struct AnalysisOptions {
     // its aggregate are final and will not change), with the layers done so far.
     std::function<void(int layer, int layersDone, int layersTotal)> layerDone;
     const std::atomic<bool>* cancel = nullptr;
+    // When a cell, a layer and so a suspect count as off the noise floor (analysis/suspects.h).
+    SuspectThresholds suspects;
 };
 
 class AnalysisCancelled : public std::runtime_error {
@@ -39,7 +42,7 @@ public:
 // divergences found; the GUI can show it before any layer is done.
 AnalysisResult prepareAnalysis(const BundleReader& reader, const AnalysisOptions& options);
 
-// Fills `result` (from prepareAnalysis with the same options). Throws AnalysisCancelled,
+// Fills `result` (from prepareAnalysis with the same options), suspects included. Throws AnalysisCancelled,
 // or BundleError for problems that stop the whole analysis.
 void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options, AnalysisResult& result);
 

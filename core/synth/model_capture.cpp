@@ -117,13 +117,15 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     f.layer = o.faultLayer >= 0 ? o.faultLayer : std::min((o.shape.layers / 2) | 1, o.shape.layers - 1);
     f.head = o.faultHead >= 0 ? o.faultHead : o.shape.kvHeads / 2;
     f.rank = o.faultRank >= 0 ? o.faultRank : 0;
-    f.step = o.faultStep >= 0 ? o.faultStep : o.decodeTokens / 3;
+    f.step = o.faultStep != ModelCaptureOptions::kDefaultStep ? o.faultStep : o.decodeTokens / 3;
     if (f.layer < 0 || f.layer >= o.shape.layers)
         throw std::invalid_argument("fault layer " + std::to_string(f.layer) + " outside the model");
     if (f.head >= o.shape.kvHeads)
         throw std::invalid_argument("fault head " + std::to_string(f.head) + " outside the KV heads");
     if (f.step >= o.decodeTokens)
         throw std::invalid_argument("fault step " + std::to_string(f.step) + " beyond the decode");
+    if (f.step < -*std::min_element(o.promptLens.begin(), o.promptLens.end()))
+        throw std::invalid_argument("fault step " + std::to_string(f.step) + " before the start of the shortest prompt");
     f.truth = {{"kind", faultName(f.kind)}};
     switch (f.kind) {
     case FaultKind::RopeOffset:
@@ -372,11 +374,16 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
                 rank[faulty].first.scale *= 2.0f;
                 rank[faulty].second.scale *= 2.0f;
             }
-        if (fault.kind == FaultKind::StaleBlock && p == 0 && s + 1 == snapshots.size()) {
+        // The snapshot whose positions hold the faulty one (snapshot_merge.h): the table entry
+        // is wrong where the capture takes that position from.
+        const std::int64_t stalePosition = promptLen + fault.step;
+        const bool holdsStale = (s == 0 || stalePosition >= snapshots[s - 1].validatedUntil) &&
+                                (stalePosition < snapshots[s].validatedUntil || s + 1 == snapshots.size());
+        if (fault.kind == FaultKind::StaleBlock && p == 0 && holdsStale) {
             // One table entry points at a block that holds another sequence's data.
             const int g = config.groupOf(faulty);
             const int blockSize = config.groups[std::size_t(g)].blockSize;
-            const std::int64_t logical = (promptLen + fault.step) / blockSize;
+            const std::int64_t logical = stalePosition / blockSize;
             std::set<std::int32_t> used;
             for (const BlockTable& t : snap.blockTables)
                 used.insert(t.entries.begin(), t.entries.end());

@@ -52,7 +52,10 @@ struct ModelCaptureOptions {
     int faultLayer = -1;
     int faultHead = -1;
     int faultRank = -1;
-    int faultStep = -1;  // decode step (position - prompt_len) where it starts; default: a third in
+    // Where dead_head and stale_block start, as position - prompt_len: negative values lie in
+    // the prefill (down to -shortest prompt). kDefaultStep: a third into the decode.
+    static constexpr int kDefaultStep = -1000000;
+    int faultStep = kDefaultStep;
     std::string model = "kvscope-synth";
     int threads = 0;  // prompts computed in parallel (0: one per core); the result does not depend on it
 };
