@@ -35,7 +35,9 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
     }
     AnalysisResult result;
     try {
-        result = analyzeForVerdict(std::make_shared<BundleReader>(bundle));
+        AnalysisOptions options;
+        options.suspects = t.suspects;
+        result = analyzeForVerdict(std::make_shared<BundleReader>(bundle), options);
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";
         return 2;
@@ -69,7 +71,10 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
                 file << v.value;
             else
                 file << "null";
-            file << ",\"threshold\":" << v.threshold << "}";
+            file << ",\"threshold\":" << v.threshold;
+            if (!v.detail.empty())
+                file << ",\"evidence\":" << jsonString(v.detail);
+            file << "}";
         }
         file << "]}\n";
     }
@@ -87,6 +92,8 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
         if (v.head >= 0)
             out << ", head " << v.head;
         out << ": " << v.metric << " = " << v.value << " (threshold " << v.threshold << ")\n";
+        if (!v.detail.empty())
+            out << "       " << v.detail << "\n";
     }
     out << (violations.empty() ? "PASS\n" : std::to_string(violations.size()) + " violation(s)\n");
     return violations.empty() ? 0 : 1;

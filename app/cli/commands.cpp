@@ -20,10 +20,11 @@ const std::vector<Command>& commands()
                     "  --threads N    worker threads (default: one per core)\n"
                     "  --strict       an unreadable block is an error instead of absent positions\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
-        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X]\n"
+        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
                    "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md)\n",
          "a self-contained HTML report with PNG maps", report},
-        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--json OUT]\n"
+        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
+                  "      [--suspect-floor-two-way 8] [--json OUT]\n"
                   "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
                   "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
                   "  noise floor; --seed-bc: the reference tool's BC instead\n",
@@ -85,10 +86,15 @@ bool takeThresholdOption(const Args& args, std::size_t& i, Thresholds& threshold
         thresholds.bcVsNoise = false;
         return true;
     }
-    if (i + 1 >= args.size() || (a != "--min-bc" && a != "--max-ratio" && a != "--max-linf"))
+    if (i + 1 >= args.size() || (a != "--min-bc" && a != "--max-ratio" && a != "--max-linf" &&
+                                 a != "--suspect-floor" && a != "--suspect-floor-two-way"))
         return false;
     const double value = std::stod(args[++i]);
-    if (a == "--min-bc")
+    if (a == "--suspect-floor")
+        thresholds.suspects.offFloor = value;
+    else if (a == "--suspect-floor-two-way")
+        thresholds.suspects.twoWayFloor = value;
+    else if (a == "--min-bc")
         thresholds.minBc = value;
     else if (a == "--max-ratio")
         thresholds.maxRatio = value;

@@ -29,7 +29,7 @@ void printUsage(const std::string& name, std::ostream& out);
 // The overview: every listed command with its one line.
 void printOverview(std::ostream& out);
 
-// --min-bc, --seed-bc, --max-ratio, --max-linf at args[i] (with its value; i moves past it), for check
+// --min-bc, --seed-bc, --max-ratio, --max-linf, --suspect-floor[-two-way] at args[i] (with its value; i moves past it), for check
 // and report. False when args[i] is not one of them; throws std::invalid_argument on a bad value.
 bool takeThresholdOption(const Args& args, std::size_t& i, Thresholds& thresholds);
 

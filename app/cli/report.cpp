@@ -33,7 +33,9 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
     try {
         const auto app = applicationForDrawing();  // the PNGs are drawn by the app's widgets
         auto reader = std::make_shared<BundleReader>(bundle);
-        const AnalysisResult result = analyzeForVerdict(reader);  // the same verdict as `check`
+        AnalysisOptions options;
+        options.suspects = t.suspects;
+        const AnalysisResult result = analyzeForVerdict(reader, options);  // the same verdict as `check`
         const ReportFiles files = writeReport(*reader, result, t, QString::fromStdString(dir));
         out << "wrote " << files.html.toStdString() << " (" << files.htmlBytes / 1024 << " KiB) and "
                   << files.images.size() << " PNG images\n";

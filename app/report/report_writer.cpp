@@ -3,6 +3,7 @@
 #include "analysis/analysis_json.h"
 #include "analysis/heatmap_grid.h"
 #include "analysis/map_spec.h"
+#include "analysis/suspects.h"
 #include "widgets/heatmap_view.h"
 #include "analysis/worst_cells.h"
 #include "util/version.h"
@@ -181,6 +182,26 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     const BundleMetadata& meta = reader.metadata();
     out << "<h1>kvscope report</h1><div>" << html(reader.path()) << "</div><div class=legend>written by kvscope "
         << kVersion << "</div>";
+    // The report opens with where the bug is and what kind it is (docs/suspects.md).
+    out << "<h2>Suspects</h2>";
+    if (result.suspects.empty())
+        out << "<p>None: nothing leaves the capture's own noise floor.</p>";
+    else {
+        out << "<table><tr><th>pattern</th><th>score</th><th>first layer</th><th>tokens</th><th>heads</th><th>TP "
+               "ranks</th><th>prompts</th><th>evidence</th></tr>";
+        for (const Suspect& s : result.suspects) {
+            QStringList heads, ranks;
+            for (int h : s.heads)
+                heads << QString::number(h);
+            for (int r : s.tpRanks)
+                ranks << QString::number(r);
+            out << "<tr class=fail><td>" << suspectPatternName(s.pattern) << "</td><td>" << QString::number(s.score, 'g', 3)
+                << "</td><td>" << html(s.firstLayer) << "</td><td>" << s.firstToken << "-" << s.lastToken << " ("
+                << html(s.phase) << ", " << html(s.kv) << ")</td><td>" << heads.join(", ") << "</td><td>"
+                << ranks.join(", ") << "</td><td>" << html(s.prompt) << "</td><td>" << html(s.evidence) << "</td></tr>";
+        }
+        out << "</table>";
+    }
     out << "<h2>Capture</h2><table>";
     out << "<tr><th>model</th><td>" << html(meta.model) << "</td></tr><tr><th>engine</th><td>" << html(meta.engine)
         << "</td></tr><tr><th>created</th><td>" << html(meta.created) << "</td></tr>";

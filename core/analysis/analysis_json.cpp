@@ -1,5 +1,7 @@
 #include "analysis/analysis_json.h"
 
+#include "analysis/suspects.h"
+
 #include <charconv>
 #include <cmath>
 
@@ -103,6 +105,48 @@ void writeOptional(JsonWriter& w, const char* key, const std::optional<T>& value
         w.integer(*value);
 }
 
+void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
+{
+    std::ostream& o = w.raw();
+    auto ints = [&](const std::vector<int>& v) { w.array(v.size(), [&](std::size_t i) { w.integer(v[i]); }); };
+    w.array(suspects.size(), [&](std::size_t i) {
+        const Suspect& s = suspects[i];
+        o << "{\"pattern\":\"" << suspectPatternName(s.pattern) << "\",\"score\":";
+        w.number(s.score);
+        o << ",\"evidence\":" << jsonString(s.evidence) << ",\"prompts\":";
+        std::vector<std::string> prompts;
+        for (std::size_t from = 0; from <= s.prompt.size();) {
+            const std::size_t comma = std::min(s.prompt.find(',', from), s.prompt.size());
+            if (comma > from)
+                prompts.push_back(s.prompt.substr(from, comma - from));
+            from = comma + 1;
+        }
+        writeStrings(w, prompts);
+        o << ",\"first_layer\":" << jsonString(s.firstLayer) << ",\"layers\":";
+        writeStrings(w, s.layers);
+        o << ",\"kv\":\"" << s.kv << "\",\"heads\":";
+        ints(s.heads);
+        o << ",\"tp_ranks\":";
+        ints(s.tpRanks);
+        o << ",\"tokens\":";
+        if (s.firstToken < 0)
+            o << "null";
+        else
+            o << '[' << s.firstToken << ',' << s.lastToken << ']';
+        o << ",\"phase\":\"" << s.phase << "\",\"blocks\":";
+        w.array(s.blocks.size(), [&](std::size_t b) {
+            o << "{\"group\":" << s.blocks[b].group << ",\"logical\":" << s.blocks[b].logical << ",\"physical\":";
+            if (s.blocks[b].physical < 0)
+                o << "null";
+            else
+                o << s.blocks[b].physical;
+            o << '}';
+        });
+        o << ",\"worst_cell\":{\"layer\":" << s.worstLayer << ",\"token\":" << s.worstToken << ",\"head\":"
+          << s.worstHead << ",\"part\":\"" << kvPartName(s.worstPart) << "\"}}";
+    });
+}
+
 void writePrompt(JsonWriter& w, const PromptAnalysis& p)
 {
     std::ostream& o = w.raw();
@@ -155,6 +199,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         }
         o << '}';
     }
+    o << ",\"suspects\":";
+    writeSuspects(w, p.suspects);
     o << ",\"problems\":";
     writeStrings(w, p.problems);
     o << ",\"non_finite\":";
@@ -175,6 +221,8 @@ void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
         << ",\"layout\":{\"metrics\":\"[layer][token][head]\",\"bc\":\"[layer][token]\",\"aggregate_bc\":"
            "\"[layer][generation_index]\"},\"problems\":";
     writeStrings(w, result.problems);
+    out << ",\"suspects\":";
+    writeSuspects(w, result.suspects);
     out << ",\"prompts\":";
     w.array(result.prompts.size(), [&](std::size_t i) { writePrompt(w, result.prompts[i]); });
     out << ",\"aggregate\":";

@@ -1,5 +1,7 @@
 #include "analysis/threshold_check.h"
 
+#include "analysis/suspects.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -8,6 +10,11 @@ namespace kvscope {
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& t)
 {
     std::vector<Violation> out;
+    // Any suspect fails, and comes first: something left the capture's own noise floor in a recognisable way.
+    for (const Suspect& s : result.suspects)
+        out.push_back({s.prompt, s.firstLayer, s.firstToken, s.heads.size() == 1 ? s.heads.front() : -1,
+                       std::string("suspect: ") + suspectPatternName(s.pattern) + " (score, in noise floors)", s.score,
+                       t.suspects.offFloor, s.evidence});
     for (const PromptAnalysis& p : result.prompts) {
         for (int l = 0; l < int(p.layers.size()); ++l) {
             const std::string& layer = p.layers[std::size_t(l)];

@@ -9,6 +9,7 @@
 // cell's relative L-inf at most maxLinf. Inputs holding NaN/infinity always fail.
 
 #include "analysis/analysis_result.h"
+#include "analysis/suspect.h"
 #include "analysis/analyzer.h"
 
 #include <optional>
@@ -24,6 +25,8 @@ struct Thresholds {
     bool bcVsNoise = true;
     double maxRatio = 2.0;  // its default L-inf multiplier
     std::optional<double> maxLinf;
+    // Any suspect is a violation; these say when a cell and a layer count as off the floor.
+    SuspectThresholds suspects;
 };
 
 struct Violation {
@@ -34,6 +37,7 @@ struct Violation {
     std::string metric;
     double value = 0;
     double threshold = 0;
+    std::string detail;  // a suspect's evidence
 };
 
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& thresholds);

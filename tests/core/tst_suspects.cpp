@@ -4,6 +4,7 @@
 // the right pattern and names the injected layer, head, rank or block; clean captures give
 // none. The confusion table (injected fault x top pattern) is printed.
 
+#include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
 #include "analysis/suspects.h"
 #include "synth/model_capture.h"
@@ -14,6 +15,7 @@
 #include <QTest>
 
 #include <map>
+#include <sstream>
 
 using namespace kvscope;
 using namespace kvscope::synth;
@@ -55,6 +57,7 @@ private slots:
     void injectedFaultsAreNamed();
     void twoWayCapturesToo();
     void cleanCapturesHaveNone();
+    void jsonCarriesTheSuspects();
     void cleanupTestCase();
 
 private:
@@ -241,6 +244,32 @@ void TestSuspects::cleanCapturesHaveNone()
     fp8.fp8Cache = true;
     check(fp8, "clean, fp8 cache");
     QVERIFY2(m_failures.isEmpty(), qPrintable(QString("%1 wrong:\n").arg(m_failures.size()) + m_failures.join("\n")));
+}
+
+void TestSuspects::jsonCarriesTheSuspects()
+{
+    ModelCaptureOptions o = shape(Tp::Partitioned, true, 1);
+    o.fault = FaultKind::StaleBlock;
+    o.faultLayer = 3;
+    o.faultStep = 10;
+    const Run r = run(o);
+    std::ostringstream text;
+    writeAnalysisJson(r.result, text);
+    const nlohmann::json json = nlohmann::json::parse(text.str());
+    const char* fields[] = {"pattern", "score", "evidence", "prompts", "first_layer", "layers", "kv",
+                            "heads", "tp_ranks", "tokens", "phase", "blocks", "worst_cell"};
+    QCOMPARE(json.at("suspects").size(), std::size_t(1));
+    const nlohmann::json& top = json.at("suspects")[0];
+    for (const char* field : fields)
+        QVERIFY2(top.contains(field), field);  // never missing
+    QCOMPARE(top.at("pattern").get<std::string>(), std::string("block"));
+    QCOMPARE(top.at("first_layer").get<std::string>(), layerName(1));  // the group's first layer
+    QCOMPARE(top.at("blocks")[0].at("logical").get<std::int64_t>(), r.truth.at("logical_block").get<std::int64_t>());
+    QCOMPARE(top.at("blocks")[0].at("physical").get<std::int64_t>(), r.truth.at("stale_block").get<std::int64_t>());
+    QVERIFY(top.at("prompts") == nlohmann::json::array({"prompt_0"}));
+    // Per prompt: the faulty prompt has it, the other an empty list.
+    QCOMPARE(json.at("prompts")[0].at("suspects").size(), std::size_t(1));
+    QVERIFY(json.at("prompts")[1].at("suspects").is_array() && json.at("prompts")[1].at("suspects").empty());
 }
 
 void TestSuspects::cleanupTestCase()

@@ -64,6 +64,8 @@ void TestReport::htmlIsSelfContained()
         QVERIFY2(html.contains("id=\"map-" + id + "\"") && html.contains("\"id\":\"" + id + "\""), qPrintable(id));
     QVERIFY(html.contains("model.layers.5.self_attn"));  // layer names on the axes and in the tables
     QVERIFY(html.contains("FAIL"));                       // the injected fault fails the thresholds
+    QVERIFY(html.indexOf("<h2>Suspects</h2>") < html.indexOf("<h2>Capture</h2>"));  // it opens with them
+    QVERIFY(html.contains("<th>pattern</th>") && html.contains("model.layers.5.self_attn</td>"));
     QVERIFY(!html.contains("NaN"));                       // no data is null, never NaN
 }
 
@@ -153,7 +155,9 @@ void TestReport::checkExitCodes()
     QVERIFY(f.open(QIODevice::ReadOnly));
     QVERIFY(f.readAll().contains("\"passed\":false"));
     // Thresholds are the user's: loose enough, the faulty capture passes.
-    QCOMPARE(run({"check", faulty, "--max-ratio", "1000", "--min-bc", "0"}), 0);
+    QCOMPARE(run({"check", faulty, "--max-ratio", "1000", "--min-bc", "0"}, &text), 1);  // the suspect still fails it
+    QVERIFY2(text.contains("suspect: position"), qPrintable(text));
+    QCOMPARE(run({"check", faulty, "--max-ratio", "1000", "--min-bc", "0", "--suspect-floor", "1e9"}), 0);
     const QString broken = m_dir.filePath("broken.h5");
     QFile::copy(clean, broken);
     QFile(broken).resize(QFile(broken).size() / 2);
