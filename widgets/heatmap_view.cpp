@@ -41,6 +41,12 @@ HeatmapView::HeatmapView(QWidget* parent)
     m_selection->setVisible(false);
     m_selection->setLayer("overlay");
 
+    m_highlight = new QCPItemRect(this);
+    m_highlight->setPen(QPen(QColor(0, 90, 255), 2, Qt::DashLine));
+    m_highlight->setBrush(QColor(0, 90, 255, 25));
+    m_highlight->setVisible(false);
+    m_highlight->setLayer("overlay");
+
     m_emptyText = new QCPItemText(this);
     m_emptyText->position->setType(QCPItemPosition::ptAxisRectRatio);
     m_emptyText->position->setCoords(0.5, 0.45);
@@ -92,6 +98,7 @@ void HeatmapView::showEmpty(const QString& message)
     m_map->setVisible(false);
     m_scale->setVisible(false);
     m_selection->setVisible(false);
+    m_highlight->setVisible(false);
     setTokenMarkers(this, m_markers, std::nan(""), {});
     setPendingRows({}, {});
     m_rowLabels.clear();
@@ -274,6 +281,21 @@ void HeatmapView::setSelection(int row, qint64 token)
         m_selection->bottomRight->setCoords(double(token) + 0.5, row + 0.5);
     }
     replot(QCustomPlot::rpQueuedReplot);
+}
+
+void HeatmapView::setHighlight(const QVector<double>& corners)
+{
+    m_highlight->setVisible(corners.size() == 4);
+    if (corners.size() == 4) {
+        m_highlight->topLeft->setCoords(corners[0], corners[1]);
+        m_highlight->bottomRight->setCoords(corners[2], corners[3]);
+    }
+    replot(QCustomPlot::rpQueuedReplot);
+}
+
+bool HeatmapView::hasHighlight() const
+{
+    return m_highlight->visible();
 }
 
 void HeatmapView::setTopLabels(const QVector<double>& positions, const QStringList& labels)

@@ -33,6 +33,9 @@ public:
     void setScale(ScaleKind kind, QCPRange range, bool logarithmic);
     void setTitle(const QString& title);
     void setSelection(int row, qint64 token);  // row < 0: none
+    // A dashed frame around a region in map coordinates (x0, y0, x1, y1); empty: none.
+    void setHighlight(const QVector<double>& corners);
+    bool hasHighlight() const;
     void setTopLabels(const QVector<double>& positions, const QStringList& labels);  // e.g. divergence counts
     // The data is `tokens` x `rows`: zoom and pan stay inside it; fits the axes to it.
     void resetView(qint64 tokens, int rows);
@@ -75,6 +78,7 @@ private:
     QCPColorScale* m_scale = nullptr;
     QCPTextElement* m_title = nullptr;
     QCPItemRect* m_selection = nullptr;
+    QCPItemRect* m_highlight = nullptr;
     QCPItemText* m_emptyText = nullptr;
     QList<QCPAbstractItem*> m_markers;
     QList<QCPAbstractItem*> m_pending;

@@ -142,6 +142,11 @@ void DrillDownPanel::showCell(std::shared_ptr<const BundleReader> reader, std::s
     showHead(head);
 }
 
+void DrillDownPanel::highlightHeads(const std::vector<int>& heads)
+{
+    m_headModel->setHighlightedHeads(heads);
+}
+
 void DrillDownPanel::showPartColumns()
 {
     const KvPart other = m_spec.part == KvPart::K ? KvPart::V : KvPart::K;

@@ -37,6 +37,8 @@ public:
     // Nothing selected: every part empty, saying so.
     void clear(const QString& why = {});
     void showHead(int head);
+    // Heads to mark in the table (a suspect's); cleared with the cell.
+    void highlightHeads(const std::vector<int>& heads);
     int head() const { return m_head; }
     HeadTableModel& headTable() { return *m_headModel; }
     QTableView& headView() { return *m_headView; }

@@ -2,6 +2,7 @@
 
 #include <QColor>
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvscope {
@@ -43,6 +44,7 @@ void HeadTableModel::setCell(std::shared_ptr<const AnalysisResult> result, int p
     m_prompt = prompt;
     m_layer = layer;
     m_token = token;
+    m_highlighted.clear();
     endResetModel();
 }
 
@@ -51,7 +53,22 @@ void HeadTableModel::clear()
     beginResetModel();
     m_result.reset();
     m_prompt = -1;
+    m_highlighted.clear();
     endResetModel();
+}
+
+void HeadTableModel::setHighlightedHeads(const std::vector<int>& heads)
+{
+    m_highlighted = heads;
+    if (rowCount() > 0) {
+        emit dataChanged(index(0, 0), index(rowCount() - 1, columnCount() - 1), {Qt::BackgroundRole});
+        emit headerDataChanged(Qt::Vertical, 0, rowCount() - 1);
+    }
+}
+
+bool HeadTableModel::isHighlighted(int head) const
+{
+    return std::find(m_highlighted.begin(), m_highlighted.end(), head) != m_highlighted.end();
 }
 
 QList<int> HeadTableModel::columnsOf(KvPart part)
@@ -116,6 +133,8 @@ QVariant HeadTableModel::data(const QModelIndex& index, int role) const
         return int(Qt::AlignRight | Qt::AlignVCenter);
     case Qt::ForegroundRole:
         return std::isnan(v) ? QVariant(QColor(Qt::gray)) : QVariant();
+    case Qt::BackgroundRole:  // a suspect's heads
+        return isHighlighted(index.row()) ? QVariant(QColor(255, 240, 170)) : QVariant();
     default:
         return {};
     }
@@ -124,7 +143,7 @@ QVariant HeadTableModel::data(const QModelIndex& index, int role) const
 QVariant HeadTableModel::headerData(int section, Qt::Orientation orientation, int role) const
 {
     if (orientation == Qt::Vertical && role == Qt::DisplayRole && section >= 0 && section < rowCount())
-        return QStringLiteral("head %1").arg(section);
+        return isHighlighted(section) ? QStringLiteral("head %1 *").arg(section) : QStringLiteral("head %1").arg(section);
     if (orientation != Qt::Horizontal || section < 0 || section >= kColumnCount)
         return QAbstractTableModel::headerData(section, orientation, role);
     if (role == Qt::DisplayRole)

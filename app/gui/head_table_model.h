@@ -20,6 +20,8 @@ public:
 
     void setCell(std::shared_ptr<const AnalysisResult> result, int prompt, int layer, qint64 token);
     void clear();
+    void setHighlightedHeads(const std::vector<int>& heads);
+    bool isHighlighted(int head) const;
 
     int rowCount(const QModelIndex& parent = {}) const override;
     int columnCount(const QModelIndex& parent = {}) const override;
@@ -39,6 +41,7 @@ private:
     int m_prompt = -1;
     int m_layer = 0;
     qint64 m_token = 0;
+    std::vector<int> m_highlighted;
 };
 
 }  // namespace kvscope

@@ -52,7 +52,8 @@ MainWindow::MainWindow(QWidget* parent)
     m_settings = m_toolbar->settings();
     // Tab order: toolbar, heatmap, drill-down (head table, its options), worst cells.
     setTabOrder(&m_promptPage->heatmap(), &m_promptPage->drillDown().headView());
-    setTabOrder(&m_promptPage->drillDown().headView(), &m_promptPage->worstCellsView());
+    setTabOrder(&m_promptPage->drillDown().headView(), &m_promptPage->suspectsView());
+    setTabOrder(&m_promptPage->suspectsView(), &m_promptPage->worstCellsView());
 
     connect(m_toolbar, &ViewToolbar::settingsChanged, this, &MainWindow::applySettings);
     connect(m_promptPage, &PromptPage::partRequested, this, &MainWindow::setPart);

@@ -1,6 +1,7 @@
 #include "gui/prompt_page.h"
 
 #include "analysis/map_spec.h"
+#include "analysis/suspects.h"
 #include "analysis/worst_cells.h"
 #include "gui/analysis_controller.h"
 #include "gui/drill_down_panel.h"
@@ -9,12 +10,15 @@
 
 #include <QHeaderView>
 #include <QLabel>
+#include <QListWidget>
+#include <QSignalBlocker>
 #include <QMenu>
 #include <QTableView>
 #include <QTimer>
 #include <QToolTip>
 #include <QVBoxLayout>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -29,6 +33,8 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_worstModel(new WorstCellsModel(this))
     , m_worstView(new QTableView)
     , m_worstTitle(new QLabel)
+    , m_suspects(new QListWidget)
+    , m_evidence(new QLabel)
     , m_problems(new QLabel)
     , m_poolTimer(new QTimer(this))
     , m_layerTimer(new QTimer(this))
@@ -51,6 +57,13 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     side->setMinimumWidth(310);
     auto* sideLayout = new QVBoxLayout(side);
     sideLayout->setContentsMargins(0, 0, 0, 0);
+    m_evidence->setWordWrap(true);
+    m_evidence->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_suspects->setMaximumHeight(110);
+    m_suspects->setToolTip(tr("Where the engine first leaves the noise floor, and what kind of bug it looks like"));
+    sideLayout->addWidget(new QLabel(tr("<b>Suspects</b>")));
+    sideLayout->addWidget(m_suspects);
+    sideLayout->addWidget(m_evidence);
     sideLayout->addWidget(m_worstTitle);
     sideLayout->addWidget(m_worstView);
     sideLayout->addWidget(m_problems);
@@ -121,6 +134,8 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
         m_heatmap->setFocus();
     });
     connect(m_worstView, &QTableView::clicked, this, [this](const QModelIndex& index) { followWorstCell(index.row()); });
+    connect(m_suspects, &QListWidget::currentRowChanged, this, &PromptPage::followSuspect);
+    connect(m_suspects, &QListWidget::itemActivated, this, [this] { m_heatmap->setFocus(); });
     clear(tr("Open a capture bundle: File > Open (Ctrl+O), or drop one here"));
 }
 
@@ -192,8 +207,39 @@ void PromptPage::onCancelled()
 
 void PromptPage::selectWorstCell()
 {
-    if (m_worstModel->rowCount() > 0)
+    // Start where the bug is: the first suspect, else the worst cell.
+    if (m_suspects->count() > 0)
+        m_suspects->setCurrentRow(0);
+    else if (m_worstModel->rowCount() > 0)
         followWorstCell(0);
+}
+
+QString PromptPage::suspectEvidence() const
+{
+    return m_evidence->text();
+}
+
+void PromptPage::followSuspect(int row)
+{
+    const PromptAnalysis* p = prompt();
+    if (!p || row < 0 || row >= int(p->suspects.size()))
+        return;
+    const Suspect s = p->suspects[std::size_t(row)];
+    m_evidence->setText(QString::fromStdString(s.evidence));
+    emit partRequested(s.worstPart);
+    // Its tokens over the rows of the layers it reaches.
+    int top = s.worstLayer, bottom = s.worstLayer;
+    for (const std::string& name : s.layers) {
+        const auto it = std::find(p->layers.begin(), p->layers.end(), name);
+        if (it != p->layers.end()) {
+            top = std::min(top, int(it - p->layers.begin()));
+            bottom = std::max(bottom, int(it - p->layers.begin()));
+        }
+    }
+    m_heatmap->setHighlight({double(s.firstToken) - 0.5, double(top) - 0.5, double(s.lastToken) + 0.5, double(bottom) + 0.5});
+    selectCell(s.worstLayer, s.worstToken);
+    m_drill->showHead(s.worstHead);
+    m_drill->highlightHeads(s.heads);
 }
 
 void PromptPage::followWorstCell(int row)
@@ -214,6 +260,9 @@ void PromptPage::clear(const QString& message)
     m_fullGrid = {};
     m_heatmap->showEmpty(message);
     m_worstModel->setCells(nullptr, {});
+    m_suspects->clear();
+    m_evidence->clear();
+    m_heatmap->setHighlight({});
     m_worstTitle->setText(tr("<b>Worst cells</b>"));
     for (int column : {4, 5})
         m_worstView->setColumnHidden(column, true);
@@ -304,6 +353,24 @@ void PromptPage::refreshSummary()
     // Cells of unfinished layers are still being written: rank once the analysis is over.
     if (!m_controller->isRunning())
         m_worstModel->setCells(p, kvscope::worstCells(*p, 100, &m_controller->readyLayers()));
+    {
+        const QSignalBlocker block(m_suspects);
+        m_suspects->clear();
+        m_evidence->clear();
+        m_heatmap->setHighlight({});
+        for (const Suspect& s : p->suspects) {
+            auto* item = new QListWidgetItem(QString("%1 · %2 · tokens %3-%4")
+                                                 .arg(suspectPatternName(s.pattern),
+                                                      QString::fromStdString(shortLayerName(s.firstLayer)))
+                                                 .arg(s.firstToken)
+                                                 .arg(s.lastToken));
+            item->setToolTip(QString::fromStdString(s.evidence));
+            m_suspects->addItem(item);
+        }
+        if (p->suspects.empty())
+            m_evidence->setText(m_controller->isRunning() ? tr("(after the analysis)")
+                                                          : tr("None: nothing leaves the capture's noise floor."));
+    }
     // Problems are appended by the workers while they run: read them once the analysis is over.
     QStringList problems;
     for (const std::string& s : m_controller->result()->problems)

@@ -9,6 +9,7 @@
 #include <QSplitter>
 
 class QLabel;
+class QListWidget;
 class QTableView;
 class QTimer;
 
@@ -47,6 +48,11 @@ public:
     DrillDownPanel& drillDown() { return *m_drill; }
     WorstCellsModel& worstCells() { return *m_worstModel; }
     QTableView& worstCellsView() { return *m_worstView; }
+    QListWidget& suspectsView() { return *m_suspects; }
+    QString suspectEvidence() const;
+    // Shows suspect `row` of the prompt: selects its worst cell, opens the drill-down on its
+    // worst head, highlights its tokens and heads.
+    void followSuspect(int row);
     QSplitter& mapSplitter() { return *m_vertical; }
 
 signals:
@@ -72,6 +78,8 @@ private:
     WorstCellsModel* m_worstModel;
     QTableView* m_worstView;
     QLabel* m_worstTitle;
+    QListWidget* m_suspects;
+    QLabel* m_evidence;
     QLabel* m_problems;
     QTimer* m_poolTimer;
     QTimer* m_layerTimer;  // coalesces the redraws as layers finish

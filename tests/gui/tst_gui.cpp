@@ -20,6 +20,7 @@
 #include <QAbstractItemModelTester>
 #include <QComboBox>
 #include <QHeaderView>
+#include <QListWidget>
 #include <QRegularExpression>
 #include <QScrollBar>
 #include <QSettings>
@@ -67,6 +68,7 @@ private slots:
     void cancelKeepsWhatWasAnalysed();
     void tooltipUsesTokenTextAndDivergenceBounds();
     void twoWayCaptureRanksByError();
+    void suspectsLeadToTheBug();
 
 private:
     void openDemo();
@@ -793,6 +795,30 @@ void TestGui::twoWayCaptureRanksByError()
     std::sort(values.begin(), values.end());
     const double expect = values[std::min(values.size() - 1, std::size_t(0.99 * double(values.size())))];
     QVERIFY(std::abs(window.heatmap().colorScale()->dataRange().upper - expect) <= 1e-6 * expect);
+}
+
+void TestGui::suspectsLeadToTheBug()
+{
+    ensureDemoOpen();
+    const PromptAnalysis& p = m_reference.prompts[0];
+    QVERIFY(!p.suspects.empty());
+    const Suspect& s = p.suspects.front();
+    // The demo's fault: layer 5, head 1, from token 46.
+    QCOMPARE(s.firstLayer, std::string("model.layers.5.self_attn"));
+    QVERIFY(std::find(s.heads.begin(), s.heads.end(), 1) != s.heads.end());
+    QListWidget& list = m_window->promptPage().suspectsView();
+    QCOMPARE(list.count(), int(p.suspects.size()));
+    list.setCurrentRow(-1);
+    m_window->selectCell(0, 0);
+    list.setCurrentRow(0);
+    QCOMPARE(m_window->selectedLayer(), s.worstLayer);
+    QCOMPARE(m_window->selectedToken(), s.worstToken);
+    QCOMPARE(m_window->spec().part, s.worstPart);
+    QCOMPARE(m_window->promptPage().drillDown().head(), s.worstHead);
+    QCOMPARE(m_window->promptPage().suspectEvidence(), QString::fromStdString(s.evidence));
+    QVERIFY(m_window->heatmap().hasHighlight());
+    for (int h = 0; h < p.heads; ++h)
+        QCOMPARE(m_window->headTable().isHighlighted(h), std::find(s.heads.begin(), s.heads.end(), h) != s.heads.end());
 }
 
 QTEST_MAIN(TestGui)
