@@ -59,7 +59,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     sideLayout->setContentsMargins(0, 0, 0, 0);
     m_evidence->setWordWrap(true);
     m_evidence->setTextInteractionFlags(Qt::TextSelectableByMouse);
-    m_suspects->setMaximumHeight(110);
+    m_suspects->setMaximumHeight(80);
     m_suspects->setToolTip(tr("Where the engine first leaves the noise floor, and what kind of bug it looks like"));
     sideLayout->addWidget(new QLabel(tr("<b>Suspects</b>")));
     sideLayout->addWidget(m_suspects);

@@ -341,6 +341,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
         return affected.size() > 1 ? "; later layers follow (" + layerList(s.layers, 1) + ")" : std::string();
     };
     const std::string kvText = s.kv == "kv" ? "K and V" : s.kv == "k" ? "K" : "V";
+    const std::string kvVerb = s.kv == "kv" ? " are" : " is";
     if (blockLike()) {
         s.pattern = SuspectPattern::Block;
         s.heads = heads;
@@ -348,7 +349,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
         std::vector<int> logical, physical;
         for (const SuspectBlock& b : s.blocks)
             logical.push_back(int(b.logical)), physical.push_back(int(b.physical));
-        why << kvText << " of every head are off the noise floor only at positions " << s.firstToken << "-"
+        why << kvText << " of every head" << kvVerb << " off the noise floor only at positions " << s.firstToken << "-"
             << s.lastToken << ", group " << group << "'s logical block(s) " << joinInts(logical) << " (physical "
             << joinInts(physical) << "), in " << s.layers.size()
             << " layer(s) of that group and in no other layer: a wrong or overwritten block.";
@@ -374,7 +375,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
         s.pattern = SuspectPattern::Position;
         s.heads = heads;
         why << kvText << " of " << (allHeads ? "every head" : "heads " + joinInts(heads)) << " of " << layer
-            << " are off the noise floor at decode positions only, from the first (token " << s.firstToken
+            << kvVerb << " off the noise floor at decode positions only, from the first (token " << s.firstToken
             << "): a RoPE or position offset in decode" << spread() << ".";
     } else {
         s.pattern = SuspectPattern::Layer;
@@ -388,7 +389,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
         const double medianL2 = median(l2);
         const bool scaleLike = median(cosGap) < 0.1 * medianL2 * medianL2;
         why << kvText << " of " << (allHeads ? "every head" : "heads " + joinInts(heads)) << " of " << layer
-            << " are off the noise floor at tokens " << s.firstToken << "-" << s.lastToken
+            << kvVerb << " off the noise floor at tokens " << s.firstToken << "-" << s.lastToken
             << (scaleLike ? " with their directions kept (1 - cos near 0, relative L2 " : " (relative L2 ")
             << std::setprecision(3) << medianL2 << ")"
             << (scaleLike ? ": a scale error, such as a wrong quantisation scale"
