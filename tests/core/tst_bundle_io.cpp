@@ -158,6 +158,7 @@ private slots:
     void badInput_data();
     void badInput();
     void writerRefusesInconsistentInput();
+    void messagesEscapeFileText();
 
 private:
     QTemporaryDir m_dir;
@@ -594,6 +595,16 @@ void TestBundleIo::writerRefusesInconsistentInput()
     // Not finished: nothing is left behind under either name.
     QVERIFY(!QFileInfo::exists(path));
     QVERIFY(!QFileInfo::exists(path + ".partial"));
+}
+
+void TestBundleIo::messagesEscapeFileText()
+{
+    // Bytes from a file (an attribute, a name) reach the message escaped, never raw.
+    const BundleError e("f.h5", std::string("/prompts/p\xff"), std::string("dtype 'bf\x01\x80' is not supported; caf\xc3\xa9"));
+    const std::string what = e.what();
+    QCOMPARE(what, std::string("f.h5: /prompts/p\\xff: dtype 'bf\\x01\\x80' is not supported; caf\xc3\xa9"));
+    QCOMPARE(printable(std::string("\xe2\x82")), std::string("\\xe2\\x82"));  // a truncated sequence
+    QCOMPARE(printable(std::string("\xf0\x9f\x99\x82 ok")), std::string("\xf0\x9f\x99\x82 ok"));
 }
 
 QTEST_APPLESS_MAIN(TestBundleIo)

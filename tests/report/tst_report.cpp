@@ -11,7 +11,11 @@
 #include <QFile>
 #include <QFileInfo>
 #include <QImage>
+#include <QCryptographicHash>
+#include <QDateTime>
+#include <QFileInfo>
 #include <QProcess>
+#include <QProcessEnvironment>
 #include <QRegularExpression>
 #include <QTemporaryDir>
 #include <QTest>
@@ -29,6 +33,7 @@ private slots:
     void pngsCarryTheMarkers();
     void chromiumDrawsEveryMapOffline();
     void checkExitCodes();
+    void bundleIsNeverModified();
 
 private:
     QTemporaryDir m_dir;
@@ -164,6 +169,36 @@ void TestReport::checkExitCodes()
     QCOMPARE(run({"check", broken}, &text), 2);
     QVERIFY(text.contains(broken));
     QCOMPARE(run({"check", m_dir.filePath("missing.h5")}), 2);
+}
+
+void TestReport::bundleIsNeverModified()
+{
+    // Input files are read only: same bytes, same modification time after every command.
+    const QString bundle = m_dir.filePath("readonly.h5");
+    QFile::copy(m_bundle, bundle);
+    QFile::setPermissions(bundle, QFileDevice::ReadOwner | QFileDevice::ReadGroup | QFileDevice::ReadOther);
+    auto digest = [&] {
+        QFile f(bundle);
+        f.open(QIODevice::ReadOnly);
+        return QCryptographicHash::hash(f.readAll(), QCryptographicHash::Sha256);
+    };
+    const QByteArray before = digest();
+    const QDateTime modified = QFileInfo(bundle).lastModified();
+    QTest::qWait(20);  // a write now would show in the time
+    for (const QStringList& args : QList<QStringList>{{"inspect", bundle},
+                                                      {"analyze", bundle},
+                                                      {"analyze", bundle, "--json", m_dir.filePath("ro.json")},
+                                                      {"check", bundle},
+                                                      {"report", bundle, "-o", m_dir.filePath("ro-report")},
+                                                      {"export", bundle, m_dir.filePath("ro-export.h5")}}) {
+        QProcess p;
+        p.setProcessEnvironment(QProcessEnvironment::systemEnvironment());
+        p.start(KVSCOPE_BINARY, args);
+        QVERIFY(p.waitForFinished(120000));
+        QVERIFY2(p.exitStatus() == QProcess::NormalExit && p.exitCode() <= 1, qPrintable(args.join(' ') + ": " + p.readAllStandardError()));
+        QCOMPARE(QFileInfo(bundle).lastModified(), modified);
+        QCOMPARE(digest(), before);
+    }
 }
 
 QTEST_MAIN(TestReport)
