@@ -1,6 +1,7 @@
 // kvscope: the desktop app and its headless commands (app/cli/commands.h).
 
 #include "cli/commands.h"
+#include "cli/crash_guard.h"
 #include "gui/gui_main.h"
 #include "report/drawing_application.h"
 #include "util/version.h"
@@ -8,6 +9,7 @@
 #include <malloc.h>
 
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,12 +37,19 @@ int main(int argc, char** argv)
             cli::printUsage(first, std::cout);
             return 0;
         }
-        try {
-            return command->run(rest, std::cout, std::cerr);
-        } catch (const std::exception& e) {
-            std::cerr << "kvscope: " << e.what() << "\n";
-            return 2;
-        }
+        auto run = [&] {
+            try {
+                return command->run(rest, std::cout, std::cerr);
+            } catch (const std::exception& e) {
+                std::cerr << "kvscope: " << e.what() << "\n";
+                return 2;
+            }
+        };
+        // The commands that read a bundle with libhdf5, which a corrupt file can crash.
+        static const std::set<std::string> readBundles{"analyze", "check", "report", "inspect", "export"};
+        if (readBundles.count(first) && !rest.empty())
+            return cli::runGuarded(run, rest.front(), std::cerr);
+        return run();
     }
     if (first.starts_with("-")) {
         std::cerr << "kvscope: unknown option " << first << "\n";

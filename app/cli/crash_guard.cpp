@@ -1,0 +1,37 @@
+#include "cli/crash_guard.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvscope::cli {
+
+int runGuarded(const std::function<int()>& command, const std::string& input, std::ostream& err)
+{
+    std::cout.flush();
+    std::cerr.flush();
+    const pid_t child = fork();
+    if (child < 0)
+        return command();  // cannot fork: run unguarded rather than not at all
+    if (child == 0) {
+        const int code = command();
+        std::cout.flush();
+        std::cerr.flush();
+        std::fflush(nullptr);
+        _exit(code);  // no second run of the parent's exit handlers
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    err << "kvscope: " << input << ": reading it crashed the HDF5 library (" << strsignal(WTERMSIG(status))
+        << "): the file's metadata is corrupt; nothing was analysed\n";
+    return 2;
+}
+
+}  // namespace kvscope::cli
