@@ -143,6 +143,24 @@ static double numberAfter(const QString& text, const QString& label)
     return m.hasMatch() ? m.captured(1).toDouble() : std::nan("");
 }
 
+// The 99th percentile (nearest rank) over the (layer, token) cells of the largest value of `m`
+// over heads.
+static double percentile99OfCellMaxima(const PromptAnalysis& p, Metric m)
+{
+    std::vector<double> values;
+    for (int l = 0; l < int(p.layers.size()); ++l)
+        for (qint64 t = 0; t < p.tokens; ++t) {
+            double largest = -1;
+            for (int h = 0; h < p.heads; ++h)
+                if (!std::isnan(p.value(m, l, t, h)))
+                    largest = std::max(largest, double(p.value(m, l, t, h)));
+            if (largest >= 0)
+                values.push_back(largest);
+        }
+    std::sort(values.begin(), values.end());
+    return values[std::min(values.size() - 1, std::size_t(0.99 * double(values.size())))];
+}
+
 static bool sameTo4Digits(double a, double b)
 {
     if (std::isnan(a) || std::isnan(b))
@@ -619,18 +637,7 @@ void TestGui::colourRangeComesFromTheData()
     m_window->setPart(KvPart::V);
     // Default: up to twice the 99th percentile of the dtype noise (max over heads of base V L2).
     const PromptAnalysis& p = m_reference.prompts[0];
-    std::vector<double> noise;
-    for (int l = 0; l < int(p.layers.size()); ++l)
-        for (qint64 t = 0; t < p.tokens; ++t) {
-            double m = -1;
-            for (int h = 0; h < p.heads; ++h)
-                if (!std::isnan(p.value(Metric::BaseVL2, l, t, h)))
-                    m = std::max(m, double(p.value(Metric::BaseVL2, l, t, h)));
-            if (m >= 0)
-                noise.push_back(m);
-        }
-    std::sort(noise.begin(), noise.end());
-    const double expectUpper = 2 * noise[std::min(noise.size() - 1, std::size_t(0.99 * double(noise.size())))];
+    const double expectUpper = 2 * percentile99OfCellMaxima(p, Metric::BaseVL2);
     const QCPRange range = m_window->heatmap().colorScale()->dataRange();
     QVERIFY2(std::abs(range.upper - expectUpper) <= 1e-6 * expectUpper, qPrintable(QString("%1 vs %2").arg(range.upper).arg(expectUpper)));
     QCOMPARE(range.lower, 0.0);
@@ -782,18 +789,7 @@ void TestGui::twoWayCaptureRanksByError()
     window.selectCell(5, 50);
     QVERIFY(std::isnan(window.headTable().value(0, HeadTableModel::ratioColumn(KvPart::K))));
     // The colour range: up to the 99th percentile of the shown values.
-    std::vector<double> values;
-    for (int l = 0; l < int(p.layers.size()); ++l)
-        for (qint64 t = 0; t < p.tokens; ++t) {
-            double m = -1;
-            for (int h = 0; h < p.heads; ++h)
-                if (!std::isnan(p.value(Metric::KLinf, l, t, h)))
-                    m = std::max(m, double(p.value(Metric::KLinf, l, t, h)));
-            if (m >= 0)
-                values.push_back(m);
-        }
-    std::sort(values.begin(), values.end());
-    const double expect = values[std::min(values.size() - 1, std::size_t(0.99 * double(values.size())))];
+    const double expect = percentile99OfCellMaxima(p, Metric::KLinf);
     QVERIFY(std::abs(window.heatmap().colorScale()->dataRange().upper - expect) <= 1e-6 * expect);
 }
 
