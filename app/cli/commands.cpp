@@ -53,7 +53,8 @@ const std::vector<Command>& commands()
                   "  --threads N            prompts computed in parallel (default: one per core; same result)\n"
                   "  --fault KIND           none, rope_offset, stale_block, shard_swap, fp8_scale, dead_head,\n"
                   "                         window_off_by_one\n"
-                  "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies\n",
+                  "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies (step:\n"
+                  "                         position - prompt_len, negative in the prefill)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
         {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
                   "  times the three-way analysis of a synthetic Llama-3.3-70B-shaped capture against a\n"
