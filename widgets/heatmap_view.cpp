@@ -149,17 +149,22 @@ void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& 
     replot(QCustomPlot::rpQueuedReplot);
 }
 
+void HeatmapView::leaveEmpty()
+{
+    if (!m_empty)
+        return;
+    m_empty = false;
+    m_emptyText->setVisible(false);
+    m_map->setVisible(true);
+    m_scale->setVisible(true);
+    setAxesVisible(this, true);
+    legend->setVisible(false);
+    axisRect()->setBackground(QBrush(QColor(150, 150, 150), Qt::BDiagPattern));
+}
+
 void HeatmapView::setGrid(const HeatmapGrid& grid)
 {
-    if (m_empty) {
-        m_empty = false;
-        m_emptyText->setVisible(false);
-        m_map->setVisible(true);
-        m_scale->setVisible(true);
-        setAxesVisible(this, true);
-        legend->setVisible(false);
-        axisRect()->setBackground(QBrush(QColor(150, 150, 150), Qt::BDiagPattern));
-    }
+    leaveEmpty();
     m_grid = grid;
     const double first = double(grid.firstToken);
     const double step = double(grid.tokensPerColumn);
@@ -224,6 +229,7 @@ void HeatmapView::updateTokenTicks()
 
 void HeatmapView::showMap(const MapSpec& spec)
 {
+    leaveEmpty();  // before the labels, which are laid out for a visible map
     QStringList rows, tokens;
     for (const std::string& r : spec.rowLabels)
         rows << QString::fromStdString(r);

@@ -73,6 +73,7 @@ private:
     void updateTokenTicks();
     void updateRowTicks();
     void clampRange(QCPAxis* axis, const QCPRange& full);
+    void leaveEmpty();
 
     QCPColorMap* m_map = nullptr;
     QCPColorScale* m_scale = nullptr;

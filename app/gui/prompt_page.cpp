@@ -288,7 +288,6 @@ void PromptPage::refreshHeatmap()
         range.lower = std::min(dataRange(*p, m_settings.map, true, &ready).lower, range.upper / 10);
     }
     spec.range = range;
-    m_heatmap->setGrid({});  // leaves the empty state before the labels are laid out
     m_heatmap->showMap(spec);
     m_heatmap->setScale(spec.scale, toQcpRange(range), m_settings.logarithmic);
     m_heatmap->setPendingRows(ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."));

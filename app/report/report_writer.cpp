@@ -190,7 +190,9 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
         out << "<table><tr><th>pattern</th><th>score</th><th>first layer</th><th>tokens</th><th>heads</th><th>TP "
                "ranks</th><th>prompts</th><th>evidence</th></tr>";
         for (const Suspect& s : result.suspects) {
-            QStringList heads, ranks;
+            QStringList heads, ranks, prompts;
+            for (const std::string& id : s.prompts)
+                prompts << QString::fromStdString(id);
             for (int h : s.heads)
                 heads << QString::number(h);
             for (int r : s.tpRanks)
@@ -198,7 +200,7 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
             out << "<tr class=fail><td>" << suspectPatternName(s.pattern) << "</td><td>" << QString::number(s.score, 'g', 3)
                 << "</td><td>" << html(s.firstLayer) << "</td><td>" << s.firstToken << "-" << s.lastToken << " ("
                 << html(s.phase) << ", " << html(s.kv) << ")</td><td>" << heads.join(", ") << "</td><td>"
-                << ranks.join(", ") << "</td><td>" << html(s.prompt) << "</td><td>" << html(s.evidence) << "</td></tr>";
+                << ranks.join(", ") << "</td><td>" << prompts.join(", ").toHtmlEscaped() << "</td><td>" << html(s.evidence) << "</td></tr>";
         }
         out << "</table>";
     }

@@ -114,14 +114,7 @@ void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
         o << "{\"pattern\":\"" << suspectPatternName(s.pattern) << "\",\"score\":";
         w.number(s.score);
         o << ",\"evidence\":" << jsonString(s.evidence) << ",\"prompts\":";
-        std::vector<std::string> prompts;
-        for (std::size_t from = 0; from <= s.prompt.size();) {
-            const std::size_t comma = std::min(s.prompt.find(',', from), s.prompt.size());
-            if (comma > from)
-                prompts.push_back(s.prompt.substr(from, comma - from));
-            from = comma + 1;
-        }
-        writeStrings(w, prompts);
+        writeStrings(w, s.prompts);
         o << ",\"first_layer\":" << jsonString(s.firstLayer) << ",\"layers\":";
         writeStrings(w, s.layers);
         o << ",\"kv\":\"" << s.kv << "\",\"heads\":";

@@ -33,7 +33,7 @@ struct Suspect {
     SuspectPattern pattern = SuspectPattern::Layer;
     double score = 0;      // the onset layer's median ratio over its off cells, in floors
     std::string evidence;  // one sentence
-    std::string prompt;    // the prompt (bundle level: the prompts it was seen in, comma-separated)
+    std::vector<std::string> prompts;  // where it was seen (one per prompt; pooled: every one)
     std::string firstLayer;
     std::vector<std::string> layers;  // every affected layer, the onset first
     std::string kv;                   // "k", "v" or "kv"

@@ -43,51 +43,56 @@ double median(std::vector<double> v)
     return *mid;
 }
 
-// How far a cell is off: its error ratio against the cell's noise floor (three-way). Two-way
-// has no dtype-only reference: a cell's L-inf against its layer's median L-inf (faults
-// confined to some tokens or heads), and a layer whose median is itself far above the
-// capture's typical layer median counts as off everywhere (a whole-layer fault).
+// How far each cell is off, computed once: its error ratio against the cell's noise floor
+// (three-way). Two-way has no dtype-only reference: a cell's L-inf against its layer's median
+// L-inf (faults confined to some tokens or heads), and a layer whose median is itself far
+// above the capture's typical layer median is judged against that (a whole-layer fault).
 class Ratios {
 public:
     Ratios(const PromptAnalysis& p, double layerJump)
         : m_p(p)
     {
-        if (p.threeWay)
-            return;
         const int layers = int(p.layers.size());
         for (KvPart part : {KvPart::K, KvPart::V}) {
             const Metric m = metricFor(part, MetricKind::Linf);
-            std::vector<double>& floors = m_floor[std::size_t(part)];
-            floors.assign(std::size_t(layers), std::nan(""));
-            std::vector<double> medians;
+            std::vector<float>& out = m_values[std::size_t(part)];
+            out.assign(p.metrics[std::size_t(m)].size(), std::nanf(""));
+            if (p.threeWay) {
+                for (int l = 0; l < layers; ++l)
+                    for (std::int64_t t = 0; t < p.tokens; ++t) {
+                        const double floor = std::max(double(noiseFloor(p, m, l, t)), 1e-10);
+                        for (int h = 0; h < p.heads; ++h)
+                            out[p.cell(l, t, h)] = float(double(p.value(m, l, t, h)) / floor);
+                    }
+                continue;
+            }
+            std::vector<double> floors(static_cast<std::size_t>(layers), std::nan("")), medians;
             for (int l = 0; l < layers; ++l) {
                 std::vector<double> values;
                 for (std::int64_t t = 0; t < p.tokens; ++t)
                     for (int h = 0; h < p.heads; ++h)
                         if (const float v = p.value(m, l, t, h); std::isfinite(v))
                             values.push_back(v);
-                if (!values.empty()) {
-                    floors[std::size_t(l)] = std::max(median(values), 1e-10);
-                    medians.push_back(floors[std::size_t(l)]);
-                }
+                if (!values.empty())
+                    medians.push_back(floors[std::size_t(l)] = std::max(median(values), 1e-10));
             }
             const double typical = median(medians);
-            for (double& f : floors)
-                if (f > layerJump * typical)
-                    f = typical;  // the whole layer is off: judge it against the others
+            for (int l = 0; l < layers; ++l) {
+                const double floor = floors[std::size_t(l)] > layerJump * typical ? typical : floors[std::size_t(l)];
+                for (std::int64_t t = 0; t < p.tokens; ++t)
+                    for (int h = 0; h < p.heads; ++h)
+                        out[p.cell(l, t, h)] = float(double(p.value(m, l, t, h)) / floor);
+            }
         }
     }
     float at(int layer, std::int64_t token, int head, KvPart part) const
     {
-        const Metric m = metricFor(part, MetricKind::Linf);
-        if (m_p.threeWay)
-            return headErrorRatio(m_p, m, layer, token, head);
-        return float(double(m_p.value(m, layer, token, head)) / m_floor[std::size_t(part)][std::size_t(layer)]);
+        return m_values[std::size_t(part)][m_p.cell(layer, token, head)];
     }
 
 private:
     const PromptAnalysis& m_p;
-    std::vector<double> m_floor[2];
+    std::vector<float> m_values[2];  // [K/V][layer][token][head], NaN: no data
 };
 
 std::string joinInts(const std::vector<int>& v)
@@ -109,20 +114,6 @@ std::string layerList(const std::vector<std::string>& layers, std::size_t from)
         s += (i > from ? ", " : "") + shortLayerName(layers[i]);
     }
     return s;
-}
-
-// The ranks that hold head `h`.
-std::vector<int> ranksOf(const KvCacheConfig& config, int h)
-{
-    std::vector<int> ranks;
-    if (config.tpMode() == TpMode::Partitioned) {
-        ranks.push_back(h / config.headsPerRank());
-    } else {
-        const int stride = config.tpSize / config.totalNumKvHeads;
-        for (int r = h * stride; r < (h + 1) * stride; ++r)
-            ranks.push_back(r);
-    }
-    return ranks;
 }
 
 // Logical and physical blocks of `group` behind tokens [first, last] (at most `cap`).
@@ -224,7 +215,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
     const int L0 = affected.front();
     const std::vector<OffCell>& cells = off[std::size_t(L0)];
     Suspect s;
-    s.prompt = p.id;
+    s.prompts = {p.id};
     s.firstLayer = p.layers[std::size_t(L0)];
     for (int l : affected)
         s.layers.push_back(p.layers[std::size_t(l)]);
@@ -325,11 +316,11 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
             return {};
         std::set<int> ranks;
         for (int h : heads)
-            for (int r : ranksOf(config, h))
+            for (int r : config.ranksHolding(h))
                 ranks.insert(r);
         std::set<int> held;
         for (int h = 0; h < p.heads; ++h)
-            for (int r : ranksOf(config, h))
+            for (int r : config.ranksHolding(h))
                 if (ranks.count(r))
                     held.insert(h);
         if (held != std::set<int>(heads.begin(), heads.end()))
@@ -415,7 +406,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
     }
     if (s.tpRanks.empty())
         for (int h : s.heads)
-            for (int r : ranksOf(config, h))
+            for (int r : config.ranksHolding(h))
                 if (std::find(s.tpRanks.begin(), s.tpRanks.end(), r) == s.tpRanks.end())
                     s.tpRanks.push_back(r);
     std::sort(s.tpRanks.begin(), s.tpRanks.end());
@@ -443,7 +434,7 @@ std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPr
                 continue;
             }
             Suspect& q = *it;
-            q.prompt += "," + s.prompt;
+            unite(q.prompts, s.prompts);
             unite(q.layers, s.layers);
             unite(q.heads, s.heads);
             unite(q.tpRanks, s.tpRanks);

@@ -11,10 +11,14 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
 {
     std::vector<Violation> out;
     // Any suspect fails, and comes first: something left the capture's own noise floor in a recognisable way.
-    for (const Suspect& s : result.suspects)
-        out.push_back({s.prompt, s.firstLayer, s.firstToken, s.heads.size() == 1 ? s.heads.front() : -1,
+    for (const Suspect& s : result.suspects) {
+        std::string prompts;
+        for (const std::string& id : s.prompts)
+            prompts += (prompts.empty() ? "" : ",") + id;
+        out.push_back({prompts, s.firstLayer, s.firstToken, s.heads.size() == 1 ? s.heads.front() : -1,
                        std::string("suspect: ") + suspectPatternName(s.pattern) + " (score, in noise floors)", s.score,
                        t.suspects.offFloor, s.evidence});
+    }
     for (const PromptAnalysis& p : result.prompts) {
         for (int l = 0; l < int(p.layers.size()); ++l) {
             const std::string& layer = p.layers[std::size_t(l)];

@@ -197,6 +197,17 @@ std::vector<int> KvCacheConfig::contributingRanks() const
     return ranks;
 }
 
+std::vector<int> KvCacheConfig::ranksHolding(int head) const
+{
+    if (tpMode() == TpMode::Partitioned)
+        return {head / headsPerRank()};
+    const int stride = tpSize / totalNumKvHeads;
+    std::vector<int> ranks;
+    for (int r = head * stride; r < (head + 1) * stride; ++r)
+        ranks.push_back(r);
+    return ranks;
+}
+
 int KvCacheConfig::groupOf(const std::string& layer) const
 {
     for (std::size_t g = 0; g < groups.size(); ++g)

@@ -44,6 +44,8 @@ struct KvCacheConfig {
     int headsPerRank() const;
     // The ranks whose shards together hold every head once, in head order.
     std::vector<int> contributingRanks() const;
+    // Every rank that holds head `head` (one when partitioned, its copies when replicated).
+    std::vector<int> ranksHolding(int head) const;
 
     // Index of the group holding `layer`, or -1.
     int groupOf(const std::string& layer) const;

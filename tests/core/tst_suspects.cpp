@@ -147,7 +147,7 @@ void TestSuspects::check(const ModelCaptureOptions& o, const QString& what)
             expect(std::any_of(s.blocks.begin(), s.blocks.end(),
                                [&](const SuspectBlock& b) { return b.group == group && b.logical == logical && b.physical == stale; }),
                    QString("block (group %1, logical %2, physical %3) not named").arg(group).arg(logical).arg(stale));
-            expect(s.prompt == "prompt_0", "prompt " + QString::fromStdString(s.prompt));
+            expect(s.prompts == std::vector<std::string>{"prompt_0"}, "prompts");
             const auto positions = r.truth.at("positions");
             expect(s.firstToken >= positions[0].get<std::int64_t>() && s.lastToken <= positions[1].get<std::int64_t>() + 1,
                    QString("tokens %1-%2").arg(s.firstToken).arg(s.lastToken));
