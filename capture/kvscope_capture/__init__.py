@@ -1,4 +1,4 @@
-"""kvscope_capture: write kvscope capture bundles (format v1) from a Python vLLM process.
+"""kvscope_capture: write kvscope capture bundles (format v2) from a Python vLLM process.
 
 The writer takes what the engine's RPCs return, as they are (torch.save bytes per rank and
 per group), or tensors / numpy arrays; and the reference model's past_key_values as HF returns

@@ -1,4 +1,4 @@
-"""BundleWriter: one kvscope capture bundle (HDF5, format v1) per capture session.
+"""BundleWriter: one kvscope capture bundle (HDF5, format v2) per capture session.
 
 Every call checks its input completely (shapes, dtypes, layer names, consistency with the
 KV cache config) and raises ValueError before writing anything. The file is written under
@@ -18,7 +18,7 @@ from .kv_cache_config import KvCacheConfig
 from .tensors import load_torch_bytes, to_array, to_float32, to_int_array
 
 FORMAT_NAME = "kvscope-capture"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 REFERENCE_ROLES = ("expected", "baseline")
 LOGITS_ROLES = ("expected", "actual", "baseline")
 
@@ -27,23 +27,56 @@ def _valid_name(name):
     return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
 
 
+# Format v2: strings are fixed-length UTF-8 (no variable-length strings: their global-heap
+# records are where corrupt files crash libhdf5), every dataset with data is chunked with a
+# Fletcher32 checksum per chunk, and the file uses HDF5's newest format (checksummed metadata).
+
+def _fixed_strings(values):
+    encoded = [str(v).encode("utf-8") for v in values]
+    dtype = h5py.string_dtype("utf-8", max([1] + [len(b) for b in encoded]))
+    return np.array(encoded, dtype=dtype), dtype
+
+
+def _set_string(obj, name, value):
+    """A scalar string attribute, fixed-length."""
+    array, dtype = _fixed_strings([value])
+    obj.attrs.create(name, array[0], dtype=dtype)
+
+
+def _dataset(group, name, data, dtype=None, chunk_rows=None):
+    """A dataset, in checksummed chunks of `chunk_rows` rows (default: about 1 MiB)."""
+    data = np.asarray(data)
+    if data.size == 0:
+        return group.create_dataset(name, data=data, dtype=dtype)
+    row_bytes = max(1, data[0].nbytes if data.ndim else data.nbytes)
+    rows = chunk_rows or max(1, (1 << 20) // row_bytes)
+    chunks = (min(len(data), rows),) + data.shape[1:]
+    return group.create_dataset(name, data=data, dtype=dtype, chunks=chunks, fletcher32=True)
+
+
+def _string_dataset(group, name, values):
+    array, dtype = _fixed_strings(values)
+    return _dataset(group, name, array, dtype=dtype)
+
+
 class BundleWriter:
     def __init__(self, path, model="", engine="", notes="", **metadata):
         self.path = os.fspath(path)
         self._partial = self.path + ".partial"
-        self._file = h5py.File(self._partial, "w", track_order=True)
-        attrs = self._file.attrs
-        attrs["format"] = FORMAT_NAME
-        attrs["format_version"] = np.int64(FORMAT_VERSION)
-        attrs["model"] = str(model)
-        attrs["engine"] = str(engine)
-        attrs["created"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        attrs["notes"] = str(notes)
-        attrs["writer"] = "kvscope_capture " + __version__
-        for key, value in metadata.items():
+        for key in metadata:
             if key in ("format", "format_version", "writer"):
                 raise ValueError(f"metadata key {key!r} is reserved")
-            attrs[key] = str(value)
+        self._file = h5py.File(self._partial, "w", track_order=True, libver="latest")
+        root = self._file
+        _set_string(root, "format", FORMAT_NAME)
+        root.attrs["format_version"] = np.int64(FORMAT_VERSION)
+        _set_string(root, "model", model)
+        _set_string(root, "engine", engine)
+        _set_string(root, "created", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        _set_string(root, "notes", notes)
+        _set_string(root, "writer", "kvscope_capture " + __version__)
+        for key, value in metadata.items():
+            _set_string(root, key, value)
         self._file.create_group("prompts", track_order=True)
         self._config = None
         self._prompts = {}  # id -> {"prompt_len", "snapshots": [...], "references": {role: set}, "divergences"}
@@ -75,7 +108,7 @@ class BundleWriter:
             text = json.dumps(cfg, allow_nan=False)  # strict JSON, as the reader parses it
         except (TypeError, ValueError) as e:
             raise ValueError(f"kv_cache_config: cannot be written as JSON ({e})") from e
-        self._file.create_dataset("kv_cache_config", data=text, dtype=h5py.string_dtype("utf-8"))
+        _string_dataset(self._file, "kv_cache_config", [text])
         self._config = config
 
     # --- prompts -----------------------------------------------------------------------
@@ -106,11 +139,11 @@ class BundleWriter:
                     raise ValueError(f"prompt {pid}: token string {i} holds a NUL character; escape it (e.g. '<0x00>')")
         group = self._file["prompts"].create_group(pid, track_order=True)
         group.attrs["prompt_len"] = np.int64(prompt_len)
-        group.create_dataset("input_ids", data=ids[:prompt_len])
+        _dataset(group, "input_ids", ids[:prompt_len])
         if len(teacher):
-            group.create_dataset("teacher_tokens", data=teacher)
+            _dataset(group, "teacher_tokens", teacher)
         if strings is not None:
-            group.create_dataset("token_strings", data=strings, dtype=h5py.string_dtype("utf-8"))
+            _string_dataset(group, "token_strings", strings)
         self._prompts[pid] = {"prompt_len": prompt_len, "snapshots": [], "references": {}, "divergences": None}
 
     def _prompt(self, prompt_id):
@@ -194,22 +227,23 @@ class BundleWriter:
         snap.attrs["batch_row"] = np.int64(batch_row)
         seq_lens = np.full(batch, -1, np.int64)
         seq_lens[batch_row] = int(seq_len)
-        snap.create_dataset("seq_lens", data=seq_lens)
+        _dataset(snap, "seq_lens", seq_lens)
         if stored is not None:
-            snap.create_dataset("physical_block_ids", data=stored)
+            _dataset(snap, "physical_block_ids", stored)
         bt = snap.create_group("block_tables", track_order=True)
         for g, t in enumerate(tables):
-            bt.create_dataset(f"group_{g}", data=t.astype(np.int32))
+            _dataset(bt, f"group_{g}", t.astype(np.int32))
         for r, layers in enumerate(ranks):
             rank_group = snap.create_group(f"rank_{r}", track_order=True)
             for layer in cfg.layer_names():
                 lg = rank_group.create_group(layer)
                 for part, (array, dtype, scale) in zip("kv", layers[layer]):
                     data = array if stored is None else array[stored]
+                    # One block per chunk (several only when blocks are under 4 KiB): a
+                    # checksum covers a whole chunk, so one block can be read and verified alone.
                     block_bytes = array[0].nbytes if len(array) else 1
-                    chunk_rows = max(1, min(len(data), 65536 // max(1, block_bytes)))
-                    ds = lg.create_dataset(part, data=data, chunks=(chunk_rows,) + data.shape[1:] if len(data) else None)
-                    ds.attrs["dtype"] = dtype
+                    ds = _dataset(lg, part, data, chunk_rows=max(1, 4096 // max(1, block_bytes)))
+                    _set_string(ds, "dtype", dtype)
                     ds.attrs["scale"] = float(scale)
         prompt["snapshots"].append({"seq_len": int(seq_len), "validated_until": validated_until})
 
@@ -293,8 +327,8 @@ class BundleWriter:
         for name in names:
             lg = ref.create_group(name)
             for part, (array, dtype) in zip("kv", arrays[name]):
-                ds = lg.create_dataset(part, data=array, chunks=(1,) + array.shape[1:] if array.size else None)
-                ds.attrs["dtype"] = dtype
+                ds = _dataset(lg, part, array, chunk_rows=1)
+                _set_string(ds, "dtype", dtype)
                 ds.attrs["scale"] = 1.0
         prompt["references"][role] = True
 
@@ -312,7 +346,7 @@ class BundleWriter:
         logits_group = self._file["prompts"][pid].require_group("logits")
         if role in logits_group:
             raise ValueError(f"prompt {pid}: {role} logits added twice")
-        logits_group.create_dataset(role, data=array, chunks=(1, array.shape[1]) if array.size else None)
+        _dataset(logits_group, role, array, chunk_rows=1)
 
     def set_divergence(self, prompt_id, positions):
         """Absolute positions where the engine's token differed from the teacher's."""
@@ -338,7 +372,7 @@ class BundleWriter:
             group = self._file["prompts"][pid]
             divergences = prompt["divergences"]
             if divergences is not None:
-                group.create_dataset("divergence_positions", data=divergences.astype(np.int64))
+                _dataset(group, "divergence_positions", divergences.astype(np.int64))
             # validated_until: given, else the first divergence after where this snapshot starts
             # (the divergence it starts at was re-prefilled with the teacher token), else
             # everything written.

@@ -1,6 +1,7 @@
 """The writer refuses bad input with a clear ValueError before writing anything, and writes only
-documented fields of format v1."""
+documented fields of format v2."""
 
+import json
 import os
 import tempfile
 import unittest
@@ -55,9 +56,10 @@ class Writer(unittest.TestCase):
             w.set_divergence("p", [7])
         self.assertFalse(os.path.exists(self.path + ".partial"))
         with h5py.File(self.path, "r") as f:
-            self.assertEqual(f.attrs["format"], "kvscope-capture")
-            self.assertEqual(f.attrs["format_version"], 1)
-            self.assertEqual(f.attrs["run"], "42")
+            # Strings are fixed-length UTF-8 (h5py reads them as bytes).
+            self.assertEqual(f.attrs["format"], b"kvscope-capture")
+            self.assertEqual(f.attrs["format_version"], 2)
+            self.assertEqual(f.attrs["run"], b"42")
             self.assertEqual(set(f), {"kv_cache_config", "prompts"})
             p = f["prompts/p"]
             self.assertEqual(set(p), {"input_ids", "teacher_tokens", "token_strings", "engine", "reference", "logits",
@@ -69,10 +71,47 @@ class Writer(unittest.TestCase):
             self.assertEqual(snap.attrs["validated_until"], 7)
             k = snap["rank_1/layers.0.self_attn/k"]
             self.assertEqual(k.shape, (12, 2, 4, 8))
-            self.assertEqual(k.attrs["dtype"], "bfloat16")
+            self.assertEqual(k.attrs["dtype"], b"bfloat16")
             self.assertEqual(k.dtype, np.uint16)
-            self.assertEqual(p["reference/baseline/layers.1.self_attn/v"].attrs["dtype"], "float32")
+            self.assertEqual(p["reference/baseline/layers.1.self_attn/v"].attrs["dtype"], b"float32")
             self.assertEqual(p["logits/actual"].shape, (4, 16))
+
+    def test_format_v2_integrity(self):
+        """Newest file format (checksummed metadata), no variable-length string anywhere, and a
+        Fletcher32 checksum on every dataset that holds data."""
+        truth, rpc, tables = engine_state(config())
+        with self.writer() as w:
+            w.add_engine_snapshot("p", rpc, tables, 10)
+            w.add_reference_kv("p", "expected", {n: (k.unsqueeze(0), v.unsqueeze(0)) for n, (k, v) in truth.items()})
+            w.add_logits("p", "actual", torch.randn(1, 4, 16))
+            w.set_divergence("p", [7])
+        with h5py.File(self.path, "r") as f:
+            superblock = f.id.get_create_plist().get_version()[0]
+            self.assertGreaterEqual(superblock, 2)  # 2 and later carry a checksum
+            seen = []
+
+            def check(name, obj):
+                for key, value in obj.attrs.items():
+                    info = h5py.check_string_dtype(obj.attrs.get_id(key).dtype)
+                    if info is not None:
+                        self.assertIsNotNone(info.length, f"{name}@{key} is a variable-length string")
+                if isinstance(obj, h5py.Dataset):
+                    seen.append(name)
+                    info = h5py.check_string_dtype(obj.dtype)
+                    if info is not None:
+                        self.assertIsNotNone(info.length, f"{name} holds variable-length strings")
+                    if obj.size:
+                        self.assertIsNotNone(obj.chunks, f"{name} is not chunked")
+                        self.assertTrue(obj.fletcher32, f"{name} has no checksum")
+
+            check("/", f)
+            f.visititems(check)
+            self.assertIn("kv_cache_config", seen)
+            self.assertIn("prompts/p/token_strings", seen)
+            self.assertEqual(json.loads(f["kv_cache_config"][0].decode())["tp_size"], 2)
+            # One block per chunk (or several under 4 KiB), so one block is read and checked alone.
+            k = f["prompts/p/engine/snapshot_0/rank_0/layers.0.self_attn/k"]
+            self.assertEqual(k.chunks[0], min(k.shape[0], max(1, 4096 // k[0].nbytes)))
 
     def test_refuses_bad_input_before_writing(self):
         truth, rpc, tables = engine_state(config())

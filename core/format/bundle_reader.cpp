@@ -35,15 +35,19 @@ BundleReader::BundleReader(const std::string& path)
 {
     const std::lock_guard lock(hdf5Mutex());
     m_file = Hdf5File::openReadOnly(path);
-    if (!m_file.hasAttribute("/", "format"))
-        m_file.fail("/", "attribute 'format' is missing: not a kvscope capture bundle");
+    if (!m_file.hasAttribute("/", "format") || !m_file.hasAttribute("/", "format_version"))
+        m_file.fail("/", "attributes 'format' and 'format_version' are missing: not a kvscope capture bundle");
+    // The version first (an integer): it says how the rest, strings included, may be read.
+    const std::int64_t version = m_file.readIntAttribute("/", "format_version");
+    if (version < kOldestBundleFormatVersion || version > kBundleFormatVersion)
+        m_file.fail("/", "format_version " + std::to_string(version) + " is not supported (this kvscope reads " +
+                             std::to_string(kOldestBundleFormatVersion) + " to " + std::to_string(kBundleFormatVersion) +
+                             (version > kBundleFormatVersion ? "; a newer kvscope wrote it)" : ")"));
+    m_metadata.formatVersion = int(version);
+    m_file.setChecksumsRequired(version >= 2);
     const std::string format = m_file.readStringAttribute("/", "format");
     if (format != kBundleFormatName)
         m_file.fail("/", "format is '" + format + "', expected '" + kBundleFormatName + "'");
-    const std::int64_t version = m_file.readIntAttribute("/", "format_version");
-    if (version != kBundleFormatVersion)
-        m_file.fail("/", "format_version " + std::to_string(version) + " is not supported (this kvscope reads " +
-                             std::to_string(kBundleFormatVersion) + ")");
     std::string* fields[] = {&m_metadata.model, &m_metadata.engine, &m_metadata.created, &m_metadata.notes,
                              &m_metadata.writer};
     for (std::size_t i = 0; i < std::size(fields); ++i)
@@ -168,6 +172,7 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
     const std::int64_t elements = Hdf5File::elementCount(t.shape);
     if (elements < 0 || elements > kMaxTensorBytes / std::int64_t(dtypeSize(t.dtype)))
         m_file.fail(dataset, "declares " + shapeToString(info.shape) + ", too large to read");
+    m_file.requirePlausibleSize(dataset, std::uint64_t(elements) * dtypeSize(t.dtype));
     t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
     if (!t.bytes.empty())
         m_file.readRaw(dataset, storageType(t.dtype), t.bytes.data(), rows);

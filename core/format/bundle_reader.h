@@ -1,5 +1,5 @@
 #pragma once
-// Reads a capture bundle, format v1. Opening reads only the small things (metadata, config,
+// Reads a capture bundle, format v2 (and v1). Opening reads only the small things (metadata, config,
 // per-prompt tokens and the snapshot list) and checks the structure; tensors are read
 // lazily, one layer's K or V of one rank at a time, and only the blocks asked for.
 // Thread-safe: HDF5 calls are serialised internally.

@@ -217,10 +217,11 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
     for (int r = 0; r < m_config.tpSize; ++r) {
         for (const auto& [layer, kv] : snap.ranks[std::size_t(r)]) {
             const KvCacheGroup& group = m_config.groups[std::size_t(m_config.groupOf(layer))];
-            // Chunks of whole blocks, about 64 KiB, so that any block can be read alone cheaply.
+            // One block per chunk (several only when blocks are under 4 KiB): a checksum covers a
+            // whole chunk, so one block can be read and verified alone.
             const std::int64_t blockBytes = std::int64_t(m_config.headsPerRank()) * group.blockSize *
                                             group.headSize * std::int64_t(dtypeSize(group.dtype));
-            const std::int64_t chunkRows = std::max<std::int64_t>(1, 65536 / blockBytes);
+            const std::int64_t chunkRows = std::max<std::int64_t>(1, 4096 / blockBytes);
             const bool select = snap.keepOnlyReferencedBlocks;
             writeKv(bundle_path::engineKv(promptId, index, r, layer, "k"),
                     select ? selectBlocks(kv.first, stored) : kv.first, chunkRows);

@@ -1,5 +1,5 @@
 #pragma once
-// Writes a capture bundle, format v1. Everything handed in is checked against the KV cache
+// Writes a capture bundle, format v2. Everything handed in is checked against the KV cache
 // config first, so that a bundle this writer finishes is one the reader accepts. The file
 // is written under a temporary name and appears under its own only when finish() succeeds.
 

@@ -1,5 +1,5 @@
 #pragma once
-// What a capture bundle holds (format v1, see docs/bundle-format.md), as plain values,
+// What a capture bundle holds (format v2, see docs/bundle-format.md), as plain values,
 // and the HDF5 paths where each piece lives. Shared by the reader and the writer.
 
 #include "format/raw_tensor.h"
@@ -12,7 +12,9 @@
 namespace kvscope {
 
 inline constexpr const char* kBundleFormatName = "kvscope-capture";
-inline constexpr int kBundleFormatVersion = 1;
+// What the writers write; the reader also reads every version from the oldest on.
+inline constexpr int kBundleFormatVersion = 2;
+inline constexpr int kOldestBundleFormatVersion = 1;
 
 enum class ReferenceRole { Expected, Baseline };
 enum class LogitsRole { Expected, Actual, Baseline };
@@ -27,6 +29,7 @@ struct BundleMetadata {
     // Further string attributes of the root group (for example a synthetic capture's fault).
     std::map<std::string, std::string> extra;
     std::string writer;  // what wrote the file ("kvscope 0.2.0"): set by the writers, not by callers
+    int formatVersion = kBundleFormatVersion;  // as read from the file
 };
 
 struct SnapshotInfo {
@@ -61,7 +64,7 @@ struct Logits {
     std::vector<float> values;  // [steps, vocab]; step g predicts position prompt_len + g
 };
 
-// HDF5 paths of format v1.
+// HDF5 paths of format v1 and v2 (the same paths).
 namespace bundle_path {
 inline constexpr const char* kConfig = "/kv_cache_config";
 inline constexpr const char* kPrompts = "/prompts";

@@ -1,10 +1,14 @@
 #include "format/hdf5_file.h"
 
 #include "format/bundle_error.h"
+#include "format/fletcher32.h"
 
+#include <algorithm>
 #include <cstring>
-#include <unistd.h>
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 namespace kvscope {
 
@@ -32,6 +36,48 @@ Hdf5Handle variableStringType()
     H5Tset_size(type.id(), H5T_VARIABLE);
     H5Tset_cset(type.id(), H5T_CSET_UTF8);
     return type;
+}
+
+// Fixed-length UTF-8, null-padded (numpy's 'S' layout, as h5py writes it): read without
+// HDF5's global heap, whose corrupt records can make libhdf5 loop or crash.
+Hdf5Handle fixedStringType(std::size_t bytes)
+{
+    Hdf5Handle type(H5Tcopy(H5T_C_S1), closeType);
+    H5Tset_size(type.id(), std::max<std::size_t>(1, bytes));
+    H5Tset_strpad(type.id(), H5T_STR_NULLPAD);
+    H5Tset_cset(type.id(), H5T_CSET_UTF8);
+    return type;
+}
+
+// What HDF5 said went wrong first (the innermost entry of this thread's error stack), e.g.
+// "incorrect metadata checksum after all read attempts"; empty when it said nothing.
+std::string hdf5Detail()
+{
+    std::string detail;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, [](unsigned n, const H5E_error2_t* error, void* out) -> herr_t {
+        if (n == 0 && error->desc)
+            *static_cast<std::string*>(out) = error->desc;
+        return 0;
+    }, &detail);
+    return detail.empty() ? detail : " (HDF5: " + detail + ")";
+}
+
+// Why a read failed, in words a user can act on.
+std::string readProblem()
+{
+    const std::string detail = hdf5Detail();
+    if (detail.find("Fletcher32") != std::string::npos || detail.find("checksum") != std::string::npos)
+        return ": its checksum does not match, the file is corrupt" + detail;
+    return " (truncated file?)" + detail;
+}
+
+// A chunked dataset's creation list: chunks and the Fletcher32 filter.
+Hdf5Handle checksummedChunks(const std::vector<hsize_t>& chunk)
+{
+    Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), closePlist);
+    H5Pset_chunk(dcpl.id(), int(chunk.size()), chunk.data());
+    H5Pset_fletcher32(dcpl.id());
+    return dcpl;
 }
 
 std::string parentOf(const std::string& path)
@@ -104,7 +150,7 @@ Hdf5File Hdf5File::openReadOnly(const std::string& path)
         throw BundleError(path, {}, "not an HDF5 file");
     file.m_file = Hdf5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), closeFile);
     if (!file.m_file.valid())
-        throw BundleError(path, {}, "cannot be opened as HDF5 (truncated or corrupt?)");
+        throw BundleError(path, {}, "cannot be opened as HDF5 (truncated or corrupt?)" + hdf5Detail());
     auto raw = std::make_shared<RawFile>();
     raw->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     Hdf5Handle fcpl(H5Fget_create_plist(file.m_file.id()), closePlist);
@@ -121,7 +167,11 @@ Hdf5File Hdf5File::create(const std::string& path)
     silenceHdf5();
     Hdf5File file;
     file.m_path = path;
-    file.m_file = Hdf5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), closeFile);
+    // The newest file format: checksums on every piece of metadata (superblock, object
+    // headers, B-trees, heaps), so corrupt metadata is detected before it is followed.
+    Hdf5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), closePlist);
+    H5Pset_libver_bounds(fapl.id(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+    file.m_file = Hdf5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id()), closeFile);
     if (!file.m_file.valid())
         throw BundleError(path, {}, "cannot be created");
     return file;
@@ -160,7 +210,7 @@ Hdf5Handle Hdf5File::openObject(const std::string& object) const
         fail(object, "missing");
     Hdf5Handle h(H5Oopen(m_file.id(), object.c_str(), H5P_DEFAULT), closeObject);
     if (!h.valid())
-        fail(object, "cannot be opened");
+        fail(object, "cannot be opened" + hdf5Detail());
     return h;
 }
 
@@ -170,8 +220,38 @@ Hdf5Handle Hdf5File::openDataset(const std::string& dataset) const
         fail(dataset, "missing");
     Hdf5Handle h(H5Dopen2(m_file.id(), dataset.c_str(), H5P_DEFAULT), closeDataset);
     if (!h.valid())
-        fail(dataset, "is not a dataset or cannot be opened");
+        fail(dataset, "is not a dataset or cannot be opened" + hdf5Detail());
     return h;
+}
+
+void Hdf5File::requireChecksummed(hid_t dataset, const std::string& name) const
+{
+    Hdf5Handle space(H5Dget_space(dataset), closeSpace);
+    if (H5Sget_simple_extent_npoints(space.id()) == 0)
+        return;
+    Hdf5Handle dcpl(H5Dget_create_plist(dataset), closePlist);
+    unsigned flags = 0, config = 0;
+    std::size_t n = 0;
+    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED ||
+        H5Pget_filter_by_id2(dcpl.id(), H5Z_FILTER_FLETCHER32, &flags, &n, nullptr, 0, nullptr, &config) < 0)
+        fail(name, "is stored without its Fletcher32 checksum, which format v2 requires on every dataset");
+}
+
+std::uint64_t Hdf5File::fileSize() const
+{
+    hsize_t size = 0;
+    H5Fget_filesize(m_file.id(), &size);
+    return size;
+}
+
+void Hdf5File::requirePlausibleSize(const std::string& dataset, std::uint64_t bytes) const
+{
+    // No filter in a bundle compresses, so the data cannot be larger than the file that
+    // holds it: a declared size beyond that is refused before anything is allocated.
+    const std::uint64_t size = fileSize();
+    if (bytes > size)
+        fail(dataset, "declares " + std::to_string(bytes) + " bytes of data, more than the whole file holds (" +
+                          std::to_string(size) + " bytes)");
 }
 
 std::int64_t Hdf5File::elementCount(const std::vector<std::int64_t>& shape)
@@ -290,6 +370,8 @@ std::string Hdf5File::readStringAttribute(const std::string& object, const std::
     if (H5Tget_class(type.id()) != H5T_STRING || H5Sget_simple_extent_npoints(space.id()) != 1)
         fail(object, "attribute '" + name + "' must be a single string");
     if (H5Tis_variable_str(type.id()) > 0) {
+        if (m_checksumsRequired)
+            fail(object, "attribute '" + name + "' is a variable-length string; format v2 stores fixed-length ones");
         Hdf5Handle mem = variableStringType();
         char* value = nullptr;
         if (H5Aread(a.id(), mem.id(), &value) < 0)
@@ -299,9 +381,11 @@ std::string Hdf5File::readStringAttribute(const std::string& object, const std::
         return s;
     }
     const std::size_t size = H5Tget_size(type.id());
+    if (size > (1 << 20))
+        fail(object, "attribute '" + name + "' declares a string of " + std::to_string(size) + " bytes");
     std::string s(size, '\0');
     if (H5Aread(a.id(), type.id(), s.data()) < 0)
-        fail(object, "attribute '" + name + "' cannot be read");
+        fail(object, "attribute '" + name + "' cannot be read" + hdf5Detail());
     s.resize(std::strlen(s.c_str()));
     return s;
 }
@@ -361,7 +445,7 @@ std::string Hdf5File::readString(const std::string& dataset) const
 
 std::vector<std::string> Hdf5File::readStrings(const std::string& dataset) const
 {
-    Hdf5Handle d = openDataset(dataset);
+    Hdf5Handle d = openForReading(dataset);
     Hdf5Handle type(H5Dget_type(d.id()), closeType);
     Hdf5Handle space(H5Dget_space(d.id()), closeSpace);
     if (H5Tget_class(type.id()) != H5T_STRING)
@@ -371,24 +455,36 @@ std::vector<std::string> Hdf5File::readStrings(const std::string& dataset) const
         fail(dataset, "has an absurd number of strings");
     std::vector<std::string> out;
     if (H5Tis_variable_str(type.id()) > 0) {
+        if (m_checksumsRequired)
+            fail(dataset, "holds variable-length strings; format v2 stores fixed-length ones");
         Hdf5Handle mem = variableStringType();
         std::vector<char*> raw(std::size_t(n), nullptr);
         if (H5Dread(d.id(), mem.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
-            fail(dataset, "cannot be read (truncated file?)");
+            fail(dataset, "cannot be read" + readProblem());
         for (char* s : raw)
             out.emplace_back(s ? s : "");
         H5Dvlen_reclaim(mem.id(), space.id(), H5P_DEFAULT, raw.data());
     } else {
         const std::size_t size = H5Tget_size(type.id());
+        requirePlausibleSize(dataset, std::uint64_t(n) * size);
         std::vector<char> buffer(std::size_t(n) * size);
         if (H5Dread(d.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer.data()) < 0)
-            fail(dataset, "cannot be read (truncated file?)");
+            fail(dataset, "cannot be read" + readProblem());
         for (hssize_t i = 0; i < n; ++i) {
             const char* p = buffer.data() + std::size_t(i) * size;
             out.emplace_back(p, strnlen(p, size));
         }
     }
     return out;
+}
+
+Hdf5Handle Hdf5File::openForReading(const std::string& dataset) const
+{
+    Hdf5Handle d = openDataset(dataset);
+    if (m_checksumsRequired)
+        requireChecksummed(d.id(), dataset);
+    requireWritten(*this, d.id(), dataset);
+    return d;
 }
 
 std::vector<std::int64_t> Hdf5File::readIntegers(const std::string& dataset, std::int64_t maxElements) const
@@ -399,11 +495,11 @@ std::vector<std::int64_t> Hdf5File::readIntegers(const std::string& dataset, std
     const std::int64_t n = elementCount(info.shape);
     if (n < 0 || n > maxElements)
         fail(dataset, "declares an absurd size (shape [" + std::to_string(info.shape.empty() ? 0 : info.shape[0]) + ", ...])");
+    requirePlausibleSize(dataset, std::uint64_t(n) * info.typeSize);
     std::vector<std::int64_t> out(static_cast<std::size_t>(n));
-    Hdf5Handle d = openDataset(dataset);
-    requireWritten(*this, d.id(), dataset);
+    Hdf5Handle d = openForReading(dataset);
     if (n > 0 && H5Dread(d.id(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
-        fail(dataset, "cannot be read (truncated file?)");
+        fail(dataset, "cannot be read" + readProblem());
     return out;
 }
 
@@ -415,38 +511,41 @@ std::vector<float> Hdf5File::readFloats(const std::string& dataset, std::int64_t
     const std::int64_t n = elementCount(info.shape);
     if (n < 0 || n > maxElements)
         fail(dataset, "declares an absurd size (shape [" + std::to_string(info.shape.empty() ? 0 : info.shape[0]) + ", ...])");
+    requirePlausibleSize(dataset, std::uint64_t(n) * info.typeSize);
     std::vector<float> out(static_cast<std::size_t>(n));
-    Hdf5Handle d = openDataset(dataset);
-    requireWritten(*this, d.id(), dataset);
+    Hdf5Handle d = openForReading(dataset);
     if (n > 0 && H5Dread(d.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0)
-        fail(dataset, "cannot be read (truncated file?)");
+        fail(dataset, "cannot be read" + readProblem());
     return out;
 }
 
 void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
                        const std::vector<std::int64_t>* rows) const
 {
-    Hdf5Handle d = openDataset(dataset);
-    requireWritten(*this, d.id(), dataset);
-    if (!rows) {
-        if (H5Dread(d.id(), memType, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
-            fail(dataset, "cannot be read (truncated file?)");
-        return;
-    }
-    if (rows->empty())
-        return;
+    Hdf5Handle d = openForReading(dataset);
     Hdf5Handle fileSpace(H5Dget_space(d.id()), closeSpace);
     const int rank = H5Sget_simple_extent_ndims(fileSpace.id());
-    std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+    std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
     H5Sget_simple_extent_dims(fileSpace.id(), dims.data(), nullptr);
+    if (rank < 1 || (rows && rows->empty()))  // a scalar, or nothing wanted
+        return rows ? void() : readWhole(d.id(), memType, dst, dataset);
     std::size_t rowBytes = H5Tget_size(memType);
     for (int i = 1; i < rank; ++i)
         rowBytes *= std::size_t(dims[std::size_t(i)]);
+    std::vector<std::int64_t> all;
+    if (!rows) {
+        all.resize(std::size_t(dims[0]));
+        for (std::size_t i = 0; i < all.size(); ++i)
+            all[i] = std::int64_t(i);
+        rows = &all;
+    }
     for (std::size_t i = 0; i < rows->size(); ++i)  // sorted and unique (the caller's promise, checked)
         if ((*rows)[i] < 0 || hsize_t((*rows)[i]) >= dims[0] || (i > 0 && (*rows)[i] <= (*rows)[i - 1]))
             fail(dataset, "row " + std::to_string((*rows)[i]) + " out of range or out of order");
     if (readRowsByChunk(d.id(), memType, dims, rowBytes, *rows, static_cast<unsigned char*>(dst), dataset))
         return;
+    if (rows == &all)
+        return readWhole(d.id(), memType, dst, dataset);
     // Otherwise one plain read per run of consecutive rows: a union of single-row hyperslabs
     // costs HDF5 far more in selection bookkeeping than the data itself.
     std::vector<hsize_t> start(static_cast<std::size_t>(rank), 0), count = dims;
@@ -460,9 +559,15 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
         H5Sselect_hyperslab(fileSpace.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
         Hdf5Handle memSpace(H5Screate_simple(rank, count.data(), nullptr), closeSpace);
         if (H5Dread(d.id(), memType, memSpace.id(), fileSpace.id(), H5P_DEFAULT, out + first * rowBytes) < 0)
-            fail(dataset, "cannot be read (truncated file?)");
+            fail(dataset, "cannot be read" + readProblem());
         first = last + 1;
     }
+}
+
+void Hdf5File::readWhole(hid_t dataset, hid_t memType, void* dst, const std::string& name) const
+{
+    if (H5Dread(dataset, memType, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+        fail(name, "cannot be read" + readProblem());
 }
 
 Hdf5File::RawFile::~RawFile()
@@ -471,13 +576,100 @@ Hdf5File::RawFile::~RawFile()
         ::close(fd);
 }
 
+namespace {
+// Reads exactly the iovecs' bytes at `at`, or returns false (end of file, I/O error).
+bool preadFully(int fd, iovec* parts, int count, off_t at)
+{
+    while (count > 0) {
+        const ssize_t n = ::preadv(fd, parts, count, at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        at += n;
+        for (std::size_t left = std::size_t(n); left > 0 && count > 0;) {
+            const std::size_t step = std::min(left, parts->iov_len);
+            parts->iov_base = static_cast<char*>(parts->iov_base) + step;
+            parts->iov_len -= step;
+            left -= step;
+            if (parts->iov_len == 0) {
+                ++parts;
+                --count;
+            }
+        }
+    }
+    return true;
+}
+}  // namespace
+
+namespace {
+// Checksummed chunks that land straight in the output, adjacent in the file: read by one
+// preadv (data and checksum of each in turn), then verified.
+class ChunkBatch {
+public:
+    explicit ChunkBatch(int fd) : m_fd(fd) {}
+    bool fits(off_t at) const { return m_chunks.empty() || (at == m_end && m_chunks.size() < kMaxChunks); }
+    void add(off_t at, unsigned char* data, std::size_t bytes, hsize_t row)
+    {
+        if (m_chunks.empty())
+            m_start = at;
+        m_chunks.push_back({data, bytes, row});
+        m_end = at + off_t(bytes + 4);
+    }
+    // Reads and verifies; on failure `problem` says what and the first bad chunk's row.
+    bool flush(std::string& problem)
+    {
+        if (m_chunks.empty())
+            return true;
+        m_sums.resize(m_chunks.size() * 4);
+        std::vector<iovec> parts;
+        for (std::size_t k = 0; k < m_chunks.size(); ++k) {
+            parts.push_back({m_chunks[k].data, m_chunks[k].bytes});
+            parts.push_back({m_sums.data() + 4 * k, 4});
+        }
+        if (!preadFully(m_fd, parts.data(), int(parts.size()), m_start)) {
+            problem = "chunk at row " + std::to_string(m_chunks.front().row) + " lies beyond the end of the file (truncated?)";
+            return false;
+        }
+        for (std::size_t k = 0; k < m_chunks.size(); ++k)
+            if (!fletcher32Matches(m_chunks[k].data, m_chunks[k].bytes, m_sums.data() + 4 * k)) {
+                problem = "chunk at row " + std::to_string(m_chunks[k].row) +
+                          " does not match its Fletcher32 checksum: the file is corrupt";
+                return false;
+            }
+        m_chunks.clear();
+        return true;
+    }
+
+private:
+    static constexpr std::size_t kMaxChunks = 256;  // two iovecs each, within IOV_MAX
+    struct Chunk {
+        unsigned char* data;
+        std::size_t bytes;
+        hsize_t row;
+    };
+    int m_fd;
+    off_t m_start = 0, m_end = 0;
+    std::vector<Chunk> m_chunks;
+    std::vector<unsigned char> m_sums;
+};
+}  // namespace
+
 bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
                                const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& dataset) const
 {
-    // Only chunks of whole rows, unfiltered, stored exactly as the memory type wants them:
-    // then a chunk's bytes on disk are the rows themselves.
+    // Only chunks of whole rows, stored exactly as the memory type wants them, unfiltered or
+    // with just the Fletcher32 checksum appended: then a chunk's bytes on disk are the rows
+    // themselves, and the checksum is verified here.
     Hdf5Handle dcpl(H5Dget_create_plist(d), closePlist);
-    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED || H5Pget_nfilters(dcpl.id()) != 0)
+    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED)
+        return false;
+    const int filters = H5Pget_nfilters(dcpl.id());
+    unsigned flags = 0, config = 0;
+    std::size_t n = 0;
+    const bool checksummed = filters == 1 && H5Pget_filter2(dcpl.id(), 0, &flags, &n, nullptr, 0, nullptr, &config) ==
+                                                 H5Z_FILTER_FLETCHER32;
+    if (filters != 0 && !checksummed)
         return false;
     const int rank = int(dims.size());
     std::vector<hsize_t> chunk(dims.size());
@@ -492,34 +684,57 @@ bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t
     if (!m_raw)
         return false;
     const std::size_t chunkBytes = std::size_t(chunk[0]) * rowBytes;
+    const std::size_t storedBytes = chunkBytes + (checksummed ? 4 : 0);
+    std::vector<unsigned char> scratch;
+    ChunkBatch batch(m_raw->fd);
+    std::string problem;
     std::vector<hsize_t> offset(dims.size(), 0);
     for (std::size_t i = 0; i < rows.size();) {
         const hsize_t c = hsize_t(rows[i]) / chunk[0];
         offset[0] = c * chunk[0];
-        unsigned filters = 0;
+        unsigned filterMask = 0;
         haddr_t address = HADDR_UNDEF;
         hsize_t stored = 0;
-        if (H5Dget_chunk_info_by_coord(d, offset.data(), &filters, &address, &stored) < 0 || address == HADDR_UNDEF ||
-            stored != chunkBytes)
-            fail(dataset, "chunk at row " + std::to_string(offset[0]) + " is missing or of the wrong size (truncated file?)");
-        // Each run of consecutive wanted rows in this chunk: one read, straight into place.
-        while (i < rows.size() && hsize_t(rows[i]) / chunk[0] == c) {
-            std::size_t last = i;
-            while (last + 1 < rows.size() && rows[last + 1] == rows[last] + 1 && hsize_t(rows[last + 1]) / chunk[0] == c)
-                ++last;
-            const std::size_t bytes = (last - i + 1) * rowBytes;
-            const off_t at = off_t(m_raw->base + address + (hsize_t(rows[i]) - offset[0]) * rowBytes);
-            for (std::size_t done = 0; done < bytes;) {
-                const ssize_t n = ::pread(m_raw->fd, out + i * rowBytes + done, bytes - done, at + off_t(done));
-                if (n < 0 && errno == EINTR)
-                    continue;
-                if (n <= 0)
-                    fail(dataset, "chunk at row " + std::to_string(offset[0]) + " lies beyond the end of the file (truncated?)");
-                done += std::size_t(n);
+        const std::string where = "chunk at row " + std::to_string(offset[0]);
+        if (H5Dget_chunk_info_by_coord(d, offset.data(), &filterMask, &address, &stored) < 0 ||
+            address == HADDR_UNDEF || stored != storedBytes || filterMask != 0)
+            fail(dataset, where + " is missing or of the wrong size (truncated file?)");
+        const off_t at = off_t(m_raw->base + address);
+        std::size_t end = i;  // the wanted rows in this chunk: [i, end)
+        while (end < rows.size() && hsize_t(rows[end]) / chunk[0] == c)
+            ++end;
+        if (!checksummed) {
+            // Each run of consecutive wanted rows: one read, straight into place.
+            for (std::size_t first = i; first < end;) {
+                std::size_t last = first;
+                while (last + 1 < end && rows[last + 1] == rows[last] + 1)
+                    ++last;
+                iovec part{out + first * rowBytes, (last - first + 1) * rowBytes};
+                if (!preadFully(m_raw->fd, &part, 1, at + off_t((hsize_t(rows[first]) - offset[0]) * rowBytes)))
+                    fail(dataset, where + " lies beyond the end of the file (truncated?)");
+                first = last + 1;
             }
-            i = last + 1;
+        } else if (end - i == chunk[0] && offset[0] + chunk[0] <= dims[0]) {
+            // A whole chunk wanted: its rows go straight into place, with its neighbours'.
+            if (!batch.fits(at) && !batch.flush(problem))
+                fail(dataset, problem);
+            batch.add(at, out + i * rowBytes, chunkBytes, offset[0]);
+        } else {
+            // Part of a chunk (or an edge chunk, padded to full size): the checksum covers all
+            // of it, so all of it is read, aside.
+            scratch.resize(storedBytes);
+            iovec part{scratch.data(), storedBytes};
+            if (!preadFully(m_raw->fd, &part, 1, at))
+                fail(dataset, where + " lies beyond the end of the file (truncated?)");
+            if (!fletcher32Matches(scratch.data(), chunkBytes, scratch.data() + chunkBytes))
+                fail(dataset, where + " does not match its Fletcher32 checksum: the file is corrupt");
+            for (std::size_t k = i; k < end; ++k)
+                std::memcpy(out + k * rowBytes, scratch.data() + (hsize_t(rows[k]) - offset[0]) * rowBytes, rowBytes);
         }
+        i = end;
     }
+    if (!batch.flush(problem))
+        fail(dataset, problem);
     return true;
 }
 
@@ -558,10 +773,11 @@ void writeAttribute(const Hdf5File& file, hid_t fileId, const std::string& objec
 void Hdf5File::writeStringAttribute(const std::string& object, const std::string& name,
                                     const std::string& value)
 {
-    Hdf5Handle type = variableStringType();
-    const char* p = value.c_str();
+    Hdf5Handle type = fixedStringType(value.size());
+    std::string padded = value;
+    padded.resize(H5Tget_size(type.id()), '\0');
     writeAttribute(*this, m_file.id(), object, name, type.id(),
-                   [&](hid_t a) { return H5Awrite(a, type.id(), &p); });
+                   [&](hid_t a) { return H5Awrite(a, type.id(), padded.data()); });
 }
 
 void Hdf5File::writeIntAttribute(const std::string& object, const std::string& name, std::int64_t value)
@@ -578,30 +794,27 @@ void Hdf5File::writeDoubleAttribute(const std::string& object, const std::string
 
 void Hdf5File::writeString(const std::string& dataset, const std::string& value)
 {
-    createGroup(parentOf(dataset));
-    Hdf5Handle type = variableStringType();
-    Hdf5Handle space(H5Screate(H5S_SCALAR), closeSpace);
-    Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), type.id(), space.id(), H5P_DEFAULT,
-                            H5P_DEFAULT, H5P_DEFAULT),
-                 closeDataset);
-    const char* p = value.c_str();
-    if (!d.valid() || H5Dwrite(d.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p) < 0)
-        fail(dataset, "cannot be written");
+    writeStrings(dataset, {value});  // one element: a scalar dataset cannot be chunked, so not checksummed
 }
 
 void Hdf5File::writeStrings(const std::string& dataset, const std::vector<std::string>& values)
 {
     createGroup(parentOf(dataset));
-    Hdf5Handle type = variableStringType();
+    std::size_t width = 1;
+    for (const std::string& s : values)
+        width = std::max(width, s.size());
+    Hdf5Handle type = fixedStringType(width);
+    std::string packed(values.size() * width, '\0');
+    for (std::size_t i = 0; i < values.size(); ++i)
+        packed.replace(i * width, values[i].size(), values[i]);
     const hsize_t n = values.size();
     Hdf5Handle space(H5Screate_simple(1, &n, nullptr), closeSpace);
-    Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), type.id(), space.id(), H5P_DEFAULT,
-                            H5P_DEFAULT, H5P_DEFAULT),
+    // Chunks of at most ~1 MiB, each with its checksum.
+    const Hdf5Handle dcpl = n > 0 ? checksummedChunks({std::clamp<hsize_t>((1 << 20) / width, 1, n)})
+                                  : Hdf5Handle(H5Pcreate(H5P_DATASET_CREATE), closePlist);
+    Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), type.id(), space.id(), H5P_DEFAULT, dcpl.id(), H5P_DEFAULT),
                  closeDataset);
-    std::vector<const char*> pointers;
-    for (const std::string& s : values)
-        pointers.push_back(s.c_str());
-    if (!d.valid() || (n > 0 && H5Dwrite(d.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()) < 0))
+    if (!d.valid() || (n > 0 && H5Dwrite(d.id(), type.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, packed.data()) < 0))
         fail(dataset, "cannot be written");
 }
 
@@ -611,14 +824,20 @@ void Hdf5File::writeRaw(const std::string& dataset, hid_t fileType, const std::v
     createGroup(parentOf(dataset));
     std::vector<hsize_t> dims(shape.begin(), shape.end());
     Hdf5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), closeSpace);
+    bool nonEmpty = !dims.empty();
+    hsize_t rowBytes = H5Tget_size(fileType);
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+        nonEmpty = nonEmpty && dims[i] > 0;
+        rowBytes *= i > 0 ? dims[i] : 1;
+    }
+    // Every dataset with data is chunked (rows of dimension 0: `chunkRows`, or ~1 MiB) and
+    // each chunk carries a Fletcher32 checksum, so a flipped bit is an error, not a number.
     Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), closePlist);
-    bool nonEmpty = true;
-    for (hsize_t d : dims)
-        nonEmpty = nonEmpty && d > 0;
-    if (chunkRows > 0 && !dims.empty() && nonEmpty) {
+    if (nonEmpty) {
         std::vector<hsize_t> chunk = dims;
-        chunk[0] = std::min<hsize_t>(dims[0], hsize_t(chunkRows));
-        H5Pset_chunk(dcpl.id(), int(chunk.size()), chunk.data());
+        const hsize_t rows = chunkRows > 0 ? hsize_t(chunkRows) : std::max<hsize_t>(1, (1 << 20) / rowBytes);
+        chunk[0] = std::min<hsize_t>(dims[0], rows);
+        dcpl = checksummedChunks(chunk);
     }
     Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), fileType, space.id(), H5P_DEFAULT, dcpl.id(),
                             H5P_DEFAULT),

@@ -47,6 +47,11 @@ public:
     static Hdf5File create(const std::string& path);  // truncates
 
     const std::string& path() const { return m_path; }
+    // Format v2's promise, enforced on every read once set: each dataset with data is chunked
+    // with a Fletcher32 checksum, and strings are fixed-length (no global-heap reads).
+    void setChecksumsRequired(bool required) { m_checksumsRequired = required; }
+    // Refuses a dataset that declares more bytes than the file holds (before allocating them).
+    void requirePlausibleSize(const std::string& dataset, std::uint64_t bytes) const;
 
     bool exists(const std::string& object) const;
     bool isGroup(const std::string& object) const;
@@ -67,7 +72,8 @@ public:
     // The element count of a shape, or -1 when it overflows.
     static std::int64_t elementCount(const std::vector<std::int64_t>& shape);
     // Reads a whole dataset, or the rows `rows` (sorted ascending, along dimension 0),
-    // into `dst` without conversion: `memType` must describe the stored type.
+    // into `dst` without conversion: `memType` must describe the stored type. Checksums are
+    // verified (by HDF5, or here when chunks are read straight from the file).
     void readRaw(const std::string& dataset, hid_t memType, void* dst,
                  const std::vector<std::int64_t>* rows = nullptr) const;
 
@@ -78,7 +84,7 @@ public:
     void writeString(const std::string& dataset, const std::string& value);
     void writeStrings(const std::string& dataset, const std::vector<std::string>& values);
     // Writes a dataset of `shape` from `src`, stored with `fileType` (memory layout identical),
-    // chunked by `chunkRows` rows of dimension 0 when > 0.
+    // in checksummed chunks of `chunkRows` rows of dimension 0 (when > 0; else ~1 MiB).
     void writeRaw(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
                   const void* src, std::int64_t chunkRows = 0);
 
@@ -90,8 +96,13 @@ private:
     // of rows); false when the dataset is not laid out so.
     bool readRowsByChunk(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
                          const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& name) const;
+    void readWhole(hid_t dataset, hid_t memType, void* dst, const std::string& name) const;
+    void requireChecksummed(hid_t dataset, const std::string& name) const;
+    std::uint64_t fileSize() const;
     Hdf5Handle openObject(const std::string& object) const;
     Hdf5Handle openDataset(const std::string& dataset) const;
+    // Opened for its data: checksummed when required, and fully written.
+    Hdf5Handle openForReading(const std::string& dataset) const;
     Hdf5Handle openAttribute(const std::string& object, const std::string& name) const;
 
     // The same file opened plainly, read-only, for the fast path.
@@ -104,6 +115,7 @@ private:
     std::string m_path;
     Hdf5Handle m_file;
     std::shared_ptr<RawFile> m_raw;
+    bool m_checksumsRequired = false;
 };
 
 // The HDF5 type a dtype is stored as: float32 as IEEE float, float16 as a 16-bit IEEE float

@@ -3,6 +3,7 @@
 
 #include "format/bundle_reader.h"
 #include "format/bundle_writer.h"
+#include "format/fletcher32.h"
 #include "util/version.h"
 #include "kv/capture_loader.h"
 #include "test_support.h"
@@ -107,6 +108,7 @@ void replaceWithFloats(hid_t file, const char* path, std::vector<hsize_t> dims)
     const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     std::vector<hsize_t> chunk(dims.size(), 1);
     H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+    H5Pset_fletcher32(dcpl);  // as format v2 stores every dataset
     const hid_t d = H5Dcreate2(file, path, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     const hid_t str = H5Tcopy(H5T_C_S1);
     H5Tset_size(str, 8);
@@ -124,13 +126,17 @@ void replaceWithFloats(hid_t file, const char* path, std::vector<hsize_t> dims)
 void replaceConfig(hid_t file, const std::string& text)
 {
     H5Ldelete(file, "/kv_cache_config", H5P_DEFAULT);
-    const hid_t str = H5Tcopy(H5T_C_S1);
-    H5Tset_size(str, H5T_VARIABLE);
-    const hid_t space = H5Screate(H5S_SCALAR);
-    const hid_t d = H5Dcreate2(file, "/kv_cache_config", str, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    const char* p = text.c_str();
-    H5Dwrite(d, str, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p);
+    const hid_t str = H5Tcopy(H5T_C_S1);  // format v2: one fixed-length string, checksummed
+    H5Tset_size(str, text.size());
+    const hsize_t one = 1;
+    const hid_t space = H5Screate_simple(1, &one, nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, &one);
+    H5Pset_fletcher32(dcpl);
+    const hid_t d = H5Dcreate2(file, "/kv_cache_config", str, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Dwrite(d, str, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data());
     H5Dclose(d);
+    H5Pclose(dcpl);
     H5Sclose(space);
     H5Tclose(str);
 }
@@ -159,6 +165,11 @@ private slots:
     void badInput();
     void writerRefusesInconsistentInput();
     void messagesEscapeFileText();
+    void writesFormatV2();
+    void fletcher32IsHdf5s_data();
+    void fletcher32IsHdf5s();
+    void flippedBitIsAnError_data();
+    void flippedBitIsAnError();
 
 private:
     QTemporaryDir m_dir;
@@ -411,7 +422,7 @@ void TestBundleIo::badInput_data()
     QTest::newRow("not HDF5") << "text" << "" << "not an HDF5 file";
     QTest::newRow("truncated") << "truncate" << "" << "";
     QTest::newRow("not a bundle") << "format" << "/" << "format is 'something-else'";
-    QTest::newRow("future version") << "version" << "/" << "format_version 2 is not supported";
+    QTest::newRow("future version") << "version" << "/" << "format_version 3 is not supported";
     QTest::newRow("config not JSON") << "config-text" << "/kv_cache_config" << "not valid JSON";
     QTest::newRow("config missing field") << "config-field" << "/kv_cache_config.num_blocks" << "missing";
     QTest::newRow("config disagrees with tensors") << "config-head-size"
@@ -466,9 +477,9 @@ void TestBundleIo::badInput()
             H5Awrite(a, str, "something-else");
             H5Aclose(a), H5Sclose(sp), H5Tclose(str);
         } else if (damage == "version") {
-            const std::int64_t two = 2;
+            const std::int64_t three = 3;
             const hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
-            H5Awrite(a, H5T_NATIVE_INT64, &two);
+            H5Awrite(a, H5T_NATIVE_INT64, &three);
             H5Aclose(a);
         } else if (damage == "config-text") {
             replaceConfig(f, "{\"num_blocks\": 24, \"groups\": [");
@@ -506,7 +517,11 @@ void TestBundleIo::badInput()
             const hsize_t dims[4] = {1, 4, 5, 3};
             const std::vector<std::int16_t> bits(60, -16512);  // bf16 -1.0 read as int16
             const hid_t sp = H5Screate_simple(4, dims, nullptr);
-            const hid_t d = H5Dcreate2(f, target, H5T_STD_I16LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+            H5Pset_chunk(dcpl, 4, dims);
+            H5Pset_fletcher32(dcpl);
+            const hid_t d = H5Dcreate2(f, target, H5T_STD_I16LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+            H5Pclose(dcpl);
             H5Dwrite(d, H5T_NATIVE_INT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data());
             const hid_t str = H5Tcopy(H5T_C_S1);
             H5Tset_size(str, 9);
@@ -609,3 +624,160 @@ void TestBundleIo::messagesEscapeFileText()
 
 QTEST_APPLESS_MAIN(TestBundleIo)
 #include "tst_bundle_io.moc"
+
+namespace {
+struct Visit {
+    QStringList unchecked, variableStrings;
+};
+
+herr_t visitObject(hid_t file, const char* name, const H5O_info_t* info, void* data)
+{
+    auto* visit = static_cast<Visit*>(data);
+    const auto noteStrings = [&](hid_t type, const QString& what) {
+        if (H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) > 0)
+            visit->variableStrings << what;
+    };
+    for (hsize_t i = 0; i < info->num_attrs; ++i) {
+        const hid_t a = H5Aopen_by_idx(file, name, H5_INDEX_NAME, H5_ITER_INC, i, H5P_DEFAULT, H5P_DEFAULT);
+        char attrName[256] = {};
+        H5Aget_name(a, sizeof attrName, attrName);
+        const hid_t type = H5Aget_type(a);
+        noteStrings(type, QString("%1@%2").arg(name, attrName));
+        H5Tclose(type), H5Aclose(a);
+    }
+    if (info->type != H5O_TYPE_DATASET)
+        return 0;
+    const hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+    const hid_t type = H5Dget_type(d), space = H5Dget_space(d), dcpl = H5Dget_create_plist(d);
+    noteStrings(type, name);
+    unsigned flags = 0, config = 0;
+    std::size_t n = 0;
+    const bool checksummed = H5Pget_layout(dcpl) == H5D_CHUNKED &&
+        H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &n, nullptr, 0, nullptr, &config) >= 0;
+    if (H5Sget_simple_extent_npoints(space) > 0 && !checksummed)
+        visit->unchecked << name;
+    H5Pclose(dcpl), H5Sclose(space), H5Tclose(type), H5Dclose(d);
+    return 0;
+}
+}  // namespace
+
+// Format v2, read back with plain HDF5 calls: newest superblock (checksummed), no
+// variable-length string anywhere, a Fletcher32 checksum on every dataset with data.
+void TestBundleIo::writesFormatV2()
+{
+    const QString path = m_dir.filePath("v2.h5");
+    writeBundle(path, DType::BFloat16, false);
+    const hid_t file = H5Fopen(path.toUtf8().constData(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    QVERIFY(file >= 0);
+    const hid_t fcpl = H5Fget_create_plist(file);
+    unsigned superblock = 0, freelist = 0, symbolTable = 0, sharedHeader = 0;
+    H5Pget_version(fcpl, &superblock, &freelist, &symbolTable, &sharedHeader);
+    H5Pclose(fcpl);
+    QVERIFY2(superblock >= 2, "superblock versions before 2 have no checksum");
+    std::int64_t version = 0;
+    const hid_t a = H5Aopen(file, "format_version", H5P_DEFAULT);
+    H5Aread(a, H5T_NATIVE_INT64, &version);
+    H5Aclose(a);
+    QCOMPARE(version, std::int64_t(2));
+    Visit visit;
+    H5Ovisit(file, H5_INDEX_NAME, H5_ITER_INC, visitObject, &visit);
+    H5Fclose(file);
+    QVERIFY2(visit.variableStrings.isEmpty(), qPrintable(visit.variableStrings.join(", ")));
+    QVERIFY2(visit.unchecked.isEmpty(), qPrintable(visit.unchecked.join(", ")));
+}
+
+void TestBundleIo::fletcher32IsHdf5s_data()
+{
+    QTest::addColumn<int>("bytes");
+    for (int bytes : {1, 2, 3, 719, 720, 721, 722, 4096, 65537})
+        QTest::newRow(qPrintable(QString::number(bytes))) << bytes;
+}
+
+// HDF5's own filter is the reference: its stored checksum after a chunk's data must be ours.
+void TestBundleIo::fletcher32IsHdf5s()
+{
+    QFETCH(int, bytes);
+    std::vector<unsigned char> data(static_cast<std::size_t>(bytes));
+    std::mt19937 random(static_cast<std::uint32_t>(bytes));
+    for (unsigned char& c : data)
+        c = static_cast<unsigned char>(random() >> 7 | (bytes == 4096 ? 0xff : 0));  // 4096: all-ones words, the wrap case
+    const QString path = m_dir.filePath(QString("f32_%1.h5").arg(bytes));
+    const hid_t file = H5Fcreate(path.toUtf8().constData(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t dims = hsize_t(bytes);
+    const hid_t space = H5Screate_simple(1, &dims, nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, &dims);
+    H5Pset_fletcher32(dcpl);
+    const hid_t d = H5Dcreate2(file, "x", H5T_STD_U8LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Dwrite(d, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data());
+    H5Dflush(d);
+    const hsize_t origin = 0;
+    hsize_t stored = 0;
+    QVERIFY(H5Dget_chunk_storage_size(d, &origin, &stored) >= 0);
+    QCOMPARE(stored, hsize_t(bytes) + 4);
+    std::vector<unsigned char> chunk(static_cast<std::size_t>(stored));
+    std::uint32_t filters = 0;
+    QVERIFY(H5Dread_chunk(d, H5P_DEFAULT, &origin, &filters, chunk.data()) >= 0);
+    H5Dclose(d), H5Pclose(dcpl), H5Sclose(space), H5Fclose(file);
+    QVERIFY(std::equal(data.begin(), data.end(), chunk.begin()));
+    QVERIFY(fletcher32Matches(data.data(), data.size(), chunk.data() + bytes));
+    data[std::size_t(bytes) / 2] ^= 0x10;
+    QVERIFY(!fletcher32Matches(data.data(), data.size(), chunk.data() + bytes));
+}
+
+void TestBundleIo::flippedBitIsAnError_data()
+{
+    QTest::addColumn<QString>("dataset");
+    QTest::addColumn<bool>("referencedOnly");
+    // Engine blocks are verified by kvscope's own chunk reader, the rest by HDF5's filter.
+    QTest::newRow("engine block") << "/prompts/p0/engine/snapshot_0/rank_1/layers.2.self_attn/v" << false;
+    QTest::newRow("engine block, referenced only") << "/prompts/p0/engine/snapshot_0/rank_0/layers.0.self_attn/k" << true;
+    QTest::newRow("reference") << "/prompts/p0/reference/expected/layers.1.self_attn/k" << false;
+    QTest::newRow("logits") << "/prompts/p0/logits/actual" << false;
+    QTest::newRow("input ids") << "/prompts/p0/input_ids" << false;
+}
+
+// One bit flipped in a dataset's stored bytes: reading it is an error naming the dataset
+// and the checksum, never a number.
+void TestBundleIo::flippedBitIsAnError()
+{
+    QFETCH(QString, dataset);
+    QFETCH(bool, referencedOnly);
+    const QString path = m_dir.filePath("flip.h5");
+    QFile::remove(path);
+    writeBundle(path, DType::BFloat16, referencedOnly);
+    haddr_t address = HADDR_UNDEF;
+    {
+        const hid_t file = H5Fopen(path.toUtf8().constData(), H5F_ACC_RDONLY, H5P_DEFAULT);
+        const hid_t d = H5Dopen2(file, dataset.toUtf8().constData(), H5P_DEFAULT);
+        const hid_t space = H5Dget_space(d);
+        unsigned filters = 0;
+        hsize_t size = 0;
+        QVERIFY(H5Dget_chunk_info(d, space, 0, nullptr, &filters, &address, &size) >= 0);
+        H5Sclose(space), H5Dclose(d), H5Fclose(file);
+    }
+    QFile f(path);
+    QVERIFY(f.open(QIODevice::ReadWrite));
+    f.seek(qint64(address) + 1);
+    char byte = 0;
+    f.getChar(&byte);
+    f.seek(qint64(address) + 1);
+    f.putChar(char(byte ^ 0x04));
+    f.close();
+
+    std::string message;
+    try {
+        auto reader = std::make_shared<BundleReader>(path.toStdString());
+        const CaptureLoader loader(reader);
+        for (const std::string& layer : reader->config().layerNames()) {
+            loader.engineLayer("p0", layer);
+            loader.referenceLayer("p0", ReferenceRole::Expected, layer);
+        }
+        reader->readLogits("p0", LogitsRole::Actual);
+    } catch (const std::exception& e) {
+        message = e.what();
+    }
+    QVERIFY2(!message.empty(), "a flipped bit was read as data");
+    QVERIFY2(message.find(dataset.toStdString()) != std::string::npos, message.c_str());
+    QVERIFY2(message.find("checksum") != std::string::npos, message.c_str());
+}
