@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
 """Mutates a small valid capture bundle N times (random byte flips, overwritten runs,
-truncations) and runs `kvscope analyze` on each: counts clean errors (exit 2), analyses
-(exit 0), crashes (killed by a signal) and hangs (over the time limit). Mutated files that
-crash or hang are kept in OUT/ for reproduction.
+truncations) and runs `kvscope analyze --json` on each. Every outcome is one of:
+
+  error      a clean error (exit 2) naming the file
+  partial    analysed, with the damaged part reported as a problem (marked in the output)
+  unchanged  analysed, every number identical to the intact file's (the bytes hit were unused)
+  changed    analysed without any problem reported, numbers different: corruption shown as data
+  guarded    libhdf5 crashed in kvscope's guard process (reported as an error, but a crash)
+  crash      killed by a signal, or an exit code kvscope never uses
+  hang       over the time limit
+
+Files that end `changed`, `guarded`, `crash` or `hang` are kept in OUT/ for reproduction.
 
 usage: mutate_bundles.py KVSCOPE SEED_BUNDLE OUT_DIR [--count 10000] [--jobs 2] [--timeout 20]
 """
 import argparse
 import concurrent.futures
+import json
 import os
 import random
 import shutil
@@ -33,8 +42,25 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
     return bytes(b)
 
 
+def analyse(kvscope, path, timeout):
+    """(exit code, stderr, the analysis JSON or None); raises TimeoutExpired."""
+    json_path = path + ".json"
+    p = subprocess.run([kvscope, "analyze", path, "--json", json_path], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=timeout)
+    result = None
+    if p.returncode == 0 and os.path.exists(json_path):
+        with open(json_path) as f:
+            result = json.load(f)
+        result.pop("bundle", None)  # the path differs, nothing else may
+    return p.returncode, p.stderr.decode(errors="replace"), result
+
+
+def has_problems(result):
+    return bool(result.get("problems")) or any(prompt.get("problems") for prompt in result.get("prompts", []))
+
+
 def run_one(args):
-    kvscope, seed_bytes, index, seed, out_dir, timeout = args
+    kvscope, seed_bytes, intact, index, seed, out_dir, timeout = args
     rng = random.Random(seed * 1_000_003 + index)
     data = mutate(seed_bytes, rng)
     with tempfile.TemporaryDirectory() as tmp:
@@ -42,15 +68,23 @@ def run_one(args):
         with open(path, "wb") as f:
             f.write(data)
         try:
-            p = subprocess.run([kvscope, "analyze", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               timeout=timeout)
+            code, stderr, result = analyse(kvscope, path, timeout)
         except subprocess.TimeoutExpired:
             shutil.copy(path, os.path.join(out_dir, f"hang-{index}.h5"))
             return "hang", index, ""
-        if p.returncode < 0 or p.returncode > 2:
-            shutil.copy(path, os.path.join(out_dir, f"crash-{index}.h5"))
-            return "crash", index, p.stderr.decode(errors="replace")[-300:]
-        return {0: "analysed", 1: "analysed", 2: "error"}[p.returncode], index, ""
+        if code < 0 or code > 2:
+            kind = "crash"
+        elif code == 2:
+            kind = "guarded" if "crashed the HDF5 library" in stderr else "error"
+        elif result is None:
+            kind = "crash"  # exit 0 without its JSON
+        elif has_problems(result):
+            kind = "partial"
+        else:
+            kind = "unchanged" if result == intact else "changed"
+        if kind in ("changed", "guarded", "crash"):
+            shutil.copy(path, os.path.join(out_dir, f"{kind}-{index}.h5"))
+        return kind, index, stderr.strip()[-300:]
 
 
 def main():
@@ -65,15 +99,18 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out_dir, exist_ok=True)
     seed_bytes = open(a.seed_bundle, "rb").read()
-    counts = {"analysed": 0, "error": 0, "crash": 0, "hang": 0}
-    jobs = [(a.kvscope, seed_bytes, i, a.seed, a.out_dir, a.timeout) for i in range(a.count)]
+    code, stderr, intact = analyse(a.kvscope, a.seed_bundle, a.timeout)
+    if code != 0 or intact is None or has_problems(intact):
+        sys.exit(f"the seed bundle does not analyse cleanly: {stderr}")
+    counts = dict.fromkeys(("error", "partial", "unchanged", "changed", "guarded", "crash", "hang"), 0)
+    jobs = [(a.kvscope, seed_bytes, intact, i, a.seed, a.out_dir, a.timeout) for i in range(a.count)]
     with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
         for kind, index, detail in pool.map(run_one, jobs):
             counts[kind] += 1
-            if kind in ("crash", "hang"):
-                print(f"{kind} #{index}: {detail.strip()}", file=sys.stderr)
+            if kind in ("changed", "guarded", "crash", "hang"):
+                print(f"{kind} #{index}: {detail}", file=sys.stderr)
     print(" ".join(f"{k} {v}" for k, v in counts.items()))
-    return 1 if counts["crash"] or counts["hang"] else 0
+    return 1 if any(counts[k] for k in ("changed", "guarded", "crash", "hang")) else 0
 
 
 if __name__ == "__main__":
