@@ -1,6 +1,7 @@
 #include "analysis/analysis_json.h"
 
 #include "analysis/suspects.h"
+#include "util/utf8.h"
 
 #include <charconv>
 #include <cmath>
@@ -10,7 +11,20 @@ namespace kvscope {
 std::string jsonString(const std::string& text)
 {
     std::string s = "\"";
-    for (unsigned char c : text) {
+    for (std::size_t i = 0; i < text.size();) {
+        const unsigned char c = static_cast<unsigned char>(text[i]);
+        const std::size_t n = utf8SequenceLength(text, i);
+        if (n == 0) {  // not UTF-8 (names come from files): the byte as the text \xNN, so the JSON stays valid
+            s += "\\\\" + escapedByte(c).substr(1);
+            ++i;
+            continue;
+        }
+        if (n > 1) {
+            s.append(text, i, n);
+            i += n;
+            continue;
+        }
+        ++i;
         switch (c) {
         case '"': s += "\\\""; break;
         case '\\': s += "\\\\"; break;

@@ -11,7 +11,8 @@ namespace kvscope {
 
 void writeAnalysisJson(const AnalysisResult& result, std::ostream& out);
 
-// A JSON string literal, quotes included.
+// A JSON string literal, quotes included. Bytes that are not UTF-8 (names come from files) are
+// written as the text \xNN, so the JSON stays valid; all else is kept exactly.
 std::string jsonString(const std::string& text);
 
 }  // namespace kvscope

@@ -79,6 +79,7 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
     for (std::int64_t t = begin; t < end; ++t) {        if (!comparable(reference, actual, base, t))
             continue;
         for (KvPart part : {KvPart::K, KvPart::V}) {
+            bool finite = true;  // every head of every side: else no BC (its errors would bin Inf/NaN)
             for (int h = 0; h < reference.heads; ++h) {
                 const std::size_t cell = out.cell(layer, t, h);
                 VectorComparison c;
@@ -88,6 +89,7 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
                     out.metrics[std::size_t(metricFor(part, MetricKind::L2))][cell] = float(c.l2);
                 } else {
                     nonFinite.push_back({layer, t, h, part, "actual"});
+                    finite = false;
                 }
                 if (base) {
                     if (compareVectors(partAt(reference, part, h, t), partAt(*base, part, h, t), dim, c)) {
@@ -96,11 +98,12 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
                         out.metrics[std::size_t(baseOf(metricFor(part, MetricKind::L2)))][cell] = float(c.l2);
                     } else {
                         nonFinite.push_back({layer, t, h, part, "expected"});
+                        finite = false;
                     }
                 }
             }
-            if (!base)
-                continue;
+            if (!base || !finite)
+                continue;  // the token's BC stays NaN, its range empty: aggregates leave it out
             // BC between |baseline - expected| and |baseline - actual| over all heads.
             const std::size_t n = std::size_t(reference.heads) * std::size_t(dim);
             float* baseErrors = errorBuffer(n, 0);

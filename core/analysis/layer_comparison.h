@@ -41,7 +41,8 @@ struct TokenErrorStats {
 
 // Writes layer `layer` of `out` (which must be allocated with matching tokens and heads);
 // only that layer's cells are touched, so layers may be compared concurrently. Cells whose
-// input holds NaN or infinity stay NaN and are listed in `nonFinite`, in token order.
+// input holds NaN or infinity stay NaN and are listed in `nonFinite`, in token order; such a
+// token has no BC for that part (NaN), and aggregates leave it out.
 // `threads` > 1 splits the tokens over that many threads (when there are enough tokens).
 // Throws std::invalid_argument when the shapes of the sides differ.
 void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,

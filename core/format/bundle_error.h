@@ -3,6 +3,8 @@
 // what is wrong, so that a user can find and fix the problem. Text from the file is echoed
 // escaped: valid UTF-8 as it is, control characters and invalid bytes as \xNN.
 
+#include "util/utf8.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -11,23 +13,12 @@ namespace kvscope {
 // `text` safe to print: valid UTF-8 kept, control characters and invalid bytes as \xNN.
 inline std::string printable(const std::string& text)
 {
-    static const char* const hex = "0123456789abcdef";
     std::string out;
     for (std::size_t i = 0; i < text.size();) {
         const unsigned char c = static_cast<unsigned char>(text[i]);
-        // The length of a valid UTF-8 sequence starting here (0: not one).
-        std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-        if (n > 1 && (i + n > text.size() || c == 0xc0 || c == 0xc1 || c > 0xf4))
-            n = 0;
-        for (std::size_t k = 1; k < n && n; ++k)
-            if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2)
-                n = 0;
-        if (n == 1 && (c < 0x20 || c == 0x7f))
-            n = 0;
-        if (n == 0) {
-            out += "\\x";
-            out += hex[c >> 4];
-            out += hex[c & 0xf];
+        const std::size_t n = utf8SequenceLength(text, i);
+        if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7f))) {
+            out += escapedByte(c);
             ++i;
         } else {
             out.append(text, i, n);

@@ -96,8 +96,13 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
             info.teacherTokens = m_file.readIntegers(path + "/teacher_tokens", kMaxSeq);
         if ((info.hasDivergences = m_file.exists(path + "/divergence_positions")))
             info.divergencePositions = m_file.readIntegers(path + "/divergence_positions", kMaxSeq);
-        if (m_file.exists(path + "/token_strings"))
+        const std::int64_t positions = info.promptLen + std::int64_t(info.teacherTokens.size());
+        if (m_file.exists(path + "/token_strings")) {
             info.tokenStrings = m_file.readStrings(path + "/token_strings");
+            if (std::int64_t(info.tokenStrings.size()) != positions)
+                m_file.fail(path + "/token_strings", std::to_string(info.tokenStrings.size()) + " strings for " +
+                                                         std::to_string(positions) + " positions (prompt and teacher tokens)");
+        }
 
         for (std::size_t s = 0; m_file.exists(bundle_path::snapshot(id, s)); ++s) {
             const std::string sp = bundle_path::snapshot(id, s);
@@ -122,6 +127,12 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
         }
         if (info.snapshots.empty())
             m_file.fail(bundle_path::snapshot(id, 0), "missing: a prompt needs at least one engine snapshot");
+        const std::int64_t seqLen = info.snapshots.back().seqLen();
+        for (std::int64_t d : info.divergencePositions)
+            if (d < info.promptLen || d >= seqLen)
+                m_file.fail(path + "/divergence_positions", "position " + std::to_string(d) + " is not a decode position [" +
+                                                                std::to_string(info.promptLen) + ", " +
+                                                                std::to_string(seqLen) + ")");
         info.hasExpected = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Expected));
         info.hasBaseline = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Baseline));
         if (!info.hasExpected)
@@ -137,6 +148,8 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
 
 DType BundleReader::checkedDType(const std::string& dataset) const
 {
+    if (!m_file.exists(dataset))
+        m_file.fail(dataset, "missing");
     if (!m_file.hasAttribute(dataset, "dtype"))
         m_file.fail(dataset, "attribute 'dtype' is missing");
     const std::string name = m_file.readStringAttribute(dataset, "dtype");

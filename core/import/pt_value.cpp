@@ -80,7 +80,7 @@ PtValue convert(const c10::IValue& v, const std::string& path, const std::string
         for (const auto& entry : v.toGenericDict()) {
             const c10::IValue& key = entry.key();
             const std::string name = key.isString() ? key.toStringRef() : key.isInt() ? std::to_string(key.toInt()) : "?";
-            out.entries.emplace_back(name, convert(entry.value(), path, where + "['" + name + "']"));
+            out.entries.push_back({name, convert(entry.value(), path, where + "['" + name + "']")});
         }
     } else {
         throw BundleError(path, where, "holds a " + v.tagKind() + ", which kvscope does not read");

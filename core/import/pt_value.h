@@ -11,6 +11,8 @@
 
 namespace kvscope {
 
+struct PtEntry;
+
 struct PtValue {
     enum class Kind { None, Bool, Int, Double, String, FloatTensor, IntTensor, List, Dict };
     Kind kind = Kind::None;
@@ -22,17 +24,24 @@ struct PtValue {
     std::vector<std::int64_t> intValues;     // IntTensor: values as int64 ...
     std::vector<std::int64_t> shape;         // ... and their shape
     std::vector<PtValue> items;              // List (lists and tuples)
-    std::vector<std::pair<std::string, PtValue>> entries;  // Dict, keys as text
+    std::vector<PtEntry> entries;            // Dict, keys as text
 
-    const PtValue* find(const std::string& key) const
-    {
-        for (const auto& [k, v] : entries)
-            if (k == key)
-                return &v;
-        return nullptr;
-    }
+    const PtValue* find(const std::string& key) const;
     std::string kindName() const;
 };
+
+struct PtEntry {
+    std::string key;
+    PtValue value;
+};
+
+inline const PtValue* PtValue::find(const std::string& key) const
+{
+    for (const auto& [k, v] : entries)
+        if (k == key)
+            return &v;
+    return nullptr;
+}
 
 // Reads a file written by Python's torch.save (zip format, pickle protocol 2). The known
 // limits of libtorch 1.13's reader become BundleErrors naming the file and the workaround.

@@ -1,0 +1,30 @@
+#pragma once
+// Text from files is any bytes; what kvscope prints or writes as JSON must be valid UTF-8.
+
+#include <cstddef>
+#include <string>
+
+namespace kvscope {
+
+// The length of the valid UTF-8 sequence starting at text[i] (1-4), or 0 when the byte there
+// does not start one (stray continuation byte, overlong lead, beyond U+10FFFF, cut short).
+inline std::size_t utf8SequenceLength(const std::string& text, std::size_t i)
+{
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n > 1 && (i + n > text.size() || c == 0xc0 || c == 0xc1 || c > 0xf4))
+        return 0;
+    for (std::size_t k = 1; k < n; ++k)
+        if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2)
+            return 0;
+    return n;
+}
+
+// A byte that is not valid UTF-8, as the four characters \xNN.
+inline std::string escapedByte(unsigned char c)
+{
+    static const char* const hex = "0123456789abcdef";
+    return std::string("\\x") + hex[c >> 4] + hex[c & 0xf];
+}
+
+}  // namespace kvscope
