@@ -159,6 +159,11 @@ void HistogramView::redraw()
     replot(QCustomPlot::rpQueuedReplot);
 }
 
+QString HistogramView::message() const
+{
+    return m_title->text();
+}
+
 void HistogramView::clearHistogram(const QString& message)
 {
     m_histogram.reset();

@@ -19,6 +19,8 @@ public:
     void setLogCounts(bool log);
     void setLogErrors(bool log);
     void clearHistogram(const QString& message);
+    // What the view says at the top: the title, or why there is no histogram.
+    QString message() const;
     bool hasHistogram() const { return m_histogram.has_value(); }
     // What is drawn, for the tests: the bins shown and the label of the counts kept apart.
     const DisplayBins* shownBins() const;

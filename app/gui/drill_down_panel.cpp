@@ -31,7 +31,7 @@ DrillDownPanel::DrillDownPanel(QWidget* parent)
     , m_logErrors(new QCheckBox(tr("log errors")))
     , m_wholeSequence(new QCheckBox(tr("all tokens")))
     , m_line(new TokenLineView)
-    , m_watcher(new QFutureWatcher<std::shared_ptr<HeadErrorHistogram>>(this))
+    , m_watcher(new QFutureWatcher<HistogramReading>(this))
 {
     setObjectName("drillDown");
     m_headProxy->setSourceModel(m_headModel);
@@ -87,10 +87,11 @@ DrillDownPanel::DrillDownPanel(QWidget* parent)
     connect(m_watcher, &QFutureWatcherBase::finished, this, [this] {
         if (m_watcher->future().resultCount() == 0)
             return;  // dropped: the selection changed since
-        if (const auto h = m_watcher->result())
-            m_histogram->setHistogram(*h, m_histogramTitle);
-        else
-            m_histogram->clearHistogram(tr("no histogram: the data could not be read"));
+        const HistogramReading reading = m_watcher->result();
+        if (reading.histogram)
+            m_histogram->setHistogram(*reading.histogram, m_histogramTitle);
+        else  // e.g. the file was truncated or replaced since it was opened
+            m_histogram->clearHistogram(tr("no histogram: %1").arg(reading.error));
         emit histogramShown();
     });
     clear(tr("nothing selected"));
@@ -104,7 +105,7 @@ void DrillDownPanel::clear(const QString& why)
     m_headModel->clear();
     showPartColumns();
     m_floor->setText(why.isEmpty() ? tr("no cell selected") : why);
-    m_watcher->setFuture(QFuture<std::shared_ptr<HeadErrorHistogram>>());  // drop a pending histogram
+    m_watcher->setFuture(QFuture<HistogramReading>());  // drop a pending histogram
     m_histogram->clearHistogram(why);
     m_line->clearSeries(why);
 }
@@ -218,9 +219,10 @@ void DrillDownPanel::requestHistogram()
     m_watcher->setFuture(QtConcurrent::run([reader, id, layer, head, part, begin, end] {
         try {
             const CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);
-            return std::make_shared<HeadErrorHistogram>(headErrorHistogram(loader, id, layer, head, part, begin, end));
-        } catch (const std::exception&) {
-            return std::shared_ptr<HeadErrorHistogram>();
+            return HistogramReading{
+                std::make_shared<HeadErrorHistogram>(headErrorHistogram(loader, id, layer, head, part, begin, end)), {}};
+        } catch (const std::exception& e) {
+            return HistogramReading{nullptr, QString::fromStdString(e.what())};
         }
     }));
 }

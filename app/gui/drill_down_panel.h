@@ -25,6 +25,12 @@ class TokenLineView;
 struct AnalysisResult;
 struct HeadErrorHistogram;
 
+// A head's error histogram as read in the background, or why it could not be read.
+struct HistogramReading {
+    std::shared_ptr<HeadErrorHistogram> histogram;
+    QString error;
+};
+
 class DrillDownPanel : public QSplitter {
     Q_OBJECT
 
@@ -62,7 +68,7 @@ private:
     QCheckBox* m_logErrors;
     QCheckBox* m_wholeSequence;
     TokenLineView* m_line;
-    QFutureWatcher<std::shared_ptr<HeadErrorHistogram>>* m_watcher;
+    QFutureWatcher<HistogramReading>* m_watcher;
     QString m_histogramTitle;
     // The cell shown, for the histogram request.
     std::shared_ptr<const BundleReader> m_reader;

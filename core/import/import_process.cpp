@@ -51,8 +51,14 @@ void runImport(const std::string& directory, const std::string& bundlePath, cons
     for (std::string& a : args)
         argv.push_back(a.data());
     argv.push_back(nullptr);
+    // Its own process group, so that cancelling stops whatever it started too.
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
     pid_t pid = 0;
-    const int spawned = posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv.data(), environ);
+    const int spawned = posix_spawn(&pid, helper.c_str(), &actions, &attributes, argv.data(), environ);
+    posix_spawnattr_destroy(&attributes);
     posix_spawn_file_actions_destroy(&actions);
     close(pipeFds[1]);
     if (spawned != 0) {
@@ -65,9 +71,10 @@ void runImport(const std::string& directory, const std::string& bundlePath, cons
     for (;;) {
         pollfd fd{pipeFds[0], POLLIN, 0};
         const int ready = poll(&fd, 1, 100);
-        if (cancel && *cancel && !cancelled) {
+        if (cancel && *cancel) {
             cancelled = true;
-            kill(pid, SIGKILL);
+            kill(-pid, SIGKILL);
+            break;
         }
         if (ready > 0) {
             char buffer[4096];

@@ -84,6 +84,17 @@ void TestAnalysisJson::jsonIsStrictAndComplete()
     QVERIFY(p["bc_vs_noise"]["k"][0][0].is_null());  // outside the window: no data
     QCOMPARE(a["k_bc"][2].size(), std::size_t(12));
     QCOMPARE(jsonString("a\"b\\c\n\x01"), std::string("\"a\\\"b\\\\c\\n\\u0001\""));
+    // Valid UTF-8 is kept; bytes that are not (names come from files) become the text \xNN,
+    // so that the JSON stays valid: a stray continuation byte, a cut sequence, an overlong
+    // form, a surrogate, a code point beyond U+10FFFF.
+    QCOMPARE(jsonString("é中😀"), std::string("\"é中😀\""));
+    QCOMPARE(jsonString("a\x80"), std::string("\"a\\\\x80\""));
+    QCOMPARE(jsonString("\xe4\xb8"), std::string("\"\\\\xe4\\\\xb8\""));
+    QCOMPARE(jsonString("\xe0\x80\xaf"), std::string("\"\\\\xe0\\\\x80\\\\xaf\""));
+    QCOMPARE(jsonString("\xed\xa0\x80"), std::string("\"\\\\xed\\\\xa0\\\\x80\""));
+    QCOMPARE(jsonString("\xf4\x90\x80\x80"), std::string("\"\\\\xf4\\\\x90\\\\x80\\\\x80\""));
+    for (const char* text : {"a\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xc0\xaf"})
+        QVERIFY(nlohmann::json::parse(jsonString(text)).is_string());
 }
 
 QTEST_APPLESS_MAIN(TestAnalysisJson)

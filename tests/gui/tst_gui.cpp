@@ -28,6 +28,8 @@
 #include <QTabWidget>
 #include <QWheelEvent>
 #include <QApplication>
+#include <QDir>
+#include <QElapsedTimer>
 #include <QFile>
 #include <QImage>
 #include <QSignalSpy>
@@ -36,6 +38,8 @@
 #include <QTest>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 
 using namespace kvscope;
 
@@ -69,6 +73,9 @@ private slots:
     void tooltipUsesTokenTextAndDivergenceBounds();
     void twoWayCaptureRanksByError();
     void suspectsLeadToTheBug();
+    void bundleTruncatedOrReplacedWhileOpen();
+    void importCanBeCancelledAndClosed();
+    void secondBundleWhileTheFirstAnalyses();
 
 private:
     void openDemo();
@@ -819,3 +826,102 @@ void TestGui::suspectsLeadToTheBug()
 
 QTEST_MAIN(TestGui)
 #include "tst_gui.moc"
+
+// The file changes under the open window: truncated (a later read fails with a message
+// naming it, in the panel that needed it), then replaced by another file (opening it again
+// shows the new one). No crash either way.
+void TestGui::bundleTruncatedOrReplacedWhileOpen()
+{
+    const QString live = m_dir.filePath("live.h5");
+    QFile::remove(live);
+    QVERIFY(QFile::copy(m_path, live));
+    MainWindow window;
+    window.resize(1280, 800);
+    window.show();
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    window.openPath(live);
+    QVERIFY(finished.wait(60000));
+    QVERIFY(QFile(live).resize(QFile(live).size() / 3));
+    QSignalSpy histogram(&window, &MainWindow::histogramShown);
+    window.selectCell(6, 40);  // the drill-down reads this head's values from the file again
+    QTRY_VERIFY_WITH_TIMEOUT(histogram.count() > 0, 20000);
+    const auto views = window.findChildren<HistogramView*>();
+    QVERIFY(!views.isEmpty());
+    const QString message = views.first()->message();
+    QVERIFY2(message.startsWith("no histogram") && message.contains(live), qPrintable(message));
+
+    // Replaced: a new file under the same name (as a writer's rename does).
+    const QString next = m_dir.filePath("next.h5");
+    QFile::remove(next);
+    QVERIFY(QFile::copy(m_path, next));
+    QVERIFY(std::rename(next.toUtf8().constData(), live.toUtf8().constData()) == 0);
+    finished.clear();
+    window.openPath(live);
+    QVERIFY(finished.wait(60000));
+    QCOMPARE(window.controller().result()->prompts.size(), m_reference.prompts.size());
+}
+
+// A folder import runs a child process: cancelling kills it, and so does closing the window,
+// at once (the stand-in helper would take 60 s).
+void TestGui::importCanBeCancelledAndClosed()
+{
+    const QString helper = m_dir.filePath("slow-import.sh");
+    QFile script(helper);
+    QVERIFY(script.open(QIODevice::WriteOnly));
+    script.write("#!/bin/sh\nsleep 60\n");
+    script.close();
+    script.setPermissions(QFileDevice::ReadOwner | QFileDevice::ExeOwner);
+    qputenv("KVSCOPE_IMPORT_HELPER", helper.toUtf8());
+    const QString folder = m_dir.filePath("dumps");
+    QDir().mkpath(folder);
+    QElapsedTimer clock;
+    clock.start();
+    {
+        MainWindow window;
+        QSignalSpy cancelled(&window.controller(), &AnalysisController::cancelled);
+        window.openPath(folder);
+        QTest::qWait(300);  // the helper is running
+        QVERIFY(window.controller().isRunning());
+        window.controller().cancel();
+        QVERIFY(cancelled.wait(10000));
+        QVERIFY(!window.controller().isRunning());
+        window.openPath(folder);
+        QTest::qWait(300);
+    }  // closed while importing
+    qunsetenv("KVSCOPE_IMPORT_HELPER");
+    QVERIFY2(clock.elapsed() < 20000, "closing waited for the import");
+}
+
+// A second open() while the first bundle is still analysing: the first run is dropped, the
+// second one's results are the ones shown, and nothing of the first arrives later.
+void TestGui::secondBundleWhileTheFirstAnalyses()
+{
+    const QString other = m_dir.filePath("other.h5");
+    if (!QFileInfo::exists(other)) {
+        SyntheticCaptureOptions options = demoCaptureOptions();
+        options.faultLayer = -1;  // a different bundle: no fault
+        writeSyntheticCapture(other.toStdString(), options);
+    }
+    MainWindow window;
+    QSignalSpy opened(&window.controller(), &AnalysisController::opened);
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    AnalysisController& controller = window.controller();
+    bool switched = false;
+    controller.setWorkerLayerHook([&](int) {
+        if (!switched) {  // after the first bundle's first layer, from its worker
+            switched = true;
+            QMetaObject::invokeMethod(&window, [&] { window.openPath(other); });
+        }
+    });
+    window.openPath(m_path);
+    QTRY_VERIFY_WITH_TIMEOUT(finished.count() == 1, 60000);
+    QTest::qWait(200);  // anything the first run still posted would arrive now
+    QCOMPARE(finished.count(), 1);
+    QCOMPARE(controller.path(), other);
+    QCOMPARE(opened.last().first().toString(), other);
+    const AnalysisResult expected = analyzeBundle(std::make_shared<BundleReader>(other.toStdString()));
+    const PromptAnalysis& shown = controller.result()->prompts.at(0);
+    for (int m = 0; m < kMetricCount; ++m)
+        QVERIFY(std::memcmp(shown.metrics[std::size_t(m)].data(), expected.prompts[0].metrics[std::size_t(m)].data(),
+                            shown.metrics[std::size_t(m)].size() * sizeof(float)) == 0);
+}

@@ -20,6 +20,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <hdf5.h>
+
 #include <cmath>
 
 using namespace kvscope;
@@ -33,6 +35,7 @@ private slots:
     void pngsCarryTheMarkers();
     void chromiumDrawsEveryMapOffline();
     void checkExitCodes();
+    void reportAndCheckAgree();
     void bundleIsNeverModified();
 
 private:
@@ -203,3 +206,59 @@ void TestReport::bundleIsNeverModified()
 
 QTEST_MAIN(TestReport)
 #include "tst_report.moc"
+
+// `kvscope report` and `kvscope check` judge the same analysis with the same options: check's
+// exit 0 / 1 is the report's PASS / FAIL, and a bundle check refuses (2) gets no report.
+void TestReport::reportAndCheckAgree()
+{
+    auto run = [](const QStringList& args) {
+        QProcess p;
+        p.start(KVSCOPE_BINARY, args);
+        p.waitForFinished(120000);
+        return p.exitCode();
+    };
+    synth::ModelCaptureOptions o = kvtest::smallModel();
+    const QString clean = m_dir.filePath("agree-clean.h5"), faulty = m_dir.filePath("agree-faulty.h5");
+    synth::writeModelCapture(clean.toStdString(), o);
+    o.fault = synth::FaultKind::RopeOffset;
+    synth::writeModelCapture(faulty.toStdString(), o);
+    // A block id beyond the pool: lenient analyses mark those positions absent, check refuses.
+    const QString badBlock = m_dir.filePath("agree-bad-block.h5");
+    QFile::copy(clean, badBlock);
+    const hid_t file = H5Fopen(badBlock.toUtf8().constData(), H5F_ACC_RDWR, H5P_DEFAULT);
+    for (const char* group : {"group_0", "group_1"}) {  // the full-attention group's first block is always read
+        const std::string table = std::string("/prompts/prompt_0/engine/snapshot_0/block_tables/") + group;
+        const hid_t d = H5Dopen2(file, table.c_str(), H5P_DEFAULT);
+        const hid_t space = H5Dget_space(d);
+        std::vector<std::int32_t> entries(std::size_t(H5Sget_simple_extent_npoints(space)));
+        H5Dread(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, entries.data());
+        entries[0] = 999999;
+        H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, entries.data());
+        H5Sclose(space), H5Dclose(d);
+    }
+    H5Fclose(file);
+    const QStringList loose{"--max-ratio", "1000", "--min-bc", "0", "--suspect-floor", "1e9"};
+    const struct {
+        QString bundle;
+        QStringList options;
+        int verdict;  // check's exit code
+    } cases[] = {{clean, {}, 0}, {faulty, {}, 1}, {faulty, loose, 0}, {badBlock, {}, 2}};
+    int i = 0;
+    for (const auto& c : cases) {
+        const QString what = c.bundle + " " + c.options.join(' ');
+        QVERIFY2(run(QStringList{"check", c.bundle} + c.options) == c.verdict, qPrintable(what));
+        const QString dir = m_dir.filePath(QString("agree-report-%1").arg(i++));
+        const int reported = run(QStringList{"report", c.bundle, "-o", dir} + c.options);
+        if (c.verdict == 2) {
+            QVERIFY2(reported == 2, qPrintable(what));
+            QVERIFY(!QFileInfo::exists(dir + "/report.html"));
+            continue;
+        }
+        QVERIFY2(reported == 0, qPrintable(what));
+        QFile html(dir + "/report.html");
+        QVERIFY(html.open(QIODevice::ReadOnly));
+        const QByteArray text = html.readAll();
+        QVERIFY2(text.contains(c.verdict == 0 ? "<span class=pass>PASS</span>" : "<span class=fail>FAIL</span>"),
+                 qPrintable(what));
+    }
+}

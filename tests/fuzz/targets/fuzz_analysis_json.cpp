@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -131,8 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     nlohmann::json parsed;
     try {
         parsed = nlohmann::json::parse(out.str());
-    } catch (const nlohmann::json::exception&) {
-        __builtin_trap();  // not strict JSON
+    } catch (const nlohmann::json::exception& e) {
+        std::fprintf(stderr, "not strict JSON (%s):\n%s\n", e.what(), out.str().c_str());
+        __builtin_trap();
     }
     requireText(parsed["bundle"], result.bundle);
     requireText(parsed["problems"][0], result.problems[0]);
