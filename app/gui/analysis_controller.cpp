@@ -55,7 +55,8 @@ void AnalysisController::open(const QString& path)
     if (QFileInfo(path).isDir())
         importDir = std::make_shared<QTemporaryDir>();
     std::erase_if(m_runs, [](const QFuture<void>& run) { return run.isFinished(); });
-    m_runs.push_back(QtConcurrent::run([this, path, generation, importDir, cancel, hook = m_workerLayerHook] {
+    m_runs.push_back(QtConcurrent::run([this, path, generation, importDir, cancel, hook = m_workerLayerHook,
+                                         probeHook = m_probeHook] {
         try {
             std::string bundle = path.toStdString();
             if (importDir) {
@@ -63,6 +64,7 @@ void AnalysisController::open(const QString& path)
                 bundle = QDir(importDir->path()).filePath("imported.h5").toStdString();
                 runImport(path.toStdString(), bundle, cancel.get());  // a child process: cancel kills it
             }
+            BundleReader::probeInChild(bundle, probeHook);  // a libhdf5 crash on this file must not take the app down
             auto reader = std::make_shared<BundleReader>(bundle);
             AnalysisOptions options;
             auto result = std::make_shared<AnalysisResult>(prepareAnalysis(*reader, options));

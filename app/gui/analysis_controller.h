@@ -36,6 +36,8 @@ public:
     // Called on the worker thread after each finished layer, with the count so far: lets a
     // test act at a known point of the analysis (e.g. cancel after the first layer).
     void setWorkerLayerHook(std::function<void(int)> hook) { m_workerLayerHook = std::move(hook); }
+    // Runs in the child process that opens a bundle before the app does (BundleReader::probeInChild).
+    void setProbeHook(std::function<void()> hook) { m_probeHook = std::move(hook); }
 
 signals:
     void opened(const QString& path);
@@ -58,8 +60,9 @@ private:
     // Every run not finished yet: a cancelled older run may still be reading its last layer,
     // and it posts to this object, so the destructor waits for all of them.
     std::vector<QFuture<void>> m_runs;
-    std::shared_ptr<QTemporaryDir> m_importDir;
-    std::function<void(int)> m_workerLayerHook;  // holds an imported folder's bundle while it is open
+    std::shared_ptr<QTemporaryDir> m_importDir;  // holds an imported folder's bundle while it is open
+    std::function<void(int)> m_workerLayerHook;
+    std::function<void()> m_probeHook;
 };
 
 }  // namespace kvscope

@@ -3,7 +3,12 @@
 #include "format/bundle_error.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace kvscope {
 
@@ -22,6 +27,33 @@ std::mutex& BundleReader::hdf5Mutex()
 {
     static std::mutex mutex;
     return mutex;
+}
+
+void BundleReader::probeInChild(const std::string& path, const std::function<void()>& inChild)
+{
+    // Forked while holding the HDF5 lock, so that no other thread is inside libhdf5 (or holds
+    // the lock) in the copy the child gets.
+    std::unique_lock lock(hdf5Mutex());
+    const pid_t child = fork();
+    if (child < 0)
+        return;  // cannot fork: the real open still runs, unguarded
+    if (child == 0) {
+        lock.unlock();
+        if (inChild)
+            inChild();
+        try {
+            BundleReader(path).validate();
+        } catch (...) {
+        }
+        _exit(0);  // nothing of the parent's (Qt, exit handlers) runs here
+    }
+    lock.unlock();
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFSIGNALED(status))
+        throw BundleError(path, {}, std::string("reading it crashed the HDF5 library (") + strsignal(WTERMSIG(status)) +
+                                        "): the file's metadata is corrupt; it was not opened");
 }
 
 BundleReader::~BundleReader()

@@ -9,6 +9,7 @@
 #include "format/kv_cache_config.h"
 #include "format/paged_kv.h"
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -48,6 +49,13 @@ public:
     // Checks every dataset's presence, shape and dtype (no tensor data is read). Returns
     // one message per problem, each naming the file and the object.
     std::vector<std::string> validate() const;
+
+    // Opens and validates `path` in a forked child first: libhdf5 can crash (a segmentation
+    // fault inside the library) on corrupt metadata before any check of ours runs, and a
+    // process that reads in-process (the app) must not die of it. Throws BundleError when the
+    // child crashed; any other outcome is left to the real open. `inChild` runs in the child
+    // before it reads (tests use it to simulate the crash).
+    static void probeInChild(const std::string& path, const std::function<void()>& inChild = {});
 
 private:
     PromptInfo readPrompt(const std::string& id) const;

@@ -38,6 +38,7 @@
 #include <QTest>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 
@@ -76,6 +77,7 @@ private slots:
     void bundleTruncatedOrReplacedWhileOpen();
     void importCanBeCancelledAndClosed();
     void secondBundleWhileTheFirstAnalyses();
+    void hdf5CrashIsAMessage();
 
 private:
     void openDemo();
@@ -924,4 +926,21 @@ void TestGui::secondBundleWhileTheFirstAnalyses()
     for (int m = 0; m < kMetricCount; ++m)
         QVERIFY(std::memcmp(shown.metrics[std::size_t(m)].data(), expected.prompts[0].metrics[std::size_t(m)].data(),
                             shown.metrics[std::size_t(m)].size() * sizeof(float)) == 0);
+}
+
+// libhdf5 crashing on a file (a segmentation fault inside the library, simulated here in the
+// child that opens every bundle first) is a message naming the file; the window lives on.
+void TestGui::hdf5CrashIsAMessage()
+{
+    MainWindow window;
+    QSignalSpy failed(&window.controller(), &AnalysisController::failed);
+    window.controller().setProbeHook([] { std::raise(SIGSEGV); });
+    window.openPath(m_path);
+    QVERIFY(failed.wait(20000));
+    const QString message = failed.first().first().toString();
+    QVERIFY2(message.contains(m_path) && message.contains("crashed the HDF5 library"), qPrintable(message));
+    window.controller().setProbeHook({});
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    window.openPath(m_path);
+    QVERIFY(finished.wait(60000));
 }
