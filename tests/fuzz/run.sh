@@ -4,7 +4,8 @@
 # build-fuzz/corpus/<target> (reused by the next run), then replays that corpus with
 # LeakSanitizer. A crash, out-of-memory, timeout or leak stops that target and leaves its input
 # in build-fuzz/findings/. Prints executions per target.
-# usage: tests/fuzz/run.sh SECONDS [TARGET...]    (needs build/app/kvscope for the seeds)
+# usage: [RUNS=N] tests/fuzz/run.sh SECONDS [TARGET...]    (needs build/app/kvscope for the seeds)
+#        RUNS stops a target after N executions if that comes before SECONDS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:?usage: run.sh SECONDS [TARGET...]}
@@ -23,7 +24,7 @@ for target in "${targets[@]}"; do
     log=build-fuzz/findings/$target.log
     # Fuzzing itself without leak checks (an LSan scan after every input costs 100x the
     # input); each input may take 10 s and 4 GB before it counts as a finding.
-    if ASAN_OPTIONS=detect_leaks=0 build-fuzz/tests/fuzz/$target -max_total_time="$seconds" -timeout=10 \
+    if ASAN_OPTIONS=detect_leaks=0 build-fuzz/tests/fuzz/$target -max_total_time="$seconds" -runs="${RUNS:--1}" -timeout=10 \
            -rss_limit_mb=4096 -detect_leaks=0 -print_final_stats=1 -artifact_prefix="build-fuzz/findings/$target-" \
            "$corpus" "build-fuzz/seeds/$target" >"$log" 2>&1; then
         result=ok
