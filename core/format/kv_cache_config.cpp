@@ -67,7 +67,7 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
     Json root;
     try {
         root = Json::parse(text);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse errors, and numbers out of range (1e999)
         ctx.fail({}, std::string("not valid JSON: ") + e.what());
     }
     if (!root.is_object())

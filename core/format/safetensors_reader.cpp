@@ -63,7 +63,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path)
     nlohmann::json root;
     try {
         root = nlohmann::json::parse(header);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers out of range (1e999)
         throw BundleError(path, "header", std::string("not valid JSON: ") + e.what());
     }
     if (!root.is_object())

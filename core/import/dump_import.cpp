@@ -32,7 +32,7 @@ Json readJson(const fs::path& file)
 {
     try {
         return Json::parse(readText(file));
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse errors, and numbers out of range (1e999)
         throw BundleError(file.string(), {}, std::string("not valid JSON: ") + e.what());
     }
 }

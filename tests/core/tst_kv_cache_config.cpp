@@ -83,6 +83,8 @@ void TestKvCacheConfig::rejects_data()
     auto edit = [&](const QString& from, const QString& to) { return QString(good).replace(from, to); };
     QTest::newRow("not JSON") << "{\"num_blocks\": 8," << "cfg" << "not valid JSON";
     QTest::newRow("not an object") << "[1, 2]" << "cfg" << "must be a JSON object";
+    // Found by the fuzzer: a number JSON can spell but a double cannot hold.
+    QTest::newRow("number overflow") << edit("\"num_blocks\": 8", "\"num_blocks\": 1e999") << "cfg" << "number overflow";
     QTest::newRow("num_blocks missing") << edit("\"num_blocks\": 8, ", "") << "cfg.num_blocks" << "missing";
     QTest::newRow("num_blocks absurd") << edit("\"num_blocks\": 8", "\"num_blocks\": 99999999999") << "cfg.num_blocks" << "outside";
     QTest::newRow("num_blocks not int") << edit("\"num_blocks\": 8", "\"num_blocks\": \"8\"") << "cfg.num_blocks" << "must be an integer";

@@ -161,6 +161,8 @@ def _(path):
 file_kind("config_missing", "error", "/kv_cache_config", "missing")(lambda f: f.__delitem__("kv_cache_config"))
 file_kind("config_not_json", "error", "/kv_cache_config", "not valid JSON")(
     lambda f: set_config(f, '{"num_blocks": 17, "groups": ['))
+file_kind("config_number_overflow", "error", "/kv_cache_config", "number overflow")(
+    lambda f: set_config(f, f["kv_cache_config"][0].decode().replace('"num_blocks":17', '"num_blocks":1e999')))
 file_kind("config_mla_spec", "error", "/kv_cache_config", "'MLAAttentionSpec' is not supported")(
     edit_config(group_1__spec_type="MLAAttentionSpec"))
 file_kind("config_mamba_spec", "error", "/kv_cache_config", "'MambaSpec' is not supported")(edit_config(group_0__spec_type="MambaSpec"))
