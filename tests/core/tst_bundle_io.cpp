@@ -101,15 +101,26 @@ void modify(const QString& path, const std::function<void(hid_t)>& change)
     H5Fclose(file);
 }
 
+// A dataset stored as format v2 stores every one: in chunks (here one) with a Fletcher32 checksum.
+hid_t createChecksummed(hid_t file, const char* path, hid_t type, const std::vector<hsize_t>& dims,
+                        std::vector<hsize_t> chunk = {})
+{
+    const hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    if (chunk.empty())
+        chunk = dims;
+    H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+    H5Pset_fletcher32(dcpl);
+    const hid_t d = H5Dcreate2(file, path, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    return d;
+}
+
 void replaceWithFloats(hid_t file, const char* path, std::vector<hsize_t> dims)
 {
     H5Ldelete(file, path, H5P_DEFAULT);
-    const hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
-    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    std::vector<hsize_t> chunk(dims.size(), 1);
-    H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
-    H5Pset_fletcher32(dcpl);  // as format v2 stores every dataset
-    const hid_t d = H5Dcreate2(file, path, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    const hid_t d = createChecksummed(file, path, H5T_IEEE_F32LE, dims, std::vector<hsize_t>(dims.size(), 1));
     const hid_t str = H5Tcopy(H5T_C_S1);
     H5Tset_size(str, 8);
     const hid_t aspace = H5Screate(H5S_SCALAR);
@@ -119,8 +130,6 @@ void replaceWithFloats(hid_t file, const char* path, std::vector<hsize_t> dims)
     H5Sclose(aspace);
     H5Tclose(str);
     H5Dclose(d);
-    H5Pclose(dcpl);
-    H5Sclose(space);
 }
 
 void replaceConfig(hid_t file, const std::string& text)
@@ -128,16 +137,9 @@ void replaceConfig(hid_t file, const std::string& text)
     H5Ldelete(file, "/kv_cache_config", H5P_DEFAULT);
     const hid_t str = H5Tcopy(H5T_C_S1);  // format v2: one fixed-length string, checksummed
     H5Tset_size(str, text.size());
-    const hsize_t one = 1;
-    const hid_t space = H5Screate_simple(1, &one, nullptr);
-    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    H5Pset_chunk(dcpl, 1, &one);
-    H5Pset_fletcher32(dcpl);
-    const hid_t d = H5Dcreate2(file, "/kv_cache_config", str, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    const hid_t d = createChecksummed(file, "/kv_cache_config", str, {1});
     H5Dwrite(d, str, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data());
     H5Dclose(d);
-    H5Pclose(dcpl);
-    H5Sclose(space);
     H5Tclose(str);
 }
 
@@ -514,21 +516,15 @@ void TestBundleIo::badInput()
         } else if (damage == "signed-bits") {
             const char* target = "/prompts/p0/reference/expected/layers.1.self_attn/v";
             H5Ldelete(f, target, H5P_DEFAULT);
-            const hsize_t dims[4] = {1, 4, 5, 3};
             const std::vector<std::int16_t> bits(60, -16512);  // bf16 -1.0 read as int16
-            const hid_t sp = H5Screate_simple(4, dims, nullptr);
-            const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-            H5Pset_chunk(dcpl, 4, dims);
-            H5Pset_fletcher32(dcpl);
-            const hid_t d = H5Dcreate2(f, target, H5T_STD_I16LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-            H5Pclose(dcpl);
+            const hid_t d = createChecksummed(f, target, H5T_STD_I16LE, {1, 4, 5, 3});
             H5Dwrite(d, H5T_NATIVE_INT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data());
             const hid_t str = H5Tcopy(H5T_C_S1);
             H5Tset_size(str, 9);
             const hid_t asp = H5Screate(H5S_SCALAR);
             const hid_t a = H5Acreate2(d, "dtype", str, asp, H5P_DEFAULT, H5P_DEFAULT);
             H5Awrite(a, str, "bfloat16");
-            H5Aclose(a), H5Sclose(asp), H5Tclose(str), H5Dclose(d), H5Sclose(sp);
+            H5Aclose(a), H5Sclose(asp), H5Tclose(str), H5Dclose(d);
         } else if (damage == "unwritten") {
             replaceWithFloats(f, "/prompts/p0/reference/expected/layers.0.self_attn/k", {1, 4, 10, 3});
         } else if (damage == "seq-lens") {
@@ -703,12 +699,7 @@ void TestBundleIo::fletcher32IsHdf5s()
         c = static_cast<unsigned char>(random() >> 7 | (bytes == 4096 ? 0xff : 0));  // 4096: all-ones words, the wrap case
     const QString path = m_dir.filePath(QString("f32_%1.h5").arg(bytes));
     const hid_t file = H5Fcreate(path.toUtf8().constData(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    const hsize_t dims = hsize_t(bytes);
-    const hid_t space = H5Screate_simple(1, &dims, nullptr);
-    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    H5Pset_chunk(dcpl, 1, &dims);
-    H5Pset_fletcher32(dcpl);
-    const hid_t d = H5Dcreate2(file, "x", H5T_STD_U8LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    const hid_t d = createChecksummed(file, "x", H5T_STD_U8LE, {hsize_t(bytes)});
     H5Dwrite(d, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data());
     H5Dflush(d);
     const hsize_t origin = 0;
@@ -718,7 +709,7 @@ void TestBundleIo::fletcher32IsHdf5s()
     std::vector<unsigned char> chunk(static_cast<std::size_t>(stored));
     std::uint32_t filters = 0;
     QVERIFY(H5Dread_chunk(d, H5P_DEFAULT, &origin, &filters, chunk.data()) >= 0);
-    H5Dclose(d), H5Pclose(dcpl), H5Sclose(space), H5Fclose(file);
+    H5Dclose(d), H5Fclose(file);
     QVERIFY(std::equal(data.begin(), data.end(), chunk.begin()));
     QVERIFY(fletcher32Matches(data.data(), data.size(), chunk.data() + bytes));
     data[std::size_t(bytes) / 2] ^= 0x10;

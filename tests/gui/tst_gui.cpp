@@ -170,6 +170,16 @@ static double percentile99OfCellMaxima(const PromptAnalysis& p, Metric m)
     return values[std::min(values.size() - 1, std::size_t(0.99 * double(values.size())))];
 }
 
+// Shows `window` at 1280x800 and opens `path` in it; true once the analysis has finished.
+static bool showAndAnalyse(MainWindow& window, const QString& path)
+{
+    window.resize(1280, 800);
+    window.show();
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    window.openPath(path);
+    return finished.wait(60000);
+}
+
 static bool sameTo4Digits(double a, double b)
 {
     if (std::isnan(a) || std::isnan(b))
@@ -774,11 +784,7 @@ void TestGui::twoWayCaptureRanksByError()
     writeSyntheticCapture(path.toStdString(), o);
     const AnalysisResult reference = analyzeBundle(std::make_shared<BundleReader>(path.toStdString()));
     MainWindow window;
-    window.resize(1280, 800);
-    window.show();
-    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
-    window.openPath(path);
-    QVERIFY(finished.wait(60000));
+    QVERIFY(showAndAnalyse(window, path));
     QCOMPARE(window.spec().metric, HeatmapMetric::RelLinf);  // no ratio without a baseline
     const PromptAnalysis& p = reference.prompts[0];
     WorstCellsModel& list = window.worstCells();
@@ -838,11 +844,7 @@ void TestGui::bundleTruncatedOrReplacedWhileOpen()
     QFile::remove(live);
     QVERIFY(QFile::copy(m_path, live));
     MainWindow window;
-    window.resize(1280, 800);
-    window.show();
-    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
-    window.openPath(live);
-    QVERIFY(finished.wait(60000));
+    QVERIFY(showAndAnalyse(window, live));
     QVERIFY(QFile(live).resize(QFile(live).size() / 3));
     QSignalSpy histogram(&window, &MainWindow::histogramShown);
     window.selectCell(6, 40);  // the drill-down reads this head's values from the file again
@@ -857,9 +859,7 @@ void TestGui::bundleTruncatedOrReplacedWhileOpen()
     QFile::remove(next);
     QVERIFY(QFile::copy(m_path, next));
     QVERIFY(std::rename(next.toUtf8().constData(), live.toUtf8().constData()) == 0);
-    finished.clear();
-    window.openPath(live);
-    QVERIFY(finished.wait(60000));
+    QVERIFY(showAndAnalyse(window, live));
     QCOMPARE(window.controller().result()->prompts.size(), m_reference.prompts.size());
 }
 
