@@ -4,13 +4,12 @@
 
 #include <QDir>
 #include <QFileInfo>
-#include <QMetaObject>
-#include <QtConcurrent>
 
 namespace kvscope {
 
 AnalysisController::AnalysisController(QObject* parent)
     : QObject(parent)
+    , m_tasks(this)
 {
 }
 
@@ -18,19 +17,16 @@ AnalysisController::~AnalysisController()
 {
     *m_cancel = true;  // older runs were told at the next open()
     ++m_generation;
-    for (QFuture<void>& run : m_runs)
-        run.waitForFinished();  // workers post to this object
+    // m_tasks, the last member, goes first: it waits for every run (they post to this object).
 }
 
 void AnalysisController::post(std::function<void()> fn, int generation)
 {
     // Runs `fn` on the GUI thread, unless a newer open() has made it stale.
-    QMetaObject::invokeMethod(
-        this, [this, fn = std::move(fn), generation] {
-            if (generation == m_generation)
-                fn();
-        },
-        Qt::QueuedConnection);
+    m_tasks.post([this, fn = std::move(fn), generation] {
+        if (generation == m_generation)
+            fn();
+    });
 }
 
 void AnalysisController::cancel()
@@ -54,9 +50,7 @@ void AnalysisController::open(const QString& path)
     std::shared_ptr<QTemporaryDir> importDir;
     if (QFileInfo(path).isDir())
         importDir = std::make_shared<QTemporaryDir>();
-    std::erase_if(m_runs, [](const QFuture<void>& run) { return run.isFinished(); });
-    m_runs.push_back(QtConcurrent::run([this, path, generation, importDir, cancel, hook = m_workerLayerHook,
-                                         probeHook = m_probeHook] {
+    m_tasks.run([this, path, generation, importDir, cancel, hook = m_workerLayerHook, probeHook = m_probeHook] {
         try {
             std::string bundle = path.toStdString();
             if (importDir) {
@@ -109,7 +103,7 @@ void AnalysisController::open(const QString& path)
                 emit failed(message);
             }, generation);
         }
-    }));
+    });
 }
 
 }  // namespace kvscope

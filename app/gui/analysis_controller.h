@@ -5,7 +5,8 @@
 #include "analysis/analyzer.h"
 #include "format/bundle_reader.h"
 
-#include <QFuture>
+#include "gui/background_tasks.h"
+
 #include <QObject>
 #include <QTemporaryDir>
 
@@ -57,12 +58,12 @@ private:
     std::shared_ptr<std::atomic<bool>> m_cancel = std::make_shared<std::atomic<bool>>(false);  // this run's
     std::atomic<int> m_generation{0};
     bool m_running = false;
-    // Every run not finished yet: a cancelled older run may still be reading its last layer,
-    // and it posts to this object, so the destructor waits for all of them.
-    std::vector<QFuture<void>> m_runs;
     std::shared_ptr<QTemporaryDir> m_importDir;  // holds an imported folder's bundle while it is open
     std::function<void(int)> m_workerLayerHook;
     std::function<void()> m_probeHook;
+    // The runs, last so that it goes first: a cancelled older run may still be reading its
+    // last layer and posting to this object, so destruction waits for all of them.
+    BackgroundTasks m_tasks;
 };
 
 }  // namespace kvscope

@@ -16,7 +16,6 @@
 #include <QSortFilterProxyModel>
 #include <QTableView>
 #include <QVBoxLayout>
-#include <QtConcurrent>
 
 namespace kvscope {
 
@@ -31,7 +30,7 @@ DrillDownPanel::DrillDownPanel(QWidget* parent)
     , m_logErrors(new QCheckBox(tr("log errors")))
     , m_wholeSequence(new QCheckBox(tr("all tokens")))
     , m_line(new TokenLineView)
-    , m_watcher(new QFutureWatcher<HistogramReading>(this))
+    , m_tasks(this)
 {
     setObjectName("drillDown");
     m_headProxy->setSourceModel(m_headModel);
@@ -84,16 +83,6 @@ DrillDownPanel::DrillDownPanel(QWidget* parent)
         if (!m_selectingRow && current.isValid())
             showHead(m_headProxy->mapToSource(current).row());
     });
-    connect(m_watcher, &QFutureWatcherBase::finished, this, [this] {
-        if (m_watcher->future().resultCount() == 0)
-            return;  // dropped: the selection changed since
-        const HistogramReading reading = m_watcher->result();
-        if (reading.histogram)
-            m_histogram->setHistogram(*reading.histogram, m_histogramTitle);
-        else  // e.g. the file was truncated or replaced since it was opened
-            m_histogram->clearHistogram(tr("no histogram: %1").arg(reading.error));
-        emit histogramShown();
-    });
     clear(tr("nothing selected"));
 }
 
@@ -105,7 +94,7 @@ void DrillDownPanel::clear(const QString& why)
     m_headModel->clear();
     showPartColumns();
     m_floor->setText(why.isEmpty() ? tr("no cell selected") : why);
-    m_watcher->setFuture(QFuture<HistogramReading>());  // drop a pending histogram
+    ++m_histogramRequest;  // drop a pending histogram
     m_histogram->clearHistogram(why);
     m_line->clearSeries(why);
 }
@@ -216,15 +205,29 @@ void DrillDownPanel::requestHistogram()
     const std::string id = p.id, layer = p.layers[std::size_t(m_layer)];
     const int head = m_head;
     const KvPart part = m_spec.part;
-    m_watcher->setFuture(QtConcurrent::run([reader, id, layer, head, part, begin, end] {
+    const int request = ++m_histogramRequest;
+    m_tasks.run([this, reader, id, layer, head, part, begin, end, request] {
+        std::shared_ptr<HeadErrorHistogram> histogram;
+        QString error;
         try {
             const CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);
-            return HistogramReading{
-                std::make_shared<HeadErrorHistogram>(headErrorHistogram(loader, id, layer, head, part, begin, end)), {}};
+            histogram = std::make_shared<HeadErrorHistogram>(headErrorHistogram(loader, id, layer, head, part, begin, end));
         } catch (const std::exception& e) {
-            return HistogramReading{nullptr, QString::fromStdString(e.what())};
+            error = QString::fromStdString(e.what());
         }
-    }));
+        m_tasks.post([this, histogram, error, request] { showHistogram(request, histogram, error); });
+    });
+}
+
+void DrillDownPanel::showHistogram(int request, const std::shared_ptr<HeadErrorHistogram>& histogram, const QString& error)
+{
+    if (request != m_histogramRequest)
+        return;  // dropped: the selection changed since
+    if (histogram)
+        m_histogram->setHistogram(*histogram, m_histogramTitle);
+    else  // e.g. the file was truncated or replaced since it was opened
+        m_histogram->clearHistogram(tr("no histogram: %1").arg(error));
+    emit histogramShown();
 }
 
 }  // namespace kvscope

@@ -5,8 +5,8 @@
 // choosing a row of the table shows that head; switching metric or K/V keeps it.
 
 #include "analysis/heatmap_grid.h"
+#include "gui/background_tasks.h"
 
-#include <QFutureWatcher>
 #include <QSplitter>
 
 #include <memory>
@@ -24,12 +24,6 @@ class HistogramView;
 class TokenLineView;
 struct AnalysisResult;
 struct HeadErrorHistogram;
-
-// A head's error histogram as read in the background, or why it could not be read.
-struct HistogramReading {
-    std::shared_ptr<HeadErrorHistogram> histogram;
-    QString error;
-};
 
 class DrillDownPanel : public QSplitter {
     Q_OBJECT
@@ -56,6 +50,8 @@ signals:
 
 private:
     void requestHistogram();
+    // The histogram read in the background for request `request`, or why it could not be read.
+    void showHistogram(int request, const std::shared_ptr<HeadErrorHistogram>& histogram, const QString& error);
     void showLine();
     void showPartColumns();
 
@@ -68,8 +64,8 @@ private:
     QCheckBox* m_logErrors;
     QCheckBox* m_wholeSequence;
     TokenLineView* m_line;
-    QFutureWatcher<HistogramReading>* m_watcher;
     QString m_histogramTitle;
+    int m_histogramRequest = 0;  // the latest; older readings are dropped
     // The cell shown, for the histogram request.
     std::shared_ptr<const BundleReader> m_reader;
     std::shared_ptr<const AnalysisResult> m_result;
@@ -79,6 +75,7 @@ private:
     qint64 m_token = -1;
     int m_head = -1;
     bool m_selectingRow = false;
+    BackgroundTasks m_tasks;  // last: goes first, waiting for a reading that posts to this panel
 };
 
 }  // namespace kvscope
