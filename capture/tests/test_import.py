@@ -125,6 +125,21 @@ class Import(unittest.TestCase):
         torch.save({"a": torch.zeros(1), "b": torch.zeros(1)}, rank0)
         self.assert_refused(rank0, "layer 'a'")
 
+    def test_damaged_archives_are_refused_before_libtorch_reads_them(self):
+        # libtorch 1.13 trusts a zip's offsets (fuzzing found it reading past its buffer).
+        rank0 = os.path.join(self.dir, "kv_caches_rank0.pt")
+        torch.save({LAYERS[0]: torch.zeros(2), LAYERS[1]: torch.zeros(2)}, rank0)
+        good = open(rank0, "rb").read()
+        with open(rank0, "wb") as f:
+            f.write(good[: len(good) // 2])
+        self.assert_refused(rank0, "no end-of-archive record")
+        directory = good.rfind(b"PK\x01\x02")  # the last central directory entry
+        damaged = bytearray(good)
+        damaged[directory + 42: directory + 46] = (len(good) - 10).to_bytes(4, "little")  # its local header offset
+        with open(rank0, "wb") as f:
+            f.write(bytes(damaged))
+        self.assert_refused(rank0, "points to no local header")
+
     def test_bad_files_name_themselves(self):
         expected = os.path.join(self.dir, "expected.safetensors")
         # Offsets that wrap around 2^64 must not point back into the header.

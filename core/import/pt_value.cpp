@@ -1,6 +1,7 @@
 #include "import/pt_value.h"
 
 #include "format/bundle_error.h"
+#include "import/zip_check.h"
 
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
@@ -103,6 +104,7 @@ PtValue loadPtFile(const std::string& path)
     if (!in)
         throw BundleError(path, {}, std::string("cannot open: ") + std::strerror(errno));
     const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    checkZipStructure(data, path);  // before libtorch, which trusts the archive's offsets
     c10::IValue value;
     try {
         value = torch::jit::pickle_load(data);
