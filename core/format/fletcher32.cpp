@@ -5,21 +5,37 @@
 namespace kvscope {
 
 namespace {
-// One run of n <= 360 words: HDF5 adds word by word (sum1 += w; sum2 += sum1). The same
-// sums in closed form, sum2 += n * sum1 + sum (n - i) * w_i, vectorise; uint32 arithmetic
-// wraps exactly as HDF5's does, so every intermediate value is the same.
+// One run of n <= 360 words: HDF5 adds word by word (sum1 += w; sum2 += sum1). The same sums
+// in closed form, sum2 += n * sum1 + sum (n - i) * w_i, computed 8 words at a time with adds
+// only: lane j of vector k holds word 8k + j; `plain` sums the vectors, `prefix` the running
+// sums before each one, so sum k * v_k = (groups - 1) * plain - prefix. uint32 arithmetic wraps
+// exactly as HDF5's does, so the result is the same bits.
 KVSCOPE_VECTOR_CLONES
 void addRun(const unsigned char* data, std::uint32_t n, std::uint32_t& sum1, std::uint32_t& sum2)
 {
-    std::uint32_t plain = 0, weighted = 0;
-#pragma omp simd reduction(+ : plain, weighted)
-    for (std::uint32_t i = 0; i < n; ++i) {
+    const std::uint32_t groups = n / 8;
+    std::uint32_t plain[8] = {}, prefix[8] = {};
+    for (std::uint32_t k = 0; k < groups; ++k) {
+        const unsigned char* v = data + 16 * std::size_t(k);
+        for (int j = 0; j < 8; ++j) {
+            prefix[j] += plain[j];
+            plain[j] += (std::uint32_t(v[2 * j]) << 8) | v[2 * j + 1];
+        }
+    }
+    std::uint32_t total = 0, weighted = 0;  // sum w_i and sum (n - i) * w_i over the groups
+    for (int j = 0; j < 8; ++j) {
+        total += plain[j];
+        const std::uint32_t byGroup = (groups ? groups - 1 : 0) * plain[j] - prefix[j];  // sum k * v_kj
+        weighted -= 8 * byGroup + std::uint32_t(j) * plain[j];
+    }
+    weighted += n * total;
+    for (std::uint32_t i = 8 * groups; i < n; ++i) {  // the last words of a short run
         const std::uint32_t w = (std::uint32_t(data[2 * i]) << 8) | data[2 * i + 1];
-        plain += w;
+        total += w;
         weighted += (n - i) * w;
     }
     sum2 += n * sum1 + weighted;
-    sum1 += plain;
+    sum1 += total;
 }
 
 std::uint32_t fold(std::uint32_t s) { return (s & 0xffff) + (s >> 16); }
