@@ -9,6 +9,7 @@ import struct
 import subprocess
 import tempfile
 import unittest
+import zipfile
 
 import h5py
 import numpy as np
@@ -139,6 +140,11 @@ class Import(unittest.TestCase):
         with open(rank0, "wb") as f:
             f.write(bytes(damaged))
         self.assert_refused(rank0, "points to no local header")
+        # A pickle string claiming 2 GB in a file of a few hundred bytes (libtorch would allocate it).
+        with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", b"\x80\x02X\xff\xff\xff\x7fabc.")
+            z.writestr("archive/version", b"3\n")
+        self.assert_refused(rank0, "more than the pickle holds")
 
     def test_bad_files_name_themselves(self):
         expected = os.path.join(self.dir, "expected.safetensors")

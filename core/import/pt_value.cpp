@@ -1,6 +1,7 @@
 #include "import/pt_value.h"
 
 #include "format/bundle_error.h"
+#include "import/pickle_check.h"
 #include "import/zip_check.h"
 
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -104,7 +105,10 @@ PtValue loadPtFile(const std::string& path)
     if (!in)
         throw BundleError(path, {}, std::string("cannot open: ") + std::strerror(errno));
     const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    checkZipStructure(data, path);  // before libtorch, which trusts the archive's offsets
+    // Before libtorch, which trusts the archive's offsets and the pickle's lengths.
+    for (const ZipEntry& entry : checkZipStructure(data, path))
+        if (entry.stored && entry.name.size() >= 8 && entry.name.ends_with("data.pkl"))
+            checkPickleLengths(data.data() + entry.data, std::size_t(entry.size), path, entry.name);
     c10::IValue value;
     try {
         value = torch::jit::pickle_load(data);

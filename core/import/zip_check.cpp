@@ -63,7 +63,7 @@ void readZip64Extra(const Bytes& b, std::uint64_t extra, std::uint64_t extraLeng
 
 }  // namespace
 
-void checkZipStructure(const std::vector<char>& data, const std::string& path)
+std::vector<ZipEntry> checkZipStructure(const std::vector<char>& data, const std::string& path)
 {
     if (data.size() < 4 || std::memcmp(data.data(), "PK\x03\x04", 4) != 0)
         throw BundleError(path, {}, "is not a zip archive: if it is in the legacy torch.save format, save with the "
@@ -93,6 +93,7 @@ void checkZipStructure(const std::vector<char>& data, const std::string& path)
     b.require(directory <= directoryEnd && directorySize <= directoryEnd - directory,
               "the central directory lies outside the archive");
     b.require(entries >= 1 && entries <= directorySize / 46, "the entry count does not fit the central directory");
+    std::vector<ZipEntry> found;
     std::uint64_t at = directory;
     for (std::uint64_t i = 0; i < entries; ++i) {
         const std::string entry = "central directory entry " + std::to_string(i);
@@ -115,8 +116,10 @@ void checkZipStructure(const std::vector<char>& data, const std::string& path)
             local + 30 + b.field(local + 26, 2, "a local header") + b.field(local + 28, 2, "a local header");
         b.require(dataStart <= directory && compressed <= directory - dataStart,
                   entry + "'s data lies beyond the archive's data");
+        found.push_back({std::string(data.data() + at + 46, nameLength), dataStart, compressed, method == 0});
         at = next;
     }
+    return found;
 }
 
 }  // namespace kvscope

@@ -4,12 +4,21 @@
 // structure first: the end records, every central directory entry and its local header and
 // data lie inside the file.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace kvscope {
 
-// Throws BundleError naming `path` and what is wrong.
-void checkZipStructure(const std::vector<char>& bytes, const std::string& path);
+struct ZipEntry {
+    std::string name;
+    std::uint64_t data = 0;  // where its bytes start in the archive
+    std::uint64_t size = 0;  // as stored
+    bool stored = false;     // uncompressed (torch.save stores every entry so)
+};
+
+// The archive's entries, every one checked to lie inside the file. Throws BundleError naming
+// `path` and what is wrong.
+std::vector<ZipEntry> checkZipStructure(const std::vector<char>& bytes, const std::string& path);
 
 }  // namespace kvscope
