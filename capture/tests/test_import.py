@@ -145,6 +145,15 @@ class Import(unittest.TestCase):
             z.writestr("archive/data.pkl", b"\x80\x02X\xff\xff\xff\x7fabc.")
             z.writestr("archive/version", b"3\n")
         self.assert_refused(rank0, "more than the pickle holds")
+        # A tensor storage cut short (libtorch does not check the tensor against it).
+        buffer = io.BytesIO()
+        torch.save({LAYERS[0]: torch.zeros(64), LAYERS[1]: torch.zeros(2)}, buffer)
+        with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as source, \
+                zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:
+            for item in source.infolist():
+                data = source.read(item)
+                z.writestr(item, data[:8] if item.filename.endswith("data/0") else data)
+        self.assert_refused(rank0, "declares 256 bytes but its record holds 8")
 
     def test_bad_files_name_themselves(self):
         expected = os.path.join(self.dir, "expected.safetensors")

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 
 namespace kvscope {
 
@@ -36,38 +37,89 @@ bool describe(unsigned char op, Opcode& out)
     }
 }
 
+// The bytes per element of a storage type torch.save names ("FloatStorage"), or 0.
+std::uint64_t itemSize(const std::string& type)
+{
+    static const std::map<std::string, std::uint64_t> sizes = {
+        {"DoubleStorage", 8}, {"FloatStorage", 4}, {"HalfStorage", 2}, {"BFloat16Storage", 2}, {"LongStorage", 8},
+        {"IntStorage", 4}, {"ShortStorage", 2}, {"CharStorage", 1}, {"ByteStorage", 1}, {"BoolStorage", 1}};
+    const auto it = sizes.find(type);
+    return it == sizes.end() ? 0 : it->second;
+}
+
 }  // namespace
 
-void checkPickleLengths(const char* pickle, std::size_t size, const std::string& path, const std::string& entry)
+void checkPickle(const char* pickle, std::size_t size, const std::map<std::string, std::uint64_t>& records,
+                 const std::string& prefix, const std::string& path, const std::string& entry)
 {
     const auto* p = reinterpret_cast<const unsigned char*>(pickle);
+    // The last values pushed, as text ("s:" strings, "g:" globals, "i:" integers), for the
+    // persistent ids of storages.
+    std::deque<std::string> recent;
+    const auto push = [&](std::string value) {
+        recent.push_back(std::move(value));
+        if (recent.size() > 8)
+            recent.pop_front();
+    };
     for (std::size_t at = 0; at < size;) {
         Opcode op;
-        if (!describe(p[at], op) || p[at] == '.')
+        const unsigned char code = p[at];
+        if (!describe(code, op) || code == '.')
             return;  // unknown to this walk, or the end of the pickle
         const std::size_t start = at++;
         if (op.lines) {
+            std::string text;
             for (int line = 0; line < op.lines; ++line) {
                 const void* newline = std::memchr(p + at, '\n', size - at);
                 if (!newline)
                     return;
-                at = std::size_t(static_cast<const unsigned char*>(newline) - p) + 1;
+                const std::size_t end = std::size_t(static_cast<const unsigned char*>(newline) - p);
+                text += (line ? " " : "") + std::string(pickle + at, end - at);
+                at = end + 1;
             }
+            push((code == 'c' ? "g:" : "?:") + text);
             continue;
         }
         const std::size_t fieldBytes = std::size_t(op.fixed + op.lengthBytes);
         if (size - at < fieldBytes)
             throw BundleError(path, entry, "the pickle ends inside an opcode at byte " + std::to_string(start));
-        std::uint64_t length = 0;
-        for (int i = op.lengthBytes - 1; i >= 0; --i)
-            length = length << 8 | p[at + std::size_t(i)];
+        std::uint64_t value = 0;
+        for (int i = (op.lengthBytes ? op.lengthBytes : op.fixed) - 1; i >= 0 && (op.lengthBytes || op.fixed <= 4); --i)
+            value = value << 8 | p[at + std::size_t(i)];
         at += fieldBytes;
-        if (op.lengthBytes == 4 && (p[start] == 'T' || p[start] == 0x8b) && (length & 0x80000000u))
-            throw BundleError(path, entry, "a negative length at byte " + std::to_string(start));
-        if (length > size - at)
-            throw BundleError(path, entry, "a value at byte " + std::to_string(start) + " claims " + std::to_string(length) +
-                                               " bytes, more than the pickle holds: the file is damaged");
-        at += std::size_t(length);
+        if (code == 'K' || code == 'M' || (code == 'J' && !(value & 0x80000000u)))
+            push("i:" + std::to_string(value));
+        else if (code == 'h' || code == 'j' || code == 'G' || code == 'J' || code == 0x82 || code == 0x83 || code == 0x84)
+            push("?");  // other values pushed (memo puts, PROTO and FRAME push nothing)
+        if (op.lengthBytes) {
+            if (op.lengthBytes == 4 && (code == 'T' || code == 0x8b) && (value & 0x80000000u))
+                throw BundleError(path, entry, "a negative length at byte " + std::to_string(start));
+            if (value > size - at)
+                throw BundleError(path, entry, "a value at byte " + std::to_string(start) + " claims " +
+                                                   std::to_string(value) + " bytes, more than the pickle holds: the file is damaged");
+            const bool text = code == 'X' || code == 'U' || code == 'T' || code == 0x8c || code == 0x8d;
+            push(text ? "s:" + std::string(pickle + at, std::size_t(value)) : "?");
+            at += std::size_t(value);
+        }
+        if (code == 'Q' && recent.size() >= 5) {  // a persistent id: the tuple just built
+            const auto n = recent.size();
+            const std::string& tag = recent[n - 5];
+            const std::string& type = recent[n - 4];
+            const std::string& key = recent[n - 3];
+            const std::string& numel = recent[n - 1];
+            if (tag == "s:storage" && type.starts_with("g:torch ") && key.starts_with("s:") && numel.starts_with("i:")) {
+                const std::uint64_t item = itemSize(type.substr(8));
+                const auto record = records.find(prefix + "data/" + key.substr(2));
+                const std::uint64_t needed = std::stoull(numel.substr(2)) * item;
+                if (item && (record == records.end() || record->second < needed))
+                    throw BundleError(path, entry, "storage '" + key.substr(2) + "' declares " + std::to_string(needed) +
+                                                       " bytes but its record " +
+                                                       (record == records.end() ? std::string("is missing")
+                                                                                : "holds " + std::to_string(record->second)) +
+                                                       ": the file is damaged");
+            }
+            push("?");
+        }
     }
 }
 

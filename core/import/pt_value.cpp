@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <map>
 #include <iterator>
 
 namespace kvscope {
@@ -35,6 +36,29 @@ std::string explain(const std::string& message)
     return "libtorch cannot read it (" + firstLine + ")";
 }
 
+// libtorch 1.13 does not check a tensor's sizes, strides and offset against its storage: a
+// damaged file can declare more elements than its storage holds (fuzzing found it), and any
+// read of the tensor would run past the buffer.
+void requireWithinStorage(const at::Tensor& t, const std::string& path, const std::string& where)
+{
+    if (t.numel() == 0)
+        return;
+    std::int64_t last = t.storage_offset();  // the furthest element, in elements
+    bool ok = last >= 0;
+    for (std::int64_t d = 0; ok && d < t.dim(); ++d) {
+        std::int64_t reach = 0;
+        ok = t.stride(d) >= 0 && !__builtin_mul_overflow(t.size(d) - 1, t.stride(d), &reach) &&
+             !__builtin_add_overflow(last, reach, &last);
+    }
+    std::int64_t bytes = 0;
+    ok = ok && !__builtin_mul_overflow(last + 1, std::int64_t(t.element_size()), &bytes) &&
+         bytes <= std::int64_t(t.storage().nbytes());
+    if (!ok)
+        throw BundleError(path, where, "a tensor of shape " + shapeToString(t.sizes().vec()) +
+                                           " reaches past its storage (" + std::to_string(t.storage().nbytes()) +
+                                           " bytes): the file is damaged");
+}
+
 PtValue convert(const c10::IValue& v, const std::string& path, const std::string& where)
 {
     PtValue out;
@@ -53,6 +77,7 @@ PtValue convert(const c10::IValue& v, const std::string& path, const std::string
         out.kind = PtValue::Kind::String;
         out.text = v.toStringRef();
     } else if (v.isTensor()) {
+        requireWithinStorage(v.toTensor(), path, where);
         const at::Tensor t = v.toTensor().contiguous();
         for (std::int64_t d : t.sizes())
             out.shape.push_back(d);
@@ -106,9 +131,14 @@ PtValue loadPtFile(const std::string& path)
         throw BundleError(path, {}, std::string("cannot open: ") + std::strerror(errno));
     const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     // Before libtorch, which trusts the archive's offsets and the pickle's lengths.
-    for (const ZipEntry& entry : checkZipStructure(data, path))
-        if (entry.stored && entry.name.size() >= 8 && entry.name.ends_with("data.pkl"))
-            checkPickleLengths(data.data() + entry.data, std::size_t(entry.size), path, entry.name);
+    const std::vector<ZipEntry> entries = checkZipStructure(data, path);
+    std::map<std::string, std::uint64_t> records;
+    for (const ZipEntry& entry : entries)
+        records[entry.name] = entry.size;
+    for (const ZipEntry& entry : entries)
+        if (entry.stored && entry.name.ends_with("data.pkl"))
+            checkPickle(data.data() + entry.data, std::size_t(entry.size), records,
+                        entry.name.substr(0, entry.name.size() - 8), path, entry.name);
     c10::IValue value;
     try {
         value = torch::jit::pickle_load(data);
