@@ -1,7 +1,5 @@
 #include "gui/background_tasks.h"
 
-#include "util/tsan_annotations.h"
-
 #include <QMetaObject>
 
 namespace kvscope {
@@ -33,13 +31,27 @@ void BackgroundTasks::run(std::function<void()> work)
 
 void BackgroundTasks::post(std::function<void()> fn)
 {
-    kvscopeRelease(this);
-    QMetaObject::invokeMethod(
-        m_receiver, [this, fn = std::move(fn)] {
-            kvscopeAcquire(this);
-            fn();
-        },
-        Qt::QueuedConnection);
+    {
+        const std::lock_guard lock(m_postedMutex);
+        m_posted.push_back(std::move(fn));
+    }
+    // By name, not with a functor: no slot object is shared between the threads.
+    QMetaObject::invokeMethod(this, "drain", Qt::QueuedConnection);
+}
+
+void BackgroundTasks::drain()
+{
+    for (;;) {
+        std::function<void()> fn;
+        {
+            const std::lock_guard lock(m_postedMutex);
+            if (m_posted.empty())
+                return;
+            fn = std::move(m_posted.front());
+            m_posted.pop_front();
+        }
+        fn();
+    }
 }
 
 }  // namespace kvscope

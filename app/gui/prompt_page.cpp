@@ -222,7 +222,7 @@ QString PromptPage::suspectEvidence() const
 void PromptPage::followSuspect(int row)
 {
     const PromptAnalysis* p = prompt();
-    if (!p || row < 0 || row >= int(p->suspects.size()))
+    if (!p || m_controller->isRunning() || row < 0 || row >= int(p->suspects.size()))
         return;
     const Suspect s = p->suspects[std::size_t(row)];
     m_evidence->setText(QString::fromStdString(s.evidence));
@@ -278,7 +278,8 @@ void PromptPage::refreshHeatmap()
     const BundleReader& reader = *m_controller->reader();
     const std::vector<char>& ready = m_controller->readyLayers();
     m_fullGrid = buildHeatmap(*p, m_settings.map, &ready);
-    MapSpec spec = promptMapSpec(reader.config(), *p, reader.prompt(p->id), m_settings.map);
+    // Only finished layers are read: the others are still being written by the analysis.
+    MapSpec spec = promptMapSpec(reader.config(), *p, reader.prompt(p->id), m_settings.map, &ready);
     ValueRange range = m_settings.range;
     if (m_settings.autoRange) {
         range = dataRange(*p, m_settings.map, m_settings.logarithmic, &ready);
@@ -357,7 +358,11 @@ void PromptPage::refreshSummary()
         m_suspects->clear();
         m_evidence->clear();
         m_heatmap->setHighlight({});
-        for (const Suspect& s : p->suspects) {
+        // Suspects are written when the whole analysis is over (ThreadSanitizer caught this
+        // list being read while the worker assigned it): not before.
+        const std::vector<Suspect> none;
+        const std::vector<Suspect>& suspects = m_controller->isRunning() ? none : p->suspects;
+        for (const Suspect& s : suspects) {
             auto* item = new QListWidgetItem(QString("%1 · %2 · tokens %3-%4")
                                                  .arg(suspectPatternName(s.pattern),
                                                       QString::fromStdString(shortLayerName(s.firstLayer)))
@@ -366,7 +371,7 @@ void PromptPage::refreshSummary()
             item->setToolTip(QString::fromStdString(s.evidence));
             m_suspects->addItem(item);
         }
-        if (p->suspects.empty())
+        if (suspects.empty())
             m_evidence->setText(m_controller->isRunning() ? tr("(after the analysis)")
                                                           : tr("None: nothing leaves the capture's noise floor."));
     }

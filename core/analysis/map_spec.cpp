@@ -122,13 +122,13 @@ std::string mapMetricLabel(const HeatmapSpec& spec)
 }
 
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
-                      const HeatmapSpec& spec)
+                      const HeatmapSpec& spec, const std::vector<char>* rowsReady)
 {
     MapSpec m;
     m.metricLabel = mapMetricLabel(spec);
     m.title = prompt.id + ": " + m.metricLabel;
     m.scale = scaleOf(spec.metric);
-    m.range = dataRange(prompt, spec, false);
+    m.range = dataRange(prompt, spec, false, rowsReady);
     for (const std::string& layer : prompt.layers) {
         m.rowLabels.push_back(layerRowLabel(config, layer));
         m.layerNames.push_back(layer);

@@ -74,9 +74,10 @@ struct MapSpec {
     std::vector<std::pair<std::int64_t, std::string>> topLabels;  // divergence counts "c/N"
 };
 
-// A per-prompt map (layers x tokens).
+// A per-prompt map (layers x tokens); its data range from the rows in `rowsReady` (all when null).
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
-                      const HeatmapSpec& spec);
+                      const HeatmapSpec& spec,
+                      const std::vector<char>* rowsReady = nullptr);
 // The across-prompts BC map (layers x generation index): against the noise floor, or the
 // reference tool's BC.
 MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise = true);
