@@ -145,6 +145,10 @@ class Import(unittest.TestCase):
             z.writestr("archive/data.pkl", b"\x80\x02X\xff\xff\xff\x7fabc.")
             z.writestr("archive/version", b"3\n")
         self.assert_refused(rank0, "more than the pickle holds")
+        with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:  # a memo index of 2^31 - 1
+            z.writestr("archive/data.pkl", b"\x80\x02K\x01r\xff\xff\xff\x7f.")
+            z.writestr("archive/version", b"3\n")
+        self.assert_refused(rank0, "memo index")
         # A tensor storage cut short (libtorch does not check the tensor against it).
         buffer = io.BytesIO()
         torch.save({LAYERS[0]: torch.zeros(64), LAYERS[1]: torch.zeros(2)}, buffer)

@@ -87,6 +87,11 @@ void checkPickle(const char* pickle, std::size_t size, const std::map<std::strin
         for (int i = (op.lengthBytes ? op.lengthBytes : op.fixed) - 1; i >= 0 && (op.lengthBytes || op.fixed <= 4); --i)
             value = value << 8 | p[at + std::size_t(i)];
         at += fieldBytes;
+        // libtorch sizes its memo table by the largest index put (a 4-byte index can ask for
+        // 64 GB); each memo entry needs an opcode of its own, so no index reaches the pickle's size.
+        if (code == 'r' && value >= size)
+            throw BundleError(path, entry, "a memo index at byte " + std::to_string(start) + " (" +
+                                               std::to_string(value) + ") is beyond what the pickle can hold: the file is damaged");
         if (code == 'K' || code == 'M' || (code == 'J' && !(value & 0x80000000u)))
             push("i:" + std::to_string(value));
         else if (code == 'h' || code == 'j' || code == 'G' || code == 'J' || code == 0x82 || code == 0x83 || code == 0x84)
