@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstring>
 
@@ -53,8 +54,20 @@ void BundleReader::probeInChild(const std::string& path, const std::function<voi
         _exit(0);  // nothing of the parent's (Qt, exit handlers) runs here
     }
     lock.unlock();
+    // Corrupt metadata can also make libhdf5 loop for ever: reading a bundle's metadata takes
+    // well under a second, so a child still reading after a minute is stopped.
     int status = 0;
-    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    for (int waited = 0;; waited += 10) {
+        const pid_t done = waitpid(child, &status, WNOHANG);
+        if (done == child || (done < 0 && errno != EINTR))
+            break;
+        if (waited >= 60000) {
+            kill(child, SIGKILL);
+            waitpid(child, &status, 0);
+            throw BundleError(path, {}, "reading its metadata did not finish within a minute: the file is corrupt "
+                                        "(libhdf5 loops on it); it was not opened");
+        }
+        usleep(10000);
     }
     if (WIFSIGNALED(status))
         throw BundleError(path, {}, std::string("reading it crashed the HDF5 library (") + strsignal(WTERMSIG(status)) +

@@ -53,8 +53,9 @@ public:
     // Opens and validates `path` in a forked child first: libhdf5 can crash (a segmentation
     // fault inside the library) on corrupt metadata before any check of ours runs, and a
     // process that reads in-process (the app) must not die of it. Throws BundleError when the
-    // child crashed; any other outcome is left to the real open. `inChild` runs in the child
-    // before it reads (tests use it to simulate the crash).
+    // child crashed or was still reading after a minute (libhdf5 looping); any other outcome is
+    // left to the real open. `inChild` runs in the child before it reads (tests use it to
+    // simulate the crash).
     static void probeInChild(const std::string& path, const std::function<void()>& inChild = {});
 
 private:
