@@ -695,10 +695,11 @@ bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t
         unsigned filterMask = 0;
         haddr_t address = HADDR_UNDEF;
         hsize_t stored = 0;
-        const std::string where = "chunk at row " + std::to_string(offset[0]);
+        // Only built when something fails: this runs once per block read.
+        const auto where = [&] { return "chunk at row " + std::to_string(offset[0]); };
         if (H5Dget_chunk_info_by_coord(d, offset.data(), &filterMask, &address, &stored) < 0 ||
             address == HADDR_UNDEF || stored != storedBytes || filterMask != 0)
-            fail(dataset, where + " is missing or of the wrong size (truncated file?)");
+            fail(dataset, where() + " is missing or of the wrong size (truncated file?)");
         const off_t at = off_t(m_raw->base + address);
         std::size_t end = i;  // the wanted rows in this chunk: [i, end)
         while (end < rows.size() && hsize_t(rows[end]) / chunk[0] == c)
@@ -711,7 +712,7 @@ bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t
                     ++last;
                 iovec part{out + first * rowBytes, (last - first + 1) * rowBytes};
                 if (!preadFully(m_raw->fd, &part, 1, at + off_t((hsize_t(rows[first]) - offset[0]) * rowBytes)))
-                    fail(dataset, where + " lies beyond the end of the file (truncated?)");
+                    fail(dataset, where() + " lies beyond the end of the file (truncated?)");
                 first = last + 1;
             }
         } else if (end - i == chunk[0] && offset[0] + chunk[0] <= dims[0]) {
@@ -725,9 +726,9 @@ bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t
             scratch.resize(storedBytes);
             iovec part{scratch.data(), storedBytes};
             if (!preadFully(m_raw->fd, &part, 1, at))
-                fail(dataset, where + " lies beyond the end of the file (truncated?)");
+                fail(dataset, where() + " lies beyond the end of the file (truncated?)");
             if (!fletcher32Matches(scratch.data(), chunkBytes, scratch.data() + chunkBytes))
-                fail(dataset, where + " does not match its Fletcher32 checksum: the file is corrupt");
+                fail(dataset, where() + " does not match its Fletcher32 checksum: the file is corrupt");
             for (std::size_t k = i; k < end; ++k)
                 std::memcpy(out + k * rowBytes, scratch.data() + (hsize_t(rows[k]) - offset[0]) * rowBytes, rowBytes);
         }
