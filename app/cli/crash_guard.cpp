@@ -1,8 +1,12 @@
 #include "cli/crash_guard.h"
 
+#include "format/bundle_error.h"
+#include "format/bundle_reader.h"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include <sys/wait.h>
@@ -18,6 +22,16 @@ int runGuarded(const std::function<int()>& command, const std::string& input, st
 #endif
     std::cout.flush();
     std::cerr.flush();
+    // A corrupt file can also make libhdf5 loop for ever on its metadata, and an analysis may
+    // rightly take long: the metadata is read first in a probe child with a time limit.
+    if (std::error_code ec; std::filesystem::is_regular_file(input, ec)) {
+        try {
+            BundleReader::probeInChild(input);
+        } catch (const BundleError& e) {
+            err << "kvscope: " << e.what() << "\n";
+            return 2;
+        }
+    }
     const pid_t child = fork();
     if (child < 0)
         return command();  // cannot fork: run unguarded rather than not at all

@@ -158,6 +158,19 @@ class Import(unittest.TestCase):
                 data = source.read(item)
                 z.writestr(item, data[:8] if item.filename.endswith("data/0") else data)
         self.assert_refused(rank0, "declares 256 bytes but its record holds 8")
+        # The second storage names the first's record as a wider type; its 'storage' tag comes as
+        # a memo get (torch.save memoizes repeated strings), which the walk must follow.
+        buffer = io.BytesIO()
+        torch.save({LAYERS[0]: torch.zeros(192, dtype=torch.bfloat16), LAYERS[1]: torch.zeros(192)}, buffer)
+        with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as source, \
+                zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:
+            for item in source.infolist():
+                data = source.read(item)
+                if item.filename.endswith("data.pkl"):
+                    self.assertEqual(data.count(b"X\x01\x00\x00\x001"), 1)
+                    data = data.replace(b"X\x01\x00\x00\x001", b"X\x01\x00\x00\x000")
+                z.writestr(item, data)
+        self.assert_refused(rank0, "storage '0' declares 768 bytes but its record holds 384")
 
     def test_bad_files_name_themselves(self):
         expected = os.path.join(self.dir, "expected.safetensors")

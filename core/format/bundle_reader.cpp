@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include <sys/wait.h>
@@ -22,6 +23,13 @@ constexpr std::int64_t kMaxVocab = std::int64_t(1) << 24;
 constexpr std::int64_t kMaxTensorBytes = std::int64_t(16) << 30;
 
 const char* const kRootMetadata[] = {"model", "engine", "created", "notes", "writer"};
+
+std::string describe(std::chrono::milliseconds duration)
+{
+    char text[32];
+    std::snprintf(text, sizeof text, "%g s", double(duration.count()) / 1000);
+    return text;
+}
 }  // namespace
 
 std::mutex& BundleReader::hdf5Mutex()
@@ -30,11 +38,12 @@ std::mutex& BundleReader::hdf5Mutex()
     return mutex;
 }
 
-void BundleReader::probeInChild(const std::string& path, const std::function<void()>& inChild)
+void BundleReader::probeInChild(const std::string& path, const std::function<void()>& inChild,
+                                std::chrono::milliseconds limit)
 {
 #if defined(__SANITIZE_THREAD__)
     // ThreadSanitizer does not support fork() in a process with threads: no probe there.
-    (void)path, (void)inChild;
+    (void)path, (void)inChild, (void)limit;
     return;
 #endif
     // Forked while holding the HDF5 lock, so that no other thread is inside libhdf5 (or holds
@@ -54,20 +63,21 @@ void BundleReader::probeInChild(const std::string& path, const std::function<voi
         _exit(0);  // nothing of the parent's (Qt, exit handlers) runs here
     }
     lock.unlock();
-    // Corrupt metadata can also make libhdf5 loop for ever: reading a bundle's metadata takes
-    // well under a second, so a child still reading after a minute is stopped.
+    // Corrupt metadata can also make libhdf5 loop for ever: a child still reading after
+    // `limit` is stopped.
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     int status = 0;
-    for (int waited = 0;; waited += 10) {
+    for (;;) {
         const pid_t done = waitpid(child, &status, WNOHANG);
         if (done == child || (done < 0 && errno != EINTR))
             break;
-        if (waited >= 60000) {
+        if (std::chrono::steady_clock::now() >= deadline) {
             kill(child, SIGKILL);
             waitpid(child, &status, 0);
-            throw BundleError(path, {}, "reading its metadata did not finish within a minute: the file is corrupt "
-                                        "(libhdf5 loops on it); it was not opened");
+            throw BundleError(path, {}, "reading its metadata did not finish within " + describe(limit) +
+                                            ": the file is corrupt (libhdf5 loops on it); it was not opened");
         }
-        usleep(10000);
+        usleep(2000);
     }
     if (WIFSIGNALED(status))
         throw BundleError(path, {}, std::string("reading it crashed the HDF5 library (") + strsignal(WTERMSIG(status)) +

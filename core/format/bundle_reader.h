@@ -9,6 +9,7 @@
 #include "format/kv_cache_config.h"
 #include "format/paged_kv.h"
 
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -53,10 +54,11 @@ public:
     // Opens and validates `path` in a forked child first: libhdf5 can crash (a segmentation
     // fault inside the library) on corrupt metadata before any check of ours runs, and a
     // process that reads in-process (the app) must not die of it. Throws BundleError when the
-    // child crashed or was still reading after a minute (libhdf5 looping); any other outcome is
-    // left to the real open. `inChild` runs in the child before it reads (tests use it to
-    // simulate the crash).
-    static void probeInChild(const std::string& path, const std::function<void()>& inChild = {});
+    // child crashed or was still reading after `limit` (libhdf5 looping; reading a bundle's
+    // metadata takes well under a second); any other outcome is left to the real open.
+    // `inChild` runs in the child before it reads (tests use it to simulate a crash or a hang).
+    static void probeInChild(const std::string& path, const std::function<void()>& inChild = {},
+                             std::chrono::milliseconds limit = std::chrono::minutes(1));
 
 private:
     PromptInfo readPrompt(const std::string& id) const;

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <cstring>
-#include <deque>
+#include <algorithm>
+#include <iterator>
+#include <vector>
 
 namespace kvscope {
 
@@ -47,20 +49,135 @@ std::uint64_t itemSize(const std::string& type)
     return it == sizes.end() ? 0 : it->second;
 }
 
+std::uint64_t littleEndian(const unsigned char* bytes, std::size_t count)
+{
+    std::uint64_t value = 0;
+    for (std::size_t i = count; i-- > 0;)
+        value = value << 8 | bytes[i];
+    return value;
+}
+
+// What the walk knows of a value on the unpickler's stack: a string, a global's name, a
+// non-negative integer, a tuple of such values, or nothing ("?").
+struct Value {
+    enum class Kind { Unknown, String, Global, Integer, Tuple } kind = Kind::Unknown;
+    std::string text;
+    std::uint64_t integer = 0;
+    std::vector<Value> items;
+};
+
+// The unpickler's stack and memo, as far as they matter for persistent ids: torch.save writes
+// a repeated 'storage', type or location as a memo get.
+class Machine {
+public:
+    void push(Value v) { m_stack.push_back(std::move(v)); }
+    Value pop()
+    {
+        if (m_stack.empty())
+            return {};  // libtorch refuses the pickle; nothing here to check
+        Value v = std::move(m_stack.back());
+        m_stack.pop_back();
+        return v;
+    }
+    void mark() { m_marks.push_back(m_stack.size()); }
+    std::vector<Value> popToMark()
+    {
+        const std::size_t mark = m_marks.empty() ? 0 : std::min(m_marks.back(), m_stack.size());
+        if (!m_marks.empty())
+            m_marks.pop_back();
+        std::vector<Value> items(std::make_move_iterator(m_stack.begin() + std::ptrdiff_t(mark)),
+                                 std::make_move_iterator(m_stack.end()));
+        m_stack.resize(mark);
+        return items;
+    }
+    void pushTuple(std::vector<Value> items) { push({Value::Kind::Tuple, {}, 0, std::move(items)}); }
+    void pushTupleOf(std::size_t count)
+    {
+        std::vector<Value> items(count);
+        for (std::size_t i = count; i-- > 0;)
+            items[i] = pop();
+        pushTuple(std::move(items));
+    }
+    void put(std::uint64_t index) { m_memo[index] = m_stack.empty() ? Value{} : m_stack.back(); }
+    void get(std::uint64_t index)
+    {
+        const auto it = m_memo.find(index);
+        push(it == m_memo.end() ? Value{} : it->second);
+    }
+    void memoize() { put(m_memo.size()); }
+
+private:
+    std::vector<Value> m_stack;
+    std::vector<std::size_t> m_marks;
+    std::map<std::uint64_t, Value> m_memo;
+};
+
+// A persistent id: libtorch reads only torch.save's ('storage', type, key, location, numel),
+// and gives the storage the size it declares whatever its record holds, so the storage must
+// fit in its record, and anything kvscope cannot verify is refused.
+void checkStorage(const Value& id, const std::map<std::string, std::uint64_t>& records, const std::string& prefix,
+                  const std::string& path, const std::string& entry, std::size_t at)
+{
+    using Kind = Value::Kind;
+    const std::string where = "the storage at byte " + std::to_string(at);
+    const bool shaped = id.kind == Kind::Tuple && id.items.size() == 5 && id.items[0].kind == Kind::String &&
+                        id.items[0].text == "storage" && id.items[1].kind == Kind::Global &&
+                        id.items[1].text.starts_with("torch ") && id.items[2].kind == Kind::String &&
+                        id.items[4].kind == Kind::Integer;
+    if (!shaped)
+        throw BundleError(path, entry, where + " is not torch.save's ('storage', type, key, location, size): the file is damaged");
+    const std::string type = id.items[1].text.substr(6);
+    const std::string& key = id.items[2].text;
+    const std::uint64_t item = itemSize(type);
+    if (item == 0)
+        throw BundleError(path, entry, where + " is of type '" + type + "', which kvscope does not read");
+    const auto record = records.find(prefix + "data/" + key);
+    std::uint64_t needed = 0;
+    const bool overflows = __builtin_mul_overflow(id.items[4].integer, item, &needed);
+    if (overflows || record == records.end() || record->second < needed)
+        throw BundleError(path, entry, "storage '" + key + "' declares " +
+                                           (overflows ? "more than 2^64" : std::to_string(needed)) + " bytes but its record " +
+                                           (record == records.end() ? std::string("is missing")
+                                                                    : "holds " + std::to_string(record->second)) +
+                                           ": the file is damaged");
+}
+
+// What an opcode without argument does to the stack.
+void apply(unsigned char code, Machine& m)
+{
+    switch (code) {
+    case '(': m.mark(); break;
+    case 't': m.pushTuple(m.popToMark()); break;
+    case ')': m.pushTuple({}); break;
+    case 0x85: case 0x86: case 0x87: m.pushTupleOf(std::size_t(code - 0x84)); break;
+    case '0': m.pop(); break;
+    case '1': case 'u': case 'e': case 0x90: m.popToMark(); break;
+    case 'l': case 'd': case 0x91: case 'o': m.popToMark(); m.push({}); break;
+    case '2': { Value top = m.pop(); m.push(top); m.push(top); break; }
+    case 's': m.pop(); m.pop(); break;
+    case 'a': case 'b': m.pop(); break;
+    case 'R': case 0x81: m.pop(); m.pop(); m.push({}); break;
+    case 0x93: {  // STACK_GLOBAL: module and name from the stack
+        const Value name = m.pop(), module = m.pop();
+        const bool known = module.kind == Value::Kind::String && name.kind == Value::Kind::String;
+        m.push(known ? Value{Value::Kind::Global, module.text + " " + name.text} : Value{});
+        break;
+    }
+    case 0x92: m.pop(); m.pop(); m.pop(); m.push({}); break;
+    case 0x94: m.memoize(); break;
+    case 0x98: break;  // READONLY_BUFFER changes nothing here
+    default: m.push({}); break;  // N, NEWTRUE/FALSE, EMPTY_DICT/LIST/SET, NEXT_BUFFER
+    }
+}
+
 }  // namespace
 
 void checkPickle(const char* pickle, std::size_t size, const std::map<std::string, std::uint64_t>& records,
                  const std::string& prefix, const std::string& path, const std::string& entry)
 {
+    using Kind = Value::Kind;
     const auto* p = reinterpret_cast<const unsigned char*>(pickle);
-    // The last values pushed, as text ("s:" strings, "g:" globals, "i:" integers), for the
-    // persistent ids of storages.
-    std::deque<std::string> recent;
-    const auto push = [&](std::string value) {
-        recent.push_back(std::move(value));
-        if (recent.size() > 8)
-            recent.pop_front();
-    };
+    Machine machine;
     for (std::size_t at = 0; at < size;) {
         Opcode op;
         const unsigned char code = p[at];
@@ -68,16 +185,30 @@ void checkPickle(const char* pickle, std::size_t size, const std::map<std::strin
             return;  // unknown to this walk, or the end of the pickle
         const std::size_t start = at++;
         if (op.lines) {
-            std::string text;
+            std::vector<std::string> lines;
             for (int line = 0; line < op.lines; ++line) {
                 const void* newline = std::memchr(p + at, '\n', size - at);
                 if (!newline)
                     return;
                 const std::size_t end = std::size_t(static_cast<const unsigned char*>(newline) - p);
-                text += (line ? " " : "") + std::string(pickle + at, end - at);
+                lines.emplace_back(pickle + at, end - at);
                 at = end + 1;
             }
-            push((code == 'c' ? "g:" : "?:") + text);
+            if (code == 'c')
+                machine.push({Kind::Global, lines[0] + " " + lines[1]});
+            else if (code == 'i')
+                machine.popToMark(), machine.push({});
+            else if (code != 'p')
+                machine.push({});  // protocol 0 values and text memo gets (libtorch reads none of them)
+            continue;
+        }
+        if (op.lengthBytes == 0 && op.fixed == 0) {
+            if (code == 'Q') {
+                checkStorage(machine.pop(), records, prefix, path, entry, start);
+                machine.push({});
+            } else {
+                apply(code, machine);
+            }
             continue;
         }
         const std::size_t fieldBytes = std::size_t(op.fixed + op.lengthBytes);
@@ -92,10 +223,14 @@ void checkPickle(const char* pickle, std::size_t size, const std::map<std::strin
         if (code == 'r' && value >= size)
             throw BundleError(path, entry, "a memo index at byte " + std::to_string(start) + " (" +
                                                std::to_string(value) + ") is beyond what the pickle can hold: the file is damaged");
-        if (code == 'K' || code == 'M' || (code == 'J' && !(value & 0x80000000u)))
-            push("i:" + std::to_string(value));
-        else if (code == 'h' || code == 'j' || code == 'G' || code == 'J' || code == 0x82 || code == 0x83 || code == 0x84)
-            push("?");  // other values pushed (memo puts, PROTO and FRAME push nothing)
+        if (code == 'q' || code == 'r')
+            machine.put(value);
+        else if (code == 'h' || code == 'j')
+            machine.get(value);
+        else if (code == 'K' || code == 'M' || (code == 'J' && !(value & 0x80000000u)))
+            machine.push({Kind::Integer, {}, value});
+        else if (code != 0x80 && code != 0x95 && !op.lengthBytes)
+            machine.push({});  // BININT < 0, BINFLOAT (PROTO and FRAME push nothing)
         if (op.lengthBytes) {
             if (op.lengthBytes == 4 && (code == 'T' || code == 0x8b) && (value & 0x80000000u))
                 throw BundleError(path, entry, "a negative length at byte " + std::to_string(start));
@@ -103,27 +238,13 @@ void checkPickle(const char* pickle, std::size_t size, const std::map<std::strin
                 throw BundleError(path, entry, "a value at byte " + std::to_string(start) + " claims " +
                                                    std::to_string(value) + " bytes, more than the pickle holds: the file is damaged");
             const bool text = code == 'X' || code == 'U' || code == 'T' || code == 0x8c || code == 0x8d;
-            push(text ? "s:" + std::string(pickle + at, std::size_t(value)) : "?");
+            if (text)
+                machine.push({Kind::String, std::string(pickle + at, std::size_t(value))});
+            else if (code == 0x8a && value <= 8 && (value == 0 || !(p[at + value - 1] & 0x80)))
+                machine.push({Kind::Integer, {}, littleEndian(p + at, std::size_t(value))});  // LONG1, non-negative
+            else
+                machine.push({});
             at += std::size_t(value);
-        }
-        if (code == 'Q' && recent.size() >= 5) {  // a persistent id: the tuple just built
-            const auto n = recent.size();
-            const std::string& tag = recent[n - 5];
-            const std::string& type = recent[n - 4];
-            const std::string& key = recent[n - 3];
-            const std::string& numel = recent[n - 1];
-            if (tag == "s:storage" && type.starts_with("g:torch ") && key.starts_with("s:") && numel.starts_with("i:")) {
-                const std::uint64_t item = itemSize(type.substr(8));
-                const auto record = records.find(prefix + "data/" + key.substr(2));
-                const std::uint64_t needed = std::stoull(numel.substr(2)) * item;
-                if (item && (record == records.end() || record->second < needed))
-                    throw BundleError(path, entry, "storage '" + key.substr(2) + "' declares " + std::to_string(needed) +
-                                                       " bytes but its record " +
-                                                       (record == records.end() ? std::string("is missing")
-                                                                                : "holds " + std::to_string(record->second)) +
-                                                       ": the file is damaged");
-            }
-            push("?");
         }
     }
 }

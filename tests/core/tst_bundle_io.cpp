@@ -9,6 +9,7 @@
 #include "test_support.h"
 
 #include <QCryptographicHash>
+#include <QElapsedTimer>
 #include <QFile>
 #include <QFileInfo>
 #include <QTemporaryDir>
@@ -16,7 +17,10 @@
 
 #include <hdf5.h>
 
+#include <csignal>
 #include <random>
+
+#include <unistd.h>
 
 using namespace kvscope;
 using namespace kvtest;
@@ -172,6 +176,7 @@ private slots:
     void fletcher32IsHdf5s();
     void flippedBitIsAnError_data();
     void flippedBitIsAnError();
+    void probeStopsACrashOrAHang();
 
 private:
     QTemporaryDir m_dir;
@@ -616,6 +621,28 @@ void TestBundleIo::messagesEscapeFileText()
     QCOMPARE(what, std::string("f.h5: /prompts/p\\xff: dtype 'bf\\x01\\x80' is not supported; caf\xc3\xa9"));
     QCOMPARE(printable(std::string("\xe2\x82")), std::string("\\xe2\\x82"));  // a truncated sequence
     QCOMPARE(printable(std::string("\xf0\x9f\x99\x82 ok")), std::string("\xf0\x9f\x99\x82 ok"));
+}
+
+void TestBundleIo::probeStopsACrashOrAHang()
+{
+#if defined(__SANITIZE_THREAD__)
+    QSKIP("no probe child under ThreadSanitizer (it does not support fork() with threads)");
+#endif
+    const QString path = m_dir.filePath("probed.h5");
+    writeBundle(path, DType::BFloat16, false);
+    BundleReader::probeInChild(path.toStdString());  // a good file passes
+
+    // libhdf5 crashing in the child: a message, and this process lives on.
+    expectBundleError([&] { BundleReader::probeInChild(path.toStdString(), [] { std::raise(SIGSEGV); }); },
+                      {"probed.h5", "crashed the HDF5 library", "Segmentation fault"});
+
+    // libhdf5 looping in the child: stopped at the limit, not when the child would end.
+    QElapsedTimer timer;
+    timer.start();
+    expectBundleError([&] {
+        BundleReader::probeInChild(path.toStdString(), [] { sleep(30); }, std::chrono::milliseconds(300));
+    }, {"probed.h5", "did not finish within 0.3 s", "it was not opened"});
+    QVERIFY2(timer.elapsed() < 10000, qPrintable(QString::number(timer.elapsed())));
 }
 
 QTEST_APPLESS_MAIN(TestBundleIo)
