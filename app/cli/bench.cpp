@@ -197,8 +197,10 @@ double bestOf(int runs, const std::vector<std::string>& args, long& peakRssKb, s
 
 int benchRun(const Args& args, std::ostream& out, std::ostream& err)
 {
-    if (args.size() != 3)
+    if (args.size() != 3) {
+        err << "kvscope: bench's measuring process takes KIND FILE THREADS\n";
         return 2;
+    }
     const int threads = std::max(1, std::atoi(args[2].c_str()));
     const auto start = Clock::now();
     if (args[0] == "roofline") {

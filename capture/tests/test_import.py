@@ -149,6 +149,10 @@ class Import(unittest.TestCase):
             z.writestr("archive/data.pkl", b"\x80\x02K\x01r\xff\xff\xff\x7f.")
             z.writestr("archive/version", b"3\n")
         self.assert_refused(rank0, "memo index")
+        with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:  # libtorch pops an empty stack (a crash)
+            z.writestr("archive/data.pkl", b"\x80\x02\x85.")
+            z.writestr("archive/version", b"3\n")
+        self.assert_refused(rank0, "the opcode at byte 2 takes a value from an empty stack")
         # A tensor storage cut short (libtorch does not check the tensor against it).
         buffer = io.BytesIO()
         torch.save({LAYERS[0]: torch.zeros(64), LAYERS[1]: torch.zeros(2)}, buffer)

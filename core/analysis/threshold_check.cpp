@@ -32,17 +32,17 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                         if (ratio > t.maxRatio)
                             out.push_back({p.id, layer, actual.token, actual.head,
                                            std::string(kvPartName(part)) + "_linf multiplier (actual/expected)", ratio,
-                                           t.maxRatio});
+                                           t.maxRatio, {}});
                     }
                 }
                 if (t.maxLinf && actual.head >= 0 && actual.value > *t.maxLinf)
-                    out.push_back({p.id, layer, actual.token, actual.head, metricName(linf), actual.value, *t.maxLinf});
+                    out.push_back({p.id, layer, actual.token, actual.head, metricName(linf), actual.value, *t.maxLinf, {}});
             }
         }
         for (const NonFiniteCell& c : p.nonFinite)
             out.push_back({p.id, p.layers[std::size_t(c.layer)], c.token, c.head,
                            std::string(kvPartName(c.part)) + " input (" + c.side + ") holds NaN or infinity",
-                           std::nan(""), 0});
+                           std::nan(""), 0, {}});
     }
     if (result.aggregate) {
         const AggregateBc& a = *result.aggregate;
@@ -52,7 +52,7 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                 if (!std::isnan(bc) && bc < t.minBc)
                     out.push_back({"", a.layers[l], -1, -1,
                                    std::string("combined ") + kvPartName(part) + (t.bcVsNoise ? "_bc_vs_noise" : "_bc"), bc,
-                                   t.minBc});
+                                   t.minBc, {}});
             }
     }
     return out;

@@ -61,30 +61,40 @@ std::uint64_t littleEndian(const unsigned char* bytes, std::size_t count)
 // non-negative integer, a tuple of such values, or nothing ("?").
 struct Value {
     enum class Kind { Unknown, String, Global, Integer, Tuple } kind = Kind::Unknown;
-    std::string text;
+    std::string text = {};
     std::uint64_t integer = 0;
-    std::vector<Value> items;
+    std::vector<Value> items = {};
 };
 
 // The unpickler's stack and memo, as far as they matter for persistent ids: torch.save writes
-// a repeated 'storage', type or location as a memo get.
+// a repeated 'storage', type or location as a memo get. libtorch 1.13 does not check its stack
+// (a pop from an empty stack reads before its buffer: fuzzing found it), so that is refused here.
 class Machine {
 public:
+    Machine(const std::string& path, const std::string& entry) : m_path(path), m_entry(entry) {}
+    void at(std::size_t byte) { m_at = byte; }
     void push(Value v) { m_stack.push_back(std::move(v)); }
     Value pop()
     {
-        if (m_stack.empty())
-            return {};  // libtorch refuses the pickle; nothing here to check
+        if (m_stack.size() <= (m_marks.empty() ? 0 : m_marks.back()))
+            fail("takes a value from an empty stack");
         Value v = std::move(m_stack.back());
         m_stack.pop_back();
         return v;
     }
+    // Items go into the container below them (SETITEM, APPENDS, BUILD): one must be there.
+    void requireTarget()
+    {
+        if (m_stack.size() <= (m_marks.empty() ? 0 : m_marks.back()))
+            fail("adds to a container that is not on the stack");
+    }
     void mark() { m_marks.push_back(m_stack.size()); }
     std::vector<Value> popToMark()
     {
-        const std::size_t mark = m_marks.empty() ? 0 : std::min(m_marks.back(), m_stack.size());
-        if (!m_marks.empty())
-            m_marks.pop_back();
+        if (m_marks.empty())
+            fail("closes a mark that was never set");
+        const std::size_t mark = m_marks.back();
+        m_marks.pop_back();
         std::vector<Value> items(std::make_move_iterator(m_stack.begin() + std::ptrdiff_t(mark)),
                                  std::make_move_iterator(m_stack.end()));
         m_stack.resize(mark);
@@ -98,17 +108,31 @@ public:
             items[i] = pop();
         pushTuple(std::move(items));
     }
-    void put(std::uint64_t index) { m_memo[index] = m_stack.empty() ? Value{} : m_stack.back(); }
+    void put(std::uint64_t index)
+    {
+        if (m_stack.empty())
+            fail("puts an empty stack in the memo");
+        m_memo[index] = m_stack.back();
+    }
     void get(std::uint64_t index)
     {
         const auto it = m_memo.find(index);
-        push(it == m_memo.end() ? Value{} : it->second);
+        if (it == m_memo.end())
+            fail("gets memo entry " + std::to_string(index) + ", which was never put");
+        push(it->second);
     }
     void memoize() { put(m_memo.size()); }
 
 private:
+    [[noreturn]] void fail(const std::string& what) const
+    {
+        throw BundleError(m_path, m_entry, "the opcode at byte " + std::to_string(m_at) + " " + what + ": the file is damaged");
+    }
+    const std::string& m_path;
+    const std::string& m_entry;
+    std::size_t m_at = 0;
     std::vector<Value> m_stack;
-    std::vector<std::size_t> m_marks;
+    std::vector<std::size_t> m_marks;  // stack sizes at each open mark
     std::map<std::uint64_t, Value> m_memo;
 };
 
@@ -151,11 +175,12 @@ void apply(unsigned char code, Machine& m)
     case ')': m.pushTuple({}); break;
     case 0x85: case 0x86: case 0x87: m.pushTupleOf(std::size_t(code - 0x84)); break;
     case '0': m.pop(); break;
-    case '1': case 'u': case 'e': case 0x90: m.popToMark(); break;
+    case '1': m.popToMark(); break;
+    case 'u': case 'e': case 0x90: m.popToMark(); m.requireTarget(); break;
     case 'l': case 'd': case 0x91: case 'o': m.popToMark(); m.push({}); break;
     case '2': { Value top = m.pop(); m.push(top); m.push(top); break; }
-    case 's': m.pop(); m.pop(); break;
-    case 'a': case 'b': m.pop(); break;
+    case 's': m.pop(); m.pop(); m.requireTarget(); break;
+    case 'a': case 'b': m.pop(); m.requireTarget(); break;
     case 'R': case 0x81: m.pop(); m.pop(); m.push({}); break;
     case 0x93: {  // STACK_GLOBAL: module and name from the stack
         const Value name = m.pop(), module = m.pop();
@@ -177,13 +202,14 @@ void checkPickle(const char* pickle, std::size_t size, const std::map<std::strin
 {
     using Kind = Value::Kind;
     const auto* p = reinterpret_cast<const unsigned char*>(pickle);
-    Machine machine;
+    Machine machine(path, entry);
     for (std::size_t at = 0; at < size;) {
         Opcode op;
         const unsigned char code = p[at];
         if (!describe(code, op) || code == '.')
             return;  // unknown to this walk, or the end of the pickle
         const std::size_t start = at++;
+        machine.at(start);
         if (op.lines) {
             std::vector<std::string> lines;
             for (int line = 0; line < op.lines; ++line) {
