@@ -153,6 +153,18 @@ class Import(unittest.TestCase):
             z.writestr("archive/data.pkl", b"\x80\x02\x85.")
             z.writestr("archive/version", b"3\n")
         self.assert_refused(rank0, "the opcode at byte 2 takes a value from an empty stack")
+        # libtorch's zip reader finds "data.pkl" ignoring case: so must the check.
+        with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/DATA.pkL", b"\x80\x02X\xff\xff\xff\x7fabc.")
+            z.writestr("archive/version", b"3\n")
+        self.assert_refused(rank0, "more than the pickle holds")
+        with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", b"\x80\x02N.")
+            z.writestr("archive/Data.pkl", b"\x80\x02N.")
+        self.assert_refused(rank0, "two entries of the archive have this name")
+        with zipfile.ZipFile(rank0, "w", zipfile.ZIP_DEFLATED) as z:  # libtorch allocates what it claims
+            z.writestr("archive/data.pkl", b"\x80\x02N.")
+        self.assert_refused(rank0, "is compressed (method 8)")
         # A tensor storage cut short (libtorch does not check the tensor against it).
         buffer = io.BytesIO()
         torch.save({LAYERS[0]: torch.zeros(64), LAYERS[1]: torch.zeros(2)}, buffer)

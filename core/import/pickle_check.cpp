@@ -1,6 +1,7 @@
 #include "import/pickle_check.h"
 
 #include "format/bundle_error.h"
+#include "import/zip_check.h"
 
 #include <cstdint>
 #include <cstring>
@@ -155,7 +156,7 @@ void checkStorage(const Value& id, const std::map<std::string, std::uint64_t>& r
     const std::uint64_t item = itemSize(type);
     if (item == 0)
         throw BundleError(path, entry, where + " is of type '" + type + "', which kvscope does not read");
-    const auto record = records.find(prefix + "data/" + key);
+    const auto record = records.find(matchingName(prefix + "data/" + key));
     std::uint64_t needed = 0;
     const bool overflows = __builtin_mul_overflow(id.items[4].integer, item, &needed);
     if (overflows || record == records.end() || record->second < needed)

@@ -13,8 +13,9 @@
 
 namespace kvscope {
 
-// `pickle`: the archive's data.pkl; `records`: the archive's entries by name and their sizes,
-// `prefix` the folder they sit in ("archive/"). Opcodes it does not know end the walk (libtorch
+// `pickle`: the archive's data.pkl; `records`: the archive's entries by matchingName (libtorch's
+// zip reader ignores case) and their sizes, `prefix` the folder they sit in ("archive/", as
+// matchingName). Opcodes it does not know end the walk (libtorch
 // judges those). Throws BundleError naming `path` and `entry`.
 void checkPickle(const char* pickle, std::size_t size, const std::map<std::string, std::uint64_t>& records,
                  const std::string& prefix, const std::string& path, const std::string& entry);

@@ -130,15 +130,17 @@ PtValue loadPtFile(const std::string& path)
     if (!in)
         throw BundleError(path, {}, std::string("cannot open: ") + std::strerror(errno));
     const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    // Before libtorch, which trusts the archive's offsets and the pickle's lengths.
+    // Before libtorch, which trusts the archive's offsets and the pickle's lengths. Its zip
+    // reader (miniz) finds entries by name ignoring case: so are they matched here.
     const std::vector<ZipEntry> entries = checkZipStructure(data, path);
     std::map<std::string, std::uint64_t> records;
     for (const ZipEntry& entry : entries)
-        records[entry.name] = entry.size;
+        if (!records.emplace(matchingName(entry.name), entry.size).second)
+            throw BundleError(path, entry.name, "two entries of the archive have this name (ignoring case): the file is damaged");
     for (const ZipEntry& entry : entries)
-        if (entry.stored && entry.name.ends_with("data.pkl"))
-            checkPickle(data.data() + entry.data, std::size_t(entry.size), records,
-                        entry.name.substr(0, entry.name.size() - 8), path, entry.name);
+        if (const std::string name = matchingName(entry.name); name.ends_with("data.pkl"))
+            checkPickle(data.data() + entry.data, std::size_t(entry.size), records, name.substr(0, name.size() - 8),
+                        path, entry.name);
     c10::IValue value;
     try {
         value = torch::jit::pickle_load(data);

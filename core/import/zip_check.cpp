@@ -63,6 +63,14 @@ void readZip64Extra(const Bytes& b, std::uint64_t extra, std::uint64_t extraLeng
 
 }  // namespace
 
+std::string matchingName(std::string name)
+{
+    for (char& c : name)
+        if (c >= 'A' && c <= 'Z')
+            c = char(c - 'A' + 'a');
+    return name;
+}
+
 std::vector<ZipEntry> checkZipStructure(const std::vector<char>& data, const std::string& path)
 {
     if (data.size() < 4 || std::memcmp(data.data(), "PK\x03\x04", 4) != 0)
@@ -107,8 +115,11 @@ std::vector<ZipEntry> checkZipStructure(const std::vector<char>& data, const std
         b.require(next <= directory + directorySize, entry + " overruns the central directory");
         readZip64Extra(b, at + 46 + nameLength, extraLength, uncompressed, compressed, local);
         const std::uint64_t method = b.field(at + 10, 2, "an entry");
-        b.require(method == 0 || method == 8, entry + " uses compression method " + std::to_string(method));
-        b.require(method != 0 || compressed == uncompressed, entry + " is stored with two different sizes");
+        // torch.save stores every entry as it is; libtorch would allocate whatever size a
+        // compressed entry claims, before inflating it.
+        b.require(method == 0, entry + " is compressed (method " + std::to_string(method) +
+                                   "); torch.save stores entries uncompressed");
+        b.require(compressed == uncompressed, entry + " is stored with two different sizes");
         // Its local header, name, extra field and data.
         b.require(local < directory && b.field(local, 4, "a local header") == kLocalHeader,
                   entry + " points to no local header");
@@ -116,7 +127,7 @@ std::vector<ZipEntry> checkZipStructure(const std::vector<char>& data, const std
             local + 30 + b.field(local + 26, 2, "a local header") + b.field(local + 28, 2, "a local header");
         b.require(dataStart <= directory && compressed <= directory - dataStart,
                   entry + "'s data lies beyond the archive's data");
-        found.push_back({std::string(data.data() + at + 46, nameLength), dataStart, compressed, method == 0});
+        found.push_back({std::string(data.data() + at + 46, nameLength), dataStart, compressed});
         at = next;
     }
     return found;

@@ -2,7 +2,7 @@
 // A torch.save file is a zip archive. libtorch 1.13's reader trusts the archive's offsets and
 // lengths (fuzzing found it reading past its buffer on a damaged one), so kvscope checks the
 // structure first: the end records, every central directory entry and its local header and
-// data lie inside the file.
+// data lie inside the file, and every entry is stored uncompressed (as torch.save writes them).
 
 #include <cstdint>
 #include <string>
@@ -13,9 +13,11 @@ namespace kvscope {
 struct ZipEntry {
     std::string name;
     std::uint64_t data = 0;  // where its bytes start in the archive
-    std::uint64_t size = 0;  // as stored
-    bool stored = false;     // uncompressed (torch.save stores every entry so)
+    std::uint64_t size = 0;
 };
+
+// A name as libtorch's zip reader (miniz) matches it: ASCII letters in lower case.
+std::string matchingName(std::string name);
 
 // The archive's entries, every one checked to lie inside the file. Throws BundleError naming
 // `path` and what is wrong.
