@@ -61,7 +61,7 @@ Written writeBundle(const QString& path, DType dtype, bool keepOnlyReferenced, f
 {
     std::mt19937 rng(42);
     Written w{smallConfig("torch." + dtypeName(dtype)), {}, {}, {}};
-    BundleMetadata meta{"tiny-model", "test-engine", "2026-11-30T00:00:00Z", "round trip", {{"fault", "none"}}};
+    BundleMetadata meta{"tiny-model", "test-engine", "2026-11-30T00:00:00Z", "round trip", {{"fault", "none"}}, {}, kBundleFormatVersion};
     BundleWriter writer(path.toStdString(), meta, w.config);
     PromptRecord prompt{"p0", {5, 6, 7, 8, 9}, {1, 2, 3, 4, 5}, std::vector<std::int64_t>{7}, {}};
     for (int i = 0; i < 10; ++i)
@@ -712,7 +712,7 @@ void TestBundleIo::writesFormatV2()
 void TestBundleIo::fletcher32IsHdf5s_data()
 {
     QTest::addColumn<int>("bytes");
-    for (int bytes : {1, 2, 3, 719, 720, 721, 722, 4096, 65537})
+    for (int bytes : {1, 2, 3, 31, 32, 33, 64, 719, 720, 721, 722, 4096, 65537, 131078})
         QTest::newRow(qPrintable(QString::number(bytes))) << bytes;
 }
 
