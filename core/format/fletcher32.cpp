@@ -2,9 +2,6 @@
 
 #include "util/simd_clones.h"
 
-#include <cstdlib>
-#include <string_view>
-
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -12,6 +9,20 @@
 namespace kvscope {
 
 namespace {
+// The words [from, n) of a run after the vector part, then the run into the sums.
+void finishRun(const unsigned char* data, std::uint32_t n, std::uint32_t from, std::uint32_t total,
+               std::uint32_t weighted, std::uint32_t& sum1, std::uint32_t& sum2)
+{
+    weighted += n * total;
+    for (std::uint32_t i = from; i < n; ++i) {
+        const std::uint32_t w = (std::uint32_t(data[2 * i]) << 8) | data[2 * i + 1];
+        total += w;
+        weighted += (n - i) * w;
+    }
+    sum2 += n * sum1 + weighted;
+    sum1 += total;
+}
+
 // One run of n <= 360 words: HDF5 adds word by word (sum1 += w; sum2 += sum1). The same sums
 // in closed form, sum2 += n * sum1 + sum (n - i) * w_i, computed 8 words at a time with adds
 // only: lane j of vector k holds word 8k + j; `plain` sums the vectors, `prefix` the running
@@ -35,14 +46,7 @@ void addRun(const unsigned char* data, std::uint32_t n, std::uint32_t& sum1, std
         const std::uint32_t byGroup = (groups ? groups - 1 : 0) * plain[j] - prefix[j];  // sum k * v_kj
         weighted -= 8 * byGroup + std::uint32_t(j) * plain[j];
     }
-    weighted += n * total;
-    for (std::uint32_t i = 8 * groups; i < n; ++i) {  // the last words of a short run
-        const std::uint32_t w = (std::uint32_t(data[2 * i]) << 8) | data[2 * i + 1];
-        total += w;
-        weighted += (n - i) * w;
-    }
-    sum2 += n * sum1 + weighted;
-    sum1 += total;
+    finishRun(data, n, 8 * groups, total, weighted, sum1, sum2);
 }
 
 #if defined(__x86_64__)
@@ -80,14 +84,7 @@ __attribute__((target("avx2"))) void addRunAvx2(const unsigned char* data, std::
             const std::uint32_t byGroup = (groups ? groups - 1 : 0) * p - prefix[half][l];  // sum k * v_k
             weighted -= 16 * byGroup + word * p;
         }
-    weighted += n * total;
-    for (std::uint32_t i = 16 * groups; i < n; ++i) {  // the last words of a short run
-        const std::uint32_t w = (std::uint32_t(data[2 * i]) << 8) | data[2 * i + 1];
-        total += w;
-        weighted += (n - i) * w;
-    }
-    sum2 += n * sum1 + weighted;
-    sum1 += total;
+    finishRun(data, n, 16 * groups, total, weighted, sum1, sum2);
 }
 #endif
 
@@ -95,12 +92,8 @@ using AddRunFn = void (*)(const unsigned char*, std::uint32_t, std::uint32_t&, s
 
 AddRunFn chooseAddRun()
 {
-    // KVSCOPE_SIMD=sse2 forces the baseline path (the tests run both).
-    const char* forced = std::getenv("KVSCOPE_SIMD");
-    if (forced && std::string_view(forced) == "sse2")
-        return addRun;
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2"))
+    if (useAvx2())
         return addRunAvx2;
 #endif
     return addRun;

@@ -1,10 +1,10 @@
 #include "metrics/bhattacharyya.h"
 
+#include "util/simd_clones.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -106,12 +106,8 @@ using EstimateFn = std::size_t (*)(const float*, std::size_t, std::int32_t*, con
 
 EstimateFn chooseEstimate()
 {
-    // KVSCOPE_SIMD=sse2 forces the baseline path (the tests run both).
-    const char* forced = std::getenv("KVSCOPE_SIMD");
-    if (forced && std::string_view(forced) == "sse2")
-        return estimateSse2;
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2"))
+    if (useAvx2())
         return estimateAvx2;
 #endif
     return estimateSse2;

@@ -1,11 +1,10 @@
 #include "synth/tiny_transformer.h"
 
 #include "util/deterministic_math.h"
+#include "util/simd_clones.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 namespace kvscope::synth {
@@ -78,12 +77,8 @@ using MatmulFn = void (*)(const float*, int, int, const float*, int, float*, int
 
 MatmulFn chooseMatmul()
 {
-    // KVSCOPE_SIMD=sse2 forces the baseline path (the tests compare both).
-    const char* forced = std::getenv("KVSCOPE_SIMD");
-    if (forced && std::string_view(forced) == "sse2")
-        return matmulBaseline;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2"))
+    if (useAvx2())
         return matmulAvx2;
 #endif
     return matmulBaseline;

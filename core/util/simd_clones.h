@@ -8,3 +8,24 @@
 #else
 #define KVSCOPE_VECTOR_CLONES
 #endif
+
+#include <cstdlib>
+#include <string_view>
+
+namespace kvscope {
+
+// Whether the hand-written AVX2 paths may run: the CPU has AVX2, and KVSCOPE_SIMD=sse2 does
+// not force the baseline (the tests run both).
+inline bool useAvx2()
+{
+    const char* forced = std::getenv("KVSCOPE_SIMD");
+    if (forced && std::string_view(forced) == "sse2")
+        return false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx2");
+#else
+    return false;
+#endif
+}
+
+}  // namespace kvscope
