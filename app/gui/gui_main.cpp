@@ -5,6 +5,8 @@
 #include <QApplication>
 #include <QTimer>
 
+#include <iostream>
+
 namespace kvscope {
 
 int runGui(int argc, char** argv, const GuiLaunch& launch)
@@ -16,7 +18,7 @@ int runGui(int argc, char** argv, const GuiLaunch& launch)
     if (!launch.screenshot.isEmpty())
         window.resize(1280, 800);  // the README's size, whatever was remembered
     window.show();
-    if (!launch.screenshot.isEmpty())
+    if (!launch.screenshot.isEmpty()) {
         QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
             window.showAcrossPrompts(launch.acrossPrompts);
             QTimer::singleShot(1500, &window, [&] {
@@ -24,6 +26,12 @@ int runGui(int argc, char** argv, const GuiLaunch& launch)
                 app.quit();
             });
         });
+        // A bundle that cannot be opened: say why and stop, rather than wait for ever.
+        QObject::connect(&window.controller(), &AnalysisController::failed, &window, [&](const QString& message) {
+            std::cerr << "kvscope: " << message.toStdString() << "\n";
+            app.exit(2);
+        });
+    }
     if (!launch.path.isEmpty())
         window.openPath(launch.path);
     return app.exec();

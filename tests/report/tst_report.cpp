@@ -67,7 +67,7 @@ void TestReport::htmlIsSelfContained()
     // Two prompts x (ratio, BC vs noise, BC, L-inf, L2) x (K, V), and the aggregated BC (vs
     // noise, the reference tool's) for K and V.
     QCOMPARE(m_files.images.size(), 2 * 10 + 4);
-    for (const QString& id : {"prompt_0_k_ratio", "prompt_1_v_bc", "prompt_0_k_bc_vs_noise", "prompt_0_k_linf",
+    for (const QString id : {"prompt_0_k_ratio", "prompt_1_v_bc", "prompt_0_k_bc_vs_noise", "prompt_0_k_linf",
                               "prompt_1_v_l2", "aggregate_k_bc", "aggregate_v_bc_vs_noise"})
         QVERIFY2(html.contains("id=\"map-" + id + "\"") && html.contains("\"id\":\"" + id + "\""), qPrintable(id));
     QVERIFY(html.contains("model.layers.5.self_attn"));  // layer names on the axes and in the tables
@@ -172,6 +172,17 @@ void TestReport::checkExitCodes()
     QCOMPARE(run({"check", broken}, &text), 2);
     QVERIFY(text.contains(broken));
     QCOMPARE(run({"check", m_dir.filePath("missing.h5")}), 2);
+    // The app's screenshot mode on a bundle it cannot open: the reason, exit 2, no wait.
+    QProcess app;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("QT_QPA_PLATFORM", "offscreen");
+    app.setProcessEnvironment(env);
+    const QString shot = m_dir.filePath("never.png");
+    app.start(KVSCOPE_BINARY, {broken, "--screenshot", shot});
+    QVERIFY(app.waitForFinished(60000));
+    QCOMPARE(app.exitCode(), 2);
+    QVERIFY2(app.readAllStandardError().contains(broken.toUtf8()), "the message names the file");
+    QVERIFY(!QFileInfo::exists(shot));
 }
 
 void TestReport::bundleIsNeverModified()
