@@ -6,6 +6,7 @@ import io
 import json
 import os
 import struct
+import time
 import subprocess
 import tempfile
 import unittest
@@ -148,7 +149,7 @@ class Import(unittest.TestCase):
         with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:  # a memo index of 2^31 - 1
             z.writestr("archive/data.pkl", b"\x80\x02K\x01r\xff\xff\xff\x7f.")
             z.writestr("archive/version", b"3\n")
-        self.assert_refused(rank0, "memo index")
+        self.assert_refused(rank0, "puts memo entry 2147483647 after only 0")
         with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:  # libtorch pops an empty stack (a crash)
             z.writestr("archive/data.pkl", b"\x80\x02\x85.")
             z.writestr("archive/version", b"3\n")
@@ -187,6 +188,56 @@ class Import(unittest.TestCase):
                     data = data.replace(b"X\x01\x00\x00\x001", b"X\x01\x00\x00\x000")
                 z.writestr(item, data)
         self.assert_refused(rank0, "storage '0' declares 768 bytes but its record holds 384")
+
+    def write_pickle(self, pickle, records=(), name="archive/data.pkl"):
+        rank0 = os.path.join(self.dir, "kv_caches_rank0.pt")
+        with zipfile.ZipFile(rank0, "w", zipfile.ZIP_STORED) as z:
+            z.writestr(name, pickle)
+            for record, data in records:
+                z.writestr(record, data)
+            z.writestr("archive/version", b"3\n")
+        return rank0
+
+    def test_hostile_pickles_are_refused_before_libtorch(self):
+        # Each would crash, hang or exhaust libtorch 1.13's unpickler, or kvscope's walk of it.
+        storage = lambda location: (b"\x80\x02}q\x00(X\x01\x00\x00\x00actorch._utils\n_rebuild_tensor_v2\nq\x01("
+                                    b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X"
+                                    + struct.pack("<I", len(location)) + location + b"K\x04tQK\x00K\x04\x85K\x01\x85\x89"
+                                    b"ccollections\nOrderedDict\n)Rtq\x02Rq\x03X\x01\x00\x00\x00bh\x03u.")
+        cases = [
+            (b"\x80\x02NNNc torch", "has a line without its end"),  # libtorch reads on past the pickle
+            (b"\x80\x02(NNNd.", "odd number of keys and values"),  # libtorch reads one past its stack
+            (b"\x80\x02N" + b"\x85" * 1500 + b".", "nests containers more than 1000 deep"),
+            (b"\x80\x02N" + b"q\x00h\x00h\x00\x86" * 40 + b".", None),  # doubling through memo gets: no blow-up
+            (b"\x80\x02Nq\x05.", "puts memo entry 5 after only 0"),
+            (b"\x80\x02ctorch._utils\n_rebuild_sparse_tensor\n.", "names 'torch._utils _rebuild_sparse_tensor'"),
+            (storage(b"meta"), "is on device 'meta'"),
+        ]
+        for pickle, words in cases:
+            rank0 = self.write_pickle(pickle, [("archive/data/0", b"\0" * 16)])
+            start = time.monotonic()
+            result = self.kvscope("import", self.dir, "-o", self.bundle)
+            self.assertLess(time.monotonic() - start, 30)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            if words:
+                self.assertIn(words, result.stderr)
+        # The same storage on the CPU is read (and then refused only for not being a layer's KV).
+        self.write_pickle(storage(b"cpu"), [("archive/data/0", b"\0" * 16)])
+        self.assertNotIn("device", self.kvscope("import", self.dir, "-o", self.bundle).stderr)
+        # A NUL in a name: libtorch would read archive/data/0 for the key '0\0x'.
+        rank0 = self.write_pickle(b"\x80\x02N.", [("archive/data/0Qx", b"\0" * 64)])
+        with open(rank0, "rb") as f:
+            data = f.read()
+        with open(rank0, "wb") as f:  # (Python's zipfile cuts names at a NUL: put it in afterwards)
+            f.write(data.replace(b"data/0Qx", b"data/0\0x"))
+        self.assert_refused("kv_caches_rank0.pt", "name holds a NUL byte")
+        # A second end record hidden in the first one's comment, which libtorch's reader would use.
+        rank0 = self.write_pickle(b"\x80\x02N.")
+        good = open(rank0, "rb").read()
+        fake = b"PK\x05\x06" + b"\0" * 16 + b"\x07\x00"  # comment length that does not end the file
+        with open(rank0, "wb") as f:
+            f.write(good[:-2] + struct.pack("<H", len(fake)) + fake)
+        self.assert_refused("kv_caches_rank0.pt", "comment length disagrees")
 
     def test_bad_files_name_themselves(self):
         expected = os.path.join(self.dir, "expected.safetensors")

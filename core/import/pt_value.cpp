@@ -41,6 +41,11 @@ std::string explain(const std::string& message)
 // read of the tensor would run past the buffer.
 void requireWithinStorage(const at::Tensor& t, const std::string& path, const std::string& where)
 {
+    for (std::int64_t d = 0; d < t.dim(); ++d)
+        if (t.size(d) < 0)
+            throw BundleError(path, where, "a tensor of shape " + shapeToString(t.sizes().vec()) + ": the file is damaged");
+    if (!t.is_cpu())
+        throw BundleError(path, where, "a tensor on device " + t.device().str() + " holds no data here");
     if (t.numel() == 0)
         return;
     std::int64_t last = t.storage_offset();  // the furthest element, in elements
@@ -59,8 +64,20 @@ void requireWithinStorage(const at::Tensor& t, const std::string& path, const st
                                            " bytes): the file is damaged");
 }
 
-PtValue convert(const c10::IValue& v, const std::string& path, const std::string& where)
+// libtorch's lists and dicts are shared: memo gets can make one hold itself, or a few values
+// stand for exponentially many. The conversion stops at limits no dump reaches.
+struct ConvertBudget {
+    int depth = 0;
+    std::int64_t nodes = 0;
+};
+constexpr int kDeepestValue = 64;
+constexpr std::int64_t kMostValues = 10'000'000;
+
+PtValue convert(const c10::IValue& v, const std::string& path, const std::string& where, ConvertBudget& budget)
 {
+    if (budget.depth > kDeepestValue || ++budget.nodes > kMostValues)
+        throw BundleError(path, where, "nests more than " + std::to_string(kDeepestValue) + " deep or holds more than " +
+                                           std::to_string(kMostValues) + " values (a value that holds itself?)");
     PtValue out;
     if (v.isNone())
         return out;
@@ -87,12 +104,15 @@ PtValue convert(const c10::IValue& v, const std::string& path, const std::string
             out.tensor.dtype = type == at::kBFloat16 ? DType::BFloat16 : type == at::kHalf ? DType::Float16 : DType::Float32;
             out.tensor.shape = out.shape;
             out.tensor.bytes.resize(std::size_t(t.numel()) * t.element_size());
-            std::memcpy(out.tensor.bytes.data(), t.data_ptr(), out.tensor.bytes.size());
+            if (!out.tensor.bytes.empty())  // an empty tensor has no data pointer
+                std::memcpy(out.tensor.bytes.data(), t.data_ptr(), out.tensor.bytes.size());
         } else if (type == at::kLong || type == at::kInt || type == at::kShort || type == at::kByte ||
                    type == at::kChar || type == at::kBool) {
             out.kind = PtValue::Kind::IntTensor;
-            const at::Tensor l = t.to(at::kLong);
-            out.intValues.assign(l.data_ptr<std::int64_t>(), l.data_ptr<std::int64_t>() + l.numel());
+            if (t.numel() > 0) {
+                const at::Tensor l = t.to(at::kLong);
+                out.intValues.assign(l.data_ptr<std::int64_t>(), l.data_ptr<std::int64_t>() + l.numel());
+            }
         } else {
             throw BundleError(path, where, std::string("tensor of dtype ") + c10::toString(type) +
                                                " is not supported (bfloat16, float16, float32, integers)");
@@ -100,15 +120,19 @@ PtValue convert(const c10::IValue& v, const std::string& path, const std::string
     } else if (v.isList() || v.isTuple()) {
         out.kind = PtValue::Kind::List;
         const auto elements = v.isList() ? v.toListRef().vec() : v.toTupleRef().elements().vec();
+        ++budget.depth;
         for (std::size_t i = 0; i < elements.size(); ++i)
-            out.items.push_back(convert(elements[i], path, where + "[" + std::to_string(i) + "]"));
+            out.items.push_back(convert(elements[i], path, where + "[" + std::to_string(i) + "]", budget));
+        --budget.depth;
     } else if (v.isGenericDict()) {
         out.kind = PtValue::Kind::Dict;
+        ++budget.depth;
         for (const auto& entry : v.toGenericDict()) {
             const c10::IValue& key = entry.key();
             const std::string name = key.isString() ? key.toStringRef() : key.isInt() ? std::to_string(key.toInt()) : "?";
-            out.entries.push_back({name, convert(entry.value(), path, where + "['" + name + "']")});
+            out.entries.push_back({name, convert(entry.value(), path, where + "['" + name + "']", budget)});
         }
+        --budget.depth;
     } else {
         throw BundleError(path, where, "holds a " + v.tagKind() + ", which kvscope does not read");
     }
@@ -147,7 +171,8 @@ PtValue loadPtFile(const std::string& path)
     } catch (const std::exception& e) {
         throw BundleError(path, {}, explain(e.what()));
     }
-    return convert(value, path, "root");
+    ConvertBudget budget;
+    return convert(value, path, "root", budget);
 }
 
 }  // namespace kvscope

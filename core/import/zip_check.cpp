@@ -48,7 +48,7 @@ void readZip64Extra(const Bytes& b, std::uint64_t extra, std::uint64_t extraLeng
     for (std::uint64_t at = extra; at + 4 <= extra + extraLength;) {
         const std::uint64_t id = b.field(at, 2, "an extra field"), length = b.field(at + 2, 2, "an extra field");
         b.require(at + 4 + length <= extra + extraLength, "an extra field overruns its entry");
-        if (id == 1) {
+        if (id == 1) {  // only the first counts, as in libtorch's zip reader
             std::uint64_t p = at + 4;
             for (std::uint64_t* value : {&uncompressed, &compressed, &offset})
                 if (*value == 0xffffffff) {
@@ -56,6 +56,7 @@ void readZip64Extra(const Bytes& b, std::uint64_t extra, std::uint64_t extraLeng
                     *value = b.field(p, 8, "a zip64 extra field");
                     p += 8;
                 }
+            return;
         }
         at += 4 + length;
     }
@@ -78,13 +79,17 @@ std::vector<ZipEntry> checkZipStructure(const std::vector<char>& data, const std
                                     "default zip format (no _use_new_zipfile_serialization=False)");
     const Bytes b(data, path);
     b.require(b.size() >= 22, "too short to be a zip archive");
-    // The end record: the last 22 bytes, or earlier by the length of an archive comment.
+    // The end record: the last signature with room for the record after it, as libtorch's zip
+    // reader (miniz) finds it, and its comment must end the file (else a second, unchecked
+    // record could hide in the comment of the one checked here).
     std::uint64_t end = b.size() - 22;
     const std::uint64_t earliest = end > 0xffff ? end - 0xffff : 0;
-    while (b.field(end, 4, "the end record") != kEnd || end + 22 + b.field(end + 20, 2, "the end record") != b.size()) {
+    while (b.field(end, 4, "the end record") != kEnd) {
         b.require(end > earliest, "no end-of-archive record (truncated?)");
         --end;
     }
+    b.require(end + 22 + b.field(end + 20, 2, "the end record") == b.size(),
+              "the end-of-archive record's comment length disagrees with the file's size");
     std::uint64_t entries = b.field(end + 10, 2, "the end record");
     std::uint64_t directorySize = b.field(end + 12, 4, "the end record");
     std::uint64_t directory = b.field(end + 16, 4, "the end record");
@@ -127,7 +132,10 @@ std::vector<ZipEntry> checkZipStructure(const std::vector<char>& data, const std
             local + 30 + b.field(local + 26, 2, "a local header") + b.field(local + 28, 2, "a local header");
         b.require(dataStart <= directory && compressed <= directory - dataStart,
                   entry + "'s data lies beyond the archive's data");
-        found.push_back({std::string(data.data() + at + 46, nameLength), dataStart, compressed});
+        std::string name(data.data() + at + 46, nameLength);
+        // libtorch looks records up by C string: a NUL would make one name stand for another.
+        b.require(name.find('\0') == std::string::npos, entry + "'s name holds a NUL byte");
+        found.push_back({std::move(name), dataStart, compressed});
         at = next;
     }
     return found;
