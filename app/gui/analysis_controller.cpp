@@ -58,13 +58,8 @@ void AnalysisController::open(const QString& path)
                 bundle = QDir(importDir->path()).filePath("imported.h5").toStdString();
                 runImport(path.toStdString(), bundle, cancel.get());  // a child process: cancel kills it
             }
-#if !defined(__SANITIZE_ADDRESS__)
-            BundleReader::probeInChild(bundle, probeHook);  // a libhdf5 crash on this file must not take the app down
-#else
-            // GCC 12's AddressSanitizer allocator is not fork-safe: a child forked while another
-            // thread allocates waits for ever on the allocator's lock. No probe in ASan builds.
-            (void)probeHook;
-#endif
+            if (BundleReader::kProbeFromThreads)  // a libhdf5 crash on this file must not take the app down
+                BundleReader::probeInChild(bundle, probeHook);
             auto reader = std::make_shared<BundleReader>(bundle);
             AnalysisOptions options;
             auto result = std::make_shared<AnalysisResult>(prepareAnalysis(*reader, options));
