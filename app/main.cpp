@@ -20,6 +20,11 @@ int main(int argc, char** argv)
     // them in the heap rather than handing them back to the kernel and faulting them in again.
     mallopt(M_MMAP_THRESHOLD, 512 << 20);
     mallopt(M_TRIM_THRESHOLD, 1024 << 20);
+    // One arena for every thread: a worker's own arena gives its freed top back to the kernel
+    // whatever the threshold, and the next layer faults it in again (measured: the faults of
+    // an analysis 34,000 -> 20,000, its time -15% on two cores). Allocation is rare enough
+    // that the threads do not queue on the one lock.
+    mallopt(M_ARENA_MAX, 1);
     const std::vector<std::string> args(argv + 1, argv + argc);
     const std::string first = args.empty() ? "" : args[0];
 

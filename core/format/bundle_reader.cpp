@@ -227,7 +227,7 @@ DType BundleReader::checkedDType(const std::string& dataset) const
 }
 
 RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
-                                   const std::vector<std::int64_t>* rows) const
+                                   const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const
 {
     RawTensor t;
     t.dtype = checkedDType(dataset);
@@ -248,7 +248,7 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
     m_file.requirePlausibleSize(dataset, std::uint64_t(elements) * dtypeSize(t.dtype));
     t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
     if (!t.bytes.empty())
-        m_file.readRaw(dataset, storageType(t.dtype), t.bytes.data(), rows);
+        m_file.readRaw(dataset, storageType(t.dtype), t.bytes.data(), rows, &deferred);
     return t;
 }
 
@@ -341,8 +341,13 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     // plain read instead of a selection of single rows.
     const bool allRows = blockIds && std::int64_t(rows.size()) == shape[0] &&
                          (rows.empty() || (rows.front() == 0 && rows.back() == shape[0] - 1));
-    std::lock_guard lock(hdf5Mutex());
-    shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr);
+    std::vector<ChunkRowRead> reads;
+    {
+        std::lock_guard lock(hdf5Mutex());
+        shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr, reads);
+    }
+    for (const ChunkRowRead& read : reads)  // without the lock: another thread may use HDF5 meanwhile
+        read.run();
     return shard;
 }
 
@@ -367,16 +372,21 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
                                                     const std::string& layer) const
 {
     prompt(promptId);
-    std::lock_guard lock(hdf5Mutex());
     Reference ref;
-    const std::string rolePath = bundle_path::referenceRole(promptId, role);
-    ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
-    const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
-    const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
-    ref.k = readTensor(kPath, referenceShape(kPath, layer), nullptr);
-    ref.v = readTensor(vPath, referenceShape(vPath, layer), nullptr);
-    if (ref.v.shape != ref.k.shape)
-        m_file.fail(vPath, "shape " + shapeToString(ref.v.shape) + " differs from k's " + shapeToString(ref.k.shape));
+    std::vector<ChunkRowRead> reads;
+    {
+        std::lock_guard lock(hdf5Mutex());
+        const std::string rolePath = bundle_path::referenceRole(promptId, role);
+        ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
+        const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
+        const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
+        ref.k = readTensor(kPath, referenceShape(kPath, layer), nullptr, reads);
+        ref.v = readTensor(vPath, referenceShape(vPath, layer), nullptr, reads);
+        if (ref.v.shape != ref.k.shape)
+            m_file.fail(vPath, "shape " + shapeToString(ref.v.shape) + " differs from k's " + shapeToString(ref.k.shape));
+    }
+    for (const ChunkRowRead& read : reads)
+        read.run();
     return ref;
 }
 

@@ -70,8 +70,9 @@ public:
 
 private:
     PromptInfo readPrompt(const std::string& id) const;
+    // Reads straight from the file are left in `deferred`, for the caller to run without the lock.
     RawTensor readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
-                         const std::vector<std::int64_t>* rows) const;
+                         const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const;
     DType checkedDType(const std::string& dataset) const;
     std::vector<std::int64_t> engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
                                                const std::string& layer) const;

@@ -1,13 +1,11 @@
 #include "format/hdf5_file.h"
 
 #include "format/bundle_error.h"
-#include "format/fletcher32.h"
 
 #include <algorithm>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 namespace kvscope {
@@ -151,7 +149,7 @@ Hdf5File Hdf5File::openReadOnly(const std::string& path)
     file.m_file = Hdf5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), closeFile);
     if (!file.m_file.valid())
         throw BundleError(path, {}, "cannot be opened as HDF5 (truncated or corrupt?)" + hdf5Detail());
-    auto raw = std::make_shared<RawFile>();
+    auto raw = std::make_shared<PlainFile>();
     raw->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     Hdf5Handle fcpl(H5Fget_create_plist(file.m_file.id()), closePlist);
     hsize_t userBlock = 0;
@@ -519,8 +517,8 @@ std::vector<float> Hdf5File::readFloats(const std::string& dataset, std::int64_t
     return out;
 }
 
-void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
-                       const std::vector<std::int64_t>* rows) const
+void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst, const std::vector<std::int64_t>* rows,
+                       std::vector<ChunkRowRead>* deferred) const
 {
     Hdf5Handle d = openForReading(dataset);
     Hdf5Handle fileSpace(H5Dget_space(d.id()), closeSpace);
@@ -542,8 +540,14 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst,
     for (std::size_t i = 0; i < rows->size(); ++i)  // sorted and unique (the caller's promise, checked)
         if ((*rows)[i] < 0 || hsize_t((*rows)[i]) >= dims[0] || (i > 0 && (*rows)[i] <= (*rows)[i - 1]))
             fail(dataset, "row " + std::to_string((*rows)[i]) + " out of range or out of order");
-    if (readRowsByChunk(d.id(), memType, dims, rowBytes, *rows, static_cast<unsigned char*>(dst), dataset))
+    if (std::optional<ChunkRowRead> read =
+            planRowsByChunk(d.id(), memType, dims, rowBytes, *rows, static_cast<unsigned char*>(dst), dataset)) {
+        if (deferred)
+            deferred->push_back(std::move(*read));
+        else
+            read->run();
         return;
+    }
     if (rows == &all)
         return readWhole(d.id(), memType, dst, dataset);
     // Otherwise one plain read per run of consecutive rows: a union of single-row hyperslabs
@@ -570,173 +574,52 @@ void Hdf5File::readWhole(hid_t dataset, hid_t memType, void* dst, const std::str
         fail(name, "cannot be read" + readProblem());
 }
 
-Hdf5File::RawFile::~RawFile()
-{
-    if (fd >= 0)
-        ::close(fd);
-}
-
-namespace {
-// Reads exactly the iovecs' bytes at `at`, or returns false (end of file, I/O error).
-bool preadFully(int fd, iovec* parts, int count, off_t at)
-{
-    while (count > 0) {
-        const ssize_t n = ::preadv(fd, parts, count, at);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return false;
-        at += n;
-        for (std::size_t left = std::size_t(n); left > 0 && count > 0;) {
-            const std::size_t step = std::min(left, parts->iov_len);
-            parts->iov_base = static_cast<char*>(parts->iov_base) + step;
-            parts->iov_len -= step;
-            left -= step;
-            if (parts->iov_len == 0) {
-                ++parts;
-                --count;
-            }
-        }
-    }
-    return true;
-}
-}  // namespace
-
-namespace {
-// Checksummed chunks that land straight in the output, adjacent in the file: read by one
-// preadv (data and checksum of each in turn), then verified.
-class ChunkBatch {
-public:
-    explicit ChunkBatch(int fd) : m_fd(fd) {}
-    bool fits(off_t at) const { return m_chunks.empty() || (at == m_end && m_chunks.size() < kMaxChunks); }
-    void add(off_t at, unsigned char* data, std::size_t bytes, hsize_t row)
-    {
-        if (m_chunks.empty())
-            m_start = at;
-        m_chunks.push_back({data, bytes, row});
-        m_end = at + off_t(bytes + 4);
-    }
-    // Reads and verifies; on failure `problem` says what and the first bad chunk's row.
-    bool flush(std::string& problem)
-    {
-        if (m_chunks.empty())
-            return true;
-        m_sums.resize(m_chunks.size() * 4);
-        std::vector<iovec> parts;
-        for (std::size_t k = 0; k < m_chunks.size(); ++k) {
-            parts.push_back({m_chunks[k].data, m_chunks[k].bytes});
-            parts.push_back({m_sums.data() + 4 * k, 4});
-        }
-        if (!preadFully(m_fd, parts.data(), int(parts.size()), m_start)) {
-            problem = "chunk at row " + std::to_string(m_chunks.front().row) + " lies beyond the end of the file (truncated?)";
-            return false;
-        }
-        for (std::size_t k = 0; k < m_chunks.size(); ++k)
-            if (!fletcher32Matches(m_chunks[k].data, m_chunks[k].bytes, m_sums.data() + 4 * k)) {
-                problem = "chunk at row " + std::to_string(m_chunks[k].row) +
-                          " does not match its Fletcher32 checksum: the file is corrupt";
-                return false;
-            }
-        m_chunks.clear();
-        return true;
-    }
-
-private:
-    static constexpr std::size_t kMaxChunks = 256;  // two iovecs each, within IOV_MAX
-    struct Chunk {
-        unsigned char* data;
-        std::size_t bytes;
-        hsize_t row;
-    };
-    int m_fd;
-    off_t m_start = 0, m_end = 0;
-    std::vector<Chunk> m_chunks;
-    std::vector<unsigned char> m_sums;
-};
-}  // namespace
-
-bool Hdf5File::readRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
-                               const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& dataset) const
+std::optional<ChunkRowRead> Hdf5File::planRowsByChunk(hid_t d, hid_t memType, const std::vector<hsize_t>& dims,
+                                                      std::size_t rowBytes, const std::vector<std::int64_t>& rows,
+                                                      unsigned char* out, const std::string& dataset) const
 {
     // Only chunks of whole rows, stored exactly as the memory type wants them, unfiltered or
     // with just the Fletcher32 checksum appended: then a chunk's bytes on disk are the rows
-    // themselves, and the checksum is verified here.
+    // themselves, and the checksum is verified by the read.
     Hdf5Handle dcpl(H5Dget_create_plist(d), closePlist);
     if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED)
-        return false;
+        return std::nullopt;
     const int filters = H5Pget_nfilters(dcpl.id());
     unsigned flags = 0, config = 0;
     std::size_t n = 0;
     const bool checksummed = filters == 1 && H5Pget_filter2(dcpl.id(), 0, &flags, &n, nullptr, 0, nullptr, &config) ==
                                                  H5Z_FILTER_FLETCHER32;
     if (filters != 0 && !checksummed)
-        return false;
+        return std::nullopt;
     const int rank = int(dims.size());
     std::vector<hsize_t> chunk(dims.size());
     if (H5Pget_chunk(dcpl.id(), rank, chunk.data()) != rank || chunk[0] == 0)
-        return false;
+        return std::nullopt;
     for (int i = 1; i < rank; ++i)
         if (chunk[std::size_t(i)] != dims[std::size_t(i)])
-            return false;
+            return std::nullopt;
     Hdf5Handle fileType(H5Dget_type(d), H5Tclose);
     if (H5Tequal(fileType.id(), memType) <= 0)
-        return false;
+        return std::nullopt;
     if (!m_raw)
-        return false;
-    const std::size_t chunkBytes = std::size_t(chunk[0]) * rowBytes;
-    const std::size_t storedBytes = chunkBytes + (checksummed ? 4 : 0);
-    std::vector<unsigned char> scratch;
-    ChunkBatch batch(m_raw->fd);
-    std::string problem;
+        return std::nullopt;
+    const RowChunking chunking{rowBytes, chunk[0], dims[0], checksummed};
+    ChunkRowRead read(m_raw, m_path, dataset, chunking, rows, out);
+    const std::size_t storedBytes = std::size_t(chunk[0]) * rowBytes + (checksummed ? 4 : 0);
+    std::vector<std::uint64_t> addresses;
     std::vector<hsize_t> offset(dims.size(), 0);
-    for (std::size_t i = 0; i < rows.size();) {
-        const hsize_t c = hsize_t(rows[i]) / chunk[0];
-        offset[0] = c * chunk[0];
+    for (std::uint64_t firstRow : read.chunksNeeded()) {
+        offset[0] = firstRow;
         unsigned filterMask = 0;
         haddr_t address = HADDR_UNDEF;
         hsize_t stored = 0;
-        // Only built when something fails: this runs once per block read.
-        const auto where = [&] { return "chunk at row " + std::to_string(offset[0]); };
         if (H5Dget_chunk_info_by_coord(d, offset.data(), &filterMask, &address, &stored) < 0 ||
             address == HADDR_UNDEF || stored != storedBytes || filterMask != 0)
-            fail(dataset, where() + " is missing or of the wrong size (truncated file?)");
-        const off_t at = off_t(m_raw->base + address);
-        std::size_t end = i;  // the wanted rows in this chunk: [i, end)
-        while (end < rows.size() && hsize_t(rows[end]) / chunk[0] == c)
-            ++end;
-        if (!checksummed) {
-            // Each run of consecutive wanted rows: one read, straight into place.
-            for (std::size_t first = i; first < end;) {
-                std::size_t last = first;
-                while (last + 1 < end && rows[last + 1] == rows[last] + 1)
-                    ++last;
-                iovec part{out + first * rowBytes, (last - first + 1) * rowBytes};
-                if (!preadFully(m_raw->fd, &part, 1, at + off_t((hsize_t(rows[first]) - offset[0]) * rowBytes)))
-                    fail(dataset, where() + " lies beyond the end of the file (truncated?)");
-                first = last + 1;
-            }
-        } else if (end - i == chunk[0] && offset[0] + chunk[0] <= dims[0]) {
-            // A whole chunk wanted: its rows go straight into place, with its neighbours'.
-            if (!batch.fits(at) && !batch.flush(problem))
-                fail(dataset, problem);
-            batch.add(at, out + i * rowBytes, chunkBytes, offset[0]);
-        } else {
-            // Part of a chunk (or an edge chunk, padded to full size): the checksum covers all
-            // of it, so all of it is read, aside.
-            scratch.resize(storedBytes);
-            iovec part{scratch.data(), storedBytes};
-            if (!preadFully(m_raw->fd, &part, 1, at))
-                fail(dataset, where() + " lies beyond the end of the file (truncated?)");
-            if (!fletcher32Matches(scratch.data(), chunkBytes, scratch.data() + chunkBytes))
-                fail(dataset, where() + " does not match its Fletcher32 checksum: the file is corrupt");
-            for (std::size_t k = i; k < end; ++k)
-                std::memcpy(out + k * rowBytes, scratch.data() + (hsize_t(rows[k]) - offset[0]) * rowBytes, rowBytes);
-        }
-        i = end;
+            fail(dataset, "chunk at row " + std::to_string(firstRow) + " is missing or of the wrong size (truncated file?)");
+        addresses.push_back(address);
     }
-    if (!batch.flush(problem))
-        fail(dataset, problem);
-    return true;
+    read.setAddresses(std::move(addresses));
+    return read;
 }
 
 void Hdf5File::createGroup(const std::string& group)

@@ -2,6 +2,7 @@
 // A thin RAII layer over the HDF5 C API. Every failure becomes a BundleError that names
 // the file and the object. Not thread-safe: callers serialise access (see BundleReader).
 
+#include "format/chunk_row_read.h"
 #include "format/dtype.h"
 
 #include <hdf5.h>
@@ -73,9 +74,11 @@ public:
     static std::int64_t elementCount(const std::vector<std::int64_t>& shape);
     // Reads a whole dataset, or the rows `rows` (sorted ascending, along dimension 0),
     // into `dst` without conversion: `memType` must describe the stored type. Checksums are
-    // verified (by HDF5, or here when chunks are read straight from the file).
-    void readRaw(const std::string& dataset, hid_t memType, void* dst,
-                 const std::vector<std::int64_t>* rows = nullptr) const;
+    // verified (by HDF5, or here when chunks are read straight from the file). With
+    // `deferred`, reads straight from the file are appended there instead, to be run later
+    // (without the HDF5 lock; the file must stay open until then).
+    void readRaw(const std::string& dataset, hid_t memType, void* dst, const std::vector<std::int64_t>* rows = nullptr,
+                 std::vector<ChunkRowRead>* deferred = nullptr) const;
 
     void createGroup(const std::string& group);
     void writeStringAttribute(const std::string& object, const std::string& name, const std::string& value);
@@ -91,11 +94,12 @@ public:
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 
 private:
-    // readRaw's fast path, when chunks hold whole rows, unfiltered, in the memory type: the
-    // wanted rows are read straight from their chunks' places in the file (one pread per run
-    // of rows); false when the dataset is not laid out so.
-    bool readRowsByChunk(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims, std::size_t rowBytes,
-                         const std::vector<std::int64_t>& rows, unsigned char* out, const std::string& name) const;
+    // readRaw's fast path, when chunks hold whole rows, unfiltered or checksummed, in the
+    // memory type: the wanted rows' chunks located, to be read straight from the file;
+    // nothing when the dataset is not laid out so.
+    std::optional<ChunkRowRead> planRowsByChunk(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims,
+                                                std::size_t rowBytes, const std::vector<std::int64_t>& rows,
+                                                unsigned char* out, const std::string& name) const;
     void readWhole(hid_t dataset, hid_t memType, void* dst, const std::string& name) const;
     void requireChecksummed(hid_t dataset, const std::string& name) const;
     std::uint64_t fileSize() const;
@@ -105,16 +109,9 @@ private:
     Hdf5Handle openForReading(const std::string& dataset) const;
     Hdf5Handle openAttribute(const std::string& object, const std::string& name) const;
 
-    // The same file opened plainly, read-only, for the fast path.
-    struct RawFile {
-        int fd = -1;
-        std::uint64_t base = 0;  // where HDF5 addresses start (after a user block)
-        ~RawFile();
-    };
-
     std::string m_path;
     Hdf5Handle m_file;
-    std::shared_ptr<RawFile> m_raw;
+    std::shared_ptr<PlainFile> m_raw;  // the same file opened plainly, for the fast path
     bool m_checksumsRequired = false;
 };
 

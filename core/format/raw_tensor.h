@@ -3,7 +3,7 @@
 // from or written to a bundle.
 
 #include "format/dtype.h"
-#include "util/uninitialized_allocator.h"
+#include "util/buffer_allocator.h"
 
 #include <cstdint>
 #include <string>
@@ -15,7 +15,7 @@ struct RawTensor {
     DType dtype = DType::Float32;
     std::vector<std::int64_t> shape;
     // Uninitialised on resize: readers and writers fill every byte.
-    std::vector<std::uint8_t, UninitializedAllocator<std::uint8_t>> bytes;
+    std::vector<std::uint8_t, BufferAllocator<std::uint8_t>> bytes;
     // Dequantisation scale: stored values times scale give the real values (fp8 caches).
     float scale = 1.0f;
 

@@ -1,7 +1,7 @@
 #pragma once
 // One layer's K and V for one sequence, contiguous, with an explicit presence mask.
 
-#include "util/uninitialized_allocator.h"
+#include "util/buffer_allocator.h"
 
 #include <cstdint>
 #include <vector>
@@ -9,7 +9,7 @@
 namespace kvscope {
 
 // Layer buffers are tens of megabytes and always written (data or NaN) before they are read.
-using FloatBuffer = std::vector<float, UninitializedAllocator<float>>;
+using FloatBuffer = std::vector<float, BufferAllocator<float>>;
 
 // K and V laid out [seq, heads, head_dim] in float (every stored dtype converts exactly):
 // position-major, so that everything about one token (all its heads) is contiguous.
