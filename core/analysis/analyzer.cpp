@@ -3,6 +3,7 @@
 #include "analysis/suspects.h"
 
 #include "format/bundle_error.h"
+#include "util/buffer_allocator.h"
 #include "kv/capture_loader.h"
 #include "analysis/divergence.h"
 #include "analysis/layer_comparison.h"
@@ -67,8 +68,12 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         const SharedBins combinedBins(combined);
         Histogram combinedBase, combinedTarget;
         // BC against the noise floor: fixed bins, so the counts of every token simply add up.
-        std::vector<LogHistogram> noiseIndexBase(gCount), noiseIndexActual(gCount);
         LogHistogram noiseBase, noiseActual;
+        auto mergeNoise = [&](const LayerSides& s, std::int64_t t, LogHistogram& base, LogHistogram& actual) {
+            const auto* spans = &s.stats.noise[std::size_t(part)][std::size_t(t) * 2];
+            base.merge(spans[0].first, s.stats.noiseCounts(spans[0]), spans[0].size);
+            actual.merge(spans[1].first, s.stats.noiseCounts(spans[1]), spans[1].size);
+        };
         std::vector<float> baseErrors, actualErrors;
         for (std::size_t i = 0; i < pooled.size(); ++i) {
             const LayerSides& s = sides[i];
@@ -84,16 +89,11 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 tokenErrors(s.reference, s.actual, t, part, actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
-                const LogHistogramSlice& tokenBase = s.stats.noise[std::size_t(part)][std::size_t(t) * 2];
-                const LogHistogramSlice& tokenActual = s.stats.noise[std::size_t(part)][std::size_t(t) * 2 + 1];
-                noiseBase.merge(tokenBase.first, tokenBase.counts.data(), tokenBase.counts.size());
-                noiseActual.merge(tokenActual.first, tokenActual.counts.data(), tokenActual.counts.size());
+                mergeNoise(s, t, noiseBase, noiseActual);
                 const std::int64_t g = t - promptLen(i);
                 if (g < 0 || std::size_t(g) >= gCount)
                     continue;
                 const std::size_t gi = std::size_t(g);
-                noiseIndexBase[gi].merge(tokenBase.first, tokenBase.counts.data(), tokenBase.counts.size());
-                noiseIndexActual[gi].merge(tokenActual.first, tokenActual.counts.data(), tokenActual.counts.size());
                 if (reuse[gi]) {
                     for (int b = 0; b < kBcBins; ++b) {
                         indexBase[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 0)[b];
@@ -110,9 +110,19 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] =
                     float(bhattacharyya(indexBase[g], indexTarget[g]));
         aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(combinedBase, combinedTarget));
-        for (std::size_t g = 0; g < gCount; ++g)
+        // By generation index: the prompts' tokens at that index, one index at a time.
+        LogHistogram indexNoiseBase, indexNoiseActual;
+        for (std::size_t g = 0; g < gCount; ++g) {
+            for (std::size_t i = 0; i < pooled.size(); ++i) {
+                const std::int64_t t = promptLen(i) + std::int64_t(g);
+                if (sides[i].ok && !sides[i].stats.range(part, t).empty())
+                    mergeNoise(sides[i], t, indexNoiseBase, indexNoiseActual);
+            }
             aggregate.bcVsNoise[std::size_t(part)][std::size_t(layer) * gCount + g] =
-                float(bcVsNoise(noiseIndexBase[g], noiseIndexActual[g]));
+                float(bcVsNoise(indexNoiseBase, indexNoiseActual));
+            indexNoiseBase.clear();
+            indexNoiseActual.clear();
+        }
         aggregate.combinedVsNoise[std::size_t(part)][std::size_t(layer)] = float(bcVsNoise(noiseBase, noiseActual));
     }
 }
@@ -214,8 +224,9 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
     const int tokenThreads = std::max(1, threads / layerThreads);
     auto work = [&] {
         try {
+            // Kept from layer to layer for their buffers' memory (the sides' data is let go after each).
+            std::vector<LayerSides> sides(pooled.size());
             for (int layer; !cancelled() && (layer = nextLayer++) < layerCount;) {
-                std::vector<LayerSides> sides(pooled.size());
                 for (std::size_t pi = 0; pi < result.prompts.size() && !cancelled(); ++pi) {
                     PromptAnalysis& p = result.prompts[pi];
                     const std::string& name = p.layers[std::size_t(layer)];
@@ -250,6 +261,10 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
                     break;
                 if (result.aggregate)
                     aggregateLayer(result, pooled, sides, layer, *result.aggregate);
+                for (LayerSides& s : sides) {
+                    s.reference = s.actual = s.base = {};
+                    s.ok = false;
+                }
                 const int done = ++layersDone;
                 if (options.layerDone)
                     options.layerDone(layer, done, layerCount);
@@ -268,6 +283,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
     work();
     for (std::thread& t : pool)
         t.join();
+    releaseKeptBuffers();
     if (failure)
         std::rethrow_exception(failure);
     if (options.cancel && options.cancel->load())

@@ -52,14 +52,17 @@ ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t 
     return range;
 }
 
-void TokenErrorStats::reset(std::int64_t tokenCount)
+void TokenErrorStats::reset(std::int64_t tokenCount, int rangeCount)
 {
     tokens = tokenCount;
     for (int part = 0; part < 2; ++part) {
         ranges[std::size_t(part)].assign(std::size_t(tokenCount), ErrorRange{});
         counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
-        noise[std::size_t(part)].assign(std::size_t(tokenCount) * 2, LogHistogramSlice{});
+        noise[std::size_t(part)].assign(std::size_t(tokenCount) * 2, NoiseSpan{});
     }
+    noiseStores.resize(std::size_t(rangeCount));
+    for (auto& store : noiseStores)
+        store.clear();
 }
 
 bool comparable(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, std::int64_t token)
@@ -72,9 +75,12 @@ namespace {
 
 // Tokens [begin, end) of compareLayer: every write goes to cells and stats of these tokens only.
 void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer, PromptAnalysis& out,
-                   std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, std::int64_t begin, std::int64_t end)
+                   std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int tokenRange, std::int64_t begin,
+                   std::int64_t end)
 {
     std::uint64_t scratch[2][kBcBins];
+    if (stats)  // about what the touched spans of a range's tokens take
+        stats->noiseStores[std::size_t(tokenRange)].reserve(std::size_t(end - begin) * 4 * 192);
     const int dim = reference.headDim;
     for (std::int64_t t = begin; t < end; ++t) {        if (!comparable(reference, actual, base, t))
             continue;
@@ -127,8 +133,15 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
             out.bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bcVsNoise(noiseBase, noiseActual));
             if (stats) {
-                stats->noise[std::size_t(part)][std::size_t(t) * 2] = LogHistogramSlice(noiseBase);
-                stats->noise[std::size_t(part)][std::size_t(t) * 2 + 1] = LogHistogramSlice(noiseActual);
+                std::vector<std::uint32_t>& store = stats->noiseStores[std::size_t(tokenRange)];
+                int set = 0;
+                for (const LogHistogram* h : {&noiseBase, &noiseActual}) {
+                    TokenErrorStats::NoiseSpan& span = stats->noise[std::size_t(part)][std::size_t(t) * 2 + std::size_t(set++)];
+                    if (h->last < 0)
+                        continue;
+                    span = {h->first, std::uint32_t(h->last - h->first + 1), std::uint32_t(tokenRange), store.size()};
+                    store.insert(store.end(), h->counts.begin() + h->first, h->counts.begin() + h->last + 1);
+                }
             }
             noiseBase.clear();
             noiseActual.clear();
@@ -148,12 +161,12 @@ void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv
         throw std::invalid_argument("compareLayer: reference, actual and base differ in shape");
     if (reference.heads != out.heads || reference.seq != out.tokens)
         throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
-    if (stats)
-        stats->reset(reference.seq);
     const std::int64_t tokens = reference.seq;
     const int parts = int(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, tokens / 64)));
+    if (stats)
+        stats->reset(tokens, parts);
     if (parts == 1) {
-        compareTokens(reference, actual, base, layer, out, nonFinite, stats, 0, tokens);
+        compareTokens(reference, actual, base, layer, out, nonFinite, stats, 0, 0, tokens);
         return;
     }
     // Split over tokens (each range writes only its own cells); non-finite cells are
@@ -167,7 +180,7 @@ void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv
         const std::int64_t begin = tokens * i / parts, end = tokens * (i + 1) / parts;
         auto run = [&, i, begin, end] {
             try {
-                compareTokens(reference, actual, base, layer, out, found[std::size_t(i)], stats, begin, end);
+                compareTokens(reference, actual, base, layer, out, found[std::size_t(i)], stats, i, begin, end);
             } catch (...) {
                 std::lock_guard lock(mutex);
                 failure = std::current_exception();

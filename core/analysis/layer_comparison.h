@@ -23,11 +23,25 @@ namespace kvscope {
 // turns out to be the same range).
 struct TokenErrorStats {
     std::int64_t tokens = 0;
-    std::array<std::vector<ErrorRange>, 2> ranges;        // [part][token]
-    std::array<std::vector<std::uint64_t>, 2> counts;     // [part][token][base, actual][bin]
-    std::array<std::vector<LogHistogramSlice>, 2> noise;  // [part][token][base, actual]: bc_vs_noise's bins
+    std::array<std::vector<ErrorRange>, 2> ranges;     // [part][token]
+    std::array<std::vector<std::uint64_t>, 2> counts;  // [part][token][base, actual][bin]
+    // bc_vs_noise's bins of each token's base and actual errors, only the span they touch,
+    // kept in one flat store per token range (each range is compared by one thread).
+    struct NoiseSpan {
+        int first = 0;
+        std::uint32_t size = 0;
+        std::uint32_t store = 0;
+        std::size_t offset = 0;
+    };
+    std::array<std::vector<NoiseSpan>, 2> noise;  // [part][token][base, actual]
+    std::vector<std::vector<std::uint32_t>> noiseStores;
 
-    void reset(std::int64_t tokenCount);
+    // For `tokenCount` tokens compared in `ranges` token ranges; keeps the buffers' memory.
+    void reset(std::int64_t tokenCount, int ranges);
+    const std::uint32_t* noiseCounts(const NoiseSpan& span) const
+    {
+        return noiseStores[span.store].data() + span.offset;
+    }
     const ErrorRange& range(KvPart part, std::int64_t token) const { return ranges[std::size_t(part)][std::size_t(token)]; }
     std::uint64_t* countsOf(KvPart part, std::int64_t token, int set)
     {

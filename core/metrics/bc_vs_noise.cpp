@@ -83,13 +83,6 @@ void LogHistogram::merge(int from, const std::uint32_t* values, std::size_t size
     last = std::max(last, from + int(size) - 1);
 }
 
-LogHistogramSlice::LogHistogramSlice(const LogHistogram& h)
-    : first(h.last < 0 ? 0 : h.first)
-{
-    if (h.last >= 0)
-        counts.assign(h.counts.begin() + h.first, h.counts.begin() + h.last + 1);
-}
-
 void LogHistogram::clear()
 {
     for (int i = first; i <= last; ++i)

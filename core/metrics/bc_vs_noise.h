@@ -47,13 +47,6 @@ struct LogHistogram {
     void clear();
 };
 
-// A LogHistogram's touched bins, kept (per token, for pooling later) without the rest.
-struct LogHistogramSlice {
-    int first = 0;
-    std::vector<std::uint32_t> counts;
-    explicit LogHistogramSlice(const LogHistogram& h = {});
-};
-
 // BC of two such histograms.
 double bcVsNoise(const LogHistogram& base, const LogHistogram& actual);
 

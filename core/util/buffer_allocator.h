@@ -2,18 +2,26 @@
 // The allocator of layer-sized buffers (tens of megabytes, allocated and freed per layer):
 // - value-less construct() leaves trivial types uninitialised, so that resize() on a buffer
 //   that is about to be overwritten costs no extra pass over memory;
-// - buffers of 2 MiB and more are aligned to 2 MiB and asked to live on transparent huge
-//   pages: faulting such a buffer in 4 KiB at a time costs more than filling it (measured:
-//   a third of the analysis on a virtual machine). Without THP (or with it off), plain pages.
+// - buffers of 2 MiB and more are mapped on their own, 2 MiB-aligned and asked to live on
+//   transparent huge pages (faulting such a buffer in 4 KiB at a time costs more than
+//   filling it: measured, a third of the analysis on a virtual machine), and freed ones are
+//   kept for the next buffer of the same size (the next layer's), up to a bound and until
+//   releaseKeptBuffers(): layer after layer reuses memory already faulted in, and the heap
+//   does not fragment.
 
-#include <sys/mman.h>
-
-#include <cstdlib>
+#include <cstddef>
 #include <memory>
 #include <new>
 #include <utility>
 
 namespace kvscope {
+
+inline constexpr std::size_t kLargeBuffer = std::size_t(2) << 20;
+// At least `bytes` (>= kLargeBuffer); throws std::bad_alloc.
+void* allocateLargeBuffer(std::size_t bytes);
+void freeLargeBuffer(void* buffer, std::size_t bytes);
+// Gives the kept buffers back to the kernel (when a long piece of work ends).
+void releaseKeptBuffers();
 
 template <typename T>
 struct BufferAllocator : std::allocator<T> {
@@ -27,28 +35,20 @@ struct BufferAllocator : std::allocator<T> {
     {
     }
 
-    static constexpr std::size_t kHugePage = std::size_t(2) << 20;
-
     T* allocate(std::size_t n)
     {
         if (n > std::size_t(-1) / sizeof(T))
             throw std::bad_array_new_length();
-        const std::size_t bytes = n * sizeof(T);
-        if (bytes < kHugePage)
+        if (n * sizeof(T) < kLargeBuffer)
             return std::allocator<T>::allocate(n);
-        const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-        void* p = std::aligned_alloc(kHugePage, rounded);
-        if (!p)
-            throw std::bad_alloc();
-        ::madvise(p, rounded, MADV_HUGEPAGE);
-        return static_cast<T*>(p);
+        return static_cast<T*>(allocateLargeBuffer(n * sizeof(T)));
     }
     void deallocate(T* p, std::size_t n)
     {
-        if (n * sizeof(T) < kHugePage)
+        if (n * sizeof(T) < kLargeBuffer)
             std::allocator<T>::deallocate(p, n);
         else
-            std::free(p);
+            freeLargeBuffer(p, n * sizeof(T));
     }
 
     template <typename U, typename... Args>
