@@ -5,6 +5,7 @@
 #include "report/drawing_application.h"
 #include "format/bundle_reader.h"
 #include "synth/synthetic_capture.h"
+#include "util/helper_path.h"
 
 #include <QApplication>
 #include <QElapsedTimer>
@@ -153,8 +154,10 @@ long peakRssKb()
     return 0;
 }
 
+// Runs `kvscope ARGS...` (the command-line executable, as users start it) in a child.
 ChildResult runChild(const std::vector<std::string>& args)
 {
+    const std::string cli = helperExecutable("kvscope", "KVSCOPE_CLI");
     int pipeFds[2];
     ChildResult result;
     if (pipe(pipeFds) != 0)
@@ -169,7 +172,7 @@ ChildResult runChild(const std::vector<std::string>& args)
         for (const std::string& a : args)
             argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);
-        execv("/proc/self/exe", argv.data());
+        execv(cli.c_str(), argv.data());
         _exit(127);
     }
     close(pipeFds[1]);

@@ -18,7 +18,7 @@ struct Command {
     const char* name;
     const char* usage;    // the synopsis and its options, without "usage: kvscope "
     const char* summary;  // one line for `kvscope --help`
-    int (*run)(const Args& args, std::ostream& out, std::ostream& err);
+    int (*run)(const Args& args, std::ostream& out, std::ostream& err);  // null: in kvscope-app
     bool listed = true;   // false: internal (bench's child processes)
 };
 
@@ -35,14 +35,16 @@ bool takeThresholdOption(const Args& args, std::size_t& i, Thresholds& threshold
 
 // The commands, one file each in app/cli/.
 int analyze(const Args& args, std::ostream& out, std::ostream& err);
-int report(const Args& args, std::ostream& out, std::ostream& err);
 int check(const Args& args, std::ostream& out, std::ostream& err);
 int inspect(const Args& args, std::ostream& out, std::ostream& err);
-int demo(const Args& args, std::ostream& out, std::ostream& err);
 int importDumps(const Args& args, std::ostream& out, std::ostream& err);
 int exportKv(const Args& args, std::ostream& out, std::ostream& err);
 int synth(const Args& args, std::ostream& out, std::ostream& err);
-int bench(const Args& args, std::ostream& out, std::ostream& err);
-int benchRun(const Args& args, std::ostream& out, std::ostream& err);
+// The commands that draw with Qt, linked into kvscope-app only. Weak: in kvscope they are
+// null, and the command line hands them to kvscope-app (cli/entry.h).
+[[gnu::weak]] int report(const Args& args, std::ostream& out, std::ostream& err);
+[[gnu::weak]] int demo(const Args& args, std::ostream& out, std::ostream& err);
+[[gnu::weak]] int bench(const Args& args, std::ostream& out, std::ostream& err);
+[[gnu::weak]] int benchRun(const Args& args, std::ostream& out, std::ostream& err);
 
 }  // namespace kvscope::cli

@@ -1,6 +1,7 @@
 #include "import/import_process.h"
 
 #include "format/bundle_error.h"
+#include "util/helper_path.h"
 
 #include <cerrno>
 #include <csignal>
@@ -22,17 +23,7 @@ namespace kvscope {
 
 std::string importHelperPath()
 {
-    if (const char* forced = std::getenv("KVSCOPE_IMPORT_HELPER"); forced && *forced)
-        return forced;
-    std::error_code error;
-    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-    if (error)
-        return "kvscope-import";
-    for (const std::filesystem::path& candidate :
-         {self.parent_path() / "kvscope-import", self.parent_path().parent_path() / "lib" / "kvscope" / "kvscope-import"})
-        if (std::filesystem::exists(candidate, error))
-            return candidate.string();
-    return (self.parent_path() / "kvscope-import").string();
+    return helperExecutable("kvscope-import", "KVSCOPE_IMPORT_HELPER");
 }
 
 void runImport(const std::string& directory, const std::string& bundlePath, const std::atomic<bool>* cancel)

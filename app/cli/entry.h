@@ -1,0 +1,15 @@
+#pragma once
+// What both executables do with their command line: kvscope (the commands without Qt) and
+// kvscope-app (the app, and the commands that draw: report, demo, bench). A command runs
+// where it is linked; the rest of the command line (a bundle to open, or nothing) is the app.
+
+namespace kvscope::cli {
+
+// Runs the command named by argv[1], or calls `openApp` (the app on argv[1], or on nothing).
+int runCommandLine(int argc, char** argv, int (*openApp)(int argc, char** argv));
+
+// kvscope's side: runs kvscope-app with this command line instead of the running process
+// (it returns only when that fails). $KVSCOPE_CLI tells kvscope-app where kvscope is.
+int execApp(int argc, char** argv);
+
+}  // namespace kvscope::cli
