@@ -81,6 +81,13 @@ void freeLargeBuffer(void* buffer, std::size_t bytes)
         ::munmap(p, n);
 }
 
+std::size_t keptBufferBytes()
+{
+    KeptBuffers& k = kept();
+    std::lock_guard lock(k.mutex);
+    return k.bytes;
+}
+
 void releaseKeptBuffers()
 {
     std::vector<std::pair<void*, std::size_t>> released;

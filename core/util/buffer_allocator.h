@@ -22,6 +22,8 @@ void* allocateLargeBuffer(std::size_t bytes);
 void freeLargeBuffer(void* buffer, std::size_t bytes);
 // Gives the kept buffers back to the kernel (when a long piece of work ends).
 void releaseKeptBuffers();
+// The bytes of freed buffers kept now.
+std::size_t keptBufferBytes();
 
 template <typename T>
 struct BufferAllocator : std::allocator<T> {
