@@ -51,7 +51,7 @@ public:
     // one message per problem, each naming the file and the object.
     std::vector<std::string> validate() const;
 
-    // Opens and validates `path` in a forked child first: libhdf5 can crash (a segmentation
+    // Opens `path` (and validates a v1 bundle) in a forked child first: libhdf5 can crash (a segmentation
     // fault inside the library) on corrupt metadata before any check of ours runs, and a
     // process that reads in-process (the app) must not die of it. Throws BundleError when the
     // child crashed or was still reading after `limit` (libhdf5 looping; reading a bundle's
