@@ -1,9 +1,9 @@
 #include "format/chunk_row_read.h"
 
+#include "format/batched_reads.h"
 #include "format/bundle_error.h"
 #include "format/fletcher32.h"
 
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,86 +17,6 @@ PlainFile::~PlainFile()
     if (fd >= 0)
         ::close(fd);
 }
-
-namespace {
-
-// Reads exactly the iovecs' bytes at `at`, or returns false (end of file, I/O error).
-bool preadFully(int fd, iovec* parts, int count, off_t at)
-{
-    while (count > 0) {
-        const ssize_t n = ::preadv(fd, parts, count, at);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return false;
-        at += n;
-        for (std::size_t left = std::size_t(n); left > 0 && count > 0;) {
-            const std::size_t step = std::min(left, parts->iov_len);
-            parts->iov_base = static_cast<char*>(parts->iov_base) + step;
-            parts->iov_len -= step;
-            left -= step;
-            if (parts->iov_len == 0) {
-                ++parts;
-                --count;
-            }
-        }
-    }
-    return true;
-}
-
-// Checksummed chunks that land straight in the output, adjacent in the file: read by one
-// preadv (data and checksum of each in turn), then verified.
-class ChunkBatch {
-public:
-    explicit ChunkBatch(int fd) : m_fd(fd) {}
-    bool fits(off_t at) const { return m_chunks.empty() || (at == m_end && m_chunks.size() < kMaxChunks); }
-    void add(off_t at, unsigned char* data, std::size_t bytes, std::uint64_t row)
-    {
-        if (m_chunks.empty())
-            m_start = at;
-        m_chunks.push_back({data, bytes, row});
-        m_end = at + off_t(bytes + 4);
-    }
-    // Reads and verifies; on failure `problem` says what and the first bad chunk's row.
-    bool flush(std::string& problem)
-    {
-        if (m_chunks.empty())
-            return true;
-        m_sums.resize(m_chunks.size() * 4);
-        m_parts.clear();
-        for (std::size_t k = 0; k < m_chunks.size(); ++k) {
-            m_parts.push_back({m_chunks[k].data, m_chunks[k].bytes});
-            m_parts.push_back({m_sums.data() + 4 * k, 4});
-        }
-        if (!preadFully(m_fd, m_parts.data(), int(m_parts.size()), m_start)) {
-            problem = "chunk at row " + std::to_string(m_chunks.front().row) + " lies beyond the end of the file (truncated?)";
-            return false;
-        }
-        for (std::size_t k = 0; k < m_chunks.size(); ++k)
-            if (!fletcher32Matches(m_chunks[k].data, m_chunks[k].bytes, m_sums.data() + 4 * k)) {
-                problem = "chunk at row " + std::to_string(m_chunks[k].row) +
-                          " does not match its Fletcher32 checksum: the file is corrupt";
-                return false;
-            }
-        m_chunks.clear();
-        return true;
-    }
-
-private:
-    static constexpr std::size_t kMaxChunks = 256;  // two iovecs each, within IOV_MAX
-    struct Chunk {
-        unsigned char* data;
-        std::size_t bytes;
-        std::uint64_t row;
-    };
-    int m_fd;
-    off_t m_start = 0, m_end = 0;
-    std::vector<Chunk> m_chunks;
-    std::vector<unsigned char> m_sums;
-    std::vector<iovec> m_parts;
-};
-
-}  // namespace
 
 ChunkRowRead::ChunkRowRead(std::shared_ptr<const PlainFile> file, std::string path, std::string dataset,
                            RowChunking chunking, std::vector<std::int64_t> rows, unsigned char* out)
@@ -125,15 +45,48 @@ void ChunkRowRead::run() const
     const RowChunking& c = m_chunking;
     const std::size_t chunkBytes = std::size_t(c.chunkRows) * c.rowBytes;
     const std::size_t storedBytes = chunkBytes + (c.checksummed ? 4 : 0);
-    std::vector<unsigned char> scratch;
-    ChunkBatch batch(m_file->fd);
-    std::string problem;
     const auto fail = [&](const std::string& what) { throw BundleError(m_path, m_dataset, what); };
+    const auto where = [](std::uint64_t firstRow) { return "chunk at row " + std::to_string(firstRow); };
+
+    // Every read first (all at once: batched_reads.h), then every checksum. A checksummed
+    // chunk wanted whole lands straight in `m_out`, its checksum beside; adjacent ones share a
+    // read. Part of a chunk (or an edge chunk, padded to full size) is read whole, aside (its
+    // checksum covers all of it), and its rows copied out after.
+    struct Chunk {
+        std::uint64_t firstRow;
+        unsigned char* data;        // in m_out, or the chunk's scratch
+        std::size_t sum;            // index into sums
+        std::size_t scratch;        // index into scratches, or npos
+        std::size_t rowsBegin, rowsEnd;  // the wanted rows it holds: m_rows[rowsBegin, rowsEnd)
+    };
+    constexpr std::size_t npos = std::size_t(-1);
+    std::vector<Chunk> checked;
+    std::vector<unsigned char> sums;
+    std::vector<std::vector<unsigned char>> scratches;
+    std::vector<std::uint64_t> readRow;  // per read: the row named when it fails
+    BatchedReads reads;
+    std::vector<iovec> batch;  // adjacent whole chunks, not yet added
+    off_t batchAt = 0, batchEnd = 0;
+    std::uint64_t batchRow = 0;
+    constexpr std::size_t kMaxBatchChunks = 256;  // two iovecs each, within IOV_MAX
+    const auto addBatch = [&] {
+        if (batch.empty())
+            return;
+        reads.add(batchAt, std::move(batch));
+        readRow.push_back(batchRow);
+        batch.clear();
+    };
+
+    // Checksums land in `sums`, whose buffer must not move once reads point into it.
+    std::size_t checksummedChunks = 0;
+    for (std::size_t i = 0; i < m_rows.size(); ++i)
+        if (i == 0 || std::uint64_t(m_rows[i]) / c.chunkRows != std::uint64_t(m_rows[i - 1]) / c.chunkRows)
+            ++checksummedChunks;
+    sums.resize(c.checksummed ? checksummedChunks * 4 : 0);
+
     std::size_t chunkIndex = 0;
     for (std::size_t i = 0; i < m_rows.size(); ++chunkIndex) {
         const std::uint64_t firstRow = std::uint64_t(m_rows[i]) / c.chunkRows * c.chunkRows;
-        // Only built when something fails: this runs once per block read.
-        const auto where = [&] { return "chunk at row " + std::to_string(firstRow); };
         const off_t at = off_t(m_file->base + m_addresses.at(chunkIndex));
         std::size_t end = i;  // the wanted rows in this chunk: [i, end)
         while (end < m_rows.size() && std::uint64_t(m_rows[end]) / c.chunkRows * c.chunkRows == firstRow)
@@ -144,33 +97,42 @@ void ChunkRowRead::run() const
                 std::size_t last = first;
                 while (last + 1 < end && m_rows[last + 1] == m_rows[last] + 1)
                     ++last;
-                iovec part{m_out + first * c.rowBytes, (last - first + 1) * c.rowBytes};
-                if (!preadFully(m_file->fd, &part, 1, at + off_t((std::uint64_t(m_rows[first]) - firstRow) * c.rowBytes)))
-                    fail(where() + " lies beyond the end of the file (truncated?)");
+                reads.add(at + off_t((std::uint64_t(m_rows[first]) - firstRow) * c.rowBytes),
+                          {{m_out + first * c.rowBytes, (last - first + 1) * c.rowBytes}});
+                readRow.push_back(firstRow);
                 first = last + 1;
             }
         } else if (end - i == c.chunkRows && firstRow + c.chunkRows <= c.totalRows) {
-            // A whole chunk wanted: its rows go straight into place, with its neighbours'.
-            if (!batch.fits(at) && !batch.flush(problem))
-                fail(problem);
-            batch.add(at, m_out + i * c.rowBytes, chunkBytes, firstRow);
+            if (!batch.empty() && (at != batchEnd || batch.size() >= 2 * kMaxBatchChunks))
+                addBatch();
+            if (batch.empty())
+                batchAt = at, batchRow = firstRow;
+            checked.push_back({firstRow, m_out + i * c.rowBytes, checked.size() * 4, npos, i, end});
+            batch.push_back({checked.back().data, chunkBytes});
+            batch.push_back({sums.data() + checked.back().sum, 4});
+            batchEnd = at + off_t(storedBytes);
         } else {
-            // Part of a chunk (or an edge chunk, padded to full size): the checksum covers all
-            // of it, so all of it is read, aside.
-            scratch.resize(storedBytes);
-            iovec part{scratch.data(), storedBytes};
-            if (!preadFully(m_file->fd, &part, 1, at))
-                fail(where() + " lies beyond the end of the file (truncated?)");
-            if (!fletcher32Matches(scratch.data(), chunkBytes, scratch.data() + chunkBytes))
-                fail(where() + " does not match its Fletcher32 checksum: the file is corrupt");
-            for (std::size_t k = i; k < end; ++k)
-                std::memcpy(m_out + k * c.rowBytes, scratch.data() + (std::uint64_t(m_rows[k]) - firstRow) * c.rowBytes,
-                            c.rowBytes);
+            addBatch();
+            scratches.emplace_back(storedBytes);
+            checked.push_back({firstRow, scratches.back().data(), checked.size() * 4, scratches.size() - 1, i, end});
+            reads.add(at, {{scratches.back().data(), storedBytes}});
+            readRow.push_back(firstRow);
         }
         i = end;
     }
-    if (!batch.flush(problem))
-        fail(problem);
+    addBatch();
+
+    if (const long failed = reads.run(m_file->fd); failed >= 0)
+        fail(where(readRow[std::size_t(failed)]) + " lies beyond the end of the file (truncated?)");
+    for (const Chunk& chunk : checked) {
+        const unsigned char* sum = chunk.scratch == npos ? sums.data() + chunk.sum : chunk.data + chunkBytes;
+        if (!fletcher32Matches(chunk.data, chunkBytes, sum))
+            fail(where(chunk.firstRow) + " does not match its Fletcher32 checksum: the file is corrupt");
+        if (chunk.scratch != npos)
+            for (std::size_t k = chunk.rowsBegin; k < chunk.rowsEnd; ++k)
+                std::memcpy(m_out + k * c.rowBytes, chunk.data + (std::uint64_t(m_rows[k]) - chunk.firstRow) * c.rowBytes,
+                            c.rowBytes);
+    }
 }
 
 }  // namespace kvscope
