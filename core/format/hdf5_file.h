@@ -94,12 +94,15 @@ public:
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 
 private:
-    // readRaw's fast path, when chunks hold whole rows, unfiltered or checksummed, in the
-    // memory type: the wanted rows' chunks located, to be read straight from the file;
-    // nothing when the dataset is not laid out so.
-    std::optional<ChunkRowRead> planRowsByChunk(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims,
-                                                std::size_t rowBytes, const std::vector<std::int64_t>& rows,
-                                                unsigned char* out, const std::string& name) const;
+    // readRaw's fast paths, when chunks hold whole rows, unfiltered or checksummed, in the
+    // memory type: how (nothing when the dataset is not laid out so); the wanted rows' chunks
+    // located, to be read straight from the file; or read one by one through libhdf5.
+    std::optional<RowChunking> rowChunking(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims,
+                                           std::size_t rowBytes) const;
+    ChunkRowRead planChunkReads(hid_t dataset, const RowChunking& chunking, const std::vector<std::int64_t>& rows,
+                                unsigned char* out, const std::string& name) const;
+    void readChunksDirect(hid_t dataset, const RowChunking& chunking, const std::vector<std::int64_t>& rows,
+                          unsigned char* out, const std::string& name) const;
     void readWhole(hid_t dataset, hid_t memType, void* dst, const std::string& name) const;
     void requireChecksummed(hid_t dataset, const std::string& name) const;
     std::uint64_t fileSize() const;
