@@ -21,8 +21,9 @@ namespace kvscope::cli {
 
 int runCommandLine(int argc, char** argv, int (*openApp)(int argc, char** argv))
 {
-    // The analysis allocates and frees layer-sized buffers (megabytes) over and over: keep
-    // them in the heap rather than handing them back to the kernel and faulting them in again.
+    // The analysis allocates and frees buffers below BufferAllocator's 2 MiB (a rank's blocks,
+    // per-token statistics) layer after layer: keep them in the heap rather than handing them
+    // back to the kernel and faulting them in again.
     mallopt(M_MMAP_THRESHOLD, 512 << 20);
     mallopt(M_TRIM_THRESHOLD, 1024 << 20);
     // One arena for every thread: a worker's own arena gives its freed top back to the kernel

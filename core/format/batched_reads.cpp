@@ -76,9 +76,10 @@ void BatchedReads::add(off_t at, std::vector<iovec> parts)
 long BatchedReads::run(int fd)
 {
     long failed = -1;
-    auto readAlone = [&](std::size_t i) {
-        if (!preadFully(fd, m_reads[i].parts.data(), int(m_reads[i].parts.size()), m_reads[i].at) &&
-            (failed < 0 || long(i) < failed))
+    // Reads the rest of read `i` from `part` on by preadv, which tells a real end of file.
+    auto readRest = [&](std::size_t i, std::size_t part, off_t at) {
+        Read& r = m_reads[i];
+        if (!preadFully(fd, r.parts.data() + part, int(r.parts.size() - part), at) && (failed < 0 || long(i) < failed))
             failed = long(i);
     };
     ThreadRing& ring = threadRing();
@@ -107,7 +108,7 @@ long BatchedReads::run(int fd)
                 wanted += part.iov_len;
             if (result == int(wanted))
                 continue;
-            // Short or failed (-EAGAIN...): the rest by preadv, which tells a real end of file.
+            // Short or failed (-EAGAIN...): the rest by preadv.
             std::size_t skip = result > 0 ? std::size_t(result) : 0;
             std::size_t k = 0;
             for (; k < r.parts.size() && skip >= r.parts[k].iov_len; ++k)
@@ -116,16 +117,14 @@ long BatchedReads::run(int fd)
                 r.parts[k].iov_base = static_cast<char*>(r.parts[k].iov_base) + skip;
                 r.parts[k].iov_len -= skip;
             }
-            if (!preadFully(fd, r.parts.data() + k, int(r.parts.size() - k), r.at + off_t(result > 0 ? result : 0)) &&
-                (failed < 0 || long(i) < failed))
-                failed = long(i);
+            readRest(i, k, r.at + off_t(result > 0 ? result : 0));
         }
         if (submitted != int(count))
             ring.close();  // something is wrong with the ring: the rest (and later batches) by preadv
     }
     for (std::size_t i = 0; i < m_reads.size(); ++i)
         if (!done[i])
-            readAlone(i);
+            readRest(i, 0, m_reads[i].at);
     m_reads.clear();
     return failed;
 }

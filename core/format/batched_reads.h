@@ -1,8 +1,8 @@
 #pragma once
-// Many reads of one file at once: the blocks of a sequence lie scattered over the engine's
-// pool, and one system call per 4 KiB block costs more than copying it. Where the kernel
+// Many reads of one file at once (the runs of wanted rows in v1 bundles' shared chunks, which
+// lie scattered: one system call per 4 KiB costs more than copying it). Where the kernel
 // allows io_uring, every read goes in one submission; elsewhere (io_uring off, or a container
-// that forbids it; KVSCOPE_IO=pread forces this) one preadv each, as before.
+// that forbids it; KVSCOPE_IO=pread forces this) one preadv each.
 
 #include <sys/types.h>
 #include <sys/uio.h>

@@ -33,14 +33,22 @@ struct RowChunking {
     bool checksummed = false;
 };
 
+// The wanted rows (sorted) grouped by the chunk that holds them: rows[begin, end) lie in the
+// chunk whose first row is `firstRow`.
+struct ChunkRun {
+    std::uint64_t firstRow;
+    std::size_t begin, end;
+};
+std::vector<ChunkRun> chunkRuns(const std::vector<std::int64_t>& rows, std::uint64_t chunkRows);
+
 class ChunkRowRead {
 public:
     // Rows `rows` (sorted, unique, in range) into `out` (rows.size() * rowBytes), one after another.
     ChunkRowRead(std::shared_ptr<const PlainFile> file, std::string path, std::string dataset, RowChunking chunking,
                  std::vector<std::int64_t> rows, unsigned char* out);
-    // The chunks the rows touch, in order: the chunk holding row `firstRow` (a multiple of
-    // chunkRows) lies at `address` (HDF5's, before the user block).
-    std::vector<std::uint64_t> chunksNeeded() const;
+    // The chunks the rows touch, in order; where each lies must be set (HDF5's addresses,
+    // before the user block), one per chunk, before run().
+    const std::vector<ChunkRun>& chunks() const { return m_chunks; }
     void setAddresses(std::vector<std::uint64_t> addresses) { m_addresses = std::move(addresses); }
     // Reads (and verifies) every row; throws BundleError naming the file, the dataset and the
     // chunk when one lies past the end of the file or fails its checksum.
@@ -52,6 +60,7 @@ private:
     std::string m_dataset;
     RowChunking m_chunking;
     std::vector<std::int64_t> m_rows;
+    std::vector<ChunkRun> m_chunks;
     unsigned char* m_out;
     std::vector<std::uint64_t> m_addresses;
 };

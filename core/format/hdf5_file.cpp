@@ -549,8 +549,8 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst, con
         // the read): read here, under the lock. One chunk (a reference): located once, read
         // straight from the file (deferred: without the lock).
         if (chunking->checksummed && dims[0] > chunking->chunkRows)
-            return readChunksDirect(d.id(), *chunking, *rows, out, dataset);
-        ChunkRowRead read = planChunkReads(d.id(), *chunking, *rows, out, dataset);
+            return readChunksDirect(d.id(), *chunking, *rows, out, dataset, rank);
+        ChunkRowRead read = planChunkReads(d.id(), *chunking, *rows, out, dataset, rank);
         if (deferred)
             deferred->push_back(std::move(read));
         else
@@ -613,20 +613,20 @@ std::optional<RowChunking> Hdf5File::rowChunking(hid_t d, hid_t memType, const s
 }
 
 ChunkRowRead Hdf5File::planChunkReads(hid_t d, const RowChunking& chunking, const std::vector<std::int64_t>& rows,
-                                      unsigned char* out, const std::string& dataset) const
+                                      unsigned char* out, const std::string& dataset, int rank) const
 {
     ChunkRowRead read(m_raw, m_path, dataset, chunking, rows, out);
     const std::size_t storedBytes = std::size_t(chunking.chunkRows) * chunking.rowBytes + (chunking.checksummed ? 4 : 0);
     std::vector<std::uint64_t> addresses;
-    std::vector<hsize_t> offset(std::size_t(H5Sget_simple_extent_ndims(Hdf5Handle(H5Dget_space(d), closeSpace).id())), 0);
-    for (std::uint64_t firstRow : read.chunksNeeded()) {
-        offset[0] = firstRow;
+    std::vector<hsize_t> offset(std::size_t(rank), 0);
+    for (const ChunkRun& chunk : read.chunks()) {
+        offset[0] = chunk.firstRow;
         unsigned filterMask = 0;
         haddr_t address = HADDR_UNDEF;
         hsize_t stored = 0;
         if (H5Dget_chunk_info_by_coord(d, offset.data(), &filterMask, &address, &stored) < 0 ||
             address == HADDR_UNDEF || stored != storedBytes || filterMask != 0)
-            fail(dataset, "chunk at row " + std::to_string(firstRow) + " is missing or of the wrong size (truncated file?)");
+            fail(dataset, "chunk at row " + std::to_string(chunk.firstRow) + " is missing or of the wrong size (truncated file?)");
         addresses.push_back(address);
     }
     read.setAddresses(std::move(addresses));
@@ -634,30 +634,25 @@ ChunkRowRead Hdf5File::planChunkReads(hid_t d, const RowChunking& chunking, cons
 }
 
 void Hdf5File::readChunksDirect(hid_t d, const RowChunking& c, const std::vector<std::int64_t>& rows, unsigned char* out,
-                                const std::string& dataset) const
+                                const std::string& dataset, int rank) const
 {
     const std::size_t chunkBytes = std::size_t(c.chunkRows) * c.rowBytes;
-    const std::size_t storedBytes = chunkBytes + 4;
-    std::vector<unsigned char> scratch(storedBytes);
-    std::vector<hsize_t> offset(std::size_t(H5Sget_simple_extent_ndims(Hdf5Handle(H5Dget_space(d), closeSpace).id())), 0);
-    for (std::size_t i = 0; i < rows.size();) {
-        const std::uint64_t firstRow = std::uint64_t(rows[i]) / c.chunkRows * c.chunkRows;
-        std::size_t end = i;  // the wanted rows in this chunk: [i, end)
-        while (end < rows.size() && std::uint64_t(rows[end]) / c.chunkRows * c.chunkRows == firstRow)
-            ++end;
-        offset[0] = firstRow;
-        const auto where = [&] { return "chunk at row " + std::to_string(firstRow); };
+    std::vector<unsigned char> scratch(chunkBytes + 4);
+    std::vector<hsize_t> offset(std::size_t(rank), 0);
+    for (const ChunkRun& chunk : chunkRuns(rows, c.chunkRows)) {
+        offset[0] = chunk.firstRow;
+        const std::string where = "chunk at row " + std::to_string(chunk.firstRow);
         hsize_t stored = 0;
-        if (H5Dget_chunk_storage_size(d, offset.data(), &stored) < 0 || stored != storedBytes)
-            fail(dataset, where() + " is missing or of the wrong size (truncated file?)");
+        if (H5Dget_chunk_storage_size(d, offset.data(), &stored) < 0 || stored != scratch.size())
+            fail(dataset, where + " is missing or of the wrong size (truncated file?)");
         std::uint32_t filterMask = 0;
         if (H5Dread_chunk(d, H5P_DEFAULT, offset.data(), &filterMask, scratch.data()) < 0)
-            fail(dataset, where() + " lies beyond the end of the file (truncated?)");
+            fail(dataset, where + " lies beyond the end of the file (truncated?)");
         if (filterMask != 0 || !fletcher32Matches(scratch.data(), chunkBytes, scratch.data() + chunkBytes))
-            fail(dataset, where() + " does not match its Fletcher32 checksum: the file is corrupt");
-        for (std::size_t k = i; k < end; ++k)
-            std::memcpy(out + k * c.rowBytes, scratch.data() + (std::uint64_t(rows[k]) - firstRow) * c.rowBytes, c.rowBytes);
-        i = end;
+            fail(dataset, where + " does not match its Fletcher32 checksum: the file is corrupt");
+        for (std::size_t k = chunk.begin; k < chunk.end; ++k)
+            std::memcpy(out + k * c.rowBytes, scratch.data() + (std::uint64_t(rows[k]) - chunk.firstRow) * c.rowBytes,
+                        c.rowBytes);
     }
 }
 

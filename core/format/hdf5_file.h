@@ -100,9 +100,9 @@ private:
     std::optional<RowChunking> rowChunking(hid_t dataset, hid_t memType, const std::vector<hsize_t>& dims,
                                            std::size_t rowBytes) const;
     ChunkRowRead planChunkReads(hid_t dataset, const RowChunking& chunking, const std::vector<std::int64_t>& rows,
-                                unsigned char* out, const std::string& name) const;
+                                unsigned char* out, const std::string& name, int rank) const;
     void readChunksDirect(hid_t dataset, const RowChunking& chunking, const std::vector<std::int64_t>& rows,
-                          unsigned char* out, const std::string& name) const;
+                          unsigned char* out, const std::string& name, int rank) const;
     void readWhole(hid_t dataset, hid_t memType, void* dst, const std::string& name) const;
     void requireChecksummed(hid_t dataset, const std::string& name) const;
     std::uint64_t fileSize() const;
