@@ -51,10 +51,21 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         }
         if (combined.empty())
             continue;
+        // One prompt: each generation index is one token, whose counts and noise histograms
+        // are those its own BCs came from; pooling them again would give the same bits.
+        const bool onePrompt = pooled.size() == 1;
+        if (onePrompt) {
+            const PromptAnalysis& p = result.prompts[std::size_t(pooled[0])];
+            for (std::size_t g = 0; g < gCount; ++g) {
+                const std::int64_t t = p.promptLen + std::int64_t(g);
+                aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] = p.bcValue(part, layer, t);
+                aggregate.bcVsNoise[std::size_t(part)][std::size_t(layer) * gCount + g] = p.bcVsNoiseValue(part, layer, t);
+            }
+        }
         // A generation index whose every token has the pooled range itself (always so with
         // one prompt) has the same bins as those tokens: their counts add up exactly.
         std::vector<char> reuse(gCount, 1);
-        for (std::size_t i = 0; i < pooled.size(); ++i)
+        for (std::size_t i = 0; i < pooled.size() && !onePrompt; ++i)
             for (std::size_t g = 0; g < gCount && sides[i].ok; ++g) {
                 const ErrorRange& r = sides[i].stats.range(part, promptLen(i) + std::int64_t(g));
                 if (!r.empty() && (r.lo != byIndex[g].lo || r.hi != byIndex[g].hi))
@@ -62,9 +73,13 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
             }
         // Pass 2: counts on the shared bins, every token's errors computed once.
         std::vector<SharedBins> indexBins;
-        for (const ErrorRange& r : byIndex)
-            indexBins.emplace_back(r);
-        std::vector<Histogram> indexBase(gCount), indexTarget(gCount);
+        std::vector<Histogram> indexBase, indexTarget;
+        if (!onePrompt) {
+            for (const ErrorRange& r : byIndex)
+                indexBins.emplace_back(r);
+            indexBase.resize(gCount);
+            indexTarget.resize(gCount);
+        }
         const SharedBins combinedBins(combined);
         Histogram combinedBase, combinedTarget;
         // BC against the noise floor: fixed bins, so the counts of every token simply add up.
@@ -91,7 +106,7 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
                 mergeNoise(s, t, noiseBase, noiseActual);
                 const std::int64_t g = t - promptLen(i);
-                if (g < 0 || std::size_t(g) >= gCount)
+                if (onePrompt || g < 0 || std::size_t(g) >= gCount)
                     continue;
                 const std::size_t gi = std::size_t(g);
                 if (reuse[gi]) {
@@ -105,14 +120,14 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                 }
             }
         }
-        for (std::size_t g = 0; g < gCount; ++g)
+        for (std::size_t g = 0; g < gCount && !onePrompt; ++g)
             if (!byIndex[g].empty())  // no prompt holds this index: no data, not BC 1
                 aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] =
                     float(bhattacharyya(indexBase[g], indexTarget[g]));
         aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(combinedBase, combinedTarget));
         // By generation index: the prompts' tokens at that index, one index at a time.
         LogHistogram indexNoiseBase, indexNoiseActual;
-        for (std::size_t g = 0; g < gCount; ++g) {
+        for (std::size_t g = 0; g < gCount && !onePrompt; ++g) {
             for (std::size_t i = 0; i < pooled.size(); ++i) {
                 const std::int64_t t = promptLen(i) + std::int64_t(g);
                 if (sides[i].ok && !sides[i].stats.range(part, t).empty())
@@ -226,6 +241,8 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
         try {
             // Kept from layer to layer for their buffers' memory (the sides' data is let go after each).
             std::vector<LayerSides> sides(pooled.size());
+            for (LayerSides& s : sides)
+                s.stats.keepCounts = pooled.size() > 1;  // see aggregateLayer
             for (int layer; !cancelled() && (layer = nextLayer++) < layerCount;) {
                 for (std::size_t pi = 0; pi < result.prompts.size() && !cancelled(); ++pi) {
                     PromptAnalysis& p = result.prompts[pi];

@@ -57,7 +57,10 @@ void TokenErrorStats::reset(std::int64_t tokenCount, int rangeCount)
     tokens = tokenCount;
     for (int part = 0; part < 2; ++part) {
         ranges[std::size_t(part)].assign(std::size_t(tokenCount), ErrorRange{});
-        counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
+        if (keepCounts)
+            counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
+        else
+            counts[std::size_t(part)].clear();
         noise[std::size_t(part)].assign(std::size_t(tokenCount) * 2, NoiseSpan{});
     }
     noiseStores.resize(std::size_t(rangeCount));
@@ -86,27 +89,30 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
             continue;
         for (KvPart part : {KvPart::K, KvPart::V}) {
             bool finite = true;  // every head of every side: else no BC (its errors would bin Inf/NaN)
+            auto store = [&](std::size_t cell, const VectorComparison& c, bool ofBase) {
+                auto metric = [&](MetricKind kind) {
+                    const Metric m = metricFor(part, kind);
+                    return std::size_t(ofBase ? baseOf(m) : m);
+                };
+                out.metrics[metric(MetricKind::Cos)][cell] = float(c.cos);
+                out.metrics[metric(MetricKind::Linf)][cell] = float(c.linf);
+                out.metrics[metric(MetricKind::L2)][cell] = float(c.l2);
+            };
             for (int h = 0; h < reference.heads; ++h) {
                 const std::size_t cell = out.cell(layer, t, h);
-                VectorComparison c;
-                if (compareVectors(partAt(reference, part, h, t), partAt(actual, part, h, t), dim, c)) {
-                    out.metrics[std::size_t(metricFor(part, MetricKind::Cos))][cell] = float(c.cos);
-                    out.metrics[std::size_t(metricFor(part, MetricKind::Linf))][cell] = float(c.linf);
-                    out.metrics[std::size_t(metricFor(part, MetricKind::L2))][cell] = float(c.l2);
-                } else {
+                const float* r = partAt(reference, part, h, t);
+                VectorComparison c, cb;
+                const int ok = base ? compareVectorPair(r, partAt(actual, part, h, t), partAt(*base, part, h, t), dim, c, cb)
+                                    : (compareVectors(r, partAt(actual, part, h, t), dim, c) ? 1 : 0);
+                if (ok & 1)
+                    store(cell, c, false);
+                else
                     nonFinite.push_back({layer, t, h, part, "actual"});
-                    finite = false;
-                }
-                if (base) {
-                    if (compareVectors(partAt(reference, part, h, t), partAt(*base, part, h, t), dim, c)) {
-                        out.metrics[std::size_t(baseOf(metricFor(part, MetricKind::Cos)))][cell] = float(c.cos);
-                        out.metrics[std::size_t(baseOf(metricFor(part, MetricKind::Linf)))][cell] = float(c.linf);
-                        out.metrics[std::size_t(baseOf(metricFor(part, MetricKind::L2)))][cell] = float(c.l2);
-                    } else {
-                        nonFinite.push_back({layer, t, h, part, "expected"});
-                        finite = false;
-                    }
-                }
+                if (base && (ok & 2))
+                    store(cell, cb, true);
+                else if (base)
+                    nonFinite.push_back({layer, t, h, part, "expected"});
+                finite = finite && ok == (base ? 3 : 1);
             }
             if (!base || !finite)
                 continue;  // the token's BC stays NaN, its range empty: aggregates leave it out
@@ -116,11 +122,12 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
             float* actualErrors = errorBuffer(n, 1);
             ErrorRange range = tokenErrors(reference, *base, t, part, baseErrors);
             range.merge(tokenErrors(reference, actual, t, part, actualErrors));
-            std::uint64_t* p = stats ? stats->countsOf(part, t, 0) : scratch[0];
-            std::uint64_t* q = stats ? stats->countsOf(part, t, 1) : scratch[1];
+            const bool keepCounts = stats && stats->keepCounts;
+            std::uint64_t* p = keepCounts ? stats->countsOf(part, t, 0) : scratch[0];
+            std::uint64_t* q = keepCounts ? stats->countsOf(part, t, 1) : scratch[1];
             if (stats)
                 stats->ranges[std::size_t(part)][std::size_t(t)] = range;
-            else
+            if (!keepCounts)
                 std::fill_n(&scratch[0][0], 2 * kBcBins, 0);
             const SharedBins bins(range);
             bins.add(baseErrors, n, p);

@@ -25,6 +25,9 @@ struct TokenErrorStats {
     std::int64_t tokens = 0;
     std::array<std::vector<ErrorRange>, 2> ranges;     // [part][token]
     std::array<std::vector<std::uint64_t>, 2> counts;  // [part][token][base, actual][bin]
+    // Whether `counts` is kept: only pooling several prompts reads it (with one prompt, each
+    // generation index is one token, whose BC the comparison itself gives).
+    bool keepCounts = true;
     // bc_vs_noise's bins of each token's base and actual errors, only the span they touch,
     // kept in one flat store per token range (each range is compared by one thread).
     struct NoiseSpan {

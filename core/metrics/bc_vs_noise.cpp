@@ -25,6 +25,16 @@ void binsOf(const float* errors, std::size_t count, std::uint16_t* bins, std::ui
     hi = h;
 }
 
+// counts[b] += the four lanes' counts of bin b, for b in [from, to].
+KVSCOPE_VECTOR_CLONES
+void addLanes(std::uint32_t* const lane[4], std::uint32_t from, std::uint32_t to, std::uint32_t* counts)
+{
+    const std::uint32_t *l0 = lane[0], *l1 = lane[1], *l2 = lane[2], *l3 = lane[3];
+#pragma omp simd
+    for (std::uint32_t b = from; b <= to; ++b)
+        counts[b] += l0[b] + l1[b] + l2[b] + l3[b];
+}
+
 }  // namespace
 
 void LogHistogram::add(const float* errors, std::size_t count)
@@ -48,15 +58,21 @@ void LogHistogram::add(const float* errors, std::size_t count)
             ++lane[k][bins[i + k]];
     for (; i < count; ++i)
         ++lane[0][bins[i]];
-    for (std::uint32_t b = lo; b <= hi; ++b) {
-        const std::uint32_t n = lane[0][b] + lane[1][b] + lane[2][b] + lane[3][b];
-        lane[0][b] = lane[1][b] = lane[2][b] = lane[3][b] = 0;
-        if (n == 0 || b >= std::uint32_t(kLogBins))
-            continue;
-        counts[b] += n;
-        first = int(b) < first ? int(b) : first;
-        last = int(b) > last ? int(b) : last;
+    // Fold the lanes into the counts over the bins the values touched (vectorised; an
+    // untouched bin adds 0). lo is a touched bin; so is hi unless it is NaN's (past the last
+    // bin), and then the last touched bin below it is searched for.
+    const std::uint32_t top = std::min<std::uint32_t>(hi, kLogBins - 1);
+    if (lo <= top) {
+        addLanes(lane, lo, top, counts.data());
+        std::uint32_t highest = top;
+        if (hi != top)
+            while (highest > lo && lane[0][highest] + lane[1][highest] + lane[2][highest] + lane[3][highest] == 0)
+                --highest;
+        first = std::min(first, int(lo));
+        last = std::max(last, int(highest));
     }
+    for (std::size_t k = 0; k < kLanes; ++k)
+        std::fill(lane[k] + lo, lane[k] + hi + 1, 0u);
 }
 
 void LogHistogram::merge(const LogHistogram& other)

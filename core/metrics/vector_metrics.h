@@ -16,4 +16,9 @@ inline constexpr double kRelativeEps = 1e-10;
 // False when any element of either vector is NaN or infinite (the result is then meaningless).
 bool compareVectors(const float* ref, const float* x, int dim, VectorComparison& out);
 
+// Both comparisons of a three-way analysis in one pass over `ref` (the same results as two
+// compareVectors calls). Returns a bit per side that is finite: 1 for x, 2 for y.
+int compareVectorPair(const float* ref, const float* x, const float* y, int dim, VectorComparison& outX,
+                      VectorComparison& outY);
+
 }  // namespace kvscope

@@ -22,6 +22,7 @@ class TestAnalyzer : public QObject {
 
 private slots:
     void initTestCase();
+    void aggregationEqualsPooledErrors_data();
     void aggregationEqualsPooledErrors();
     void singlePromptAggregate();
     void progressAndCancellation();
@@ -39,15 +40,28 @@ void TestAnalyzer::initTestCase()
     writeSmallCapture(m_demo);
 }
 
+void TestAnalyzer::aggregationEqualsPooledErrors_data()
+{
+    QTest::addColumn<QStringList>("prompts");
+    QTest::newRow("three prompts") << QStringList();
+    // One prompt takes a shorter path (its tokens' own BCs); it must agree all the same.
+    QTest::newRow("one prompt") << QStringList{"prompt_1"};
+}
+
 void TestAnalyzer::aggregationEqualsPooledErrors()
 {
+    QFETCH(QStringList, prompts);
     auto reader = std::make_shared<BundleReader>(m_demo);
-    const AnalysisResult result = analyzeBundle(reader);
+    AnalysisOptions options;
+    for (const QString& id : prompts)
+        options.prompts.push_back(id.toStdString());
+    const AnalysisResult result = analyzeBundle(reader, options);
+    const int pooled = prompts.isEmpty() ? 3 : int(prompts.size());
     QVERIFY(result.aggregate);
     const AggregateBc& agg = *result.aggregate;
-    QCOMPARE(agg.promptIds.size(), std::size_t(3));
+    QCOMPARE(agg.promptIds.size(), std::size_t(pooled));
     QCOMPARE(agg.generationCount, std::int64_t(12));  // every prompt has 12 decode positions
-    QCOMPARE(agg.divergenceCounts[4], 3);              // all three diverged at generation index 4
+    QCOMPARE(agg.divergenceCounts[4], pooled);         // all three diverged at generation index 4
     QCOMPARE(agg.divergenceCounts[3], 0);
 
     const CaptureLoader loader(reader);
