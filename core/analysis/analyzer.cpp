@@ -21,9 +21,9 @@ namespace {
 
 // One prompt's three sides of one layer, kept while the layer's aggregate is computed.
 struct LayerSides {
-    LayerKv reference;
+    LayerSource reference;  // the references are decoded a token at a time
     LayerKv actual;
-    LayerKv base;
+    LayerSource base;
     TokenErrorStats stats;
     bool ok = false;
 };
@@ -94,14 +94,17 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
             const LayerSides& s = sides[i];
             if (!s.ok)
                 continue;
-            const std::size_t n = s.reference.rowSize();
+            const LayerRows reference(s.reference), actual(s.actual), base(s.base);
+            const std::size_t n = reference.rowSize();
             baseErrors.resize(n);
             actualErrors.resize(n);
-            for (std::int64_t t = 0; t < s.reference.seq; ++t) {
+            LayerRows::Tile referenceTile, actualTile, baseTile;
+            for (std::int64_t t = 0; t < reference.seq(); ++t) {
                 if (s.stats.range(part, t).empty())
                     continue;  // not held by every side
-                tokenErrors(s.reference, s.base, t, part, baseErrors.data());
-                tokenErrors(s.reference, s.actual, t, part, actualErrors.data());
+                const float* r = reference.row(part, t, referenceTile);
+                rowErrors(r, base.row(part, t, baseTile), n, baseErrors.data());
+                rowErrors(r, actual.row(part, t, actualTile), n, actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
                 mergeNoise(s, t, noiseBase, noiseActual);
@@ -255,12 +258,13 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
                     try {
                         s.actual = loader.engineLayer(p.id, name, &problems);
                         if (p.threeWay) {
-                            s.reference = loader.referenceLayer(p.id, ReferenceRole::Baseline, name);
-                            s.base = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
+                            s.reference = loader.referenceSource(p.id, ReferenceRole::Baseline, name);
+                            s.base = loader.referenceSource(p.id, ReferenceRole::Expected, name);
                         } else {
-                            s.reference = loader.referenceLayer(p.id, ReferenceRole::Expected, name);
+                            s.reference = loader.referenceSource(p.id, ReferenceRole::Expected, name);
                         }
-                        compareLayer(s.reference, s.actual, p.threeWay ? &s.base : nullptr, layer, p, nonFinite,
+                        const LayerRows base(s.base);
+                        compareLayer(s.reference, s.actual, p.threeWay ? &base : nullptr, layer, p, nonFinite,
                                      &s.stats, tokenThreads);
                         s.ok = true;
                     } catch (const BundleError& e) {
@@ -279,7 +283,8 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
                 if (result.aggregate)
                     aggregateLayer(result, pooled, sides, layer, *result.aggregate);
                 for (LayerSides& s : sides) {
-                    s.reference = s.actual = s.base = {};
+                    s.reference = s.base = {};
+                    s.actual = {};
                     s.ok = false;
                 }
                 const int done = ++layersDone;

@@ -15,11 +15,6 @@ namespace kvscope {
 
 namespace {
 
-const float* partAt(const LayerKv& kv, KvPart part, int head, std::int64_t token)
-{
-    return part == KvPart::K ? kv.kAt(head, token) : kv.vAt(head, token);
-}
-
 // Scratch for one token's errors, per thread.
 float* errorBuffer(std::size_t size, int which)
 {
@@ -32,16 +27,12 @@ float* errorBuffer(std::size_t size, int which)
 }  // namespace
 
 KVSCOPE_VECTOR_CLONES
-ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part, float* out)
+ErrorRange rowErrors(const float* reference, const float* x, std::size_t n, float* out)
 {
-    // With the position-major layout, one token's heads are one contiguous row.
-    const float* r = partAt(reference, part, 0, token);
-    const float* v = partAt(x, part, 0, token);
-    const std::size_t n = reference.rowSize();
     float lo = std::numeric_limits<float>::infinity(), hi = -lo;
 #pragma omp simd reduction(min : lo) reduction(max : hi)
     for (std::size_t i = 0; i < n; ++i) {
-        const float e = std::fabs(r[i] - v[i]);  // float32, as the reference computes it
+        const float e = std::fabs(reference[i] - x[i]);  // float32, as the reference computes it
         out[i] = e;
         lo = std::min(lo, e);
         hi = std::max(hi, e);
@@ -68,26 +59,32 @@ void TokenErrorStats::reset(std::int64_t tokenCount, int rangeCount)
         store.clear();
 }
 
-bool comparable(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, std::int64_t token)
+bool comparable(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, std::int64_t token)
 {
-    return reference.present[std::size_t(token)] && actual.present[std::size_t(token)] &&
-           (!base || base->present[std::size_t(token)]);
+    return reference.present(token) && actual.present(token) && (!base || base->present(token));
 }
 
 namespace {
 
 // Tokens [begin, end) of compareLayer: every write goes to cells and stats of these tokens only.
-void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer, PromptAnalysis& out,
+void compareTokens(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer, PromptAnalysis& out,
                    std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int tokenRange, std::int64_t begin,
                    std::int64_t end)
 {
     std::uint64_t scratch[2][kBcBins];
     if (stats)  // about what the touched spans of a range's tokens take
         stats->noiseStores[std::size_t(tokenRange)].reserve(std::size_t(end - begin) * 4 * 192);
-    const int dim = reference.headDim;
-    for (std::int64_t t = begin; t < end; ++t) {        if (!comparable(reference, actual, base, t))
+    LayerRows::Tile tiles[3][2];  // [reference, actual, base][part]
+    const int dim = reference.headDim();
+    const std::size_t n = reference.rowSize();
+    for (std::int64_t t = begin; t < end; ++t) {
+        if (!comparable(reference, actual, base, t))
             continue;
         for (KvPart part : {KvPart::K, KvPart::V}) {
+            const std::size_t side = std::size_t(part);
+            const float* referenceRow = reference.row(part, t, tiles[0][side]);
+            const float* actualRow = actual.row(part, t, tiles[1][side]);
+            const float* baseRow = base ? base->row(part, t, tiles[2][side]) : nullptr;
             bool finite = true;  // every head of every side: else no BC (its errors would bin Inf/NaN)
             auto store = [&](std::size_t cell, const VectorComparison& c, bool ofBase) {
                 auto metric = [&](MetricKind kind) {
@@ -98,12 +95,12 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
                 out.metrics[metric(MetricKind::Linf)][cell] = float(c.linf);
                 out.metrics[metric(MetricKind::L2)][cell] = float(c.l2);
             };
-            for (int h = 0; h < reference.heads; ++h) {
+            for (int h = 0; h < reference.heads(); ++h) {
                 const std::size_t cell = out.cell(layer, t, h);
-                const float* r = partAt(reference, part, h, t);
+                const std::size_t at = std::size_t(h) * std::size_t(dim);
                 VectorComparison c, cb;
-                const int ok = base ? compareVectorPair(r, partAt(actual, part, h, t), partAt(*base, part, h, t), dim, c, cb)
-                                    : (compareVectors(r, partAt(actual, part, h, t), dim, c) ? 1 : 0);
+                const int ok = base ? compareVectorPair(referenceRow + at, actualRow + at, baseRow + at, dim, c, cb)
+                                    : (compareVectors(referenceRow + at, actualRow + at, dim, c) ? 1 : 0);
                 if (ok & 1)
                     store(cell, c, false);
                 else
@@ -117,11 +114,10 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
             if (!base || !finite)
                 continue;  // the token's BC stays NaN, its range empty: aggregates leave it out
             // BC between |baseline - expected| and |baseline - actual| over all heads.
-            const std::size_t n = std::size_t(reference.heads) * std::size_t(dim);
             float* baseErrors = errorBuffer(n, 0);
             float* actualErrors = errorBuffer(n, 1);
-            ErrorRange range = tokenErrors(reference, *base, t, part, baseErrors);
-            range.merge(tokenErrors(reference, actual, t, part, actualErrors));
+            ErrorRange range = rowErrors(referenceRow, baseRow, n, baseErrors);
+            range.merge(rowErrors(referenceRow, actualRow, n, actualErrors));
             const bool keepCounts = stats && stats->keepCounts;
             std::uint64_t* p = keepCounts ? stats->countsOf(part, t, 0) : scratch[0];
             std::uint64_t* q = keepCounts ? stats->countsOf(part, t, 1) : scratch[1];
@@ -158,17 +154,17 @@ void compareTokens(const LayerKv& reference, const LayerKv& actual, const LayerK
 
 }  // namespace
 
-void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
+void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int threads)
 {
-    auto sameShape = [](const LayerKv& a, const LayerKv& b) {
-        return a.heads == b.heads && a.seq == b.seq && a.headDim == b.headDim;
+    auto sameShape = [](const LayerRows& a, const LayerRows& b) {
+        return a.heads() == b.heads() && a.seq() == b.seq() && a.headDim() == b.headDim();
     };
     if (!sameShape(reference, actual) || (base && !sameShape(reference, *base)))
         throw std::invalid_argument("compareLayer: reference, actual and base differ in shape");
-    if (reference.heads != out.heads || reference.seq != out.tokens)
+    if (reference.heads() != out.heads || reference.seq() != out.tokens)
         throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
-    const std::int64_t tokens = reference.seq;
+    const std::int64_t tokens = reference.seq();
     const int parts = int(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, tokens / 64)));
     if (stats)
         stats->reset(tokens, parts);

@@ -10,9 +10,11 @@
 #include "analysis/analysis_result.h"
 #include "metrics/bc_vs_noise.h"
 #include "metrics/bhattacharyya.h"
+#include "analysis/layer_rows.h"
 #include "kv/layer_kv.h"
 
 #include <array>
+#include <optional>
 #include <vector>
 
 namespace kvscope {
@@ -62,15 +64,22 @@ struct TokenErrorStats {
 // token has no BC for that part (NaN), and aggregates leave it out.
 // `threads` > 1 splits the tokens over that many threads (when there are enough tokens).
 // Throws std::invalid_argument when the shapes of the sides differ.
-void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
+void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
                   int threads = 1);
+inline void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
+                         PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
+                         int threads = 1)
+{
+    const std::optional<LayerRows> baseRows = base ? std::optional<LayerRows>(*base) : std::nullopt;
+    compareLayer(reference, actual, baseRows ? &*baseRows : nullptr, layer, out, nonFinite, stats, threads);
+}
 
 // Whether every side holds `token`.
-bool comparable(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, std::int64_t token);
+bool comparable(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, std::int64_t token);
 
-// |reference - x| of every head at `token` into `out` ([heads * head_dim], float32 as the
-// reference tool computes them); returns their range (empty if all are NaN).
-ErrorRange tokenErrors(const LayerKv& reference, const LayerKv& x, std::int64_t token, KvPart part, float* out);
+// |reference - x| of `n` values into `out` (float32, as the reference tool computes them);
+// returns their range (empty if all are NaN).
+ErrorRange rowErrors(const float* reference, const float* x, std::size_t n, float* out);
 
 }  // namespace kvscope

@@ -106,13 +106,21 @@ LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::strin
 
 LayerKv CaptureLoader::referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const
 {
+    return referenceSource(promptId, role, layer).materialize();
+}
+
+LayerSource CaptureLoader::referenceSource(const std::string& promptId, ReferenceRole role,
+                                           const std::string& layer) const
+{
     usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
     const int group = groupOf(layer);
-    const BundleReader::Reference ref = m_reader->readReference(promptId, role, layer);
-    return alignReference(ref.k, ref.v, ref.batchRow, config, config.groups[std::size_t(group)],
-                          sequenceLength(promptId), m_reader->path(),
-                          bundle_path::referenceKv(promptId, role, layer, "k"));
+    auto ref = std::make_shared<const BundleReader::Reference>(m_reader->readReference(promptId, role, layer));
+    LayerSource source = alignReferenceSource(ref->k, ref->v, ref->batchRow, config, config.groups[std::size_t(group)],
+                                              sequenceLength(promptId), m_reader->path(),
+                                              bundle_path::referenceKv(promptId, role, layer, "k"));
+    source.storage.push_back(std::move(ref));
+    return source;
 }
 
 }  // namespace kvscope

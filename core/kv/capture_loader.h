@@ -5,6 +5,7 @@
 
 #include "format/bundle_reader.h"
 #include "kv/layer_kv.h"
+#include "kv/layer_source.h"
 #include "kv/reconstruction.h"
 
 #include <memory>
@@ -35,6 +36,8 @@ public:
                         std::vector<std::string>* problems = nullptr) const;
     // The reference aligned to sequenceLength() positions.
     LayerKv referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+    // The same, left as stored (decoded row by row).
+    LayerSource referenceSource(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
 
 private:
     // The prompt, or a BundleError when its structure was found broken on open.

@@ -4,9 +4,9 @@
 
 namespace kvscope {
 
-LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batchRow, const KvCacheConfig& config,
-                       const KvCacheGroup& group, std::int64_t targetLen, const std::string& file,
-                       const std::string& object)
+LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::int64_t batchRow,
+                                 const KvCacheConfig& config, const KvCacheGroup& group, std::int64_t targetLen,
+                                 const std::string& file, const std::string& object)
 {
     auto fail = [&](const std::string& problem) { throw BundleError(file, object, problem); };
     if (k.shape.size() != 4 || k.shape != v.shape)
@@ -32,16 +32,21 @@ LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batc
         offset = targetLen - seq;
     }
 
-    LayerKv out = LayerKv::unwritten(int(heads), targetLen, int(dim));
-    for (std::int64_t h = 0; h < heads; ++h)
-        for (std::int64_t s = 0; s < seq; ++s) {
-            const std::int64_t src = ((batchRow * heads + h) * seq + s) * dim;
-            k.decode(src, dim, out.k.data() + out.index(int(h), offset + s));
-            v.decode(src, dim, out.v.data() + out.index(int(h), offset + s));
-        }
-    std::fill(out.present.begin() + offset, out.present.end(), 1);
-    out.clearAbsent();
+    LayerSource out = LayerSource::absent(int(heads), targetLen, int(dim), 1);
+    for (std::int64_t s = 0; s < seq; ++s) {
+        const std::int64_t first = (batchRow * heads * seq + s) * dim;  // [batchRow, 0, s, 0]
+        out.runs(KvPart::K, offset + s)[0] = {&k, first, seq * dim};
+        out.runs(KvPart::V, offset + s)[0] = {&v, first, seq * dim};
+        out.present[std::size_t(offset + s)] = 1;
+    }
     return out;
+}
+
+LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batchRow, const KvCacheConfig& config,
+                       const KvCacheGroup& group, std::int64_t targetLen, const std::string& file,
+                       const std::string& object)
+{
+    return alignReferenceSource(k, v, batchRow, config, group, targetLen, file, object).materialize();
 }
 
 }  // namespace kvscope

@@ -3,6 +3,7 @@
 
 #include "format/kv_cache_config.h"
 #include "kv/layer_kv.h"
+#include "kv/layer_source.h"
 #include "format/raw_tensor.h"
 
 #include <string>
@@ -17,5 +18,10 @@ namespace kvscope {
 LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batchRow, const KvCacheConfig& config,
                        const KvCacheGroup& group, std::int64_t targetLen, const std::string& file,
                        const std::string& object);
+
+// The same, left in `k` and `v` (which must outlive it).
+LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::int64_t batchRow,
+                                 const KvCacheConfig& config, const KvCacheGroup& group, std::int64_t targetLen,
+                                 const std::string& file, const std::string& object);
 
 }  // namespace kvscope

@@ -1,0 +1,73 @@
+#pragma once
+// One side of a layer comparison, a token's row at a time: a decoded LayerKv (the row is a
+// pointer into it), or a LayerSource (the row is decoded into the caller's scratch).
+
+#include "kv/layer_kv.h"
+#include "kv/layer_source.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace kvscope {
+
+class LayerRows {
+public:
+    LayerRows(const LayerKv& kv)  // NOLINT(google-explicit-constructor): either side converts
+        : m_kv(&kv)
+        , m_heads(kv.heads)
+        , m_seq(kv.seq)
+        , m_headDim(kv.headDim)
+        , m_present(kv.present.data())
+    {
+    }
+    LayerRows(const LayerSource& source)  // NOLINT(google-explicit-constructor)
+        : m_source(&source)
+        , m_heads(source.heads)
+        , m_seq(source.seq)
+        , m_headDim(source.headDim)
+        , m_present(source.present.data())
+    {
+    }
+
+    int heads() const { return m_heads; }
+    std::int64_t seq() const { return m_seq; }
+    int headDim() const { return m_headDim; }
+    std::size_t rowSize() const { return std::size_t(m_heads) * std::size_t(m_headDim); }
+    bool present(std::int64_t token) const { return m_present[std::size_t(token)] != 0; }
+
+    // Rows of a LayerSource decoded ahead: kTileTokens consecutive tokens of one part.
+    struct Tile {
+        std::vector<float> values;
+        KvPart part = KvPart::K;
+        std::int64_t begin = 0;
+        std::int64_t end = 0;
+    };
+    static constexpr std::int64_t kTileTokens = 16;
+
+    // Every head of `part` at `token`, head-major (rowSize() floats): in the LayerKv, or in
+    // `tile`, which decodes the tokens from `token` on when it does not hold it (tokens are
+    // best asked for in order; a tile per part).
+    const float* row(KvPart part, std::int64_t token, Tile& tile) const
+    {
+        if (m_kv)
+            return (part == KvPart::K ? m_kv->k.data() : m_kv->v.data()) + m_kv->index(0, token);
+        if (tile.part != part || token < tile.begin || token >= tile.end) {
+            tile.part = part;
+            tile.begin = token;
+            tile.end = std::min(m_seq, token + kTileTokens);
+            tile.values.resize(std::size_t(kTileTokens) * rowSize());
+            m_source->decodeRows(part, tile.begin, tile.end, tile.values.data());
+        }
+        return tile.values.data() + std::size_t(token - tile.begin) * rowSize();
+    }
+
+private:
+    const LayerKv* m_kv = nullptr;
+    const LayerSource* m_source = nullptr;
+    int m_heads;
+    std::int64_t m_seq;
+    int m_headDim;
+    const std::uint8_t* m_present;
+};
+
+}  // namespace kvscope

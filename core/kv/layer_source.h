@@ -1,0 +1,50 @@
+#pragma once
+// One layer's K and V left in the tensors they were stored in, with where each position's
+// heads lie. A row is decoded when it is needed: a token at a time by the analysis, which so
+// never holds a layer in float (three sides of a 70B layer are 48 MB of float, written once
+// and read twice, against 32 MB as stored), or every row at once into a LayerKv.
+
+#include "format/paged_kv.h"
+#include "format/raw_tensor.h"
+#include "kv/layer_kv.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace kvscope {
+
+// Consecutive heads of one position in one tensor: head i of the run starts at element
+// offset + i * headStride and holds head_dim values.
+struct HeadRun {
+    const RawTensor* tensor = nullptr;
+    std::int64_t offset = 0;
+    std::int64_t headStride = 0;
+};
+
+struct LayerSource {
+    int heads = 0;
+    std::int64_t seq = 0;
+    int headDim = 0;
+    int runsPerRow = 1;  // each run holds heads / runsPerRow heads, in head order
+    std::vector<HeadRun> k, v;  // [position][run]
+    std::vector<std::uint8_t> present;
+    std::vector<std::shared_ptr<const void>> storage;  // owns what the runs point into
+
+    // Every position absent.
+    static LayerSource absent(int heads, std::int64_t seq, int headDim, int runsPerRow);
+
+    std::size_t rowSize() const { return std::size_t(heads) * std::size_t(headDim); }
+    HeadRun* runs(KvPart part, std::int64_t pos)
+    {
+        return (part == KvPart::K ? k : v).data() + std::size_t(pos) * std::size_t(runsPerRow);
+    }
+    // Every head of the present positions in [begin, end) of `part`: rowSize() floats a
+    // position, head-major, into `out` (absent positions' rows are left as they are). Reads
+    // head by head, so that a reference's consecutive positions are read in storage order.
+    void decodeRows(KvPart part, std::int64_t begin, std::int64_t end, float* out) const;
+    // Every position decoded (absent ones NaN).
+    LayerKv materialize() const;
+};
+
+}  // namespace kvscope
