@@ -6,6 +6,7 @@
 
 #include "analysis/suspect.h"
 #include "format/paged_kv.h"
+#include "kv/layer_kv.h"
 
 #include <array>
 #include <cmath>
@@ -58,9 +59,10 @@ struct PromptAnalysis {
     std::vector<std::string> layers;  // analysed layers, in model order
     std::vector<int> layerGroups;
     std::vector<Divergence> divergences;
-    std::array<std::vector<float>, kMetricCount> metrics;  // [layer][token][head]
-    std::array<std::vector<float>, 2> bc;                   // [K/V][layer][token], the reference tool's
-    std::array<std::vector<float>, 2> bcVsNoise;            // [K/V][layer][token] (metrics/bc_vs_noise.h)
+    // Tens of megabytes for a large model (in huge pages: see util/buffer_allocator.h).
+    std::array<FloatBuffer, kMetricCount> metrics;  // [layer][token][head]
+    std::array<FloatBuffer, 2> bc;                  // [K/V][layer][token], the reference tool's
+    std::array<FloatBuffer, 2> bcVsNoise;           // [K/V][layer][token] (metrics/bc_vs_noise.h)
     std::vector<NonFiniteCell> nonFinite;
     std::vector<std::string> problems;  // what could not be analysed, and why
     std::vector<Suspect> suspects;      // best first (analysis/suspects.h)

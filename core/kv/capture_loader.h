@@ -45,7 +45,6 @@ private:
     int groupOf(const std::string& layer) const;  // throws for a layer of no group
     LayerShards readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                            const std::vector<std::int64_t>* blockIds) const;
-    std::vector<BlockTable> blockTable(const std::string& promptId, std::size_t snapshot) const;
 
     std::shared_ptr<const BundleReader> m_reader;
     UnreadableBlockPolicy m_policy;

@@ -56,7 +56,7 @@ long peakRssKb()
     return usage.ru_maxrss;
 }
 
-bool sameBits(const std::vector<float>& a, const std::vector<float>& b)
+bool sameBits(const FloatBuffer& a, const FloatBuffer& b)
 {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

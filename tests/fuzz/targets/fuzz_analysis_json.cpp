@@ -82,7 +82,7 @@ void flatten(const nlohmann::json& value, std::vector<nlohmann::json>& out)
         out.push_back(value);
 }
 
-void requireNumbers(const nlohmann::json& value, const std::vector<float>& original)
+void requireNumbers(const nlohmann::json& value, const kvscope::FloatBuffer& original)
 {
     std::vector<nlohmann::json> flat;
     flatten(value, flat);
