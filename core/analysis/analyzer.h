@@ -21,7 +21,9 @@ namespace kvscope {
 struct AnalysisOptions {
     std::vector<std::string> prompts;  // empty: every prompt
     std::vector<std::string> layers;   // empty: every layer
-    int threads = 0;                   // 0: one per core
+    // Threads comparing layers (0: one per core). With two or more, one more thread reads the
+    // layers a layer ahead of them (reading mostly waits on the file and the HDF5 lock).
+    int threads = 0;
     // Lenient by default: an unreadable block makes its positions absent and is reported
     // in the prompt's problems, so that a partly broken bundle still shows what it can.
     UnreadableBlockPolicy unreadableBlocks = UnreadableBlockPolicy::MarkAbsent;
