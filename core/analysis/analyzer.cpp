@@ -24,14 +24,14 @@ namespace {
 
 // One prompt's three sides of one layer, kept while the layer's aggregate is computed.
 struct LayerSides {
-    LayerSource reference;  // the references are decoded a token at a time
+    LayerSource reference;  // the references are decoded a few tokens at a time
     LayerKv actual;
     LayerSource base;
     TokenErrorStats stats;
     bool ok = false;
 };
 
-// `sides` is indexed by prompt; `pooled` lists the prompts pooled.
+// `allSides` is indexed by prompt; `pooled` lists the prompts pooled.
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
                     int layer, AggregateBc& aggregate)
 {
@@ -292,12 +292,13 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
             PromptAnalysis& p = result.prompts[pi];
             LayerSides& s = in.sides[pi];
             std::vector<NonFiniteCell> nonFinite;
-            if (s.ok) {
+            if (s.ok && p.threeWay) {  // with what pooling needs
                 s.stats = std::move(stats[pi]);
                 s.stats.keepCounts = pooled.size() > 1;  // see aggregateLayer
                 const LayerRows base(s.base);
-                compareLayer(s.reference, s.actual, p.threeWay ? &base : nullptr, in.layer, p, nonFinite,
-                             p.threeWay ? &s.stats : nullptr, tokenThreads);
+                compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, &s.stats, tokenThreads);
+            } else if (s.ok) {
+                compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, tokenThreads);
             }
             const std::vector<std::string>& problems = in.problems[pi];
             if (!problems.empty() || !nonFinite.empty()) {
@@ -311,7 +312,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
         if (result.aggregate)
             aggregateLayer(result, pooled, in.sides, in.layer, *result.aggregate);
         for (std::size_t pi = 0; pi < in.sides.size(); ++pi)
-            if (in.sides[pi].ok)
+            if (in.sides[pi].ok && result.prompts[pi].threeWay)
                 stats[pi] = std::move(in.sides[pi].stats);
         const int layer = in.layer;
         in = {};
