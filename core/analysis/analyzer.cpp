@@ -27,18 +27,16 @@ struct LayerSides {
     LayerSource reference;  // the references are decoded a few tokens at a time
     LayerKv actual;
     LayerSource base;
-    TokenErrorStats stats;
     bool ok = false;
 };
 
-// `allSides` is indexed by prompt; `pooled` lists the prompts pooled.
+// `allSides` and `allStats` (what comparing them left) are indexed by prompt; `pooled` lists
+// the prompts pooled.
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
-                    int layer, AggregateBc& aggregate)
+                    const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate)
 {
-    std::vector<const LayerSides*> sidesOf;
-    for (int i : pooled)
-        sidesOf.push_back(&allSides[std::size_t(i)]);
-    auto sides = [&](std::size_t i) -> const LayerSides& { return *sidesOf[i]; };
+    auto sides = [&](std::size_t i) -> const LayerSides& { return allSides[std::size_t(pooled[i])]; };
+    auto stats = [&](std::size_t i) -> const TokenErrorStats& { return allStats[std::size_t(pooled[i])]; };
     const std::size_t gCount = std::size_t(aggregate.generationCount);
     auto promptLen = [&](std::size_t i) { return result.prompts[std::size_t(pooled[i])].promptLen; };
     for (KvPart part : {KvPart::K, KvPart::V}) {
@@ -49,8 +47,8 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         for (std::size_t i = 0; i < pooled.size(); ++i) {
             if (!sides(i).ok)
                 continue;
-            for (std::int64_t t = 0; t < sides(i).stats.tokens; ++t) {
-                const ErrorRange& r = sides(i).stats.range(part, t);
+            for (std::int64_t t = 0; t < stats(i).tokens; ++t) {
+                const ErrorRange& r = stats(i).range(part, t);
                 combined.merge(r);
                 const std::int64_t g = t - promptLen(i);
                 if (g >= 0 && std::size_t(g) < gCount)
@@ -75,7 +73,7 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         std::vector<char> reuse(gCount, 1);
         for (std::size_t i = 0; i < pooled.size() && !onePrompt; ++i)
             for (std::size_t g = 0; g < gCount && sides(i).ok; ++g) {
-                const ErrorRange& r = sides(i).stats.range(part, promptLen(i) + std::int64_t(g));
+                const ErrorRange& r = stats(i).range(part, promptLen(i) + std::int64_t(g));
                 if (!r.empty() && (r.lo != byIndex[g].lo || r.hi != byIndex[g].hi))
                     reuse[g] = 0;
             }
@@ -92,14 +90,15 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         Histogram combinedBase, combinedTarget;
         // BC against the noise floor: fixed bins, so the counts of every token simply add up.
         LogHistogram noiseBase, noiseActual;
-        auto mergeNoise = [&](const LayerSides& s, std::int64_t t, LogHistogram& base, LogHistogram& actual) {
-            const auto* spans = &s.stats.noise[std::size_t(part)][std::size_t(t) * 2];
-            base.merge(spans[0].first, s.stats.noiseCounts(spans[0]), spans[0].size);
-            actual.merge(spans[1].first, s.stats.noiseCounts(spans[1]), spans[1].size);
+        auto mergeNoise = [&](const TokenErrorStats& st, std::int64_t t, LogHistogram& base, LogHistogram& actual) {
+            const auto* spans = &st.noise[std::size_t(part)][std::size_t(t) * 2];
+            base.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);
+            actual.merge(spans[1].first, st.noiseCounts(spans[1]), spans[1].size);
         };
         std::vector<float> baseErrors, actualErrors;
         for (std::size_t i = 0; i < pooled.size(); ++i) {
             const LayerSides& s = sides(i);
+            const TokenErrorStats& st = stats(i);
             if (!s.ok)
                 continue;
             const LayerRows reference(s.reference), actual(s.actual), base(s.base);
@@ -108,22 +107,22 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
             actualErrors.resize(n);
             LayerRows::Tile referenceTile, actualTile, baseTile;
             for (std::int64_t t = 0; t < reference.seq(); ++t) {
-                if (s.stats.range(part, t).empty())
+                if (st.range(part, t).empty())
                     continue;  // not held by every side
                 const float* r = reference.row(part, t, referenceTile);
                 rowErrors(r, base.row(part, t, baseTile), n, baseErrors.data());
                 rowErrors(r, actual.row(part, t, actualTile), n, actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
-                mergeNoise(s, t, noiseBase, noiseActual);
+                mergeNoise(st, t, noiseBase, noiseActual);
                 const std::int64_t g = t - promptLen(i);
                 if (onePrompt || g < 0 || std::size_t(g) >= gCount)
                     continue;
                 const std::size_t gi = std::size_t(g);
                 if (reuse[gi]) {
                     for (int b = 0; b < kBcBins; ++b) {
-                        indexBase[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 0)[b];
-                        indexTarget[gi].counts[std::size_t(b)] += s.stats.countsOf(part, t, 1)[b];
+                        indexBase[gi].counts[std::size_t(b)] += st.countsOf(part, t, 0)[b];
+                        indexTarget[gi].counts[std::size_t(b)] += st.countsOf(part, t, 1)[b];
                     }
                 } else {
                     indexBins[gi].add(baseErrors.data(), n, indexBase[gi]);
@@ -141,8 +140,8 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         for (std::size_t g = 0; g < gCount && !onePrompt; ++g) {
             for (std::size_t i = 0; i < pooled.size(); ++i) {
                 const std::int64_t t = promptLen(i) + std::int64_t(g);
-                if (sides(i).ok && !sides(i).stats.range(part, t).empty())
-                    mergeNoise(sides(i), t, indexNoiseBase, indexNoiseActual);
+                if (sides(i).ok && !stats(i).range(part, t).empty())
+                    mergeNoise(stats(i), t, indexNoiseBase, indexNoiseActual);
             }
             aggregate.bcVsNoise[std::size_t(part)][std::size_t(layer) * gCount + g] =
                 float(bcVsNoise(indexNoiseBase, indexNoiseActual));
@@ -293,10 +292,9 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
             LayerSides& s = in.sides[pi];
             std::vector<NonFiniteCell> nonFinite;
             if (s.ok && p.threeWay) {  // with what pooling needs
-                s.stats = std::move(stats[pi]);
-                s.stats.keepCounts = pooled.size() > 1;  // see aggregateLayer
+                stats[pi].keepCounts = pooled.size() > 1;  // see aggregateLayer
                 const LayerRows base(s.base);
-                compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, &s.stats, tokenThreads);
+                compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, &stats[pi], tokenThreads);
             } else if (s.ok) {
                 compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, tokenThreads);
             }
@@ -310,10 +308,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
         if (cancelled())
             return;
         if (result.aggregate)
-            aggregateLayer(result, pooled, in.sides, in.layer, *result.aggregate);
-        for (std::size_t pi = 0; pi < in.sides.size(); ++pi)
-            if (in.sides[pi].ok && result.prompts[pi].threeWay)
-                stats[pi] = std::move(in.sides[pi].stats);
+            aggregateLayer(result, pooled, in.sides, stats, in.layer, *result.aggregate);
         const int layer = in.layer;
         in = {};
         const int done = ++layersDone;

@@ -8,9 +8,9 @@
 // A token is compared only where every side holds it; elsewhere its cells stay NaN.
 
 #include "analysis/analysis_result.h"
+#include "analysis/layer_rows.h"
 #include "metrics/bc_vs_noise.h"
 #include "metrics/bhattacharyya.h"
-#include "analysis/layer_rows.h"
 #include "kv/layer_kv.h"
 
 #include <array>
