@@ -88,8 +88,16 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         }
         const SharedBins combinedBins(combined);
         Histogram combinedBase, combinedTarget;
-        // BC against the noise floor: fixed bins, so the counts of every token simply add up.
+        // BC against the noise floor: fixed bins, so the counts of every token simply add up
+        // (the comparison summed them per token range).
         LogHistogram noiseBase, noiseActual;
+        for (std::size_t i = 0; i < pooled.size(); ++i)
+            for (const auto& range : stats(i).noiseTotals) {
+                if (!sides(i).ok)
+                    break;  // not compared at this layer: its stats are another layer's
+                noiseBase.merge(range[std::size_t(part)][0]);
+                noiseActual.merge(range[std::size_t(part)][1]);
+            }
         auto mergeNoise = [&](const TokenErrorStats& st, std::int64_t t, LogHistogram& base, LogHistogram& actual) {
             const auto* spans = &st.noise[std::size_t(part)][std::size_t(t) * 2];
             base.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);
@@ -109,12 +117,11 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
             for (std::int64_t t = 0; t < reference.seq(); ++t) {
                 if (st.range(part, t).empty())
                     continue;  // not held by every side
-                const float* r = reference.row(part, t, referenceTile);
-                rowErrors(r, base.row(part, t, baseTile), n, baseErrors.data());
-                rowErrors(r, actual.row(part, t, actualTile), n, actualErrors.data());
+                const RowView r = reference.row(part, t, referenceTile);
+                rowErrors(r, base.row(part, t, baseTile), reference.heads(), reference.headDim(), baseErrors.data());
+                rowErrors(r, actual.row(part, t, actualTile), reference.heads(), reference.headDim(), actualErrors.data());
                 combinedBins.add(baseErrors.data(), n, combinedBase);
                 combinedBins.add(actualErrors.data(), n, combinedTarget);
-                mergeNoise(st, t, noiseBase, noiseActual);
                 const std::int64_t g = t - promptLen(i);
                 if (onePrompt || g < 0 || std::size_t(g) >= gCount)
                     continue;

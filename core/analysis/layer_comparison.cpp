@@ -26,17 +26,31 @@ float* errorBuffer(std::size_t size, int which)
 
 }  // namespace
 
+namespace {
+
+// |reference - x| of one head's `n` values into `out`, widening [lo, hi] by them (NaN does not).
 KVSCOPE_VECTOR_CLONES
-ErrorRange rowErrors(const float* reference, const float* x, std::size_t n, float* out)
+void headErrors(const float* reference, const float* x, std::size_t n, float* out, float& lo, float& hi)
 {
-    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-#pragma omp simd reduction(min : lo) reduction(max : hi)
+    float l = lo, h = hi;
+#pragma omp simd reduction(min : l) reduction(max : h)
     for (std::size_t i = 0; i < n; ++i) {
         const float e = std::fabs(reference[i] - x[i]);  // float32, as the reference computes it
         out[i] = e;
-        lo = std::min(lo, e);
-        hi = std::max(hi, e);
+        l = std::min(l, e);
+        h = std::max(h, e);
     }
+    lo = l;
+    hi = h;
+}
+
+}  // namespace
+
+ErrorRange rowErrors(const RowView& reference, const RowView& x, int heads, int headDim, float* out)
+{
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+    for (int h = 0; h < heads; ++h)
+        headErrors(reference.head(h), x.head(h), std::size_t(headDim), out + std::size_t(h) * std::size_t(headDim), lo, hi);
     ErrorRange range;
     if (lo <= hi)  // all NaN leaves the range empty
         range.lo = lo, range.hi = hi;
@@ -52,11 +66,19 @@ void TokenErrorStats::reset(std::int64_t tokenCount, int rangeCount)
             counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
         else
             counts[std::size_t(part)].clear();
-        noise[std::size_t(part)].assign(std::size_t(tokenCount) * 2, NoiseSpan{});
+        if (keepCounts)
+            noise[std::size_t(part)].assign(std::size_t(tokenCount) * 2, NoiseSpan{});
+        else
+            noise[std::size_t(part)].clear();
     }
     noiseStores.resize(std::size_t(rangeCount));
     for (auto& store : noiseStores)
         store.clear();
+    noiseTotals.resize(std::size_t(rangeCount));
+    for (auto& range : noiseTotals)
+        for (auto& part : range)
+            for (LogHistogram& h : part)
+                h.clear();
 }
 
 bool comparable(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, std::int64_t token)
@@ -72,7 +94,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
                    std::int64_t end)
 {
     std::uint64_t scratch[2][kBcBins];
-    if (stats)  // about what the touched spans of a range's tokens take
+    if (stats && stats->keepCounts)  // about what the touched spans of a range's tokens take
         stats->noiseStores[std::size_t(tokenRange)].reserve(std::size_t(end - begin) * 4 * 192);
     LayerRows::Tile tiles[3][2];  // [reference, actual, base][part]
     const int dim = reference.headDim();
@@ -82,9 +104,9 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             continue;
         for (KvPart part : {KvPart::K, KvPart::V}) {
             const std::size_t side = std::size_t(part);
-            const float* referenceRow = reference.row(part, t, tiles[0][side]);
-            const float* actualRow = actual.row(part, t, tiles[1][side]);
-            const float* baseRow = base ? base->row(part, t, tiles[2][side]) : nullptr;
+            const RowView referenceRow = reference.row(part, t, tiles[0][side]);
+            const RowView actualRow = actual.row(part, t, tiles[1][side]);
+            const RowView baseRow = base ? base->row(part, t, tiles[2][side]) : RowView{};
             bool finite = true;  // every head of every side: else no BC (its errors would bin Inf/NaN)
             auto store = [&](std::size_t cell, const VectorComparison& c, bool ofBase) {
                 auto metric = [&](MetricKind kind) {
@@ -97,10 +119,9 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             };
             for (int h = 0; h < reference.heads(); ++h) {
                 const std::size_t cell = out.cell(layer, t, h);
-                const std::size_t at = std::size_t(h) * std::size_t(dim);
                 VectorComparison c, cb;
-                const int ok = base ? compareVectorPair(referenceRow + at, actualRow + at, baseRow + at, dim, c, cb)
-                                    : (compareVectors(referenceRow + at, actualRow + at, dim, c) ? 1 : 0);
+                const int ok = base ? compareVectorPair(referenceRow.head(h), actualRow.head(h), baseRow.head(h), dim, c, cb)
+                                    : (compareVectors(referenceRow.head(h), actualRow.head(h), dim, c) ? 1 : 0);
                 if (ok & 1)
                     store(cell, c, false);
                 else
@@ -116,8 +137,8 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             // BC between |baseline - expected| and |baseline - actual| over all heads.
             float* baseErrors = errorBuffer(n, 0);
             float* actualErrors = errorBuffer(n, 1);
-            ErrorRange range = rowErrors(referenceRow, baseRow, n, baseErrors);
-            range.merge(rowErrors(referenceRow, actualRow, n, actualErrors));
+            ErrorRange range = rowErrors(referenceRow, baseRow, reference.heads(), dim, baseErrors);
+            range.merge(rowErrors(referenceRow, actualRow, reference.heads(), dim, actualErrors));
             const bool keepCounts = stats && stats->keepCounts;
             std::uint64_t* p = keepCounts ? stats->countsOf(part, t, 0) : scratch[0];
             std::uint64_t* q = keepCounts ? stats->countsOf(part, t, 1) : scratch[1];
@@ -131,11 +152,12 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bhattacharyya(p, q, kBcBins));
             thread_local LogHistogram noiseBase, noiseActual;
-            noiseBase.add(baseErrors, n);
-            noiseActual.add(actualErrors, n);
+            auto* totals = stats ? &stats->noiseTotals[std::size_t(tokenRange)][side] : nullptr;
+            noiseBase.add(baseErrors, n, totals ? &(*totals)[0] : nullptr);
+            noiseActual.add(actualErrors, n, totals ? &(*totals)[1] : nullptr);
             out.bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bcVsNoise(noiseBase, noiseActual));
-            if (stats) {
+            if (keepCounts) {
                 std::vector<std::uint32_t>& store = stats->noiseStores[std::size_t(tokenRange)];
                 int set = 0;
                 for (const LogHistogram* h : {&noiseBase, &noiseActual}) {

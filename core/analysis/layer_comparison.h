@@ -27,11 +27,15 @@ struct TokenErrorStats {
     std::int64_t tokens = 0;
     std::array<std::vector<ErrorRange>, 2> ranges;     // [part][token]
     std::array<std::vector<std::uint64_t>, 2> counts;  // [part][token][base, actual][bin]
-    // Whether `counts` is kept: only pooling several prompts reads it (with one prompt, each
-    // generation index is one token, whose BC the comparison itself gives).
+    // Whether `counts` and `noise` are kept: only pooling several prompts by generation index
+    // reads them (with one prompt, each generation index is one token, whose BCs the
+    // comparison itself gives).
     bool keepCounts = true;
+    // The sum of every token's bc_vs_noise histograms, per token range (each range is
+    // compared by one thread): [range][part][base, actual].
+    std::vector<std::array<std::array<LogHistogram, 2>, 2>> noiseTotals;
     // bc_vs_noise's bins of each token's base and actual errors, only the span they touch,
-    // kept in one flat store per token range (each range is compared by one thread).
+    // kept in one flat store per token range.
     struct NoiseSpan {
         int first = 0;
         std::uint32_t size = 0;
@@ -78,8 +82,8 @@ inline void compareLayer(const LayerKv& reference, const LayerKv& actual, const 
 // Whether every side holds `token`.
 bool comparable(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, std::int64_t token);
 
-// |reference - x| of `n` values into `out` (float32, as the reference tool computes them);
-// returns their range (empty if all are NaN).
-ErrorRange rowErrors(const float* reference, const float* x, std::size_t n, float* out);
+// |reference - x| of every head into `out` (heads * headDim floats, head-major; float32, as
+// the reference tool computes them); returns their range (empty if all are NaN).
+ErrorRange rowErrors(const RowView& reference, const RowView& x, int heads, int headDim, float* out);
 
 }  // namespace kvscope

@@ -1,6 +1,7 @@
 #pragma once
 // One side of a layer comparison, a token's row at a time: a decoded LayerKv (the row is a
-// pointer into it), or a LayerSource (the row is decoded into the caller's scratch).
+// pointer into it), or a LayerSource (float32 as stored is read in place; anything else is
+// decoded into the caller's scratch, head by head).
 
 #include "kv/layer_kv.h"
 #include "kv/layer_source.h"
@@ -35,7 +36,8 @@ public:
     std::size_t rowSize() const { return std::size_t(m_heads) * std::size_t(m_headDim); }
     bool present(std::int64_t token) const { return m_present[std::size_t(token)] != 0; }
 
-    // Rows of a LayerSource decoded ahead: kTileTokens consecutive tokens of one part.
+    // Rows of a LayerSource decoded ahead: kTileTokens consecutive tokens of one part,
+    // head-major (a head's tokens follow each other, as in a reference).
     struct Tile {
         std::vector<float> values;
         KvPart part = KvPart::K;
@@ -44,21 +46,24 @@ public:
     };
     static constexpr std::int64_t kTileTokens = 16;
 
-    // Every head of `part` at `token`, head-major (rowSize() floats): in the LayerKv, or in
-    // `tile`, which decodes the tokens from `token` on when it does not hold it (tokens are
-    // best asked for in order; a tile per part).
-    const float* row(KvPart part, std::int64_t token, Tile& tile) const
+    // Every head of `part` at present `token`: in the LayerKv, in the stored float32 tensor,
+    // or in `tile`, which decodes the tokens from `token` on when it does not hold them (tokens
+    // are best asked for in order; a tile per part).
+    RowView row(KvPart part, std::int64_t token, Tile& tile) const
     {
         if (m_kv)
-            return (part == KvPart::K ? m_kv->k.data() : m_kv->v.data()) + m_kv->index(0, token);
+            return {(part == KvPart::K ? m_kv->k.data() : m_kv->v.data()) + m_kv->index(0, token), std::size_t(m_headDim)};
+        if (const RowView stored = m_source->storedFloatRow(part, token); stored.data)
+            return stored;
         if (tile.part != part || token < tile.begin || token >= tile.end) {
             tile.part = part;
             tile.begin = token;
             tile.end = std::min(m_seq, token + kTileTokens);
             tile.values.resize(std::size_t(kTileTokens) * rowSize());
-            m_source->decodeRows(part, tile.begin, tile.end, tile.values.data());
+            m_source->decodeHeads(part, tile.begin, tile.end, tile.values.data());
         }
-        return tile.values.data() + std::size_t(token - tile.begin) * rowSize();
+        const std::size_t headStride = std::size_t(tile.end - tile.begin) * std::size_t(m_headDim);
+        return {tile.values.data() + std::size_t(token - tile.begin) * std::size_t(m_headDim), headStride};
     }
 
 private:

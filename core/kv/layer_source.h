@@ -14,6 +14,14 @@
 
 namespace kvscope {
 
+// Every head of one position, in float: head h's head_dim values start at
+// data + h * headStride (in a LayerKv, a decoded tile, or a float32 tensor as stored).
+struct RowView {
+    const float* data = nullptr;
+    std::size_t headStride = 0;
+    const float* head(int h) const { return data + std::size_t(h) * headStride; }
+};
+
 // Consecutive heads of one position in one tensor: head i of the run starts at element
 // offset + i * headStride and holds head_dim values.
 struct HeadRun {
@@ -39,10 +47,18 @@ struct LayerSource {
     {
         return (part == KvPart::K ? k : v).data() + std::size_t(pos) * std::size_t(runsPerRow);
     }
-    // Every head of the present positions in [begin, end) of `part`: rowSize() floats a
-    // position, head-major, into `out` (absent positions' rows are left as they are). Reads
-    // head by head, so that a reference's consecutive positions are read in storage order.
-    void decodeRows(KvPart part, std::int64_t begin, std::int64_t end, float* out) const;
+    const HeadRun* runs(KvPart part, std::int64_t pos) const
+    {
+        return (part == KvPart::K ? k : v).data() + std::size_t(pos) * std::size_t(runsPerRow);
+    }
+    // The row of present position `pos` where it is float32 as stored, in one run: read in
+    // place, nothing decoded. Null data otherwise.
+    RowView storedFloatRow(KvPart part, std::int64_t pos) const;
+    // Every head of the present positions in [begin, end) of `part`, head-major: head h of
+    // position p at out + (h * (end - begin) + p - begin) * head_dim (absent positions are
+    // left as they are). A head's positions that follow each other in a tensor (a
+    // reference's [heads, seq, head_dim]) decode in one call.
+    void decodeHeads(KvPart part, std::int64_t begin, std::int64_t end, float* out) const;
     // Every position decoded (absent ones NaN).
     LayerKv materialize() const;
 };

@@ -37,12 +37,14 @@ void addLanes(std::uint32_t* const lane[4], std::uint32_t from, std::uint32_t to
 
 }  // namespace
 
-void LogHistogram::add(const float* errors, std::size_t count)
+void LogHistogram::add(const float* errors, std::size_t count, LogHistogram* total)
 {
     if (count == 0)
         return;
     if (counts.empty())
         counts.assign(kLogBins, 0);
+    if (total && total->counts.empty())
+        total->counts.assign(kLogBins, 0);
     thread_local std::vector<std::uint16_t> bins;
     bins.resize(count);
     std::uint32_t lo = 0, hi = 0;
@@ -70,6 +72,11 @@ void LogHistogram::add(const float* errors, std::size_t count)
                 --highest;
         first = std::min(first, int(lo));
         last = std::max(last, int(highest));
+        if (total) {
+            addLanes(lane, lo, top, total->counts.data());
+            total->first = std::min(total->first, int(lo));
+            total->last = std::max(total->last, int(highest));
+        }
     }
     for (std::size_t k = 0; k < kLanes; ++k)
         std::fill(lane[k] + lo, lane[k] + hi + 1, 0u);
@@ -112,12 +119,11 @@ namespace {
 // sqrt(base / nBase * actual / nActual) of every bin, element by element (vectorised: each
 // lane rounds as the scalar expression does, so the terms are the same bits).
 KVSCOPE_VECTOR_CLONES
-void bcTerms(const std::uint32_t* base, const std::uint32_t* actual, int count, double nBase, double nActual,
-             double* terms)
+void bcTerms(const double* base, const double* actual, int count, double nBase, double nActual, double* terms)
 {
 #pragma omp simd
     for (int i = 0; i < count; ++i)
-        terms[i] = std::sqrt(double(base[i]) / nBase * double(actual[i]) / nActual);
+        terms[i] = std::sqrt(base[i] / nBase * actual[i] / nActual);
 }
 
 std::uint64_t total(const LogHistogram& h)
@@ -139,11 +145,21 @@ double bcVsNoise(const LogHistogram& base, const LogHistogram& actual)
     const int first = std::max(base.first, actual.first), last = std::min(base.last, actual.last);
     if (first > last)
         return 0.0;
-    thread_local std::vector<double> terms(kLogBins);
-    bcTerms(base.counts.data() + first, actual.counts.data() + first, last - first + 1, nBase, nActual, terms.data());
-    // Summed in bin order, as ever; bins empty on either side add +0.
+    // Only bins counted on both sides add to the sum (the others add +0, which changes no
+    // sum): their counts as doubles, in bin order.
+    thread_local std::vector<double> buffer(std::size_t(kLogBins) * 3);
+    double* b = buffer.data();
+    double* a = b + kLogBins;
+    double* terms = a + kLogBins;
+    int both = 0;
+    for (int i = first; i <= last; ++i) {
+        b[both] = double(base.counts[std::size_t(i)]);
+        a[both] = double(actual.counts[std::size_t(i)]);
+        both += base.counts[std::size_t(i)] != 0 && actual.counts[std::size_t(i)] != 0;
+    }
+    bcTerms(b, a, both, nBase, nActual, terms);
     double bc = 0;
-    for (int i = 0; i <= last - first; ++i)
+    for (int i = 0; i < both; ++i)
         bc += terms[std::size_t(i)];
     return std::clamp(bc, 0.0, 1.0);
 }

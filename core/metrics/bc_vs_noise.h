@@ -40,7 +40,8 @@ struct LogHistogram {
     int first = kLogBins;  // touched bins: [first, last]
     int last = -1;
 
-    void add(const float* errors, std::size_t count);
+    // Adds `count` errors; to `total` as well when it is given (a sum over many histograms).
+    void add(const float* errors, std::size_t count, LogHistogram* total = nullptr);
     void merge(const LogHistogram& other);
     // Counts of bins [first, first + size): a histogram kept compactly.
     void merge(int first, const std::uint32_t* counts, std::size_t size);

@@ -197,24 +197,28 @@ void bcTerms(const double* p, const double* q, int bins, double sp, double sq, d
 
 double bhattacharyya(const std::uint64_t* p, const std::uint64_t* q, int bins)
 {
-    // The counts as doubles (exact below 2^53; x86 has no vector conversion from 64-bit
-    // integers before AVX-512), and their totals: the same value as summing them in double.
+    // The totals, and as doubles (exact below 2^53; x86 has no vector conversion from 64-bit
+    // integers before AVX-512) the counts of the bins counted on both sides: a bin empty on
+    // either side adds +0, which changes no sum, so only these are summed.
     thread_local std::vector<double> buffer;
     buffer.resize(std::size_t(bins) * 3);
     double* dp = buffer.data();
     double* dq = dp + bins;
     double* terms = dq + bins;
     std::uint64_t np = 0, nq = 0;
+    int both = 0;
     for (int i = 0; i < bins; ++i) {
         np += p[i], nq += q[i];
-        dp[i] = double(p[i]);
-        dq[i] = double(q[i]);
+        dp[both] = double(p[i]);
+        dq[both] = double(q[i]);
+        both += p[i] != 0 && q[i] != 0;
     }
+    // The same value as summing the counts in double.
     const double sp = double(np) + 1e-10, sq = double(nq) + 1e-10;
-    bcTerms(dp, dq, bins, sp, sq, terms);
-    // Summed in bin order; bins empty on either side add +0.
+    bcTerms(dp, dq, both, sp, sq, terms);
+    // Summed in bin order.
     double bc = 0;
-    for (int i = 0; i < bins; ++i)
+    for (int i = 0; i < both; ++i)
         bc += terms[std::size_t(i)];
     return std::clamp(bc, 0.0, 1.0);
 }

@@ -67,17 +67,19 @@ private slots:
     void decodesEveryRunInHeadOrder();
     void materializeMarksAbsentPositionsNaN();
     void tilesServeTokensInAnyOrder();
+    void float32IsReadInPlace();
 };
 
 void TestLayerSource::decodesEveryRunInHeadOrder()
 {
     const Fixture f;
-    std::vector<float> rows(std::size_t(5) * kHeads * kDim, -100.0f);
-    f.source.decodeRows(KvPart::V, 1, 6, rows.data());
+    // Positions 1-5, head-major: runs of consecutive positions on either side of absent 3.
+    std::vector<float> heads(std::size_t(5) * kHeads * kDim, -100.0f);
+    f.source.decodeHeads(KvPart::V, 1, 6, heads.data());
     for (std::int64_t p = 1; p < 6; ++p)
         for (int h = 0; h < kHeads; ++h)
             for (int d = 0; d < kDim; ++d) {
-                const float got = rows[(std::size_t(p - 1) * kHeads + std::size_t(h)) * kDim + std::size_t(d)];
+                const float got = heads[(std::size_t(h) * 5 + std::size_t(p - 1)) * kDim + std::size_t(d)];
                 QCOMPARE(got, p == 3 ? -100.0f : valueAt(KvPart::V, h, p, d));  // absent: left as it was
             }
 }
@@ -118,11 +120,45 @@ void TestLayerSource::tilesServeTokensInAnyOrder()
         if (!rows.present(p))
             continue;
         for (KvPart part : {KvPart::V, KvPart::K}) {
-            const float* row = rows.row(part, p, tile);
+            const RowView row = rows.row(part, p, tile);
             for (int h = 0; h < kHeads; ++h)
                 for (int d = 0; d < kDim; ++d)
-                    QCOMPARE(row[h * kDim + d], valueAt(part, h, p, d));
+                    QCOMPARE(row.head(h)[d], valueAt(part, h, p, d));
         }
+    }
+}
+
+void TestLayerSource::float32IsReadInPlace()
+{
+    // A reference's layout, [heads, seq, dim], float32 and bf16: the float32 rows point into
+    // the stored bytes, the bf16 ones into the tile; both give the formula's values.
+    for (DType dtype : {DType::Float32, DType::BFloat16}) {
+        RawTensor stored[2];
+        LayerSource source = LayerSource::absent(kHeads, kSeq, kDim, 1);
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            std::vector<float> values;
+            for (int h = 0; h < kHeads; ++h)
+                for (std::int64_t p = 0; p < kSeq; ++p)
+                    for (int d = 0; d < kDim; ++d)
+                        values.push_back(valueAt(part, h, p, d));
+            stored[int(part)] = RawTensor::fromFloat(dtype, {kHeads, kSeq, kDim}, values);
+            for (std::int64_t p = 0; p < kSeq; ++p)
+                source.runs(part, p)[0] = {&stored[int(part)], p * kDim, kSeq * kDim};
+        }
+        source.present.assign(std::size_t(kSeq), 1);
+        const LayerRows rows(source);
+        LayerRows::Tile tile;
+        for (std::int64_t p : {0, 1, 15, 16, 39, 5})
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const RowView row = rows.row(part, p, tile);
+                const auto* data = reinterpret_cast<const std::uint8_t*>(row.data);
+                const std::vector<std::uint8_t, BufferAllocator<std::uint8_t>>& bytes = stored[int(part)].bytes;
+                const bool inPlace = data >= bytes.data() && data < bytes.data() + bytes.size();
+                QCOMPARE(inPlace, dtype == DType::Float32);
+                for (int h = 0; h < kHeads; ++h)
+                    for (int d = 0; d < kDim; ++d)
+                        QCOMPARE(row.head(h)[d], valueAt(part, h, p, d));
+            }
     }
 }
 
