@@ -21,13 +21,13 @@ namespace kvscope {
 struct AnalysisOptions {
     std::vector<std::string> prompts;  // empty: every prompt
     std::vector<std::string> layers;   // empty: every layer
-    // Threads comparing layers (0: one per core). With two or more, one more thread reads the
-    // layers a layer ahead of them (reading mostly waits on the file and the HDF5 lock).
+    // Threads (0: one per core). They work on one layer at a time, together (chunks of
+    // tokens), while one of them reads the next layer: two layers are in memory at most.
     int threads = 0;
     // Lenient by default: an unreadable block makes its positions absent and is reported
     // in the prompt's problems, so that a partly broken bundle still shows what it can.
     UnreadableBlockPolicy unreadableBlocks = UnreadableBlockPolicy::MarkAbsent;
-    // Called from worker threads: after each finished layer (its cells in every prompt and
+    // Called from the comparing thread: after each finished layer (its cells in every prompt and
     // its aggregate are final and will not change), with the layers done so far.
     std::function<void(int layer, int layersDone, int layersTotal)> layerDone;
     const std::atomic<bool>* cancel = nullptr;

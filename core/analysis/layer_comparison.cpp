@@ -5,9 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
-#include <mutex>
-#include <thread>
 #include <limits>
 #include <stdexcept>
 
@@ -72,8 +69,11 @@ void TokenErrorStats::reset(std::int64_t tokenCount, int rangeCount)
             noise[std::size_t(part)].clear();
     }
     noiseStores.resize(std::size_t(rangeCount));
-    for (auto& store : noiseStores)
+    for (auto& store : noiseStores) {
         store.clear();
+        if (keepCounts)  // about what the touched spans of each thread's share of the tokens take
+            store.reserve(std::size_t(tokenCount) * 4 * 192 / std::size_t(rangeCount));
+    }
     noiseTotals.resize(std::size_t(rangeCount));
     for (auto& range : noiseTotals)
         for (auto& part : range)
@@ -88,14 +88,13 @@ bool comparable(const LayerRows& reference, const LayerRows& actual, const Layer
 
 namespace {
 
-// Tokens [begin, end) of compareLayer: every write goes to cells and stats of these tokens only.
+// Tokens [begin, end) of compareLayer: every write goes to cells and stats of these tokens
+// only, and to the stats' stores of `member` (the team member running it).
 void compareTokens(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer, PromptAnalysis& out,
-                   std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int tokenRange, std::int64_t begin,
+                   std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int member, std::int64_t begin,
                    std::int64_t end)
 {
     std::uint64_t scratch[2][kBcBins];
-    if (stats && stats->keepCounts)  // about what the touched spans of a range's tokens take
-        stats->noiseStores[std::size_t(tokenRange)].reserve(std::size_t(end - begin) * 4 * 192);
     LayerRows::Tile tiles[3][2];  // [reference, actual, base][part]
     const int dim = reference.headDim();
     const std::size_t n = reference.rowSize();
@@ -152,19 +151,19 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bhattacharyya(p, q, kBcBins));
             thread_local LogHistogram noiseBase, noiseActual;
-            auto* totals = stats ? &stats->noiseTotals[std::size_t(tokenRange)][side] : nullptr;
+            auto* totals = stats ? &stats->noiseTotals[std::size_t(member)][side] : nullptr;
             noiseBase.add(baseErrors, n, totals ? &(*totals)[0] : nullptr);
             noiseActual.add(actualErrors, n, totals ? &(*totals)[1] : nullptr);
             out.bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bcVsNoise(noiseBase, noiseActual));
             if (keepCounts) {
-                std::vector<std::uint32_t>& store = stats->noiseStores[std::size_t(tokenRange)];
+                std::vector<std::uint32_t>& store = stats->noiseStores[std::size_t(member)];
                 int set = 0;
                 for (const LogHistogram* h : {&noiseBase, &noiseActual}) {
                     TokenErrorStats::NoiseSpan& span = stats->noise[std::size_t(part)][std::size_t(t) * 2 + std::size_t(set++)];
                     if (h->last < 0)
                         continue;
-                    span = {h->first, std::uint32_t(h->last - h->first + 1), std::uint32_t(tokenRange), store.size()};
+                    span = {h->first, std::uint32_t(h->last - h->first + 1), std::uint32_t(member), store.size()};
                     store.insert(store.end(), h->counts.begin() + h->first, h->counts.begin() + h->last + 1);
                 }
             }
@@ -177,7 +176,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
 }  // namespace
 
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
-                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int threads)
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, WorkTeam* team)
 {
     auto sameShape = [](const LayerRows& a, const LayerRows& b) {
         return a.heads() == b.heads() && a.seq() == b.seq() && a.headDim() == b.headDim();
@@ -187,39 +186,21 @@ void compareLayer(const LayerRows& reference, const LayerRows& actual, const Lay
     if (reference.heads() != out.heads || reference.seq() != out.tokens)
         throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
     const std::int64_t tokens = reference.seq();
-    const int parts = int(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(1, tokens / 64)));
     if (stats)
-        stats->reset(tokens, parts);
-    if (parts == 1) {
-        compareTokens(reference, actual, base, layer, out, nonFinite, stats, 0, 0, tokens);
-        return;
-    }
-    // Split over tokens (each range writes only its own cells); non-finite cells are
-    // collected per range and appended in token order.
-    std::vector<std::vector<NonFiniteCell>> found;
-    found.resize(std::size_t(parts));
-    std::vector<std::thread> helpers;
-    std::exception_ptr failure;
-    std::mutex mutex;
-    for (int i = 0; i < parts; ++i) {
-        const std::int64_t begin = tokens * i / parts, end = tokens * (i + 1) / parts;
-        auto run = [&, i, begin, end] {
-            try {
-                compareTokens(reference, actual, base, layer, out, found[std::size_t(i)], stats, i, begin, end);
-            } catch (...) {
-                std::lock_guard lock(mutex);
-                failure = std::current_exception();
-            }
-        };
-        if (i + 1 < parts)
-            helpers.emplace_back(run);
-        else
-            run();
-    }
-    for (std::thread& t : helpers)
-        t.join();
-    if (failure)
-        std::rethrow_exception(failure);
+        stats->reset(tokens, team ? team->size() : 1);
+    // Chunks of tokens, each writing only its own cells; non-finite cells are collected per
+    // chunk and appended in token order.
+    const int chunks = int((tokens + kCompareChunk - 1) / kCompareChunk);
+    std::vector<std::vector<NonFiniteCell>> found(static_cast<std::size_t>(chunks));
+    auto compareChunk = [&](int chunk, int member) {
+        const std::int64_t begin = chunk * kCompareChunk, end = std::min(tokens, begin + kCompareChunk);
+        compareTokens(reference, actual, base, layer, out, found[std::size_t(chunk)], stats, member, begin, end);
+    };
+    if (team)
+        team->run(chunks, compareChunk);
+    else
+        for (int chunk = 0; chunk < chunks; ++chunk)
+            compareChunk(chunk, 0);
     for (const auto& cells : found)
         nonFinite.insert(nonFinite.end(), cells.begin(), cells.end());
 }

@@ -12,6 +12,7 @@
 #include "metrics/bc_vs_noise.h"
 #include "metrics/bhattacharyya.h"
 #include "kv/layer_kv.h"
+#include "util/work_team.h"
 
 #include <array>
 #include <optional>
@@ -31,8 +32,8 @@ struct TokenErrorStats {
     // reads them (with one prompt, each generation index is one token, whose BCs the
     // comparison itself gives).
     bool keepCounts = true;
-    // The sum of every token's bc_vs_noise histograms, per token range (each range is
-    // compared by one thread): [range][part][base, actual].
+    // The sum of every token's bc_vs_noise histograms, per token range (the tokens one
+    // thread compared): [range][part][base, actual].
     std::vector<std::array<std::array<LogHistogram, 2>, 2>> noiseTotals;
     // bc_vs_noise's bins of each token's base and actual errors, only the span they touch,
     // kept in one flat store per token range.
@@ -45,7 +46,7 @@ struct TokenErrorStats {
     std::array<std::vector<NoiseSpan>, 2> noise;  // [part][token][base, actual]
     std::vector<std::vector<std::uint32_t>> noiseStores;
 
-    // For `tokenCount` tokens compared in `ranges` token ranges; keeps the buffers' memory.
+    // For `tokenCount` tokens compared by `ranges` threads; keeps the buffers' memory.
     void reset(std::int64_t tokenCount, int ranges);
     const std::uint32_t* noiseCounts(const NoiseSpan& span) const
     {
@@ -66,17 +67,18 @@ struct TokenErrorStats {
 // only that layer's cells are touched, so layers may be compared concurrently. Cells whose
 // input holds NaN or infinity stay NaN and are listed in `nonFinite`, in token order; such a
 // token has no BC for that part (NaN), and aggregates leave it out.
-// `threads` > 1 splits the tokens over that many threads (when there are enough tokens).
+// With a `team`, its threads compare chunks of kCompareChunk tokens.
 // Throws std::invalid_argument when the shapes of the sides differ.
+inline constexpr std::int64_t kCompareChunk = 64;
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
-                  int threads = 1);
+                  WorkTeam* team = nullptr);
 inline void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
                          PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
-                         int threads = 1)
+                         WorkTeam* team = nullptr)
 {
     const std::optional<LayerRows> baseRows = base ? std::optional<LayerRows>(*base) : std::nullopt;
-    compareLayer(reference, actual, baseRows ? &*baseRows : nullptr, layer, out, nonFinite, stats, threads);
+    compareLayer(reference, actual, baseRows ? &*baseRows : nullptr, layer, out, nonFinite, stats, team);
 }
 
 // Whether every side holds `token`.

@@ -61,6 +61,7 @@ public:
             tile.end = std::min(m_seq, token + kTileTokens);
             tile.values.resize(std::size_t(kTileTokens) * rowSize());
             m_source->decodeHeads(part, tile.begin, tile.end, tile.values.data());
+            m_source->prefetchHeads(part, tile.end, std::min(m_seq, tile.end + kTileTokens));
         }
         const std::size_t headStride = std::size_t(tile.end - tile.begin) * std::size_t(m_headDim);
         return {tile.values.data() + std::size_t(token - tile.begin) * std::size_t(m_headDim), headStride};

@@ -49,8 +49,8 @@ int CaptureLoader::groupOf(const std::string& layer) const
     return group;
 }
 
-LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                                      std::vector<std::string>* problems, std::int64_t length) const
+LayerSource CaptureLoader::snapshotSource(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+                                          std::vector<std::string>* problems, std::int64_t length) const
 {
     const PromptInfo& prompt = usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
@@ -59,9 +59,9 @@ LayerKv CaptureLoader::engineSnapshot(const std::string& promptId, std::size_t s
     const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
     const std::int64_t written = snap.seqLen() - 1;
     const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written);
-    const LayerShards shards = readShards(promptId, snapshot, layer, &ids);
+    auto shards = std::make_shared<const LayerShards>(readShards(promptId, snapshot, layer, &ids));
     ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
-    return reconstructLayer(config, layer, shards, table, snap.batchRow, written, options, problems, length);
+    return reconstructSource(config, layer, std::move(shards), table, snap.batchRow, written, options, problems, length);
 }
 
 std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std::size_t snapshot,
@@ -88,6 +88,12 @@ std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std
 LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::string& layer,
                                    std::vector<std::string>* problems) const
 {
+    return engineSource(promptId, layer, problems).materialize();
+}
+
+LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::string& layer,
+                                        std::vector<std::string>* problems) const
+{
     const PromptInfo& prompt = usablePrompt(promptId);
     std::vector<SnapshotSpan> spans;
     for (const SnapshotInfo& s : prompt.snapshots)
@@ -96,11 +102,11 @@ LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::strin
         contributedRanges(spans, m_reader->path(), bundle_path::prompt(promptId) + "/engine");
     const KvCacheConfig& config = m_reader->config();
     const int group = groupOf(layer);
-    SnapshotMerger merger(config.totalNumKvHeads, sequenceLength(promptId),
-                          config.groups[std::size_t(group)].headSize);
+    SnapshotMerger merger(config.totalNumKvHeads, sequenceLength(promptId), config.groups[std::size_t(group)].headSize,
+                          int(config.contributingRanks().size()));
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
         if (ranges[s].end > ranges[s].begin)
-            merger.add(engineSnapshot(promptId, s, layer, problems, sequenceLength(promptId)), ranges[s]);
+            merger.add(snapshotSource(promptId, s, layer, problems, sequenceLength(promptId)), ranges[s]);
     return merger.take();
 }
 

@@ -24,16 +24,15 @@ public:
     // Positions of the merged engine cache: the last snapshot's sequence length.
     std::int64_t sequenceLength(const std::string& promptId) const;
 
-    // One snapshot, reconstructed: positions [0, seq_len - 1) (the last token is never
-    // written), in `length` positions (default: seq_len - 1; the rest absent).
-    LayerKv engineSnapshot(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                           std::vector<std::string>* problems = nullptr, std::int64_t length = -1) const;
     // Every sequence of a snapshot's batch whose length is known.
     std::vector<LayerKv> engineBatch(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                                      std::vector<std::string>* problems = nullptr) const;
     // All snapshots merged (see snapshot_merge.h), sequenceLength() positions.
     LayerKv engineLayer(const std::string& promptId, const std::string& layer,
                         std::vector<std::string>* problems = nullptr) const;
+    // The same, left in the blocks as read (decoded row by row).
+    LayerSource engineSource(const std::string& promptId, const std::string& layer,
+                             std::vector<std::string>* problems = nullptr) const;
     // The reference aligned to sequenceLength() positions.
     LayerKv referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
     // The same, left as stored (decoded row by row).
@@ -43,6 +42,10 @@ private:
     // The prompt, or a BundleError when its structure was found broken on open.
     const PromptInfo& usablePrompt(const std::string& promptId) const;
     int groupOf(const std::string& layer) const;  // throws for a layer of no group
+    // One snapshot: positions [0, seq_len - 1) (the last token is never written), in
+    // `length` positions (the rest absent).
+    LayerSource snapshotSource(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+                               std::vector<std::string>* problems, std::int64_t length) const;
     LayerShards readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                            const std::vector<std::int64_t>* blockIds) const;
 

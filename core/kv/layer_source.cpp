@@ -45,6 +45,27 @@ void LayerSource::decodeHeads(KvPart part, std::int64_t begin, std::int64_t end,
         }
 }
 
+void LayerSource::prefetchHeads(KvPart part, std::int64_t begin, std::int64_t end) const
+{
+    const std::vector<HeadRun>& all = part == KvPart::K ? k : v;
+    const int headsPerRun = heads / runsPerRow;
+    constexpr std::size_t kLine = 64;
+    for (std::int64_t pos = begin; pos < end; ++pos) {
+        if (!present[std::size_t(pos)])
+            continue;
+        for (int r = 0; r < runsPerRow; ++r) {
+            const HeadRun& run = all[std::size_t(pos) * std::size_t(runsPerRow) + std::size_t(r)];
+            const std::size_t size = dtypeSize(run.tensor->dtype);
+            const std::size_t bytes = std::size_t(headDim) * size;
+            for (int h = 0; h < headsPerRun; ++h) {
+                const auto* at = run.tensor->bytes.data() + std::size_t(run.offset + h * run.headStride) * size;
+                for (std::size_t line = 0; line < bytes; line += kLine)
+                    __builtin_prefetch(at + line);
+            }
+        }
+    }
+}
+
 RowView LayerSource::storedFloatRow(KvPart part, std::int64_t pos) const
 {
     if (runsPerRow != 1)

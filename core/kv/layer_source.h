@@ -59,6 +59,10 @@ struct LayerSource {
     // left as they are). A head's positions that follow each other in a tensor (a
     // reference's [heads, seq, head_dim]) decode in one call.
     void decodeHeads(KvPart part, std::int64_t begin, std::int64_t end, float* out) const;
+    // Asks the CPU to fetch what decodeHeads() of [begin, end) will read (the next tile of
+    // scattered blocks: each head's piece of a block starts where no hardware prefetcher
+    // looks).
+    void prefetchHeads(KvPart part, std::int64_t begin, std::int64_t end) const;
     // Every position decoded (absent ones NaN).
     LayerKv materialize() const;
 };

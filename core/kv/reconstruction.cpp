@@ -84,9 +84,12 @@ std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std:
     return ids;
 }
 
-LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
-                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
-                         const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length)
+namespace {
+
+// reconstructSource without ownership: the runs point into `shards`.
+LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
+                     const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
+                     const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length)
 {
     const ErrorContext ctx{options, layer};
     const KvCacheGroup& group = groupOfLayer(config, layer, ctx);
@@ -112,11 +115,9 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
                  " positions need " + std::to_string(neededBlocks));
     if (length < writtenLen)
         length = writtenLen;
-    LayerKv out = LayerKv::unwritten(heads, length, headDim);
-    if (writtenLen == 0) {
-        out.clearAbsent();
+    LayerSource out = LayerSource::absent(heads, length, headDim, int(ranks.size()));
+    if (writtenLen == 0)
         return out;
-    }
 
     std::vector<std::unordered_map<std::int64_t, std::int64_t>> kSlots, vSlots;
     for (int rank : ranks) {
@@ -156,23 +157,36 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
             if (kSlot == kSlots[i].end() || vSlot == vSlots[i].end())
                 ctx.fail("physical block " + std::to_string(id) + " is missing from TP rank " +
                          std::to_string(ranks[i]) + "'s shard");
-            for (int h = 0; h < headsPerRank; ++h) {
-                const int head = int(i) * headsPerRank + h;
-                for (std::int64_t pos = begin; pos < end; ++pos) {
-                    // blocks[slot, h, pos % blockSize, :]
-                    const std::int64_t src =
-                        ((kSlot->second * headsPerRank + h) * blockSize + pos % blockSize) * headDim;
-                    const std::int64_t vsrc =
-                        ((vSlot->second * headsPerRank + h) * blockSize + pos % blockSize) * headDim;
-                    ks.blocks.decode(src, headDim, out.k.data() + out.index(head, pos));
-                    vs.blocks.decode(vsrc, headDim, out.v.data() + out.index(head, pos));
-                }
+            // The rank's heads of a position: blocks[slot, h, pos % blockSize, :].
+            for (std::int64_t pos = begin; pos < end; ++pos) {
+                out.runs(KvPart::K, pos)[i] = {&ks.blocks, (kSlot->second * headsPerRank * blockSize + pos % blockSize) * headDim,
+                                               std::int64_t(blockSize) * headDim};
+                out.runs(KvPart::V, pos)[i] = {&vs.blocks, (vSlot->second * headsPerRank * blockSize + pos % blockSize) * headDim,
+                                               std::int64_t(blockSize) * headDim};
             }
         }
         std::fill(out.present.begin() + begin, out.present.begin() + end, 1);
     }
-    out.clearAbsent();
     return out;
+}
+
+}  // namespace
+
+LayerSource reconstructSource(const KvCacheConfig& config, const std::string& layer,
+                              std::shared_ptr<const LayerShards> shards, const BlockTable& table, std::int64_t row,
+                              std::int64_t writtenLen, const ReconstructOptions& options,
+                              std::vector<std::string>* problems, std::int64_t length)
+{
+    LayerSource source = sourceOf(config, layer, *shards, table, row, writtenLen, options, problems, length);
+    source.storage.push_back(std::move(shards));
+    return source;
+}
+
+LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
+                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
+                         const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length)
+{
+    return sourceOf(config, layer, shards, table, row, writtenLen, options, problems, length).materialize();
 }
 
 std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,

@@ -4,8 +4,10 @@
 
 #include "format/kv_cache_config.h"
 #include "kv/layer_kv.h"
+#include "kv/layer_source.h"
 #include "format/paged_kv.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,12 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
                          const ReconstructOptions& options = {}, std::vector<std::string>* problems = nullptr,
                          std::int64_t length = -1);
+
+// The same left in the shards (kept alive by the result): where each position's heads lie.
+LayerSource reconstructSource(const KvCacheConfig& config, const std::string& layer,
+                              std::shared_ptr<const LayerShards> shards, const BlockTable& table, std::int64_t row,
+                              std::int64_t writtenLen, const ReconstructOptions& options = {},
+                              std::vector<std::string>* problems = nullptr, std::int64_t length = -1);
 
 // Every row of the table; rows whose length is negative (unknown) come back empty.
 std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,

@@ -8,7 +8,7 @@
 // the teacher token there. Positions no snapshot wrote stay absent, never zero; in
 // particular the last position (the last sampled token, whose KV the engine never writes).
 
-#include "kv/layer_kv.h"
+#include "kv/layer_source.h"
 
 #include <cstdint>
 #include <string>
@@ -31,23 +31,18 @@ struct PositionRange {
 std::vector<PositionRange> contributedRanges(const std::vector<SnapshotSpan>& spans,
                                              const std::string& file = {}, const std::string& object = {});
 
-// Builds the merged cache of length `totalLen`, one snapshot at a time, so that only one
-// snapshot's reconstruction is alive at once.
+// Builds the merged cache of length `totalLen` from the snapshots' sources: each position's
+// runs come from the snapshot that contributes it (nothing is copied but where they lie).
 class SnapshotMerger {
 public:
-    SnapshotMerger(int heads, std::int64_t totalLen, int headDim);
-    // Takes the present positions of `snapshot` within `range` (clipped to what it holds).
-    // The first snapshot with the merged length is adopted rather than copied.
-    void add(LayerKv&& snapshot, PositionRange range);
-    void add(const LayerKv& snapshot, PositionRange range);
-    LayerKv take();
+    SnapshotMerger(int heads, std::int64_t totalLen, int headDim, int runsPerRow);
+    // Takes the present positions of `snapshot` within `range` (clipped to what it holds),
+    // and shares what keeps its tensors alive.
+    void add(const LayerSource& snapshot, PositionRange range);
+    LayerSource take() { return std::move(m_merged); }
 
 private:
-    int m_heads;
-    std::int64_t m_totalLen;
-    int m_headDim;
-    bool m_started = false;
-    LayerKv m_merged;
+    LayerSource m_merged;
 };
 
 }  // namespace kvscope

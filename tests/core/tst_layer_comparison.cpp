@@ -192,8 +192,9 @@ void TestLayerComparison::tokensSplitOverThreadsGiveTheSameResult()
     PromptAnalysis one = emptyPrompt(1, seq, heads, true), split = one;
     std::vector<NonFiniteCell> nf1, nf3;
     TokenErrorStats s1, s3;
-    kvscope::compareLayer(baseline, actual, &expected, 0, one, nf1, &s1, 1);
-    kvscope::compareLayer(baseline, actual, &expected, 0, split, nf3, &s3, 3);
+    kvscope::compareLayer(baseline, actual, &expected, 0, one, nf1, &s1);
+    WorkTeam team(3);
+    kvscope::compareLayer(baseline, actual, &expected, 0, split, nf3, &s3, &team);
     for (int m = 0; m < kMetricCount; ++m)
         QVERIFY(std::memcmp(one.metrics[std::size_t(m)].data(), split.metrics[std::size_t(m)].data(),
                             one.metrics[std::size_t(m)].size() * sizeof(float)) == 0);

@@ -201,18 +201,27 @@ void TestReconstruction::mergeTakesDivergenceFromLaterSnapshot()
     // KV at 7 and 8 is the wrong token's. Snapshot 1 re-prefilled the teacher token at 7
     // and ran on to seq_len 13. Position 12 (last sampled token) was never written.
     const int heads = 2, dim = 3;
+    std::vector<std::unique_ptr<RawTensor>> stored;  // what the snapshots' runs point into
     auto snapshot = [&](std::int64_t written, float wrongFrom) {
-        LayerKv kv = LayerKv::absent(heads, written, dim);
-        for (std::int64_t p = 0; p < written; ++p) {
-            kv.present[std::size_t(p)] = 1;
+        std::vector<float> k, v;  // [position, head, dim]
+        for (std::int64_t p = 0; p < written; ++p)
             for (int h = 0; h < heads; ++h)
                 for (int d = 0; d < dim; ++d) {
                     const bool wrong = p >= wrongFrom;
-                    kv.k[kv.index(h, p) + std::size_t(d)] = wrong ? -99.0f : trueValue(0, h, p, d, KvPart::K);
-                    kv.v[kv.index(h, p) + std::size_t(d)] = wrong ? -99.0f : trueValue(0, h, p, d, KvPart::V);
+                    k.push_back(wrong ? -99.0f : trueValue(0, h, p, d, KvPart::K));
+                    v.push_back(wrong ? -99.0f : trueValue(0, h, p, d, KvPart::V));
                 }
+        stored.push_back(std::make_unique<RawTensor>(RawTensor::fromFloat(DType::Float32, {written, heads, dim}, k)));
+        const RawTensor* kt = stored.back().get();
+        stored.push_back(std::make_unique<RawTensor>(RawTensor::fromFloat(DType::Float32, {written, heads, dim}, v)));
+        const RawTensor* vt = stored.back().get();
+        LayerSource source = LayerSource::absent(heads, written, dim, 1);
+        for (std::int64_t p = 0; p < written; ++p) {
+            source.runs(KvPart::K, p)[0] = {kt, p * heads * dim, dim};
+            source.runs(KvPart::V, p)[0] = {vt, p * heads * dim, dim};
+            source.present[std::size_t(p)] = 1;
         }
-        return kv;
+        return source;
     };
     const std::vector<PositionRange> ranges = contributedRanges({{10, 7}, {13, 12}});
     QCOMPARE(ranges.size(), std::size_t(2));
@@ -220,22 +229,22 @@ void TestReconstruction::mergeTakesDivergenceFromLaterSnapshot()
     QCOMPARE(ranges[0].end, std::int64_t(7));
     QCOMPARE(ranges[1].begin, std::int64_t(7));
     QCOMPARE(ranges[1].end, std::int64_t(12));
-    SnapshotMerger merger(heads, 13, dim);
+    SnapshotMerger merger(heads, 13, dim, 1);
     merger.add(snapshot(9, 7), ranges[0]);
     merger.add(snapshot(12, 1000), ranges[1]);
     std::vector<bool> expect(13, true);
     expect[12] = false;
-    verifyLayer(merger.take(), 0, expect);
+    verifyLayer(merger.take().materialize(), 0, expect);
 
     // A snapshot that validates nothing new and a gap that no snapshot wrote.
-    SnapshotMerger gap(heads, 13, dim);
+    SnapshotMerger gap(heads, 13, dim, 1);
     const std::vector<PositionRange> r2 = contributedRanges({{10, 10}, {13, 10}});
     gap.add(snapshot(9, 1000), r2[0]);  // holds 0..8 only: 9 stays absent
     gap.add(snapshot(12, 1000), r2[1]);
     std::vector<bool> expectGap(13, false);
     for (int p = 0; p < 9; ++p)
         expectGap[std::size_t(p)] = true;
-    verifyLayer(gap.take(), 0, expectGap);
+    verifyLayer(gap.take().materialize(), 0, expectGap);
 }
 
 void TestReconstruction::mergeRangesAreValidated()

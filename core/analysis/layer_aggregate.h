@@ -1,0 +1,34 @@
+#pragma once
+// Pools one layer of the three-way prompts into the aggregate BCs: by generation index (the
+// same offset after each prompt's prefill) and combined (every prompt and token), with the
+// reference tool's shared equal-width bins and against the noise floor.
+//
+// The shared bins' ranges are known only once every token is compared (from the per-token
+// ranges the comparison left), so the errors are binned in a second pass over the sides.
+
+#include "analysis/analysis_result.h"
+#include "analysis/layer_comparison.h"
+#include "kv/layer_source.h"
+#include "util/work_team.h"
+
+#include <vector>
+
+namespace kvscope {
+
+// One prompt's three sides of one layer, kept while the layer's aggregate is computed.
+// Each is left as read (the engine in its blocks) and decoded a few tokens at a time.
+struct LayerSides {
+    LayerSource reference;
+    LayerSource actual;
+    LayerSource base;
+    bool ok = false;
+};
+
+// Writes layer `layer` of `aggregate`. `allSides` and `allStats` (what comparing them left,
+// stats per prompt) are indexed by prompt; `pooled` lists the prompts pooled. With a `team`,
+// its threads share the second pass.
+void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
+                    const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate,
+                    WorkTeam* team = nullptr);
+
+}  // namespace kvscope
