@@ -178,11 +178,11 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
             read(next, 0);
         for (int layer = 0; layer < layerCount && !cancelled(); ++layer) {
             if (working)
-                working->run(0, {});  // a read posted before a cancel
+                working->waitPosted();
             LayerInputs in = std::move(next);
             next = {};
-            // One thread reads the next layer (one task: reading mostly waits on the file and
-            // the HDF5 lock) while the others start comparing this one.
+            // A helper reads the next layer (one task: reading mostly waits on the file and the
+            // HDF5 lock) while the others compare this one.
             if (layer + 1 < layerCount && working)
                 working->post([&, layer] { read(next, layer + 1); });
             compare(in);
@@ -190,13 +190,13 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
                 read(next, layer + 1);
         }
         if (working)
-            working->run(0, {});  // a read posted when cancelled
+            working->waitPosted();  // a read posted before a cancel
     } catch (...) {
         failure = std::current_exception();
         failed = true;
         try {
             if (working)
-                working->run(0, {});  // reads still posted refer to `next`
+                working->waitPosted();  // a read still running refers to `next`
         } catch (...) {  // the first failure is the one reported
         }
     }

@@ -22,77 +22,97 @@ WorkTeam::~WorkTeam()
         helper.join();
 }
 
-void WorkTeam::post(std::function<void()> task)
-{
-    m_posted.push_back(std::move(task));
-}
-
 void WorkTeam::run(int count, const std::function<void(int, int)>& task)
 {
-    count = std::max(count, 0);
-    const std::size_t tasks = std::size_t(count) + m_posted.size();
-    if (tasks == 0)
-        return;
-    if (m_helpers.empty() || tasks == 1) {
-        const std::vector<std::function<void()>> posted = std::exchange(m_posted, {});
-        for (const auto& p : posted)
-            p();
-        for (int i = 0; i < count; ++i)
-            task(i, 0);
-        return;
-    }
-    {
-        std::lock_guard lock(m_mutex);
-        m_task = &task;
-        m_count = count;
-        m_next = 0;
-        m_busy = int(m_helpers.size());
-        m_failure = nullptr;
-        ++m_generation;
-    }
-    m_wake.notify_all();
-    work(0);
     std::unique_lock lock(m_mutex);
-    m_done.wait(lock, [&] { return m_busy == 0; });
+    m_task = &task;
+    m_count = std::max(count, 0);
+    m_nextIndex = 0;
+    m_finished = 0;
+    m_failure = nullptr;
+    if (m_count > 1)
+        m_wake.notify_all();
+    while (m_nextIndex < m_count)
+        runOne(lock, 0);
+    m_done.wait(lock, [&] { return m_finished == m_count; });
     m_task = nullptr;
-    m_posted.clear();
+    m_count = m_nextIndex = m_finished = 0;
     if (m_failure)
         std::rethrow_exception(std::exchange(m_failure, nullptr));
 }
 
-void WorkTeam::work(int member)
+void WorkTeam::runOne(std::unique_lock<std::mutex>& lock, int member)
 {
-    const int posted = int(m_posted.size());
-    for (int i; (i = m_next++) < posted + m_count;) {
-        try {
-            if (i < posted)
-                m_posted[std::size_t(i)]();
-            else
-                (*m_task)(i - posted, member);
-        } catch (...) {
-            std::lock_guard lock(m_mutex);
-            if (!m_failure)
-                m_failure = std::current_exception();
-            m_next = posted + m_count;  // start no more
-        }
+    const int index = m_nextIndex++;
+    const std::function<void(int, int)>& task = *m_task;
+    lock.unlock();
+    std::exception_ptr failure;
+    try {
+        task(index, member);
+    } catch (...) {
+        failure = std::current_exception();
     }
+    lock.lock();
+    ++m_finished;
+    if (failure) {
+        if (!m_failure)
+            m_failure = failure;
+        m_finished += m_count - m_nextIndex;  // the tasks not started are skipped
+        m_nextIndex = m_count;
+    }
+    if (m_finished == m_count)
+        m_done.notify_all();
+}
+
+void WorkTeam::post(std::function<void()> task)
+{
+    {
+        std::lock_guard lock(m_mutex);
+        m_posted.push_back(std::move(task));
+    }
+    m_wake.notify_one();
+}
+
+void WorkTeam::runPosted(std::unique_lock<std::mutex>& lock)
+{
+    std::function<void()> task = std::move(m_posted.front());
+    m_posted.pop_front();
+    ++m_postedRunning;
+    lock.unlock();
+    std::exception_ptr failure;
+    try {
+        task();
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    lock.lock();
+    if (failure && !m_postedFailure)
+        m_postedFailure = failure;
+    --m_postedRunning;
+    m_done.notify_all();
+}
+
+void WorkTeam::waitPosted()
+{
+    std::unique_lock lock(m_mutex);
+    while (!m_posted.empty())
+        runPosted(lock);
+    m_done.wait(lock, [&] { return m_postedRunning == 0; });
+    if (m_postedFailure)
+        std::rethrow_exception(std::exchange(m_postedFailure, nullptr));
 }
 
 void WorkTeam::helperLoop(int member)
 {
-    std::uint64_t seen = 0;
+    std::unique_lock lock(m_mutex);
     while (true) {
-        {
-            std::unique_lock lock(m_mutex);
-            m_wake.wait(lock, [&] { return m_stop || m_generation != seen; });
-            if (m_stop)
-                return;
-            seen = m_generation;
-        }
-        work(member);
-        std::lock_guard lock(m_mutex);
-        if (--m_busy == 0)
-            m_done.notify_one();
+        m_wake.wait(lock, [&] { return m_stop || !m_posted.empty() || m_nextIndex < m_count; });
+        if (m_stop)
+            return;
+        if (!m_posted.empty())
+            runPosted(lock);
+        else
+            runOne(lock, member);
     }
 }
 

@@ -49,29 +49,31 @@ void TestWorkTeam::everyTaskRunsOnceOnItsOwnMember()
 void TestWorkTeam::postedWorkRunsBesideTheNextRun()
 {
     WorkTeam team(2);
-    // Posted work that takes a while: the run's own tasks go on beside it on the other
-    // thread, and run() returns only once it is done.
+    // Posted work that takes a while: a helper takes it, and runs go on beside it (the caller
+    // runs their tasks alone meanwhile); waitPosted() returns once it is done.
     std::atomic<bool> postedDone{false};
     std::atomic<int> duringPosted{0};
+    const auto caller = std::this_thread::get_id();
+    std::atomic<bool> postedOnHelper{false};
     team.post([&] {
+        postedOnHelper = std::this_thread::get_id() != caller;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         postedDone = true;
     });
-    team.run(50, [&](int, int) {
-        if (!postedDone)
-            ++duringPosted;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    });
-    QVERIFY(postedDone);
+    for (int round = 0; round < 3; ++round)
+        team.run(10, [&](int, int) {
+            if (!postedDone)
+                ++duringPosted;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        });
     QVERIFY(duringPosted > 0);
-    // With nothing else to run, run(0) runs what is posted; then nothing is left.
-    int ran = 0;
-    team.post([&] { ++ran; });
-    team.post([&] { ++ran; });
-    team.run(0, {});
-    QCOMPARE(ran, 2);
-    team.run(0, {});
-    QCOMPARE(ran, 2);
+    team.waitPosted();
+    QVERIFY(postedDone);
+    QVERIFY(postedOnHelper);
+    // A failure in posted work comes out of waitPosted(), once.
+    team.post([] { throw std::runtime_error("posted failed"); });
+    QVERIFY_THROWS_EXCEPTION(std::runtime_error, team.waitPosted());
+    team.waitPosted();
 }
 
 void TestWorkTeam::aFailureIsRethrownAndTheTeamGoesOn()
@@ -104,11 +106,18 @@ void TestWorkTeam::aTeamOfOneRunsInTheCaller()
     bool elsewhere = false;
     int order = 0;
     bool inOrder = true;
-    team.post([&] { inOrder = inOrder && order++ == 0; });
     team.run(5, [&](int index, int member) {
         elsewhere = elsewhere || std::this_thread::get_id() != caller || member != 0;
-        inOrder = inOrder && order++ == index + 1;
+        inOrder = inOrder && order++ == index;
     });
+    // With no helper, posted work waits for waitPosted(), which runs it here.
+    team.post([&] {
+        elsewhere = elsewhere || std::this_thread::get_id() != caller;
+        inOrder = inOrder && order++ == 5;
+    });
+    QCOMPARE(order, 5);
+    team.waitPosted();
+    QCOMPARE(order, 6);
     QVERIFY(!elsewhere);
     QVERIFY(inOrder);
 }
