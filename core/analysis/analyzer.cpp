@@ -214,7 +214,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
     }
     std::vector<std::vector<Suspect>> suspects;
     for (PromptAnalysis& p : result.prompts) {
-        p.suspects = findSuspects(*reader, p, options.suspects);
+        p.suspects = findSuspects(*reader, p, options.suspects, nullptr, working);
         suspects.push_back(p.suspects);
     }
     result.suspects = poolSuspects(suspects);

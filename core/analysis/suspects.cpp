@@ -2,6 +2,7 @@
 
 #include "analysis/map_spec.h"
 #include "format/bundle_reader.h"
+#include "util/work_team.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,17 @@ struct OffCell {
     float ratio;
 };
 
+// fn(layer) for every layer, over the team's threads when there is one.
+template <typename Fn>
+void forEachLayer(WorkTeam* team, int layers, const Fn& fn)
+{
+    if (team)
+        team->run(layers, [&](int layer, int) { fn(layer); });
+    else
+        for (int layer = 0; layer < layers; ++layer)
+            fn(layer);
+}
+
 double median(std::vector<double> v)
 {
     if (v.empty())
@@ -49,40 +61,44 @@ double median(std::vector<double> v)
 // above the capture's typical layer median is judged against that (a whole-layer fault).
 class Ratios {
 public:
-    Ratios(const PromptAnalysis& p, double layerJump)
+    Ratios(const PromptAnalysis& p, double layerJump, WorkTeam* team)
         : m_p(p)
     {
         const int layers = int(p.layers.size());
         for (KvPart part : {KvPart::K, KvPart::V}) {
             const Metric m = metricFor(part, MetricKind::Linf);
             std::vector<float>& out = m_values[std::size_t(part)];
-            out.assign(p.metrics[std::size_t(m)].size(), std::nanf(""));
+            out.resize(p.metrics[std::size_t(m)].size());  // every cell written below
             if (p.threeWay) {
-                for (int l = 0; l < layers; ++l)
+                forEachLayer(team, layers, [&](int l) {
                     for (std::int64_t t = 0; t < p.tokens; ++t) {
                         const double floor = std::max(double(noiseFloor(p, m, l, t)), 1e-10);
                         for (int h = 0; h < p.heads; ++h)
                             out[p.cell(l, t, h)] = float(double(p.value(m, l, t, h)) / floor);
                     }
+                });
                 continue;
             }
             std::vector<double> floors(static_cast<std::size_t>(layers), std::nan("")), medians;
-            for (int l = 0; l < layers; ++l) {
+            forEachLayer(team, layers, [&](int l) {
                 std::vector<double> values;
                 for (std::int64_t t = 0; t < p.tokens; ++t)
                     for (int h = 0; h < p.heads; ++h)
                         if (const float v = p.value(m, l, t, h); std::isfinite(v))
                             values.push_back(v);
                 if (!values.empty())
-                    medians.push_back(floors[std::size_t(l)] = std::max(median(values), 1e-10));
-            }
+                    floors[std::size_t(l)] = std::max(median(values), 1e-10);
+            });
+            for (double floor : floors)
+                if (!std::isnan(floor))
+                    medians.push_back(floor);
             const double typical = median(medians);
-            for (int l = 0; l < layers; ++l) {
+            forEachLayer(team, layers, [&](int l) {
                 const double floor = floors[std::size_t(l)] > layerJump * typical ? typical : floors[std::size_t(l)];
                 for (std::int64_t t = 0; t < p.tokens; ++t)
                     for (int h = 0; h < p.heads; ++h)
                         out[p.cell(l, t, h)] = float(double(p.value(m, l, t, h)) / floor);
-            }
+            });
         }
     }
     float at(int layer, std::int64_t token, int head, KvPart part) const
@@ -149,11 +165,11 @@ std::vector<SuspectBlock> blocksOf(const BundleReader& reader, const PromptInfo&
 }  // namespace
 
 std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalysis& p, const SuspectThresholds& th,
-                                  const std::vector<char>* layersReady)
+                                  const std::vector<char>* layersReady, WorkTeam* team)
 {
     const KvCacheConfig& config = reader.config();
     const PromptInfo& info = reader.prompt(p.id);
-    const Ratios ratios(p, th.layerJump);
+    const Ratios ratios(p, th.layerJump, team);
     const int layers = int(p.layers.size());
     auto ready = [&](int l) {
         return !layersReady || (std::size_t(l) < layersReady->size() && (*layersReady)[std::size_t(l)]);
@@ -165,18 +181,21 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
     std::vector<double> threshold[2];
     for (KvPart part : {KvPart::K, KvPart::V}) {
         std::vector<double> typical(static_cast<std::size_t>(layers), std::nan(""));
-        std::vector<double> typicals;
-        for (int l = 0; l < layers; ++l) {
+        forEachLayer(team, layers, [&](int l) {
             if (!ready(l))
-                continue;
+                return;
             std::vector<double> all;
             for (std::int64_t t = 0; t < p.tokens; ++t)
                 for (int h = 0; h < p.heads; ++h)
                     if (const float r = ratios.at(l, t, h, part); std::isfinite(r))
                         all.push_back(r);
             if (!all.empty())
-                typicals.push_back(typical[std::size_t(l)] = median(all));
-        }
+                typical[std::size_t(l)] = median(all);
+        });
+        std::vector<double> typicals;
+        for (double t : typical)
+            if (!std::isnan(t))
+                typicals.push_back(t);
         const double overall = typicals.empty() ? 1.0 : median(typicals);
         for (int l = 0; l < layers; ++l) {
             double t = std::isnan(typical[std::size_t(l)]) ? overall : typical[std::size_t(l)];
@@ -189,10 +208,10 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
 
     // Off cells per layer; affected layers.
     std::vector<std::vector<OffCell>> off(static_cast<std::size_t>(layers));
-    std::vector<int> affected;
-    for (int l = 0; l < layers; ++l) {
+    std::vector<char> layerAffected(static_cast<std::size_t>(layers), 0);
+    forEachLayer(team, layers, [&](int l) {
         if (!ready(l))
-            continue;
+            return;
         std::int64_t cells = 0;
         for (std::int64_t t = 0; t < p.tokens; ++t)
             for (int h = 0; h < p.heads; ++h)
@@ -205,9 +224,12 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
                         off[std::size_t(l)].push_back({t, h, part, r});
                 }
         const std::size_t n = off[std::size_t(l)].size();
-        if (n >= std::size_t(th.minCells) && double(n) >= th.minFraction * double(cells))
+        layerAffected[std::size_t(l)] = n >= std::size_t(th.minCells) && double(n) >= th.minFraction * double(cells);
+    });
+    std::vector<int> affected;
+    for (int l = 0; l < layers; ++l)
+        if (layerAffected[std::size_t(l)])
             affected.push_back(l);
-    }
     if (affected.empty())
         return {};
 

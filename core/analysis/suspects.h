@@ -21,12 +21,14 @@
 namespace kvscope {
 
 class BundleReader;
+class WorkTeam;
 
 // The suspects of one analysed prompt, best first (at most one: its onset). `layersReady`
-// (optional) limits the search to finished layers.
+// (optional) limits the search to finished layers. With a `team`, its threads share the
+// layers.
 std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalysis& prompt,
                                   const SuspectThresholds& thresholds = {},
-                                  const std::vector<char>* layersReady = nullptr);
+                                  const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr);
 
 // The bundle's suspects: the prompts' suspects of the same pattern and onset layer pooled
 // (heads, ranks, layers, blocks united; the score the highest), best first.
