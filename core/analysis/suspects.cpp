@@ -46,7 +46,8 @@ void forEachLayer(WorkTeam* team, int layers, const Fn& fn)
             fn(layer);
 }
 
-double median(std::vector<double> v)
+// The median of `v`, which it reorders.
+double medianOf(std::vector<double>& v)
 {
     if (v.empty())
         return std::nan("");
@@ -55,10 +56,16 @@ double median(std::vector<double> v)
     return *mid;
 }
 
-// How far each cell is off, computed once: its error ratio against the cell's noise floor
-// (three-way). Two-way has no dtype-only reference: a cell's L-inf against its layer's median
-// L-inf (faults confined to some tokens or heads), and a layer whose median is itself far
-// above the capture's typical layer median is judged against that (a whole-layer fault).
+double median(std::vector<double> v)
+{
+    return medianOf(v);
+}
+
+// How far each cell is off: its error ratio against the cell's noise floor (three-way). Two-way
+// has no dtype-only reference: a cell's L-inf against its layer's median L-inf (faults
+// confined to some tokens or heads), and a layer whose median is itself far above the
+// capture's typical layer median is judged against that (a whole-layer fault). The floors
+// are kept (per token, or per layer), not the ratios: a cell's ratio is one division.
 class Ratios {
 public:
     Ratios(const PromptAnalysis& p, double layerJump, WorkTeam* team)
@@ -67,19 +74,17 @@ public:
         const int layers = int(p.layers.size());
         for (KvPart part : {KvPart::K, KvPart::V}) {
             const Metric m = metricFor(part, MetricKind::Linf);
-            std::vector<float>& out = m_values[std::size_t(part)];
-            out.resize(p.metrics[std::size_t(m)].size());  // every cell written below
+            std::vector<double>& floors = m_floors[std::size_t(part)];
             if (p.threeWay) {
+                floors.resize(std::size_t(layers) * std::size_t(p.tokens));
                 forEachLayer(team, layers, [&](int l) {
-                    for (std::int64_t t = 0; t < p.tokens; ++t) {
-                        const double floor = std::max(double(noiseFloor(p, m, l, t)), 1e-10);
-                        for (int h = 0; h < p.heads; ++h)
-                            out[p.cell(l, t, h)] = float(double(p.value(m, l, t, h)) / floor);
-                    }
+                    for (std::int64_t t = 0; t < p.tokens; ++t)
+                        floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] =
+                            std::max(double(noiseFloor(p, m, l, t)), 1e-10);
                 });
                 continue;
             }
-            std::vector<double> floors(static_cast<std::size_t>(layers), std::nan("")), medians;
+            floors.assign(std::size_t(layers), std::nan(""));
             forEachLayer(team, layers, [&](int l) {
                 std::vector<double> values;
                 for (std::int64_t t = 0; t < p.tokens; ++t)
@@ -89,26 +94,28 @@ public:
                 if (!values.empty())
                     floors[std::size_t(l)] = std::max(median(values), 1e-10);
             });
+            std::vector<double> medians;
             for (double floor : floors)
                 if (!std::isnan(floor))
                     medians.push_back(floor);
             const double typical = median(medians);
-            forEachLayer(team, layers, [&](int l) {
-                const double floor = floors[std::size_t(l)] > layerJump * typical ? typical : floors[std::size_t(l)];
-                for (std::int64_t t = 0; t < p.tokens; ++t)
-                    for (int h = 0; h < p.heads; ++h)
-                        out[p.cell(l, t, h)] = float(double(p.value(m, l, t, h)) / floor);
-            });
+            for (double& floor : floors)
+                if (floor > layerJump * typical)
+                    floor = typical;
         }
     }
     float at(int layer, std::int64_t token, int head, KvPart part) const
     {
-        return m_values[std::size_t(part)][m_p.cell(layer, token, head)];
+        const Metric m = metricFor(part, MetricKind::Linf);
+        const std::vector<double>& floors = m_floors[std::size_t(part)];
+        const double floor = m_p.threeWay ? floors[std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(token)]
+                                          : floors[std::size_t(layer)];
+        return float(double(m_p.value(m, layer, token, head)) / floor);
     }
 
 private:
     const PromptAnalysis& m_p;
-    std::vector<float> m_values[2];  // [K/V][layer][token][head], NaN: no data
+    std::vector<double> m_floors[2];  // [K/V][layer][token] (three-way) or [K/V][layer]
 };
 
 std::string joinInts(const std::vector<int>& v)
@@ -184,13 +191,15 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
         forEachLayer(team, layers, [&](int l) {
             if (!ready(l))
                 return;
-            std::vector<double> all;
+            thread_local std::vector<double> all;  // a layer's ratios, the buffer kept
+            all.clear();
+            all.reserve(std::size_t(p.tokens) * std::size_t(p.heads));
             for (std::int64_t t = 0; t < p.tokens; ++t)
                 for (int h = 0; h < p.heads; ++h)
                     if (const float r = ratios.at(l, t, h, part); std::isfinite(r))
                         all.push_back(r);
             if (!all.empty())
-                typical[std::size_t(l)] = median(all);
+                typical[std::size_t(l)] = medianOf(all);
         });
         std::vector<double> typicals;
         for (double t : typical)
