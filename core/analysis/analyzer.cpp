@@ -11,6 +11,7 @@
 #include "util/work_team.h"
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <limits>
 #include <optional>
@@ -119,26 +120,48 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
         int layer = -1;
         std::vector<LayerSides> sides;
         std::vector<std::vector<std::string>> problems;
+        // Per prompt, the error reading each side (engine, reference, base); the first is
+        // reported, as if the sides were read in that order and the rest then left.
+        std::vector<std::array<std::string, 3>> errors;
     };
-    auto read = [&](LayerInputs& in, int layer) {
+    // Reads the sides of every prompt; with a `team` (the first layer, which nothing else
+    // overlaps), all at once.
+    auto read = [&](LayerInputs& in, int layer, WorkTeam* team) {
+        const std::size_t prompts = result.prompts.size();
         in.layer = layer;
-        in.sides.resize(result.prompts.size());
-        in.problems.resize(result.prompts.size());
-        for (std::size_t pi = 0; pi < result.prompts.size() && !cancelled(); ++pi) {
+        in.sides.resize(prompts);
+        in.problems.resize(prompts);
+        in.errors.resize(prompts);
+        auto readSide = [&](std::size_t pi, int side) {
             const PromptAnalysis& p = result.prompts[pi];
             const std::string& name = p.layers[std::size_t(layer)];
             LayerSides& s = in.sides[pi];
+            if (cancelled() || (!team && std::any_of(in.errors[pi].begin(), in.errors[pi].end(),
+                                                     [](const std::string& e) { return !e.empty(); })))
+                return;
             try {
-                s.actual = loader.engineSource(p.id, name, &in.problems[pi]);
-                if (p.threeWay) {
-                    s.reference = loader.referenceSource(p.id, ReferenceRole::Baseline, name);
+                if (side == 0)
+                    s.actual = loader.engineSource(p.id, name, &in.problems[pi]);
+                else if (side == 1)
+                    s.reference = loader.referenceSource(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, name);
+                else if (p.threeWay)
                     s.base = loader.referenceSource(p.id, ReferenceRole::Expected, name);
-                } else {
-                    s.reference = loader.referenceSource(p.id, ReferenceRole::Expected, name);
-                }
-                s.ok = !cancelled();
             } catch (const BundleError& e) {
-                in.problems[pi].push_back(e.what());
+                in.errors[pi][std::size_t(side)] = e.what();
+            }
+        };
+        if (team)
+            team->run(int(prompts) * 3, [&](int task, int) { readSide(std::size_t(task / 3), task % 3); });
+        else
+            for (std::size_t task = 0; task < prompts * 3; ++task)
+                readSide(task / 3, int(task % 3));
+        for (std::size_t pi = 0; pi < prompts; ++pi) {
+            const auto failed = std::find_if(in.errors[pi].begin(), in.errors[pi].end(),
+                                             [](const std::string& e) { return !e.empty(); });
+            LayerSides& s = in.sides[pi];
+            s.ok = failed == in.errors[pi].end() && !cancelled();
+            if (failed != in.errors[pi].end()) {
+                in.problems[pi].push_back(*failed);
                 s = {};
             }
         }
@@ -175,7 +198,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
     LayerInputs next;  // read while `in` is compared
     try {
         if (layerCount > 0)
-            read(next, 0);
+            read(next, 0, working);
         for (int layer = 0; layer < layerCount && !cancelled(); ++layer) {
             if (working)
                 working->waitPosted();
@@ -184,10 +207,10 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
             // A helper reads the next layer (one task: reading mostly waits on the file and the
             // HDF5 lock) while the others compare this one.
             if (layer + 1 < layerCount && working)
-                working->post([&, layer] { read(next, layer + 1); });
+                working->post([&, layer] { read(next, layer + 1, nullptr); });
             compare(in);
             if (layer + 1 < layerCount && !working)
-                read(next, layer + 1);
+                read(next, layer + 1, nullptr);
         }
         if (working)
             working->waitPosted();  // a read posted before a cancel
