@@ -17,7 +17,7 @@ const std::vector<Command>& commands()
                     "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
                     "  --prompt ID    analyse this prompt only (repeatable)\n"
                     "  --layers SPEC  layers by index in model order or by name, e.g. 0-3,7\n"
-                    "  --threads N    threads comparing layers (default: one per core; one more reads ahead)\n"
+                    "  --threads N    threads (default: one per core); one of them reads the next layer\n"
                     "  --strict       an unreadable block is an error instead of absent positions\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
         {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
