@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             }
         }
         AnalysisOptions options;
-        options.threads = 1;
+        options.threads = 2;  // the team, its posted reads and its chunks
         analyzeBundle(reader, options);
     } catch (const BundleError&) {
     }
