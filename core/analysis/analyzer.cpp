@@ -132,13 +132,15 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
         in.sides.resize(prompts);
         in.problems.resize(prompts);
         in.errors.resize(prompts);
+        auto firstError = [&](std::size_t pi) {
+            return std::find_if(in.errors[pi].begin(), in.errors[pi].end(), [](const std::string& e) { return !e.empty(); });
+        };
         auto readSide = [&](std::size_t pi, int side) {
             const PromptAnalysis& p = result.prompts[pi];
             const std::string& name = p.layers[std::size_t(layer)];
             LayerSides& s = in.sides[pi];
-            if (cancelled() || (!team && std::any_of(in.errors[pi].begin(), in.errors[pi].end(),
-                                                     [](const std::string& e) { return !e.empty(); })))
-                return;
+            if (cancelled() || (!team && firstError(pi) != in.errors[pi].end()))
+                return;  // read one after another: the sides after a failure are left
             try {
                 if (side == 0)
                     s.actual = loader.engineSource(p.id, name, &in.problems[pi]);
@@ -156,8 +158,7 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
             for (std::size_t task = 0; task < prompts * 3; ++task)
                 readSide(task / 3, int(task % 3));
         for (std::size_t pi = 0; pi < prompts; ++pi) {
-            const auto failed = std::find_if(in.errors[pi].begin(), in.errors[pi].end(),
-                                             [](const std::string& e) { return !e.empty(); });
+            const auto failed = firstError(pi);
             LayerSides& s = in.sides[pi];
             s.ok = failed == in.errors[pi].end() && !cancelled();
             if (failed != in.errors[pi].end()) {

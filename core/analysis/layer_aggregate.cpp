@@ -119,25 +119,24 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
         const CountTask& task = tasks[std::size_t(index)];
         PartPlan& plan = plans[std::size_t(task.part)];
         std::array<Histogram, 2>& combined = plan.combined[std::size_t(member)];
-        thread_local std::vector<float> baseErrors, actualErrors;
         // Token t of pooled prompt i, at generation index g (-1: none counted).
         auto countTokens = [&](std::size_t i, std::int64_t first, std::int64_t last, std::int64_t gOfFirst) {
             const LayerSides& s = sides(i);
             const TokenErrorStats& st = stats(i);
             const LayerRows reference(s.reference), actual(s.actual), base(s.base);
             const std::size_t n = reference.rowSize();
-            baseErrors.resize(n);
-            actualErrors.resize(n);
+            float* const baseErrors = errorScratch(n, 0);
+            float* const actualErrors = errorScratch(n, 1);
             LayerRows::Tile referenceTile, actualTile, baseTile;
             for (std::int64_t t = first; t < last; ++t) {
                 if (st.range(task.part, t).empty())
                     continue;  // not held by every side
                 const RowView r = reference.row(task.part, t, referenceTile);
-                rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(), baseErrors.data());
+                rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(), baseErrors);
                 rowErrors(r, actual.row(task.part, t, actualTile), reference.heads(), reference.headDim(),
-                          actualErrors.data());
-                plan.combinedBins->add(baseErrors.data(), n, combined[0]);
-                plan.combinedBins->add(actualErrors.data(), n, combined[1]);
+                          actualErrors);
+                plan.combinedBins->add(baseErrors, n, combined[0]);
+                plan.combinedBins->add(actualErrors, n, combined[1]);
                 if (gOfFirst < 0)
                     continue;
                 const std::size_t g = std::size_t(gOfFirst + (t - first));
@@ -147,8 +146,8 @@ void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled
                         plan.indexTarget[g].counts[std::size_t(b)] += st.countsOf(task.part, t, 1)[b];
                     }
                 } else {
-                    plan.indexBins[g].add(baseErrors.data(), n, plan.indexBase[g]);
-                    plan.indexBins[g].add(actualErrors.data(), n, plan.indexTarget[g]);
+                    plan.indexBins[g].add(baseErrors, n, plan.indexBase[g]);
+                    plan.indexBins[g].add(actualErrors, n, plan.indexTarget[g]);
                 }
             }
         };

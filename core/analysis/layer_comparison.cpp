@@ -10,18 +10,13 @@
 
 namespace kvscope {
 
-namespace {
-
-// Scratch for one token's errors, per thread.
-float* errorBuffer(std::size_t size, int which)
+float* errorScratch(std::size_t size, int which)
 {
     thread_local std::vector<float> buffers[2];
     if (buffers[which].size() < size)
         buffers[which].resize(size);
     return buffers[which].data();
 }
-
-}  // namespace
 
 namespace {
 
@@ -134,8 +129,8 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             if (!base || !finite)
                 continue;  // the token's BC stays NaN, its range empty: aggregates leave it out
             // BC between |baseline - expected| and |baseline - actual| over all heads.
-            float* baseErrors = errorBuffer(n, 0);
-            float* actualErrors = errorBuffer(n, 1);
+            float* baseErrors = errorScratch(n, 0);
+            float* actualErrors = errorScratch(n, 1);
             ErrorRange range = rowErrors(referenceRow, baseRow, reference.heads(), dim, baseErrors);
             range.merge(rowErrors(referenceRow, actualRow, reference.heads(), dim, actualErrors));
             const bool keepCounts = stats && stats->keepCounts;

@@ -87,5 +87,7 @@ bool comparable(const LayerRows& reference, const LayerRows& actual, const Layer
 // |reference - x| of every head into `out` (heads * headDim floats, head-major; float32, as
 // the reference tool computes them); returns their range (empty if all are NaN).
 ErrorRange rowErrors(const RowView& reference, const RowView& x, int heads, int headDim, float* out);
+// Room for one token's errors (`size` floats), per thread: `which` 0 (base) or 1 (actual).
+float* errorScratch(std::size_t size, int which);
 
 }  // namespace kvscope

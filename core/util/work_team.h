@@ -5,7 +5,6 @@
 // helper across those loops, so that no thread waits while another has work.
 
 #include <condition_variable>
-#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
