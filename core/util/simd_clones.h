@@ -14,18 +14,29 @@
 
 namespace kvscope {
 
-// Whether the hand-written AVX2 paths may run: the CPU has AVX2, and KVSCOPE_SIMD=sse2 does
-// not force the baseline (the tests run both).
+enum class SimdLevel { Baseline, Avx2, Avx512 };
+
+// The widest hand-written paths the CPU may run: AVX-512 (F), AVX2 or the x86-64 baseline;
+// KVSCOPE_SIMD=sse2 or KVSCOPE_SIMD=avx2 caps it (the tests run each path the CPU has).
+inline SimdLevel simdLevel()
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    const char* forced = std::getenv("KVSCOPE_SIMD");
+    const std::string_view cap = forced ? forced : "";
+    if (cap == "sse2" || !__builtin_cpu_supports("avx2"))
+        return SimdLevel::Baseline;
+    if (cap == "avx2" || !__builtin_cpu_supports("avx512f"))
+        return SimdLevel::Avx2;
+    return SimdLevel::Avx512;
+#else
+    return SimdLevel::Baseline;
+#endif
+}
+
+// Whether the hand-written AVX2 paths may run.
 inline bool useAvx2()
 {
-    const char* forced = std::getenv("KVSCOPE_SIMD");
-    if (forced && std::string_view(forced) == "sse2")
-        return false;
-#if defined(__x86_64__) && defined(__GNUC__)
-    return __builtin_cpu_supports("avx2");
-#else
-    return false;
-#endif
+    return simdLevel() != SimdLevel::Baseline;
 }
 
 }  // namespace kvscope

@@ -6,7 +6,9 @@
 
 #include <QTest>
 
+#include <cmath>
 #include <random>
+#include <tuple>
 
 using namespace kvscope;
 using namespace kvtest;
@@ -16,6 +18,7 @@ class TestVectorMetrics : public QObject {
 
 private slots:
     void vectorMetrics();
+    void pairMatchesTwoComparisons();
 };
 
 void TestVectorMetrics::vectorMetrics()
@@ -49,6 +52,47 @@ void TestVectorMetrics::vectorMetrics()
     QCOMPARE(c.l2, 0.8);
     const float nan[2] = {1, std::nanf("")};
     QVERIFY(!compareVectors(ref, nan, 2, c));
+}
+
+// compareVectorPair against the double-precision reference, and bit for bit against two
+// compareVectors calls (the same sums in the same order), on every path (KVSCOPE_SIMD), at
+// lengths around the vector widths.
+void TestVectorMetrics::pairMatchesTwoComparisons()
+{
+    std::mt19937 rng(11);
+    std::normal_distribution<float> n01;
+    for (int dim : {1, 3, 7, 8, 9, 15, 16, 17, 64, 128, 131}) {
+        for (int trial = 0; trial < 40; ++trial) {
+            const std::size_t size = std::size_t(dim);
+            std::vector<float> ref(size), x(size), y(size);
+            const float scale = std::pow(10.0f, float(trial % 7) - 3);
+            for (std::size_t i = 0; i < ref.size(); ++i) {
+                ref[i] = n01(rng) * scale;
+                x[i] = ref[i] + n01(rng) * 1e-3f * scale;
+                y[i] = ref[i] + n01(rng) * 1e-2f * scale;
+            }
+            if (trial == 1)
+                x[std::size_t(dim) / 2] = std::nanf("");
+            if (trial == 2)
+                y[std::size_t(dim) - 1] = INFINITY;
+            VectorComparison px, py, sx, sy;
+            const int ok = compareVectorPair(ref.data(), x.data(), y.data(), dim, px, py);
+            const bool okX = compareVectors(ref.data(), x.data(), dim, sx);
+            const bool okY = compareVectors(ref.data(), y.data(), dim, sy);
+            const QString where = QString("dim %1 trial %2").arg(dim).arg(trial);
+            QCOMPARE(ok, (trial == 1 ? 0 : 1) | (trial == 2 ? 0 : 2));
+            QCOMPARE(okX, trial != 1);
+            QCOMPARE(okY, trial != 2);
+            for (const auto& [pair, single, other] : {std::tuple{px, sx, &x}, std::tuple{py, sy, &y}}) {
+                if (std::isnan((*other)[std::size_t(dim) / 2]) || std::isinf(other->back()))
+                    continue;
+                QVERIFY2(pair.cos == single.cos && pair.linf == single.linf && pair.l2 == single.l2, qPrintable(where));
+                const Ref r = referenceMetrics(ref.data(), other->data(), dim);
+                QVERIFY2(close(pair.cos, r.cos, 1e-12) && close(pair.linf, r.linf, 1e-12) && close(pair.l2, r.l2, 1e-12),
+                         qPrintable(where));
+            }
+        }
+    }
 }
 
 QTEST_APPLESS_MAIN(TestVectorMetrics)
