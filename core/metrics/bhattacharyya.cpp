@@ -28,11 +28,7 @@ SharedBins::SharedBins(ErrorRange range, int bins)
         m_hi += 0.5;
     }
     m_scale = bins / (m_hi - m_lo);
-    // numpy.linspace: i * step + start, the last edge exactly `stop`.
-    const double step = (m_hi - m_lo) / bins;
-    for (int i = 0; i < bins; ++i)
-        m_edges.push_back(double(i) * step + m_lo);
-    m_edges.push_back(m_hi);
+    m_step = (m_hi - m_lo) / bins;
 }
 
 namespace {
@@ -73,6 +69,33 @@ __attribute__((target("avx2"))) std::size_t estimateAvx2(const float* v, std::si
     }
     return i;
 }
+// The same on sixteen values at a time. (GCC 12 takes the conversions' deliberately undefined
+// pass-through operand for an uninitialised variable.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) std::size_t estimateAvx512(const float* v, std::size_t n, std::int32_t* out,
+                                                             const EstimateParams& p)
+{
+    const __m512 lo = _mm512_set1_ps(p.lo), scale = _mm512_set1_ps(p.scale), bins = _mm512_set1_ps(p.bins);
+    const __m512 hi = _mm512_set1_ps(p.hi), zero = _mm512_setzero_ps();
+    const __m512 low = _mm512_set1_ps(1e-4f), high = _mm512_set1_ps(1.0f - 1e-4f);
+    const __m512i lastBin = _mm512_set1_epi32(p.lastBin), undecided = _mm512_set1_epi32(p.undecidedBin);
+    std::size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(v + i);
+        __m512 t = _mm512_mul_ps(_mm512_sub_ps(x, lo), scale);
+        const __mmask16 inside = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(t, zero, _CMP_GE_OQ), t, bins, _CMP_LT_OQ);
+        t = _mm512_maskz_mov_ps(inside, t);
+        const __m512i k = _mm512_cvttps_epi32(t);
+        const __m512 frac = _mm512_sub_ps(t, _mm512_cvtepi32_ps(k));
+        const __mmask16 away = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(frac, low, _CMP_GT_OQ), frac, high, _CMP_LT_OQ);
+        const __mmask16 clear = inside & (_mm512_cmp_ps_mask(t, zero, _CMP_EQ_OQ) | away);
+        const __m512i bin = _mm512_mask_blend_epi32(clear, undecided, k);
+        _mm512_storeu_si512(out + i, _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, hi, _CMP_EQ_OQ), bin, lastBin));
+    }
+    return i;
+}
+#pragma GCC diagnostic pop
 #endif
 
 std::size_t estimateSse2(const float* v, std::size_t n, std::int32_t* out, const EstimateParams& p)
@@ -108,8 +131,14 @@ using EstimateFn = std::size_t (*)(const float*, std::size_t, std::int32_t*, con
 EstimateFn chooseEstimate()
 {
 #if defined(__x86_64__)
-    if (useAvx2())
+    switch (simdLevel()) {
+    case SimdLevel::Avx512:
+        return estimateAvx512;
+    case SimdLevel::Avx2:
         return estimateAvx2;
+    case SimdLevel::Baseline:
+        break;
+    }
 #endif
     return estimateSse2;
 }
@@ -122,12 +151,18 @@ void SharedBins::add(const float* values, std::size_t count, std::uint64_t* coun
     // Four counters per bin, one row per lane, break the store-to-load chains of repeated
     // bins (most errors fall into the first few bins); column m_bins collects the values
     // whose bin is decided exactly afterwards.
-    constexpr std::size_t kLanes = 4;
+    // (On the stack for the usual bin counts: this runs a few times per token.)
+    constexpr std::size_t kLanes = 4, kStackBins = 128;
     const std::size_t stride = std::size_t(m_bins) + 1;
-    thread_local std::vector<std::uint32_t> lanes;
-    lanes.assign(kLanes * stride, 0);
-    std::uint32_t* lane[kLanes] = {lanes.data(), lanes.data() + stride, lanes.data() + 2 * stride,
-                                   lanes.data() + 3 * stride};
+    std::uint32_t stackLanes[kLanes * (kStackBins + 1)];
+    thread_local std::vector<std::uint32_t> heapLanes;
+    std::uint32_t* lanes = stackLanes;
+    if (std::size_t(m_bins) > kStackBins) {
+        heapLanes.resize(kLanes * stride);
+        lanes = heapLanes.data();
+    }
+    std::fill_n(lanes, kLanes * stride, 0u);
+    std::uint32_t* lane[kLanes] = {lanes, lanes + stride, lanes + 2 * stride, lanes + 3 * stride};
     const EstimateParams params{float(m_lo), float(m_scale), float(m_bins), float(m_hi), m_bins - 1, m_bins};
     constexpr std::size_t kChunk = 256;
     std::int32_t estimate[kChunk];

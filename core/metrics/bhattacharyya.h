@@ -49,7 +49,9 @@ public:
     int bins() const { return m_bins; }
     double lo() const { return m_lo; }
     double hi() const { return m_hi; }
-    double edge(int i) const { return m_edges[std::size_t(i)]; }
+    // numpy.linspace's edges: i * step + lo, the last exactly hi (computed when asked: a
+    // token's bins are made and used once).
+    double edge(int i) const { return i == m_bins ? m_hi : double(i) * m_step + m_lo; }
 
     // Bin of `value`, or -1 when outside [lo, hi] or NaN.
     int binOf(double value) const
@@ -59,9 +61,9 @@ public:
         int index = int((value - m_lo) * m_scale);
         index = index < 0 ? 0 : (index >= m_bins ? m_bins - 1 : index);
         // The estimate may be one off near an edge; the edges decide, as in numpy.
-        if (value < m_edges[std::size_t(index)])
+        if (value < edge(index))
             --index;
-        else if (index != m_bins - 1 && value >= m_edges[std::size_t(index) + 1])
+        else if (index != m_bins - 1 && value >= edge(index + 1))
             ++index;
         return index;
     }
@@ -79,7 +81,7 @@ private:
     double m_lo;
     double m_hi;
     double m_scale;
-    std::vector<double> m_edges;
+    double m_step;
 };
 
 double bhattacharyya(const std::uint64_t* p, const std::uint64_t* q, int bins);
