@@ -4,7 +4,7 @@
 // under ThreadSanitizer: its runtime is not up yet when the loader runs the resolvers.
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define KVSCOPE_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#define KVSCOPE_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KVSCOPE_VECTOR_CLONES
 #endif
