@@ -193,10 +193,17 @@ void SharedBins::add(const float* values, std::size_t count, std::uint64_t* coun
         if (undecided == 0)
             continue;
         lane[0][m_bins] = lane[1][m_bins] = lane[2][m_bins] = lane[3][m_bins] = 0;
-        for (std::size_t j = 0; j < n; ++j)
-            if (estimate[j] == m_bins)
-                if (const int k = binOf(chunk[j]); k >= 0)
-                    ++lane[0][k];
+        constexpr std::size_t kBlock = 16;  // looked for a vector at a time
+        for (std::size_t block = 0; block < n; block += kBlock) {
+            const std::size_t end = std::min(n, block + kBlock);
+            bool any = false;
+            for (std::size_t j = block; j < end; ++j)
+                any |= estimate[j] == m_bins;
+            for (std::size_t j = block; any && j < end; ++j)
+                if (estimate[j] == m_bins)
+                    if (const int k = binOf(chunk[j]); k >= 0)
+                        ++lane[0][k];
+        }
     }
     for (std::size_t b = 0; b < std::size_t(m_bins); ++b)
         counts[b] += std::uint64_t(lane[0][b]) + lane[1][b] + lane[2][b] + lane[3][b];
