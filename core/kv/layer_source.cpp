@@ -15,55 +15,63 @@ LayerSource LayerSource::absent(int heads, std::int64_t seq, int headDim, int ru
     return s;
 }
 
-void LayerSource::decodeHeads(KvPart part, std::int64_t begin, std::int64_t end, float* out) const
+namespace {
+
+// Calls span(r, h, pos, count, tensor, first) for every piece of head h of run r whose
+// positions [pos, pos + count) in [begin, end) are present and follow each other in `tensor`
+// from element `first` on (a reference's head: all of them; an engine block: its positions).
+template <typename Span>
+void forEachSpan(const LayerSource& source, const std::vector<HeadRun>& all, std::int64_t begin, std::int64_t end,
+                 Span&& span)
 {
-    const std::vector<HeadRun>& all = part == KvPart::K ? k : v;
-    const int headsPerRun = heads / runsPerRow;
-    const std::size_t dim = std::size_t(headDim);
-    auto start = [&](std::int64_t pos, int r, int h) {
-        const HeadRun& run = all[std::size_t(pos) * std::size_t(runsPerRow) + std::size_t(r)];
-        return run.offset + h * run.headStride;
+    const int runsPerRow = source.runsPerRow;
+    const int headsPerRun = source.heads / runsPerRow;
+    const std::int64_t headDim = source.headDim;
+    auto runAt = [&](std::int64_t pos, int r) -> const HeadRun& {
+        return all[std::size_t(pos) * std::size_t(runsPerRow) + std::size_t(r)];
     };
     for (int r = 0; r < runsPerRow; ++r)
-        for (int h = 0; h < headsPerRun; ++h) {
-            float* headOut = out + std::size_t(r * headsPerRun + h) * std::size_t(end - begin) * dim;
+        for (int h = 0; h < headsPerRun; ++h)
             for (std::int64_t pos = begin; pos < end;) {
-                if (!present[std::size_t(pos)]) {
+                if (!source.present[std::size_t(pos)]) {
                     ++pos;
                     continue;
                 }
-                const RawTensor* tensor = all[std::size_t(pos) * std::size_t(runsPerRow) + std::size_t(r)].tensor;
-                const std::int64_t first = start(pos, r, h);
+                const HeadRun& run = runAt(pos, r);
+                const std::int64_t first = run.offset + h * run.headStride;
                 std::int64_t next = pos + 1;
-                while (next < end && present[std::size_t(next)] &&
-                       all[std::size_t(next) * std::size_t(runsPerRow) + std::size_t(r)].tensor == tensor &&
-                       start(next, r, h) == first + (next - pos) * headDim)
+                while (next < end && source.present[std::size_t(next)] && runAt(next, r).tensor == run.tensor &&
+                       runAt(next, r).offset + h * runAt(next, r).headStride == first + (next - pos) * headDim)
                     ++next;
-                tensor->decode(first, (next - pos) * headDim, headOut + std::size_t(pos - begin) * dim);
+                span(r, h, pos, next - pos, *run.tensor, first);
                 pos = next;
             }
-        }
+}
+
+}  // namespace
+
+void LayerSource::decodeHeads(KvPart part, std::int64_t begin, std::int64_t end, float* out) const
+{
+    const int headsPerRun = heads / runsPerRow;
+    const std::size_t dim = std::size_t(headDim);
+    forEachSpan(*this, part == KvPart::K ? k : v, begin, end,
+                [&](int r, int h, std::int64_t pos, std::int64_t count, const RawTensor& tensor, std::int64_t first) {
+                    float* headOut = out + std::size_t(r * headsPerRun + h) * std::size_t(end - begin) * dim;
+                    tensor.decode(first, count * headDim, headOut + std::size_t(pos - begin) * dim);
+                });
 }
 
 void LayerSource::prefetchHeads(KvPart part, std::int64_t begin, std::int64_t end) const
 {
-    const std::vector<HeadRun>& all = part == KvPart::K ? k : v;
-    const int headsPerRun = heads / runsPerRow;
     constexpr std::size_t kLine = 64;
-    for (std::int64_t pos = begin; pos < end; ++pos) {
-        if (!present[std::size_t(pos)])
-            continue;
-        for (int r = 0; r < runsPerRow; ++r) {
-            const HeadRun& run = all[std::size_t(pos) * std::size_t(runsPerRow) + std::size_t(r)];
-            const std::size_t size = dtypeSize(run.tensor->dtype);
-            const std::size_t bytes = std::size_t(headDim) * size;
-            for (int h = 0; h < headsPerRun; ++h) {
-                const auto* at = run.tensor->bytes.data() + std::size_t(run.offset + h * run.headStride) * size;
-                for (std::size_t line = 0; line < bytes; line += kLine)
-                    __builtin_prefetch(at + line);
-            }
-        }
-    }
+    forEachSpan(*this, part == KvPart::K ? k : v, begin, end,
+                [&](int, int, std::int64_t, std::int64_t count, const RawTensor& tensor, std::int64_t first) {
+                    const std::size_t size = dtypeSize(tensor.dtype);
+                    const auto* at = tensor.bytes.data() + std::size_t(first) * size;
+                    const std::size_t bytes = std::size_t(count) * std::size_t(headDim) * size;
+                    for (std::size_t line = 0; line < bytes; line += kLine)
+                        __builtin_prefetch(at + line);
+                });
 }
 
 RowView LayerSource::storedFloatRow(KvPart part, std::int64_t pos) const
