@@ -64,6 +64,8 @@ signals:
 private:
     const PromptAnalysis* prompt() const;
     void refreshHeatmap();
+    // A redraw as layers finish, and the pause before the next one (see the layer timer).
+    void redrawWhileAnalysing();
     void refreshPooling();
     void refreshSummary();
     void refreshDrillDown();
