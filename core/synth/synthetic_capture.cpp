@@ -25,7 +25,7 @@ KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t lon
 {
     std::vector<std::string> sliding, full;
     for (int i = 0; i < o.layers; ++i)
-        (isSliding(o, i) ? sliding : full).push_back("\"" + layerName(i) + "\"");
+        (isSliding(o, i) ? sliding : full).push_back('"' + layerName(i) + '"');
     const int perRank = std::max(1, o.kvHeads / o.tpSize);
     auto group = [&](const std::vector<std::string>& names, const char* spec, int blockSize) {
         std::string list;
