@@ -117,9 +117,9 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     // Layers finish faster than a map is worth redrawing: the first at once, then at most
     // every 100 ms, and no more often than keeps the redraws (each rebuilds the whole grid:
     // ~20 ms at 160 layers) to a twentieth of the time: the analysis has every core, and the
-    // map would otherwise fall behind `analyze` by what the redraws take from it.
+    // map would otherwise fall behind `analyze` by what the redraws take from it
+    // (redrawWhileAnalysing sets the pause).
     m_layerTimer->setSingleShot(true);
-    m_layerTimer->setInterval(100);
     connect(m_layerTimer, &QTimer::timeout, this, [this] {
         if (std::exchange(m_layerPending, false))
             redrawWhileAnalysing();
@@ -166,6 +166,8 @@ void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
 
 void PromptPage::onOpened()
 {
+    m_layerTimer->stop();  // a pause left from the previous bundle's analysis
+    m_layerPending = false;
     m_layer = -1;
     m_cancelled = false;
     m_heatmap->setSelection(-1, 0);

@@ -161,7 +161,7 @@ template <int Width, int Count>
 {
     double lanes[SumCount][8];
     double maxima[3] = {0, 0, 0};
-    const int full = dim & ~7;
+    const int full = dim > 0 ? dim & ~7 : 0;
     for (int first = 0; first < 8; first += Width)
         addLanes<Width, Count>(ref, x, y, full, first, lanes, maxima);
     for (int d = full; d < dim; ++d) {

@@ -1,6 +1,7 @@
 // Relative L-inf, relative L2 and cosine of two vectors against a double-precision reference.
 
 #include "metrics/vector_metrics.h"
+#include "util/simd_clones.h"
 #include "metric_reference.h"
 #include "test_support.h"
 
@@ -19,6 +20,7 @@ class TestVectorMetrics : public QObject {
 private slots:
     void vectorMetrics();
     void pairMatchesTwoComparisons();
+    void vectorPathsAddInTheLaneOrder();
 };
 
 void TestVectorMetrics::vectorMetrics()
@@ -91,6 +93,63 @@ void TestVectorMetrics::pairMatchesTwoComparisons()
                 QVERIFY2(close(pair.cos, r.cos, 1e-12) && close(pair.linf, r.linf, 1e-12) && close(pair.l2, r.l2, 1e-12),
                          qPrintable(where));
             }
+        }
+    }
+}
+
+// The AVX2 and AVX-512 paths add as GCC's 8-lane AVX2 reduction did, so that either gives the
+// same bits (docs/architecture.md): lane j sums the elements d = j mod 8 in order, the elements
+// after the last multiple of 8 go to lane 0, and the lanes are summed 0..7 from 0. That order,
+// written out here in double, must give their results bit for bit (run as is and under
+// KVSCOPE_SIMD=avx2; the baseline adds as its compiler's vectoriser likes).
+void TestVectorMetrics::vectorPathsAddInTheLaneOrder()
+{
+    if (simdLevel() == SimdLevel::Baseline)
+        QSKIP("the baseline path's order is the compiler's");
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n01;
+    for (int dim : {1, 5, 8, 13, 64, 100, 128, 131}) {
+        for (int trial = 0; trial < 20; ++trial) {
+            const std::size_t size = std::size_t(dim);
+            std::vector<float> ref(size), x(size), y(size);
+            for (std::size_t i = 0; i < size; ++i) {
+                ref[i] = n01(rng) * 3;
+                x[i] = ref[i] + n01(rng) * 1e-3f;
+                y[i] = ref[i] + n01(rng) * 1e-2f;
+            }
+            // In lane order: [lane][refSq, dot, xSq, diffSq] for x and for y.
+            double lanes[2][8][4] = {};
+            double maxRef = 0, maxDiff[2] = {0, 0};
+            const int full = dim / 8 * 8;
+            for (int side = 0; side < 2; ++side) {
+                const std::vector<float>& v = side == 0 ? x : y;
+                for (int d = 0; d < dim; ++d) {
+                    double* l = lanes[side][d < full ? d % 8 : 0];
+                    const double r = ref[std::size_t(d)], u = v[std::size_t(d)], diff = r - u;
+                    l[0] += r * r;
+                    l[1] += r * u;
+                    l[2] += u * u;
+                    l[3] += diff * diff;
+                    maxRef = std::max(maxRef, std::fabs(r));
+                    maxDiff[side] = std::max(maxDiff[side], std::fabs(diff));
+                }
+            }
+            VectorComparison expected[2];
+            for (int side = 0; side < 2; ++side) {
+                double sum[4] = {0, 0, 0, 0};
+                for (int k = 0; k < 4; ++k)
+                    for (int j = 0; j < 8; ++j)
+                        sum[k] += lanes[side][j][k];
+                expected[side].cos = sum[1] / (std::max(std::sqrt(sum[0]), kCosineEps) * std::max(std::sqrt(sum[2]), kCosineEps));
+                expected[side].linf = maxDiff[side] / std::max(maxRef, kRelativeEps);
+                expected[side].l2 = std::sqrt(sum[3]) / std::max(std::sqrt(sum[0]), kRelativeEps);
+            }
+            VectorComparison px, py, sx;
+            QCOMPARE(compareVectorPair(ref.data(), x.data(), y.data(), dim, px, py), 3);
+            QVERIFY(compareVectors(ref.data(), x.data(), dim, sx));
+            const QString where = QString("dim %1 trial %2").arg(dim).arg(trial);
+            for (const auto& [got, want] : {std::pair{px, expected[0]}, std::pair{py, expected[1]}, std::pair{sx, expected[0]}})
+                QVERIFY2(got.cos == want.cos && got.linf == want.linf && got.l2 == want.l2, qPrintable(where));
         }
     }
 }
