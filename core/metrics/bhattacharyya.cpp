@@ -131,16 +131,10 @@ using EstimateFn = std::size_t (*)(const float*, std::size_t, std::int32_t*, con
 EstimateFn chooseEstimate()
 {
 #if defined(__x86_64__)
-    switch (simdLevel()) {
-    case SimdLevel::Avx512:
-        return estimateAvx512;
-    case SimdLevel::Avx2:
-        return estimateAvx2;
-    case SimdLevel::Baseline:
-        break;
-    }
-#endif
+    return pickBySimdLevel<EstimateFn>(estimateAvx512, estimateAvx2, estimateSse2);
+#else
     return estimateSse2;
+#endif
 }
 
 }  // namespace

@@ -208,23 +208,19 @@ template <int Width, int Count>
 // One comparison (y null) or a pair.
 using CompareFn = int (*)(const float*, const float*, const float*, int, VectorComparison&, VectorComparison&);
 
+int compareGeneric(const float* ref, const float* x, const float* y, int dim, VectorComparison& outX,
+                   VectorComparison& outY)
+{
+    return y ? compareVectorPairGeneric(ref, x, y, dim, outX, outY) : (compareVectorsGeneric(ref, x, dim, outX) ? 1 : 0);
+}
+
 CompareFn chooseCompare()
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    switch (simdLevel()) {
-    case SimdLevel::Avx512:
-        return compareAvx512;
-    case SimdLevel::Avx2:
-        return compareAvx2;
-    case SimdLevel::Baseline:
-        break;
-    }
+    return pickBySimdLevel<CompareFn>(compareAvx512, compareAvx2, compareGeneric);
+#else
+    return compareGeneric;
 #endif
-    return [](const float* ref, const float* x, const float* y, int dim, VectorComparison& outX,
-              VectorComparison& outY) {
-        return y ? compareVectorPairGeneric(ref, x, y, dim, outX, outY)
-                 : (compareVectorsGeneric(ref, x, dim, outX) ? 1 : 0);
-    };
 }
 
 }  // namespace

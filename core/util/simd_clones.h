@@ -33,6 +33,21 @@ inline SimdLevel simdLevel()
 #endif
 }
 
+// The path for the SIMD level: one of a hand-written kernel's versions.
+template <typename Fn>
+Fn pickBySimdLevel(Fn avx512, Fn avx2, Fn baseline)
+{
+    switch (simdLevel()) {
+    case SimdLevel::Avx512:
+        return avx512;
+    case SimdLevel::Avx2:
+        return avx2;
+    case SimdLevel::Baseline:
+        break;
+    }
+    return baseline;
+}
+
 // Whether the hand-written AVX2 paths may run.
 inline bool useAvx2()
 {
