@@ -89,30 +89,15 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
 {
     std::string bundle, jsonPath, layerSpec;
     AnalysisOptions options;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        const bool hasValue = i + 1 < args.size();
-        if (a == "--json" && hasValue)
-            jsonPath = args[++i];
-        else if (a == "--prompt" && hasValue)
-            options.prompts.push_back(args[++i]);
-        else if (a == "--layers" && hasValue)
-            layerSpec = args[++i];
-        else if (a == "--threads" && hasValue)
-            options.threads = std::atoi(args[++i].c_str());
-        else if (a == "--strict")
-            options.unreadableBlocks = UnreadableBlockPolicy::Error;
-        else if (bundle.empty() && !a.starts_with("--"))
-            bundle = a;
-        else {
-            printUsage("analyze", err);
-            return 2;
-        }
-    }
-    if (bundle.empty()) {
-        printUsage("analyze", err);
+    OptionParser parser("analyze");
+    parser.operand("BUNDLE", bundle);
+    parser.text({"--json"}, jsonPath);
+    parser.repeated("--prompt", options.prompts);
+    parser.text({"--layers"}, layerSpec);
+    parser.integer("--threads", options.threads);
+    parser.flag("--strict", [&options] { options.unreadableBlocks = UnreadableBlockPolicy::Error; });
+    if (!parser.parse(args, err))
         return 2;
-    }
     try {
         auto reader = std::make_shared<BundleReader>(bundle);
         if (!layerSpec.empty())

@@ -13,26 +13,12 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
 {
     std::string bundle, jsonPath;
     Thresholds t;
-    try {
-        for (std::size_t i = 0; i < args.size(); ++i) {
-            const bool value = i + 1 < args.size();
-            if (takeThresholdOption(args, i, t))
-                continue;
-            if (args[i] == "--json" && value)
-                jsonPath = args[++i];
-            else if (bundle.empty() && !args[i].starts_with("--"))
-                bundle = args[i];
-            else
-                throw std::invalid_argument(args[i]);
-        }
-    } catch (const std::exception&) {
-        printUsage("check", err);
+    OptionParser parser("check");
+    parser.operand("BUNDLE", bundle);
+    addThresholdOptions(parser, t);
+    parser.text({"--json"}, jsonPath);
+    if (!parser.parse(args, err))
         return 2;
-    }
-    if (bundle.empty()) {
-        printUsage("check", err);
-        return 2;
-    }
     AnalysisResult result;
     try {
         AnalysisOptions options;

@@ -12,7 +12,7 @@ const std::vector<Command>& commands()
                  "  opens the app on the built-in demo capture, made in DIR (default ./kvscope-demo) on first\n"
                  "  use: a 24-layer model with a RoPE fault in layer 13; without a display, writes its HTML\n"
                  "  report into DIR/report and prints its analysis\n",
-         "open the app on the built-in demo capture (headless: write its report)", demo},
+         "open the app on the built-in demo capture (headless: write its report)", nullptr},
         {"analyze", "analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]\n"
                     "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
                     "  --prompt ID    analyse this prompt only (repeatable)\n"
@@ -22,7 +22,7 @@ const std::vector<Command>& commands()
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
         {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
                    "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md)\n",
-         "a self-contained HTML report with PNG maps", report},
+         "a self-contained HTML report with PNG maps", nullptr},
         {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
                   "      [--suspect-floor-two-way 8] [--json OUT]\n"
                   "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
@@ -59,9 +59,9 @@ const std::vector<Command>& commands()
         {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
                   "  times the three-way analysis of a synthetic Llama-3.3-70B-shaped capture against a\n"
                   "  read-once roofline, at L and 2L layers\n",
-         "time the analysis against a read-once roofline", bench},
+         "time the analysis against a read-once roofline", nullptr},
         {"bench-run", "bench-run roofline|analyze BUNDLE THREADS\n", "one measurement of bench, in its own process",
-         benchRun, false},
+         nullptr, false},
     };
     return table;
 }
@@ -80,28 +80,14 @@ void printUsage(const std::string& name, std::ostream& out)
         out << "usage: kvscope " << c->usage;
 }
 
-bool takeThresholdOption(const Args& args, std::size_t& i, Thresholds& thresholds)
+void addThresholdOptions(OptionParser& parser, Thresholds& thresholds)
 {
-    const std::string& a = args[i];
-    if (a == "--seed-bc") {
-        thresholds.bcVsNoise = false;
-        return true;
-    }
-    if (i + 1 >= args.size() || (a != "--min-bc" && a != "--max-ratio" && a != "--max-linf" &&
-                                 a != "--suspect-floor" && a != "--suspect-floor-two-way"))
-        return false;
-    const double value = std::stod(args[++i]);
-    if (a == "--suspect-floor")
-        thresholds.suspects.offFloor = value;
-    else if (a == "--suspect-floor-two-way")
-        thresholds.suspects.twoWayFloor = value;
-    else if (a == "--min-bc")
-        thresholds.minBc = value;
-    else if (a == "--max-ratio")
-        thresholds.maxRatio = value;
-    else
-        thresholds.maxLinf = value;
-    return true;
+    parser.flag("--seed-bc", [&thresholds] { thresholds.bcVsNoise = false; });
+    parser.real("--min-bc", thresholds.minBc);
+    parser.real("--max-ratio", thresholds.maxRatio);
+    parser.real("--max-linf", thresholds.maxLinf);
+    parser.real("--suspect-floor", thresholds.suspects.offFloor);
+    parser.real("--suspect-floor-two-way", thresholds.suspects.twoWayFloor);
 }
 
 void printOverview(std::ostream& out)

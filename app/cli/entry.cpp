@@ -19,7 +19,8 @@
 
 namespace kvscope::cli {
 
-int runCommandLine(int argc, char** argv, int (*openApp)(int argc, char** argv))
+int runCommandLine(int argc, char** argv, RunCommand (*appCommand)(const std::string& name),
+                   int (*openApp)(int argc, char** argv))
 {
     // The analysis allocates and frees buffers below BufferAllocator's 2 MiB (a rank's blocks,
     // per-token statistics) layer after layer: keep them in the heap rather than handing them
@@ -48,11 +49,12 @@ int runCommandLine(int argc, char** argv, int (*openApp)(int argc, char** argv))
             printUsage(first, std::cout);
             return 0;
         }
-        if (!command->run)  // drawn by kvscope-app
+        const RunCommand runCommand = command->run ? command->run : appCommand ? appCommand(first) : nullptr;
+        if (!runCommand)  // drawn by kvscope-app
             return execApp(argc, argv);
         auto run = [&] {
             try {
-                return command->run(rest, std::cout, std::cerr);
+                return runCommand(rest, std::cout, std::cerr);
             } catch (const std::exception& e) {
                 std::cerr << "kvscope: " << e.what() << "\n";
                 return 2;

@@ -3,10 +3,15 @@
 // kvscope-app (the app, and the commands that draw: report, demo, bench). A command runs
 // where it is linked; the rest of the command line (a bundle to open, or nothing) is the app.
 
+#include "cli/commands.h"
+
 namespace kvscope::cli {
 
 // Runs the command named by argv[1], or calls `openApp` (the app on argv[1], or on nothing).
-int runCommandLine(int argc, char** argv, int (*openApp)(int argc, char** argv));
+// The commands the table lists without a function are looked up in `appCommand` (kvscope-app's
+// own, app_cli/app_commands.h); without it (kvscope), they run in kvscope-app.
+int runCommandLine(int argc, char** argv, RunCommand (*appCommand)(const std::string& name),
+                   int (*openApp)(int argc, char** argv));
 
 // kvscope's side: runs kvscope-app with this command line instead of the running process
 // (it returns only when that fails). $KVSCOPE_CLI tells kvscope-app where kvscope is.

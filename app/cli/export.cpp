@@ -36,22 +36,13 @@ int exportKv(const Args& args, std::ostream& out, std::ostream& err)
 {
     std::string bundle, outPath, layerSpec;
     std::vector<std::string> prompts;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-        if (args[i] == "--prompt" && i + 1 < args.size())
-            prompts.push_back(args[++i]);
-        else if (args[i] == "--layers" && i + 1 < args.size())
-            layerSpec = args[++i];
-        else if (bundle.empty() && !args[i].starts_with("--"))
-            bundle = args[i];
-        else if (outPath.empty() && !args[i].starts_with("--"))
-            outPath = args[i];
-        else
-            bundle.clear(), outPath.clear(), i = args.size();
-    }
-    if (bundle.empty() || outPath.empty()) {
-        printUsage("export", err);
+    OptionParser parser("export");
+    parser.operand("BUNDLE", bundle);
+    parser.operand("OUT.h5", outPath);
+    parser.repeated("--prompt", prompts);
+    parser.text({"--layers"}, layerSpec);
+    if (!parser.parse(args, err))
         return 2;
-    }
     try {
         auto reader = std::make_shared<BundleReader>(bundle);
         const CaptureLoader loader(reader);

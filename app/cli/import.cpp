@@ -9,15 +9,13 @@ namespace kvscope::cli {
 int importDumps(const Args& args, std::ostream& out, std::ostream& err)
 {
     std::string dir, bundle;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-        if ((args[i] == "-o" || args[i] == "--output") && i + 1 < args.size())
-            bundle = args[++i];
-        else if (dir.empty() && !args[i].starts_with("-"))
-            dir = args[i];
-        else
-            dir.clear(), i = args.size();
-    }
-    if (dir.empty() || bundle.empty()) {
+    OptionParser parser("import");
+    parser.operand("DIR", dir);
+    parser.text({"-o", "--output"}, bundle);
+    if (!parser.parse(args, err))
+        return 2;
+    if (bundle.empty()) {
+        err << "kvscope import: no -o BUNDLE.h5 given\n";
         printUsage("import", err);
         return 2;
     }

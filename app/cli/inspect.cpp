@@ -46,11 +46,11 @@ void printConfig(const KvCacheConfig& c, std::ostream& out)
 
 int inspect(const Args& args, std::ostream& out, std::ostream& err)
 {
-    if (args.size() != 1 || args[0].starts_with("-")) {
-        printUsage("inspect", err);
+    std::string path;
+    OptionParser parser("inspect");
+    parser.operand("BUNDLE", path);
+    if (!parser.parse(args, err))
         return 2;
-    }
-    const std::string& path = args[0];
     std::shared_ptr<BundleReader> reader;
     try {
         reader = std::make_shared<BundleReader>(path);

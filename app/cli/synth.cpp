@@ -2,6 +2,7 @@
 
 #include "synth/model_capture.h"
 
+#include <charconv>
 #include <iostream>
 #include <sstream>
 
@@ -9,13 +10,17 @@ namespace kvscope::cli {
 
 namespace {
 
-
 std::vector<int> parseList(const std::string& text)
 {
     std::vector<int> values;
     std::stringstream in(text);
-    for (std::string item; std::getline(in, item, ',');)
-        values.push_back(std::stoi(item));
+    for (std::string item; std::getline(in, item, ',');) {
+        int value = 0;
+        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+        if (ec != std::errc() || end != item.data() + item.size() || item.empty())
+            throw std::invalid_argument("--prompts takes lengths like 100,180, not '" + text + "'");
+        values.push_back(value);
+    }
     return values;
 }
 
@@ -25,80 +30,43 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
 {
     synth::ModelCaptureOptions o;
     std::string path;
-    try {
-        for (std::size_t i = 0; i < args.size(); ++i) {
-            const std::string& a = args[i];
-            auto value = [&]() -> const std::string& {
-                if (i + 1 >= args.size())
-                    throw std::invalid_argument(a + " needs a value");
-                return args[++i];
-            };
-            auto number = [&] { return std::stoi(value()); };
-            if (a == "--demo")
-                o = synth::demoModelCaptureOptions();
-            else if (a == "--layers")
-                o.shape.layers = number();
-            else if (a == "--hidden")
-                o.shape.hidden = number();
-            else if (a == "--query-heads")
-                o.shape.queryHeads = number();
-            else if (a == "--kv-heads")
-                o.shape.kvHeads = number();
-            else if (a == "--head-dim")
-                o.shape.headDim = number();
-            else if (a == "--ffn")
-                o.shape.ffn = number();
-            else if (a == "--vocab")
-                o.shape.vocab = number();
-            else if (a == "--window")
-                o.shape.window = number();
-            else if (a == "--spec") {
-                const std::string spec = value();
-                if (spec != "sliding" && spec != "full")
-                    throw std::invalid_argument("--spec takes sliding or full");
-                o.slidingWindowSpec = spec == "sliding";
-            } else if (a == "--tp")
-                o.tpSize = number();
-            else if (a == "--block-size")
-                o.fullBlockSize = number();
-            else if (a == "--sliding-block-size")
-                o.slidingBlockSize = number();
-            else if (a == "--threads")
-                o.threads = number();
-            else if (a == "--fp8")
-                o.fp8Cache = true;
-            else if (a == "--prompts")
-                o.promptLens = parseList(value());
-            else if (a == "--decode")
-                o.decodeTokens = number();
-            else if (a == "--two-way")
-                o.baseline = false;
-            else if (a == "--seed")
-                o.seed = std::stoull(value());
-            else if (a == "--fault") {
-                const std::string name = value();
-                if (!synth::parseFault(name, o.fault))
-                    throw std::invalid_argument("unknown fault '" + name + "'");
-            } else if (a == "--fault-layer")
-                o.faultLayer = number();
-            else if (a == "--fault-head")
-                o.faultHead = number();
-            else if (a == "--fault-rank")
-                o.faultRank = number();
-            else if (a == "--fault-step")
-                o.faultStep = number();
-            else if (path.empty() && !a.starts_with("--"))
-                path = a;
-            else
-                throw std::invalid_argument("unexpected argument '" + a + "'");
-        }
-        if (path.empty())
-            throw std::invalid_argument("no output file");
-        synth::writeModelCapture(path, o);
-    } catch (const std::invalid_argument& e) {
-        err << "kvscope synth: " << e.what() << "\n";
-        printUsage("synth", err);
+    OptionParser parser("synth");
+    parser.operand("OUT.h5", path);
+    parser.flag("--demo", [&o] { o = synth::demoModelCaptureOptions(); });
+    parser.integer("--layers", o.shape.layers);
+    parser.integer("--hidden", o.shape.hidden);
+    parser.integer("--query-heads", o.shape.queryHeads);
+    parser.integer("--kv-heads", o.shape.kvHeads);
+    parser.integer("--head-dim", o.shape.headDim);
+    parser.integer("--ffn", o.shape.ffn);
+    parser.integer("--vocab", o.shape.vocab);
+    parser.integer("--window", o.shape.window);
+    parser.custom("--spec", [&o](const std::string& spec) {
+        if (spec != "sliding" && spec != "full")
+            throw std::invalid_argument("--spec takes sliding or full");
+        o.slidingWindowSpec = spec == "sliding";
+    });
+    parser.integer("--tp", o.tpSize);
+    parser.integer("--block-size", o.fullBlockSize);
+    parser.integer("--sliding-block-size", o.slidingBlockSize);
+    parser.integer("--threads", o.threads);
+    parser.flag("--fp8", o.fp8Cache);
+    parser.custom("--prompts", [&o](const std::string& list) { o.promptLens = parseList(list); });
+    parser.integer("--decode", o.decodeTokens);
+    parser.flag("--two-way", [&o] { o.baseline = false; });
+    parser.integer("--seed", o.seed);
+    parser.custom("--fault", [&o](const std::string& name) {
+        if (!synth::parseFault(name, o.fault))
+            throw std::invalid_argument("unknown fault '" + name + "'");
+    });
+    parser.integer("--fault-layer", o.faultLayer);
+    parser.integer("--fault-head", o.faultHead);
+    parser.integer("--fault-rank", o.faultRank);
+    parser.integer("--fault-step", o.faultStep);
+    if (!parser.parse(args, err))
         return 2;
+    try {
+        synth::writeModelCapture(path, o);
     } catch (const std::exception& e) {
         err << "kvscope synth: " << e.what() << "\n";
         return 2;

@@ -1,4 +1,4 @@
-#include "cli/commands.h"
+#include "app_cli/app_commands.h"
 
 #include "analysis/analyzer.h"
 #include "gui/main_window.h"
@@ -272,27 +272,18 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
 int bench(const Args& args, std::ostream& out, std::ostream& err)
 {
     int tokens = 2048, layers = 80, threads = int(std::max(1u, std::thread::hardware_concurrency())), runs = 3;
-    std::filesystem::path dir = std::filesystem::temp_directory_path() / "kvscope-bench";
+    std::string dirName = (std::filesystem::temp_directory_path() / "kvscope-bench").string();
     bool keep = false;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-        const bool value = i + 1 < args.size();
-        if (args[i] == "--tokens" && value)
-            tokens = std::atoi(args[++i].c_str());
-        else if (args[i] == "--layers" && value)
-            layers = std::atoi(args[++i].c_str());
-        else if (args[i] == "--threads" && value)
-            threads = std::atoi(args[++i].c_str());
-        else if (args[i] == "--runs" && value)
-            runs = std::atoi(args[++i].c_str());
-        else if (args[i] == "--dir" && value)
-            dir = args[++i];
-        else if (args[i] == "--keep")
-            keep = true;
-        else {
-            printUsage("bench", err);
-            return 2;
-        }
-    }
+    OptionParser parser("bench");
+    parser.integer("--tokens", tokens);
+    parser.integer("--layers", layers);
+    parser.integer("--threads", threads);
+    parser.integer("--runs", runs);
+    parser.text({"--dir"}, dirName);
+    parser.flag("--keep", keep);
+    if (!parser.parse(args, err))
+        return 2;
+    const std::filesystem::path dir = dirName;
     if (tokens < 4 || layers < 1 || threads < 1 || runs < 1) {
         err << "kvscope bench: tokens, layers, threads and runs must be positive\n";
         return 2;

@@ -1,4 +1,4 @@
-#include "cli/commands.h"
+#include "app_cli/app_commands.h"
 
 #include "analysis/threshold_check.h"
 #include "report/drawing_application.h"
@@ -12,21 +12,14 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
 {
     std::string bundle, dir;
     Thresholds t;
-    try {
-        for (std::size_t i = 0; i < args.size(); ++i) {
-            if (takeThresholdOption(args, i, t))
-                continue;
-            const bool value = i + 1 < args.size();
-            if ((args[i] == "-o" || args[i] == "--output") && value)
-                dir = args[++i];
-            else if (bundle.empty() && !args[i].starts_with("-"))
-                bundle = args[i];
-            else
-                throw std::invalid_argument(args[i]);
-        }
-        if (bundle.empty() || dir.empty())
-            throw std::invalid_argument("arguments");
-    } catch (const std::exception&) {
+    OptionParser parser("report");
+    parser.operand("BUNDLE", bundle);
+    parser.text({"-o", "--output"}, dir);
+    addThresholdOptions(parser, t);
+    if (!parser.parse(args, err))
+        return 2;
+    if (dir.empty()) {
+        err << "kvscope report: no -o DIR given\n";
         printUsage("report", err);
         return 2;
     }

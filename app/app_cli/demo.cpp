@@ -1,4 +1,4 @@
-#include "cli/commands.h"
+#include "app_cli/app_commands.h"
 
 #include "gui/gui_main.h"
 #include "report/drawing_application.h"
@@ -11,12 +11,13 @@ namespace kvscope::cli {
 
 int demo(const Args& args, std::ostream& out, std::ostream& err)
 {
-    if (args.size() > 1 || (!args.empty() && args[0].starts_with("-"))) {
-        printUsage("demo", err);
+    std::string dirName = "kvscope-demo";
+    OptionParser parser("demo");
+    parser.operand("DIR", dirName, false);
+    if (!parser.parse(args, err))
         return 2;
-    }
     // The demo capture, made by the model-based generator on first use and kept.
-    const std::filesystem::path dir = args.empty() ? "kvscope-demo" : args[0];
+    const std::filesystem::path dir = dirName;
     std::filesystem::create_directories(dir);
     const std::string path = (dir / "demo-capture-v1.h5").string();
     if (!std::filesystem::exists(path)) {

@@ -1,7 +1,8 @@
 // kvscope-app: the desktop app, and the commands that draw (report, demo, bench); kvscope
-// runs it for those (cli/entry.h), and it runs every other command itself too.
+// runs it for those (cli/entry.h), and it runs every other command itself too. Its own
+// commands are in this folder (app_commands.h); the rest is cli/, which has no Qt.
 
-#include "cli/commands.h"
+#include "app_cli/app_commands.h"
 #include "cli/entry.h"
 #include "gui/gui_main.h"
 #include "report/drawing_application.h"
@@ -32,5 +33,5 @@ int openApp(int argc, char** argv)
 
 int main(int argc, char** argv)
 {
-    return kvscope::cli::runCommandLine(argc, argv, openApp);
+    return kvscope::cli::runCommandLine(argc, argv, kvscope::cli::appCommand, openApp);
 }

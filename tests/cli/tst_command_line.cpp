@@ -1,0 +1,145 @@
+// The command line: one option parser for every command (operands, options with and without
+// values, numbers read whole, the usage on a wrong one), and one table in which every command
+// has a function, in kvscope or in kvscope-app.
+
+#include "app_cli/app_commands.h"
+#include "cli/commands.h"
+#include "cli/option_parser.h"
+
+#include <QTest>
+
+#include <sstream>
+
+using namespace kvscope::cli;
+
+class TestCommandLine : public QObject {
+    Q_OBJECT
+
+private slots:
+    void readsOperandsAndOptionsInAnyOrder();
+    void repeatedOptionsCollectAndLaterValuesWin();
+    void numbersAreReadWhole();
+    void wrongCommandLinesSayWhatIsWrong_data();
+    void wrongCommandLinesSayWhatIsWrong();
+    void thresholdOptionsSetTheThresholds();
+    void everyCommandHasAFunctionInOneExecutable();
+};
+
+void TestCommandLine::readsOperandsAndOptionsInAnyOrder()
+{
+    std::string in, out, json;
+    bool strict = false;
+    int threads = 0;
+    OptionParser parser("export");
+    parser.operand("BUNDLE", in);
+    parser.operand("OUT.h5", out);
+    parser.text({"-o", "--json"}, json);
+    parser.flag("--strict", strict);
+    parser.integer("--threads", threads);
+    std::ostringstream err;
+    QVERIFY(parser.parse({"--threads", "3", "a.h5", "-o", "j.json", "--strict", "b.h5"}, err));
+    QCOMPARE(in, std::string("a.h5"));
+    QCOMPARE(out, std::string("b.h5"));
+    QCOMPARE(json, std::string("j.json"));
+    QVERIFY(strict);
+    QCOMPARE(threads, 3);
+    QVERIFY(err.str().empty());
+}
+
+void TestCommandLine::repeatedOptionsCollectAndLaterValuesWin()
+{
+    std::vector<std::string> prompts;
+    int steps = 0;
+    std::string dir = "default";
+    OptionParser parser("demo");
+    parser.repeated("--prompt", prompts);
+    parser.integer("--fault-step", steps);
+    parser.operand("DIR", dir, false);
+    std::ostringstream err;
+    QVERIFY(parser.parse({"--prompt", "p0", "--fault-step", "4", "--prompt", "p1", "--fault-step", "-3"}, err));
+    QCOMPARE(prompts, (std::vector<std::string>{"p0", "p1"}));
+    QCOMPARE(steps, -3);  // a negative value is a value, not an option
+    QCOMPARE(dir, std::string("default"));  // optional operand left out: unchanged
+}
+
+void TestCommandLine::numbersAreReadWhole()
+{
+    double ratio = 0;
+    std::optional<double> linf;
+    std::uint64_t seed = 0;
+    OptionParser parser("check");
+    parser.real("--max-ratio", ratio);
+    parser.real("--max-linf", linf);
+    parser.integer("--seed", seed);
+    std::ostringstream err;
+    QVERIFY(parser.parse({"--max-ratio", "2.5", "--max-linf", "1e-3", "--seed", "18446744073709551615"}, err));
+    QCOMPARE(ratio, 2.5);
+    QVERIFY(linf);
+    QCOMPARE(*linf, 1e-3);
+    QCOMPARE(seed, std::uint64_t(18446744073709551615ull));
+}
+
+void TestCommandLine::wrongCommandLinesSayWhatIsWrong_data()
+{
+    QTest::addColumn<QStringList>("args");
+    QTest::addColumn<QString>("message");
+    QTest::newRow("no operand") << QStringList{} << "kvscope analyze: no BUNDLE given";
+    QTest::newRow("unknown option") << QStringList{"a.h5", "--jsn", "x"} << "kvscope analyze: unknown option --jsn";
+    QTest::newRow("missing value") << QStringList{"a.h5", "--json"} << "kvscope analyze: --json needs a value";
+    QTest::newRow("trailing text") << QStringList{"a.h5", "--threads", "2x"}
+                                   << "kvscope analyze: --threads takes a whole number, not '2x'";
+    QTest::newRow("empty number") << QStringList{"a.h5", "--threads", ""}
+                                  << "kvscope analyze: --threads takes a whole number, not ''";
+    QTest::newRow("too many operands") << QStringList{"a.h5", "b.h5"} << "kvscope analyze: unexpected argument 'b.h5'";
+}
+
+void TestCommandLine::wrongCommandLinesSayWhatIsWrong()
+{
+    QFETCH(QStringList, args);
+    QFETCH(QString, message);
+    std::string bundle, json;
+    int threads = 0;
+    OptionParser parser("analyze");
+    parser.operand("BUNDLE", bundle);
+    parser.text({"--json"}, json);
+    parser.integer("--threads", threads);
+    Args argv;
+    for (const QString& a : args)
+        argv.push_back(a.toStdString());
+    std::ostringstream err;
+    QVERIFY(!parser.parse(argv, err));
+    const std::string text = err.str();
+    QCOMPARE(QString::fromStdString(text.substr(0, text.find('\n'))), message);
+    QVERIFY(text.find("usage: kvscope analyze BUNDLE") != std::string::npos);  // then the usage
+}
+
+void TestCommandLine::thresholdOptionsSetTheThresholds()
+{
+    kvscope::Thresholds t;
+    OptionParser parser("check");
+    addThresholdOptions(parser, t);
+    std::ostringstream err;
+    QVERIFY(parser.parse({"--min-bc", "0.8", "--seed-bc", "--max-ratio", "3", "--max-linf", "0.05", "--suspect-floor",
+                          "7", "--suspect-floor-two-way", "9"},
+                         err));
+    QCOMPARE(t.minBc, 0.8);
+    QVERIFY(!t.bcVsNoise);
+    QCOMPARE(t.maxRatio, 3.0);
+    QCOMPARE(t.maxLinf.value_or(-1), 0.05);
+    QCOMPARE(t.suspects.offFloor, 7.0);
+    QCOMPARE(t.suspects.twoWayFloor, 9.0);
+}
+
+void TestCommandLine::everyCommandHasAFunctionInOneExecutable()
+{
+    for (const Command& c : commands()) {
+        const bool inKvscope = c.run != nullptr, inApp = appCommand(c.name) != nullptr;
+        QVERIFY2(inKvscope != inApp, c.name);  // exactly one place runs it
+        QCOMPARE(findCommand(c.name), &c);
+    }
+    QVERIFY(!appCommand("analyze"));  // the Qt-free commands are not kvscope-app's own
+    QVERIFY(appCommand("report"));
+}
+
+QTEST_APPLESS_MAIN(TestCommandLine)
+#include "tst_command_line.moc"
