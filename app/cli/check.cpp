@@ -1,10 +1,8 @@
 #include "cli/commands.h"
 
-#include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
 #include "analysis/threshold_check.h"
 
-#include <cmath>
 #include <fstream>
 
 namespace kvscope::cli {
@@ -30,39 +28,13 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
     }
     const std::vector<Violation> violations = checkThresholds(result, t);
     if (!jsonPath.empty()) {
-        std::ofstream file(jsonPath);
-        file << "{\"bundle\":" << jsonString(bundle) << ",\"thresholds\":{\"min_bc\":" << t.minBc
-             << ",\"bc\":\"" << (t.bcVsNoise ? "bc_vs_noise" : "bc") << "\""
-             << ",\"max_ratio\":" << t.maxRatio << ",\"max_linf\":";
-        if (t.maxLinf)
-            file << *t.maxLinf;
-        else
-            file << "null";
-        file << "},\"passed\":" << (violations.empty() ? "true" : "false") << ",\"violations\":[";
-        for (std::size_t i = 0; i < violations.size(); ++i) {
-            const Violation& v = violations[i];
-            file << (i ? "," : "") << "{\"prompt\":" << (v.prompt.empty() ? "null" : jsonString(v.prompt))
-                 << ",\"layer\":" << jsonString(v.layer) << ",\"token\":";
-            if (v.token >= 0)
-                file << v.token;
-            else
-                file << "null";
-            file << ",\"head\":";
-            if (v.head >= 0)
-                file << v.head;
-            else
-                file << "null";
-            file << ",\"metric\":" << jsonString(v.metric) << ",\"value\":";
-            if (std::isfinite(v.value))
-                file << v.value;
-            else
-                file << "null";
-            file << ",\"threshold\":" << v.threshold;
-            if (!v.detail.empty())
-                file << ",\"evidence\":" << jsonString(v.detail);
-            file << "}";
+        std::ofstream file(jsonPath, std::ios::binary);
+        if (file)
+            writeVerdictJson(bundle, t, violations, file);
+        if (!file || !file.flush()) {
+            err << "kvscope check: " << jsonPath << ": cannot be written\n";
+            return 2;
         }
-        file << "]}\n";
     }
     out << "kvscope check " << bundle << ": min combined " << (t.bcVsNoise ? "BC vs noise " : "BC (reference tool's) ") << t.minBc << ", max L-inf multiplier " << t.maxRatio;
     if (t.maxLinf)

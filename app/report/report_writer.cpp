@@ -1,11 +1,11 @@
 #include "report/report_writer.h"
 
-#include "analysis/analysis_json.h"
 #include "analysis/heatmap_grid.h"
 #include "analysis/map_spec.h"
 #include "analysis/suspects.h"
 #include "widgets/heatmap_view.h"
 #include "analysis/worst_cells.h"
+#include "util/json_writer.h"
 #include "util/version.h"
 
 #include <QDir>
@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 // Resources compiled into a static library must be registered by hand (outside any namespace).
@@ -44,13 +45,15 @@ QString resource(const QString& name)
     return QString::fromUtf8(f.readAll());
 }
 
-std::string number(float v)
+// The maps' values to the four significant digits the tooltips show (a smaller page; the
+// JSON of the analysis has them whole).
+float fourDigits(float v)
 {
-    if (std::isnan(v))
-        return "null";
+    if (!std::isfinite(v))
+        return v;
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.4g", double(v));
-    return buf;
+    return std::strtof(buf, nullptr);
 }
 
 // One map of the report: its labelling (shared with the app) and its pooled grid.
@@ -60,62 +63,61 @@ struct ReportMap {
     HeatmapGrid grid;
 };
 
-void writeMapJson(std::ostream& o, const ReportMap& m)
+void writeMapJson(JsonWriter& w, const ReportMap& m)
 {
     const MapSpec& s = m.spec;
-    o << "{\"id\":" << jsonString(m.id) << ",\"title\":" << jsonString(s.title) << ",\"columns\":" << m.grid.columns
-      << ",\"firstToken\":" << m.grid.firstToken << ",\"tokensPerColumn\":" << m.grid.tokensPerColumn
-      << ",\"scale\":{\"kind\":\"" << scaleName(s.scale) << "\",\"min\":" << s.range.lower << ",\"max\":" << s.range.upper
-      << "},\"prefill\":" << (std::isnan(s.prefillBoundary) ? std::string("null") : number(float(s.prefillBoundary)))
-      << ",\"xName\":" << jsonString(s.xName) << ",\"xLabel\":" << jsonString(s.xLabel)
-      << ",\"metric\":" << jsonString(s.metricLabel) << ",\"divergences\":[";
-    for (std::size_t i = 0; i < s.divergences.size(); ++i)
-        o << (i ? "," : "") << s.divergences[i];
-    o << "],\"topLabels\":[";
-    for (std::size_t i = 0; i < s.topLabels.size(); ++i)
-        o << (i ? "," : "") << "[" << s.topLabels[i].first << "," << jsonString(s.topLabels[i].second) << "]";
-    o << "]";
-    auto strings = [&](const char* key, const std::vector<std::string>& v) {
-        o << ",\"" << key << "\":[";
-        for (std::size_t i = 0; i < v.size(); ++i)
-            o << (i ? "," : "") << jsonString(v[i]);
-        o << "]";
-    };
-    strings("rows", s.rowLabels);
-    strings("layerNames", s.layerNames);
+    w.beginObject()
+        .field("id", m.id)
+        .field("title", s.title)
+        .field("columns", m.grid.columns)
+        .field("firstToken", m.grid.firstToken)
+        .field("tokensPerColumn", m.grid.tokensPerColumn)
+        .key("scale")
+        .beginObject()
+        .field("kind", scaleName(s.scale))
+        .field("min", s.range.lower)
+        .field("max", s.range.upper)
+        .endObject()
+        .field("prefill", s.prefillBoundary)  // NaN (no decode): null
+        .field("xName", s.xName)
+        .field("xLabel", s.xLabel)
+        .field("metric", s.metricLabel)
+        .key("divergences")
+        .numbers(s.divergences)
+        .key("topLabels")
+        .array(s.topLabels.size(), [&](std::size_t i) {
+            w.beginArray().value(s.topLabels[i].first).value(s.topLabels[i].second).endArray();
+        })
+        .key("rows")
+        .strings(s.rowLabels)
+        .key("layerNames")
+        .strings(s.layerNames);
     if (!s.tokenText.empty())
-        strings("tokenText", s.tokenText);
-    o << ",\"values\":[";
-    for (std::size_t i = 0; i < m.grid.values.size(); ++i)
-        o << (i ? "," : "") << number(m.grid.values[i]);
-    o << "],\"heads\":[";
-    for (std::size_t i = 0; i < m.grid.heads.size(); ++i)
-        o << (i ? "," : "") << m.grid.heads[i];
-    o << "]}";
+        w.key("tokenText").strings(s.tokenText);
+    w.key("values").array(m.grid.values.size(), [&](std::size_t i) { w.value(fourDigits(m.grid.values[i])); });
+    w.key("heads").numbers(m.grid.heads).endObject();
 }
 
 // The colour stops of every scale, for the report's script (the same as the app's).
-void writeScalesJson(std::ostream& o)
+void writeScalesJson(JsonWriter& w)
 {
-    o << "{";
-    bool first = true;
+    const auto rgb = [&](Rgb c) { w.beginArray().value(c.r).value(c.g).value(c.b).endArray(); };
+    w.beginObject();
     for (ScaleKind kind : {ScaleKind::Error, ScaleKind::Ratio, ScaleKind::Bc}) {
-        o << (first ? "" : ",") << "\"" << scaleName(kind) << "\":[";
-        first = false;
         const std::vector<ColorStop>& stops = colorStops(kind);
-        for (std::size_t i = 0; i < stops.size(); ++i)
-            o << (i ? "," : "") << "[" << stops[i].at << ",[" << stops[i].color.r << "," << stops[i].color.g << ","
-              << stops[i].color.b << "]]";
-        o << "]";
+        w.key(scaleName(kind)).array(stops.size(), [&](std::size_t i) {
+            w.beginArray().value(stops[i].at);
+            rgb(stops[i].color);
+            w.endArray();
+        });
     }
-    const auto rgb = [&](Rgb c) { o << "[" << c.r << "," << c.g << "," << c.b << "]"; };
-    o << ",\"prefillLine\":";
+    w.key("prefillLine");
     rgb(kPrefillLineColor);
-    o << ",\"divergenceLine\":";
+    w.key("divergenceLine");
     rgb(kDivergenceLineColor);
-    o << ",\"markerOutline\":";
+    w.key("markerOutline");
     rgb(kMarkerOutlineColor);
-    o << "}";
+    w.endObject();
 }
 
 void renderPng(const ReportMap& m, const QString& path)
@@ -308,15 +310,9 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     }
 
     std::ostringstream json;
-    json << "{\"scales\":";
-    writeScalesJson(json);
-    json << ",\"maps\":[";
-    for (std::size_t i = 0; i < maps.size(); ++i) {
-        if (i)
-            json << ",";
-        writeMapJson(json, maps[i]);
-    }
-    json << "]}";
+    JsonWriter w(json);
+    writeScalesJson(w.beginObject().key("scales"));
+    w.key("maps").array(maps.size(), [&](std::size_t i) { writeMapJson(w, maps[i]); }).endObject();
     // Inside <script>, "</" could end the element: escape it.
     const QString data = QString::fromStdString(json.str()).replace("</", "<\\/");
 

@@ -1,222 +1,144 @@
 #include "analysis/analysis_json.h"
 
 #include "analysis/suspects.h"
-#include "util/utf8.h"
-
-#include <charconv>
-#include <cmath>
+#include "util/json_writer.h"
 
 namespace kvscope {
 
-std::string jsonString(const std::string& text)
-{
-    std::string s = "\"";
-    for (std::size_t i = 0; i < text.size();) {
-        const unsigned char c = static_cast<unsigned char>(text[i]);
-        const std::size_t n = utf8SequenceLength(text, i);
-        if (n == 0) {  // not UTF-8 (names come from files): the byte as the text \xNN, so the JSON stays valid
-            s += "\\\\" + escapedByte(c).substr(1);
-            ++i;
-            continue;
-        }
-        if (n > 1) {
-            s.append(text, i, n);
-            i += n;
-            continue;
-        }
-        ++i;
-        switch (c) {
-        case '"': s += "\\\""; break;
-        case '\\': s += "\\\\"; break;
-        case '\n': s += "\\n"; break;
-        case '\r': s += "\\r"; break;
-        case '\t': s += "\\t"; break;
-        default:
-            if (c < 0x20) {
-                char buf[8];
-                std::snprintf(buf, sizeof buf, "\\u%04x", c);
-                s += buf;
-            } else {
-                s += char(c);
-            }
-        }
-    }
-    return s + "\"";
-}
-
 namespace {
-
-class JsonWriter {
-public:
-    explicit JsonWriter(std::ostream& out) : m_out(out) {}
-
-    void number(float v)
-    {
-        if (!std::isfinite(v)) {
-            m_out << "null";
-            return;
-        }
-        char buf[32];
-        const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
-        m_out.write(buf, r.ptr - buf);
-    }
-    void number(double v)
-    {
-        if (!std::isfinite(v)) {
-            m_out << "null";
-            return;
-        }
-        char buf[40];
-        const auto r = std::to_chars(buf, buf + sizeof buf, v);
-        m_out.write(buf, r.ptr - buf);
-    }
-    void integer(std::int64_t v) { m_out << v; }
-
-    // A nested array [outer][inner] of `values` (row-major), `group` values per innermost array.
-    void floatArray(const float* values, std::size_t count)
-    {
-        m_out << '[';
-        for (std::size_t i = 0; i < count; ++i) {
-            if (i)
-                m_out << ',';
-            number(values[i]);
-        }
-        m_out << ']';
-    }
-    template <typename Fn>
-    void array(std::size_t count, Fn&& item)
-    {
-        m_out << '[';
-        for (std::size_t i = 0; i < count; ++i) {
-            if (i)
-                m_out << ',';
-            item(i);
-        }
-        m_out << ']';
-    }
-    std::ostream& raw() { return m_out; }
-
-private:
-    std::ostream& m_out;
-};
-
-void writeStrings(JsonWriter& w, const std::vector<std::string>& strings)
-{
-    w.array(strings.size(), [&](std::size_t i) { w.raw() << jsonString(strings[i]); });
-}
-
-template <typename T>
-void writeOptional(JsonWriter& w, const char* key, const std::optional<T>& value)
-{
-    w.raw() << ",\"" << key << "\":";
-    if (!value)
-        w.raw() << "null";
-    else if constexpr (std::is_same_v<T, bool>)
-        w.raw() << (*value ? "true" : "false");
-    else if constexpr (std::is_same_v<T, double>)
-        w.number(*value);
-    else
-        w.integer(*value);
-}
 
 void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
 {
-    std::ostream& o = w.raw();
-    auto ints = [&](const std::vector<int>& v) { w.array(v.size(), [&](std::size_t i) { w.integer(v[i]); }); };
     w.array(suspects.size(), [&](std::size_t i) {
         const Suspect& s = suspects[i];
-        o << "{\"pattern\":\"" << suspectPatternName(s.pattern) << "\",\"score\":";
-        w.number(s.score);
-        o << ",\"evidence\":" << jsonString(s.evidence) << ",\"prompts\":";
-        writeStrings(w, s.prompts);
-        o << ",\"first_layer\":" << jsonString(s.firstLayer) << ",\"layers\":";
-        writeStrings(w, s.layers);
-        o << ",\"kv\":\"" << s.kv << "\",\"heads\":";
-        ints(s.heads);
-        o << ",\"tp_ranks\":";
-        ints(s.tpRanks);
-        o << ",\"tokens\":";
+        w.beginObject()
+            .field("pattern", suspectPatternName(s.pattern))
+            .field("score", s.score)
+            .field("evidence", s.evidence)
+            .key("prompts")
+            .strings(s.prompts)
+            .field("first_layer", s.firstLayer)
+            .key("layers")
+            .strings(s.layers)
+            .field("kv", s.kv)
+            .key("heads")
+            .numbers(s.heads)
+            .key("tp_ranks")
+            .numbers(s.tpRanks)
+            .key("tokens");
         if (s.firstToken < 0)
-            o << "null";
+            w.null();
         else
-            o << '[' << s.firstToken << ',' << s.lastToken << ']';
-        o << ",\"phase\":\"" << s.phase << "\",\"blocks\":";
-        w.array(s.blocks.size(), [&](std::size_t b) {
-            o << "{\"group\":" << s.blocks[b].group << ",\"logical\":" << s.blocks[b].logical << ",\"physical\":";
-            if (s.blocks[b].physical < 0)
-                o << "null";
+            w.beginArray().value(s.firstToken).value(s.lastToken).endArray();
+        w.field("phase", s.phase).key("blocks").array(s.blocks.size(), [&](std::size_t b) {
+            const SuspectBlock& block = s.blocks[b];
+            w.beginObject().field("group", block.group).field("logical", block.logical).key("physical");
+            if (block.physical < 0)
+                w.null();
             else
-                o << s.blocks[b].physical;
-            o << '}';
+                w.value(block.physical);
+            w.endObject();
         });
-        o << ",\"worst_cell\":{\"layer\":" << s.worstLayer << ",\"token\":" << s.worstToken << ",\"head\":"
-          << s.worstHead << ",\"part\":\"" << kvPartName(s.worstPart) << "\"}}";
+        w.key("worst_cell")
+            .beginObject()
+            .field("layer", s.worstLayer)
+            .field("token", s.worstToken)
+            .field("head", s.worstHead)
+            .field("part", kvPartName(s.worstPart))
+            .endObject()
+            .endObject();
     });
+}
+
+// Per (layer, token) arrays of `[layer][token]` values, one array per layer.
+void writeLayerRows(JsonWriter& w, const float* data, std::size_t layers, std::size_t perLayer)
+{
+    w.array(layers, [&](std::size_t l) { w.floats(data + l * perLayer, perLayer); });
 }
 
 void writePrompt(JsonWriter& w, const PromptAnalysis& p)
 {
-    std::ostream& o = w.raw();
-    o << "{\"id\":" << jsonString(p.id) << ",\"mode\":\"" << (p.threeWay ? "three-way" : "two-way")
-      << "\",\"prompt_len\":" << p.promptLen << ",\"num_tokens\":" << p.tokens << ",\"num_heads\":" << p.heads
-      << ",\"head_dim\":" << p.headDim << ",\"layer_names\":";
-    writeStrings(w, p.layers);
-    o << ",\"layer_groups\":";
-    w.array(p.layerGroups.size(), [&](std::size_t i) { w.integer(p.layerGroups[i]); });
-    o << ",\"divergence_positions\":";
-    w.array(p.divergences.size(), [&](std::size_t i) { w.integer(p.divergences[i].position); });
-    o << ",\"divergences\":";
-    w.array(p.divergences.size(), [&](std::size_t i) {
-        const Divergence& d = p.divergences[i];
-        o << "{\"position\":" << d.position << ",\"derived\":" << (d.derived ? "true" : "false");
-        writeOptional(w, "engine_token", d.engineToken);
-        writeOptional(w, "teacher_token", d.teacherToken);
-        writeOptional(w, "logit_gap", d.logitGap);
-        writeOptional(w, "ulp_bound", d.ulpBound);
-        writeOptional(w, "in_bounds", d.inBounds);
-        o << '}';
-    });
+    w.beginObject()
+        .field("id", p.id)
+        .field("mode", p.threeWay ? "three-way" : "two-way")
+        .field("prompt_len", p.promptLen)
+        .field("num_tokens", p.tokens)
+        .field("num_heads", p.heads)
+        .field("head_dim", p.headDim)
+        .key("layer_names")
+        .strings(p.layers)
+        .key("layer_groups")
+        .numbers(p.layerGroups)
+        .key("divergence_positions")
+        .array(p.divergences.size(), [&](std::size_t i) { w.value(p.divergences[i].position); })
+        .key("divergences")
+        .array(p.divergences.size(), [&](std::size_t i) {
+            const Divergence& d = p.divergences[i];
+            w.beginObject()
+                .field("position", d.position)
+                .field("derived", d.derived)
+                .field("engine_token", d.engineToken)
+                .field("teacher_token", d.teacherToken)
+                .field("logit_gap", d.logitGap)
+                .field("ulp_bound", d.ulpBound)
+                .field("in_bounds", d.inBounds)
+                .endObject();
+        });
 
     const std::size_t layers = p.layers.size(), tokens = std::size_t(p.tokens), heads = std::size_t(p.heads);
-    o << ",\"metrics\":{";
-    bool first = true;
+    w.key("metrics").beginObject();
     for (int m = 0; m < kMetricCount; ++m) {
         if (isBaseMetric(Metric(m)) && !p.threeWay)
             continue;
-        o << (first ? "" : ",") << '"' << metricName(Metric(m)) << "\":";
-        first = false;
         const float* data = p.metrics[std::size_t(m)].data();
-        w.array(layers, [&](std::size_t l) {
-            w.array(tokens, [&](std::size_t t) { w.floatArray(data + (l * tokens + t) * heads, heads); });
+        w.key(metricName(Metric(m))).array(layers, [&](std::size_t l) {
+            w.array(tokens, [&](std::size_t t) { w.floats(data + (l * tokens + t) * heads, heads); });
         });
     }
-    o << '}';
+    w.endObject();
     if (p.threeWay) {
-        o << ",\"bc\":{";
-        for (int part = 0; part < 2; ++part) {
-            o << (part ? ",\"v_bc\":" : "\"k_bc\":");
-            const float* data = p.bc[std::size_t(part)].data();
-            w.array(layers, [&](std::size_t l) { w.floatArray(data + l * tokens, tokens); });
-        }
-        o << "},\"bc_vs_noise\":{";
-        for (int part = 0; part < 2; ++part) {
-            o << (part ? ",\"v\":" : "\"k\":");
-            const float* data = p.bcVsNoise[std::size_t(part)].data();
-            w.array(layers, [&](std::size_t l) { w.floatArray(data + l * tokens, tokens); });
-        }
-        o << '}';
+        w.key("bc").beginObject();
+        writeLayerRows(w.key("k_bc"), p.bc[0].data(), layers, tokens);
+        writeLayerRows(w.key("v_bc"), p.bc[1].data(), layers, tokens);
+        w.endObject().key("bc_vs_noise").beginObject();
+        writeLayerRows(w.key("k"), p.bcVsNoise[0].data(), layers, tokens);
+        writeLayerRows(w.key("v"), p.bcVsNoise[1].data(), layers, tokens);
+        w.endObject();
     }
-    o << ",\"suspects\":";
-    writeSuspects(w, p.suspects);
-    o << ",\"problems\":";
-    writeStrings(w, p.problems);
-    o << ",\"non_finite\":";
-    w.array(p.nonFinite.size(), [&](std::size_t i) {
+    writeSuspects(w.key("suspects"), p.suspects);
+    w.key("problems").strings(p.problems).key("non_finite").array(p.nonFinite.size(), [&](std::size_t i) {
         const NonFiniteCell& c = p.nonFinite[i];
-        o << "{\"layer\":" << c.layer << ",\"token\":" << c.token << ",\"head\":" << c.head << ",\"part\":\""
-          << kvPartName(c.part) << "\",\"side\":" << jsonString(c.side) << '}';
+        w.beginObject()
+            .field("layer", c.layer)
+            .field("token", c.token)
+            .field("head", c.head)
+            .field("part", kvPartName(c.part))
+            .field("side", c.side)
+            .endObject();
     });
-    o << '}';
+    w.endObject();
+}
+
+void writeAggregate(JsonWriter& w, const AggregateBc& a)
+{
+    const std::size_t layers = a.layers.size(), g = std::size_t(a.generationCount);
+    w.beginObject()
+        .key("prompt_ids")
+        .strings(a.promptIds)
+        .key("layer_names")
+        .strings(a.layers)
+        .field("num_generation_indices", a.generationCount)
+        .key("divergence_counts")
+        .numbers(a.divergenceCounts);
+    writeLayerRows(w.key("k_bc"), a.bc[0].data(), layers, g);
+    writeLayerRows(w.key("v_bc"), a.bc[1].data(), layers, g);
+    w.key("combined_k_bc").floats(a.combined[0].data(), layers);
+    w.key("combined_v_bc").floats(a.combined[1].data(), layers);
+    writeLayerRows(w.key("k_bc_vs_noise"), a.bcVsNoise[0].data(), layers, g);
+    writeLayerRows(w.key("v_bc_vs_noise"), a.bcVsNoise[1].data(), layers, g);
+    w.key("combined_k_bc_vs_noise").floats(a.combinedVsNoise[0].data(), layers);
+    w.key("combined_v_bc_vs_noise").floats(a.combinedVsNoise[1].data(), layers);
+    w.endObject();
 }
 
 }  // namespace
@@ -224,44 +146,27 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
 void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
 {
     JsonWriter w(out);
-    out << "{\"format\":\"kvscope-analysis\",\"format_version\":1,\"bundle\":" << jsonString(result.bundle)
-        << ",\"layout\":{\"metrics\":\"[layer][token][head]\",\"bc\":\"[layer][token]\",\"aggregate_bc\":"
-           "\"[layer][generation_index]\"},\"problems\":";
-    writeStrings(w, result.problems);
-    out << ",\"suspects\":";
-    writeSuspects(w, result.suspects);
-    out << ",\"prompts\":";
-    w.array(result.prompts.size(), [&](std::size_t i) { writePrompt(w, result.prompts[i]); });
-    out << ",\"aggregate\":";
-    if (!result.aggregate) {
-        out << "null}";
-        return;
-    }
-    const AggregateBc& a = *result.aggregate;
-    const std::size_t g = std::size_t(a.generationCount);
-    out << "{\"prompt_ids\":";
-    writeStrings(w, a.promptIds);
-    out << ",\"layer_names\":";
-    writeStrings(w, a.layers);
-    out << ",\"num_generation_indices\":" << a.generationCount << ",\"divergence_counts\":";
-    w.array(a.divergenceCounts.size(), [&](std::size_t i) { w.integer(a.divergenceCounts[i]); });
-    for (int part = 0; part < 2; ++part) {
-        out << (part ? ",\"v_bc\":" : ",\"k_bc\":");
-        w.array(a.layers.size(), [&](std::size_t l) { w.floatArray(a.bc[std::size_t(part)].data() + l * g, g); });
-    }
-    out << ",\"combined_k_bc\":";
-    w.floatArray(a.combined[0].data(), a.layers.size());
-    out << ",\"combined_v_bc\":";
-    w.floatArray(a.combined[1].data(), a.layers.size());
-    for (int part = 0; part < 2; ++part) {
-        out << (part ? ",\"v_bc_vs_noise\":" : ",\"k_bc_vs_noise\":");
-        w.array(a.layers.size(), [&](std::size_t l) { w.floatArray(a.bcVsNoise[std::size_t(part)].data() + l * g, g); });
-    }
-    out << ",\"combined_k_bc_vs_noise\":";
-    w.floatArray(a.combinedVsNoise[0].data(), a.layers.size());
-    out << ",\"combined_v_bc_vs_noise\":";
-    w.floatArray(a.combinedVsNoise[1].data(), a.layers.size());
-    out << "}}\n";
+    w.beginObject()
+        .field("format", "kvscope-analysis")
+        .field("format_version", 1)
+        .field("bundle", result.bundle)
+        .key("layout")
+        .beginObject()
+        .field("metrics", "[layer][token][head]")
+        .field("bc", "[layer][token]")
+        .field("aggregate_bc", "[layer][generation_index]")
+        .endObject()
+        .key("problems")
+        .strings(result.problems);
+    writeSuspects(w.key("suspects"), result.suspects);
+    w.key("prompts").array(result.prompts.size(), [&](std::size_t i) { writePrompt(w, result.prompts[i]); });
+    w.key("aggregate");
+    if (result.aggregate)
+        writeAggregate(w, *result.aggregate);
+    else
+        w.null();
+    w.endObject();
+    out << '\n';
 }
 
 }  // namespace kvscope

@@ -1,6 +1,7 @@
 #include "analysis/threshold_check.h"
 
 #include "analysis/suspects.h"
+#include "util/json_writer.h"
 
 #include <cmath>
 #include <stdexcept>
@@ -68,6 +69,47 @@ AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, An
         if (!p.problems.empty())
             throw std::runtime_error(p.problems.front());
     return result;
+}
+
+void writeVerdictJson(const std::string& bundle, const Thresholds& t, const std::vector<Violation>& violations,
+                      std::ostream& out)
+{
+    JsonWriter w(out);
+    w.beginObject()
+        .field("bundle", bundle)
+        .key("thresholds")
+        .beginObject()
+        .field("min_bc", t.minBc)
+        .field("bc", t.bcVsNoise ? "bc_vs_noise" : "bc")
+        .field("max_ratio", t.maxRatio)
+        .field("max_linf", t.maxLinf)
+        .endObject()
+        .field("passed", violations.empty())
+        .key("violations")
+        .array(violations.size(), [&](std::size_t i) {
+            const Violation& v = violations[i];
+            w.beginObject().key("prompt");
+            if (v.prompt.empty())
+                w.null();
+            else
+                w.value(v.prompt);
+            w.field("layer", v.layer).key("token");
+            if (v.token >= 0)
+                w.value(v.token);
+            else
+                w.null();
+            w.key("head");
+            if (v.head >= 0)
+                w.value(v.head);
+            else
+                w.null();
+            w.field("metric", v.metric).field("value", v.value).field("threshold", v.threshold);
+            if (!v.detail.empty())
+                w.field("evidence", v.detail);
+            w.endObject();
+        })
+        .endObject();
+    out << '\n';
 }
 
 }  // namespace kvscope

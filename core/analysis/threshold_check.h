@@ -13,6 +13,7 @@
 #include "analysis/analyzer.h"
 
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct Violation {
 };
 
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& thresholds);
+
+// The verdict as strict JSON, for CI (`kvscope check --json`; docs/reports.md).
+void writeVerdictJson(const std::string& bundle, const Thresholds& thresholds,
+                      const std::vector<Violation>& violations, std::ostream& out);
 
 // The analysis a verdict is given on (`kvscope check`, the report's verdict): strict, since a
 // broken capture is not a pass. An unreadable block, a prompt or layer that cannot be

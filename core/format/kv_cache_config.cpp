@@ -1,6 +1,7 @@
 #include "format/kv_cache_config.h"
 
 #include "format/bundle_error.h"
+#include "util/json_writer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -38,7 +39,7 @@ int requireInt(const Json& obj, const char* key, int lo, int hi, const Context& 
         ctx.fail(path, "missing");
     const Json& v = obj.at(key);
     if (!v.is_number_integer())
-        ctx.fail(path, "must be an integer, got " + v.dump());
+        ctx.fail(path, "must be an integer, got " + jsonText(v));
     const auto value = v.get<long long>();
     if (value < lo || value > hi)
         ctx.fail(path, "value " + std::to_string(value) + " outside [" + std::to_string(lo) + ", " +
@@ -105,7 +106,7 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             ctx.fail(where + ".layer_names", "must be a non-empty list of strings");
         for (const Json& name : jg["layer_names"]) {
             if (!name.is_string() || name.get<std::string>().empty())
-                ctx.fail(where + ".layer_names", "holds a non-string or empty entry " + name.dump());
+                ctx.fail(where + ".layer_names", "holds a non-string or empty entry " + jsonText(name));
             const std::string s = name.get<std::string>();
             if (s.find('/') != std::string::npos || s == "." || s == "..")
                 ctx.fail(where + ".layer_names", "layer name '" + s + "' cannot be an HDF5 name");
@@ -175,7 +176,7 @@ std::string KvCacheConfig::toJson() const
         jg["head_size"] = g.headSize;
         root["groups"].push_back(jg);
     }
-    return root.dump();
+    return jsonText(root);
 }
 
 TpMode KvCacheConfig::tpMode() const

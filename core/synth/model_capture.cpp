@@ -3,6 +3,7 @@
 #include "format/bundle_writer.h"
 #include "kv/paged_layout.h"
 #include "synth/tiny_transformer.h"
+#include "util/json_writer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -189,7 +190,7 @@ KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, boo
     blocks += blocks / 2 + 4;
     nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.shape.kvHeads},
                           {"dcp_size", 1}, {"pcp_size", 1}, {"groups", groups}};
-    return KvCacheConfig::fromJson(cfg.dump(), {}, "synthetic config");
+    return KvCacheConfig::fromJson(jsonText(cfg), {}, "synthetic config");
 }
 
 void checkOptions(const ModelCaptureOptions& o)
@@ -452,7 +453,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
                                   {"seed", o.seed}, {"tp_size", o.tpSize}, {"full_block_size", o.fullBlockSize},
                                   {"sliding_block_size", o.slidingBlockSize}, {"fp8", fp8},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
-    meta.extra["synthetic_options"] = optionsJson.dump();
+    meta.extra["synthetic_options"] = jsonText(optionsJson);
 
     // The prompts' tokens, drawn in order from one stream.
     std::mt19937_64 rng(o.seed * 7919 + 17);
@@ -518,7 +519,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
             truth.update(c.truth);
         c = {};  // release it before the next prompt's writes
     }
-    writer.setMetadata("synthetic_fault", truth.dump());
+    writer.setMetadata("synthetic_fault", jsonText(truth));
     writer.finish();
 }
 

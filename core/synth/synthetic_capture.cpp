@@ -23,32 +23,31 @@ bool isSliding(const SyntheticCaptureOptions& o, int layer)
 
 KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t longest)
 {
-    std::vector<std::string> sliding, full;
+    KvCacheGroup sliding, full;
     for (int i = 0; i < o.layers; ++i)
-        (isSliding(o, i) ? sliding : full).push_back('"' + layerName(i) + '"');
-    const int perRank = std::max(1, o.kvHeads / o.tpSize);
-    auto group = [&](const std::vector<std::string>& names, const char* spec, int blockSize) {
-        std::string list;
-        for (const std::string& n : names)
-            list += (list.empty() ? "" : ", ") + n;
-        return "{\"layer_names\": [" + list + "], \"spec_type\": \"" + spec + "\", \"block_size\": " +
-               std::to_string(blockSize) + ", \"sliding_window\": " +
-               (o.alternateSliding ? std::to_string(o.slidingWindow) : "null") +
-               ", \"dtype\": \"torch.bfloat16\", \"num_kv_heads\": " + std::to_string(perRank) +
-               ", \"head_size\": " + std::to_string(o.headDim) + "}";
-    };
+        (isSliding(o, i) ? sliding : full).layerNames.push_back(layerName(i));
+    for (KvCacheGroup* g : {&sliding, &full}) {
+        g->slidingWindow = o.alternateSliding ? std::optional<int>(o.slidingWindow) : std::nullopt;
+        g->dtype = DType::BFloat16;
+        g->numKvHeads = std::max(1, o.kvHeads / o.tpSize);
+        g->headSize = o.headDim;
+    }
+    sliding.specType = SpecType::SlidingWindow;
+    sliding.blockSize = o.slidingBlockSize;
+    full.blockSize = o.fullBlockSize;
+
+    KvCacheConfig config;
     // Enough blocks for every group of the longest sequence, the null block and some slack,
     // times the pool factor (other sequences' blocks).
-    const std::int64_t needed = 2 + longest / o.fullBlockSize + (sliding.empty() ? 0 : longest / o.slidingBlockSize) + 8;
-    const std::int64_t blocks = needed * std::max(1, o.poolFactor);
-    std::string groups = group(full, "FullAttentionSpec", o.fullBlockSize);
-    if (!sliding.empty())
-        groups = group(sliding, "SlidingWindowSpec", o.slidingBlockSize) + ", " + groups;
-    return KvCacheConfig::fromJson("{\"num_blocks\": " + std::to_string(blocks) + ", \"tp_size\": " +
-                                       std::to_string(o.tpSize) + ", \"total_num_kv_heads\": " +
-                                       std::to_string(o.kvHeads) + ", \"dcp_size\": 1, \"pcp_size\": 1, \"groups\": [" +
-                                       groups + "]}",
-                                   {}, "synthetic config");
+    const std::int64_t needed = 2 + longest / o.fullBlockSize +
+                                (sliding.layerNames.empty() ? 0 : longest / o.slidingBlockSize) + 8;
+    config.numBlocks = int(needed * std::max(1, o.poolFactor));
+    config.tpSize = o.tpSize;
+    config.totalNumKvHeads = o.kvHeads;
+    if (!sliding.layerNames.empty())
+        config.groups.push_back(sliding);
+    config.groups.push_back(full);
+    return KvCacheConfig::fromJson(config.toJson(), {}, "synthetic config");  // validated as a bundle's would be
 }
 
 float bf16(float x)

@@ -3,13 +3,14 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace kvscope {
 
 // The length of the valid UTF-8 sequence starting at text[i] (1-4), or 0 when the byte there
 // does not start one (RFC 3629: no stray continuation bytes, overlong forms, surrogates,
 // code points beyond U+10FFFF, or sequences cut short).
-inline std::size_t utf8SequenceLength(const std::string& text, std::size_t i)
+inline std::size_t utf8SequenceLength(std::string_view text, std::size_t i)
 {
     const auto at = [&](std::size_t k) { return static_cast<unsigned char>(text[i + k]); };
     const unsigned char c = at(0);

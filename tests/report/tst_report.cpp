@@ -21,8 +21,10 @@
 #include <QTest>
 
 #include <hdf5.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <limits>
 
 using namespace kvscope;
 
@@ -32,6 +34,7 @@ class TestReport : public QObject {
 private slots:
     void initTestCase();
     void htmlIsSelfContained();
+    void embeddedDataIsStrictJsonWithNonFiniteValues();
     void pngsCarryTheMarkers();
     void chromiumDrawsEveryMapOffline();
     void checkExitCodes();
@@ -75,6 +78,40 @@ void TestReport::htmlIsSelfContained()
     QVERIFY(html.indexOf("<h2>Suspects</h2>") < html.indexOf("<h2>Capture</h2>"));  // it opens with them
     QVERIFY(html.contains("<th>pattern</th>") && html.contains("model.layers.5.self_attn</td>"));
     QVERIFY(!html.contains("NaN"));                       // no data is null, never NaN
+}
+
+void TestReport::embeddedDataIsStrictJsonWithNonFiniteValues()
+{
+    AnalysisResult result = analyzeBundle(m_reader);
+    // Infinities and NaN where a map's values and its colour range come from.
+    PromptAnalysis& p = result.prompts.front();
+    for (FloatBuffer& metric : p.metrics)
+        for (std::size_t i = 0; i < metric.size(); i += 3)
+            metric[i] = i % 2 ? std::numeric_limits<float>::infinity() : std::nanf("");
+    p.bcVsNoise[0][0] = -std::numeric_limits<float>::infinity();
+    const ReportFiles files = writeReport(*m_reader, result, Thresholds{}, m_dir.filePath("report-nonfinite"));
+    QFile f(files.html);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const std::string html = f.readAll().toStdString();
+    const std::string open = "id=\"kvscope-data\">";
+    const std::size_t begin = html.find(open) + open.size(), end = html.find("</script>", begin);
+    QVERIFY(begin > open.size() && end != std::string::npos);
+    std::string data = html.substr(begin, end - begin);
+    for (std::size_t at; (at = data.find("<\\/")) != std::string::npos;)
+        data.replace(at, 3, "</");
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(data);  // strict: no NaN, no Infinity
+    } catch (const std::exception& e) {
+        QFAIL(e.what());
+    }
+    int nulls = 0;
+    for (const nlohmann::json& map : j["maps"]) {
+        QVERIFY(map["scale"]["min"].is_number() || map["scale"]["min"].is_null());
+        for (const nlohmann::json& v : map["values"])
+            nulls += v.is_null();
+    }
+    QVERIFY(nulls > 0);
 }
 
 void TestReport::pngsCarryTheMarkers()
@@ -161,7 +198,9 @@ void TestReport::checkExitCodes()
     QVERIFY2(text.contains("FAIL prompt prompt_0, model.layers.3.self_attn"), qPrintable(text));
     QFile f(json);
     QVERIFY(f.open(QIODevice::ReadOnly));
-    QVERIFY(f.readAll().contains("\"passed\":false"));
+    const nlohmann::json verdict = nlohmann::json::parse(f.readAll().toStdString());  // strict
+    QCOMPARE(verdict["passed"].get<bool>(), false);
+    QVERIFY(!verdict["violations"].empty());
     // Thresholds are the user's: loose enough, the faulty capture passes.
     QCOMPARE(run({"check", faulty, "--max-ratio", "1000", "--min-bc", "0"}, &text), 1);  // the suspect still fails it
     QVERIFY2(text.contains("suspect: position"), qPrintable(text));

@@ -4,6 +4,7 @@
 // as null, and text exactly (bytes that are not UTF-8 as the text \xNN).
 
 #include "analysis/analysis_json.h"
+#include "util/json_writer.h"
 #include "util/utf8.h"
 
 #include <nlohmann/json.hpp>

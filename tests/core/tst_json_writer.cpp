@@ -1,0 +1,182 @@
+// The one JSON writer: strict output whatever the data (NaN and infinities as null, text that
+// is not UTF-8 escaped), numbers in their shortest exact form, commas and nesting right; and
+// the documents written with it (check's verdict, a nlohmann document) parse strictly.
+
+#include "analysis/threshold_check.h"
+#include "util/json_writer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <QTest>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+
+using namespace kvscope;
+
+class TestJsonWriter : public QObject {
+    Q_OBJECT
+
+private slots:
+    void nestingAndCommas();
+    void nonFiniteNumbersAreNull();
+    void numbersAreShortestAndExact();
+    void integersAtTheirLimits();
+    void textIsEscapedAndAlwaysValid();
+    void nlohmannDocumentsFollowTheSameRules();
+    void verdictParsesStrictlyWithNonFiniteValues();
+};
+
+namespace {
+
+// Strict: nlohmann rejects NaN, Infinity and invalid UTF-8.
+nlohmann::json parseStrict(const std::string& text)
+{
+    return nlohmann::json::parse(text);
+}
+
+}  // namespace
+
+void TestJsonWriter::nestingAndCommas()
+{
+    std::ostringstream out;
+    JsonWriter w(out);
+    const float three[] = {1.5f, -2.0f, 0.25f};
+    w.beginObject()
+        .field("a", 1)
+        .key("b")
+        .beginArray()
+        .value(true)
+        .null()
+        .beginObject()
+        .endObject()
+        .beginArray()
+        .endArray()
+        .endArray()
+        .key("c")
+        .floats(three, 3)
+        .key("d")
+        .floats(three, 0)
+        .key("e")
+        .strings({"x", "y"})
+        .key("f")
+        .numbers(std::vector<int>{3, 4})
+        .field("g", std::optional<int>())
+        .field("h", std::optional<double>(0.5))
+        .endObject();
+    QCOMPARE(out.str(), std::string(R"({"a":1,"b":[true,null,{},[]],"c":[1.5,-2,0.25],"d":[],"e":["x","y"],"f":[3,4],"g":null,"h":0.5})"));
+    QVERIFY(parseStrict(out.str()).is_object());
+}
+
+void TestJsonWriter::nonFiniteNumbersAreNull()
+{
+    const float nanF = std::nanf(""), infF = std::numeric_limits<float>::infinity();
+    const double nanD = std::nan(""), infD = std::numeric_limits<double>::infinity();
+    const float row[] = {nanF, infF, -infF, 1.0f};
+    std::ostringstream out;
+    JsonWriter w(out);
+    w.beginArray().value(nanF).value(infF).value(-infD).value(nanD).floats(row, 4).value(std::optional<double>(infD)).endArray();
+    QCOMPARE(out.str(), std::string("[null,null,null,null,[null,null,null,1],null]"));
+    QVERIFY(parseStrict(out.str()).is_array());
+}
+
+void TestJsonWriter::numbersAreShortestAndExact()
+{
+    std::ostringstream out;
+    JsonWriter(out).beginArray().value(0.1f).value(0.1).value(1e-7f).value(3.0f).value(-0.0f).endArray();
+    // 0.1f is 0.100000001490116...: its shortest form that reads back as the same float is 0.1.
+    QCOMPARE(out.str(), std::string("[0.1,0.1,1e-07,3,-0]"));
+
+    std::mt19937 random(7);
+    std::uniform_int_distribution<std::uint32_t> bits;
+    std::vector<float> values;
+    while (values.size() < 20000) {
+        const std::uint32_t b = bits(random);
+        float v;
+        std::memcpy(&v, &b, sizeof v);
+        if (std::isfinite(v))
+            values.push_back(v);
+    }
+    std::ostringstream many;
+    JsonWriter(many).floats(values.data(), values.size());
+    const nlohmann::json parsed = parseStrict(many.str());
+    for (std::size_t i = 0; i < values.size(); ++i)
+        QCOMPARE(float(parsed[i].get<double>()), values[i]);  // every float read back exactly
+}
+
+void TestJsonWriter::integersAtTheirLimits()
+{
+    std::ostringstream out;
+    JsonWriter(out)
+        .beginArray()
+        .value(std::numeric_limits<std::int64_t>::min())
+        .value(std::numeric_limits<std::int64_t>::max())
+        .value(std::numeric_limits<std::uint64_t>::max())
+        .value(-1)
+        .endArray();
+    QCOMPARE(out.str(), std::string("[-9223372036854775808,9223372036854775807,18446744073709551615,-1]"));
+}
+
+void TestJsonWriter::textIsEscapedAndAlwaysValid()
+{
+    QCOMPARE(jsonString("a\"b\\c\n\x01"), std::string("\"a\\\"b\\\\c\\n\\u0001\""));
+    // Valid UTF-8 is kept; bytes that are not (names come from files) become the text \xNN,
+    // so that the JSON stays valid: a stray continuation byte, a cut sequence, an overlong
+    // form, a surrogate, a code point beyond U+10FFFF.
+    QCOMPARE(jsonString("é中😀"), std::string("\"é中😀\""));
+    QCOMPARE(jsonString("a\x80"), std::string("\"a\\\\x80\""));
+    QCOMPARE(jsonString("\xe4\xb8"), std::string("\"\\\\xe4\\\\xb8\""));
+    QCOMPARE(jsonString("\xe0\x80\xaf"), std::string("\"\\\\xe0\\\\x80\\\\xaf\""));
+    QCOMPARE(jsonString("\xed\xa0\x80"), std::string("\"\\\\xed\\\\xa0\\\\x80\""));
+    QCOMPARE(jsonString("\xf4\x90\x80\x80"), std::string("\"\\\\xf4\\\\x90\\\\x80\\\\x80\""));
+    for (const char* text : {"a\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xc0\xaf"})
+        QVERIFY(parseStrict(jsonString(text)).is_string());
+    // Keys follow the same rules.
+    std::ostringstream out;
+    JsonWriter(out).beginObject().field("k\x80\"", "v").endObject();
+    QCOMPARE(out.str(), std::string("{\"k\\\\x80\\\"\":\"v\"}"));
+    QVERIFY(parseStrict(out.str()).contains("k\\x80\""));
+}
+
+void TestJsonWriter::nlohmannDocumentsFollowTheSameRules()
+{
+    nlohmann::json document = {{"layers", 80},           {"ratio", 0.1},       {"missing", std::nan("")},
+                               {"names", {"a", "b\x80"}}, {"flag", false},      {"none", nullptr},
+                               {"big", std::uint64_t(1) << 63}, {"nested", {{"inf", HUGE_VAL}}}};
+    const std::string text = jsonText(document);
+    // nlohmann's own dump would throw on "b\x80" and write the double 0.1 the same; here the
+    // keys come in nlohmann's (sorted) order.
+    QCOMPARE(text, std::string(R"({"big":9223372036854775808,"flag":false,"layers":80,"missing":null,"names":["a","b\\x80"],"nested":{"inf":null},"none":null,"ratio":0.1})"));
+    QVERIFY(parseStrict(text).is_object());
+}
+
+void TestJsonWriter::verdictParsesStrictlyWithNonFiniteValues()
+{
+    Thresholds t;
+    t.maxLinf = std::numeric_limits<double>::infinity();
+    t.maxRatio = std::nan("");
+    std::vector<Violation> violations(2);
+    violations[0] = {"p\x80", "layers.0", 5, 1, "k_linf", std::nan(""), 0.05, "evidence \"quoted\""};
+    violations[1] = {"", "layers.1", -1, -1, "combined k_bc", -std::numeric_limits<double>::infinity(), 0.9, ""};
+    std::ostringstream out;
+    writeVerdictJson("b.h5", t, violations, out);
+    const nlohmann::json j = parseStrict(out.str());
+    QCOMPARE(j["passed"].get<bool>(), false);
+    QVERIFY(j["thresholds"]["max_linf"].is_null());
+    QVERIFY(j["thresholds"]["max_ratio"].is_null());
+    QCOMPARE(j["thresholds"]["min_bc"].get<double>(), 0.9);
+    QVERIFY(j["violations"][0]["value"].is_null());
+    QCOMPARE(j["violations"][0]["prompt"].get<std::string>(), std::string("p\\x80"));
+    QCOMPARE(j["violations"][0]["token"].get<int>(), 5);
+    QCOMPARE(j["violations"][0]["evidence"].get<std::string>(), std::string("evidence \"quoted\""));
+    QVERIFY(j["violations"][1]["prompt"].is_null());
+    QVERIFY(j["violations"][1]["token"].is_null());
+    QVERIFY(j["violations"][1]["head"].is_null());
+    QVERIFY(!j["violations"][1].contains("evidence"));
+}
+
+QTEST_APPLESS_MAIN(TestJsonWriter)
+#include "tst_json_writer.moc"
