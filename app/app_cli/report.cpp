@@ -29,7 +29,7 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
         AnalysisOptions options;
         options.suspects = t.suspects;
         const AnalysisResult result = analyzeForVerdict(reader, options);  // the same verdict as `check`
-        const ReportFiles files = writeReport(*reader, result, t, QString::fromStdString(dir));
+        const ReportFiles files = writeReport(CaptureLoader(reader), result, t, QString::fromStdString(dir));
         out << "wrote " << files.html.toStdString() << " (" << files.htmlBytes / 1024 << " KiB) and "
                   << files.images.size() << " PNG images\n";
     } catch (const std::exception& e) {

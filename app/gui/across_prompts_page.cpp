@@ -40,11 +40,11 @@ bool AcrossPromptsPage::refresh()
         return false;
     const AggregateBc& a = *result->aggregate;
     m_map->setGrid(aggregateHeatmap(a, m_part));
-    m_map->showMap(acrossPromptsMapSpec(m_controller->reader()->config(), a, m_part));
+    m_map->showMap(acrossPromptsMapSpec(m_controller->loader()->config(), a, m_part));
     m_map->resetView(a.generationCount, int(a.layers.size()));
     QStringList rows;
     for (const std::string& l : a.layers)
-        rows << QString::fromStdString(layerRowLabel(m_controller->reader()->config(), l));
+        rows << QString::fromStdString(layerRowLabel(m_controller->loader()->config(), l));
     // BC against the noise floor: the reference tool's BC reads ~1 on real faults.
     QVector<double> k(a.combinedVsNoise[0].begin(), a.combinedVsNoise[0].end()),
         v(a.combinedVsNoise[1].begin(), a.combinedVsNoise[1].end());

@@ -1,5 +1,7 @@
 #include "gui/analysis_controller.h"
 
+#include "analysis/head_error_histogram.h"
+
 #include "import/import_process.h"
 
 #include <QDir>
@@ -44,7 +46,7 @@ void AnalysisController::open(const QString& path)
     const int generation = ++m_generation;
     m_path = path;
     m_running = true;
-    m_reader.reset();
+    m_loader.reset();
     m_result.reset();
     m_ready.clear();
     std::shared_ptr<QTemporaryDir> importDir;
@@ -60,12 +62,12 @@ void AnalysisController::open(const QString& path)
             }
             if (BundleReader::kProbeFromThreads)  // a libhdf5 crash on this file must not take the app down
                 BundleReader::probeInChild(bundle, probeHook);
-            auto reader = std::make_shared<BundleReader>(bundle);
             AnalysisOptions options;
-            auto result = std::make_shared<AnalysisResult>(prepareAnalysis(*reader, options));
+            auto loader = std::make_shared<const CaptureLoader>(std::make_shared<BundleReader>(bundle), options.unreadableBlocks);
+            auto result = std::make_shared<AnalysisResult>(prepareAnalysis(*loader, options));
             const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
-            post([this, reader, result, layers, path, importDir] {
-                m_reader = reader;
+            post([this, loader, result, layers, path, importDir] {
+                m_loader = loader;
                 m_result = result;
                 m_ready.assign(std::size_t(layers), 0);
                 m_importDir = importDir;  // the previous import's folder can go
@@ -82,7 +84,7 @@ void AnalysisController::open(const QString& path)
                     emit progress(done, total, tr("analysing"));
                 }, generation);
             };
-            runAnalysis(reader, options, *result);
+            runAnalysis(*loader, options, *result);
             post([this] {
                 m_running = false;
                 emit finished();
@@ -104,6 +106,25 @@ void AnalysisController::open(const QString& path)
                 emit failed(message);
             }, generation);
         }
+    });
+}
+
+void AnalysisController::requestHeadHistogram(const std::string& promptId, const std::string& layer, int head,
+                                              KvPart part, qint64 begin, qint64 end, HistogramDone done)
+{
+    if (!m_loader)
+        return;
+    m_tasks.run([this, loader = m_loader, promptId, layer, head, part, begin, end, done = std::move(done),
+                 generation = m_generation.load()] {
+        std::shared_ptr<const HeadErrorHistogram> histogram;
+        QString error;
+        try {
+            histogram = std::make_shared<const HeadErrorHistogram>(
+                headErrorHistogram(*loader, promptId, layer, head, part, begin, end));
+        } catch (const std::exception& e) {  // e.g. the file was truncated or replaced since it was opened
+            error = QString::fromStdString(e.what());
+        }
+        post([histogram, error, done] { done(histogram, error); }, generation);
     });
 }
 

@@ -3,7 +3,7 @@
 // progress and each finished layer by signal; the GUI thread never loads or computes.
 
 #include "analysis/analyzer.h"
-#include "format/bundle_reader.h"
+#include "kv/capture_loader.h"
 
 #include "gui/background_tasks.h"
 
@@ -15,6 +15,8 @@
 #include <memory>
 
 namespace kvscope {
+
+struct HeadErrorHistogram;
 
 class AnalysisController : public QObject {
     Q_OBJECT
@@ -29,7 +31,8 @@ public:
     bool isRunning() const { return m_running; }
 
     QString path() const { return m_path; }
-    std::shared_ptr<const BundleReader> reader() const { return m_reader; }
+    // The open bundle: the one way the app reads it (null before opened()).
+    std::shared_ptr<const CaptureLoader> loader() const { return m_loader; }
     // Valid from opened(); a layer's cells are final once layerReady(layer).
     std::shared_ptr<const AnalysisResult> result() const { return m_result; }
     bool layerReady(int layer) const { return layer >= 0 && std::size_t(layer) < m_ready.size() && m_ready[std::size_t(layer)]; }
@@ -39,6 +42,13 @@ public:
     void setWorkerLayerHook(std::function<void(int)> hook) { m_workerLayerHook = std::move(hook); }
     // Runs in the child process that opens a bundle before the app does (BundleReader::probeInChild).
     void setProbeHook(std::function<void()> hook) { m_probeHook = std::move(hook); }
+
+    // The error histograms of one head of the open bundle over tokens [begin, end), read off
+    // the GUI thread; `done` gets them on the GUI thread, or why they could not be read
+    // (nothing when another bundle was opened since).
+    using HistogramDone = std::function<void(std::shared_ptr<const HeadErrorHistogram> histogram, const QString& error)>;
+    void requestHeadHistogram(const std::string& promptId, const std::string& layer, int head, KvPart part,
+                              qint64 begin, qint64 end, HistogramDone done);
 
 signals:
     void opened(const QString& path);
@@ -52,7 +62,7 @@ private:
     void post(std::function<void()> fn, int generation);
 
     QString m_path;
-    std::shared_ptr<const BundleReader> m_reader;
+    std::shared_ptr<const CaptureLoader> m_loader;
     std::shared_ptr<AnalysisResult> m_result;
     std::vector<char> m_ready;
     std::shared_ptr<std::atomic<bool>> m_cancel = std::make_shared<std::atomic<bool>>(false);  // this run's

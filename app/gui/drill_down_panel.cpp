@@ -1,9 +1,8 @@
 #include "gui/drill_down_panel.h"
 
 #include "analysis/map_spec.h"
-#include "format/bundle_reader.h"
+#include "gui/analysis_controller.h"
 #include "gui/head_table_model.h"
-#include "kv/capture_loader.h"
 #include "metrics/error_histogram.h"
 #include "widgets/histogram_view.h"
 #include "widgets/token_line_view.h"
@@ -19,7 +18,7 @@
 
 namespace kvscope {
 
-DrillDownPanel::DrillDownPanel(QWidget* parent)
+DrillDownPanel::DrillDownPanel(AnalysisController& controller, QWidget* parent)
     : QSplitter(Qt::Horizontal, parent)
     , m_headModel(new HeadTableModel(this))
     , m_headProxy(new QSortFilterProxyModel(this))
@@ -30,7 +29,7 @@ DrillDownPanel::DrillDownPanel(QWidget* parent)
     , m_logErrors(new QCheckBox(tr("log errors")))
     , m_wholeSequence(new QCheckBox(tr("all tokens")))
     , m_line(new TokenLineView)
-    , m_tasks(this)
+    , m_controller(controller)
 {
     setObjectName("drillDown");
     m_headProxy->setSourceModel(m_headModel);
@@ -99,8 +98,8 @@ void DrillDownPanel::clear(const QString& why)
     m_line->clearSeries(why);
 }
 
-void DrillDownPanel::showCell(std::shared_ptr<const BundleReader> reader, std::shared_ptr<const AnalysisResult> result,
-                              int promptIndex, const HeatmapSpec& spec, int layer, qint64 token)
+void DrillDownPanel::showCell(std::shared_ptr<const AnalysisResult> result, int promptIndex, const HeatmapSpec& spec,
+                              int layer, qint64 token)
 {
     const PromptAnalysis& p = result->prompts[std::size_t(promptIndex)];
     const bool sameCell = m_result == result && m_prompt == promptIndex && m_layer == layer && m_token == token;
@@ -113,7 +112,6 @@ void DrillDownPanel::showCell(std::shared_ptr<const BundleReader> reader, std::s
             head = 0;
     }
     m_headModel->setCell(result, promptIndex, layer, token);
-    m_reader = std::move(reader);
     m_result = std::move(result);
     m_spec = spec;
     m_prompt = promptIndex;
@@ -191,7 +189,7 @@ void DrillDownPanel::showLine()
 
 void DrillDownPanel::requestHistogram()
 {
-    if (!m_result || m_layer < 0 || !m_reader || m_head < 0)
+    if (!m_result || m_layer < 0 || m_head < 0)
         return;
     const PromptAnalysis& p = m_result->prompts[std::size_t(m_prompt)];
     const bool whole = m_wholeSequence->isChecked();
@@ -200,26 +198,15 @@ void DrillDownPanel::requestHistogram()
                            .arg(m_head)
                            .arg(QString(kvPartName(m_spec.part)).toUpper(), whole ? tr("all tokens") : tr("token %1").arg(m_token));
     m_histogram->clearHistogram(tr("reading %1").arg(m_histogramTitle));
-    // Reading the bundle is work: off the GUI thread.
-    auto reader = m_reader;
-    const std::string id = p.id, layer = p.layers[std::size_t(m_layer)];
-    const int head = m_head;
-    const KvPart part = m_spec.part;
     const int request = ++m_histogramRequest;
-    m_tasks.run([this, reader, id, layer, head, part, begin, end, request] {
-        std::shared_ptr<HeadErrorHistogram> histogram;
-        QString error;
-        try {
-            const CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);
-            histogram = std::make_shared<HeadErrorHistogram>(headErrorHistogram(loader, id, layer, head, part, begin, end));
-        } catch (const std::exception& e) {
-            error = QString::fromStdString(e.what());
-        }
-        m_tasks.post([this, histogram, error, request] { showHistogram(request, histogram, error); });
-    });
+    // Read off the GUI thread; this panel outlives the controller's tasks (the window owns both).
+    m_controller.requestHeadHistogram(p.id, p.layers[std::size_t(m_layer)], m_head, m_spec.part, begin, end,
+                                      [this, request](std::shared_ptr<const HeadErrorHistogram> histogram,
+                                                      const QString& error) { showHistogram(request, histogram, error); });
 }
 
-void DrillDownPanel::showHistogram(int request, const std::shared_ptr<HeadErrorHistogram>& histogram, const QString& error)
+void DrillDownPanel::showHistogram(int request, const std::shared_ptr<const HeadErrorHistogram>& histogram,
+                                   const QString& error)
 {
     if (request != m_histogramRequest)
         return;  // dropped: the selection changed since

@@ -5,7 +5,6 @@
 // choosing a row of the table shows that head; switching metric or K/V keeps it.
 
 #include "analysis/heatmap_grid.h"
-#include "gui/background_tasks.h"
 
 #include <QSplitter>
 
@@ -18,7 +17,7 @@ class QTableView;
 
 namespace kvscope {
 
-class BundleReader;
+class AnalysisController;
 class HeadTableModel;
 class HistogramView;
 class TokenLineView;
@@ -29,11 +28,12 @@ class DrillDownPanel : public QSplitter {
     Q_OBJECT
 
 public:
-    explicit DrillDownPanel(QWidget* parent = nullptr);
+    // The histograms are read by `controller`, from its open bundle.
+    explicit DrillDownPanel(AnalysisController& controller, QWidget* parent = nullptr);
 
     // Shows cell (layer, token) of prompt `promptIndex` as `spec` reduces it over heads.
-    void showCell(std::shared_ptr<const BundleReader> reader, std::shared_ptr<const AnalysisResult> result,
-                  int promptIndex, const HeatmapSpec& spec, int layer, qint64 token);
+    void showCell(std::shared_ptr<const AnalysisResult> result, int promptIndex, const HeatmapSpec& spec, int layer,
+                  qint64 token);
     // Nothing selected: every part empty, saying so.
     void clear(const QString& why = {});
     void showHead(int head);
@@ -51,7 +51,7 @@ signals:
 private:
     void requestHistogram();
     // The histogram read in the background for request `request`, or why it could not be read.
-    void showHistogram(int request, const std::shared_ptr<HeadErrorHistogram>& histogram, const QString& error);
+    void showHistogram(int request, const std::shared_ptr<const HeadErrorHistogram>& histogram, const QString& error);
     void showLine();
     void showPartColumns();
 
@@ -66,8 +66,8 @@ private:
     TokenLineView* m_line;
     QString m_histogramTitle;
     int m_histogramRequest = 0;  // the latest; older readings are dropped
+    AnalysisController& m_controller;
     // The cell shown, for the histogram request.
-    std::shared_ptr<const BundleReader> m_reader;
     std::shared_ptr<const AnalysisResult> m_result;
     HeatmapSpec m_spec;
     int m_prompt = -1;
@@ -75,7 +75,6 @@ private:
     qint64 m_token = -1;
     int m_head = -1;
     bool m_selectingRow = false;
-    BackgroundTasks m_tasks;  // last: goes first, waiting for a reading that posts to this panel
 };
 
 }  // namespace kvscope

@@ -270,7 +270,7 @@ void MainWindow::exportReport()
     // The PNG images are drawn by the heatmap widget, which lives on this thread.
     QApplication::setOverrideCursor(Qt::WaitCursor);
     try {
-        const ReportFiles files = writeReport(*m_controller->reader(), *result, Thresholds{}, dir);
+        const ReportFiles files = writeReport(*m_controller->loader(), *result, Thresholds{}, dir);
         QApplication::restoreOverrideCursor();
         m_status->setText(tr("wrote %1").arg(files.html));
     } catch (const std::exception& e) {

@@ -29,7 +29,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     : QSplitter(Qt::Horizontal, parent)
     , m_controller(controller)
     , m_heatmap(new HeatmapView)
-    , m_drill(new DrillDownPanel)
+    , m_drill(new DrillDownPanel(*controller))
     , m_vertical(new QSplitter(Qt::Vertical))
     , m_worstModel(new WorstCellsModel(this))
     , m_worstView(new QTableView)
@@ -285,11 +285,11 @@ void PromptPage::refreshHeatmap()
     const PromptAnalysis* p = prompt();
     if (!p)
         return;
-    const BundleReader& reader = *m_controller->reader();
+    const CaptureLoader& loader = *m_controller->loader();
     const std::vector<char>& ready = m_controller->readyLayers();
     m_fullGrid = buildHeatmap(*p, m_settings.map, &ready);
     // Only finished layers are read: the others are still being written by the analysis.
-    MapSpec spec = promptMapSpec(reader.config(), *p, reader.prompt(p->id), m_settings.map, &ready);
+    MapSpec spec = promptMapSpec(loader.config(), *p, loader.prompt(p->id), m_settings.map, &ready);
     ValueRange range = m_settings.range;
     if (m_settings.autoRange) {
         range = dataRange(*p, m_settings.map, m_settings.logarithmic, &ready);
@@ -348,7 +348,7 @@ void PromptPage::refreshDrillDown()
         m_drill->clear(m_controller->isRunning() ? tr("this layer is not analysed yet") : tr("this layer was not analysed"));
         return;
     }
-    m_drill->showCell(m_controller->reader(), m_controller->result(), m_settings.prompt, m_settings.map, m_layer, m_token);
+    m_drill->showCell(m_controller->result(), m_settings.prompt, m_settings.map, m_layer, m_token);
 }
 
 void PromptPage::refreshSummary()
@@ -403,7 +403,7 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
     const PromptAnalysis* p = prompt();
     if (!p || row < 0 || row >= int(p->layers.size()) || token < 0 || token >= p->tokens)
         return {};
-    const PromptInfo& info = m_controller->reader()->prompt(p->id);
+    const PromptInfo& info = m_controller->loader()->prompt(p->id);
     QString text = QString("<b>%1</b><br>token %2").arg(QString::fromStdString(p->layers[std::size_t(row)])).arg(token);
     if (std::size_t(token) < info.tokenStrings.size())
         text += QString(" '%1'").arg(QString::fromStdString(info.tokenStrings[std::size_t(token)]).toHtmlEscaped());

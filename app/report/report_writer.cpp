@@ -135,13 +135,13 @@ void renderPng(const ReportMap& m, const QString& path)
 
 }  // namespace
 
-ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result, const Thresholds& thresholds,
+ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
                         const QString& directory)
 {
     QDir dir(directory);
     if (!dir.exists() && !QDir().mkpath(directory))
         throw std::runtime_error(("cannot create " + directory).toStdString());
-    const KvCacheConfig& cfg = reader.config();
+    const KvCacheConfig& cfg = loader.config();
     std::vector<ReportMap> maps;
 
     for (const PromptAnalysis& p : result.prompts) {
@@ -151,7 +151,7 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
             metrics.insert(metrics.begin(), {HeatmapMetric::BcVsNoise, "bc_vs_noise"});
             metrics.insert(metrics.begin(), {HeatmapMetric::ErrorRatio, "ratio"});
         }
-        const PromptInfo& info = reader.prompt(p.id);
+        const PromptInfo& info = loader.prompt(p.id);
         for (const auto& [metric, key] : metrics)
             for (KvPart part : {KvPart::K, KvPart::V}) {
                 HeatmapSpec spec;
@@ -181,8 +181,8 @@ ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result
     const std::vector<Violation> violations = checkThresholds(result, thresholds);
     QString body;
     QTextStream out(&body);
-    const BundleMetadata& meta = reader.metadata();
-    out << "<h1>kvscope report</h1><div>" << html(reader.path()) << "</div><div class=legend>written by kvscope "
+    const BundleMetadata& meta = loader.metadata();
+    out << "<h1>kvscope report</h1><div>" << html(loader.path()) << "</div><div class=legend>written by kvscope "
         << kVersion << "</div>";
     // The report opens with where the bug is and what kind it is (docs/suspects.md).
     out << "<h2>Suspects</h2>";

@@ -4,7 +4,7 @@
 // app's own heatmap widget. Needs a QApplication (offscreen is fine).
 
 #include "analysis/analysis_result.h"
-#include "format/bundle_reader.h"
+#include "kv/capture_loader.h"
 #include "analysis/threshold_check.h"
 
 #include <QString>
@@ -19,7 +19,7 @@ struct ReportFiles {
 };
 
 // Writes DIR/report.html and DIR/*.png. Throws std::runtime_error when DIR cannot be written.
-ReportFiles writeReport(const BundleReader& reader, const AnalysisResult& result, const Thresholds& thresholds,
+ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
                         const QString& directory);
 
 }  // namespace kvscope

@@ -141,17 +141,6 @@ Extreme layerMax(const PromptAnalysis& p, Metric m, int layer)
     return e;
 }
 
-Extreme tokenMax(const PromptAnalysis& p, Metric m, std::int64_t token)
-{
-    Extreme e;
-    for (int l = 0; l < int(p.layers.size()); ++l) {
-        const HeadReduction r = maxOverHeads(p, m, l, token);
-        if (r.head >= 0 && (e.head < 0 || r.value > e.value))
-            e = {r.value, l, token, r.head};
-    }
-    return e;
-}
-
 Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer)
 {
     Extreme e;

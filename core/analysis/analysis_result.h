@@ -127,7 +127,7 @@ float headErrorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int
 HeadReduction errorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token);
 float meanErrorRatio(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token);
 
-// Per-layer and per-token summaries: the extreme value over the other axis (and heads),
+// Per-layer summaries: the extreme value over tokens (and heads),
 // with where it is.
 struct Extreme {
     float value = std::nanf("");
@@ -136,7 +136,6 @@ struct Extreme {
     int head = -1;
 };
 Extreme layerMax(const PromptAnalysis& p, Metric m, int layer);
-Extreme tokenMax(const PromptAnalysis& p, Metric m, std::int64_t token);
 Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer);
 
 }  // namespace kvscope

@@ -1,13 +1,11 @@
 #include "analysis/analyzer.h"
 
-#include "analysis/suspects.h"
-
-#include "format/bundle_error.h"
-#include "util/buffer_allocator.h"
-#include "kv/capture_loader.h"
 #include "analysis/divergence.h"
 #include "analysis/layer_aggregate.h"
 #include "analysis/layer_comparison.h"
+#include "analysis/suspects.h"
+#include "format/bundle_error.h"
+#include "util/buffer_allocator.h"
 #include "util/work_team.h"
 
 #include <algorithm>
@@ -20,204 +18,244 @@
 
 namespace kvscope {
 
-AnalysisResult prepareAnalysis(const BundleReader& reader, const AnalysisOptions& options)
+namespace {
+
+std::vector<std::string> selectedLayers(const CaptureLoader& loader, const AnalysisOptions& options)
 {
-    const KvCacheConfig& config = reader.config();
+    const KvCacheConfig& config = loader.config();
     std::vector<std::string> layers = options.layers.empty() ? config.layerNames() : options.layers;
     for (const std::string& layer : layers)
         if (config.groupOf(layer) < 0)
-            throw BundleError(reader.path(), "layer '" + layer + "'", "is not a layer of this bundle's config");
+            throw BundleError(loader.path(), "layer '" + layer + "'", "is not a layer of this bundle's config");
+    return layers;
+}
 
-    AnalysisResult result;
-    result.bundle = reader.path();
+std::vector<const PromptInfo*> selectedPrompts(const CaptureLoader& loader, const AnalysisOptions& options)
+{
     std::vector<const PromptInfo*> prompts;
     if (options.prompts.empty())
-        for (const PromptInfo& p : reader.prompts())
+        for (const PromptInfo& p : loader.prompts())
             prompts.push_back(&p);
     else
         for (const std::string& id : options.prompts)
-            prompts.push_back(&reader.prompt(id));
-
-    for (const PromptInfo* info : prompts) {
-        if (!info->problems.empty()) {
-            result.problems.insert(result.problems.end(), info->problems.begin(), info->problems.end());
-            continue;
-        }
-        PromptAnalysis p;
-        p.id = info->id;
-        p.promptLen = info->promptLen;
-        p.tokens = info->snapshots.back().seqLen();
-        p.heads = config.totalNumKvHeads;
-        p.headDim = config.groups.front().headSize;
-        p.threeWay = info->hasBaseline;
-        p.layers = layers;
-        for (const std::string& layer : layers)
-            p.layerGroups.push_back(config.groupOf(layer));
-        try {
-            p.divergences = findDivergences(reader, *info);
-        } catch (const BundleError& e) {
-            p.problems.push_back(std::string("divergences: ") + e.what());
-        }
-        p.allocate();
-        result.prompts.push_back(std::move(p));
-    }
-
-    std::vector<const PromptAnalysis*> threeWay;
-    for (const PromptAnalysis& p : result.prompts)
-        if (p.threeWay)
-            threeWay.push_back(&p);
-    if (!threeWay.empty()) {
-        AggregateBc agg;
-        agg.layers = layers;
-        agg.generationCount = std::numeric_limits<std::int64_t>::max();
-        for (const PromptAnalysis* p : threeWay) {
-            agg.promptIds.push_back(p->id);
-            agg.generationCount = std::min(agg.generationCount, std::max<std::int64_t>(0, p->tokens - p->promptLen));
-        }
-        const float nan = std::numeric_limits<float>::quiet_NaN();
-        for (int part = 0; part < 2; ++part) {
-            agg.bc[std::size_t(part)].assign(layers.size() * std::size_t(agg.generationCount), nan);
-            agg.combined[std::size_t(part)].assign(layers.size(), nan);
-            agg.bcVsNoise[std::size_t(part)].assign(layers.size() * std::size_t(agg.generationCount), nan);
-            agg.combinedVsNoise[std::size_t(part)].assign(layers.size(), nan);
-        }
-        agg.divergenceCounts.assign(std::size_t(agg.generationCount), 0);
-        for (const PromptAnalysis* p : threeWay)
-            for (const Divergence& d : p->divergences) {
-                const std::int64_t g = d.position - p->promptLen;
-                if (g >= 0 && g < agg.generationCount)
-                    ++agg.divergenceCounts[std::size_t(g)];
-            }
-        result.aggregate = std::move(agg);
-    }
-    return result;
+            prompts.push_back(&loader.prompt(id));
+    return prompts;
 }
 
-void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options, AnalysisResult& result)
+// One prompt's result, all NaN, with its divergences.
+PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, const std::vector<std::string>& layers)
 {
-    const CaptureLoader loader(reader, options.unreadableBlocks);
-    const int layerCount = result.prompts.empty() ? 0 : int(result.prompts.front().layers.size());
-    std::vector<int> pooled;
-    for (std::size_t i = 0; i < result.prompts.size(); ++i)
-        if (result.prompts[i].threeWay)
-            pooled.push_back(int(i));
+    const KvCacheConfig& config = loader.config();
+    PromptAnalysis p;
+    p.id = info.id;
+    p.promptLen = info.promptLen;
+    p.tokens = info.snapshots.back().seqLen();
+    p.heads = config.totalNumKvHeads;
+    p.headDim = config.groups.front().headSize;
+    p.threeWay = info.hasBaseline;
+    p.layers = layers;
+    for (const std::string& layer : layers)
+        p.layerGroups.push_back(config.groupOf(layer));
+    try {
+        p.divergences = findDivergences(loader, info);
+    } catch (const BundleError& e) {
+        p.problems.push_back(std::string("divergences: ") + e.what());
+    }
+    p.allocate();
+    return p;
+}
 
-    int layersDone = 0;
-    std::atomic<bool> failed{false};  // the reads still posted then do nothing
-    std::exception_ptr failure;
-    auto cancelled = [&] { return failed.load() || (options.cancel && options.cancel->load()); };
+// The across-prompt BC of the three-way prompts, all NaN, with the divergence counts; none
+// without three-way prompts.
+std::optional<AggregateBc> emptyAggregate(const std::vector<PromptAnalysis>& prompts, const std::vector<std::string>& layers)
+{
+    std::vector<const PromptAnalysis*> threeWay;
+    for (const PromptAnalysis& p : prompts)
+        if (p.threeWay)
+            threeWay.push_back(&p);
+    if (threeWay.empty())
+        return std::nullopt;
+    AggregateBc agg;
+    agg.layers = layers;
+    agg.generationCount = std::numeric_limits<std::int64_t>::max();
+    for (const PromptAnalysis* p : threeWay) {
+        agg.promptIds.push_back(p->id);
+        agg.generationCount = std::min(agg.generationCount, std::max<std::int64_t>(0, p->tokens - p->promptLen));
+    }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::size_t cells = layers.size() * std::size_t(agg.generationCount);
+    for (int part = 0; part < 2; ++part) {
+        agg.bc[std::size_t(part)].assign(cells, nan);
+        agg.combined[std::size_t(part)].assign(layers.size(), nan);
+        agg.bcVsNoise[std::size_t(part)].assign(cells, nan);
+        agg.combinedVsNoise[std::size_t(part)].assign(layers.size(), nan);
+    }
+    agg.divergenceCounts.assign(std::size_t(agg.generationCount), 0);
+    for (const PromptAnalysis* p : threeWay)
+        for (const Divergence& d : p->divergences) {
+            const std::int64_t g = d.position - p->promptLen;
+            if (g >= 0 && g < agg.generationCount)
+                ++agg.divergenceCounts[std::size_t(g)];
+        }
+    return agg;
+}
 
-    const int threads = std::max(1, options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency()));
-    // The threads work on one layer at a time, together (chunks of tokens), and read the next
-    // layer meanwhile: reading a layer's sides are tasks beside the comparing ones.
-    std::optional<WorkTeam> team;
-    if (threads > 1)
-        team.emplace(threads);
-    WorkTeam* const working = team ? &*team : nullptr;
+// One layer's sides for every prompt; a prompt that could not be read has problems instead.
+struct LayerInputs {
+    int layer = -1;
+    std::vector<LayerSides> sides;
+    std::vector<std::vector<std::string>> problems;
+    // Per prompt, the error reading each side (engine, reference, base); the first is
+    // reported, as if the sides were read in that order and the rest then left.
+    std::vector<std::array<std::string, 3>> errors;
 
-    // One layer's sides for every prompt; a prompt that could not be read has problems instead.
-    struct LayerInputs {
-        int layer = -1;
-        std::vector<LayerSides> sides;
-        std::vector<std::vector<std::string>> problems;
-        // Per prompt, the error reading each side (engine, reference, base); the first is
-        // reported, as if the sides were read in that order and the rest then left.
-        std::vector<std::array<std::string, 3>> errors;
-    };
-    // Reads the sides of every prompt; with a `team` (the first layer, which nothing else
+    auto firstError(std::size_t prompt) const
+    {
+        return std::find_if(errors[prompt].begin(), errors[prompt].end(), [](const std::string& e) { return !e.empty(); });
+    }
+};
+
+// The layers of a prepared result compared one at a time, by every thread together (chunks of
+// tokens), while one of them reads the next layer; then the suspects.
+class AnalysisRun {
+public:
+    AnalysisRun(const CaptureLoader& loader, const AnalysisOptions& options, AnalysisResult& result)
+        : m_loader(loader)
+        , m_options(options)
+        , m_result(result)
+        , m_stats(result.prompts.size())
+        , m_layerCount(result.prompts.empty() ? 0 : int(result.prompts.front().layers.size()))
+    {
+        for (std::size_t i = 0; i < result.prompts.size(); ++i)
+            if (result.prompts[i].threeWay)
+                m_pooled.push_back(int(i));
+        const int threads =
+            std::max(1, options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency()));
+        if (threads > 1)
+            m_team.emplace(threads);
+    }
+
+    // Every layer compared and pooled. Throws the first failure, or AnalysisCancelled.
+    void streamLayers();
+    // The suspects of every prompt, and the bundle's pooled.
+    void findAllSuspects();
+
+private:
+    WorkTeam* team() { return m_team ? &*m_team : nullptr; }
+    bool cancelled() const { return m_failed.load() || (m_options.cancel && m_options.cancel->load()); }
+    // The sides of every prompt; with a `team` (the first layer, which nothing else
     // overlaps), all at once.
-    auto read = [&](LayerInputs& in, int layer, WorkTeam* team) {
-        const std::size_t prompts = result.prompts.size();
-        in.layer = layer;
-        in.sides.resize(prompts);
-        in.problems.resize(prompts);
-        in.errors.resize(prompts);
-        auto firstError = [&](std::size_t pi) {
-            return std::find_if(in.errors[pi].begin(), in.errors[pi].end(), [](const std::string& e) { return !e.empty(); });
-        };
-        auto readSide = [&](std::size_t pi, int side) {
-            const PromptAnalysis& p = result.prompts[pi];
-            const std::string& name = p.layers[std::size_t(layer)];
-            LayerSides& s = in.sides[pi];
-            if (cancelled() || (!team && firstError(pi) != in.errors[pi].end()))
-                return;  // read one after another: the sides after a failure are left
-            try {
-                if (side == 0)
-                    s.actual = loader.engineSource(p.id, name, &in.problems[pi]);
-                else if (side == 1)
-                    s.reference = loader.referenceSource(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, name);
-                else if (p.threeWay)
-                    s.base = loader.referenceSource(p.id, ReferenceRole::Expected, name);
-            } catch (const BundleError& e) {
-                in.errors[pi][std::size_t(side)] = e.what();
-            }
-        };
-        if (team)
-            team->run(int(prompts) * 3, [&](int task, int) { readSide(std::size_t(task / 3), task % 3); });
-        else
-            for (std::size_t task = 0; task < prompts * 3; ++task)
-                readSide(task / 3, int(task % 3));
-        for (std::size_t pi = 0; pi < prompts; ++pi) {
-            const auto failed = firstError(pi);
-            LayerSides& s = in.sides[pi];
-            s.ok = failed == in.errors[pi].end() && !cancelled();
-            if (failed != in.errors[pi].end()) {
-                in.problems[pi].push_back(*failed);
-                s = {};
-            }
-        }
-    };
-    // Compares what was read, pools it, and lets it go. `stats` (per prompt) is kept from
-    // layer to layer for its buffers.
-    std::vector<TokenErrorStats> stats(result.prompts.size());
-    auto compare = [&](LayerInputs& in) {
-        for (std::size_t pi = 0; pi < result.prompts.size() && !cancelled(); ++pi) {
-            PromptAnalysis& p = result.prompts[pi];
-            LayerSides& s = in.sides[pi];
-            std::vector<NonFiniteCell> nonFinite;
-            if (s.ok && p.threeWay) {  // with what pooling needs
-                stats[pi].keepCounts = pooled.size() > 1;  // see aggregateLayer
-                const LayerRows base(s.base);
-                compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, &stats[pi], working);
-            } else if (s.ok) {
-                compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, working);
-            }
-            p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
-            p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
-        }
-        if (cancelled())
-            return;
-        if (result.aggregate)
-            aggregateLayer(result, pooled, in.sides, stats, in.layer, *result.aggregate, working);
-        const int layer = in.layer;
-        in = {};
-        ++layersDone;
-        if (options.layerDone)
-            options.layerDone(layer, layersDone, layerCount);
-    };
+    void read(LayerInputs& in, int layer, WorkTeam* team);
+    void readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother);
+    // Compares what was read, pools it, and lets it go.
+    void compare(LayerInputs& in);
 
+    const CaptureLoader& m_loader;
+    const AnalysisOptions& m_options;
+    AnalysisResult& m_result;
+    std::vector<int> m_pooled;                // the three-way prompts
+    std::vector<TokenErrorStats> m_stats;     // per prompt, kept from layer to layer for its buffers
+    const int m_layerCount;
+    int m_layersDone = 0;
+    std::atomic<bool> m_failed{false};        // the reads still posted then do nothing
+    std::optional<WorkTeam> m_team;
+};
+
+void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother)
+{
+    const PromptAnalysis& p = m_result.prompts[prompt];
+    const std::string& name = p.layers[std::size_t(in.layer)];
+    LayerSides& s = in.sides[prompt];
+    if (cancelled() || (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
+        return;  // read one after another: the sides after a failure are left
+    try {
+        if (side == 0)
+            s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt]);
+        else if (side == 1)
+            s.reference = m_loader.referenceSource(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, name);
+        else if (p.threeWay)
+            s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name);
+    } catch (const BundleError& e) {
+        in.errors[prompt][std::size_t(side)] = e.what();
+    }
+}
+
+void AnalysisRun::read(LayerInputs& in, int layer, WorkTeam* team)
+{
+    const std::size_t prompts = m_result.prompts.size();
+    in.layer = layer;
+    in.sides.resize(prompts);
+    in.problems.resize(prompts);
+    in.errors.resize(prompts);
+    if (team)
+        team->run(int(prompts) * 3, [&](int task, int) { readSide(in, std::size_t(task / 3), task % 3, false); });
+    else
+        for (std::size_t task = 0; task < prompts * 3; ++task)
+            readSide(in, task / 3, int(task % 3), true);
+    for (std::size_t pi = 0; pi < prompts; ++pi) {
+        const auto failed = in.firstError(pi);
+        LayerSides& s = in.sides[pi];
+        s.ok = failed == in.errors[pi].end() && !cancelled();
+        if (failed != in.errors[pi].end()) {
+            in.problems[pi].push_back(*failed);
+            s = {};
+        }
+    }
+}
+
+void AnalysisRun::compare(LayerInputs& in)
+{
+    for (std::size_t pi = 0; pi < m_result.prompts.size() && !cancelled(); ++pi) {
+        PromptAnalysis& p = m_result.prompts[pi];
+        LayerSides& s = in.sides[pi];
+        std::vector<NonFiniteCell> nonFinite;
+        if (s.ok && p.threeWay) {  // with what pooling needs
+            m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
+            const LayerRows base(s.base);
+            compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, &m_stats[pi], team());
+        } else if (s.ok) {
+            compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, team());
+        }
+        p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
+        p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
+    }
+    if (cancelled())
+        return;
+    if (m_result.aggregate)
+        aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.layer, *m_result.aggregate, team());
+    const int layer = in.layer;
+    in = {};
+    ++m_layersDone;
+    if (m_options.layerDone)
+        m_options.layerDone(layer, m_layersDone, m_layerCount);
+}
+
+void AnalysisRun::streamLayers()
+{
+    WorkTeam* const working = team();
+    std::exception_ptr failure;
     LayerInputs next;  // read while `in` is compared
     try {
-        if (layerCount > 0)
+        if (m_layerCount > 0)
             read(next, 0, working);
-        for (int layer = 0; layer < layerCount && !cancelled(); ++layer) {
+        for (int layer = 0; layer < m_layerCount && !cancelled(); ++layer) {
             if (working)
                 working->waitPosted();
             LayerInputs in = std::move(next);
             next = {};
             // A helper reads the next layer (one task: reading mostly waits on the file and the
             // HDF5 lock) while the others compare this one.
-            if (layer + 1 < layerCount && working)
-                working->post([&, layer] { read(next, layer + 1, nullptr); });
+            if (layer + 1 < m_layerCount && working)
+                working->post([this, &next, layer] { read(next, layer + 1, nullptr); });
             compare(in);
-            if (layer + 1 < layerCount && !working)
+            if (layer + 1 < m_layerCount && !working)
                 read(next, layer + 1, nullptr);
         }
         if (working)
             working->waitPosted();  // a read posted before a cancel
     } catch (...) {
         failure = std::current_exception();
-        failed = true;
+        m_failed = true;
         try {
             if (working)
                 working->waitPosted();  // a read still running refers to `next`
@@ -227,27 +265,61 @@ void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptio
     releaseKeptBuffers();
     if (failure)
         std::rethrow_exception(failure);
-    if (options.cancel && options.cancel->load())
+    if (m_options.cancel && m_options.cancel->load())
         throw AnalysisCancelled();
-    // Sorted, as they always were, so that output is reproducible.
+}
+
+void AnalysisRun::findAllSuspects()
+{
+    std::vector<std::vector<Suspect>> suspects;
+    for (PromptAnalysis& p : m_result.prompts) {
+        p.suspects = findSuspects(m_loader, p, m_options.suspects, nullptr, team());
+        suspects.push_back(p.suspects);
+    }
+    m_result.suspects = poolSuspects(suspects);
+}
+
+// Problems and non-finite cells sorted, as they always were, so that output is reproducible.
+void sortFindings(AnalysisResult& result)
+{
     for (PromptAnalysis& p : result.prompts) {
         std::sort(p.problems.begin(), p.problems.end());
         std::sort(p.nonFinite.begin(), p.nonFinite.end(), [](const NonFiniteCell& a, const NonFiniteCell& b) {
             return std::tie(a.layer, a.token, a.head, a.part, a.side) < std::tie(b.layer, b.token, b.head, b.part, b.side);
         });
     }
-    std::vector<std::vector<Suspect>> suspects;
-    for (PromptAnalysis& p : result.prompts) {
-        p.suspects = findSuspects(*reader, p, options.suspects, nullptr, working);
-        suspects.push_back(p.suspects);
+}
+
+}  // namespace
+
+AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOptions& options)
+{
+    const std::vector<std::string> layers = selectedLayers(loader, options);
+    AnalysisResult result;
+    result.bundle = loader.path();
+    for (const PromptInfo* info : selectedPrompts(loader, options)) {
+        if (info->problems.empty())
+            result.prompts.push_back(emptyPrompt(loader, *info, layers));
+        else
+            result.problems.insert(result.problems.end(), info->problems.begin(), info->problems.end());
     }
-    result.suspects = poolSuspects(suspects);
+    result.aggregate = emptyAggregate(result.prompts, layers);
+    return result;
+}
+
+void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, AnalysisResult& result)
+{
+    AnalysisRun run(loader, options, result);
+    run.streamLayers();
+    sortFindings(result);
+    run.findAllSuspects();
 }
 
 AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options)
 {
-    AnalysisResult result = prepareAnalysis(*reader, options);
-    runAnalysis(std::move(reader), options, result);
+    const CaptureLoader loader(std::move(reader), options.unreadableBlocks);
+    AnalysisResult result = prepareAnalysis(loader, options);
+    runAnalysis(loader, options, result);
     return result;
 }
 

@@ -1,13 +1,12 @@
 #pragma once
 // The analysis of a whole bundle: every selected prompt and layer compared, and the BC
-// aggregated across prompts. It streams layer by layer (each worker holds one layer of every
-// prompt at a time, so memory does not grow with the number of layers), runs layers in
-// parallel, reports progress and can be cancelled.
+// aggregated across prompts. It streams layer by layer: the threads compare one layer of
+// every prompt together (chunks of tokens) while one of them reads the next, so two layers
+// are in memory whatever the number of layers. It reports progress and can be cancelled.
 
 #include "analysis/analysis_result.h"
 #include "analysis/suspect.h"
-#include "format/bundle_reader.h"
-#include "kv/reconstruction.h"
+#include "kv/capture_loader.h"
 
 #include <atomic>
 #include <functional>
@@ -24,8 +23,9 @@ struct AnalysisOptions {
     // Threads (0: one per core). They work on one layer at a time, together (chunks of
     // tokens), while one of them reads the next layer: two layers are in memory at most.
     int threads = 0;
-    // Lenient by default: an unreadable block makes its positions absent and is reported
-    // in the prompt's problems, so that a partly broken bundle still shows what it can.
+    // For analyzeBundle's loader. Lenient by default: an unreadable block makes its positions
+    // absent and is reported in the prompt's problems, so that a partly broken bundle still
+    // shows what it can.
     UnreadableBlockPolicy unreadableBlocks = UnreadableBlockPolicy::MarkAbsent;
     // Called from the comparing thread: after each finished layer (its cells in every prompt and
     // its aggregate are final and will not change), with the layers done so far.
@@ -42,13 +42,13 @@ public:
 
 // The result's shape (prompts, layers, tokens, heads), allocated and all NaN, with the
 // divergences found; the GUI can show it before any layer is done.
-AnalysisResult prepareAnalysis(const BundleReader& reader, const AnalysisOptions& options);
+AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOptions& options);
 
 // Fills `result` (from prepareAnalysis with the same options), suspects included. Throws AnalysisCancelled,
 // or BundleError for problems that stop the whole analysis.
-void runAnalysis(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options, AnalysisResult& result);
+void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, AnalysisResult& result);
 
-// Both steps.
+// Both steps, through a loader of the bundle with options.unreadableBlocks.
 AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options = {});
 
 }  // namespace kvscope

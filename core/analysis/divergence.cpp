@@ -28,18 +28,18 @@ bool hasLogits(const PromptInfo& p, LogitsRole role)
 
 }  // namespace
 
-std::vector<Divergence> findDivergences(const BundleReader& reader, const PromptInfo& prompt)
+std::vector<Divergence> findDivergences(const CaptureLoader& loader, const PromptInfo& prompt)
 {
     std::vector<Divergence> out;
     std::optional<Logits> actual;
     if (hasLogits(prompt, LogitsRole::Actual))
-        actual = reader.readLogits(prompt.id, LogitsRole::Actual);
+        actual = loader.logits(prompt.id, LogitsRole::Actual);
 
     std::vector<std::int64_t> teacher = prompt.teacherTokens;
     for (LogitsRole role : {LogitsRole::Baseline, LogitsRole::Expected}) {
         if (!teacher.empty() || !hasLogits(prompt, role))
             continue;
-        const Logits ref = reader.readLogits(prompt.id, role);
+        const Logits ref = loader.logits(prompt.id, role);
         for (std::int64_t g = 0; g < ref.steps; ++g)
             teacher.push_back(argmax(ref, g));
     }

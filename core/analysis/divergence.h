@@ -4,7 +4,7 @@
 // whether the logit gap is within the bf16 ULP bound.
 
 #include "analysis/analysis_result.h"
-#include "format/bundle_reader.h"
+#include "kv/capture_loader.h"
 
 #include <vector>
 
@@ -16,6 +16,6 @@ double ulpBound(double value, int nUlps = 1, int mantissaBits = 7);
 // Teacher tokens: the bundle's, else the argmax of the baseline logits, else of the expected
 // logits. Recorded divergence positions are used when present (and annotated from the
 // actual logits when those exist); otherwise they are derived from the actual logits.
-std::vector<Divergence> findDivergences(const BundleReader& reader, const PromptInfo& prompt);
+std::vector<Divergence> findDivergences(const CaptureLoader& loader, const PromptInfo& prompt);
 
 }  // namespace kvscope

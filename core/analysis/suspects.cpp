@@ -1,7 +1,7 @@
 #include "analysis/suspects.h"
 
 #include "analysis/map_spec.h"
-#include "format/bundle_reader.h"
+#include "kv/capture_loader.h"
 #include "util/work_team.h"
 
 #include <algorithm>
@@ -140,11 +140,11 @@ std::string layerList(const std::vector<std::string>& layers, std::size_t from)
 }
 
 // Logical and physical blocks of `group` behind tokens [first, last] (at most `cap`).
-std::vector<SuspectBlock> blocksOf(const BundleReader& reader, const PromptInfo& info, int group, std::int64_t first,
+std::vector<SuspectBlock> blocksOf(const CaptureLoader& loader, const PromptInfo& info, int group, std::int64_t first,
                                    std::int64_t last, std::size_t cap = 16)
 {
     std::vector<SuspectBlock> out;
-    const int blockSize = reader.config().groups[std::size_t(group)].blockSize;
+    const int blockSize = loader.config().groups[std::size_t(group)].blockSize;
     std::map<std::size_t, BlockTable> tables;  // per snapshot
     for (std::int64_t logical = first / blockSize; logical <= last / blockSize && out.size() < cap; ++logical) {
         const std::int64_t token = std::max(first, logical * blockSize);
@@ -156,7 +156,7 @@ std::vector<SuspectBlock> blocksOf(const BundleReader& reader, const PromptInfo&
         try {
             auto it = tables.find(s);
             if (it == tables.end())
-                it = tables.emplace(s, reader.readBlockTable(info.id, s, std::size_t(group))).first;
+                it = tables.emplace(s, loader.blockTable(info.id, s, std::size_t(group))).first;
             const BlockTable& t = it->second;
             const std::int64_t row = info.snapshots[s].batchRow;
             if (row < t.rows && logical < t.cols)
@@ -171,11 +171,11 @@ std::vector<SuspectBlock> blocksOf(const BundleReader& reader, const PromptInfo&
 
 }  // namespace
 
-std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalysis& p, const SuspectThresholds& th,
+std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
                                   const std::vector<char>* layersReady, WorkTeam* team)
 {
-    const KvCacheConfig& config = reader.config();
-    const PromptInfo& info = reader.prompt(p.id);
+    const KvCacheConfig& config = loader.config();
+    const PromptInfo& info = loader.prompt(p.id);
     const Ratios ratios(p, th.layerJump, team);
     const int layers = int(p.layers.size());
     auto ready = [&](int l) {
@@ -367,7 +367,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
     if (blockLike()) {
         s.pattern = SuspectPattern::Block;
         s.heads = heads;
-        s.blocks = blocksOf(reader, info, group, s.firstToken, s.lastToken);
+        s.blocks = blocksOf(loader, info, group, s.firstToken, s.lastToken);
         std::vector<int> logical, physical;
         for (const SuspectBlock& b : s.blocks)
             logical.push_back(int(b.logical)), physical.push_back(int(b.physical));
@@ -442,7 +442,7 @@ std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalys
                     s.tpRanks.push_back(r);
     std::sort(s.tpRanks.begin(), s.tpRanks.end());
     if (s.blocks.empty())
-        s.blocks = blocksOf(reader, info, group, s.firstToken, s.lastToken);
+        s.blocks = blocksOf(loader, info, group, s.firstToken, s.lastToken);
     s.evidence = why.str();
     return {s};
 }

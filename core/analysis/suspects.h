@@ -20,13 +20,13 @@
 
 namespace kvscope {
 
-class BundleReader;
+class CaptureLoader;
 class WorkTeam;
 
 // The suspects of one analysed prompt, best first (at most one: its onset). `layersReady`
 // (optional) limits the search to finished layers. With a `team`, its threads share the
 // layers.
-std::vector<Suspect> findSuspects(const BundleReader& reader, const PromptAnalysis& prompt,
+std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& prompt,
                                   const SuspectThresholds& thresholds = {},
                                   const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr);
 

@@ -4,7 +4,6 @@
 #include "kv/reference_alignment.h"
 #include "kv/snapshot_merge.h"
 
-#include <set>
 
 namespace kvscope {
 
@@ -62,27 +61,6 @@ LayerSource CaptureLoader::snapshotSource(const std::string& promptId, std::size
     auto shards = std::make_shared<const LayerShards>(readShards(promptId, snapshot, layer, &ids));
     ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
     return reconstructSource(config, layer, std::move(shards), table, snap.batchRow, written, options, problems, length);
-}
-
-std::vector<LayerKv> CaptureLoader::engineBatch(const std::string& promptId, std::size_t snapshot,
-                                                const std::string& layer, std::vector<std::string>* problems) const
-{
-    const PromptInfo& prompt = usablePrompt(promptId);
-    const KvCacheConfig& config = m_reader->config();
-    const int group = groupOf(layer);
-    const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
-    const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
-    std::vector<std::int64_t> written;
-    std::set<std::int64_t> ids;
-    for (std::size_t row = 0; row < snap.seqLens.size(); ++row) {
-        written.push_back(snap.seqLens[row] < 0 ? -1 : snap.seqLens[row] - 1);
-        for (std::int64_t id : requiredBlocks(config, layer, table, std::int64_t(row), written.back()))
-            ids.insert(id);
-    }
-    const std::vector<std::int64_t> idList(ids.begin(), ids.end());
-    const LayerShards shards = readShards(promptId, snapshot, layer, &idList);
-    ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
-    return reconstructBatch(config, layer, shards, table, written, options, problems);
 }
 
 LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::string& layer,

@@ -1,7 +1,9 @@
 #pragma once
-// From a bundle to contiguous, aligned KV for one layer of one prompt: the engine side
-// (every snapshot reconstructed, TP-merged and merged) and the reference side (aligned to
-// the engine's positions). Reads only the blocks a layer needs.
+// The one way into a bundle for the analysis and the app: what the bundle describes (its
+// config, prompts, metadata), its logits and block tables, and contiguous, aligned KV for one
+// layer of one prompt: the engine side (every snapshot reconstructed, TP-merged and merged)
+// and the reference side (aligned to the engine's positions). Reads only the blocks a layer
+// needs. Thread-safe (the reader serialises libhdf5).
 
 #include "format/bundle_reader.h"
 #include "kv/layer_kv.h"
@@ -19,14 +21,21 @@ public:
     explicit CaptureLoader(std::shared_ptr<const BundleReader> reader,
                            UnreadableBlockPolicy policy = UnreadableBlockPolicy::Error);
 
-    const BundleReader& reader() const { return *m_reader; }
+    const std::string& path() const { return m_reader->path(); }
+    const BundleMetadata& metadata() const { return m_reader->metadata(); }
+    const KvCacheConfig& config() const { return m_reader->config(); }
+    const std::vector<PromptInfo>& prompts() const { return m_reader->prompts(); }
+    const PromptInfo& prompt(const std::string& id) const { return m_reader->prompt(id); }  // throws if unknown
+    UnreadableBlockPolicy unreadableBlocks() const { return m_policy; }
+
+    BlockTable blockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const
+    {
+        return m_reader->readBlockTable(promptId, snapshot, group);
+    }
+    Logits logits(const std::string& promptId, LogitsRole role) const { return m_reader->readLogits(promptId, role); }
 
     // Positions of the merged engine cache: the last snapshot's sequence length.
     std::int64_t sequenceLength(const std::string& promptId) const;
-
-    // Every sequence of a snapshot's batch whose length is known.
-    std::vector<LayerKv> engineBatch(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                                     std::vector<std::string>* problems = nullptr) const;
     // All snapshots merged (see snapshot_merge.h), sequenceLength() positions.
     LayerKv engineLayer(const std::string& promptId, const std::string& layer,
                         std::vector<std::string>* problems = nullptr) const;

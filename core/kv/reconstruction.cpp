@@ -189,21 +189,4 @@ LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, 
     return sourceOf(config, layer, shards, table, row, writtenLen, options, problems, length).materialize();
 }
 
-std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,
-                                      const LayerShards& shards, const BlockTable& table,
-                                      const std::vector<std::int64_t>& writtenLens,
-                                      const ReconstructOptions& options, std::vector<std::string>* problems)
-{
-    if (std::int64_t(writtenLens.size()) != table.rows)
-        ErrorContext{options, layer}.fail(std::to_string(writtenLens.size()) + " sequence lengths for a block table of " +
-                                          std::to_string(table.rows) + " rows");
-    std::vector<LayerKv> rows;
-    for (std::int64_t r = 0; r < table.rows; ++r)
-        rows.push_back(writtenLens[std::size_t(r)] < 0
-                           ? LayerKv{}
-                           : reconstructLayer(config, layer, shards, table, r, writtenLens[std::size_t(r)],
-                                              options, problems));
-    return rows;
-}
-
 }  // namespace kvscope

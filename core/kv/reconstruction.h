@@ -51,11 +51,4 @@ LayerSource reconstructSource(const KvCacheConfig& config, const std::string& la
                               std::int64_t writtenLen, const ReconstructOptions& options = {},
                               std::vector<std::string>* problems = nullptr, std::int64_t length = -1);
 
-// Every row of the table; rows whose length is negative (unknown) come back empty.
-std::vector<LayerKv> reconstructBatch(const KvCacheConfig& config, const std::string& layer,
-                                      const LayerShards& shards, const BlockTable& table,
-                                      const std::vector<std::int64_t>& writtenLens,
-                                      const ReconstructOptions& options = {},
-                                      std::vector<std::string>* problems = nullptr);
-
 }  // namespace kvscope

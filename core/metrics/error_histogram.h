@@ -1,16 +1,14 @@
 #pragma once
-// Per-head error histograms for the drill-down: the base (|baseline - expected|) and actual
-// (|baseline - actual|) errors of one head of one layer, K or V, over a token range, on
-// shared bins, with their Bhattacharyya coefficient. Two-way captures have only the actual
-// (|expected - actual|).
+// Error histograms for the drill-down: the base (|baseline - expected|) and actual
+// (|baseline - actual|) errors of one head, on shared bins, with their Bhattacharyya
+// coefficient; two-way captures have only the actual (|expected - actual|). The errors come
+// from analysis/head_error_histogram.h, which reads them from a bundle.
 
 #include "metrics/bhattacharyya.h"
-#include "kv/capture_loader.h"
 
 #include <cmath>
 #include <optional>
 #include <vector>
-#include <string>
 
 namespace kvscope {
 
@@ -40,10 +38,9 @@ struct HeadErrorHistogram {
     DisplayBins logBins, linearBins;  // for display
 };
 
-// Tokens [tokenBegin, tokenEnd). Throws BundleError on unreadable data and
-// std::invalid_argument on a bad head or range.
-HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::string& promptId,
-                                      const std::string& layer, int head, KvPart part, std::int64_t tokenBegin,
-                                      std::int64_t tokenEnd, int bins = kBcBins);
+// The histograms of `actualErrors` and `baseErrors` (null when two-way) on shared bins, from
+// `tokens` tokens' values.
+HeadErrorHistogram errorHistogram(const std::vector<float>* baseErrors, const std::vector<float>& actualErrors,
+                                  std::int64_t tokens, int bins = kBcBins);
 
 }  // namespace kvscope

@@ -234,14 +234,6 @@ bool parseFault(const std::string& name, FaultKind& kind)
     return false;
 }
 
-std::vector<std::string> faultNames()
-{
-    std::vector<std::string> names;
-    for (const auto& [k, name] : kFaultNames)
-        names.push_back(name);
-    return names;
-}
-
 ModelCaptureOptions demoModelCaptureOptions()
 {
     ModelCaptureOptions o;

@@ -21,7 +21,6 @@ enum class FaultKind { None, RopeOffset, StaleBlock, ShardSwap, Fp8Scale, DeadHe
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
 bool parseFault(const std::string& name, FaultKind& kind);
-std::vector<std::string> faultNames();
 
 struct ModelShape {
     int layers = 4;

@@ -412,9 +412,10 @@ void TestBundleIo::readingNeverModifiesTheFile()
     const QByteArray before = fileHash(path);
     const QDateTime mtime = QFileInfo(path).lastModified();
     {
-        const CaptureLoader loader(std::make_shared<BundleReader>(path.toStdString()));
+        const auto reader = std::make_shared<BundleReader>(path.toStdString());
+        const CaptureLoader loader(reader);
         loader.engineLayer("p0", kLayers[0]);
-        loader.reader().validate();
+        reader->validate();
     }
     QCOMPARE(fileHash(path), before);
     QCOMPARE(QFileInfo(path).lastModified(), mtime);

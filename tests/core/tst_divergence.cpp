@@ -52,8 +52,8 @@ void TestDivergence::divergencesFromLogits()
         w.addLogits("p", LogitsRole::Actual, actual);
         w.finish();
     }
-    const BundleReader reader(path.toStdString());
-    const std::vector<Divergence> d = findDivergences(reader, reader.prompt("p"));
+    const CaptureLoader loader(std::make_shared<BundleReader>(path.toStdString()));
+    const std::vector<Divergence> d = findDivergences(loader, loader.prompt("p"));
     QCOMPARE(d.size(), std::size_t(2));
     QCOMPARE(d[0].position, std::int64_t(3 + 1));
     QVERIFY(d[0].derived);

@@ -1,7 +1,6 @@
 // The drill-down's per-head error histograms against errors binned here.
 
-#include "kv/capture_loader.h"
-#include "metrics/error_histogram.h"
+#include "analysis/head_error_histogram.h"
 #include "metric_reference.h"
 #include "test_support.h"
 

@@ -180,11 +180,8 @@ void TestReconstruction::batchReconstruction()
     const auto cfg = KvCacheConfig::fromJson(configJson(12, 2, 2, 2, {{{"l0"}, "FullAttentionSpec", 2}}));
     const std::vector<std::vector<std::int32_t>> rows{{3, 10, 1}, {7, 2, -1}};
     const LayerShards shards = handPagedLayer(cfg, 0, 0, rows, {5, 3});
-    const std::vector<LayerKv> batch = reconstructBatch(cfg, "l0", shards, table(rows, 3), {5, 3});
-    QCOMPARE(batch.size(), std::size_t(2));
-    verifyLayer(batch[0], 0, std::vector<bool>(5, true));
-    verifyLayer(batch[1], 0, std::vector<bool>(3, true));
-    expectBundleError([&] { reconstructBatch(cfg, "l0", shards, table(rows, 3), {5}); }, {"1 sequence lengths"});
+    verifyLayer(reconstructLayer(cfg, "l0", shards, table(rows, 3), 0, 5), 0, std::vector<bool>(5, true));
+    verifyLayer(reconstructLayer(cfg, "l0", shards, table(rows, 3), 1, 3), 0, std::vector<bool>(3, true));
 }
 
 void TestReconstruction::requiredBlocksSkipsFreedWindow()

@@ -87,8 +87,8 @@ void TestSyntheticCapture::engineMatchesBaselineExceptTheFault()
 {
     const CaptureLoader loader(std::make_shared<BundleReader>(m_path.toStdString()));
     const std::string faultLayer = "model.layers." + std::to_string(m_options.faultLayer) + ".self_attn";
-    for (const PromptInfo& p : loader.reader().prompts()) {
-        for (const std::string& layer : loader.reader().config().layerNames()) {
+    for (const PromptInfo& p : loader.prompts()) {
+        for (const std::string& layer : loader.config().layerNames()) {
             const LayerKv engine = loader.engineLayer(p.id, layer);
             const LayerKv baseline = loader.referenceLayer(p.id, ReferenceRole::Baseline, layer);
             for (std::int64_t pos = 0; pos < engine.seq; ++pos) {

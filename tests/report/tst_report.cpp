@@ -55,7 +55,7 @@ void TestReport::initTestCase()
     writeSyntheticCapture(m_bundle.toStdString(), demoCaptureOptions());
     m_reader = std::make_shared<BundleReader>(m_bundle.toStdString());
     m_result = analyzeBundle(m_reader);
-    m_files = writeReport(*m_reader, m_result, Thresholds{}, m_dir.filePath("report"));
+    m_files = writeReport(CaptureLoader(m_reader), m_result, Thresholds{}, m_dir.filePath("report"));
 }
 
 void TestReport::htmlIsSelfContained()
@@ -89,7 +89,7 @@ void TestReport::embeddedDataIsStrictJsonWithNonFiniteValues()
         for (std::size_t i = 0; i < metric.size(); i += 3)
             metric[i] = i % 2 ? std::numeric_limits<float>::infinity() : std::nanf("");
     p.bcVsNoise[0][0] = -std::numeric_limits<float>::infinity();
-    const ReportFiles files = writeReport(*m_reader, result, Thresholds{}, m_dir.filePath("report-nonfinite"));
+    const ReportFiles files = writeReport(CaptureLoader(m_reader), result, Thresholds{}, m_dir.filePath("report-nonfinite"));
     QFile f(files.html);
     QVERIFY(f.open(QIODevice::ReadOnly));
     const std::string html = f.readAll().toStdString();

@@ -1,0 +1,19 @@
+#pragma once
+// The drill-down's error histograms of one head of one layer, K or V, over a token range,
+// read from the bundle through its loader: the errors of the tokens every side holds, binned
+// by metrics/error_histogram.h.
+
+#include "kv/capture_loader.h"
+#include "metrics/error_histogram.h"
+
+#include <string>
+
+namespace kvscope {
+
+// Tokens [tokenBegin, tokenEnd). Throws BundleError on unreadable data and
+// std::invalid_argument on a bad head or range.
+HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::string& promptId,
+                                      const std::string& layer, int head, KvPart part, std::int64_t tokenBegin,
+                                      std::int64_t tokenEnd, int bins = kBcBins);
+
+}  // namespace kvscope
