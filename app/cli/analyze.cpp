@@ -4,7 +4,7 @@
 #include "analysis/analyzer.h"
 #include "analysis/layer_selection.h"
 #include "format/bundle_error.h"
-#include "analysis/suspects.h"
+#include "analysis/suspect.h"
 #include "analysis/worst_cells.h"
 
 #include <algorithm>

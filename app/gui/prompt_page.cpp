@@ -1,7 +1,7 @@
 #include "gui/prompt_page.h"
 
 #include "analysis/map_spec.h"
-#include "analysis/suspects.h"
+#include "analysis/suspect.h"
 #include "analysis/worst_cells.h"
 #include "gui/analysis_controller.h"
 #include "gui/drill_down_panel.h"

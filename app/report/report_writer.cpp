@@ -2,7 +2,7 @@
 
 #include "analysis/heatmap_grid.h"
 #include "analysis/map_spec.h"
-#include "analysis/suspects.h"
+#include "analysis/suspect.h"
 #include "widgets/heatmap_view.h"
 #include "analysis/worst_cells.h"
 #include "util/json_writer.h"

@@ -1,6 +1,6 @@
 #include "analysis/analysis_json.h"
 
-#include "analysis/suspects.h"
+#include "analysis/suspect.h"
 #include "util/json_writer.h"
 
 namespace kvscope {

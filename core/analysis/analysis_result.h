@@ -65,7 +65,7 @@ struct PromptAnalysis {
     std::array<FloatBuffer, 2> bcVsNoise;           // [K/V][layer][token] (metrics/bc_vs_noise.h)
     std::vector<NonFiniteCell> nonFinite;
     std::vector<std::string> problems;  // what could not be analysed, and why
-    std::vector<Suspect> suspects;      // best first (analysis/suspects.h)
+    std::vector<Suspect> suspects;      // best first (analysis/suspect_search.h)
 
     void allocate();
     std::size_t cell(int layer, std::int64_t token, int head) const

@@ -3,7 +3,7 @@
 #include "analysis/divergence.h"
 #include "analysis/layer_aggregate.h"
 #include "analysis/layer_comparison.h"
-#include "analysis/suspects.h"
+#include "analysis/suspect_search.h"
 #include "format/bundle_error.h"
 #include "util/buffer_allocator.h"
 #include "util/work_team.h"

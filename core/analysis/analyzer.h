@@ -31,7 +31,7 @@ struct AnalysisOptions {
     // its aggregate are final and will not change), with the layers done so far.
     std::function<void(int layer, int layersDone, int layersTotal)> layerDone;
     const std::atomic<bool>* cancel = nullptr;
-    // When a cell, a layer and so a suspect count as off the noise floor (analysis/suspects.h).
+    // When a cell, a layer and so a suspect count as off the noise floor (analysis/suspect_search.h).
     SuspectThresholds suspects;
 };
 

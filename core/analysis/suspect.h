@@ -1,7 +1,7 @@
 #pragma once
 // What a suspect says, as plain values: the pattern from a closed set, the evidence in one
 // sentence, the onset and the spread, and the attribution (heads, TP ranks, tokens, blocks).
-// Found by analysis/suspects.h; documented in docs/suspects.md.
+// Found by analysis/suspect_search.h; documented in docs/suspects.md.
 
 #include "format/paged_kv.h"
 

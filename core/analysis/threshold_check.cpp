@@ -1,6 +1,6 @@
 #include "analysis/threshold_check.h"
 
-#include "analysis/suspects.h"
+#include "analysis/suspect.h"
 #include "util/json_writer.h"
 
 #include <cmath>

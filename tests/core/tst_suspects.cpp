@@ -6,7 +6,7 @@
 
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
-#include "analysis/suspects.h"
+#include "analysis/suspect_search.h"
 #include "synth/model_capture.h"
 
 #include <nlohmann/json.hpp>

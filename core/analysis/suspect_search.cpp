@@ -1,4 +1,4 @@
-#include "analysis/suspects.h"
+#include "analysis/suspect_search.h"
 
 #include "analysis/map_spec.h"
 #include "kv/capture_loader.h"
