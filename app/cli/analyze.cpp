@@ -51,17 +51,21 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
             << "\n";
 
     const std::vector<WorstCell> worst = worstCells(p, 8);
-    out << "  worst cells (" << (p.threeWay ? "error ratio actual/expected vs baseline" : "relative L-inf") << "):\n";
+    out << "  worst cells (" << (p.threeWay ? "error ratio: the head's L-inf over the cell's noise floor" : "relative L-inf")
+        << "):\n";
     for (const WorstCell& c : worst) {
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token
             << " head " << std::setw(3) << c.head << kvPartName(c.part) << "_linf " << std::setw(9) << fixed(c.error);
         if (p.threeWay)
-            out << " base " << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio);
+            out << " floor " << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio);
         out << "\n";
     }
 
-    out << "  per layer: max relative L-inf over tokens and heads (token/head)";
-    out << (p.threeWay ? ", min BC over tokens (token)\n" : "\n");
+    // Per layer: the largest L-inf, and (three-way) the lowest per-token BC against the noise
+    // floor where a token has values enough for one.
+    const bool tokenBc = p.threeWay && tokenBcMeaningful(p);
+    out << "  per layer: max relative L-inf over tokens and heads (token/head)"
+        << (tokenBc ? ", min BC vs noise floor over tokens (token)\n" : "\n");
     for (int l = 0; l < int(p.layers.size()); ++l) {
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(l)];
         for (KvPart part : {KvPart::K, KvPart::V}) {
@@ -69,7 +73,7 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
             out << kvPartName(part) << " " << std::setw(9) << fixed(e.value) << std::setw(12)
                 << (e.head < 0 ? "" : "(" + std::to_string(e.token) + "/" + std::to_string(e.head) + ")");
         }
-        if (p.threeWay)
+        if (tokenBc)
             for (KvPart part : {KvPart::K, KvPart::V}) {
                 const Extreme e = layerMinBc(p, part, l);
                 out << kvPartName(part) << "_bc " << std::setw(7) << fixed(e.value) << std::setw(7)
@@ -77,6 +81,9 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
             }
         out << "\n";
     }
+    if (p.threeWay && !tokenBc)
+        out << "    (no per-token BC: a token has " << std::int64_t(p.heads) * p.headDim << " values (" << p.heads
+            << " heads x " << p.headDim << "), too few for one to mean anything; the combined BC below pools every token)\n";
     for (const std::string& problem : p.problems)
         out << "  problem: " << problem << "\n";
     if (!p.nonFinite.empty())
@@ -121,10 +128,12 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
         if (result.aggregate) {
             const AggregateBc& a = *result.aggregate;
             out << "\naggregate over " << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
-                << " generation indices; combined BC per layer (K / V):\n";
+                << " generation indices; combined BC per layer, every token pooled (K / V): against the noise floor,"
+                   " and the reference tool's:\n";
             for (std::size_t l = 0; l < a.layers.size(); ++l)
-                out << "    " << std::left << std::setw(34) << a.layers[l] << fixed(a.combined[0][l]) << " / "
-                    << fixed(a.combined[1][l]) << "\n";
+                out << "    " << std::left << std::setw(34) << a.layers[l] << std::setw(17)
+                    << fixed(a.combinedVsNoise[0][l]) + " / " + fixed(a.combinedVsNoise[1][l]) << "reference tool's "
+                    << fixed(a.combined[0][l]) << " / " << fixed(a.combined[1][l]) << "\n";
         }
         return 0;
     } catch (const std::invalid_argument& e) {

@@ -136,6 +136,16 @@ struct Extreme {
     int head = -1;
 };
 Extreme layerMax(const PromptAnalysis& p, Metric m, int layer);
-Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer);
+// The lowest per-token BC of a layer: against the noise floor, or the reference tool's.
+Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer, bool vsNoise = true);
+
+// A token's BC compares two histograms of its num_heads x head_dim errors: with fewer values
+// than ten a bin of the reference tool's 100, two draws of the same noise already differ, and
+// the figure means little (a 2-head x 16-dim token has 32). The combined BC pools every token.
+inline constexpr std::int64_t kMinValuesForTokenBc = 1000;
+inline bool tokenBcMeaningful(const PromptAnalysis& p)
+{
+    return std::int64_t(p.heads) * p.headDim >= kMinValuesForTokenBc;
+}
 
 }  // namespace kvscope

@@ -5,7 +5,9 @@
 #include "app_cli/app_commands.h"
 #include "cli/commands.h"
 #include "cli/option_parser.h"
+#include "synth/synthetic_capture.h"
 
+#include <QTemporaryDir>
 #include <QTest>
 
 #include <sstream>
@@ -23,6 +25,7 @@ private slots:
     void wrongCommandLinesSayWhatIsWrong();
     void thresholdOptionsSetTheThresholds();
     void everyCommandHasAFunctionInOneExecutable();
+    void analyzeSummarySpeaksTheAppsLanguage();
 };
 
 void TestCommandLine::readsOperandsAndOptionsInAnyOrder()
@@ -139,6 +142,38 @@ void TestCommandLine::everyCommandHasAFunctionInOneExecutable()
     }
     QVERIFY(!appCommand("analyze"));  // the Qt-free commands are not kvscope-app's own
     QVERIFY(appCommand("report"));
+}
+
+void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
+{
+    QTemporaryDir dir;
+    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
+    o.layers = 2;
+    o.promptLens = {24};
+    o.decodeTokens = 6;
+    o.faultLayer = -1;
+    o.divergence = -1;
+    auto summary = [&](const std::string& path) {
+        kvscope::writeSyntheticCapture(path, o);
+        std::ostringstream out, err;
+        const int rc = analyze({path}, out, err);
+        return std::make_pair(rc, out.str());
+    };
+    // 4 heads x 32 dims: 128 values a token, too few for a per-token BC to mean anything.
+    const auto [rc, small] = summary(dir.filePath("small.h5").toStdString());
+    QCOMPARE(rc, 0);
+    QVERIFY2(small.find("no per-token BC: a token has 128 values (4 heads x 32)") != std::string::npos, small.c_str());
+    QVERIFY(small.find("_bc ") == std::string::npos);
+    // The worst cells name the noise floor as the app does, not "base".
+    QVERIFY2(small.find(" floor ") != std::string::npos && small.find(" base ") == std::string::npos, small.c_str());
+    QVERIFY(small.find("against the noise floor, and the reference tool's") != std::string::npos);
+    // 8 heads x 128 dims: 1024 values, enough.
+    o.kvHeads = 8;
+    o.headDim = 128;
+    const auto [rcLarge, large] = summary(dir.filePath("large.h5").toStdString());
+    QCOMPARE(rcLarge, 0);
+    QVERIFY2(large.find("min BC vs noise floor over tokens") != std::string::npos, large.c_str());
+    QVERIFY(large.find("k_bc ") != std::string::npos && large.find("no per-token BC") == std::string::npos);
 }
 
 QTEST_APPLESS_MAIN(TestCommandLine)
