@@ -42,172 +42,234 @@ void addChunks(std::vector<CountTask>& tasks, CountTask task)
     }
 }
 
+// One layer of the pooled prompts into the aggregate, in steps: the shared bins of each part
+// (pass 1, from the per-token ranges), every token's errors counted on them (pass 2, shared
+// by the team), then the BCs on those bins and against the noise floor.
+class LayerPooling {
+public:
+    LayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
+                 const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team)
+        : m_result(result)
+        , m_pooled(pooled)
+        , m_allSides(allSides)
+        , m_allStats(allStats)
+        , m_layer(layer)
+        , m_aggregate(aggregate)
+        , m_team(team)
+        , m_gCount(std::size_t(aggregate.generationCount))
+        // One prompt: each generation index is one token, whose counts and noise histograms
+        // are those its own BCs came from; pooling them again would give the same bits.
+        , m_onePrompt(pooled.size() == 1)
+    {
+    }
+
+    // Pass 1: the shared ranges of `part`, from the per-token ranges (by generation index,
+    // and combined), and the second pass's tasks.
+    void plan(KvPart part);
+    // Pass 2: counts on the shared bins, every token's errors computed once.
+    void count();
+    // The reference tool's BC on the shared bins, combined and by generation index.
+    void writeSharedBinBc(KvPart part);
+    // BC against the noise floor: fixed bins, so the counts of every token simply add up (the
+    // comparison summed them per thread).
+    void writeNoiseBc(KvPart part);
+
+private:
+    const LayerSides& sides(std::size_t i) const { return m_allSides[std::size_t(m_pooled[i])]; }
+    const TokenErrorStats& stats(std::size_t i) const { return m_allStats[std::size_t(m_pooled[i])]; }
+    std::int64_t promptLen(std::size_t i) const { return m_result.prompts[std::size_t(m_pooled[i])].promptLen; }
+    std::size_t at(std::size_t g) const { return std::size_t(m_layer) * m_gCount + g; }
+    void countTask(int index, int member);
+    // Tokens [first, last) of pooled prompt i, the first at generation index gOfFirst (-1: none counted).
+    void countTokens(const CountTask& task, std::array<Histogram, 2>& combined, std::size_t i, std::int64_t first,
+                     std::int64_t last, std::int64_t gOfFirst);
+
+    const AnalysisResult& m_result;
+    const std::vector<int>& m_pooled;
+    const std::vector<LayerSides>& m_allSides;
+    const std::vector<TokenErrorStats>& m_allStats;
+    const int m_layer;
+    AggregateBc& m_aggregate;
+    WorkTeam* const m_team;
+    const std::size_t m_gCount;
+    const bool m_onePrompt;
+    std::array<PartPlan, 2> m_plans;
+    std::vector<CountTask> m_tasks;
+};
+
+void LayerPooling::plan(KvPart part)
+{
+    PartPlan& plan = m_plans[std::size_t(part)];
+    plan.byIndex.assign(m_gCount, ErrorRange{});
+    ErrorRange combined;
+    for (std::size_t i = 0; i < m_pooled.size(); ++i) {
+        if (!sides(i).ok)
+            continue;
+        for (std::int64_t t = 0; t < stats(i).tokens; ++t) {
+            const ErrorRange& r = stats(i).range(part, t);
+            combined.merge(r);
+            const std::int64_t g = t - promptLen(i);
+            if (g >= 0 && std::size_t(g) < m_gCount)
+                plan.byIndex[std::size_t(g)].merge(r);
+        }
+    }
+    if (combined.empty())
+        return;
+    plan.empty = false;
+    plan.combinedBins.emplace(combined);
+    plan.combined.resize(std::size_t(m_team ? m_team->size() : 1));
+    if (m_onePrompt) {
+        const PromptAnalysis& p = m_result.prompts[std::size_t(m_pooled[0])];
+        for (std::size_t g = 0; g < m_gCount; ++g) {
+            const std::int64_t t = p.promptLen + std::int64_t(g);
+            m_aggregate.bc[std::size_t(part)][at(g)] = p.bcValue(part, m_layer, t);
+            m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = p.bcVsNoiseValue(part, m_layer, t);
+        }
+        if (sides(0).ok)
+            addChunks(m_tasks, {part, false, 0, 0, sides(0).reference.seq});
+        return;
+    }
+    // A generation index whose every token has the pooled range itself has the same bins as
+    // those tokens: their counts add up exactly.
+    plan.reuse.assign(m_gCount, 1);
+    for (std::size_t i = 0; i < m_pooled.size(); ++i)
+        for (std::size_t g = 0; g < m_gCount && sides(i).ok; ++g) {
+            const ErrorRange& r = stats(i).range(part, promptLen(i) + std::int64_t(g));
+            if (!r.empty() && (r.lo != plan.byIndex[g].lo || r.hi != plan.byIndex[g].hi))
+                plan.reuse[g] = 0;
+        }
+    for (const ErrorRange& r : plan.byIndex)
+        plan.indexBins.emplace_back(r);
+    plan.indexBase.resize(m_gCount);
+    plan.indexTarget.resize(m_gCount);
+    for (std::size_t i = 0; i < m_pooled.size(); ++i) {
+        if (!sides(i).ok)
+            continue;
+        // Each prompt's tokens outside the generation indices: combined bins only.
+        const std::int64_t seq = sides(i).reference.seq;
+        const std::int64_t prefillEnd = std::min(seq, promptLen(i));
+        addChunks(m_tasks, {part, false, i, 0, prefillEnd});
+        addChunks(m_tasks, {part, false, i, std::min(seq, prefillEnd + std::int64_t(m_gCount)), seq});
+    }
+    addChunks(m_tasks, {part, true, 0, 0, std::int64_t(m_gCount)});
+}
+
+void LayerPooling::countTokens(const CountTask& task, std::array<Histogram, 2>& combined, std::size_t i,
+                               std::int64_t first, std::int64_t last, std::int64_t gOfFirst)
+{
+    PartPlan& plan = m_plans[std::size_t(task.part)];
+    const LayerSides& s = sides(i);
+    const TokenErrorStats& st = stats(i);
+    const LayerRows reference(s.reference), actual(s.actual), base(s.base);
+    const std::size_t n = reference.rowSize();
+    float* const baseErrors = errorScratch(n, 0);
+    float* const actualErrors = errorScratch(n, 1);
+    LayerRows::Tile referenceTile, actualTile, baseTile;
+    for (std::int64_t t = first; t < last; ++t) {
+        if (st.range(task.part, t).empty())
+            continue;  // not held by every side
+        const RowView r = reference.row(task.part, t, referenceTile);
+        rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(), baseErrors);
+        rowErrors(r, actual.row(task.part, t, actualTile), reference.heads(), reference.headDim(), actualErrors);
+        plan.combinedBins->add(baseErrors, n, combined[0]);
+        plan.combinedBins->add(actualErrors, n, combined[1]);
+        if (gOfFirst < 0)
+            continue;
+        const std::size_t g = std::size_t(gOfFirst + (t - first));
+        if (plan.reuse[g]) {
+            for (int b = 0; b < kBcBins; ++b) {
+                plan.indexBase[g].counts[std::size_t(b)] += st.countsOf(task.part, t, 0)[b];
+                plan.indexTarget[g].counts[std::size_t(b)] += st.countsOf(task.part, t, 1)[b];
+            }
+        } else {
+            plan.indexBins[g].add(baseErrors, n, plan.indexBase[g]);
+            plan.indexBins[g].add(actualErrors, n, plan.indexTarget[g]);
+        }
+    }
+}
+
+void LayerPooling::countTask(int index, int member)
+{
+    const CountTask& task = m_tasks[std::size_t(index)];
+    std::array<Histogram, 2>& combined = m_plans[std::size_t(task.part)].combined[std::size_t(member)];
+    if (!task.byIndex) {
+        countTokens(task, combined, task.prompt, task.begin, task.end, -1);
+        return;
+    }
+    for (std::size_t i = 0; i < m_pooled.size(); ++i)
+        if (sides(i).ok)
+            countTokens(task, combined, i, promptLen(i) + task.begin, promptLen(i) + task.end, task.begin);
+}
+
+void LayerPooling::count()
+{
+    if (m_team)
+        m_team->run(int(m_tasks.size()), [this](int index, int member) { countTask(index, member); });
+    else
+        for (int i = 0; i < int(m_tasks.size()); ++i)
+            countTask(i, 0);
+}
+
+void LayerPooling::writeSharedBinBc(KvPart part)
+{
+    const PartPlan& plan = m_plans[std::size_t(part)];
+    if (plan.empty)
+        return;
+    Histogram combinedBase, combinedTarget;
+    for (const auto& [base, target] : plan.combined) {
+        combinedBase.merge(base);
+        combinedTarget.merge(target);
+    }
+    m_aggregate.combined[std::size_t(part)][std::size_t(m_layer)] = float(bhattacharyya(combinedBase, combinedTarget));
+    for (std::size_t g = 0; g < m_gCount && !m_onePrompt; ++g)
+        if (!plan.byIndex[g].empty())  // no prompt holds this index: no data, not BC 1
+            m_aggregate.bc[std::size_t(part)][at(g)] = float(bhattacharyya(plan.indexBase[g], plan.indexTarget[g]));
+}
+
+void LayerPooling::writeNoiseBc(KvPart part)
+{
+    if (m_plans[std::size_t(part)].empty)
+        return;
+    LogHistogram noiseBase, noiseActual;
+    for (std::size_t i = 0; i < m_pooled.size(); ++i) {
+        if (!sides(i).ok)
+            continue;  // not compared at this layer: its stats are another layer's
+        for (const auto& member : stats(i).noiseTotals) {
+            noiseBase.merge(member[std::size_t(part)][0]);
+            noiseActual.merge(member[std::size_t(part)][1]);
+        }
+    }
+    m_aggregate.combinedVsNoise[std::size_t(part)][std::size_t(m_layer)] = float(bcVsNoise(noiseBase, noiseActual));
+    // By generation index: the prompts' tokens at that index, one index at a time.
+    LogHistogram indexNoiseBase, indexNoiseActual;
+    for (std::size_t g = 0; g < m_gCount && !m_onePrompt; ++g) {
+        for (std::size_t i = 0; i < m_pooled.size(); ++i) {
+            const std::int64_t t = promptLen(i) + std::int64_t(g);
+            const TokenErrorStats& st = stats(i);
+            if (!sides(i).ok || st.range(part, t).empty())
+                continue;
+            const auto* spans = &st.noise[std::size_t(part)][std::size_t(t) * 2];
+            indexNoiseBase.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);
+            indexNoiseActual.merge(spans[1].first, st.noiseCounts(spans[1]), spans[1].size);
+        }
+        m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = float(bcVsNoise(indexNoiseBase, indexNoiseActual));
+        indexNoiseBase.clear();
+        indexNoiseActual.clear();
+    }
+}
+
 }  // namespace
 
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
                     const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team)
 {
-    auto sides = [&](std::size_t i) -> const LayerSides& { return allSides[std::size_t(pooled[i])]; };
-    auto stats = [&](std::size_t i) -> const TokenErrorStats& { return allStats[std::size_t(pooled[i])]; };
-    const std::size_t gCount = std::size_t(aggregate.generationCount);
-    auto promptLen = [&](std::size_t i) { return result.prompts[std::size_t(pooled[i])].promptLen; };
-    // One prompt: each generation index is one token, whose counts and noise histograms are
-    // those its own BCs came from; pooling them again would give the same bits.
-    const bool onePrompt = pooled.size() == 1;
-
-    std::array<PartPlan, 2> plans;
-    std::vector<CountTask> tasks;
+    LayerPooling pooling(result, pooled, allSides, allStats, layer, aggregate, team);
+    for (KvPart part : {KvPart::K, KvPart::V})
+        pooling.plan(part);
+    pooling.count();
     for (KvPart part : {KvPart::K, KvPart::V}) {
-        PartPlan& plan = plans[std::size_t(part)];
-        // Pass 1: the shared ranges, from the per-token ranges. By generation index, and combined.
-        plan.byIndex.assign(gCount, ErrorRange{});
-        ErrorRange combined;
-        for (std::size_t i = 0; i < pooled.size(); ++i) {
-            if (!sides(i).ok)
-                continue;
-            for (std::int64_t t = 0; t < stats(i).tokens; ++t) {
-                const ErrorRange& r = stats(i).range(part, t);
-                combined.merge(r);
-                const std::int64_t g = t - promptLen(i);
-                if (g >= 0 && std::size_t(g) < gCount)
-                    plan.byIndex[std::size_t(g)].merge(r);
-            }
-        }
-        if (combined.empty())
-            continue;
-        plan.empty = false;
-        plan.combinedBins.emplace(combined);
-        plan.combined.resize(std::size_t(team ? team->size() : 1));
-        if (onePrompt) {
-            const PromptAnalysis& p = result.prompts[std::size_t(pooled[0])];
-            for (std::size_t g = 0; g < gCount; ++g) {
-                const std::int64_t t = p.promptLen + std::int64_t(g);
-                aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] = p.bcValue(part, layer, t);
-                aggregate.bcVsNoise[std::size_t(part)][std::size_t(layer) * gCount + g] = p.bcVsNoiseValue(part, layer, t);
-            }
-            if (sides(0).ok)
-                addChunks(tasks, {part, false, 0, 0, sides(0).reference.seq});
-            continue;
-        }
-        // A generation index whose every token has the pooled range itself has the same bins
-        // as those tokens: their counts add up exactly.
-        plan.reuse.assign(gCount, 1);
-        for (std::size_t i = 0; i < pooled.size(); ++i)
-            for (std::size_t g = 0; g < gCount && sides(i).ok; ++g) {
-                const ErrorRange& r = stats(i).range(part, promptLen(i) + std::int64_t(g));
-                if (!r.empty() && (r.lo != plan.byIndex[g].lo || r.hi != plan.byIndex[g].hi))
-                    plan.reuse[g] = 0;
-            }
-        for (const ErrorRange& r : plan.byIndex)
-            plan.indexBins.emplace_back(r);
-        plan.indexBase.resize(gCount);
-        plan.indexTarget.resize(gCount);
-        for (std::size_t i = 0; i < pooled.size(); ++i) {
-            if (!sides(i).ok)
-                continue;
-            // Each prompt's tokens outside the generation indices: combined bins only.
-            const std::int64_t seq = sides(i).reference.seq;
-            const std::int64_t prefillEnd = std::min(seq, promptLen(i));
-            addChunks(tasks, {part, false, i, 0, prefillEnd});
-            addChunks(tasks, {part, false, i, std::min(seq, prefillEnd + std::int64_t(gCount)), seq});
-        }
-        addChunks(tasks, {part, true, 0, 0, std::int64_t(gCount)});
-    }
-
-    // Pass 2: counts on the shared bins, every token's errors computed once.
-    auto count = [&](int index, int member) {
-        const CountTask& task = tasks[std::size_t(index)];
-        PartPlan& plan = plans[std::size_t(task.part)];
-        std::array<Histogram, 2>& combined = plan.combined[std::size_t(member)];
-        // Token t of pooled prompt i, at generation index g (-1: none counted).
-        auto countTokens = [&](std::size_t i, std::int64_t first, std::int64_t last, std::int64_t gOfFirst) {
-            const LayerSides& s = sides(i);
-            const TokenErrorStats& st = stats(i);
-            const LayerRows reference(s.reference), actual(s.actual), base(s.base);
-            const std::size_t n = reference.rowSize();
-            float* const baseErrors = errorScratch(n, 0);
-            float* const actualErrors = errorScratch(n, 1);
-            LayerRows::Tile referenceTile, actualTile, baseTile;
-            for (std::int64_t t = first; t < last; ++t) {
-                if (st.range(task.part, t).empty())
-                    continue;  // not held by every side
-                const RowView r = reference.row(task.part, t, referenceTile);
-                rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(), baseErrors);
-                rowErrors(r, actual.row(task.part, t, actualTile), reference.heads(), reference.headDim(),
-                          actualErrors);
-                plan.combinedBins->add(baseErrors, n, combined[0]);
-                plan.combinedBins->add(actualErrors, n, combined[1]);
-                if (gOfFirst < 0)
-                    continue;
-                const std::size_t g = std::size_t(gOfFirst + (t - first));
-                if (plan.reuse[g]) {
-                    for (int b = 0; b < kBcBins; ++b) {
-                        plan.indexBase[g].counts[std::size_t(b)] += st.countsOf(task.part, t, 0)[b];
-                        plan.indexTarget[g].counts[std::size_t(b)] += st.countsOf(task.part, t, 1)[b];
-                    }
-                } else {
-                    plan.indexBins[g].add(baseErrors, n, plan.indexBase[g]);
-                    plan.indexBins[g].add(actualErrors, n, plan.indexTarget[g]);
-                }
-            }
-        };
-        if (!task.byIndex) {
-            countTokens(task.prompt, task.begin, task.end, -1);
-            return;
-        }
-        for (std::size_t i = 0; i < pooled.size(); ++i)
-            if (sides(i).ok)
-                countTokens(i, promptLen(i) + task.begin, promptLen(i) + task.end, task.begin);
-    };
-    if (team)
-        team->run(int(tasks.size()), count);
-    else
-        for (int i = 0; i < int(tasks.size()); ++i)
-            count(i, 0);
-
-    for (KvPart part : {KvPart::K, KvPart::V}) {
-        PartPlan& plan = plans[std::size_t(part)];
-        if (plan.empty)
-            continue;
-        Histogram combinedBase, combinedTarget;
-        for (const auto& [base, target] : plan.combined) {
-            combinedBase.merge(base);
-            combinedTarget.merge(target);
-        }
-        aggregate.combined[std::size_t(part)][std::size_t(layer)] = float(bhattacharyya(combinedBase, combinedTarget));
-        for (std::size_t g = 0; g < gCount && !onePrompt; ++g)
-            if (!plan.byIndex[g].empty())  // no prompt holds this index: no data, not BC 1
-                aggregate.bc[std::size_t(part)][std::size_t(layer) * gCount + g] =
-                    float(bhattacharyya(plan.indexBase[g], plan.indexTarget[g]));
-        // BC against the noise floor: fixed bins, so the counts of every token simply add up
-        // (the comparison summed them per thread).
-        LogHistogram noiseBase, noiseActual;
-        for (std::size_t i = 0; i < pooled.size(); ++i) {
-            if (!sides(i).ok)
-                continue;  // not compared at this layer: its stats are another layer's
-            for (const auto& member : stats(i).noiseTotals) {
-                noiseBase.merge(member[std::size_t(part)][0]);
-                noiseActual.merge(member[std::size_t(part)][1]);
-            }
-        }
-        aggregate.combinedVsNoise[std::size_t(part)][std::size_t(layer)] = float(bcVsNoise(noiseBase, noiseActual));
-        // By generation index: the prompts' tokens at that index, one index at a time.
-        LogHistogram indexNoiseBase, indexNoiseActual;
-        for (std::size_t g = 0; g < gCount && !onePrompt; ++g) {
-            for (std::size_t i = 0; i < pooled.size(); ++i) {
-                const std::int64_t t = promptLen(i) + std::int64_t(g);
-                const TokenErrorStats& st = stats(i);
-                if (!sides(i).ok || st.range(part, t).empty())
-                    continue;
-                const auto* spans = &st.noise[std::size_t(part)][std::size_t(t) * 2];
-                indexNoiseBase.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);
-                indexNoiseActual.merge(spans[1].first, st.noiseCounts(spans[1]), spans[1].size);
-            }
-            aggregate.bcVsNoise[std::size_t(part)][std::size_t(layer) * gCount + g] =
-                float(bcVsNoise(indexNoiseBase, indexNoiseActual));
-            indexNoiseBase.clear();
-            indexNoiseActual.clear();
-        }
+        pooling.writeSharedBinBc(part);
+        pooling.writeNoiseBc(part);
     }
 }
 
