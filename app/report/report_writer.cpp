@@ -133,14 +133,9 @@ void renderPng(const ReportMap& m, const QString& path)
         throw std::runtime_error(("cannot write " + path).toStdString());
 }
 
-}  // namespace
-
-ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
-                        const QString& directory)
+// Every map of the report: per prompt its metrics for K and V, and the across-prompt BCs.
+std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisResult& result)
 {
-    QDir dir(directory);
-    if (!dir.exists() && !QDir().mkpath(directory))
-        throw std::runtime_error(("cannot create " + directory).toStdString());
     const KvCacheConfig& cfg = loader.config();
     std::vector<ReportMap> maps;
 
@@ -171,20 +166,27 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
                                 poolColumns(aggregateHeatmap(a, part, vsNoise), 0, a.generationCount, kMaxReportColumns, true)});
     }
 
-    ReportFiles files;
-    for (const ReportMap& m : maps) {
-        const QString png = QString::fromStdString(m.id) + ".png";
-        renderPng(m, dir.filePath(png));
-        files.images << dir.filePath(png);
-    }
+    return maps;
+}
 
-    const std::vector<Violation> violations = checkThresholds(result, thresholds);
-    QString body;
-    QTextStream out(&body);
-    const BundleMetadata& meta = loader.metadata();
-    out << "<h1>kvscope report</h1><div>" << html(loader.path()) << "</div><div class=legend>written by kvscope "
-        << kVersion << "</div>";
-    // The report opens with where the bug is and what kind it is (docs/suspects.md).
+void writeMapBlock(QTextStream& out, const ReportMap& m)
+{
+    out << "<div class=map><div class=maptitle>" << html(m.spec.title) << "</div><div id=\"map-" << html(m.id)
+        << "\"></div><div class=maphint>hover for values; drag to zoom, double-click to reset; image: <a href=\""
+        << html(m.id) << ".png\">" << html(m.id) << ".png</a></div></div>";
+}
+
+// The maps whose id starts with `prefix`.
+void writeMapBlocks(QTextStream& out, const std::vector<ReportMap>& maps, const std::string& prefix)
+{
+    for (const ReportMap& m : maps)
+        if (m.id.rfind(prefix, 0) == 0)
+            writeMapBlock(out, m);
+}
+
+// The report opens with where the bug is and what kind it is (docs/suspects.md).
+void writeSuspects(QTextStream& out, const AnalysisResult& result)
+{
     out << "<h2>Suspects</h2>";
     if (result.suspects.empty())
         out << "<p>None: nothing leaves the capture's own noise floor.</p>";
@@ -201,11 +203,20 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
                 ranks << QString::number(r);
             out << "<tr class=fail><td>" << suspectPatternName(s.pattern) << "</td><td>" << QString::number(s.score, 'g', 3)
                 << "</td><td>" << html(s.firstLayer) << "</td><td>" << s.firstToken << "-" << s.lastToken << " ("
-                << html(s.phase) << ", " << html(s.kv) << ")</td><td>" << heads.join(", ") << "</td><td>"
-                << ranks.join(", ") << "</td><td>" << prompts.join(", ").toHtmlEscaped() << "</td><td>" << html(s.evidence) << "</td></tr>";
+                << html(s.phase) << ", " << html(s.kv)
+                << (s.prompts.size() > 1 ? QString(", over %1 prompts").arg(s.prompts.size()) : QString()) << ")</td><td>"
+                << heads.join(", ") << "</td><td>" << ranks.join(", ") << "</td><td>" << prompts.join(", ").toHtmlEscaped()
+                << "</td><td>" << (s.prompts.size() > 1 ? html("In " + s.evidencePrompt + ": ") : QString())
+                << html(s.evidence) << "</td></tr>";
         }
         out << "</table>";
     }
+}
+
+void writeCapture(QTextStream& out, const CaptureLoader& loader)
+{
+    const KvCacheConfig& cfg = loader.config();
+    const BundleMetadata& meta = loader.metadata();
     out << "<h2>Capture</h2><table>";
     out << "<tr><th>model</th><td>" << html(meta.model) << "</td></tr><tr><th>engine</th><td>" << html(meta.engine)
         << "</td></tr><tr><th>created</th><td>" << html(meta.created) << "</td></tr>";
@@ -227,6 +238,11 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     }
     out << "</td></tr></table>";
 
+}
+
+void writeVerdict(QTextStream& out, const AnalysisResult& result, const Thresholds& thresholds)
+{
+    const std::vector<Violation> violations = checkThresholds(result, thresholds);
     out << "<h2>Verdict</h2><p>Thresholds: combined BC per layer ("
         << (thresholds.bcVsNoise ? "against the noise floor" : "the reference tool's") << ") &ge; " << thresholds.minBc
         << "; L-inf multiplier per layer (largest actual L-inf / largest expected L-inf) &le; " << thresholds.maxRatio;
@@ -248,67 +264,61 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     }
     for (const std::string& problem : result.problems)
         out << "<p class=fail>" << html(problem) << "</p>";
+}
 
-    auto mapBlock = [&](const ReportMap& m) {
-        out << "<div class=map><div class=maptitle>" << html(m.spec.title) << "</div><div id=\"map-" << html(m.id)
-            << "\"></div><div class=maphint>hover for values; drag to zoom, double-click to reset; image: <a href=\""
-            << html(m.id) << ".png\">" << html(m.id) << ".png</a></div></div>";
-    };
-    out << "<p class=legend>Black line: prefill | decode. Violet dashed: divergences. Hatched: no data (outside a freed "
-           "sliding window, never written). Errors yellow to red from 0 to twice the dtype noise's 99th percentile "
-           "(two-way: the errors' own 99th percentile), error ratio 0..3 (green: like dtype noise, red: far worse), "
-           "BC 0..1 (below 0.8 flat red).</p>";
-    for (const PromptAnalysis& p : result.prompts) {
-        out << "<h2>Prompt " << html(p.id) << "</h2><p>" << (p.threeWay ? "three-way" : "two-way") << ", prompt_len "
-            << p.promptLen << ", " << p.tokens << " positions, divergences: ";
-        if (p.divergences.empty())
-            out << "none";
-        for (const Divergence& d : p.divergences) {
-            out << d.position;
-            if (d.inBounds)
-                out << (*d.inBounds ? " (within the bf16 ulp bound)" : " (beyond the bf16 ulp bound)");
-            out << " ";
-        }
-        out << "</p>";
-        for (const ReportMap& m : maps)
-            if (m.id.rfind(p.id + "_", 0) == 0)
-                mapBlock(m);
-        out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>K/V</th><th>head</th><th>rel. L-inf</th>"
-            << (p.threeWay ? "<th>expected (base)</th><th>ratio</th>" : "") << "</tr>";
-        for (const WorstCell& c : worstCells(p, 15)) {
-            out << "<tr><td>" << html(p.layers[std::size_t(c.layer)]) << "</td><td>" << c.token << "</td><td>"
-                << kvPartName(c.part) << "</td><td>" << c.head << "</td><td>" << QString::number(c.error, 'g', 4) << "</td>";
-            if (p.threeWay)
-                out << "<td>" << QString::number(c.baseError, 'g', 4) << "</td><td>" << QString::number(c.ratio, 'g', 4) << "</td>";
-            out << "</tr>";
-        }
-        out << "</table>";
-        for (const std::string& problem : p.problems)
-            out << "<p class=fail>" << html(problem) << "</p>";
+void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<ReportMap>& maps)
+{
+    out << "<h2>Prompt " << html(p.id) << "</h2><p>" << (p.threeWay ? "three-way" : "two-way") << ", prompt_len "
+        << p.promptLen << ", " << p.tokens << " positions, divergences: ";
+    if (p.divergences.empty())
+        out << "none";
+    for (const Divergence& d : p.divergences) {
+        out << d.position;
+        if (d.inBounds)
+            out << (*d.inBounds ? " (within the bf16 ulp bound)" : " (beyond the bf16 ulp bound)");
+        out << " ";
     }
-    if (result.aggregate) {
-        const AggregateBc& a = *result.aggregate;
-        out << "<h2>Across prompts</h2><p>" << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
-            << " generation indices.</p>";
-        for (const ReportMap& m : maps)
-            if (m.id.rfind("aggregate_", 0) == 0)
-                mapBlock(m);
-        out << "<h3>Combined BC per layer</h3><table><tr><th>layer</th><th>K vs noise</th><th>V vs noise</th>"
-               "<th>K (reference tool)</th><th>V (reference tool)</th></tr>";
-        for (std::size_t l = 0; l < a.layers.size(); ++l) {
-            out << "<tr><td>" << html(a.layers[l]) << "</td>";
-            for (const bool vsNoise : {true, false})
-                for (int part = 0; part < 2; ++part) {
-                    const float bc = (vsNoise ? a.combinedVsNoise : a.combined)[std::size_t(part)][l];
-                    const bool judged = vsNoise == thresholds.bcVsNoise;
-                    out << "<td class=" << (!judged ? "" : bc < thresholds.minBc ? "fail" : "pass") << ">"
-                        << (std::isnan(bc) ? QString("no data") : QString::number(bc, 'f', 4)) << "</td>";
-                }
-            out << "</tr>";
-        }
-        out << "</table>";
+    out << "</p>";
+    writeMapBlocks(out, maps, p.id + "_");
+    out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>K/V</th><th>head</th><th>rel. L-inf</th>"
+        << (p.threeWay ? "<th>expected (base)</th><th>ratio</th>" : "") << "</tr>";
+    for (const WorstCell& c : worstCells(p, 15)) {
+        out << "<tr><td>" << html(p.layers[std::size_t(c.layer)]) << "</td><td>" << c.token << "</td><td>"
+            << kvPartName(c.part) << "</td><td>" << c.head << "</td><td>" << QString::number(c.error, 'g', 4) << "</td>";
+        if (p.threeWay)
+            out << "<td>" << QString::number(c.baseError, 'g', 4) << "</td><td>" << QString::number(c.ratio, 'g', 4) << "</td>";
+        out << "</tr>";
     }
+    out << "</table>";
+    for (const std::string& problem : p.problems)
+        out << "<p class=fail>" << html(problem) << "</p>";
+}
 
+void writeAcrossPrompts(QTextStream& out, const AggregateBc& a, const std::vector<ReportMap>& maps,
+                        const Thresholds& thresholds)
+{
+    out << "<h2>Across prompts</h2><p>" << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
+        << " generation indices.</p>";
+    writeMapBlocks(out, maps, "aggregate_");
+    out << "<h3>Combined BC per layer</h3><table><tr><th>layer</th><th>K vs noise</th><th>V vs noise</th>"
+           "<th>K (reference tool)</th><th>V (reference tool)</th></tr>";
+    for (std::size_t l = 0; l < a.layers.size(); ++l) {
+        out << "<tr><td>" << html(a.layers[l]) << "</td>";
+        for (const bool vsNoise : {true, false})
+            for (int part = 0; part < 2; ++part) {
+                const float bc = (vsNoise ? a.combinedVsNoise : a.combined)[std::size_t(part)][l];
+                const bool judged = vsNoise == thresholds.bcVsNoise;
+                out << "<td class=" << (!judged ? "" : bc < thresholds.minBc ? "fail" : "pass") << ">"
+                    << (std::isnan(bc) ? QString("no data") : QString::number(bc, 'f', 4)) << "</td>";
+            }
+        out << "</tr>";
+    }
+    out << "</table>";
+}
+
+// The page: the body, and the maps' data for the script, every resource inlined.
+QString page(const QString& body, const std::vector<ReportMap>& maps)
+{
     std::ostringstream json;
     JsonWriter w(json);
     writeScalesJson(w.beginObject().key("scales"));
@@ -316,13 +326,47 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     // Inside <script>, "</" could end the element: escape it.
     const QString data = QString::fromStdString(json.str()).replace("</", "<\\/");
 
-    const QString page = "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>kvscope report</title><style>" +
-                         resource("report.css") + "</style></head><body>" + body +
-                         "<div id=tooltip></div><script type=\"application/json\" id=\"kvscope-data\">" + data +
-                         "</script><script>" + resource("report.js") + "</script></body></html>\n";
+    return "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>kvscope report</title><style>" +
+           resource("report.css") + "</style></head><body>" + body +
+           "<div id=tooltip></div><script type=\"application/json\" id=\"kvscope-data\">" + data +
+           "</script><script>" + resource("report.js") + "</script></body></html>\n";
+}
+
+}  // namespace
+
+ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
+                        const QString& directory)
+{
+    QDir dir(directory);
+    if (!dir.exists() && !QDir().mkpath(directory))
+        throw std::runtime_error(("cannot create " + directory).toStdString());
+    const std::vector<ReportMap> maps = reportMaps(loader, result);
+    ReportFiles files;
+    for (const ReportMap& m : maps) {
+        const QString png = QString::fromStdString(m.id) + ".png";
+        renderPng(m, dir.filePath(png));
+        files.images << dir.filePath(png);
+    }
+
+    QString body;
+    QTextStream out(&body);
+    out << "<h1>kvscope report</h1><div>" << html(loader.path()) << "</div><div class=legend>written by kvscope "
+        << kVersion << "</div>";
+    writeSuspects(out, result);
+    writeCapture(out, loader);
+    writeVerdict(out, result, thresholds);
+    out << "<p class=legend>Black line: prefill | decode. Violet dashed: divergences. Hatched: no data (outside a freed "
+           "sliding window, never written). Errors yellow to red from 0 to twice the dtype noise's 99th percentile "
+           "(two-way: the errors' own 99th percentile), error ratio 0..3 (green: like dtype noise, red: far worse), "
+           "BC 0..1 (below 0.8 flat red).</p>";
+    for (const PromptAnalysis& p : result.prompts)
+        writePrompt(out, p, maps);
+    if (result.aggregate)
+        writeAcrossPrompts(out, *result.aggregate, maps, thresholds);
+
     files.html = dir.filePath("report.html");
     QFile file(files.html);
-    if (!file.open(QIODevice::WriteOnly) || file.write(page.toUtf8()) < 0)
+    if (!file.open(QIODevice::WriteOnly) || file.write(page(body, maps).toUtf8()) < 0)
         throw std::runtime_error(("cannot write " + files.html).toStdString());
     files.htmlBytes = file.size();
     return files;

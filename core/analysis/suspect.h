@@ -32,14 +32,15 @@ struct SuspectBlock {
 struct Suspect {
     SuspectPattern pattern = SuspectPattern::Layer;
     double score = 0;      // the onset layer's median ratio over its off cells, in floors
-    std::string evidence;  // one sentence
+    std::string evidence;  // one sentence, about one prompt:
+    std::string evidencePrompt;        // that prompt
     std::vector<std::string> prompts;  // where it was seen (one per prompt; pooled: every one)
     std::string firstLayer;
     std::vector<std::string> layers;  // every affected layer, the onset first
     std::string kv;                   // "k", "v" or "kv"
     std::vector<int> heads;
     std::vector<int> tpRanks;
-    std::int64_t firstToken = -1, lastToken = -1;  // of the onset layer's off cells
+    std::int64_t firstToken = -1, lastToken = -1;  // of the onset layer's off cells (pooled: over its prompts)
     std::string phase;                             // "prefill", "decode" or "both"
     std::vector<SuspectBlock> blocks;
     // Where the app opens it: the onset layer's worst cell.

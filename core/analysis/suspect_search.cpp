@@ -444,6 +444,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     if (s.blocks.empty())
         s.blocks = blocksOf(loader, info, group, s.firstToken, s.lastToken);
     s.evidence = why.str();
+    s.evidencePrompt = p.id;
     return {s};
 }
 
@@ -485,6 +486,7 @@ std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPr
             if (s.score > q.score) {
                 q.score = s.score;
                 q.evidence = s.evidence;
+                q.evidencePrompt = s.evidencePrompt;
             }
         }
     std::stable_sort(pooled.begin(), pooled.end(), [](const Suspect& a, const Suspect& b) { return a.score > b.score; });
