@@ -43,7 +43,7 @@ void setSteps(QCPGraph* graph, const std::vector<double>& edges, const std::vect
 HistogramView::HistogramView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(200, 160);
+    setMinimumSize(150, 140);  // beside the heads table on a 1024-pixel screen
     m_title = addPlotTitle(this, 8);
     m_base = stepGraph(this, kBaseColor);
     m_actual = stepGraph(this, kActualColor);
@@ -69,7 +69,8 @@ void HistogramView::setHistogram(const HeadErrorHistogram& h, const QString& tit
 {
     m_histogram = h;
     setAxesVisible(this, true);
-    m_titleText = title + (std::isnan(h.bc) ? QString() : QString("   BC %1").arg(h.bc, 0, 'f', 4));
+    // The reference tool's BC over this head's values: not the map's BC vs noise floor.
+    m_titleText = title + (std::isnan(h.bc) ? QString() : tr("   reference tool's BC (this head) %1").arg(h.bc, 0, 'f', 4));
     redraw();
 }
 
@@ -116,11 +117,17 @@ void HistogramView::redraw()
         replot(QCustomPlot::rpQueuedReplot);
         return;
     }
-    m_title->setText(m_titleText);
+    setTitle(m_titleText);
     const bool threeWay = !bins->base.empty();
     m_base->setVisible(threeWay);
+    if (m_histogram->tokensUsed == 0) {
+        setTitle(m_titleText + tr(": no data for this cell (a side does not hold this position, e.g. outside a freed window)"));
+        setAxesVisible(this, false);
+        replot(QCustomPlot::rpQueuedReplot);
+        return;
+    }
     if (bins->edges.empty()) {
-        m_title->setText(m_titleText + tr("  (no errors above 0)"));
+        setTitle(m_titleText + tr("  (every error is exactly 0)"));
         replot(QCustomPlot::rpQueuedReplot);
         return;
     }
@@ -161,7 +168,19 @@ void HistogramView::redraw()
 
 QString HistogramView::message() const
 {
-    return m_title->text();
+    return m_shownTitle;
+}
+
+void HistogramView::setTitle(const QString& text)
+{
+    m_shownTitle = text;
+    setWrappedTitle(m_title, text, width() - 8);
+}
+
+void HistogramView::resizeEvent(QResizeEvent* event)
+{
+    QCustomPlot::resizeEvent(event);
+    setWrappedTitle(m_title, m_shownTitle, width() - 8);
 }
 
 void HistogramView::clearHistogram(const QString& message)
@@ -170,7 +189,7 @@ void HistogramView::clearHistogram(const QString& message)
     for (QCPGraph* g : {m_base, m_actual, m_overflowBase, m_overflowActual})
         g->data()->clear();
     m_apart->setVisible(false);
-    m_title->setText(message);
+    setTitle(message);
     setAxesVisible(this, false);
     replot(QCustomPlot::rpQueuedReplot);
 }

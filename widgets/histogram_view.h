@@ -26,8 +26,12 @@ public:
     const DisplayBins* shownBins() const;
     QString apartLabel() const;
 
+protected:
+    void resizeEvent(QResizeEvent* event) override;
+
 private:
     void redraw();
+    void setTitle(const QString& text);
 
     QCPGraph* m_base;
     QCPGraph* m_actual;
@@ -36,7 +40,8 @@ private:
     QCPTextElement* m_title;
     QCPItemText* m_apart;
     std::optional<HeadErrorHistogram> m_histogram;
-    QString m_titleText;
+    QString m_titleText;  // the histogram's
+    QString m_shownTitle;  // what the title says, unwrapped
     bool m_logCounts = false;
     bool m_logErrors = true;
 };
