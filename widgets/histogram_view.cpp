@@ -98,9 +98,8 @@ void HistogramView::setLogErrors(bool log)
 {
     m_logErrors = log;
     xAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
-    QSharedPointer<QCPAxisTicker> ticker(log ? new QCPAxisTickerLog : new QCPAxisTicker);
-    ticker->setTickCount(4);
-    xAxis->setTicker(ticker);
+    xAxis->setTicker(QSharedPointer<QCPAxisTicker>(log ? new QCPAxisTickerLog : new QCPAxisTicker));
+    fitErrorTicks();
     xAxis->setNumberFormat(log ? "eb" : "gb");  // log: 10^-3 as a power
     xAxis->setNumberPrecision(log ? 0 : 3);
     xAxis->setLabel(log ? "|baseline - x| (log scale)" : "|baseline - x|");
@@ -177,9 +176,18 @@ void HistogramView::setTitle(const QString& text)
     setWrappedTitle(m_title, text, width() - 8);
 }
 
+void HistogramView::fitErrorTicks()
+{
+    // At most 4 ticks, fewer in a narrow plot: powers of ten ran together at 150 pixels.
+    const int label = QFontMetrics(xAxis->tickLabelFont()).horizontalAdvance("0.00123");
+    const int axisWidth = axisRect()->width() > 0 ? axisRect()->width() : width() - 60;
+    xAxis->ticker()->setTickCount(std::clamp(axisWidth / (label + 16), 2, 4));
+}
+
 void HistogramView::resizeEvent(QResizeEvent* event)
 {
     QCustomPlot::resizeEvent(event);
+    fitErrorTicks();
     setWrappedTitle(m_title, m_shownTitle, width() - 8);
 }
 

@@ -32,6 +32,7 @@ protected:
 private:
     void redraw();
     void setTitle(const QString& text);
+    void fitErrorTicks();
 
     QCPGraph* m_base;
     QCPGraph* m_actual;

@@ -12,6 +12,7 @@
 #include <QGridLayout>
 #include <QHeaderView>
 #include <QLabel>
+#include <QScreen>
 #include <QScrollBar>
 #include <QSortFilterProxyModel>
 #include <QTableView>
@@ -156,7 +157,10 @@ void DrillDownPanel::showPartColumns()
                 m_headView->verticalScrollBar()->sizeHint().width();
     for (int c : HeadTableModel::columnsOf(m_spec.part))
         width += m_headView->columnWidth(c);
-    m_headView->setMinimumWidth(width);
+    // Unless the window would then be wider than the screen (the side panel, the histogram and
+    // the line plot need ~600 pixels beside it): on a 1024-pixel screen the table scrolls.
+    const int room = m_headView->screen()->availableGeometry().width() - 600;
+    m_headView->setMinimumWidth(std::max(std::min(width, room), 200));
 }
 
 void DrillDownPanel::showHead(int head)

@@ -239,6 +239,14 @@ void TestDrillDown::histogramNamesItsBc()
     const QString title = drillDownOf(*m_window).histogram().message();
     QVERIFY2(title.contains("reference tool's BC (this head)"), qPrintable(title));
     QVERIFY2(!title.contains("vs noise"), qPrintable(title));
+    // and its error axis's labels stay apart in a narrow panel
+    HistogramView& h = drillDownOf(*m_window).histogram();
+    for (bool logErrors : {true, false}) {
+        h.setLogErrors(logErrors);
+        h.replot(QCustomPlot::rpImmediateRefresh);
+        QVERIFY2(!tickLabelsOverlap(h.xAxis), qPrintable(QStringList(h.xAxis->tickVectorLabels().toList()).join(" ")));
+    }
+    h.setLogErrors(true);
 }
 
 // A cell that no side holds (outside a freed sliding window) says there is no data there.

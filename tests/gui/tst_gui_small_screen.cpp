@@ -42,7 +42,9 @@ private slots:
         // table then asks for the width of its numbers).
         QTemporaryDir dir;
         const QString path = dir.filePath("demo.h5");
-        writeSyntheticCapture(path.toStdString(), demoCaptureOptions());
+        SyntheticCaptureOptions options = demoCaptureOptions();
+        options.kvHeads = 8;  // the heads table as wide as a real model's numbers make it
+        writeSyntheticCapture(path.toStdString(), options);
         QSignalSpy finished(&window.controller(), &AnalysisController::finished);
         window.openPath(path);
         QVERIFY(finished.wait(60000));
