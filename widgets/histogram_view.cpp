@@ -55,13 +55,6 @@ HistogramView::HistogramView(QWidget* parent)
     m_overflowActual->removeFromLegend();
     yAxis->setLabel("count");
     placeLegendAbove(this);
-    m_apart = new QCPItemText(this);
-    m_apart->position->setType(QCPItemPosition::ptAxisRectRatio);
-    m_apart->position->setCoords(0.98, 0.04);
-    m_apart->setPositionAlignment(Qt::AlignRight | Qt::AlignTop);
-    m_apart->setFont(QFont(font().family(), 7));
-    m_apart->setBrush(QColor(255, 255, 255, 220));
-    m_apart->setPadding(QMargins(3, 2, 3, 2));
     setLogErrors(true);
 }
 
@@ -83,7 +76,7 @@ const DisplayBins* HistogramView::shownBins() const
 
 QString HistogramView::apartLabel() const
 {
-    return m_apart->visible() ? m_apart->text() : QString();
+    return m_apartText;
 }
 
 void HistogramView::setLogCounts(bool log)
@@ -91,6 +84,7 @@ void HistogramView::setLogCounts(bool log)
     m_logCounts = log;
     yAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
     yAxis->setTicker(log ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog) : QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
+    fitTicks();
     redraw();
 }
 
@@ -99,7 +93,7 @@ void HistogramView::setLogErrors(bool log)
     m_logErrors = log;
     xAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
     xAxis->setTicker(QSharedPointer<QCPAxisTicker>(log ? new QCPAxisTickerLog : new QCPAxisTicker));
-    fitErrorTicks();
+    fitTicks();
     xAxis->setNumberFormat(log ? "eb" : "gb");  // log: 10^-3 as a power
     xAxis->setNumberPrecision(log ? 0 : 3);
     xAxis->setLabel(log ? "|baseline - x| (log scale)" : "|baseline - x|");
@@ -110,7 +104,7 @@ void HistogramView::redraw()
 {
     for (QCPGraph* g : {m_base, m_actual, m_overflowBase, m_overflowActual})
         g->data()->clear();
-    m_apart->setVisible(false);
+    m_apartText.clear();
     const DisplayBins* bins = shownBins();
     if (!bins) {
         replot(QCustomPlot::rpQueuedReplot);
@@ -156,8 +150,9 @@ void HistogramView::redraw()
         }
         label += threeWay ? tr("base %1, actual %2").arg(bins->baseApart).arg(bins->actualApart)
                           : tr("%1").arg(bins->actualApart);
-        m_apart->setText(label);
-        m_apart->setVisible(true);
+        // Under the title, which wraps: inside the plot it ran over the y axis when narrow.
+        m_apartText = label;
+        setTitle(m_titleText + '\n' + label);
     }
     xAxis->setRange(bins->edges.front(), right);
     // Headroom above the tallest bar (and the label); a log axis needs a positive floor.
@@ -176,18 +171,22 @@ void HistogramView::setTitle(const QString& text)
     setWrappedTitle(m_title, text, width() - 8);
 }
 
-void HistogramView::fitErrorTicks()
+void HistogramView::fitTicks()
 {
-    // At most 4 ticks, fewer in a narrow plot: powers of ten ran together at 150 pixels.
+    // At most 4 error ticks, fewer in a narrow plot: powers of ten ran together at 150 pixels;
     const int label = QFontMetrics(xAxis->tickLabelFont()).horizontalAdvance("0.00123");
     const int axisWidth = axisRect()->width() > 0 ? axisRect()->width() : width() - 60;
     xAxis->ticker()->setTickCount(std::clamp(axisWidth / (label + 16), 2, 4));
+    // and the counts: a short panel (a 700-pixel screen) ran 125, 100, 75, 50 together
+    const int line = QFontMetrics(yAxis->tickLabelFont()).height();
+    const int axisHeight = axisRect()->height() > 0 ? axisRect()->height() : height() - 80;
+    yAxis->ticker()->setTickCount(std::clamp(axisHeight / (2 * line), 2, 5));
 }
 
 void HistogramView::resizeEvent(QResizeEvent* event)
 {
     QCustomPlot::resizeEvent(event);
-    fitErrorTicks();
+    fitTicks();
     setWrappedTitle(m_title, m_shownTitle, width() - 8);
 }
 
@@ -196,7 +195,7 @@ void HistogramView::clearHistogram(const QString& message)
     m_histogram.reset();
     for (QCPGraph* g : {m_base, m_actual, m_overflowBase, m_overflowActual})
         g->data()->clear();
-    m_apart->setVisible(false);
+    m_apartText.clear();
     setTitle(message);
     setAxesVisible(this, false);
     replot(QCustomPlot::rpQueuedReplot);

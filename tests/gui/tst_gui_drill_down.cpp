@@ -141,6 +141,9 @@ void TestDrillDown::histogramAxesFitTheData()
                 if (bins->actualApart + bins->baseApart > 0) {
                     QVERIFY2(h.apartLabel().startsWith(QString("> %1").arg(bins->edges.back(), 0, 'g', 3)), qPrintable(h.apartLabel()));
                     QVERIFY(h.xAxis->range().upper > bins->edges.back());
+                    // said under the title, not drawn inside the plot over the y axis
+                    QVERIFY(h.message().contains(h.apartLabel()));
+                    QCOMPARE(h.itemCount(), 0);
                 }
             } else {
                 // Log: the bins span orders of magnitude, from the smallest positive error.
