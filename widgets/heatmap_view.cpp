@@ -3,6 +3,9 @@
 #include "widgets/plot_decorations.h"
 
 #include <QApplication>
+#include <QTimer>
+
+#include <algorithm>
 
 #include <cmath>
 
@@ -10,7 +13,12 @@ namespace kvscope {
 
 HeatmapView::HeatmapView(QWidget* parent)
     : QCustomPlot(parent)
+    , m_clickTimer(new QTimer(this))
 {
+    // A double-click resets the zoom and nothing else: its first click must not select.
+    m_clickTimer->setSingleShot(true);
+    m_clickTimer->setInterval(QApplication::doubleClickInterval());
+    connect(m_clickTimer, &QTimer::timeout, this, &HeatmapView::emitPendingClick);
     setMinimumSize(400, 250);
     m_title = addPlotTitle(this, 10);
 
@@ -108,7 +116,8 @@ void HeatmapView::showEmpty(const QString& message)
     setAxesVisible(this, false);
     axisRect()->setBackground(Qt::NoBrush);
     m_title->setText(QString());
-    m_emptyText->setText(message);
+    m_emptyMessage = message;
+    m_emptyText->setText(wrappedToWidth(message, m_emptyText->font(), width() - 40));
     m_emptyText->setVisible(true);
     replot(QCustomPlot::rpQueuedReplot);
 }
@@ -188,16 +197,32 @@ void HeatmapView::setRowLabels(const QStringList& labels)
     updateRowTicks();
 }
 
+void HeatmapView::setPinnedRows(const QList<int>& rows)
+{
+    if (rows == m_pinnedRows)
+        return;
+    m_pinnedRows = rows;
+    updateRowTicks();
+}
+
 void HeatmapView::updateRowTicks()
 {
     auto ticker = qSharedPointerCast<QCPAxisTickerText>(yAxis->ticker());
     ticker->clear();
-    // Every label while they fit the visible rows, else every k-th.
+    // Every label while they fit the visible rows, else every k-th; the pinned rows always,
+    // and no other label closer to them than k rows (they would overlap).
     const double rows = std::max(1.0, yAxis->range().size());
     const int lineHeight = QFontMetrics(yAxis->tickLabelFont()).height();
     const int every = std::max(1, int(std::ceil(rows * lineHeight / std::max(axisRect()->height(), 50))));
+    QList<int> pinned;
+    for (int row : m_pinnedRows)
+        if (row >= 0 && row < m_rowLabels.size() && !pinned.contains(row))
+            pinned << row;
     for (int i = 0; i < m_rowLabels.size(); i += every)
-        ticker->addTick(i, m_rowLabels[i]);
+        if (std::none_of(pinned.begin(), pinned.end(), [&](int p) { return std::abs(p - i) < every; }))
+            ticker->addTick(i, m_rowLabels[i]);
+    for (int row : pinned)
+        ticker->addTick(row, m_rowLabels[row]);
     replot(QCustomPlot::rpQueuedReplot);
 }
 
@@ -205,6 +230,9 @@ void HeatmapView::resizeEvent(QResizeEvent* event)
 {
     QCustomPlot::resizeEvent(event);
     updateRowTicks();
+    updateTokenTicks();
+    if (m_empty)
+        m_emptyText->setText(wrappedToWidth(m_emptyMessage, m_emptyText->font(), width() - 40));
 }
 
 void HeatmapView::setTokenLabels(const QStringList& labels)
@@ -215,12 +243,26 @@ void HeatmapView::setTokenLabels(const QStringList& labels)
 
 void HeatmapView::updateTokenTicks()
 {
-    // Token text on the axis once few enough tokens are visible to read it.
+    // Token text on the axis once few enough tokens are visible to read it: every k-th token,
+    // k such that the widest of the labels fits the room k tokens have, so none run together.
     const QCPRange r = xAxis->range();
     if (!m_tokenLabels.isEmpty() && r.size() < 40) {
+        const int first = std::max(0, int(std::ceil(r.lower)));
+        const int last = std::min(int(r.upper), int(m_tokenLabels.size()) - 1);
+        const QFontMetrics metrics(xAxis->tickLabelFont());
+        QStringList labels;
+        int widest = 0;
+        for (int t = first; t <= last; ++t) {
+            labels << QString("%1\n%2").arg(t).arg(m_tokenLabels[t].left(10));
+            for (const QString& line : labels.back().split('\n'))
+                widest = std::max(widest, metrics.horizontalAdvance(line));
+        }
+        const double perToken = double(std::max(axisRect()->width(), 1)) / std::max(r.size(), 1.0);
+        const int every = std::max(1, int(std::ceil((widest + metrics.averageCharWidth()) / perToken)));
         QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
-        for (int t = std::max(0, int(std::ceil(r.lower))); t <= int(r.upper) && t < m_tokenLabels.size(); ++t)
-            ticker->addTick(t, QString("%1\n%2").arg(t).arg(m_tokenLabels[t].left(10)));
+        for (int t = first - first % every; t <= last; t += every)
+            if (t >= first)
+                ticker->addTick(t, labels[t - first]);
         xAxis->setTicker(ticker);
     } else if (qSharedPointerDynamicCast<QCPAxisTickerText>(xAxis->ticker())) {
         xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
@@ -374,15 +416,26 @@ void HeatmapView::mouseReleaseEvent(QMouseEvent* event)
     m_pressed = false;
     int row;
     qint64 token;
-    if (click && cellAt(event->pos(), row, token))
-        emit cellClicked(row, token);
+    if (click && cellAt(event->pos(), row, token)) {
+        m_clickRow = row;
+        m_clickToken = token;
+        m_clickTimer->start();
+    }
+}
+
+void HeatmapView::emitPendingClick()
+{
+    emit cellClicked(m_clickRow, m_clickToken);
 }
 
 void HeatmapView::mouseDoubleClickEvent(QMouseEvent* event)
 {
     QCustomPlot::mouseDoubleClickEvent(event);
-    if (event->button() == Qt::LeftButton)
+    if (event->button() == Qt::LeftButton) {
+        m_clickTimer->stop();  // the first click of the two does not select
+        m_pressed = false;     // nor does the release that follows
         resetZoom();
+    }
 }
 
 void HeatmapView::mouseMoveEvent(QMouseEvent* event)

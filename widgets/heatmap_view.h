@@ -3,7 +3,8 @@
 // axis, tokens on X, the prefill/decode boundary and divergence markers, absent cells hatched
 // grey, rows not analysed (yet) covered and labelled, the selected cell outlined, an empty
 // state that says what to do. Zoom (wheel) and pan (drag) stay within the data; a click
-// without movement selects; double-click, Home and the context menu reset the view.
+// without movement selects (once it is not the first of a double-click); double-click, Home
+// and the context menu reset the view.
 
 #include "widgets/color_scales.h"
 #include "analysis/heatmap_grid.h"
@@ -28,6 +29,8 @@ public:
     // Rows whose `ready` entry is 0 are covered with `label` ("analysing", "not analysed").
     void setPendingRows(const std::vector<char>& ready, const QString& label);
     void setRowLabels(const QStringList& labels);
+    // Rows labelled however many rows share the height (the others thin out around them).
+    void setPinnedRows(const QList<int>& rows);
     void setTokenLabels(const QStringList& labels);  // shown on the X axis when zoomed in enough
     void setMarkers(double prefillBoundary, const QVector<double>& divergences);
     void setScale(ScaleKind kind, QCPRange range, bool logarithmic);
@@ -74,6 +77,7 @@ private:
     void updateRowTicks();
     void clampRange(QCPAxis* axis, const QCPRange& full);
     void leaveEmpty();
+    void emitPendingClick();
 
     QCPColorMap* m_map = nullptr;
     QCPColorScale* m_scale = nullptr;
@@ -86,6 +90,11 @@ private:
     HeatmapGrid m_grid;
     QStringList m_tokenLabels;
     QStringList m_rowLabels;
+    QList<int> m_pinnedRows;
+    QString m_emptyMessage;
+    QTimer* m_clickTimer;  // a click waits out the double-click interval
+    int m_clickRow = -1;
+    qint64 m_clickToken = 0;
     QCPRange m_fullX{-0.5, 0.5};
     QCPRange m_fullY{-0.5, 0.5};
     QPoint m_pressPos;

@@ -43,7 +43,7 @@ void setSteps(QCPGraph* graph, const std::vector<double>& edges, const std::vect
 HistogramView::HistogramView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(200, 160);
+    setMinimumSize(150, 140);  // beside the heads table on a 1024-pixel screen
     m_title = addPlotTitle(this, 8);
     m_base = stepGraph(this, kBaseColor);
     m_actual = stepGraph(this, kActualColor);
@@ -55,13 +55,6 @@ HistogramView::HistogramView(QWidget* parent)
     m_overflowActual->removeFromLegend();
     yAxis->setLabel("count");
     placeLegendAbove(this);
-    m_apart = new QCPItemText(this);
-    m_apart->position->setType(QCPItemPosition::ptAxisRectRatio);
-    m_apart->position->setCoords(0.98, 0.04);
-    m_apart->setPositionAlignment(Qt::AlignRight | Qt::AlignTop);
-    m_apart->setFont(QFont(font().family(), 7));
-    m_apart->setBrush(QColor(255, 255, 255, 220));
-    m_apart->setPadding(QMargins(3, 2, 3, 2));
     setLogErrors(true);
 }
 
@@ -69,7 +62,8 @@ void HistogramView::setHistogram(const HeadErrorHistogram& h, const QString& tit
 {
     m_histogram = h;
     setAxesVisible(this, true);
-    m_titleText = title + (std::isnan(h.bc) ? QString() : QString("   BC %1").arg(h.bc, 0, 'f', 4));
+    // The reference tool's BC over this head's values: not the map's BC vs noise floor.
+    m_titleText = title + (std::isnan(h.bc) ? QString() : tr("   reference tool's BC (this head) %1").arg(h.bc, 0, 'f', 4));
     redraw();
 }
 
@@ -82,7 +76,7 @@ const DisplayBins* HistogramView::shownBins() const
 
 QString HistogramView::apartLabel() const
 {
-    return m_apart->visible() ? m_apart->text() : QString();
+    return m_apartText;
 }
 
 void HistogramView::setLogCounts(bool log)
@@ -90,6 +84,7 @@ void HistogramView::setLogCounts(bool log)
     m_logCounts = log;
     yAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
     yAxis->setTicker(log ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog) : QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
+    fitTicks();
     redraw();
 }
 
@@ -97,9 +92,8 @@ void HistogramView::setLogErrors(bool log)
 {
     m_logErrors = log;
     xAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
-    QSharedPointer<QCPAxisTicker> ticker(log ? new QCPAxisTickerLog : new QCPAxisTicker);
-    ticker->setTickCount(4);
-    xAxis->setTicker(ticker);
+    xAxis->setTicker(QSharedPointer<QCPAxisTicker>(log ? new QCPAxisTickerLog : new QCPAxisTicker));
+    fitTicks();
     xAxis->setNumberFormat(log ? "eb" : "gb");  // log: 10^-3 as a power
     xAxis->setNumberPrecision(log ? 0 : 3);
     xAxis->setLabel(log ? "|baseline - x| (log scale)" : "|baseline - x|");
@@ -110,17 +104,23 @@ void HistogramView::redraw()
 {
     for (QCPGraph* g : {m_base, m_actual, m_overflowBase, m_overflowActual})
         g->data()->clear();
-    m_apart->setVisible(false);
+    m_apartText.clear();
     const DisplayBins* bins = shownBins();
     if (!bins) {
         replot(QCustomPlot::rpQueuedReplot);
         return;
     }
-    m_title->setText(m_titleText);
+    setTitle(m_titleText);
     const bool threeWay = !bins->base.empty();
     m_base->setVisible(threeWay);
+    if (m_histogram->tokensUsed == 0) {
+        setTitle(m_titleText + tr(": no data for this cell (a side does not hold this position, e.g. outside a freed window)"));
+        setAxesVisible(this, false);
+        replot(QCustomPlot::rpQueuedReplot);
+        return;
+    }
     if (bins->edges.empty()) {
-        m_title->setText(m_titleText + tr("  (no errors above 0)"));
+        setTitle(m_titleText + tr("  (every error is exactly 0)"));
         replot(QCustomPlot::rpQueuedReplot);
         return;
     }
@@ -150,8 +150,9 @@ void HistogramView::redraw()
         }
         label += threeWay ? tr("base %1, actual %2").arg(bins->baseApart).arg(bins->actualApart)
                           : tr("%1").arg(bins->actualApart);
-        m_apart->setText(label);
-        m_apart->setVisible(true);
+        // Under the title, which wraps: inside the plot it ran over the y axis when narrow.
+        m_apartText = label;
+        setTitle(m_titleText + '\n' + label);
     }
     xAxis->setRange(bins->edges.front(), right);
     // Headroom above the tallest bar (and the label); a log axis needs a positive floor.
@@ -161,7 +162,32 @@ void HistogramView::redraw()
 
 QString HistogramView::message() const
 {
-    return m_title->text();
+    return m_shownTitle;
+}
+
+void HistogramView::setTitle(const QString& text)
+{
+    m_shownTitle = text;
+    setWrappedTitle(m_title, text, width() - 8);
+}
+
+void HistogramView::fitTicks()
+{
+    // At most 4 error ticks, fewer in a narrow plot: powers of ten ran together at 150 pixels;
+    const int label = QFontMetrics(xAxis->tickLabelFont()).horizontalAdvance("0.00123");
+    const int axisWidth = axisRect()->width() > 0 ? axisRect()->width() : width() - 60;
+    xAxis->ticker()->setTickCount(std::clamp(axisWidth / (label + 16), 2, 4));
+    // and the counts: a short panel (a 700-pixel screen) ran 125, 100, 75, 50 together
+    const int line = QFontMetrics(yAxis->tickLabelFont()).height();
+    const int axisHeight = axisRect()->height() > 0 ? axisRect()->height() : height() - 80;
+    yAxis->ticker()->setTickCount(std::clamp(axisHeight / (2 * line), 2, 5));
+}
+
+void HistogramView::resizeEvent(QResizeEvent* event)
+{
+    QCustomPlot::resizeEvent(event);
+    fitTicks();
+    setWrappedTitle(m_title, m_shownTitle, width() - 8);
 }
 
 void HistogramView::clearHistogram(const QString& message)
@@ -169,8 +195,8 @@ void HistogramView::clearHistogram(const QString& message)
     m_histogram.reset();
     for (QCPGraph* g : {m_base, m_actual, m_overflowBase, m_overflowActual})
         g->data()->clear();
-    m_apart->setVisible(false);
-    m_title->setText(message);
+    m_apartText.clear();
+    setTitle(message);
     setAxesVisible(this, false);
     replot(QCustomPlot::rpQueuedReplot);
 }

@@ -26,17 +26,23 @@ public:
     const DisplayBins* shownBins() const;
     QString apartLabel() const;
 
+protected:
+    void resizeEvent(QResizeEvent* event) override;
+
 private:
     void redraw();
+    void setTitle(const QString& text);
+    void fitTicks();
 
     QCPGraph* m_base;
     QCPGraph* m_actual;
     QCPGraph* m_overflowBase;
     QCPGraph* m_overflowActual;
     QCPTextElement* m_title;
-    QCPItemText* m_apart;
+    QString m_apartText;  // the counts kept apart (zeros, or beyond the cut), under the title
     std::optional<HeadErrorHistogram> m_histogram;
-    QString m_titleText;
+    QString m_titleText;  // the histogram's
+    QString m_shownTitle;  // what the title says, unwrapped
     bool m_logCounts = false;
     bool m_logErrors = true;
 };

@@ -14,6 +14,31 @@ QCPTextElement* addPlotTitle(QCustomPlot* plot, int pointSize)
     return title;
 }
 
+void setWrappedTitle(QCPTextElement* title, const QString& text, int width)
+{
+    title->setText(wrappedToWidth(text, title->font(), width));
+}
+
+QString wrappedToWidth(const QString& text, const QFont& font, int width)
+{
+    const QFontMetrics metrics(font);
+    QStringList lines;
+    for (const QString& paragraph : text.split('\n')) {
+        QString line;
+        for (const QString& word : paragraph.split(' ', Qt::SkipEmptyParts)) {
+            const QString longer = line.isEmpty() ? word : line + ' ' + word;
+            if (!line.isEmpty() && metrics.horizontalAdvance(longer) > width) {
+                lines << line;
+                line = word;  // a word wider than the plot stays whole
+            } else {
+                line = longer;
+            }
+        }
+        lines << line;
+    }
+    return lines.join('\n');
+}
+
 void placeLegendAbove(QCustomPlot* plot, int rowIndex)
 {
     QCPLegend* legend = plot->legend;

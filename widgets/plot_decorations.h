@@ -7,6 +7,10 @@
 namespace kvscope {
 
 QCPTextElement* addPlotTitle(QCustomPlot* plot, int pointSize);
+// `text` broken into lines at spaces to fit `width` pixels in `font` (QCustomPlot's texts do
+// not wrap: a long message in a narrow panel would be cut on both sides). Again on resize.
+QString wrappedToWidth(const QString& text, const QFont& font, int width);
+void setWrappedTitle(QCPTextElement* title, const QString& text, int width);
 // The legend in one row above the plot (`row`: 1 under a title, 0 without), never over the data.
 void placeLegendAbove(QCustomPlot* plot, int row = 1);
 

@@ -10,7 +10,7 @@ namespace kvscope {
 TokenLineView::TokenLineView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(200, 160);
+    setMinimumSize(150, 140);  // beside the heads table on a 1024-pixel screen
     m_title = addPlotTitle(this, 9);
     m_actual = addGraph();
     m_base = addGraph();
@@ -35,7 +35,8 @@ void TokenLineView::setSeries(const QVector<double>& actual, const QVector<doubl
     m_actual->setData(keys, actual, true);
     m_base->setData(keys, base.isEmpty() ? QVector<double>(actual.size(), std::nan("")) : base, true);
     m_base->setVisible(!base.isEmpty());
-    m_title->setText(title);
+    m_titleText = title;
+    setWrappedTitle(m_title, title, width() - 8);
     setAxesVisible(this, true);
     yAxis->setLabel(valueLabel);
     setTokenMarkers(this, m_markers, prefillBoundary, divergences, 1.5);
@@ -49,14 +50,32 @@ void TokenLineView::setSeries(const QVector<double>& actual, const QVector<doubl
                 top = std::max(top, v);
     yAxis->setRange(0, top > 0 ? top * 1.1 : 1);
     xAxis->setRange(-0.5, std::max<double>(actual.size(), 1) - 0.5);
+    fitTokenTicks();
     replot(QCustomPlot::rpQueuedReplot);
+}
+
+void TokenLineView::fitTokenTicks()
+{
+    // QCustomPlot's default of 5 ticks at 200 pixels ran "250", "500", "750", "1000" together.
+    const QString widest = QString::number(qint64(std::ceil(std::abs(xAxis->range().upper))));
+    const int room = 2 * QFontMetrics(xAxis->tickLabelFont()).horizontalAdvance(widest) + 12;
+    const int axisWidth = axisRect()->width() > 0 ? axisRect()->width() : width() - 60;
+    xAxis->ticker()->setTickCount(std::max(2, axisWidth / room));
+}
+
+void TokenLineView::resizeEvent(QResizeEvent* event)
+{
+    QCustomPlot::resizeEvent(event);
+    setWrappedTitle(m_title, m_titleText, width() - 8);
+    fitTokenTicks();
 }
 
 void TokenLineView::clearSeries(const QString& message)
 {
     m_actual->data()->clear();
     m_base->data()->clear();
-    m_title->setText(message);
+    m_titleText = message;
+    setWrappedTitle(m_title, message, width() - 8);
     setTokenMarkers(this, m_markers, std::nan(""), {});
     setAxesVisible(this, false);
     replot(QCustomPlot::rpQueuedReplot);

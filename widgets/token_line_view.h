@@ -16,10 +16,17 @@ public:
     // No cell selected: empty, with `message` as the title.
     void clearSeries(const QString& message);
 
+protected:
+    void resizeEvent(QResizeEvent* event) override;
+
 private:
+    // As many token ticks as fit their labels with room between them.
+    void fitTokenTicks();
+
     QCPGraph* m_actual;
     QCPGraph* m_base;
     QCPTextElement* m_title;
+    QString m_titleText;
     QList<QCPAbstractItem*> m_markers;
 };
 

@@ -7,7 +7,29 @@
 #include <QDir>
 #include <QFileInfo>
 
+#include <stdexcept>
+#include <utility>
+
 namespace kvscope {
+
+namespace {
+
+// A folder is imported as dumps (docs/import.md). Given one by mistake (dropped, or on the
+// command line), the importer's first complaint would be a missing kv_cache_config.json:
+// say instead what was given and what such a folder holds.
+QString notADumpFolder(const QString& path)
+{
+    if (QFileInfo::exists(QDir(path).filePath("kv_cache_config.json")))
+        return {};
+    return AnalysisController::tr(
+               "%1 is a folder, not a capture bundle (.h5). A folder is imported as dumps, and a folder of "
+               "dumps holds kv_cache_config.json, prompt.json, kv_caches_rank<R>.pt for every TP rank, "
+               "block_tables.pt, and expected.pt or expected.safetensors (baseline.* for three-way); see "
+               "docs/import.md. To open a bundle, choose its file.")
+        .arg(path);
+}
+
+}  // namespace
 
 AnalysisController::AnalysisController(QObject* parent)
     : QObject(parent)
@@ -31,6 +53,13 @@ void AnalysisController::post(std::function<void()> fn, int generation)
     });
 }
 
+void AnalysisController::stopped()
+{
+    m_running = false;
+    if (!m_keptPath.isEmpty())  // it never opened: the one on screen is current again
+        m_path = std::exchange(m_keptPath, QString());
+}
+
 void AnalysisController::cancel()
 {
     *m_cancel = true;
@@ -44,18 +73,26 @@ void AnalysisController::open(const QString& path)
     m_cancel = std::make_shared<std::atomic<bool>>(false);
     auto cancel = m_cancel;
     const int generation = ++m_generation;
+    // What is on screen stays until this one opens (a broken file must not take it away),
+    // unless it was still being analysed: that run is dropped with it.
+    m_keptPath = !m_running && m_result ? m_path : QString();
+    if (m_keptPath.isEmpty()) {
+        m_loader.reset();
+        m_result.reset();
+        m_ready.clear();
+    }
     m_path = path;
     m_running = true;
-    m_loader.reset();
-    m_result.reset();
-    m_ready.clear();
     std::shared_ptr<QTemporaryDir> importDir;
     if (QFileInfo(path).isDir())
         importDir = std::make_shared<QTemporaryDir>();
     m_tasks.run([this, path, generation, importDir, cancel, hook = m_workerLayerHook, probeHook = m_probeHook] {
+        bool wasOpened = false;  // failing later leaves no part of this bundle shown
         try {
             std::string bundle = path.toStdString();
             if (importDir) {
+                if (const QString problem = notADumpFolder(path); !problem.isEmpty())
+                    throw std::runtime_error(problem.toStdString());
                 post([this, path, generation] { emit progress(0, 0, tr("importing %1").arg(path)); }, generation);
                 bundle = QDir(importDir->path()).filePath("imported.h5").toStdString();
                 runImport(path.toStdString(), bundle, cancel.get());  // a child process: cancel kills it
@@ -66,7 +103,9 @@ void AnalysisController::open(const QString& path)
             auto loader = std::make_shared<const CaptureLoader>(std::make_shared<BundleReader>(bundle), options.unreadableBlocks);
             auto result = std::make_shared<AnalysisResult>(prepareAnalysis(*loader, options));
             const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
+            wasOpened = true;
             post([this, loader, result, layers, path, importDir] {
+                m_keptPath.clear();
                 m_loader = loader;
                 m_result = result;
                 m_ready.assign(std::size_t(layers), 0);
@@ -91,18 +130,23 @@ void AnalysisController::open(const QString& path)
             }, generation);
         } catch (const ImportCancelled&) {
             post([this] {
-                m_running = false;
+                stopped();
                 emit cancelled();
             }, generation);
         } catch (const AnalysisCancelled&) {
             post([this] {
-                m_running = false;
+                stopped();
                 emit cancelled();
             }, generation);
         } catch (const std::exception& e) {
             const QString message = QString::fromStdString(e.what());
-            post([this, message] {
-                m_running = false;
+            post([this, message, wasOpened] {
+                if (wasOpened) {
+                    m_loader.reset();
+                    m_result.reset();
+                    m_ready.clear();
+                }
+                stopped();
                 emit failed(message);
             }, generation);
         }

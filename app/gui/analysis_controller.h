@@ -25,7 +25,9 @@ public:
     explicit AnalysisController(QObject* parent = nullptr);
     ~AnalysisController() override;
 
-    // A bundle file, or a folder of dumps (imported into a temporary bundle first).
+    // A bundle file, or a folder of dumps (imported into a temporary bundle first). A finished
+    // (or cancelled) analysis stays until the new one opens, and stays if it fails to open or
+    // is cancelled before: then result() and path() are the kept one's.
     void open(const QString& path);
     void cancel();
     bool isRunning() const { return m_running; }
@@ -60,8 +62,11 @@ signals:
 
 private:
     void post(std::function<void()> fn, int generation);
+    // The run ended without finishing (failed or cancelled).
+    void stopped();
 
     QString m_path;
+    QString m_keptPath;  // the analysis shown while another opens
     std::shared_ptr<const CaptureLoader> m_loader;
     std::shared_ptr<AnalysisResult> m_result;
     std::vector<char> m_ready;

@@ -8,9 +8,10 @@
 #include "widgets/token_line_view.h"
 
 #include <QCheckBox>
-#include <QHBoxLayout>
+#include <QGridLayout>
 #include <QHeaderView>
 #include <QLabel>
+#include <QScreen>
 #include <QScrollBar>
 #include <QSortFilterProxyModel>
 #include <QTableView>
@@ -57,11 +58,12 @@ DrillDownPanel::DrillDownPanel(AnalysisController& controller, QWidget* parent)
     auto* histogramBox = new QWidget;
     auto* histogramLayout = new QVBoxLayout(histogramBox);
     histogramLayout->setContentsMargins(0, 0, 0, 0);
-    auto* options = new QHBoxLayout;
-    options->addWidget(m_logErrors);
-    options->addWidget(m_logCounts);
-    options->addWidget(m_wholeSequence);
-    options->addStretch();
+    // Two rows: in one the options would keep the drill-down too wide for a 1024-pixel screen.
+    auto* options = new QGridLayout;
+    options->addWidget(m_logErrors, 0, 0);
+    options->addWidget(m_logCounts, 0, 1);
+    options->addWidget(m_wholeSequence, 1, 0);
+    options->setColumnStretch(2, 1);
     histogramLayout->addLayout(options);
     histogramLayout->addWidget(m_histogram);
 
@@ -142,13 +144,21 @@ void DrillDownPanel::showPartColumns()
         m_headView->setColumnHidden(c, false);
     for (int c : HeadTableModel::columnsOf(other))
         m_headView->setColumnHidden(c, true);
+    // Sorted by a column now hidden: by the same column of this part, or the rows would keep
+    // the other part's order.
+    const QHeaderView* header = m_headView->horizontalHeader();
+    if (const int i = HeadTableModel::columnsOf(other).indexOf(header->sortIndicatorSection()); i >= 0)
+        m_headView->sortByColumn(HeadTableModel::columnsOf(m_spec.part)[i], header->sortIndicatorOrder());
     // The splitter gives the table at least the width of its columns: no horizontal scroll.
     m_headView->resizeColumnsToContents();
     int width = 2 * m_headView->frameWidth() + m_headView->verticalHeader()->sizeHint().width() +
                 m_headView->verticalScrollBar()->sizeHint().width();
     for (int c : HeadTableModel::columnsOf(m_spec.part))
         width += m_headView->columnWidth(c);
-    m_headView->setMinimumWidth(width);
+    // Unless the window would then be wider than the screen (the side panel, the histogram and
+    // the line plot need ~600 pixels beside it): on a 1024-pixel screen the table scrolls.
+    const int room = m_headView->screen()->availableGeometry().width() - 600;
+    m_headView->setMinimumWidth(std::max(std::min(width, room), 200));
 }
 
 void DrillDownPanel::showHead(int head)

@@ -1,10 +1,12 @@
 #include "gui/main_window.h"
 
+#include "analysis/worst_prompt.h"
 #include "gui/across_prompts_page.h"
 #include "gui/drill_down_panel.h"
 #include "gui/help_menu.h"
 #include "report/report_writer.h"
 #include "widgets/heatmap_view.h"
+#include "widgets/plot_export.h"
 
 #include <QApplication>
 #include <QDragEnterEvent>
@@ -16,10 +18,12 @@
 #include <QMimeData>
 #include <QProgressBar>
 #include <QPushButton>
+#include <QScreen>
 #include <QSettings>
 #include <QStatusBar>
-#include <QSvgGenerator>
 #include <QTabWidget>
+
+#include <utility>
 
 namespace kvscope {
 
@@ -48,6 +52,7 @@ MainWindow::MainWindow(QWidget* parent)
     m_progress->hide();
     m_cancel->hide();
     m_tabs->setTabEnabled(1, false);
+    m_toolbar->setEnabled(false);  // nothing to view yet
     buildMenus();
     m_settings = m_toolbar->settings();
     // Tab order: toolbar, heatmap, drill-down (head table, its options), worst cells.
@@ -56,11 +61,11 @@ MainWindow::MainWindow(QWidget* parent)
     setTabOrder(&m_promptPage->suspectsView(), &m_promptPage->worstCellsView());
 
     connect(m_toolbar, &ViewToolbar::settingsChanged, this, &MainWindow::applySettings);
-    connect(m_promptPage, &PromptPage::partRequested, this, &MainWindow::setPart);
+    connect(m_promptPage, &PromptPage::partRequested, m_toolbar, &ViewToolbar::setPart);
     connect(m_promptPage, &PromptPage::autoRangeChosen, m_toolbar, &ViewToolbar::showRange);
+    connect(m_promptPage, &PromptPage::selectionChanged, this, &MainWindow::showSummary);
     connect(m_tabs, &QTabWidget::currentChanged, this, [this](int index) { m_toolbar->setAcrossPrompts(index == 1); });
     connect(m_acrossPage, &AcrossPromptsPage::cellChosen, this, &MainWindow::jumpToPrompt);
-    connect(&m_promptPage->drillDown(), &DrillDownPanel::histogramShown, this, &MainWindow::histogramShown);
     connect(m_recent, &RecentFilesMenu::openRequested, this, &MainWindow::openPath);
     connect(m_cancel, &QPushButton::clicked, m_controller, &AnalysisController::cancel);
     connect(m_controller, &AnalysisController::opened, this, &MainWindow::onOpened);
@@ -71,15 +76,23 @@ MainWindow::MainWindow(QWidget* parent)
     connect(m_controller, &AnalysisController::cancelled, this, [this] {
         m_progress->hide();
         m_cancel->hide();
-        m_status->setText(tr("analysis cancelled: the layers done so far are shown"));
-        if (m_controller->result()) {
+        if (const QString opening = std::exchange(m_opening, QString()); !opening.isEmpty() && m_controller->result()) {
+            // cancelled before it opened: what was open stays
+            m_status->setText(tr("opening %1 cancelled; still showing %2")
+                                  .arg(QFileInfo(opening).fileName(), QFileInfo(m_controller->path()).fileName()));
+        } else if (m_controller->result()) {
+            m_status->setText(tr("analysis cancelled: the layers done so far are shown"));
             m_promptPage->onCancelled();
         } else {  // cancelled before anything was read (an import)
+            m_status->setText(tr("import cancelled"));
             m_promptPage->clear(tr("Import cancelled"));
             setWindowTitle("kvscope");
         }
     });
-    resize(1400, 900);
+    // 1400x900, or what the screen has room for: a 1280x800 laptop would otherwise have the
+    // side panel, the status bar and Cancel off screen. The allowance is for the window frame.
+    const QSize room = screen()->availableGeometry().size() - QSize(16, 48);
+    resize(QSize(1400, 900).boundedTo(room));
     restoreLayout();
 }
 
@@ -113,13 +126,10 @@ void MainWindow::restoreLayout()
         splitter->restoreState(settings.value("layout/" + splitter->objectName()).toByteArray());
 }
 
-HeatmapView& MainWindow::heatmap() { return m_promptPage->heatmap(); }
-HeatmapView& MainWindow::aggregateHeatmap() { return m_acrossPage->heatmap(); }
-HeadTableModel& MainWindow::headTable() { return m_promptPage->drillDown().headTable(); }
-WorstCellsModel& MainWindow::worstCells() { return m_promptPage->worstCells(); }
-void MainWindow::selectCell(int layer, qint64 token) { m_promptPage->selectCell(layer, token); }
-int MainWindow::selectedLayer() const { return m_promptPage->selectedLayer(); }
-qint64 MainWindow::selectedToken() const { return m_promptPage->selectedToken(); }
+HeatmapView& MainWindow::currentMap()
+{
+    return m_tabs->currentIndex() == 1 ? m_acrossPage->heatmap() : m_promptPage->heatmap();
+}
 
 void MainWindow::buildMenus()
 {
@@ -142,7 +152,7 @@ void MainWindow::buildMenus()
         exportMenu->addAction(format + "...", this, [this, format] {
             const QString path = QFileDialog::getSaveFileName(this, tr("Export view"), "kvscope-view." + format.toLower(),
                                                               format + " (*." + format.toLower() + ")");
-            if (!path.isEmpty() && !exportView(path))
+            if (!path.isEmpty() && !exportPlot(currentMap(), path))
                 QMessageBox::warning(this, tr("Export"), tr("Could not write %1").arg(path));
         });
     exportMenu->addAction(tr("HTML report..."), this, &MainWindow::exportReport);
@@ -150,22 +160,20 @@ void MainWindow::buildMenus()
     file->addAction(tr("&Quit"), QKeySequence::Quit, qApp, &QApplication::quit);
 
     QMenu* view = menuBar()->addMenu(tr("&View"));
-    QAction* resetZoom = view->addAction(tr("&Reset zoom"), this, [this] {
-        (m_tabs->currentIndex() == 1 ? aggregateHeatmap() : heatmap()).resetZoom();
-    });
+    QAction* resetZoom = view->addAction(tr("&Reset zoom"), this, [this] { currentMap().resetZoom(); });
     resetZoom->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_0));
     resetZoom->setToolTip(tr("Reset zoom (Home, Ctrl+0, double-click)"));
     m_toolbar->addSeparator();
     m_toolbar->addAction(resetZoom);
     view->addSeparator();
-    view->addAction(tr("&Keys (K)"), QKeySequence(Qt::Key_K), this, [this] { setPart(KvPart::K); });
-    view->addAction(tr("&Values (V)"), QKeySequence(Qt::Key_V), this, [this] { setPart(KvPart::V); });
+    view->addAction(tr("&Keys (K)"), QKeySequence(Qt::Key_K), this, [this] { m_toolbar->setPart(KvPart::K); });
+    view->addAction(tr("&Values (V)"), QKeySequence(Qt::Key_V), this, [this] { m_toolbar->setPart(KvPart::V); });
     QMenu* metrics = view->addMenu(tr("&Metric"));
     int key = Qt::Key_1;
     for (HeatmapMetric m : {HeatmapMetric::RelLinf, HeatmapMetric::RelL2, HeatmapMetric::OneMinusCos,
                             HeatmapMetric::ErrorRatio, HeatmapMetric::BcVsNoise, HeatmapMetric::Bc})
         metrics->addAction(QString::fromStdString(heatmapMetricShortName(m)), QKeySequence(key++), this,
-                           [this, m] { setMetric(m); });
+                           [this, m] { m_toolbar->setMetric(m); });
     view->addSeparator();
     view->addAction(tr("&Previous prompt"), QKeySequence(Qt::CTRL | Qt::Key_PageUp), this, [this] { m_toolbar->stepPrompt(-1); });
     view->addAction(tr("&Next prompt"), QKeySequence(Qt::CTRL | Qt::Key_PageDown), this, [this] { m_toolbar->stepPrompt(1); });
@@ -184,26 +192,44 @@ void MainWindow::applySettings(const ViewSettings& settings)
     m_promptPage->apply(settings, promptChanged);
     if (partChanged)
         m_acrossPage->setPart(settings.map.part);
+    showSummary();
+}
+
+void MainWindow::showSummary()
+{
+    if (!m_controller->isRunning() && !m_summary.isEmpty())
+        m_status->setText(m_summary);
 }
 
 void MainWindow::openPath(const QString& path)
 {
+    m_opening = path;
     m_status->setText(tr("opening %1").arg(path));
     m_progress->setRange(0, 0);
     m_progress->show();
     m_cancel->show();
-    // The previous bundle's views go now: nothing stale stays on screen while this one loads.
-    m_promptPage->clear(tr("Opening %1 ...").arg(QFileInfo(path).fileName()));
-    m_tabs->setTabEnabled(1, false);
-    m_tabs->setCurrentIndex(0);
-    m_toolbar->setPrompts({}, 0, false);
-    setWindowTitle("kvscope");
     m_controller->open(path);
+    // A finished analysis stays on screen until this one opens (it may fail to); one still
+    // being analysed was dropped by open().
+    if (!m_controller->result()) {
+        m_promptPage->clear(tr("Opening %1 ...").arg(QFileInfo(path).fileName()));
+        m_tabs->setTabEnabled(1, false);
+        m_tabs->setCurrentIndex(0);
+        m_toolbar->setPrompts({}, 0, false);
+        m_toolbar->setEnabled(false);
+        m_summary.clear();
+        setWindowTitle("kvscope");
+    }
 }
 
 void MainWindow::onOpened()
 {
     const auto result = m_controller->result();
+    m_opening.clear();
+    m_summary.clear();  // until it is analysed
+    m_tabs->setTabEnabled(1, false);
+    m_tabs->setCurrentIndex(0);
+    m_toolbar->setEnabled(true);
     setWindowTitle("kvscope - " + QFileInfo(m_controller->path()).fileName());
     m_recent->add(m_controller->path());  // only what opened
     QStringList prompts;
@@ -227,10 +253,11 @@ void MainWindow::onFinished()
     m_progress->hide();
     m_cancel->hide();
     const auto result = m_controller->result();
-    m_status->setText(tr("%1: %2 prompt(s), %3 layers analysed")
-                          .arg(QFileInfo(m_controller->path()).fileName())
-                          .arg(result->prompts.size())
-                          .arg(result->prompts.empty() ? 0 : result->prompts.front().layers.size()));
+    m_summary = tr("%1: %2 prompt(s), %3 layers analysed")
+                    .arg(QFileInfo(m_controller->path()).fileName())
+                    .arg(result->prompts.size())
+                    .arg(result->prompts.empty() ? 0 : result->prompts.front().layers.size());
+    m_status->setText(m_summary);
     m_tabs->setTabEnabled(1, m_acrossPage->refresh());
     m_promptPage->onFinished();
 }
@@ -239,11 +266,21 @@ void MainWindow::onFailed(const QString& message)
 {
     m_progress->hide();
     m_cancel->hide();
-    m_status->setText(tr("could not open: %1").arg(message));
-    m_recent->remove(m_controller->path());
-    m_promptPage->clear(tr("Could not open %1 (see the message)").arg(QFileInfo(m_controller->path()).fileName()));
-    m_tabs->setTabEnabled(1, false);
-    setWindowTitle("kvscope");
+    const QString failedPath = std::exchange(m_opening, QString());
+    m_recent->remove(failedPath.isEmpty() ? m_controller->path() : failedPath);
+    if (!failedPath.isEmpty() && m_controller->result()) {
+        // It never opened: the analysis on screen stays, and says so.
+        m_status->setText(tr("could not open %1; still showing %2")
+                              .arg(QFileInfo(failedPath).fileName(), QFileInfo(m_controller->path()).fileName()));
+    } else {
+        m_status->setText(tr("could not open: %1").arg(message));
+        m_summary.clear();
+        m_promptPage->clear(tr("Could not open %1 (see the message)").arg(QFileInfo(m_controller->path()).fileName()));
+        m_tabs->setTabEnabled(1, false);
+        m_toolbar->setPrompts({}, 0, false);
+        m_toolbar->setEnabled(false);
+        setWindowTitle("kvscope");
+    }
     auto* box = new QMessageBox(QMessageBox::Critical, tr("kvscope"), tr("This capture cannot be analysed."),
                                 QMessageBox::Ok, this);
     box->setInformativeText(message);
@@ -279,30 +316,6 @@ void MainWindow::exportReport()
     }
 }
 
-bool MainWindow::exportView(const QString& path)
-{
-    QCustomPlot* plot = m_tabs->currentIndex() == 1 ? &aggregateHeatmap() : &heatmap();
-    const QString suffix = QFileInfo(path).suffix().toLower();
-    plot->replot(QCustomPlot::rpImmediateRefresh);
-    if (suffix == "png")
-        return plot->savePng(path, plot->width(), plot->height(), 2.0);
-    if (suffix == "pdf")
-        return plot->savePdf(path, plot->width(), plot->height());
-    if (suffix == "svg") {
-        QSvgGenerator svg;
-        svg.setFileName(path);
-        svg.setSize(plot->size());
-        svg.setViewBox(QRect(QPoint(0, 0), plot->size()));
-        svg.setTitle("kvscope view");
-        QCPPainter painter;
-        if (!painter.begin(&svg))
-            return false;
-        plot->toPainter(&painter, plot->width(), plot->height());
-        return painter.end();
-    }
-    return false;
-}
-
 void MainWindow::showAcrossPrompts(bool across)
 {
     if (!across || m_tabs->isTabEnabled(1))
@@ -315,33 +328,19 @@ void MainWindow::jumpToPrompt(int layer, qint64 generation)
     const auto result = m_controller->result();
     if (!result || !result->aggregate)
         return;
-    const KvPart part = m_settings.map.part;
-    int best = -1;
-    qint64 bestToken = -1;
-    float bestBc = 2;
-    for (int i = 0; i < int(result->prompts.size()); ++i) {
-        const PromptAnalysis& p = result->prompts[std::size_t(i)];
-        const qint64 token = p.promptLen + generation;
-        if (!p.threeWay || layer >= int(p.layers.size()) || token >= p.tokens)
-            continue;
-        const float bc = p.bcVsNoiseValue(part, layer, token);
-        if (best < 0 || (!std::isnan(bc) && bc < bestBc)) {
-            best = i;
-            bestToken = token;
-            bestBc = std::isnan(bc) ? bestBc : bc;
-        }
-    }
-    if (best < 0)
+    const std::optional<PromptCell> worst = worstPromptAt(result->prompts, m_settings.map.part, layer, generation);
+    if (!worst)
         return;
     showAcrossPrompts(false);
-    setPrompt(best);
-    selectCell(layer, bestToken);
+    m_toolbar->setPrompt(worst->prompt);
+    m_promptPage->selectCell(layer, worst->token);
     m_promptPage->heatmap().setFocus();
+    const PromptAnalysis& p = result->prompts[std::size_t(worst->prompt)];
     m_status->setText(tr("%1 at generation index %2 is worst in prompt %3 (token %4)")
-                          .arg(QString::fromStdString(result->prompts[std::size_t(best)].layers[std::size_t(layer)]))
+                          .arg(QString::fromStdString(p.layers[std::size_t(layer)]))
                           .arg(generation)
-                          .arg(QString::fromStdString(result->prompts[std::size_t(best)].id))
-                          .arg(bestToken));
+                          .arg(QString::fromStdString(p.id))
+                          .arg(worst->token));
 }
 
 void MainWindow::keyPressEvent(QKeyEvent* event)

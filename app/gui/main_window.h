@@ -19,9 +19,7 @@ class QTabWidget;
 namespace kvscope {
 
 class AcrossPromptsPage;
-class HeadTableModel;
 class HeatmapView;
-class WorstCellsModel;
 
 class MainWindow : public QMainWindow {
     Q_OBJECT
@@ -30,31 +28,10 @@ public:
     explicit MainWindow(QWidget* parent = nullptr);
     ~MainWindow() override;
 
+    // Opens a bundle or a folder of dumps; what is open stays until it has opened.
     void openPath(const QString& path);
     AnalysisController& controller() { return *m_controller; }
-    HeatmapView& heatmap();
-    HeatmapView& aggregateHeatmap();
-    HeadTableModel& headTable();
-    WorstCellsModel& worstCells();
-
-    // The current view (per-prompt heatmap or aggregated) to PNG, PDF or SVG by extension.
-    bool exportView(const QString& path);
-    // Selectors, for the tests and the keyboard.
-    void setPrompt(int index) { m_toolbar->setPrompt(index); }
-    void setMetric(HeatmapMetric metric) { m_toolbar->setMetric(metric); }
-    void setPart(KvPart part) { m_toolbar->setPart(part); }
-    ViewToolbar& toolbar() { return *m_toolbar; }
-    PromptPage& promptPage() { return *m_promptPage; }
-    AcrossPromptsPage& acrossPage() { return *m_acrossPage; }
-    RecentFilesMenu& recentFiles() { return *m_recent; }
-    void selectCell(int layer, qint64 token);
-    int selectedLayer() const;
-    qint64 selectedToken() const;
-    HeatmapSpec spec() const { return m_settings.map; }
     void showAcrossPrompts(bool across);
-
-signals:
-    void histogramShown();
 
 protected:
     void dragEnterEvent(QDragEnterEvent* event) override;
@@ -71,6 +48,9 @@ private:
     void onFailed(const QString& message);
     void exportReport();
     void jumpToPrompt(int layer, qint64 generation);
+    HeatmapView& currentMap();
+    // The status bar back to what is open (a message about a cell goes stale with the cell).
+    void showSummary();
     QList<QSplitter*> splitters() const;
     void saveLayout() const;
     void restoreLayout();
@@ -85,6 +65,8 @@ private:
     QProgressBar* m_progress;
     QPushButton* m_cancel;
     ViewSettings m_settings;
+    QString m_opening;  // the path asked for, until it has opened
+    QString m_summary;  // what is open, for the status bar
 };
 
 }  // namespace kvscope

@@ -55,7 +55,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     m_problems->setWordWrap(true);
     m_problems->setStyleSheet("color: #a00;");
     auto* side = new QWidget;
-    side->setMinimumWidth(310);
+    side->setMinimumWidth(240);  // the window fits a 1024-pixel screen
     auto* sideLayout = new QVBoxLayout(side);
     sideLayout->setContentsMargins(0, 0, 0, 0);
     m_evidence->setWordWrap(true);
@@ -106,7 +106,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
         if (key == Qt::Key_Escape)
             clearSelection();
         else if (key == Qt::Key_Return || key == Qt::Key_Enter)
-            m_drill->setFocus();  // on to the selected cell's heads
+            m_drill->headView().setFocus(Qt::OtherFocusReason);  // on to the selected cell's heads
         else if (m_layer < 0)
             selectCell(0, 0);  // the first arrow press starts at the top left
         else
@@ -125,11 +125,13 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
             redrawWhileAnalysing();
     });
     // The list follows the keyboard: moving the highlight shows that cell; Enter goes to the map.
-    connect(m_worstView->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
-            [this](const QModelIndex& current) {
-                if (current.isValid())
-                    followWorstCell(current.row());
-            });
+    // It follows the selection, not the current row: tabbing into the list makes its first
+    // row current (without selecting it), which must not change the cell.
+    connect(m_worstView->selectionModel(), &QItemSelectionModel::selectionChanged, this, [this] {
+        const QModelIndexList rows = m_worstView->selectionModel()->selectedRows();
+        if (!rows.isEmpty())
+            followWorstCell(rows.first().row());
+    });
     connect(m_worstView, &QTableView::activated, this, [this](const QModelIndex& index) {
         followWorstCell(index.row());
         m_heatmap->setFocus();
@@ -250,6 +252,24 @@ void PromptPage::followSuspect(int row)
     selectCell(s.worstLayer, s.worstToken);
     m_drill->showHead(s.worstHead);
     m_drill->highlightHeads(s.heads);
+    pinRowLabels();
+}
+
+void PromptPage::pinRowLabels()
+{
+    QList<int> rows;
+    if (m_layer >= 0)
+        rows << m_layer;
+    const PromptAnalysis* p = prompt();
+    const int suspect = std::max(m_suspects->currentRow(), 0);
+    if (p && !m_controller->isRunning() && suspect < int(p->suspects.size())) {
+        const Suspect& s = p->suspects[std::size_t(suspect)];
+        rows << s.worstLayer;
+        const auto first = std::find(p->layers.begin(), p->layers.end(), s.firstLayer);
+        if (first != p->layers.end())
+            rows << int(first - p->layers.begin());
+    }
+    m_heatmap->setPinnedRows(rows);
 }
 
 void PromptPage::followWorstCell(int row)
@@ -273,6 +293,7 @@ void PromptPage::clear(const QString& message)
     m_suspects->clear();
     m_evidence->clear();
     m_heatmap->setHighlight({});
+    m_heatmap->setPinnedRows({});
     m_worstTitle->setText(tr("<b>Worst cells</b>"));
     for (int column : {4, 5})
         m_worstView->setColumnHidden(column, true);
@@ -326,7 +347,9 @@ void PromptPage::selectCell(int layer, qint64 token)
     m_token = token;
     m_heatmap->setSelection(layer, token);
     m_heatmap->ensureVisible(layer, token);
+    pinRowLabels();
     refreshDrillDown();
+    emit selectionChanged();
 }
 
 void PromptPage::clearSelection()
@@ -334,7 +357,9 @@ void PromptPage::clearSelection()
     m_layer = -1;
     m_heatmap->setSelection(-1, 0);
     m_worstView->clearSelection();
+    pinRowLabels();
     refreshDrillDown();
+    emit selectionChanged();
 }
 
 void PromptPage::refreshDrillDown()
@@ -436,8 +461,8 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
                         .arg(headErrorRatio(*p, m, row, token, head), 0, 'g', 4)
                         .arg(noiseFloor(*p, m, row, token), 0, 'g', 4);
     }
-    if (p->threeWay)
-        text += tr("<br>BC vs noise K %1, V %2")
+    if (p->threeWay)  // not the reference tool's BC, which the histogram shows for one head
+        text += tr("<br>BC vs noise floor: K %1, V %2")
                     .arg(p->bcVsNoiseValue(KvPart::K, row, token), 0, 'g', 4)
                     .arg(p->bcVsNoiseValue(KvPart::V, row, token), 0, 'g', 4);
     return text;

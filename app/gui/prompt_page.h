@@ -60,6 +60,8 @@ signals:
     void partRequested(KvPart part);
     // The colour range the map uses when the settings leave it to the data.
     void autoRangeChosen(ValueRange range);
+    // Another cell was selected, or none.
+    void selectionChanged();
 
 private:
     const PromptAnalysis* prompt() const;
@@ -72,6 +74,8 @@ private:
     void followWorstCell(int row);
     void selectWorstCell();
     void showContextMenu(const QPoint& globalPos);
+    // The rows whose label the map never drops: the selected one and the suspect's.
+    void pinRowLabels();
 
     AnalysisController* m_controller;
     HeatmapView* m_heatmap;

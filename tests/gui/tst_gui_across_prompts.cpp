@@ -1,0 +1,105 @@
+// The across-prompts page: BC vs noise by generation index, and a click that leads to the
+// prompt where the cell is worst.
+
+#include "gui_test_support.h"
+
+#include "gui/head_table_model.h"
+#include "gui/worst_cells_model.h"
+#include "widgets/histogram_view.h"
+#include "widgets/plot_export.h"
+#include "widgets/token_line_view.h"
+
+#include <QAbstractItemModelTester>
+#include <QApplication>
+#include <QComboBox>
+#include <QDir>
+#include <QElapsedTimer>
+#include <QFile>
+#include <QHeaderView>
+#include <QImage>
+#include <QLabel>
+#include <QListWidget>
+#include <QScrollBar>
+#include <QSortFilterProxyModel>
+#include <QStatusBar>
+#include <QTableView>
+#include <QTabWidget>
+#include <QToolBar>
+#include <QWheelEvent>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <future>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestAcrossPrompts : public GuiSuite {
+    Q_OBJECT
+
+private slots:
+    void initTestCase() { initDemo(); }
+    void acrossPromptsLeadsToThePrompt();
+    void statusMessageGoesWithItsCell();
+};
+
+void TestAcrossPrompts::acrossPromptsLeadsToThePrompt()
+{
+    ensureDemoOpen();
+    m_window->showAcrossPrompts(true);
+    QComboBox& prompts = toolbarOf(*m_window).promptBox();
+    QVERIFY(!prompts.isEnabled());  // what does not apply there is off
+    const AggregateBc& a = *m_reference.aggregate;
+    // Row labels carry the attention kind.
+    auto ticker = qSharedPointerDynamicCast<QCPAxisTickerText>(acrossPageOf(*m_window).heatmap().yAxis->ticker());
+    QVERIFY(ticker && !ticker->ticks().isEmpty());
+    for (const QString& label : ticker->ticks())
+        QVERIFY2(label.contains("[sliding") || label.contains("[full"), qPrintable(label));
+    // A click goes to the prompt where that cell's BC vs noise is lowest.
+    const int layer = 5;
+    const qint64 g = 3;
+    int expectPrompt = -1;
+    double lowest = 2;
+    for (int i = 0; i < int(m_reference.prompts.size()); ++i) {
+        const PromptAnalysis& p = m_reference.prompts[std::size_t(i)];
+        const double bc = p.bcVsNoiseValue(KvPart::K, layer, p.promptLen + g);
+        if (bc < lowest)
+            lowest = bc, expectPrompt = i;
+    }
+    QVERIFY(expectPrompt >= 0 && g < a.generationCount);
+    emit acrossPageOf(*m_window).cellChosen(layer, g);
+    QCOMPARE(toolbarOf(*m_window).promptBox().currentIndex(), expectPrompt);
+    QVERIFY(prompts.isEnabled());
+    QCOMPARE(promptPageOf(*m_window).selectedLayer(), layer);
+    QCOMPARE(promptPageOf(*m_window).selectedToken(), m_reference.prompts[std::size_t(expectPrompt)].promptLen + g);
+    toolbarOf(*m_window).setPrompt(0);
+}
+
+// The status bar says where a click on the across-prompts map led; switching K/V or moving to
+// another cell makes that stale, and it goes back to what is open.
+void TestAcrossPrompts::statusMessageGoesWithItsCell()
+{
+    ensureDemoOpen();
+    QLabel* status = m_window->statusBar()->findChild<QLabel*>();
+    QVERIFY(status);
+    const QString summary = QString("demo.h5: %1 prompt(s), 8 layers analysed").arg(m_reference.prompts.size());
+    promptPageOf(*m_window).selectCell(2, 2);
+    QCOMPARE(status->text(), summary);
+    m_window->showAcrossPrompts(true);
+    emit acrossPageOf(*m_window).cellChosen(5, 3);
+    QVERIFY2(status->text().contains("is worst in prompt"), qPrintable(status->text()));
+    toolbarOf(*m_window).setPart(KvPart::V);
+    QCOMPARE(status->text(), summary);
+    toolbarOf(*m_window).setPart(KvPart::K);
+    m_window->showAcrossPrompts(true);
+    emit acrossPageOf(*m_window).cellChosen(5, 3);
+    QVERIFY(status->text().contains("is worst in prompt"));
+    promptPageOf(*m_window).selectCell(1, 1);
+    QCOMPARE(status->text(), summary);
+    toolbarOf(*m_window).setPrompt(0);
+}
+
+QTEST_MAIN(TestAcrossPrompts)
+#include "tst_gui_across_prompts.moc"

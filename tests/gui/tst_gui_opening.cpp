@@ -1,0 +1,355 @@
+// Opening bundles in the app under QT_QPA_PLATFORM=offscreen: the analysis in the background,
+// broken files, cancels, imports, a second bundle while the first analyses, files that change
+// under the window, a crashing HDF5 library: each a message, never a crash or a stale view.
+
+#include "gui_test_support.h"
+
+#include "gui/head_table_model.h"
+#include "gui/worst_cells_model.h"
+#include "widgets/histogram_view.h"
+#include "widgets/plot_export.h"
+#include "widgets/token_line_view.h"
+
+#include <QAbstractItemModelTester>
+#include <QApplication>
+#include <QComboBox>
+#include <QDir>
+#include <QElapsedTimer>
+#include <QFile>
+#include <QHeaderView>
+#include <QImage>
+#include <QLabel>
+#include <QListWidget>
+#include <QScrollBar>
+#include <QSortFilterProxyModel>
+#include <QStatusBar>
+#include <QTableView>
+#include <QTabWidget>
+#include <QToolBar>
+#include <QWheelEvent>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <future>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestOpening : public GuiSuite {
+    Q_OBJECT
+
+private slots:
+    void initTestCase() { initDemo(); }
+    void opensAndAnalysesInTheBackground();
+    void brokenBundleIsAMessageNotACrash();
+    void closingWhileSeveralRunsAnalyseIsSafe();
+    void failedOpenLeavesNothingStale();
+    void cancelKeepsWhatWasAnalysed();
+    void bundleTruncatedOrReplacedWhileOpen();
+    void importCanBeCancelledAndClosed();
+    void secondBundleWhileTheFirstAnalyses();
+    void hdf5CrashIsAMessage();
+    void brokenFileKeepsTheOpenAnalysis();
+    void aFolderGivenByMistakeSaysSo();
+};
+
+void TestOpening::opensAndAnalysesInTheBackground()
+{
+    QSignalSpy layers(&m_window->controller(), &AnalysisController::layerFinished);
+    QSignalSpy opened(&m_window->controller(), &AnalysisController::opened);
+    openDemo();
+    QCOMPARE(opened.count(), 1);
+    QCOMPARE(layers.count(), 8);  // the heatmap filled in layer by layer
+    QVERIFY(m_window->controller().result());
+}
+
+void TestOpening::brokenBundleIsAMessageNotACrash()
+{
+    const QString broken = m_dir.filePath("broken.h5");
+    QFile::copy(m_path, broken);
+    QFile(broken).resize(QFile(broken).size() / 3);
+    QSignalSpy failed(&m_window->controller(), &AnalysisController::failed);
+    m_window->openPath(broken);
+    QVERIFY(failed.wait(20000));
+    QVERIFY2(failed.first().first().toString().contains(broken), qPrintable(failed.first().first().toString()));
+}
+
+void TestOpening::closingWhileSeveralRunsAnalyseIsSafe()
+{
+    // Each open() cancels the run before it, which may still be reading a layer and posting
+    // to the controller: closing the window must wait for all of them, not only the latest.
+    for (int round = 0; round < 3; ++round) {
+        auto window = std::make_unique<MainWindow>();
+        for (int i = 0; i < 4; ++i)
+            window->openPath(m_path);
+        QCoreApplication::processEvents();
+        window.reset();
+        QCoreApplication::processEvents();  // anything a stale run posted would run now
+    }
+}
+
+// With nothing open before, a failed open leaves nothing of it on screen. (Over an open
+// analysis, that analysis stays: brokenFileKeepsTheOpenAnalysis.)
+void TestOpening::failedOpenLeavesNothingStale()
+{
+    ensureDemoOpen();  // so that Open Recent holds the demo
+    MainWindow fresh;
+    fresh.resize(1280, 800);
+    fresh.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&fresh));
+    const QString broken = m_dir.filePath("stale.h5");
+    QFile::remove(broken);
+    QFile::copy(m_path, broken);
+    QFile(broken).resize(QFile(broken).size() / 4);
+    QSignalSpy failed(&fresh.controller(), &AnalysisController::failed);
+    fresh.openPath(broken);
+    QVERIFY(failed.wait(20000));
+    QCoreApplication::processEvents();
+    QVERIFY(heatmapOf(fresh).isEmpty());
+    QCOMPARE(fresh.windowTitle(), QString("kvscope"));
+    QCOMPARE(promptPageOf(fresh).worstCells().rowCount(), 0);
+    QCOMPARE(headTableOf(fresh).rowCount(), 0);
+    QCOMPARE(toolbarOf(fresh).promptBox().count(), 0);
+    QVERIFY(!fresh.findChild<QTabWidget*>()->isTabEnabled(1));
+    QCOMPARE(promptPageOf(fresh).selectedLayer(), -1);
+    QVERIFY(!toolbarOf(fresh).isEnabled());
+    // Open Recent lists what opened, not what failed.
+    QVERIFY(!QSettings().value("recentFiles").toStringList().contains(broken));
+    QVERIFY(QSettings().value("recentFiles").toStringList().contains(m_path));
+    for (QWidget* w : QApplication::topLevelWidgets())  // the message box
+        if (w->inherits("QMessageBox"))
+            w->close();
+}
+
+// A broken file opened over an analysis: the error is shown, and the analysis stays, whole
+// and usable (its cells, its title, its toolbar, its recent entry).
+void TestOpening::brokenFileKeepsTheOpenAnalysis()
+{
+    ensureDemoOpen();
+    promptPageOf(*m_window).selectCell(5, 50);
+    const int worstRows = promptPageOf(*m_window).worstCells().rowCount();
+    QVERIFY(worstRows > 0);
+    const QString broken = m_dir.filePath("kept.h5");
+    QFile::remove(broken);
+    QFile::copy(m_path, broken);
+    QFile(broken).resize(QFile(broken).size() / 4);
+    QSignalSpy failed(&m_window->controller(), &AnalysisController::failed);
+    m_window->openPath(broken);
+    QVERIFY(failed.wait(20000));
+    QCoreApplication::processEvents();
+    QVERIFY2(failed.first().first().toString().contains(broken), qPrintable(failed.first().first().toString()));
+    // The error is shown: a message box, and the status bar names both files.
+    bool box = false;
+    for (QWidget* w : QApplication::topLevelWidgets())
+        if (w->inherits("QMessageBox") && w->isVisible())
+            box = true;
+    QVERIFY(box);
+    const QString status = m_window->statusBar()->findChild<QLabel*>()->text();
+    QVERIFY2(status.contains("kept.h5") && status.contains("demo.h5"), qPrintable(status));
+    // The analysis stays.
+    QCOMPARE(m_window->controller().path(), m_path);
+    QVERIFY(m_window->controller().result());
+    QCOMPARE(m_window->windowTitle(), QString("kvscope - demo.h5"));
+    QVERIFY(!heatmapOf(*m_window).isEmpty());
+    QCOMPARE(heatmapOf(*m_window).grid().rows, 8);
+    QCOMPARE(promptPageOf(*m_window).selectedLayer(), 5);
+    QCOMPARE(promptPageOf(*m_window).selectedToken(), qint64(50));
+    QCOMPARE(promptPageOf(*m_window).worstCells().rowCount(), worstRows);
+    QCOMPARE(headTableOf(*m_window).rowCount(), m_reference.prompts[0].heads);
+    QVERIFY(toolbarOf(*m_window).isEnabled());
+    QCOMPARE(toolbarOf(*m_window).promptBox().count(), int(m_reference.prompts.size()));
+    QVERIFY(m_window->findChild<QTabWidget*>()->isTabEnabled(1));
+    QVERIFY(!QSettings().value("recentFiles").toStringList().contains(broken));
+    // and works: another cell, the other part.
+    promptPageOf(*m_window).selectCell(2, 10);
+    toolbarOf(*m_window).setPart(KvPart::V);
+    QCOMPARE(headTableOf(*m_window).value(1, HeadTableModel::ratioColumn(KvPart::V)),
+             headErrorRatio(m_reference.prompts[0], Metric::VLinf, 2, 10, 1));
+    toolbarOf(*m_window).setPart(KvPart::K);
+    for (QWidget* w : QApplication::topLevelWidgets())
+        if (w->inherits("QMessageBox"))
+            w->close();
+}
+
+// A folder that is not a folder of dumps (opened by mistake): the message says a folder was
+// given and what a folder import needs, not which file the importer missed first.
+void TestOpening::aFolderGivenByMistakeSaysSo()
+{
+    const QString folder = m_dir.filePath("not-dumps");
+    QDir().mkpath(folder);
+    MainWindow window;
+    QSignalSpy failed(&window.controller(), &AnalysisController::failed);
+    window.openPath(folder);
+    QVERIFY(failed.wait(20000));
+    const QString message = failed.first().first().toString();
+    QVERIFY2(message.contains(folder + " is a folder"), qPrintable(message));
+    for (const char* needed : {"kv_cache_config.json", "prompt.json", "kv_caches_rank", "block_tables.pt", "expected.pt",
+                               "docs/import.md"})
+        QVERIFY2(message.contains(needed), qPrintable(message));
+    for (QWidget* w : QApplication::topLevelWidgets())
+        if (w->inherits("QMessageBox"))
+            w->close();
+}
+
+void TestOpening::cancelKeepsWhatWasAnalysed()
+{
+    MainWindow window;
+    window.resize(1280, 800);
+    window.show();
+    QSignalSpy cancelled(&window.controller(), &AnalysisController::cancelled);
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    // Cancelled by the worker itself after its first layer: the same point on every machine
+    // (a cancel from this thread could arrive after the last of 8 small layers).
+    AnalysisController& controller = window.controller();
+    controller.setWorkerLayerHook([&controller](int) { controller.cancel(); });
+    window.openPath(m_path);
+    QTRY_VERIFY_WITH_TIMEOUT(cancelled.count() + finished.count() > 0, 60000);
+    QCOMPARE(cancelled.count(), 1);
+    QCOMPARE(finished.count(), 0);
+    const std::vector<char>& ready = controller.readyLayers();
+    const int done = int(std::count(ready.begin(), ready.end(), 1));
+    QVERIFY(done >= 1);  // one per worker at most: 8 only with 8 or more cores
+    // The finished layers are ranked; the others are covered and said to be not analysed.
+    QVERIFY(promptPageOf(window).worstCells().rowCount() > 0);
+    for (int r = 0; r < promptPageOf(window).worstCells().rowCount(); ++r)
+        QVERIFY(ready[std::size_t(promptPageOf(window).worstCells().cell(r).layer)]);
+    if (done == 8)
+        return;
+    int notReady = 0;
+    while (ready[std::size_t(notReady)])
+        ++notReady;
+    QVERIFY(promptPageOf(window).cellTooltip(notReady, 0).contains("not analysed"));
+    bool covered = false;
+    for (int i = 0; i < heatmapOf(window).itemCount(); ++i)
+        if (auto* text = qobject_cast<QCPItemText*>(heatmapOf(window).item(i)); text && text->text().contains("cancelled"))
+            covered = true;
+    QVERIFY(covered);
+}
+
+// The file changes under the open window: truncated (a later read fails with a message
+// naming it, in the panel that needed it), then replaced by another file (opening it again
+// shows the new one). No crash either way.
+void TestOpening::bundleTruncatedOrReplacedWhileOpen()
+{
+    const QString live = m_dir.filePath("live.h5");
+    QFile::remove(live);
+    QVERIFY(QFile::copy(m_path, live));
+    MainWindow window;
+    QVERIFY(showAndAnalyse(window, live));
+    QVERIFY(QFile(live).resize(QFile(live).size() / 3));
+    QSignalSpy histogram(&drillDownOf(window), &DrillDownPanel::histogramShown);
+    promptPageOf(window).selectCell(6, 40);  // the drill-down reads this head's values from the file again
+    QTRY_VERIFY_WITH_TIMEOUT(histogram.count() > 0, 20000);
+    const auto views = window.findChildren<HistogramView*>();
+    QVERIFY(!views.isEmpty());
+    const QString message = views.first()->message();
+    QVERIFY2(message.startsWith("no histogram") && message.contains(live), qPrintable(message));
+
+    // Replaced: a new file under the same name (as a writer's rename does).
+    const QString next = m_dir.filePath("next.h5");
+    QFile::remove(next);
+    QVERIFY(QFile::copy(m_path, next));
+    QVERIFY(std::rename(next.toUtf8().constData(), live.toUtf8().constData()) == 0);
+    QVERIFY(showAndAnalyse(window, live));
+    QCOMPARE(window.controller().result()->prompts.size(), m_reference.prompts.size());
+}
+
+// A folder import runs a child process: cancelling kills it, and so does closing the window,
+// at once (the stand-in helper would take 60 s).
+void TestOpening::importCanBeCancelledAndClosed()
+{
+    const QString helper = m_dir.filePath("slow-import.sh");
+    QFile script(helper);
+    QVERIFY(script.open(QIODevice::WriteOnly));
+    script.write("#!/bin/sh\nsleep 60\n");
+    script.close();
+    script.setPermissions(QFileDevice::ReadOwner | QFileDevice::ExeOwner);
+    qputenv("KVSCOPE_IMPORT_HELPER", helper.toUtf8());
+    const QString folder = m_dir.filePath("dumps");
+    QDir().mkpath(folder);
+    QFile config(QDir(folder).filePath("kv_cache_config.json"));  // a folder of dumps, as far as the app looks
+    QVERIFY(config.open(QIODevice::WriteOnly));
+    config.close();
+    QElapsedTimer clock;
+    clock.start();
+    {
+        MainWindow window;
+        QSignalSpy cancelled(&window.controller(), &AnalysisController::cancelled);
+        window.openPath(folder);
+        QTest::qWait(300);  // the helper is running
+        QVERIFY(window.controller().isRunning());
+        window.controller().cancel();
+        QVERIFY(cancelled.wait(10000));
+        QVERIFY(!window.controller().isRunning());
+        window.openPath(folder);
+        QTest::qWait(300);
+    }  // closed while importing
+    qunsetenv("KVSCOPE_IMPORT_HELPER");
+    QVERIFY2(clock.elapsed() < 20000, "closing waited for the import");
+}
+
+// A second open() while the first bundle is still analysing: the first run is dropped, the
+// second one's results are the ones shown, and nothing of the first arrives later.
+void TestOpening::secondBundleWhileTheFirstAnalyses()
+{
+    const QString other = m_dir.filePath("other.h5");
+    if (!QFileInfo::exists(other)) {
+        SyntheticCaptureOptions options = demoCaptureOptions();
+        options.faultLayer = -1;  // a different bundle: no fault
+        writeSyntheticCapture(other.toStdString(), options);
+    }
+    MainWindow window;
+    QSignalSpy opened(&window.controller(), &AnalysisController::opened);
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    AnalysisController& controller = window.controller();
+    // After the first bundle's first layer, its worker waits until this thread has opened the
+    // second bundle: the first run is certainly still going when it does.
+    std::atomic<bool> reached = false;  // the hook runs on every analysis worker
+    std::promise<void> opened2;
+    std::shared_future<void> secondOpened = opened2.get_future().share();
+    controller.setWorkerLayerHook([&reached, secondOpened](int) {
+        if (!reached.exchange(true))
+            secondOpened.wait();
+    });
+    window.openPath(m_path);
+    QTRY_VERIFY_WITH_TIMEOUT(reached, 60000);
+    controller.setWorkerLayerHook({});
+    window.openPath(other);
+    opened2.set_value();
+    QTRY_VERIFY_WITH_TIMEOUT(finished.count() == 1, 60000);
+    QTest::qWait(200);  // anything the first run still posted would arrive now
+    QCOMPARE(finished.count(), 1);
+    QCOMPARE(controller.path(), other);
+    QCOMPARE(opened.last().first().toString(), other);
+    const AnalysisResult expected = analyzeBundle(std::make_shared<BundleReader>(other.toStdString()));
+    const PromptAnalysis& shown = controller.result()->prompts.at(0);
+    for (int m = 0; m < kMetricCount; ++m)
+        QVERIFY(std::memcmp(shown.metrics[std::size_t(m)].data(), expected.prompts[0].metrics[std::size_t(m)].data(),
+                            shown.metrics[std::size_t(m)].size() * sizeof(float)) == 0);
+}
+
+// libhdf5 crashing on a file (a segmentation fault inside the library, simulated here in the
+// child that opens every bundle first) is a message naming the file; the window lives on.
+void TestOpening::hdf5CrashIsAMessage()
+{
+    if (!BundleReader::kProbeFromThreads)
+        QSKIP("no probe child in the app under ThreadSanitizer or AddressSanitizer (no fork() with threads there)");
+    MainWindow window;
+    QSignalSpy failed(&window.controller(), &AnalysisController::failed);
+    window.controller().setProbeHook([] { std::raise(SIGSEGV); });
+    window.openPath(m_path);
+    QVERIFY(failed.wait(20000));
+    const QString message = failed.first().first().toString();
+    QVERIFY2(message.contains(m_path) && message.contains("crashed the HDF5 library"), qPrintable(message));
+    window.controller().setProbeHook({});
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    window.openPath(m_path);
+    QVERIFY(finished.wait(60000));
+}
+
+// NEWBODIES
+
+QTEST_MAIN(TestOpening)
+#include "tst_gui_opening.moc"
