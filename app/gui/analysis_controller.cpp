@@ -12,25 +12,6 @@
 
 namespace kvscope {
 
-namespace {
-
-// A folder is imported as dumps (docs/import.md). Given one by mistake (dropped, or on the
-// command line), the importer's first complaint would be a missing kv_cache_config.json:
-// say instead what was given and what such a folder holds.
-QString notADumpFolder(const QString& path)
-{
-    if (QFileInfo::exists(QDir(path).filePath("kv_cache_config.json")))
-        return {};
-    return AnalysisController::tr(
-               "%1 is a folder, not a capture bundle (.h5). A folder is imported as dumps, and a folder of "
-               "dumps holds kv_cache_config.json, prompt.json, kv_caches_rank<R>.pt for every TP rank, "
-               "block_tables.pt, and expected.pt or expected.safetensors (baseline.* for three-way); see "
-               "docs/import.md. To open a bundle, choose its file.")
-        .arg(path);
-}
-
-}  // namespace
-
 AnalysisController::AnalysisController(QObject* parent)
     : QObject(parent)
     , m_tasks(this)
@@ -91,8 +72,6 @@ void AnalysisController::open(const QString& path)
         try {
             std::string bundle = path.toStdString();
             if (importDir) {
-                if (const QString problem = notADumpFolder(path); !problem.isEmpty())
-                    throw std::runtime_error(problem.toStdString());
                 post([this, path, generation] { emit progress(0, 0, tr("importing %1").arg(path)); }, generation);
                 bundle = QDir(importDir->path()).filePath("imported.h5").toStdString();
                 runImport(path.toStdString(), bundle, cancel.get());  // a child process: cancel kills it

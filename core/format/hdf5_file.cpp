@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -145,6 +146,9 @@ Hdf5File Hdf5File::openReadOnly(const std::string& path)
     if (!probe)
         throw BundleError(path, {}, std::string("cannot open: ") + std::strerror(errno));
     std::fclose(probe);
+    if (std::filesystem::is_directory(path))  // fopen opens a folder too
+        throw BundleError(path, {}, "is a folder, not an HDF5 file (a folder of dumps becomes a bundle by "
+                                    "`kvscope import DIR -o BUNDLE.h5`, docs/import.md)");
     if (H5Fis_hdf5(path.c_str()) <= 0)
         throw BundleError(path, {}, "not an HDF5 file");
     file.m_file = Hdf5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), closeFile);

@@ -28,6 +28,14 @@ std::string importHelperPath()
 
 void runImport(const std::string& directory, const std::string& bundlePath, const std::atomic<bool>* cancel)
 {
+    // A folder given by mistake (dropped on the app, or a typo): say what was given and what a
+    // folder of dumps holds, rather than the importer's first complaint about a missing file.
+    if (!std::filesystem::exists(std::filesystem::path(directory) / "kv_cache_config.json"))
+        throw BundleError(directory, {},
+                          "is a folder, not a capture bundle (.h5), and not a folder of dumps either: a folder of dumps "
+                          "holds kv_cache_config.json, prompt.json, kv_caches_rank<R>.pt for every TP rank, "
+                          "block_tables.pt, and expected.pt or expected.safetensors (baseline.* for three-way); see "
+                          "docs/import.md. To open a bundle, choose its file.");
     const std::string helper = importHelperPath();
     int pipeFds[2];
     if (pipe(pipeFds) != 0)

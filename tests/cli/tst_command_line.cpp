@@ -26,6 +26,7 @@ private slots:
     void thresholdOptionsSetTheThresholds();
     void everyCommandHasAFunctionInOneExecutable();
     void analyzeSummarySpeaksTheAppsLanguage();
+    void aFolderGivenByMistakeSaysSo();
 };
 
 void TestCommandLine::readsOperandsAndOptionsInAnyOrder()
@@ -174,6 +175,19 @@ void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
     QCOMPARE(rcLarge, 0);
     QVERIFY2(large.find("min BC vs noise floor over tokens") != std::string::npos, large.c_str());
     QVERIFY(large.find("k_bc ") != std::string::npos && large.find("no per-token BC") == std::string::npos);
+}
+
+void TestCommandLine::aFolderGivenByMistakeSaysSo()
+{
+    QTemporaryDir dir;
+    const std::string folder = dir.path().toStdString();
+    std::ostringstream out, err;
+    QCOMPARE(importDumps({folder, "-o", folder + "/b.h5"}, out, err), 2);
+    QVERIFY2(err.str().find(folder + ": is a folder, not a capture bundle") != std::string::npos, err.str().c_str());
+    QVERIFY(err.str().find("kv_caches_rank<R>.pt") != std::string::npos);
+    std::ostringstream out2, err2;
+    QCOMPARE(analyze({folder}, out2, err2), 2);
+    QVERIFY2(err2.str().find(folder + ": is a folder, not an HDF5 file") != std::string::npos, err2.str().c_str());
 }
 
 QTEST_APPLESS_MAIN(TestCommandLine)

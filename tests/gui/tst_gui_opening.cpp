@@ -184,7 +184,7 @@ void TestOpening::aFolderGivenByMistakeSaysSo()
     window.openPath(folder);
     QVERIFY(failed.wait(20000));
     const QString message = failed.first().first().toString();
-    QVERIFY2(message.contains(folder + " is a folder"), qPrintable(message));
+    QVERIFY2(message.contains(folder + ": is a folder"), qPrintable(message));
     for (const char* needed : {"kv_cache_config.json", "prompt.json", "kv_caches_rank", "block_tables.pt", "expected.pt",
                                "docs/import.md"})
         QVERIFY2(message.contains(needed), qPrintable(message));
