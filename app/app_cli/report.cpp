@@ -14,15 +14,10 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
     Thresholds t;
     OptionParser parser("report");
     parser.operand("BUNDLE", bundle);
-    parser.text({"-o", "--output"}, dir);
+    parser.requiredText({"-o", "--output"}, "DIR", dir);
     addThresholdOptions(parser, t);
     if (!parser.parse(args, err))
         return 2;
-    if (dir.empty()) {
-        err << "kvscope report: no -o DIR given\n";
-        printUsage("report", err);
-        return 2;
-    }
     try {
         const auto app = applicationForDrawing();  // the PNGs are drawn by the app's widgets
         auto reader = std::make_shared<BundleReader>(bundle);

@@ -11,14 +11,9 @@ int importDumps(const Args& args, std::ostream& out, std::ostream& err)
     std::string dir, bundle;
     OptionParser parser("import");
     parser.operand("DIR", dir);
-    parser.text({"-o", "--output"}, bundle);
+    parser.requiredText({"-o", "--output"}, "BUNDLE.h5", bundle);
     if (!parser.parse(args, err))
         return 2;
-    if (bundle.empty()) {
-        err << "kvscope import: no -o BUNDLE.h5 given\n";
-        printUsage("import", err);
-        return 2;
-    }
     try {
         runImport(dir, bundle);  // in kvscope-import, the one executable that links libtorch
     } catch (const std::exception& e) {

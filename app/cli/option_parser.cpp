@@ -2,6 +2,7 @@
 
 #include "cli/commands.h"
 
+#include <algorithm>
 #include <charconv>
 #include <ostream>
 #include <stdexcept>
@@ -36,6 +37,11 @@ void OptionParser::flag(const std::string& name, std::function<void()> onSet)
 void OptionParser::text(const std::vector<std::string>& names, std::string& value)
 {
     m_options.push_back({names, true, [&value](const std::string& v) { value = v; }});
+}
+
+void OptionParser::requiredText(const std::vector<std::string>& names, const std::string& what, std::string& value)
+{
+    m_options.push_back({names, true, [&value](const std::string& v) { value = v; }, what});
 }
 
 void OptionParser::integer(const std::string& name, int& value)
@@ -86,6 +92,7 @@ const OptionParser::Option* OptionParser::find(const std::string& name) const
 
 void OptionParser::parseOrThrow(const Args& args) const
 {
+    std::vector<const Option*> given;
     std::size_t operands = 0;
     for (std::size_t i = 0; i < args.size(); ++i) {
         const std::string& a = args[i];
@@ -93,6 +100,7 @@ void OptionParser::parseOrThrow(const Args& args) const
             const Option* option = find(a);
             if (!option)
                 throw std::invalid_argument("unknown option " + a);
+            given.push_back(option);
             if (!option->takesValue) {
                 option->apply({});
                 continue;
@@ -109,6 +117,9 @@ void OptionParser::parseOrThrow(const Args& args) const
     for (std::size_t o = operands; o < m_operands.size(); ++o)
         if (m_operands[o].required)
             throw std::invalid_argument("no " + m_operands[o].what + " given");
+    for (const Option& option : m_options)
+        if (!option.requiredWhat.empty() && std::find(given.begin(), given.end(), &option) == given.end())
+            throw std::invalid_argument("no " + option.names.front() + " " + option.requiredWhat + " given");
 }
 
 bool OptionParser::parse(const Args& args, std::ostream& err) const

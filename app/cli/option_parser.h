@@ -25,6 +25,8 @@ public:
     // must be one whole number (not "12x"); a repeated option sets the last value, except
     // `repeated`, which collects every one.
     void text(const std::vector<std::string>& names, std::string& value);
+    // The same, but the command line must give it ("-o DIR": what = "DIR").
+    void requiredText(const std::vector<std::string>& names, const std::string& what, std::string& value);
     void integer(const std::string& name, int& value);
     void integer(const std::string& name, std::uint64_t& value);
     void real(const std::string& name, double& value);
@@ -45,6 +47,7 @@ private:
         std::vector<std::string> names;
         bool takesValue;
         std::function<void(const std::string&)> apply;
+        std::string requiredWhat = {};  // empty: optional
     };
     struct Operand {
         std::string what;

@@ -95,17 +95,19 @@ void TestCommandLine::wrongCommandLinesSayWhatIsWrong_data()
     QTest::newRow("empty number") << QStringList{"a.h5", "--threads", ""}
                                   << "kvscope analyze: --threads takes a whole number, not ''";
     QTest::newRow("too many operands") << QStringList{"a.h5", "b.h5"} << "kvscope analyze: unexpected argument 'b.h5'";
+    QTest::newRow("required option left out") << QStringList{"a.h5", "--json", "j"} << "kvscope analyze: no -o DIR given";
 }
 
 void TestCommandLine::wrongCommandLinesSayWhatIsWrong()
 {
     QFETCH(QStringList, args);
     QFETCH(QString, message);
-    std::string bundle, json;
+    std::string bundle, json, dir;
     int threads = 0;
     OptionParser parser("analyze");
     parser.operand("BUNDLE", bundle);
     parser.text({"--json"}, json);
+    parser.requiredText({"-o", "--output"}, "DIR", dir);
     parser.integer("--threads", threads);
     Args argv;
     for (const QString& a : args)
