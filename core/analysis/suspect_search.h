@@ -1,15 +1,11 @@
 #pragma once
 // Suspects: where the engine's KV first leaves the noise floor of the capture itself, what
-// kind of bug that looks like, and the evidence (docs/suspects.md).
-//
-// A cell (layer, token, head, K/V) is off the floor when its error ratio (analysis_result.h:
-// its L-inf over the cell's dtype noise floor; two-way: over the capture's median L-inf) is
-// above `offFloor` times the capture's own typical ratio (at least 1), so that a cache that
-// is noisier everywhere (fp8) is judged against itself. A layer is affected when enough of
-// its cells are off. The onset is the first affected layer in model order and its earliest
-// off cell; later affected layers are the spread, never a suspect of their own: a
-// downstream effect is never ranked above its cause. The onset layer's off cells decide the
-// pattern, from a closed set.
+// kind of bug that looks like, and the evidence (docs/suspects.md). In steps: the cells off
+// the floor and the layers they affect (off_floor.h); the onset, the first affected layer in
+// model order and its earliest off cell (later affected layers are the spread, never a
+// suspect of their own: a downstream effect is never ranked above its cause); the onset's
+// off cells tested against each pattern of a closed set in order (suspect_patterns.h); the
+// evidence of the first that holds, and the attribution (heads, TP ranks, blocks).
 
 #include "analysis/analysis_result.h"
 #include "analysis/suspect.h"

@@ -1,0 +1,62 @@
+#pragma once
+// Which cells of a prompt are off the noise floor, and which layers that affects: the first
+// step of the suspects (suspect_search.h), on which every pattern test then works.
+//
+// A cell (layer, token, head, K/V) is off the floor when its error ratio (analysis_result.h:
+// its L-inf over the cell's dtype noise floor; two-way: over its layer's median L-inf) is
+// above `offFloor` times the capture's own typical ratio (at least 1), so that a cache that
+// is noisier everywhere (fp8) is judged against itself. A layer is affected when enough of
+// its cells are off.
+
+#include "analysis/analysis_result.h"
+#include "analysis/suspect.h"
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace kvscope {
+
+class WorkTeam;
+
+struct OffCell {
+    std::int64_t token;
+    int head;
+    KvPart part;
+    float ratio;
+};
+
+// How far each cell is off: its error ratio against the cell's noise floor (three-way). Two-way
+// has no dtype-only reference: a cell's L-inf against its layer's median L-inf (faults
+// confined to some tokens or heads), and a layer whose median is itself far above the
+// capture's typical layer median is judged against that (a whole-layer fault). The floors
+// are kept (per token, or per layer), not the ratios: a cell's ratio is one division.
+class CellRatios {
+public:
+    CellRatios(const PromptAnalysis& p, double layerJump, WorkTeam* team);
+    // NaN where the cell has no data.
+    float at(int layer, std::int64_t token, int head, KvPart part) const;
+
+private:
+    const PromptAnalysis& m_p;
+    std::vector<double> m_floors[2];  // [K/V][layer][token] (three-way) or [K/V][layer]
+};
+
+struct OffFloor {
+    CellRatios ratios;
+    std::vector<double> threshold[2];          // [K/V][layer]: a cell whose ratio is above it is off
+    std::vector<std::vector<OffCell>> cells;   // [layer]: its off cells
+    std::vector<int> affected;                 // the affected layers, in model order
+};
+
+// `layersReady` (optional) limits it to finished layers; with a `team`, its threads share
+// the layers.
+OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& thresholds,
+                      const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr);
+
+// fn(layer) for every layer, over the team's threads when there is one.
+void forEachLayer(WorkTeam* team, int layers, const std::function<void(int)>& fn);
+// The median (NaN of none).
+double median(std::vector<double> values);
+
+}  // namespace kvscope

@@ -1,0 +1,125 @@
+#include "analysis/suspect_patterns.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvscope {
+
+Onset::Onset(const PromptAnalysis& p, const KvCacheConfig& config, const OffFloor& floor, const std::vector<char>* ready)
+    : prompt(p)
+    , config(config)
+    , floor(floor)
+    , layersReady(ready)
+    , layer(floor.affected.front())
+    , group(p.layerGroups[std::size_t(layer)])
+    , perHead(std::size_t(p.heads), 0)
+{
+    worst = &cells().front();
+    for (const OffCell& c : cells()) {
+        ++perHead[std::size_t(c.head)];
+        ++perPart[std::size_t(c.part)];
+        tokens.insert(c.token);
+        if (c.ratio > worst->ratio)
+            worst = &c;
+    }
+    const int offCount = int(cells().size());
+    kv = perPart[1] * 10 <= offCount ? "k" : perPart[0] * 10 <= offCount ? "v" : "kv";
+    const int top = *std::max_element(perHead.begin(), perHead.end());
+    for (int h = 0; h < p.heads; ++h)
+        if (perHead[std::size_t(h)] > 0 && perHead[std::size_t(h)] * 5 >= top)
+            heads.push_back(h);
+    oneHead = top * 10 >= offCount * 9;
+    allHeads = int(heads.size()) == p.heads;
+}
+
+bool Onset::ready(int l) const
+{
+    return !layersReady || (std::size_t(l) < layersReady->size() && (*layersReady)[std::size_t(l)]);
+}
+
+bool looksLikeBlock(const Onset& o)
+{
+    const PromptAnalysis& p = o.prompt;
+    if (!o.allHeads || o.kv != "kv")
+        return false;
+    for (int l = 0; l < o.layer; ++l)
+        if (o.ready(l) && p.layerGroups[std::size_t(l)] == o.group)
+            return false;  // an earlier layer of the group is clean: not the group's blocks
+    const int blockSize = o.config.groups[std::size_t(o.group)].blockSize;
+    const std::int64_t first = o.firstToken() / blockSize, last = o.lastToken() / blockSize;
+    if (last - first > 1)
+        return false;
+    const std::int64_t begin = first * blockSize, end = std::min(p.tokens, (last + 1) * blockSize);
+    if (double(o.tokens.size()) < 0.5 * double(end - begin))
+        return false;
+    int sameGroup = 0, sameGroupHit = 0, otherHit = 0;
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        if (!o.ready(l) || l == o.layer)
+            continue;
+        const std::vector<OffCell>& off = o.floor.cells[std::size_t(l)];
+        int inside = 0;
+        for (const OffCell& c : off)
+            inside += c.token >= begin && c.token < end;
+        if (p.layerGroups[std::size_t(l)] == o.group) {
+            ++sameGroup;
+            sameGroupHit += inside * 2 >= int(off.size()) && inside > 0;
+        } else {
+            otherHit += inside > 0 && std::find(o.floor.affected.begin(), o.floor.affected.end(), l) != o.floor.affected.end();
+        }
+    }
+    return otherHit == 0 && (sameGroup == 0 || (sameGroupHit > 0 && sameGroupHit * 2 >= sameGroup));
+}
+
+bool startsAtFirstDecode(const Onset& o)
+{
+    const PromptAnalysis& p = o.prompt;
+    const CellRatios& ratios = o.floor.ratios;
+    std::int64_t firstDecode = p.promptLen;
+    while (firstDecode < p.tokens && !std::isfinite(ratios.at(o.layer, firstDecode, 0, KvPart::K)))
+        ++firstDecode;
+    bool cleanPrefillHeld = false;
+    for (std::int64_t t = 0; t < p.promptLen && !cleanPrefillHeld; ++t)
+        cleanPrefillHeld = std::isfinite(ratios.at(o.layer, t, 0, KvPart::K));
+    return o.firstToken() >= firstDecode && o.firstToken() <= firstDecode + 1 && (cleanPrefillHeld || o.kv == "k");
+}
+
+int windowEdgeOf(const Onset& o)
+{
+    for (int l = 0; l <= o.layer; ++l) {
+        const KvCacheGroup& g = o.config.groups[std::size_t(o.prompt.layerGroups[std::size_t(l)])];
+        if (g.slidingWindow && o.firstToken() >= *g.slidingWindow - 2 && o.firstToken() <= 2 * *g.slidingWindow)
+            return *g.slidingWindow;
+    }
+    return 0;
+}
+
+std::vector<int> ranksOfHeads(const Onset& o)
+{
+    if (o.config.tpSize < 2 || o.allHeads || o.heads.size() < 2)
+        return {};
+    std::set<int> ranks;
+    for (int h : o.heads)
+        for (int r : o.config.ranksHolding(h))
+            ranks.insert(r);
+    std::set<int> held;
+    for (int h = 0; h < o.prompt.heads; ++h)
+        for (int r : o.config.ranksHolding(h))
+            if (ranks.count(r))
+                held.insert(h);
+    if (held != std::set<int>(o.heads.begin(), o.heads.end()))
+        return {};
+    return {ranks.begin(), ranks.end()};
+}
+
+bool looksLikeScale(const Onset& o, double& medianL2)
+{
+    std::vector<double> cosGap, l2;
+    for (const OffCell& c : o.cells()) {
+        cosGap.push_back(1.0 - double(o.prompt.value(metricFor(c.part, MetricKind::Cos), o.layer, c.token, c.head)));
+        l2.push_back(double(o.prompt.value(metricFor(c.part, MetricKind::L2), o.layer, c.token, c.head)));
+    }
+    medianL2 = median(l2);
+    return median(cosGap) < 0.1 * medianL2 * medianL2;
+}
+
+}  // namespace kvscope

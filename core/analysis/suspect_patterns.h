@@ -1,0 +1,56 @@
+#pragma once
+// The tests of each suspect pattern against the onset layer's off cells (off_floor.h): each
+// says whether the data looks like that pattern, and what it names. suspect_search.h tries
+// them in order and writes the evidence of the first that holds.
+
+#include "analysis/off_floor.h"
+#include "format/kv_cache_config.h"
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+// The onset (the first affected layer) and its off cells, summarised: what every test reads.
+struct Onset {
+    const PromptAnalysis& prompt;
+    const KvCacheConfig& config;
+    const OffFloor& floor;
+    const std::vector<char>* layersReady;  // null: every layer
+    int layer = -1;
+    int group = -1;                  // the layer's KV cache group
+    std::vector<int> perHead;        // off cells per head
+    int perPart[2] = {0, 0};         // off cells of K and V
+    std::set<std::int64_t> tokens;   // where they are
+    std::vector<int> heads;          // the heads with a fair share of the worst head's off cells
+    bool oneHead = false;            // nine tenths in one head
+    bool allHeads = false;
+    std::string kv;                  // "k", "v" or "kv": a part with a tenth or less is left out
+    const OffCell* worst = nullptr;
+
+    Onset(const PromptAnalysis& p, const KvCacheConfig& config, const OffFloor& floor, const std::vector<char>* ready);
+    const std::vector<OffCell>& cells() const { return floor.cells[std::size_t(layer)]; }
+    bool ready(int layer) const;
+    std::int64_t firstToken() const { return *tokens.begin(); }
+    std::int64_t lastToken() const { return *tokens.rbegin(); }
+};
+
+// block: K and V of every head at the tokens of one or two blocks of the onset's group, in
+// most of the group's layers from its first one on, and in no layer of another group.
+bool looksLikeBlock(const Onset& onset);
+// position: from the first decode position the onset layer holds (a sliding window may have
+// dropped the earliest), where the layer holds clean prefill positions (else K alone, a
+// rotation, must say it).
+bool startsAtFirstDecode(const Onset& onset);
+// window_edge: nothing before the sequence first fills a sliding window (of a layer at or
+// before the onset), and then the error: that window, or 0.
+int windowEdgeOf(const Onset& onset);
+// tp_rank: the heads are exactly those of some ranks (not all of them): those ranks, or none.
+std::vector<int> ranksOfHeads(const Onset& onset);
+// A scale error keeps directions: 1 - cos stays near 0 while L2 is large. The median L2 of
+// the off cells goes to `medianL2`.
+bool looksLikeScale(const Onset& onset, double& medianL2);
+
+}  // namespace kvscope
