@@ -63,7 +63,7 @@ void HistogramView::setHistogram(const HeadErrorHistogram& h, const QString& tit
     m_histogram = h;
     setAxesVisible(this, true);
     // The reference tool's BC over this head's values: not the map's BC vs noise floor.
-    m_titleText = title + (std::isnan(h.bc) ? QString() : tr("   reference tool's BC (this head) %1").arg(h.bc, 0, 'f', 4));
+    m_titleText = title + (std::isnan(h.bc) ? QString() : tr(" · reference tool's BC %1").arg(h.bc, 0, 'f', 4));
     redraw();
 }
 
@@ -146,7 +146,7 @@ void HistogramView::redraw()
                 setSteps(m_overflowBase, edges, {double(bins->baseApart)}, m_logCounts);
             top = std::max({top, double(bins->actualApart), double(bins->baseApart)});
             right += width;
-            label = tr("> %1 (hatched): ").arg(bins->edges.back(), 0, 'g', 3);
+            label = tr("> %1: ").arg(bins->edges.back(), 0, 'g', 3);
         }
         label += threeWay ? tr("base %1, actual %2").arg(bins->baseApart).arg(bins->actualApart)
                           : tr("%1").arg(bins->actualApart);
