@@ -75,8 +75,8 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         }
         if (tokenBc)
             for (KvPart part : {KvPart::K, KvPart::V}) {
-                const Extreme e = layerMinBc(p, part, l);
-                out << kvPartName(part) << "_bc " << std::setw(7) << fixed(e.value) << std::setw(7)
+                const Extreme e = layerMinBcVsNoise(p, part, l);
+                out << kvPartName(part) << "_bc_vs_noise " << std::setw(7) << fixed(e.value) << std::setw(7)
                     << (e.token < 0 ? "" : "(" + std::to_string(e.token) + ")");
             }
         out << "\n";

@@ -8,6 +8,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -62,8 +63,13 @@ int runCommandLine(int argc, char** argv, RunCommand (*appCommand)(const std::st
         };
         // The commands that read a bundle with libhdf5, which a corrupt file can crash.
         static const std::set<std::string> readBundles{"analyze", "check", "report", "inspect", "export"};
-        if (readBundles.count(first) && !rest.empty())
-            return runGuarded(run, rest.front(), std::cerr);
+        // The bundle is the first argument that is a file (options may come first).
+        const auto bundle = std::find_if(rest.begin(), rest.end(), [](const std::string& a) {
+            std::error_code error;
+            return !a.starts_with("-") && std::filesystem::is_regular_file(a, error);
+        });
+        if (readBundles.count(first) && bundle != rest.end())
+            return runGuarded(run, *bundle, std::cerr);
         return run();
     }
     if (first.starts_with("-")) {

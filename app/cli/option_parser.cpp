@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <type_traits>
 #include <ostream>
 #include <stdexcept>
 
@@ -19,6 +21,9 @@ Number parseNumber(const std::string& option, const std::string& text, const cha
     const auto [ptr, ec] = std::from_chars(text.data(), end, value);
     if (ec != std::errc() || ptr != end || text.empty())
         throw std::invalid_argument(option + " takes " + kind + ", not '" + text + "'");
+    if constexpr (std::is_floating_point_v<Number>)
+        if (!std::isfinite(value))  // a NaN threshold would pass every comparison
+            throw std::invalid_argument(option + " takes a finite number, not '" + text + "'");
     return value;
 }
 

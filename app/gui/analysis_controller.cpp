@@ -54,9 +54,11 @@ void AnalysisController::open(const QString& path)
     m_cancel = std::make_shared<std::atomic<bool>>(false);
     auto cancel = m_cancel;
     const int generation = ++m_generation;
-    // What is on screen stays until this one opens (a broken file must not take it away),
-    // unless it was still being analysed: that run is dropped with it.
-    m_keptPath = !m_running && m_result ? m_path : QString();
+    // What is on screen stays until this one opens (a broken file must not take it away): a
+    // finished analysis, or the one already kept while another was opening. An analysis still
+    // running is dropped with its run.
+    if (m_keptPath.isEmpty())
+        m_keptPath = !m_running && m_result ? m_path : QString();
     if (m_keptPath.isEmpty()) {
         m_loader.reset();
         m_result.reset();
@@ -135,8 +137,10 @@ void AnalysisController::open(const QString& path)
 void AnalysisController::requestHeadHistogram(const std::string& promptId, const std::string& layer, int head,
                                               KvPart part, qint64 begin, qint64 end, HistogramDone done)
 {
-    if (!m_loader)
+    if (!m_loader) {
+        done(nullptr, tr("no bundle is open"));
         return;
+    }
     m_tasks.run([this, loader = m_loader, promptId, layer, head, part, begin, end, done = std::move(done),
                  generation = m_generation.load()] {
         std::shared_ptr<const HeadErrorHistogram> histogram;

@@ -47,7 +47,7 @@ public:
 
     // The error histograms of one head of the open bundle over tokens [begin, end), read off
     // the GUI thread; `done` gets them on the GUI thread, or why they could not be read
-    // (nothing when another bundle was opened since).
+    // (not called when another bundle was opened since: the caller drops it with the cell).
     using HistogramDone = std::function<void(std::shared_ptr<const HeadErrorHistogram> histogram, const QString& error)>;
     void requestHeadHistogram(const std::string& promptId, const std::string& layer, int head, KvPart part,
                               qint64 begin, qint64 end, HistogramDone done);

@@ -209,7 +209,8 @@ void DrillDownPanel::requestHistogram()
                            .arg(QString(kvPartName(m_spec.part)).toUpper(), whole ? tr("all tokens") : tr("token %1").arg(m_token));
     m_histogram->clearHistogram(tr("reading %1").arg(m_histogramTitle));
     const int request = ++m_histogramRequest;
-    // Read off the GUI thread; this panel outlives the controller's tasks (the window owns both).
+    // Read off the GUI thread. Safe for `this`: the controller is the window's first child, so it
+    // goes (joining its tasks, dropping what they posted) before the pages and this panel.
     m_controller.requestHeadHistogram(p.id, p.layers[std::size_t(m_layer)], m_head, m_spec.part, begin, end,
                                       [this, request](std::shared_ptr<const HeadErrorHistogram> histogram,
                                                       const QString& error) { showHistogram(request, histogram, error); });

@@ -281,7 +281,7 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
     out << "</p>";
     writeMapBlocks(out, maps, p.id + "_");
     out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>K/V</th><th>head</th><th>rel. L-inf</th>"
-        << (p.threeWay ? "<th>expected (base)</th><th>ratio</th>" : "") << "</tr>";
+        << (p.threeWay ? "<th>noise floor</th><th>ratio</th>" : "") << "</tr>";
     for (const WorstCell& c : worstCells(p, 15)) {
         out << "<tr><td>" << html(p.layers[std::size_t(c.layer)]) << "</td><td>" << c.token << "</td><td>"
             << kvPartName(c.part) << "</td><td>" << c.head << "</td><td>" << QString::number(c.error, 'g', 4) << "</td>";

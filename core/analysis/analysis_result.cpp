@@ -141,11 +141,11 @@ Extreme layerMax(const PromptAnalysis& p, Metric m, int layer)
     return e;
 }
 
-Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer, bool vsNoise)
+Extreme layerMinBcVsNoise(const PromptAnalysis& p, KvPart part, int layer)
 {
     Extreme e;
     for (std::int64_t t = 0; t < p.tokens; ++t) {
-        const float v = vsNoise ? p.bcVsNoiseValue(part, layer, t) : p.bcValue(part, layer, t);
+        const float v = p.bcVsNoiseValue(part, layer, t);
         if (!std::isnan(v) && (e.token < 0 || v < e.value))
             e = {v, layer, t, -1};
     }

@@ -136,8 +136,8 @@ struct Extreme {
     int head = -1;
 };
 Extreme layerMax(const PromptAnalysis& p, Metric m, int layer);
-// The lowest per-token BC of a layer: against the noise floor, or the reference tool's.
-Extreme layerMinBc(const PromptAnalysis& p, KvPart part, int layer, bool vsNoise = true);
+// The lowest per-token BC against the noise floor of a layer.
+Extreme layerMinBcVsNoise(const PromptAnalysis& p, KvPart part, int layer);
 
 // A token's BC compares two histograms of its num_heads x head_dim errors: with fewer values
 // than ten a bin of the reference tool's 100, two draws of the same noise already differ, and

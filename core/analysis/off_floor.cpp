@@ -88,9 +88,7 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
     const CellRatios& ratios = result.ratios;
     std::vector<double>* const threshold = result.threshold;
     const int layers = int(p.layers.size());
-    auto ready = [&](int l) {
-        return !layersReady || (std::size_t(l) < layersReady->size() && (*layersReady)[std::size_t(l)]);
-    };
+    auto ready = [&](int l) { return layerIsReady(layersReady, l); };
 
     // The typical ratio per layer and part: a cache noisier everywhere (fp8, whose noise
     // follows each layer's scale) sets its own floor, unless the layer's typical ratio is far

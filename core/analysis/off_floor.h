@@ -3,10 +3,11 @@
 // step of the suspects (suspect_search.h), on which every pattern test then works.
 //
 // A cell (layer, token, head, K/V) is off the floor when its error ratio (analysis_result.h:
-// its L-inf over the cell's dtype noise floor; two-way: over its layer's median L-inf) is
-// above `offFloor` times the capture's own typical ratio (at least 1), so that a cache that
-// is noisier everywhere (fp8) is judged against itself. A layer is affected when enough of
-// its cells are off.
+// its L-inf over the cell's dtype noise floor) is above `offFloor` times its layer's typical
+// (median) ratio, at least 1 and at most what the capture's typical layer has unless the
+// layer jumps far above it, so that a cache that is noisier everywhere (fp8) is judged against
+// itself. Two-way: its L-inf over its layer's median L-inf, above `twoWayFloor`. A layer is
+// affected when enough of its cells are off.
 
 #include "analysis/analysis_result.h"
 #include "analysis/suspect.h"
@@ -53,6 +54,12 @@ struct OffFloor {
 // the layers.
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& thresholds,
                       const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr);
+
+// Whether `layer` is finished (`layersReady` null: every layer is).
+inline bool layerIsReady(const std::vector<char>* layersReady, int layer)
+{
+    return !layersReady || (std::size_t(layer) < layersReady->size() && (*layersReady)[std::size_t(layer)]);
+}
 
 // fn(layer) for every layer, over the team's threads when there is one.
 void forEachLayer(WorkTeam* team, int layers, const std::function<void(int)>& fn);

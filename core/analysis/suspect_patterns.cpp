@@ -23,7 +23,7 @@ Onset::Onset(const PromptAnalysis& p, const KvCacheConfig& config, const OffFloo
             worst = &c;
     }
     const int offCount = int(cells().size());
-    kv = perPart[1] * 10 <= offCount ? "k" : perPart[0] * 10 <= offCount ? "v" : "kv";
+    kv = partsOf(perPart[0], perPart[1]);
     const int top = *std::max_element(perHead.begin(), perHead.end());
     for (int h = 0; h < p.heads; ++h)
         if (perHead[std::size_t(h)] > 0 && perHead[std::size_t(h)] * 5 >= top)
@@ -34,7 +34,18 @@ Onset::Onset(const PromptAnalysis& p, const KvCacheConfig& config, const OffFloo
 
 bool Onset::ready(int l) const
 {
-    return !layersReady || (std::size_t(l) < layersReady->size() && (*layersReady)[std::size_t(l)]);
+    return layerIsReady(layersReady, l);
+}
+
+const char* phaseOf(std::int64_t first, std::int64_t last, std::int64_t promptLen)
+{
+    return last < promptLen ? "prefill" : first >= promptLen ? "decode" : "both";
+}
+
+const char* partsOf(int kCells, int vCells)
+{
+    const int all = kCells + vCells;
+    return vCells * 10 <= all ? "k" : kCells * 10 <= all ? "v" : "kv";
 }
 
 bool looksLikeBlock(const Onset& o)

@@ -37,6 +37,11 @@ struct Onset {
     std::int64_t lastToken() const { return *tokens.rbegin(); }
 };
 
+// "prefill", "decode" or "both", for tokens first..last of a prompt of promptLen.
+const char* phaseOf(std::int64_t first, std::int64_t last, std::int64_t promptLen);
+// "k", "v" or "kv" for off cells in K and V: a part with a tenth of them or less is left out.
+const char* partsOf(int kCells, int vCells);
+
 // block: K and V of every head at the tokens of one or two blocks of the onset's group, in
 // most of the group's layers from its first one on, and in no layer of another group.
 bool looksLikeBlock(const Onset& onset);

@@ -6,9 +6,7 @@
 #include "kv/capture_loader.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
-#include <set>
 #include <iomanip>
 #include <sstream>
 
@@ -95,8 +93,8 @@ void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset
             }
         s.firstToken = first;
         s.lastToken = last;
-        s.phase = last < p.promptLen ? "prefill" : first >= p.promptLen ? "decode" : "both";
-        s.kv = v * 10 <= k + v ? "k" : k * 10 <= k + v ? "v" : "kv";
+        s.phase = phaseOf(first, last, p.promptLen);
+        s.kv = partsOf(k, v);
     }
     if (s.tpRanks.empty())
         for (int h : s.heads)
@@ -133,7 +131,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     s.score = median(offRatios);
     s.firstToken = onset.firstToken();
     s.lastToken = onset.lastToken();
-    s.phase = s.lastToken < p.promptLen ? "prefill" : s.firstToken >= p.promptLen ? "decode" : "both";
+    s.phase = phaseOf(s.firstToken, s.lastToken, p.promptLen);
     s.kv = onset.kv;
     s.worstLayer = L0;
     s.worstToken = onset.worst->token;

@@ -30,6 +30,10 @@ void runImport(const std::string& directory, const std::string& bundlePath, cons
 {
     // A folder given by mistake (dropped on the app, or a typo): say what was given and what a
     // folder of dumps holds, rather than the importer's first complaint about a missing file.
+    if (!std::filesystem::exists(directory))
+        throw BundleError(directory, {}, "does not exist");
+    if (!std::filesystem::is_directory(directory))
+        throw BundleError(directory, {}, "is a file, not a folder of dumps (a capture bundle opens as it is: kvscope BUNDLE)");
     if (!std::filesystem::exists(std::filesystem::path(directory) / "kv_cache_config.json"))
         throw BundleError(directory, {},
                           "is a folder, not a capture bundle (.h5), and not a folder of dumps either: a folder of dumps "

@@ -7,6 +7,7 @@
 #include <cassert>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 namespace kvscope {
@@ -202,7 +203,6 @@ JsonWriter& JsonWriter::floats(const float* values, std::size_t count)
             m_out.put(',');
         writeNumber(m_out, values[i]);
     }
-    m_hasItems.back() = count > 0;
     return endArray();
 }
 

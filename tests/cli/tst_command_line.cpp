@@ -94,6 +94,8 @@ void TestCommandLine::wrongCommandLinesSayWhatIsWrong_data()
                                    << "kvscope analyze: --threads takes a whole number, not '2x'";
     QTest::newRow("empty number") << QStringList{"a.h5", "--threads", ""}
                                   << "kvscope analyze: --threads takes a whole number, not ''";
+    QTest::newRow("not a number") << QStringList{"a.h5", "--ratio", "nan"}
+                                  << "kvscope analyze: --ratio takes a finite number, not 'nan'";
     QTest::newRow("too many operands") << QStringList{"a.h5", "b.h5"} << "kvscope analyze: unexpected argument 'b.h5'";
     QTest::newRow("required option left out") << QStringList{"a.h5", "--json", "j"} << "kvscope analyze: no -o DIR given";
 }
@@ -108,6 +110,8 @@ void TestCommandLine::wrongCommandLinesSayWhatIsWrong()
     parser.operand("BUNDLE", bundle);
     parser.text({"--json"}, json);
     parser.requiredText({"-o", "--output"}, "DIR", dir);
+    double ratio = 0;
+    parser.real("--ratio", ratio);
     parser.integer("--threads", threads);
     Args argv;
     for (const QString& a : args)
@@ -166,7 +170,7 @@ void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
     const auto [rc, small] = summary(dir.filePath("small.h5").toStdString());
     QCOMPARE(rc, 0);
     QVERIFY2(small.find("no per-token BC: a token has 128 values (4 heads x 32)") != std::string::npos, small.c_str());
-    QVERIFY(small.find("_bc ") == std::string::npos);
+    QVERIFY(small.find("_bc_vs_noise ") == std::string::npos);
     // The worst cells name the noise floor as the app does, not "base".
     QVERIFY2(small.find(" floor ") != std::string::npos && small.find(" base ") == std::string::npos, small.c_str());
     QVERIFY(small.find("against the noise floor, and the reference tool's") != std::string::npos);
@@ -176,7 +180,7 @@ void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
     const auto [rcLarge, large] = summary(dir.filePath("large.h5").toStdString());
     QCOMPARE(rcLarge, 0);
     QVERIFY2(large.find("min BC vs noise floor over tokens") != std::string::npos, large.c_str());
-    QVERIFY(large.find("k_bc ") != std::string::npos && large.find("no per-token BC") == std::string::npos);
+    QVERIFY(large.find("k_bc_vs_noise ") != std::string::npos && large.find("no per-token BC") == std::string::npos);
 }
 
 void TestCommandLine::aFolderGivenByMistakeSaysSo()
