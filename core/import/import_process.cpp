@@ -26,6 +26,24 @@ std::string importHelperPath()
     return helperExecutable("kvscope-import", "KVSCOPE_IMPORT_HELPER");
 }
 
+namespace {
+
+// Whether the folder holds any file of a folder of dumps (docs/import.md): a folder that does
+// is one with a file missing, which the importer names.
+bool holdsAnyDump(const std::string& directory)
+{
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+        const std::string name = entry.path().filename().string();
+        if (name == "kv_cache_config.json" || name == "prompt.json" || name == "block_tables.pt" ||
+            name.starts_with("kv_caches_rank") || name.starts_with("expected.") || name.starts_with("baseline."))
+            return true;
+    }
+    return false;
+}
+
+}  // namespace
+
 void runImport(const std::string& directory, const std::string& bundlePath, const std::atomic<bool>* cancel)
 {
     // A folder given by mistake (dropped on the app, or a typo): say what was given and what a
@@ -34,7 +52,7 @@ void runImport(const std::string& directory, const std::string& bundlePath, cons
         throw BundleError(directory, {}, "does not exist");
     if (!std::filesystem::is_directory(directory))
         throw BundleError(directory, {}, "is a file, not a folder of dumps (a capture bundle opens as it is: kvscope BUNDLE)");
-    if (!std::filesystem::exists(std::filesystem::path(directory) / "kv_cache_config.json"))
+    if (!holdsAnyDump(directory))
         throw BundleError(directory, {},
                           "is a folder, not a capture bundle (.h5), and not a folder of dumps either: a folder of dumps "
                           "holds kv_cache_config.json, prompt.json, kv_caches_rank<R>.pt for every TP rank, "
