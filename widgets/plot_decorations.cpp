@@ -47,6 +47,9 @@ void placeLegendAbove(QCustomPlot* plot, int rowIndex)
     legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
     legend->setBorderPen(Qt::NoPen);
     legend->setBrush(Qt::NoBrush);
+    // Short icons: two entries fit a plot of 150 pixels (the drill-down's line on a 1024 screen).
+    legend->setIconSize(16, 10);
+    legend->setIconTextPadding(3);
     auto* row = new QCPLayoutGrid;
     plot->plotLayout()->insertRow(rowIndex);
     plot->plotLayout()->addElement(rowIndex, 0, row);
