@@ -20,11 +20,11 @@ const std::vector<Command>& commands()
                     "  --threads N    threads (default: one per core); one of them reads the next layer\n"
                     "  --strict       an unreadable block is an error instead of absent positions\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
-        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
+        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 4]\n"
                    "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md)\n",
          "a self-contained HTML report with PNG maps", nullptr},
-        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
-                  "      [--suspect-floor-two-way 8] [--json OUT]\n"
+        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 4]\n"
+                  "      [--suspect-drift-two-way 12] [--json OUT]\n"
                   "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
                   "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
                   "  noise floor; --seed-bc: the reference tool's BC instead\n",
@@ -51,8 +51,10 @@ const std::vector<Command>& commands()
                   "  --prompts 100,180,260  prompt lengths         --decode N   decode steps per prompt\n"
                   "  --two-way              no fp32 baseline       --seed N\n"
                   "  --threads N            prompts computed in parallel (default: one per core; same result)\n"
-                  "  --fault KIND           none, rope_offset, stale_block, shard_swap, fp8_scale, dead_head,\n"
-                  "                         window_off_by_one\n"
+                  "  --fault KIND           none, or one of (docs/synth.md): rope_offset dead_head window_off_by_one\n"
+                  "                         rope_prefill chunked_prefill rope_scaling rope_convention partial_rotary\n"
+                  "                         stale_block shard_swap fp8_scale rank_v_scale global_v_scale head_swap\n"
+                  "                         kv_swap block_shift lost_write batch_mixup prefix_reuse\n"
                   "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies (step:\n"
                   "                         position - prompt_len, negative in the prefill)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
@@ -87,7 +89,7 @@ void addThresholdOptions(OptionParser& parser, Thresholds& thresholds)
     parser.real("--max-ratio", thresholds.maxRatio);
     parser.real("--max-linf", thresholds.maxLinf);
     parser.real("--suspect-floor", thresholds.suspects.offFloor);
-    parser.real("--suspect-floor-two-way", thresholds.suspects.twoWayFloor);
+    parser.real("--suspect-drift-two-way", thresholds.suspects.twoWayDrift);
 }
 
 void printOverview(std::ostream& out)

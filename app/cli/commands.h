@@ -34,7 +34,7 @@ void printUsage(const std::string& name, std::ostream& out);
 // The overview: every listed command with its one line.
 void printOverview(std::ostream& out);
 
-// --min-bc, --seed-bc, --max-ratio, --max-linf, --suspect-floor[-two-way], for check and report.
+// --min-bc, --seed-bc, --max-ratio, --max-linf, --suspect-floor, --suspect-drift-two-way, for check and report.
 void addThresholdOptions(OptionParser& parser, Thresholds& thresholds);
 
 // The commands without Qt, one file each in this folder.

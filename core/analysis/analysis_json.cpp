@@ -7,6 +7,24 @@ namespace kvscope {
 
 namespace {
 
+// A hypothesis (null when none could be tested).
+void writeHypothesis(JsonWriter& w, const Hypothesis& h)
+{
+    if (h.kind.empty()) {
+        w.null();
+        return;
+    }
+    w.beginObject().field("kind", h.kind).key("parameters").beginObject();
+    for (const auto& [name, value] : h.parameters)
+        w.field(name, value);
+    w.endObject()
+        .field("text", h.text)
+        .field("residual_floors", h.residualFloors)
+        .field("error_floors", h.errorFloors)
+        .field("explained_share", h.explainedShare)
+        .endObject();
+}
+
 void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
 {
     w.array(suspects.size(), [&](std::size_t i) {
@@ -16,7 +34,10 @@ void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
             .field("score", s.score)
             .field("evidence", s.evidence)
             .field("evidence_prompt", s.evidencePrompt)
-            .key("prompts")
+            .key("hypothesis");
+        writeHypothesis(w, s.hypothesis);
+        w.key("tried").array(s.tried.size(), [&](std::size_t h) { writeHypothesis(w, s.tried[h]); });
+        w.key("prompts")
             .strings(s.prompts)
             .field("first_layer", s.firstLayer)
             .key("layers")

@@ -99,7 +99,10 @@ float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t t
 
 float noiseFloor(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token)
 {
-    return maxOverHeads(p, baseOf(actual), layer, token).value;
+    const float base = maxOverHeads(p, baseOf(actual), layer, token).value;
+    if (std::size_t(layer) < p.layerDtypes.size() && isQuantised(p.layerDtypes[std::size_t(layer)]) && !std::isnan(base))
+        return std::max(base, float(unitRoundoff(p.layerDtypes[std::size_t(layer)])));
+    return base;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 // position, layer not analysed) everywhere: reductions skip it, JSON writes null.
 
 #include "analysis/suspect.h"
+#include "format/dtype.h"
 #include "format/paged_kv.h"
 #include "kv/layer_kv.h"
 
@@ -58,6 +59,7 @@ struct PromptAnalysis {
     bool threeWay = false;
     std::vector<std::string> layers;  // analysed layers, in model order
     std::vector<int> layerGroups;
+    std::vector<DType> layerDtypes;   // the engine cache's storage dtype per layer
     std::vector<Divergence> divergences;
     // Tens of megabytes for a large model (in huge pages: see util/buffer_allocator.h).
     std::array<FloatBuffer, kMetricCount> metrics;  // [layer][token][head]
@@ -116,7 +118,8 @@ HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::in
 HeadReduction minOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 // The three-way error ratio, defined once for every view. A cell's noise floor is its largest
-// base (expected vs baseline, dtype-only) error over heads; a head's ratio is its actual error
+// base (expected vs baseline, dtype-only) error over heads, and at least the cache dtype's
+// unit roundoff when the engine stores KV quantised (fp8: what storing it costs); a head's ratio is its actual error
 // over that floor, actual / max(floor, 1e-10); the cell's ratio is its largest head ratio
 // (= the reference tool's max-over-heads actual / max-over-heads base), with that head. NaN
 // when either side has no data. The floor is pooled over heads because one head's own base

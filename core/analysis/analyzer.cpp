@@ -54,8 +54,10 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     p.headDim = config.groups.front().headSize;
     p.threeWay = info.hasBaseline;
     p.layers = layers;
-    for (const std::string& layer : layers)
+    for (const std::string& layer : layers) {
         p.layerGroups.push_back(config.groupOf(layer));
+        p.layerDtypes.push_back(config.groups[std::size_t(p.layerGroups.back())].dtype);
+    }
     try {
         p.divergences = findDivergences(loader, info);
     } catch (const BundleError& e) {

@@ -19,6 +19,8 @@ double medianOf(std::vector<double>& v)
     return *mid;
 }
 
+constexpr double kTiny = 1e-10;
+
 }  // namespace
 
 void forEachLayer(WorkTeam* team, int layers, const std::function<void(int)>& fn)
@@ -35,119 +37,138 @@ double median(std::vector<double> values)
     return medianOf(values);
 }
 
-CellRatios::CellRatios(const PromptAnalysis& p, double layerJump, WorkTeam* team)
+double offThreshold(double floor, double perDecade, std::int64_t cells)
+{
+    return floor + perDecade * std::max(0.0, std::log10(double(std::max<std::int64_t>(cells, 1)) / 1000.0));
+}
+
+CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
     : m_p(p)
 {
     const int layers = int(p.layers.size());
     for (KvPart part : {KvPart::K, KvPart::V}) {
-        const Metric m = metricFor(part, MetricKind::Linf);
         std::vector<double>& floors = m_floors[std::size_t(part)];
         if (p.threeWay) {
+            const Metric m = metricFor(part, MetricKind::Linf);
             floors.resize(std::size_t(layers) * std::size_t(p.tokens));
             forEachLayer(team, layers, [&](int l) {
                 for (std::int64_t t = 0; t < p.tokens; ++t)
                     floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] =
-                        std::max(double(noiseFloor(p, m, l, t)), 1e-10);
+                        std::max(double(noiseFloor(p, m, l, t)), kTiny);
             });
             continue;
         }
-        floors.assign(std::size_t(layers), std::nan(""));
-        forEachLayer(team, layers, [&](int l) {
-            std::vector<double> values;
-            for (std::int64_t t = 0; t < p.tokens; ++t)
-                for (int h = 0; h < p.heads; ++h)
-                    if (const float v = p.value(m, l, t, h); std::isfinite(v))
-                        values.push_back(v);
-            if (!values.empty())
-                floors[std::size_t(l)] = std::max(median(values), 1e-10);
-        });
-        std::vector<double> medians;
-        for (double floor : floors)
-            if (!std::isnan(floor))
-                medians.push_back(floor);
-        const double typical = median(medians);
-        for (double& floor : floors)
-            if (floor > layerJump * typical)
-                floor = typical;
+        floors.resize(std::size_t(layers));
+        for (int l = 0; l < layers; ++l)
+            floors[std::size_t(l)] = unitRoundoff(std::size_t(l) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(l)]
+                                                                                         : DType::BFloat16);
     }
+}
+
+double CellRatios::floorOf(int layer, std::int64_t token, KvPart part) const
+{
+    const std::vector<double>& floors = m_floors[std::size_t(part)];
+    return m_p.threeWay ? floors[std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(token)]
+                        : floors[std::size_t(layer)];
 }
 
 float CellRatios::at(int layer, std::int64_t token, int head, KvPart part) const
 {
-    const Metric m = metricFor(part, MetricKind::Linf);
-    const std::vector<double>& floors = m_floors[std::size_t(part)];
-    const double floor = m_p.threeWay ? floors[std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(token)]
-                                      : floors[std::size_t(layer)];
-    return float(double(m_p.value(m, layer, token, head)) / floor);
+    const Metric m = metricFor(part, m_p.threeWay ? MetricKind::Linf : MetricKind::L2);
+    return float(double(m_p.value(m, layer, token, head)) / floorOf(layer, token, part));
+}
+
+double CellRatios::between(int layer, std::int64_t token, KvPart part, const float* reference, const float* predicted,
+                           const float* actual, int dim) const
+{
+    // The analysis's own definitions (metrics/vector_metrics.h): L-inf relative to max|ref|,
+    // L2 relative to ||ref||.
+    double maxRef = 0, maxDiff = 0, ref2 = 0, diff2 = 0;
+    for (int i = 0; i < dim; ++i) {
+        const double r = reference[i], d = double(actual[i]) - double(predicted[i]);
+        maxRef = std::max(maxRef, std::fabs(r));
+        maxDiff = std::max(maxDiff, std::fabs(d));
+        ref2 += r * r;
+        diff2 += d * d;
+    }
+    const double relative = m_p.threeWay ? maxDiff / std::max(maxRef, kTiny) : std::sqrt(diff2) / std::max(std::sqrt(ref2), kTiny);
+    return relative / floorOf(layer, token, part);
+}
+
+double cleanLevel(const OffFloor& floor, const PromptAnalysis& p, int layer)
+{
+    const auto index = [&](std::int64_t t, int h, KvPart part) {
+        return (std::size_t(t) * std::size_t(p.heads) + std::size_t(h)) * 2 + std::size_t(part);
+    };
+    for (int l = layer; l >= 0; --l) {
+        const std::vector<OffCell>& off = floor.cells[std::size_t(l)];
+        std::vector<char> isOff(std::size_t(p.tokens) * std::size_t(p.heads) * 2, 0);
+        for (const OffCell& c : off)
+            isOff[index(c.token, c.head, c.part)] = 1;
+        std::vector<double> clean;
+        for (std::int64_t t = 0; t < p.tokens; ++t)
+            for (int h = 0; h < p.heads; ++h)
+                for (KvPart part : {KvPart::K, KvPart::V})
+                    if (const float r = floor.ratios.at(l, t, h, part); std::isfinite(r) && !isOff[index(t, h, part)])
+                        clean.push_back(r);
+        if (!clean.empty() && clean.size() * 10 >= off.size() + clean.size())
+            return std::max(1.0, median(clean));
+    }
+    return 1.0;
 }
 
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
                       WorkTeam* team)
 {
-    OffFloor result{CellRatios(p, th.layerJump, team), {}, {}, {}};
+    OffFloor result{CellRatios(p, team), 0, {}, {}, {}};
     const CellRatios& ratios = result.ratios;
-    std::vector<double>* const threshold = result.threshold;
     const int layers = int(p.layers.size());
     auto ready = [&](int l) { return layerIsReady(layersReady, l); };
 
-    // The typical ratio per layer and part: a cache noisier everywhere (fp8, whose noise
-    // follows each layer's scale) sets its own floor, unless the layer's typical ratio is far
-    // above the capture's (the whole layer is off): then the capture's.
-    for (KvPart part : {KvPart::K, KvPart::V}) {
-        std::vector<double> typical(static_cast<std::size_t>(layers), std::nan(""));
-        forEachLayer(team, layers, [&](int l) {
-            if (!ready(l))
-                return;
-            thread_local std::vector<double> all;  // a layer's ratios, the buffer kept
-            all.clear();
-            all.reserve(std::size_t(p.tokens) * std::size_t(p.heads));
-            for (std::int64_t t = 0; t < p.tokens; ++t)
-                for (int h = 0; h < p.heads; ++h)
-                    if (const float r = ratios.at(l, t, h, part); std::isfinite(r))
-                        all.push_back(r);
-            if (!all.empty())
-                typical[std::size_t(l)] = medianOf(all);
-        });
-        std::vector<double> typicals;
-        for (double t : typical)
-            if (!std::isnan(t))
-                typicals.push_back(t);
-        const double overall = typicals.empty() ? 1.0 : median(typicals);
-        for (int l = 0; l < layers; ++l) {
-            double t = std::isnan(typical[std::size_t(l)]) ? overall : typical[std::size_t(l)];
-            if (t > th.layerJump * overall)
-                t = overall;
-            threshold[std::size_t(part)].push_back((p.threeWay ? th.offFloor : th.twoWayFloor) *
-                                                   (p.threeWay ? std::max(1.0, t) : 1.0));
-        }
+    // The cells tested: every finite cell of the finished layers.
+    std::vector<std::int64_t> finite(static_cast<std::size_t>(layers), 0);
+    forEachLayer(team, layers, [&](int l) {
+        if (!ready(l))
+            return;
+        const Metric m = metricFor(KvPart::K, MetricKind::L2);
+        std::int64_t n = 0;
+        for (std::int64_t t = 0; t < p.tokens; ++t)
+            for (int h = 0; h < p.heads; ++h)
+                n += std::isfinite(p.value(m, l, t, h)) ? 2 : 0;
+        finite[std::size_t(l)] = n;
+    });
+    for (std::int64_t n : finite)
+        result.tested += n;
+    // Rounding's tail in the cell's floors; two-way also the drift, in bf16 unit roundoffs.
+    const double rounding = offThreshold(th.offFloor, th.perDecade, result.tested);
+    const double drift = offThreshold(th.twoWayDrift, th.twoWayDriftPerDecade, result.tested);
+    for (int l = 0; l < layers; ++l) {
+        const DType dtype = std::size_t(l) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(l)] : DType::BFloat16;
+        result.threshold.push_back(p.threeWay ? rounding
+                                              : rounding + drift * std::sqrt(double(l) + 1.0) *
+                                                               unitRoundoff(DType::BFloat16) / unitRoundoff(dtype));
     }
 
     // Off cells per layer; affected layers.
     std::vector<std::vector<OffCell>>& off = result.cells;
     off.resize(std::size_t(layers));
-    std::vector<char> layerAffected(static_cast<std::size_t>(layers), 0);
     forEachLayer(team, layers, [&](int l) {
         if (!ready(l))
             return;
-        std::int64_t cells = 0;
         for (std::int64_t t = 0; t < p.tokens; ++t)
             for (int h = 0; h < p.heads; ++h)
                 for (KvPart part : {KvPart::K, KvPart::V}) {
                     const float r = ratios.at(l, t, h, part);
                     if (!std::isfinite(r))
                         continue;
-                    ++cells;
-                    if (r > threshold[std::size_t(part)][std::size_t(l)])
+                    if (r > result.threshold[std::size_t(l)])
                         off[std::size_t(l)].push_back({t, h, part, r});
                 }
-        const std::size_t n = off[std::size_t(l)].size();
-        layerAffected[std::size_t(l)] = n >= std::size_t(th.minCells) && double(n) >= th.minFraction * double(cells);
     });
     for (int l = 0; l < layers; ++l)
-        if (layerAffected[std::size_t(l)])
+        if (off[std::size_t(l)].size() >= std::size_t(th.minCells))
             result.affected.push_back(l);
     return result;
-
 }
 
 }  // namespace kvscope

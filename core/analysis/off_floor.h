@@ -2,12 +2,18 @@
 // Which cells of a prompt are off the noise floor, and which layers that affects: the first
 // step of the suspects (suspect_search.h), on which every pattern test then works.
 //
-// A cell (layer, token, head, K/V) is off the floor when its error ratio (analysis_result.h:
-// its L-inf over the cell's dtype noise floor) is above `offFloor` times its layer's typical
-// (median) ratio, at least 1 and at most what the capture's typical layer has unless the
-// layer jumps far above it, so that a cache that is noisier everywhere (fp8) is judged against
-// itself. Two-way: its L-inf over its layer's median L-inf, above `twoWayFloor`. A layer is
-// affected when enough of its cells are off.
+// The floor is absolute, never the capture's own typical error (a fault in every cell would
+// be its own typical):
+// - three-way: a cell's error ratio (analysis_result.h): its L-inf over what bf16 alone does
+//   there (the expected-vs-baseline error), and at least a quantised cache's unit roundoff;
+// - two-way: a cell's relative L2 over the cache dtype's unit roundoff (bf16 2^-8, fp8 e4m3
+//   2^-4): the engine and the reference differ there by at least the dtype's rounding. L2, not
+//   L-inf: the drift of two bf16 runs through the layers piles up in single elements (L-inf
+//   tails 2x longer) while a fault moves whole vectors. Without a baseline the drift itself is
+//   not measured: the threshold allows for it, growing with depth (SuspectThresholds), so
+//   two-way misses faults smaller than that drift.
+// A cell is off above a threshold that grows with the number of cells tested
+// (SuspectThresholds), and a layer is affected when at least minCells of its cells are off.
 
 #include "analysis/analysis_result.h"
 #include "analysis/suspect.h"
@@ -24,31 +30,42 @@ struct OffCell {
     std::int64_t token;
     int head;
     KvPart part;
-    float ratio;
+    float ratio;  // in floors
 };
 
-// How far each cell is off: its error ratio against the cell's noise floor (three-way). Two-way
-// has no dtype-only reference: a cell's L-inf against its layer's median L-inf (faults
-// confined to some tokens or heads), and a layer whose median is itself far above the
-// capture's typical layer median is judged against that (a whole-layer fault). The floors
-// are kept (per token, or per layer), not the ratios: a cell's ratio is one division.
+// How far each cell is off, in floors. The floors are kept (per token, or per layer), not the
+// ratios: a cell's ratio is one division.
 class CellRatios {
 public:
-    CellRatios(const PromptAnalysis& p, double layerJump, WorkTeam* team);
+    CellRatios(const PromptAnalysis& p, WorkTeam* team);
     // NaN where the cell has no data.
     float at(int layer, std::int64_t token, int head, KvPart part) const;
+    // The same measure for any two vectors of the cell (an engine vector against a prediction
+    // of it): `reference` is the side the analysis measures against (three-way the baseline).
+    double between(int layer, std::int64_t token, KvPart part, const float* reference, const float* predicted,
+                   const float* actual, int dim) const;
 
 private:
+    double floorOf(int layer, std::int64_t token, KvPart part) const;
+
     const PromptAnalysis& m_p;
-    std::vector<double> m_floors[2];  // [K/V][layer][token] (three-way) or [K/V][layer]
+    std::vector<double> m_floors[2];   // [K/V]: three-way [layer][token], two-way [layer]
 };
 
 struct OffFloor {
     CellRatios ratios;
-    std::vector<double> threshold[2];          // [K/V][layer]: a cell whose ratio is above it is off
+    std::int64_t tested = 0;      // finite cells of the finished layers
+    std::vector<double> threshold;  // [layer]: a cell whose ratio is above it is off
     std::vector<std::vector<OffCell>> cells;   // [layer]: its off cells
     std::vector<int> affected;                 // the affected layers, in model order
 };
+
+// The threshold for `cells` tested: floor + perDecade * log10(cells / 1000), at least floor.
+double offThreshold(double floor, double perDecade, std::int64_t cells);
+
+// The typical ratio of a layer's cells that are not off (at least a tenth of them), else of the
+// nearest earlier layer's, else 1: the level an explained error comes back to.
+double cleanLevel(const OffFloor& floor, const PromptAnalysis& p, int layer);
 
 // `layersReady` (optional) limits it to finished layers; with a `team`, its threads share
 // the layers.

@@ -11,16 +11,36 @@
 
 namespace kvscope {
 
-enum class SuspectPattern { Block, TpRank, Head, Position, WindowEdge, Layer };
-const char* suspectPatternName(SuspectPattern pattern);  // "block", "tp_rank", ...
+enum class SuspectPattern { Block, TpRank, Head, Position, WindowEdge, Layer, Unexplained };
+const char* suspectPatternName(SuspectPattern pattern);  // "block", "tp_rank", ..., "unexplained"
 
+// When a cell is off the noise floor (analysis/off_floor.h): its ratio in floors above
+// floor + perDecade * log10(cells tested / 1000) (never below floor), so that the chance that
+// noise alone crosses it stays the same however many cells a capture has.
 struct SuspectThresholds {
-    double offFloor = 6.0;       // error ratio over the capture's typical ratio (at least 1)
-    double twoWayFloor = 8.0;    // two-way: L-inf over its layer's median L-inf (and a layer's median over the typical)
-    int minCells = 3;            // an affected layer has at least this many off cells
-    double minFraction = 0.002;  // and this fraction of its cells
-    double layerJump = 8.0;      // a layer whose typical ratio (two-way: median L-inf) is this far
-                                 // above the capture's is off as a whole
+    double offFloor = 6.0;          // in floors: what rounding alone stays below
+    double perDecade = 1.5;
+    // Two-way, added: what two bf16 runs drift apart through the layers, in bf16 unit
+    // roundoffs at layer 0, times sqrt(layer + 1) deeper (independent rounding differences add
+    // up like a random walk); converted to the cache dtype's floors (an fp8 cache's floor is 16
+    // times bf16's).
+    double twoWayDrift = 20.0;
+    double twoWayDriftPerDecade = 4.0;
+    int minCells = 3;               // an affected layer has at least this many off cells
+    double explained = 2.0;         // a hypothesis explains the error when its residual is at most this
+                                    // times the layer's clean level (at least 1 floor)
+};
+
+// A transformation of the reference that reproduces the engine's KV at the onset's off
+// cells (analysis/hypotheses.h): what it is, its parameters, and how far from the engine it
+// leaves them, in the same floors as the error.
+struct Hypothesis {
+    std::string kind;  // "scale", "token_shift", "head_swap", "kv_swap", "zeros", "unrelated", "rope_offset", ...
+    std::vector<std::pair<std::string, double>> parameters;  // e.g. {"factor", 1.25}, {"offset", 1}
+    std::string text;               // "actual head 0 holds reference head 1"
+    double residualFloors = 0;      // median over the off cells of their error after it
+    double errorFloors = 0;         // the same cells' median error before it
+    double explainedShare = 0;      // the share of the off cells it brings back near the floor
 };
 
 struct SuspectBlock {
@@ -32,6 +52,10 @@ struct SuspectBlock {
 struct Suspect {
     SuspectPattern pattern = SuspectPattern::Layer;
     double score = 0;      // the onset layer's median ratio over its off cells, in floors
+    // The hypothesis that explains it (residual within SuspectThresholds::explained), or for
+    // `unexplained` the nearest one tried; kind empty when none could be tried.
+    Hypothesis hypothesis;
+    std::vector<Hypothesis> tried;  // every hypothesis tested, best first
     std::string evidence;  // one sentence, about one prompt:
     std::string evidencePrompt;        // that prompt
     std::vector<std::string> prompts;  // where it was seen (one per prompt; pooled: every one)

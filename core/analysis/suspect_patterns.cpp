@@ -81,25 +81,56 @@ bool looksLikeBlock(const Onset& o)
     return otherHit == 0 && (sameGroup == 0 || (sameGroupHit > 0 && sameGroupHit * 2 >= sameGroup));
 }
 
-bool startsAtFirstDecode(const Onset& o)
+namespace {
+
+// The tokens the onset layer holds (K of head 0 finite).
+std::vector<std::int64_t> heldTokens(const Onset& o)
 {
-    const PromptAnalysis& p = o.prompt;
-    const CellRatios& ratios = o.floor.ratios;
-    std::int64_t firstDecode = p.promptLen;
-    while (firstDecode < p.tokens && !std::isfinite(ratios.at(o.layer, firstDecode, 0, KvPart::K)))
-        ++firstDecode;
-    bool cleanPrefillHeld = false;
-    for (std::int64_t t = 0; t < p.promptLen && !cleanPrefillHeld; ++t)
-        cleanPrefillHeld = std::isfinite(ratios.at(o.layer, t, 0, KvPart::K));
-    return o.firstToken() >= firstDecode && o.firstToken() <= firstDecode + 1 && (cleanPrefillHeld || o.kv == "k");
+    std::vector<std::int64_t> held;
+    for (std::int64_t t = 0; t < o.prompt.tokens; ++t)
+        if (std::isfinite(o.floor.ratios.at(o.layer, t, 0, KvPart::K)))
+            held.push_back(t);
+    return held;
+}
+
+}  // namespace
+
+double tokenCoverage(const Onset& o)
+{
+    const std::vector<std::int64_t> held = heldTokens(o);
+    return held.empty() ? 0.0 : double(o.tokens.size()) / double(held.size());
+}
+
+bool looksLikePositionSpan(const Onset& o)
+{
+    const std::vector<std::int64_t> held = heldTokens(o);
+    std::int64_t inSpan = 0, outside = 0;
+    for (std::int64_t t : held)
+        (t >= o.firstToken() && t <= o.lastToken() ? inSpan : outside)++;
+    return outside > 0 && double(o.tokens.size()) >= 0.9 * double(inSpan);
+}
+
+bool holdsOnlyDecode(const Onset& o)
+{
+    const std::vector<std::int64_t> held = heldTokens(o);
+    return !held.empty() && held.front() >= o.prompt.promptLen;
 }
 
 int windowEdgeOf(const Onset& o)
 {
     for (int l = 0; l <= o.layer; ++l) {
         const KvCacheGroup& g = o.config.groups[std::size_t(o.prompt.layerGroups[std::size_t(l)])];
-        if (g.slidingWindow && o.firstToken() >= *g.slidingWindow - 2 && o.firstToken() <= 2 * *g.slidingWindow)
-            return *g.slidingWindow;
+        if (!g.slidingWindow)
+            continue;
+        const int w = *g.slidingWindow;
+        if (o.firstToken() < w - 2 || o.firstToken() > w + 1)
+            continue;
+        // From the edge on to the end, most tokens off.
+        std::int64_t after = 0;
+        for (std::int64_t t : heldTokens(o))
+            after += t >= o.firstToken();
+        if (after > 0 && double(o.tokens.size()) >= 0.5 * double(after))
+            return w;
     }
     return 0;
 }
@@ -120,17 +151,6 @@ std::vector<int> ranksOfHeads(const Onset& o)
     if (held != std::set<int>(o.heads.begin(), o.heads.end()))
         return {};
     return {ranks.begin(), ranks.end()};
-}
-
-bool looksLikeScale(const Onset& o, double& medianL2)
-{
-    std::vector<double> cosGap, l2;
-    for (const OffCell& c : o.cells()) {
-        cosGap.push_back(1.0 - double(o.prompt.value(metricFor(c.part, MetricKind::Cos), o.layer, c.token, c.head)));
-        l2.push_back(double(o.prompt.value(metricFor(c.part, MetricKind::L2), o.layer, c.token, c.head)));
-    }
-    medianL2 = median(l2);
-    return median(cosGap) < 0.1 * medianL2 * medianL2;
 }
 
 }  // namespace kvscope

@@ -1,7 +1,7 @@
 #pragma once
 // The tests of each suspect pattern against the onset layer's off cells (off_floor.h): each
-// says whether the data looks like that pattern, and what it names. suspect_search.h tries
-// them in order and writes the evidence of the first that holds.
+// checks the pattern's defining property on its own and says what it names.
+// suspect_search.h combines them with the tested explanations (hypotheses.h).
 
 #include "analysis/off_floor.h"
 #include "format/kv_cache_config.h"
@@ -45,17 +45,18 @@ const char* partsOf(int kCells, int vCells);
 // block: K and V of every head at the tokens of one or two blocks of the onset's group, in
 // most of the group's layers from its first one on, and in no layer of another group.
 bool looksLikeBlock(const Onset& onset);
-// position: from the first decode position the onset layer holds (a sliding window may have
-// dropped the earliest), where the layer holds clean prefill positions (else K alone, a
-// rotation, must say it).
-bool startsAtFirstDecode(const Onset& onset);
-// window_edge: nothing before the sequence first fills a sliding window (of a layer at or
-// before the onset), and then the error: that window, or 0.
+// The share of the tokens the onset layer holds that have an off cell.
+double tokenCoverage(const Onset& onset);
+// position: a span of positions (prefill, decode or both), nearly every token in it off, with
+// clean positions held outside it, in the heads that carry the error.
+bool looksLikePositionSpan(const Onset& onset);
+// Whether the onset layer holds decode positions only (a sliding window dropped the prompt):
+// a span and the whole layer then look the same.
+bool holdsOnlyDecode(const Onset& onset);
+// window_edge: the onset at or after a sliding-window layer, nothing off before the sequence
+// first fills that window, then the error from there to the end: that window, or 0.
 int windowEdgeOf(const Onset& onset);
 // tp_rank: the heads are exactly those of some ranks (not all of them): those ranks, or none.
 std::vector<int> ranksOfHeads(const Onset& onset);
-// A scale error keeps directions: 1 - cos stays near 0 while L2 is large. The median L2 of
-// the off cells goes to `medianL2`.
-bool looksLikeScale(const Onset& onset, double& medianL2);
 
 }  // namespace kvscope

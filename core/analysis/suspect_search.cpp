@@ -1,8 +1,10 @@
 #include "analysis/suspect_search.h"
 
+#include "analysis/hypotheses.h"
 #include "analysis/map_spec.h"
 #include "analysis/off_floor.h"
 #include "analysis/suspect_patterns.h"
+#include "format/rope_settings.h"
 #include "kv/capture_loader.h"
 
 #include <algorithm>
@@ -21,6 +23,7 @@ const char* suspectPatternName(SuspectPattern pattern)
     case SuspectPattern::Position: return "position";
     case SuspectPattern::WindowEdge: return "window_edge";
     case SuspectPattern::Layer: return "layer";
+    case SuspectPattern::Unexplained: return "unexplained";
     }
     return "?";
 }
@@ -106,6 +109,42 @@ void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset
         s.blocks = blocksOf(loader, loader.prompt(p.id), onset.group, s.firstToken, s.lastToken);
 }
 
+// The onset layer's engine and reference KV, tested against every hypothesis (hypotheses.h);
+// none when the layer cannot be read again.
+std::vector<Hypothesis> explain(const CaptureLoader& loader, const PromptAnalysis& p, const OffFloor& floor,
+                                const Onset& onset, double explainedBound)
+{
+    try {
+        const std::string& layer = p.layers[std::size_t(onset.layer)];
+        const LayerKv engine = loader.engineLayer(p.id, layer);
+        const LayerKv reference = loader.referenceLayer(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, layer);
+        if (engine.heads != p.heads || reference.heads != p.heads || engine.seq != p.tokens || reference.seq != p.tokens)
+            return {};
+        const HypothesisInput input{p, loader.config(), floor.ratios, onset.layer, onset.cells(), engine, reference,
+                                    ropeSettingsOf(loader.metadata(), loader.path()), explainedBound};
+        return testHypotheses(input);
+    } catch (const std::exception&) {
+        return {};  // the analysis read it once; a second read failing leaves the suspect unexplained
+    }
+}
+
+// Whether the engine's vectors at the off cells are unrelated to the reference's at the same
+// place (median cosine under a half), not a perturbation of them.
+bool uncorrelated(const PromptAnalysis& p, const Onset& onset)
+{
+    std::vector<double> cosines;
+    for (const OffCell& c : onset.cells())
+        cosines.push_back(double(p.value(metricFor(c.part, MetricKind::Cos), onset.layer, c.token, c.head)));
+    return median(cosines) < 0.5;
+}
+
+std::string floorsText(double x)
+{
+    std::ostringstream out;
+    out << std::setprecision(x < 10 ? 2 : 3) << x;
+    return out.str();
+}
+
 }  // namespace
 
 std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
@@ -123,82 +162,110 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     s.firstLayer = p.layers[std::size_t(L0)];
     for (int l : floor.affected)
         s.layers.push_back(p.layers[std::size_t(l)]);
-    // The score: the median off cell, in the floors of the capture's own typical ratio.
     std::vector<double> offRatios;
     for (const OffCell& c : onset.cells())
-        offRatios.push_back(c.ratio / floor.threshold[std::size_t(c.part)][std::size_t(L0)] *
-                            (p.threeWay ? th.offFloor : th.twoWayFloor));
+        offRatios.push_back(c.ratio);
     s.score = median(offRatios);
     s.firstToken = onset.firstToken();
     s.lastToken = onset.lastToken();
     s.phase = phaseOf(s.firstToken, s.lastToken, p.promptLen);
     s.kv = onset.kv;
+    s.heads = onset.heads;
     s.worstLayer = L0;
     s.worstToken = onset.worst->token;
     s.worstHead = onset.worst->head;
     s.worstPart = onset.worst->part;
 
+    // The explanation: the best hypothesis, if it brings the error back near the floor.
+    const double explainedBound = th.explained * cleanLevel(floor, p, L0);
+    const std::vector<Hypothesis> hypotheses = explain(loader, p, floor, onset, explainedBound);
+    if (!hypotheses.empty())
+        s.hypothesis = hypotheses.front();
+    s.tried = hypotheses;
+    bool explained = !hypotheses.empty() && s.hypothesis.residualFloors <= explainedBound;
+    // Or in part: one that brings back at least 40% of the off cells (a table shifted by a block
+    // whose last entry holds garbage), the share said in the text.
+    bool partly = false;
+    if (!explained) {
+        const Hypothesis* most = nullptr;
+        for (const Hypothesis& h : hypotheses)
+            if (h.kind != "unrelated" && (!most || h.explainedShare > most->explainedShare))
+                most = &h;
+        if (most && most->explainedShare >= 0.4) {
+            s.hypothesis = *most;
+            explained = partly = true;
+        }
+    }
+    // Or whole token rows (every head, K and V) unrelated to any reference vector of the layer:
+    // stale data, or another sequence's.
+    const auto unrelated = std::find_if(hypotheses.begin(), hypotheses.end(),
+                                        [](const Hypothesis& h) { return h.kind == "unrelated"; });
+    if (!explained && unrelated != hypotheses.end() && onset.allHeads && onset.kv == "kv" && uncorrelated(p, onset)) {
+        s.hypothesis = *unrelated;
+        explained = true;
+    }
+
+    // The place: each pattern's defining property, from the most specific.
     const std::string layer = shortLayerName(s.firstLayer);
-    const std::vector<int>& heads = onset.heads;
-    const bool fromFirstDecode = startsAtFirstDecode(onset);
     const auto spread = [&] {
         return floor.affected.size() > 1 ? "; later layers follow (" + layerList(s.layers, 1) + ")" : std::string();
     };
     const std::string kvText = s.kv == "kv" ? "K and V" : s.kv == "k" ? "K" : "V";
     const std::string kvVerb = s.kv == "kv" ? " are" : " is";
-    const std::string whichHeads = onset.allHeads ? "every head" : "heads " + joinInts(heads);
+    const std::string whichHeads = onset.allHeads ? "every head" : "heads " + joinInts(onset.heads);
+    const std::vector<int> ranks = ranksOfHeads(onset);
+    const int window = windowEdgeOf(onset);
     std::ostringstream why;
-    // The patterns in order: the first test that holds names the suspect.
-    int window = 0;
-    double medianL2 = 0;
-    if (looksLikeBlock(onset)) {
+    if (looksLikeBlock(onset) && explained) {
         s.pattern = SuspectPattern::Block;
-        s.heads = heads;
         s.blocks = blocksOf(loader, loader.prompt(p.id), onset.group, s.firstToken, s.lastToken);
         std::vector<int> logical, physical;
         for (const SuspectBlock& b : s.blocks)
             logical.push_back(int(b.logical)), physical.push_back(int(b.physical));
         why << kvText << " of every head" << kvVerb << " off the noise floor only at positions " << s.firstToken << "-"
             << s.lastToken << ", group " << onset.group << "'s logical block(s) " << joinInts(logical) << " (physical "
-            << joinInts(physical) << "), in " << s.layers.size()
-            << " layer(s) of that group and in no other layer: a wrong or overwritten block.";
-    } else if (onset.oneHead || heads.size() == 1) {
+            << joinInts(physical) << "), in " << s.layers.size() << " layer(s) of that group and in no other layer";
+    } else if (!explained && window > 0) {
+        s.pattern = SuspectPattern::WindowEdge;
+        why << "The error starts at token " << s.firstToken << ", where the sequence first fills the sliding window of "
+            << window << ", and stays to the end, in " << layer << ": the window's edge is off" << spread();
+    } else if (!explained) {
+        s.pattern = SuspectPattern::Unexplained;
+        why << kvText << " of " << whichHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
+            << s.firstToken << "-" << s.lastToken << ", and no tested explanation brings it back" << spread();
+    } else if (onset.oneHead || onset.heads.size() == 1) {
         s.pattern = SuspectPattern::Head;
         const int h = int(std::max_element(onset.perHead.begin(), onset.perHead.end()) - onset.perHead.begin());
         s.heads = {h};
         why << "Only head " << h << " of " << layer << " is off the noise floor (" << kvText << "), from token "
-            << s.firstToken << " (" << s.phase << "): one head computed or stored wrongly" << spread() << ".";
-    } else if (const std::vector<int> ranks = ranksOfHeads(onset); !ranks.empty()) {
+            << s.firstToken << " (" << s.phase << ")" << spread();
+    } else if (!ranks.empty()) {
         s.pattern = SuspectPattern::TpRank;
-        s.heads = heads;
         s.tpRanks = ranks;
-        why << "Only heads " << joinInts(heads) << " of " << layer << ", the heads TP rank(s) " << joinInts(ranks)
-            << " hold, are off the noise floor, at tokens " << s.firstToken << "-" << s.lastToken
-            << ": a shard written to or read from the wrong rank" << spread() << ".";
-    } else if (!fromFirstDecode && (window = windowEdgeOf(onset)) > 0) {
-        s.pattern = SuspectPattern::WindowEdge;
-        s.heads = heads;
-        why << "The error starts at token " << s.firstToken << ", where the sequence first fills the sliding window of "
-            << window << ", in " << layer << ": the window is off by one" << spread() << ".";
-    } else if (fromFirstDecode) {
+        why << "Only heads " << joinInts(onset.heads) << " of " << layer << ", the heads TP rank(s) " << joinInts(ranks)
+            << " hold, are off the noise floor, at tokens " << s.firstToken << "-" << s.lastToken << spread();
+    } else if (looksLikePositionSpan(onset) ||
+               (holdsOnlyDecode(onset) && (s.hypothesis.kind == "rope_offset" || s.hypothesis.kind == "token_shift"))) {
+        // (A layer holding decode positions only cannot show a span: a position explanation says it.)
         s.pattern = SuspectPattern::Position;
-        s.heads = heads;
-        why << kvText << " of " << whichHeads << " of " << layer << kvVerb
-            << " off the noise floor at decode positions only, from the first (token " << s.firstToken
-            << "): a RoPE or position offset in decode" << spread() << ".";
+        why << kvText << " of " << whichHeads << " of " << layer << kvVerb << " off the noise floor at positions "
+            << s.firstToken << "-" << s.lastToken << " only (" << s.phase << ")" << spread();
     } else {
         s.pattern = SuspectPattern::Layer;
-        s.heads = heads;
-        const bool scaleLike = looksLikeScale(onset, medianL2);
         why << kvText << " of " << whichHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
-            << s.firstToken << "-" << s.lastToken
-            << (scaleLike ? " with their directions kept (1 - cos near 0, relative L2 " : " (relative L2 ")
-            << std::setprecision(3) << medianL2 << ")"
-            << (scaleLike ? ": a scale error, such as a wrong quantisation scale"
-                          : config.tpSize > 1 ? ": the whole layer is wrong (every rank's heads: shards mixed up, or wrong weights)"
-                                              : ": the whole layer is wrong")
-            << spread() << ".";
+            << s.firstToken << "-" << s.lastToken << spread();
     }
+    if (hypotheses.empty())
+        why << ". No explanation could be tested (the layer could not be read again).";
+    else if (partly)
+        why << ". Explained in part: " << s.hypothesis.text << ", for " << int(std::lround(100 * s.hypothesis.explainedShare))
+            << "% of the off cells (back within " << floorsText(explainedBound) << " floors); the rest is unexplained.";
+    else if (explained)
+        why << ". Explained: " << s.hypothesis.text << " (residual " << floorsText(s.hypothesis.residualFloors)
+            << " floors, from " << floorsText(s.hypothesis.errorFloors) << ").";
+    else
+        why << ". Nearest: " << s.hypothesis.text << " (residual " << floorsText(s.hypothesis.residualFloors)
+            << " floors, from " << floorsText(s.hypothesis.errorFloors) << ").";
     attribute(loader, p, onset, s);
     s.evidence = why.str();
     s.evidencePrompt = p.id;
@@ -240,10 +307,16 @@ std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPr
                 q.phase = "both";
             q.firstToken = std::min(q.firstToken, s.firstToken);
             q.lastToken = std::max(q.lastToken, s.lastToken);
-            if (s.score > q.score) {
+            if (s.score > q.score) {  // the evidence, its explanation and its cell come from the best prompt
                 q.score = s.score;
                 q.evidence = s.evidence;
                 q.evidencePrompt = s.evidencePrompt;
+                q.hypothesis = s.hypothesis;
+                q.tried = s.tried;
+                q.worstLayer = s.worstLayer;
+                q.worstToken = s.worstToken;
+                q.worstHead = s.worstHead;
+                q.worstPart = s.worstPart;
             }
         }
     std::stable_sort(pooled.begin(), pooled.end(), [](const Suspect& a, const Suspect& b) { return a.score > b.score; });

@@ -23,6 +23,23 @@ std::size_t dtypeSize(DType dtype)
     return 0;
 }
 
+double unitRoundoff(DType dtype)
+{
+    switch (dtype) {
+    case DType::BFloat16: return std::ldexp(1.0, -8);
+    case DType::Float16: return std::ldexp(1.0, -11);
+    case DType::Float32: return std::ldexp(1.0, -24);
+    case DType::Float8E4M3: return std::ldexp(1.0, -4);
+    case DType::Float8E5M2: return std::ldexp(1.0, -3);
+    }
+    return 0;
+}
+
+bool isQuantised(DType dtype)
+{
+    return dtype == DType::Float8E4M3 || dtype == DType::Float8E5M2;
+}
+
 std::string dtypeName(DType dtype)
 {
     switch (dtype) {

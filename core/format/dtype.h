@@ -14,6 +14,13 @@ enum class DType { BFloat16, Float16, Float32, Float8E4M3, Float8E5M2 };
 // Bytes per element.
 std::size_t dtypeSize(DType dtype);
 
+// The format's unit roundoff: the largest relative error of rounding a value in its normal
+// range, half the spacing at a power of two, 2^-(mantissa bits + 1): bf16 2^-8, fp16 2^-11,
+// fp32 2^-24, fp8 e4m3 2^-4, e5m2 2^-3.
+double unitRoundoff(DType dtype);
+// Whether a cache of this dtype is quantised (stored with scales, far coarser than bf16).
+bool isQuantised(DType dtype);
+
 // Canonical name as written in bundles ("bfloat16", "float16", "float32",
 // "float8_e4m3fn", "float8_e5m2").
 std::string dtypeName(DType dtype);

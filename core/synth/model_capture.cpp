@@ -3,6 +3,7 @@
 #include "format/bundle_writer.h"
 #include "kv/paged_layout.h"
 #include "synth/tiny_transformer.h"
+#include "util/deterministic_math.h"
 #include "util/json_writer.h"
 
 #include <nlohmann/json.hpp>
@@ -13,10 +14,11 @@
 #include <exception>
 #include <numeric>
 #include <set>
-#include <thread>
+#include <functional>
 #include <map>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 namespace kvscope::synth {
 
@@ -47,10 +49,26 @@ std::string tokenText(std::int64_t id)
 constexpr int kMaxSnapshots = 4;
 
 const std::pair<FaultKind, const char*> kFaultNames[] = {
-    {FaultKind::None, "none"},           {FaultKind::RopeOffset, "rope_offset"},
-    {FaultKind::StaleBlock, "stale_block"}, {FaultKind::ShardSwap, "shard_swap"},
-    {FaultKind::Fp8Scale, "fp8_scale"},  {FaultKind::DeadHead, "dead_head"},
+    {FaultKind::None, "none"},
+    {FaultKind::RopeOffset, "rope_offset"},
+    {FaultKind::DeadHead, "dead_head"},
     {FaultKind::WindowOffByOne, "window_off_by_one"},
+    {FaultKind::RopePrefill, "rope_prefill"},
+    {FaultKind::ChunkedPrefill, "chunked_prefill"},
+    {FaultKind::RopeScaling, "rope_scaling"},
+    {FaultKind::RopeConvention, "rope_convention"},
+    {FaultKind::PartialRotary, "partial_rotary"},
+    {FaultKind::StaleBlock, "stale_block"},
+    {FaultKind::ShardSwap, "shard_swap"},
+    {FaultKind::Fp8Scale, "fp8_scale"},
+    {FaultKind::RankVScale, "rank_v_scale"},
+    {FaultKind::GlobalVScale, "global_v_scale"},
+    {FaultKind::HeadSwap, "head_swap"},
+    {FaultKind::KvSwap, "kv_swap"},
+    {FaultKind::BlockShift, "block_shift"},
+    {FaultKind::LostWrite, "lost_write"},
+    {FaultKind::BatchMixup, "batch_mixup"},
+    {FaultKind::PrefixReuse, "prefix_reuse"},
 };
 
 std::string layerName(int i)
@@ -94,6 +112,12 @@ std::int64_t argmaxRow(const Matrix& logits, std::int64_t row)
 {
     const float* r = logits.row(int(row));
     return std::max_element(r, r + logits.cols) - r;
+}
+
+// The head a head_swap exchanges with: its neighbour in the same pair.
+int swapPartner(int head, int heads)
+{
+    return (head ^ 1) < heads ? head ^ 1 : head - 1;
 }
 
 struct ResolvedFault {
@@ -158,6 +182,64 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
         f.truth["layer_group_of"] = layerName(f.layer);
         f.truth["from_decode_step"] = f.step;
         break;
+    case FaultKind::RopePrefill:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["description"] = "Q and K of prefill positions [len/8, 5 len/8) rotated for position + 3";
+        break;
+    case FaultKind::ChunkedPrefill:
+        f.truth["layers"] = "every layer";
+        f.truth["description"] = "positions restart at 0 at the prompt's middle (rounded down to 4)";
+        break;
+    case FaultKind::RopeScaling:
+        f.truth["layers"] = "every layer";
+        f.truth["description"] = "RoPE positions divided by 2";
+        break;
+    case FaultKind::RopeConvention:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["description"] = "interleaved pairs where the model rotates halves";
+        break;
+    case FaultKind::PartialRotary:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["description"] = "only the first half of each head's dims rotated";
+        break;
+    case FaultKind::RankVScale:
+        if (f.rank >= o.tpSize)
+            throw std::invalid_argument("rank_v_scale needs rank " + std::to_string(f.rank) + " under tp_size " +
+                                        std::to_string(o.tpSize));
+        f.truth["layers"] = "every layer";
+        f.truth["rank"] = f.rank;
+        f.truth["factor"] = 1.25;
+        break;
+    case FaultKind::GlobalVScale:
+        f.truth["layers"] = "every layer";
+        f.truth["factor"] = 0.8;
+        break;
+    case FaultKind::HeadSwap:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["heads"] = {f.head, swapPartner(f.head, o.shape.kvHeads)};
+        break;
+    case FaultKind::KvSwap:
+        f.truth["layer"] = layerName(f.layer);
+        break;
+    case FaultKind::BlockShift:
+        f.truth["layer_group_of"] = layerName(f.layer);
+        f.truth["from_decode_step"] = f.step;
+        f.truth["description"] = "table entries from the block of the fault position on point one logical block earlier";
+        break;
+    case FaultKind::LostWrite:
+        f.truth["layers"] = "every layer";
+        f.truth["decode_step"] = f.step;
+        break;
+    case FaultKind::BatchMixup:
+        f.truth["layers"] = "every layer";
+        f.truth["from_decode_step"] = f.step;
+        f.truth["prompt"] = "prompt_0";
+        break;
+    case FaultKind::PrefixReuse:
+        f.truth["layer_group_of"] = layerName(f.layer);
+        f.truth["at_step"] = f.step;
+        f.truth["prompt"] = "prompt_0";
+        break;
     case FaultKind::None:
         break;
     }
@@ -216,6 +298,15 @@ void checkOptions(const ModelCaptureOptions& o)
 
 }  // namespace
 
+std::vector<FaultKind> allFaultKinds()
+{
+    std::vector<FaultKind> kinds;
+    for (const auto& [k, name] : kFaultNames)
+        if (k != FaultKind::None)
+            kinds.push_back(k);
+    return kinds;
+}
+
 std::string faultName(FaultKind kind)
 {
     for (const auto& [k, name] : kFaultNames)
@@ -258,6 +349,96 @@ ModelCaptureOptions demoModelCaptureOptions()
 
 namespace {
 
+// Cache-side faults on one snapshot's layers (ResolvedFault): the engine computed the right
+// KV, its cache holds something else. `foreign` is another sequence's engine cache (empty
+// unless the fault needs one).
+void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config,
+                  std::int64_t promptLen, std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers)
+{
+    const int heads = o.shape.kvHeads, dim = o.shape.headDim;
+    const auto forPositions = [](LayerKv& kv, const std::function<void(std::int64_t)>& fn) {
+        for (std::int64_t pos = 0; pos < kv.seq; ++pos)
+            if (kv.present[std::size_t(pos)])
+                fn(pos);
+    };
+    const auto scaleV = [&](LayerKv& kv, int head, float factor) {
+        forPositions(kv, [&](std::int64_t pos) {
+            float* v = kv.v.data() + kv.index(head, pos);
+            for (int i = 0; i < dim; ++i)
+                v[i] = detmath::roundToBf16(v[i] * factor);
+        });
+    };
+    const auto fromForeign = [&](int layer, std::int64_t pos) {
+        LayerKv& kv = layers[std::size_t(layer)];
+        const LayerCache& c = foreign[std::size_t(layer)];
+        const std::size_t row = std::size_t(heads) * std::size_t(dim);
+        std::copy_n(c.k.begin() + std::ptrdiff_t(std::size_t(pos) * row), row, kv.k.begin() + std::ptrdiff_t(kv.index(0, pos)));
+        std::copy_n(c.v.begin() + std::ptrdiff_t(std::size_t(pos) * row), row, kv.v.begin() + std::ptrdiff_t(kv.index(0, pos)));
+    };
+    const std::int64_t at = promptLen + f.step;
+    switch (f.kind) {
+    case FaultKind::RankVScale:
+        for (LayerKv& kv : layers)
+            for (int h = 0; h < heads; ++h) {
+                const std::vector<int> ranks = config.ranksHolding(h);
+                if (std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end())
+                    scaleV(kv, h, 1.25f);
+            }
+        break;
+    case FaultKind::GlobalVScale:
+        for (LayerKv& kv : layers)
+            for (int h = 0; h < heads; ++h)
+                scaleV(kv, h, 0.8f);
+        break;
+    case FaultKind::HeadSwap: {
+        LayerKv& kv = layers[std::size_t(f.layer)];
+        const int other = swapPartner(f.head, heads);
+        forPositions(kv, [&](std::int64_t pos) {
+            std::swap_ranges(kv.k.begin() + std::ptrdiff_t(kv.index(f.head, pos)),
+                             kv.k.begin() + std::ptrdiff_t(kv.index(f.head, pos) + std::size_t(dim)),
+                             kv.k.begin() + std::ptrdiff_t(kv.index(other, pos)));
+            std::swap_ranges(kv.v.begin() + std::ptrdiff_t(kv.index(f.head, pos)),
+                             kv.v.begin() + std::ptrdiff_t(kv.index(f.head, pos) + std::size_t(dim)),
+                             kv.v.begin() + std::ptrdiff_t(kv.index(other, pos)));
+        });
+        break;
+    }
+    case FaultKind::KvSwap:
+        std::swap(layers[std::size_t(f.layer)].k, layers[std::size_t(f.layer)].v);
+        break;
+    case FaultKind::LostWrite:
+        for (LayerKv& kv : layers)
+            if (at < kv.seq && kv.present[std::size_t(at)]) {
+                std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(0, at)), kv.rowSize(), 0.0f);
+                std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(0, at)), kv.rowSize(), 0.0f);
+            }
+        break;
+    case FaultKind::BatchMixup:
+        if (p == 0)
+            for (int l = 0; l < int(layers.size()); ++l)
+                forPositions(layers[std::size_t(l)], [&](std::int64_t pos) {
+                    if (pos >= at)
+                        fromForeign(l, pos);
+                });
+        break;
+    case FaultKind::PrefixReuse:
+        if (p == 0) {
+            const int g = config.groupOf(layerName(f.layer));
+            const int blockSize = config.groups[std::size_t(g)].blockSize;
+            const std::int64_t begin = at / blockSize * blockSize;
+            for (int l = 0; l < int(layers.size()); ++l)
+                if (config.groupOf(layerName(l)) == g)
+                    forPositions(layers[std::size_t(l)], [&](std::int64_t pos) {
+                        if (pos >= begin && pos < begin + blockSize)
+                            fromForeign(l, pos);
+                    });
+        }
+        break;
+    default:
+        break;
+    }
+}
+
 // Everything one prompt contributes to the bundle, computed on a worker thread.
 struct PromptCapture {
     PromptRecord record;
@@ -283,6 +464,33 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         engineFaults.deadLayer = fault.layer;
         engineFaults.deadHead = fault.head;
         engineFaults.deadFrom = promptLen + fault.step;
+    }
+    switch (fault.kind) {
+    case FaultKind::RopePrefill:
+        engineFaults.ropeLayer = fault.layer;
+        engineFaults.ropeFrom = std::max<std::int64_t>(1, promptLen / 8);
+        engineFaults.ropeTo = promptLen * 5 / 8;
+        engineFaults.ropeShift = 3;
+        break;
+    case FaultKind::ChunkedPrefill:
+        engineFaults.ropeLayer = -1;
+        engineFaults.ropeFrom = std::max<std::int64_t>(4, promptLen / 2 / 4 * 4);
+        engineFaults.ropeRestart = true;
+        break;
+    case FaultKind::RopeScaling:
+        engineFaults.ropeLayer = -1;
+        engineFaults.ropeDivide = 2.0;
+        break;
+    case FaultKind::RopeConvention:
+        engineFaults.ropeLayer = fault.layer;
+        engineFaults.ropeInterleaved = true;
+        break;
+    case FaultKind::PartialRotary:
+        engineFaults.ropeLayer = fault.layer;
+        engineFaults.ropeDims = o.shape.headDim / 2 / 2 * 2;
+        break;
+    default:
+        break;
     }
     PromptCapture out;
 
@@ -339,6 +547,17 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         last.layers.push_back(toLayerKv(c, shape, total - 1));
     snapshots.push_back(std::move(last));
 
+    // Cache-side faults, on what every snapshot holds.
+    std::vector<LayerCache> foreign;
+    if ((fault.kind == FaultKind::BatchMixup || fault.kind == FaultKind::PrefixReuse) && p == 0) {
+        std::vector<std::int64_t> other(tokens.size());
+        for (std::size_t i = 0; i < other.size(); ++i)
+            other[i] = (tokens[i] * 7 + 13 + std::int64_t(i)) % shape.vocab;
+        model.forward(other, 0, foreign, Numerics::Engine);
+    }
+    for (Snapshot& snap : snapshots)
+        corruptCache(fault, o, config, promptLen, p, foreign, snap.layers);
+
     // fp8 caches: one scale per layer and part, from the layer's largest magnitude.
     std::map<std::string, std::pair<float, float>> scales;
     const auto largest = [](const std::vector<float>& x) {
@@ -391,6 +610,20 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
             out.truth["stale_block"] = stale;
             out.truth["prompt"] = id;
             table.entries[std::size_t(logical)] = stale;
+        }
+        if (fault.kind == FaultKind::BlockShift && p == 0) {
+            // From the block of the fault position on, each entry points one logical block
+            // earlier (a table read one entry off).
+            const int g = config.groupOf(faulty);
+            const int blockSize = config.groups[std::size_t(g)].blockSize;
+            BlockTable& table = snap.blockTables[std::size_t(g)];
+            const std::int64_t used = (snapshots[s].seqLen + blockSize - 1) / blockSize;
+            const std::int64_t from = std::max<std::int64_t>(1, (promptLen + fault.step) / blockSize);
+            for (std::int64_t logical = std::min<std::int64_t>(used, std::int64_t(table.entries.size())) - 1; logical >= from;
+                 --logical)
+                table.entries[std::size_t(logical)] = table.entries[std::size_t(logical - 1)];
+            out.truth["group"] = g;
+            out.truth["from_logical_block"] = from;
         }
         out.snapshots.push_back(std::move(snap));
     }
@@ -446,6 +679,8 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
                                   {"sliding_block_size", o.slidingBlockSize}, {"fp8", fp8},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
     meta.extra["synthetic_options"] = jsonText(optionsJson);
+    // The model's RoPE as the HF config gives it (tiny_transformer.h: rotated halves, base 10000).
+    meta.extra["rope"] = jsonText(nlohmann::json{{"theta", 10000.0}, {"rotary_dim", o.shape.headDim}, {"style", "neox"}});
 
     // The prompts' tokens, drawn in order from one stream.
     std::mt19937_64 rng(o.seed * 7919 + 17);

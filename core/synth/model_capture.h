@@ -17,10 +17,37 @@
 
 namespace kvscope::synth {
 
-enum class FaultKind { None, RopeOffset, StaleBlock, ShardSwap, Fp8Scale, DeadHead, WindowOffByOne };
+// The faults it can inject (docs/synth.md). Engine-side ones change what the engine computes
+// (and so every later layer); cache-side ones leave the computation right and the cache wrong.
+enum class FaultKind {
+    None,
+    // engine-side
+    RopeOffset,      // K of decode positions rotated for position + 1, one layer
+    DeadHead,        // one KV head zeroed from a position on, one layer
+    WindowOffByOne,  // sliding layers attend to one position too few
+    RopePrefill,     // Q and K of a span of prefill positions rotated for position + 3, one layer
+    ChunkedPrefill,  // positions restart at 0 at a chunk boundary, every layer
+    RopeScaling,     // positions divided by 2 (a linear RoPE scaling the model lacks), every layer
+    RopeConvention,  // interleaved pairs where the model rotates halves, one layer
+    PartialRotary,   // only half the dims rotated, one layer
+    // cache-side
+    StaleBlock,      // a block table entry points at another sequence's block
+    ShardSwap,       // two TP ranks' shards exchanged, one layer
+    Fp8Scale,        // fp8 cache whose stored scale is twice the true one, one layer
+    RankVScale,      // V of one TP rank's heads 1.25x, every layer
+    GlobalVScale,    // V of every head 0.8x, every layer
+    HeadSwap,        // two heads exchanged, one layer
+    KvSwap,          // K stored where V belongs and V where K, one layer
+    BlockShift,      // the block table one logical block behind from a point on, one group
+    LostWrite,       // one decode position never written (zeros), every layer
+    BatchMixup,      // from a decode position on, another sequence's KV, every layer
+    PrefixReuse,     // a prefix-cache block holding another prefix's KV, one group's layers
+};
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
 bool parseFault(const std::string& name, FaultKind& kind);
+// Every kind but None, in declaration order.
+std::vector<FaultKind> allFaultKinds();
 
 struct ModelShape {
     int layers = 4;

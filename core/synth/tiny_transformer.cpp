@@ -154,6 +154,30 @@ void rope(float* x, int heads, int dim, std::int64_t position, const std::vector
     }
 }
 
+// RoPE of one token's heads in place, another way than the model's (EngineFaults): engine
+// numerics (fp32, one rounding).
+void faultyRope(float* x, int heads, int dim, std::int64_t position, const EngineFaults& f)
+{
+    const int rotary = f.ropeDims > 0 ? f.ropeDims : dim;
+    const int half = rotary / 2;
+    const double pos = double(f.ropeRestart ? position - f.ropeFrom : position + f.ropeShift) / f.ropeDivide;
+    for (int i = 0; i < half; ++i) {
+        const float invFreq = float(detmath::exp(-(2.0 * i / rotary) * 9.21034037197618273607));  // ln 10000
+        const float angle = float(pos * double(invFreq));
+        double sd = 0, cd = 0;
+        detmath::sinCos(angle, sd, cd);
+        const float cosA = float(cd), sinA = float(sd);
+        for (int h = 0; h < heads; ++h) {
+            float* base = x + std::size_t(h) * std::size_t(dim);
+            float* lo = base + (f.ropeInterleaved ? 2 * i : i);
+            float* hi = base + (f.ropeInterleaved ? 2 * i + 1 : i + half);
+            const float a = *lo, b = *hi;
+            *lo = roundToBf16(a * cosA + -b * sinA);
+            *hi = roundToBf16(b * cosA + a * sinA);
+        }
+    }
+}
+
 float silu(float x)
 {
     return float(double(x) / (1.0 + detmath::exp(-double(x))));
@@ -342,9 +366,14 @@ Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::in
             Matrix m = linear(h, layer.wv, numerics);
             for (int i = 0; i < n; ++i) {
                 const std::int64_t pos = start + i;
-                rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
-                const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
-                rope(k.row(i), s.kvHeads, s.headDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
+                if (engine && faults.ropeApplies(l, pos)) {
+                    faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults);
+                    faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults);
+                } else {
+                    rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
+                    const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
+                    rope(k.row(i), s.kvHeads, s.headDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
+                }
                 if (engine && l == faults.deadLayer && pos >= faults.deadFrom) {
                     std::fill_n(k.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
                     std::fill_n(m.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);

@@ -24,6 +24,20 @@ struct EngineFaults {
     int deadHead = -1;
     std::int64_t deadFrom = 0;
     bool windowOffByOne = false;  // sliding layers attend to one position too few
+    // Q and K rotated another way than the model's (rotated halves over every dim) in
+    // `ropeLayer` (-1: every layer) at positions [ropeFrom, ropeTo):
+    int ropeLayer = -2;               // -2: no such fault
+    std::int64_t ropeFrom = 0;
+    std::int64_t ropeTo = INT64_MAX;
+    std::int64_t ropeShift = 0;       // rotated for position + shift
+    bool ropeRestart = false;         // rotated for position - ropeFrom (chunked prefill restarting)
+    double ropeDivide = 1.0;          // positions divided by this (a linear scaling)
+    bool ropeInterleaved = false;     // pairs (2i, 2i+1) instead of halves
+    int ropeDims = 0;                 // only the first ropeDims values rotate (0: all)
+    bool ropeApplies(int layer, std::int64_t position) const
+    {
+        return (ropeLayer == -1 || ropeLayer == layer) && position >= ropeFrom && position < ropeTo;
+    }
 };
 
 // Row-major float matrix.

@@ -130,14 +130,14 @@ void TestCommandLine::thresholdOptionsSetTheThresholds()
     addThresholdOptions(parser, t);
     std::ostringstream err;
     QVERIFY(parser.parse({"--min-bc", "0.8", "--seed-bc", "--max-ratio", "3", "--max-linf", "0.05", "--suspect-floor",
-                          "7", "--suspect-floor-two-way", "9"},
+                          "7", "--suspect-drift-two-way", "9"},
                          err));
     QCOMPARE(t.minBc, 0.8);
     QVERIFY(!t.bcVsNoise);
     QCOMPARE(t.maxRatio, 3.0);
     QCOMPARE(t.maxLinf.value_or(-1), 0.05);
     QCOMPARE(t.suspects.offFloor, 7.0);
-    QCOMPARE(t.suspects.twoWayFloor, 9.0);
+    QCOMPARE(t.suspects.twoWayDrift, 9.0);
 }
 
 void TestCommandLine::everyCommandHasAFunctionInOneExecutable()

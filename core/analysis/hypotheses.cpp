@@ -1,0 +1,486 @@
+#include "analysis/hypotheses.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace kvscope {
+
+namespace {
+
+constexpr std::size_t kMaxCells = 512;     // off cells sampled for every hypothesis
+constexpr std::size_t kNearestCells = 48;  // and for the nearest-vector search
+constexpr std::size_t kNearestPool = 4096; // reference vectors it searches
+constexpr std::int64_t kMaxOffset = 4096;    // RoPE position offsets tried, either way
+const double kInf = std::numeric_limits<double>::infinity();
+
+std::string joinInts(const std::vector<int>& v)
+{
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); ++i)
+        s += (i ? ", " : "") + std::to_string(v[i]);
+    return s;
+}
+
+std::string number(double x, int digits = 3)
+{
+    std::ostringstream out;
+    out.precision(digits);
+    out << x;
+    return out.str();
+}
+
+class Tester {
+public:
+    explicit Tester(const HypothesisInput& in)
+        : m_in(in)
+        , m_dim(in.prompt.headDim)
+    {
+        const std::size_t n = in.cells.size();
+        const std::size_t stride = std::max<std::size_t>(1, (n + kMaxCells - 1) / kMaxCells);
+        for (std::size_t i = 0; i < n; i += stride)
+            m_cells.push_back(in.cells[i]);
+        for (const OffCell& c : m_cells) {
+            m_parts.insert(c.part);
+            m_heads.insert(c.head);
+        }
+    }
+
+    const std::vector<OffCell>& cells() const { return m_cells; }
+    int dim() const { return m_dim; }
+    bool hasPart(KvPart part) const { return m_parts.count(part) > 0; }
+    const std::set<int>& heads() const { return m_heads; }
+
+    const float* reference(std::int64_t t, int h, KvPart part) const
+    {
+        if (t < 0 || t >= m_in.reference.seq || h < 0 || h >= m_in.reference.heads || !m_in.reference.present[std::size_t(t)])
+            return nullptr;
+        return part == KvPart::K ? m_in.reference.kAt(h, t) : m_in.reference.vAt(h, t);
+    }
+    const float* engine(const OffCell& c) const
+    {
+        return c.part == KvPart::K ? m_in.engine.kAt(c.head, c.token) : m_in.engine.vAt(c.head, c.token);
+    }
+    double residual(const OffCell& c, const float* predicted) const
+    {
+        const float* ref = reference(c.token, c.head, c.part);
+        if (!ref || !predicted)
+            return kInf;
+        return m_in.ratios.between(m_in.layer, c.token, c.part, ref, predicted, engine(c), m_dim);
+    }
+    // The median residual over `cells` (default: all sampled) of a prediction per cell
+    // (`predict` fills `out`, or returns false where it predicts nothing).
+    // Also sets share(): the share of those cells within the explained bound.
+    double medianResidual(const std::function<bool(const OffCell&, float*)>& predict,
+                          const std::vector<OffCell>* subset = nullptr) const
+    {
+        std::vector<double> r;
+        std::vector<float> out(static_cast<std::size_t>(m_dim));
+        std::size_t within = 0;
+        for (const OffCell& c : subset ? *subset : m_cells) {
+            r.push_back(predict(c, out.data()) ? residual(c, out.data()) : kInf);
+            within += r.back() <= m_in.explained;
+        }
+        m_share = r.empty() ? 0.0 : double(within) / double(r.size());
+        return median(r);
+    }
+    double share() const { return m_share; }
+    double errorBefore() const
+    {
+        std::vector<double> r;
+        for (const OffCell& c : m_cells)
+            r.push_back(c.ratio);
+        return median(r);
+    }
+
+private:
+    const HypothesisInput& m_in;
+    int m_dim;
+    std::vector<OffCell> m_cells;
+    std::set<KvPart> m_parts;
+    std::set<int> m_heads;
+    mutable double m_share = 0;
+};
+
+struct Tried {
+    Hypothesis h;
+    int complexity = 0;  // on a near tie the simpler explanation wins
+};
+
+std::string partsText(const Tester& t)
+{
+    return t.hasPart(KvPart::K) && t.hasPart(KvPart::V) ? "K and V" : t.hasPart(KvPart::K) ? "K" : "V";
+}
+
+void tryZeros(const Tester& t, std::vector<Tried>& out)
+{
+    Hypothesis h{"zeros", {}, partsText(t) + " hold zeros there: never written (or zeroed)", 0, 0};
+    h.residualFloors = t.medianResidual([&](const OffCell&, float* p) {
+        std::fill_n(p, t.dim(), 0.0f);
+        return true;
+    });
+    h.explainedShare = t.share();
+    out.push_back({h, 0});
+}
+
+void tryTokenShift(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    int blockSize = in.config.groups[std::size_t(in.prompt.layerGroups[std::size_t(in.layer)])].blockSize;
+    const int reach = int(std::min<std::int64_t>(std::max(16, 2 * blockSize), std::min<std::int64_t>(64, in.prompt.tokens - 1)));
+    double best = kInf, bestShare = 0;
+    int bestShift = 0;
+    for (int d = -reach; d <= reach; ++d) {
+        if (d == 0)
+            continue;
+        const double r = t.medianResidual([&](const OffCell& c, float* p) {
+            const float* src = t.reference(c.token + d, c.head, c.part);
+            if (src)
+                std::copy_n(src, t.dim(), p);
+            return src != nullptr;
+        });
+        // The shift that explains the most cells (a shifted table's last block holds garbage).
+        if (t.share() > bestShare || (t.share() == bestShare && r < best))
+            best = r, bestShare = t.share(), bestShift = d;
+    }
+    if (bestShift == 0)
+        return;
+    std::string text = "token t holds the reference's token t" + std::string(bestShift > 0 ? "+" : "") + std::to_string(bestShift);
+    if (std::abs(bestShift) % blockSize == 0)
+        text += " (" + std::to_string(std::abs(bestShift) / blockSize) + " whole block(s) of " + std::to_string(blockSize) +
+                " " + (bestShift > 0 ? "later" : "earlier") + ": a block table entry off by that much)";
+    out.push_back({{"token_shift", {{"offset", double(bestShift)}}, text, best, 0, bestShare}, 1});
+}
+
+void tryHeadMap(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    const int heads = in.prompt.heads;
+    if (heads < 2)
+        return;
+    std::map<int, int> mapping;  // actual head -> reference head
+    for (int i : t.heads()) {
+        std::vector<OffCell> own;
+        for (const OffCell& c : t.cells())
+            if (c.head == i)
+                own.push_back(c);
+        double best = kInf;
+        int bestJ = -1;
+        for (int j = 0; j < heads; ++j) {
+            if (j == i)
+                continue;
+            const double r = t.medianResidual([&](const OffCell& c, float* p) {
+                const float* src = t.reference(c.token, j, c.part);
+                if (src)
+                    std::copy_n(src, t.dim(), p);
+                return src != nullptr;
+            }, &own);
+            if (r < best)
+                best = r, bestJ = j;
+        }
+        mapping[i] = bestJ;
+    }
+    const double r = t.medianResidual([&](const OffCell& c, float* p) {
+        const float* src = t.reference(c.token, mapping.at(c.head), c.part);
+        if (src)
+            std::copy_n(src, t.dim(), p);
+        return src != nullptr;
+    });
+    Hypothesis h{"head_swap", {}, "", r, 0, t.share()};
+    std::string text;
+    for (const auto& [i, j] : mapping) {
+        h.parameters.push_back({"head_" + std::to_string(i), double(j)});
+        text += std::string(text.empty() ? "" : "; ") + "actual head " + std::to_string(i) + " holds reference head " + std::to_string(j);
+    }
+    // A whole rank's heads holding another rank's, in order: a shard swap.
+    const KvCacheConfig& cfg = in.config;
+    if (cfg.tpSize > 1 && cfg.totalNumKvHeads >= cfg.tpSize) {
+        const int per = cfg.totalNumKvHeads / cfg.tpSize;
+        std::map<int, int> rankMap;
+        bool ranks = true;
+        for (const auto& [i, j] : mapping) {
+            ranks = ranks && i % per == j % per;
+            auto [it, fresh] = rankMap.emplace(i / per, j / per);
+            ranks = ranks && it->second == j / per;
+        }
+        for (const auto& [a, b] : rankMap) {
+            int held = 0;
+            for (const auto& [i, j] : mapping)
+                held += i / per == a;
+            ranks = ranks && held == per;
+        }
+        if (ranks) {
+            h.kind = "rank_swap";
+            h.parameters.clear();
+            text.clear();
+            for (const auto& [a, b] : rankMap) {
+                h.parameters.push_back({"rank_" + std::to_string(a), double(b)});
+                text += std::string(text.empty() ? "" : "; ") + "TP rank " + std::to_string(a) + " holds rank " +
+                        std::to_string(b) + "'s shard";
+            }
+        }
+    }
+    h.text = text;
+    out.push_back({h, 2});
+}
+
+void tryKvSwap(const Tester& t, std::vector<Tried>& out)
+{
+    const double r = t.medianResidual([&](const OffCell& c, float* p) {
+        const float* src = t.reference(c.token, c.head, c.part == KvPart::K ? KvPart::V : KvPart::K);
+        if (src)
+            std::copy_n(src, t.dim(), p);
+        return src != nullptr;
+    });
+    out.push_back({{"kv_swap", {}, "K holds the reference's V and V its K", r, 0, t.share()}, 1});
+}
+
+void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    // The least-squares factor per (head, part): sum(a r) / sum(r r).
+    std::map<std::pair<int, int>, std::pair<double, double>> sums;
+    for (const OffCell& c : t.cells()) {
+        const float* r = t.reference(c.token, c.head, c.part);
+        if (!r)
+            continue;
+        const float* a = t.engine(c);
+        auto& [ar, rr] = sums[{c.head, int(c.part)}];
+        for (int i = 0; i < t.dim(); ++i)
+            ar += double(a[i]) * r[i], rr += double(r[i]) * r[i];
+    }
+    std::map<std::pair<int, int>, double> factor;
+    std::vector<double> all;
+    for (const auto& [key, s] : sums) {
+        factor[key] = s.second > 0 ? s.first / s.second : 0;
+        all.push_back(factor[key]);
+    }
+    if (all.empty())
+        return;
+    const double r = t.medianResidual([&](const OffCell& c, float* p) {
+        const float* src = t.reference(c.token, c.head, c.part);
+        if (!src)
+            return false;
+        const double f = factor.at({c.head, int(c.part)});
+        for (int i = 0; i < t.dim(); ++i)
+            p[i] = float(f * src[i]);
+        return true;
+    });
+    const double lo = *std::min_element(all.begin(), all.end()), hi = *std::max_element(all.begin(), all.end());
+    const double typical = median(all);
+    std::vector<int> heads(t.heads().begin(), t.heads().end());
+    std::string who = partsText(t) + " of " +
+                      (int(heads.size()) == in.prompt.heads ? std::string("every head") : "head(s) " + joinInts(heads));
+    std::set<int> ranks;
+    for (int h : heads)
+        for (int rank : in.config.ranksHolding(h))
+            ranks.insert(rank);
+    if (in.config.tpSize > 1 && int(ranks.size()) < in.config.tpSize && !ranks.empty())
+        who += " (TP rank(s) " + joinInts(std::vector<int>(ranks.begin(), ranks.end())) + ")";
+    Hypothesis h{"scale", {{"factor", typical}, {"min", lo}, {"max", hi}}, "", r, 0, t.share()};
+    h.text = hi - lo <= 0.03 * std::fabs(typical) ? who + " is " + number(typical) + "x the reference"
+                                                    : who + " scaled by " + number(lo) + "-" + number(hi) + "x the reference";
+    out.push_back({h, 3});
+}
+
+void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    if (!in.rope || !t.hasPart(KvPart::K))
+        return;
+    const RopeSettings model = *in.rope;
+    const int dim = t.dim();
+    // The engine's K predicted as the reference's, un-rotated under the model's settings and
+    // rotated again at `position(t)` under `engine`; V predicted unchanged.
+    auto predict = [&](const RopeSettings& engine, const std::function<double(std::int64_t)>& position) {
+        return t.medianResidual([&, position](const OffCell& c, float* p) {
+            const float* src = t.reference(c.token, c.head, c.part);
+            if (!src)
+                return false;
+            if (c.part == KvPart::V) {
+                std::copy_n(src, dim, p);
+                return true;
+            }
+            thread_local std::vector<double> in, raw, rotated;
+            in.assign(src, src + dim);
+            raw.resize(std::size_t(dim));
+            rotated.resize(std::size_t(dim));
+            applyRope(model, dim, double(c.token), true, in.data(), raw.data());
+            applyRope(engine, dim, position(c.token), false, raw.data(), rotated.data());
+            for (int i = 0; i < dim; ++i)
+                p[i] = float(rotated[std::size_t(i)]);
+            return true;
+        });
+    };
+    // Position offsets d: K rotated for t + d is the reference's K rotated by d more (rotations
+    // of one RoPE compose). Every d within the sequence (up to kMaxOffset) is tried on a few
+    // cells, the best few on all of them.
+    std::vector<OffCell> few;
+    for (const OffCell& c : t.cells())
+        if (c.part == KvPart::K && few.size() < 16)
+            few.push_back(c);
+    const auto byOffset = [&](std::int64_t d, const std::vector<OffCell>* subset) {
+        return t.medianResidual([&](const OffCell& c, float* p) {
+            const float* src = t.reference(c.token, c.head, c.part);
+            if (!src)
+                return false;
+            if (c.part == KvPart::V) {
+                std::copy_n(src, dim, p);
+                return true;
+            }
+            thread_local std::vector<double> in, out;
+            in.assign(src, src + dim);
+            out.resize(std::size_t(dim));
+            applyRope(model, dim, double(d), false, in.data(), out.data());
+            for (int i = 0; i < dim; ++i)
+                p[i] = float(out[std::size_t(i)]);
+            return true;
+        }, subset);
+    };
+    const std::int64_t reach = std::min<std::int64_t>(in.prompt.tokens, kMaxOffset);
+    std::vector<std::pair<double, std::int64_t>> coarse;
+    for (std::int64_t d = -reach; d <= reach; ++d)
+        if (d != 0)
+            coarse.push_back({byOffset(d, &few), d});
+    const std::size_t keep = std::min<std::size_t>(8, coarse.size());
+    std::partial_sort(coarse.begin(), coarse.begin() + std::ptrdiff_t(keep), coarse.end());
+    double best = kInf, bestShare = 0;
+    std::int64_t bestOffset = 0;
+    for (std::size_t i = 0; i < keep; ++i) {
+        const double r = byOffset(coarse[i].second, nullptr);
+        if (r < best)
+            best = r, bestOffset = coarse[i].second, bestShare = t.share();
+    }
+    const auto same = [](std::int64_t token) { return double(token); };
+    const std::string offsetText = "K rotated for position " + std::string(bestOffset > 0 ? "+" : "") +
+                                   std::to_string(bestOffset) +
+                                   (bestOffset < -8 ? " (positions restarted " + std::to_string(-bestOffset) +
+                                                          " tokens in, as a chunked prefill that resets them would)"
+                                                    : " (a position offset)");
+    out.push_back({{"rope_offset", {{"offset", double(bestOffset)}}, offsetText, best, 0, bestShare}, 1});
+
+    RopeSettings other = model;
+    other.neoxStyle = !model.neoxStyle;
+    out.push_back({{"rope_convention", {},
+                    std::string("K rotated in the other pair convention (") + (other.neoxStyle ? "rotated halves" : "interleaved pairs") +
+                        " where the model uses " + (model.neoxStyle ? "rotated halves" : "interleaved pairs") + ")",
+                    predict(other, same), 0, t.share()}, 1});
+
+    best = kInf;
+    bestShare = 0;
+    double bestTheta = 0;
+    for (double theta : {1e4, 5e4, 1e5, 5e5, 1e6, 1e7}) {
+        if (std::fabs(theta - model.theta) < 1e-6 * model.theta)
+            continue;
+        RopeSettings s = model;
+        s.theta = theta;
+        if (const double r = predict(s, same); r < best)
+            best = r, bestTheta = theta, bestShare = t.share();
+    }
+    out.push_back({{"rope_base", {{"theta", bestTheta}},
+                    "K rotated with base " + number(bestTheta, 6) + " where the model's is " + number(model.theta, 6), best, 0,
+                    bestShare}, 1});
+
+    best = kInf;
+    bestShare = 0;
+    double bestFactor = 0;
+    for (double f : {0.25, 0.5, 1.0, 2.0, 4.0, 8.0}) {
+        if (std::fabs(f - model.positionScale) < 1e-9)
+            continue;
+        RopeSettings s = model;
+        s.positionScale = f;
+        if (const double r = predict(s, same); r < best)
+            best = r, bestFactor = f, bestShare = t.share();
+    }
+    out.push_back({{"rope_scaling", {{"factor", bestFactor}},
+                    "K rotated with positions divided by " + number(bestFactor) + " where the model divides by " + number(model.positionScale),
+                    best, 0, bestShare}, 1});
+
+    best = kInf;
+    bestShare = 0;
+    int bestDims = 0;
+    const int modelDims = model.rotaryDim > 0 ? model.rotaryDim : dim;
+    for (int dims : {dim, dim / 2, dim / 4}) {
+        if (dims == modelDims || dims < 2 || dims % 2)
+            continue;
+        RopeSettings s = model;
+        s.rotaryDim = dims;
+        if (const double r = predict(s, same); r < best)
+            best = r, bestDims = dims, bestShare = t.share();
+    }
+    if (bestDims)
+        out.push_back({{"rope_dims", {{"rotary_dims", double(bestDims)}},
+                        "K rotated over " + std::to_string(bestDims) + " dims where the model rotates " + std::to_string(modelDims),
+                        best, 0, bestShare}, 1});
+}
+
+void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    // The reference layer's vectors, evenly sampled.
+    struct Vec {
+        std::int64_t token;
+        int head;
+        KvPart part;
+    };
+    std::vector<Vec> pool;
+    const std::int64_t total = in.reference.seq * in.reference.heads * 2;
+    const std::int64_t stride = std::max<std::int64_t>(1, total / std::int64_t(kNearestPool));
+    for (std::int64_t i = 0; i < total; i += stride) {
+        const std::int64_t token = i / (2 * in.reference.heads);
+        const int head = int(i / 2 % in.reference.heads);
+        if (in.reference.present[std::size_t(token)])
+            pool.push_back({token, head, i % 2 ? KvPart::V : KvPart::K});
+    }
+    if (pool.empty())
+        return;
+    std::vector<double> nearest;
+    const std::size_t step = std::max<std::size_t>(1, t.cells().size() / kNearestCells);
+    for (std::size_t i = 0; i < t.cells().size(); i += step) {
+        const OffCell& c = t.cells()[i];
+        double best = kInf;
+        for (const Vec& v : pool)
+            if (!(v.token == c.token && v.head == c.head && v.part == c.part))
+                best = std::min(best, t.residual(c, t.reference(v.token, v.head, v.part)));
+        nearest.push_back(best);
+    }
+    const double r = median(nearest);
+    const double near = double(std::count_if(nearest.begin(), nearest.end(), [&](double x) { return x <= in.explained; })) /
+                        double(nearest.size());
+    if (r <= in.explained)
+        out.push_back({{"misplaced", {}, "each engine vector is another vector of the reference layer, though not by one "
+                                         "token shift or head map: data written to the wrong place", r, 0, near}, 4});
+    else
+        out.push_back({{"unrelated", {{"nearest_floors", r}},
+                        "no vector of the reference layer (any token, head, K or V) is near the engine's: stale data, or "
+                        "another sequence's", r, 0, 1.0 - near}, 4});
+}
+
+}  // namespace
+
+std::vector<Hypothesis> testHypotheses(const HypothesisInput& in)
+{
+    if (in.cells.empty())
+        return {};
+    const Tester t(in);
+    std::vector<Tried> tried;
+    tryZeros(t, tried);
+    tryTokenShift(t, in, tried);
+    tryHeadMap(t, in, tried);
+    tryKvSwap(t, tried);
+    tryScale(t, in, tried);
+    tryRope(t, in, tried);
+    tryNearest(t, in, tried);
+    const double before = t.errorBefore();
+    // Best first; within a quarter floor, the simpler one.
+    std::stable_sort(tried.begin(), tried.end(), [](const Tried& a, const Tried& b) {
+        return a.h.residualFloors + 0.25 * a.complexity < b.h.residualFloors + 0.25 * b.complexity;
+    });
+    std::vector<Hypothesis> result;
+    for (Tried& x : tried) {
+        x.h.errorFloors = before;
+        result.push_back(std::move(x.h));
+    }
+    return result;
+}
+
+}  // namespace kvscope

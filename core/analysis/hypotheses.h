@@ -1,0 +1,44 @@
+#pragma once
+// Explanations tested against the data. For the onset layer's off cells (off_floor.h), each
+// hypothesis is a transformation of the reference that predicts the engine's vectors; its
+// residual is how far the engine stays from that prediction, in the same floors as the error
+// (CellRatios::between), the median over the cells. A hypothesis explains the error when its
+// residual is back near the floor (SuspectThresholds::explained). Generic, not one per known
+// bug:
+// - data from elsewhere: token t holds reference token t + d; head i holds reference head j
+//   (a rank holding another rank's shard is such a mapping); K holds V and V holds K;
+// - a scale: the least-squares factor per head and part, reported per layer, rank or head;
+// - zeros: never written;
+// - RoPE (with the bundle's rope settings): K rotated for another position (a constant
+//   offset, or positions restarted at the first off token), in the other pair convention,
+//   with another base or position scaling, or over other rotary dims;
+// - unrelated: the nearest vector of any token, head and part of the reference layer, which
+//   stays far when the data is stale or another sequence's.
+
+#include "analysis/off_floor.h"
+#include "analysis/suspect.h"
+#include "format/kv_cache_config.h"
+#include "format/rope_settings.h"
+#include "kv/layer_kv.h"
+
+#include <optional>
+#include <vector>
+
+namespace kvscope {
+
+struct HypothesisInput {
+    const PromptAnalysis& prompt;
+    const KvCacheConfig& config;
+    const CellRatios& ratios;
+    int layer = 0;
+    const std::vector<OffCell>& cells;  // the off cells to explain
+    const LayerKv& engine;
+    const LayerKv& reference;           // the side the analysis measures against (three-way: the baseline)
+    std::optional<RopeSettings> rope;
+    double explained = 2.0;             // a residual at most this explains the error (floors)
+};
+
+// Every hypothesis tried, best first: lowest residual, the simpler one on a near tie.
+std::vector<Hypothesis> testHypotheses(const HypothesisInput& input);
+
+}  // namespace kvscope
