@@ -111,6 +111,34 @@ class BundleWriter:
         _string_dataset(self._file, "kv_cache_config", [text])
         self._config = config
 
+    # --- the model's RoPE (optional: the suspects' RoPE hypotheses need it) ---------------
+    def set_rope(self, hf_config):
+        """The model's rotary embedding, from its HF config (a transformers PretrainedConfig or
+        its dict): rope_theta, the rotary dims (rotary_dim, or partial_rotary_factor of
+        head_dim), and rope_scaling when linear. Written as the root attribute `rope` (JSON,
+        docs/bundle-format.md). style: "neox" (rotated halves, HF's rotate_half, vLLM
+        is_neox_style) unless the config says otherwise."""
+        cfg = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
+        theta = cfg.get("rope_theta", 10000.0)
+        if not isinstance(theta, (int, float)) or theta <= 1:
+            raise ValueError(f"rope: rope_theta must be a number above 1, not {theta!r}")
+        head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                          if "hidden_size" in cfg and "num_attention_heads" in cfg else None)
+        rotary = cfg.get("rotary_dim")
+        if rotary is None and head_dim is not None:
+            rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+        rope = {"theta": float(theta), "rotary_dim": rotary,
+                "style": "neox" if cfg.get("rope_is_neox_style", True) else "gptj"}
+        scaling = cfg.get("rope_scaling")
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind not in ("linear", "default"):
+                raise ValueError(f"rope: scaling type {kind!r} is not one kvscope's RoPE hypotheses reproduce "
+                                 "(linear or default); leave set_rope out for this model")
+            if kind == "linear":
+                rope["scaling"] = {"type": "linear", "factor": float(scaling["factor"])}
+        _set_string(self._file, "rope", json.dumps(rope))
+
     # --- prompts -----------------------------------------------------------------------
     def add_prompt(self, prompt_id, input_ids, prompt_len, teacher_tokens=None, token_strings=None):
         """`input_ids`: the prompt, or the whole sequence (then the tokens past prompt_len are the

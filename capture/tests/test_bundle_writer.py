@@ -76,6 +76,27 @@ class Writer(unittest.TestCase):
             self.assertEqual(p["reference/baseline/layers.1.self_attn/v"].attrs["dtype"], b"float32")
             self.assertEqual(p["logits/actual"].shape, (4, 16))
 
+    def test_rope_from_hf_config(self):
+        # Llama-style: theta and head_dim; Phi-style: partial rotary; linear scaling kept.
+        cases = [({"rope_theta": 500000.0, "head_dim": 128},
+                  {"theta": 500000.0, "rotary_dim": 128, "style": "neox"}),
+                 ({"rope_theta": 10000, "hidden_size": 2560, "num_attention_heads": 32, "partial_rotary_factor": 0.4},
+                  {"theta": 10000.0, "rotary_dim": 32, "style": "neox"}),
+                 ({"rope_theta": 10000, "head_dim": 64, "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+                  {"theta": 10000.0, "rotary_dim": 64, "style": "neox", "scaling": {"type": "linear", "factor": 4.0}})]
+        truth, rpc, tables = engine_state(config())
+        for hf, expected in cases:
+            with self.writer() as w:
+                w.set_rope(hf)
+                w.add_engine_snapshot("p", rpc, tables, 10)
+                w.add_reference_kv("p", "expected", {n: (k.unsqueeze(0), v.unsqueeze(0)) for n, (k, v) in truth.items()})
+            with h5py.File(self.path, "r") as f:
+                self.assertEqual(json.loads(f.attrs["rope"]), expected)
+        w = self.writer()
+        with self.assertRaisesRegex(ValueError, "llama3"):
+            w.set_rope({"rope_theta": 500000.0, "head_dim": 128, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+        w.abandon()
+
     def test_format_v2_integrity(self):
         """Newest file format (checksummed metadata), no variable-length string anywhere, and a
         Fletcher32 checksum on every dataset that holds data."""

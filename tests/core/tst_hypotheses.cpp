@@ -1,0 +1,232 @@
+// The explanations the suspects test (analysis/hypotheses.h) on hand-made layers, and the RoPE
+// settings they use (format/rope_settings.h) against rotations worked by hand.
+
+#include "analysis/hypotheses.h"
+#include "format/bundle_error.h"
+#include "format/rope_settings.h"
+
+#include <QTest>
+
+#include <cmath>
+#include <random>
+
+using namespace kvscope;
+
+namespace {
+
+constexpr int kHeads = 4, kDim = 8, kTokens = 24;
+
+KvCacheConfig config()
+{
+    return KvCacheConfig::fromJson(R"({"num_blocks": 16, "tp_size": 2, "total_num_kv_heads": 4, "groups": [
+        {"layer_names": ["l0"], "spec_type": "FullAttentionSpec", "block_size": 4, "dtype": "torch.bfloat16",
+         "num_kv_heads": 2, "head_size": 8}]})");
+}
+
+// A reference layer of random vectors.
+LayerKv randomLayer(std::uint64_t seed)
+{
+    LayerKv kv = LayerKv::unwritten(kHeads, kTokens, kDim);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    for (float& x : kv.k)
+        x = normal(rng);
+    for (float& x : kv.v)
+        x = normal(rng);
+    kv.present.assign(kTokens, 1);
+    return kv;
+}
+
+// A two-way prompt of one layer whose metrics say every cell of `heads` is off (L2 1).
+PromptAnalysis promptWithOff(const std::vector<int>& heads)
+{
+    PromptAnalysis p;
+    p.id = "p";
+    p.promptLen = 16;
+    p.tokens = kTokens;
+    p.heads = kHeads;
+    p.headDim = kDim;
+    p.layers = {"l0"};
+    p.layerGroups = {0};
+    p.layerDtypes = {DType::BFloat16};
+    p.allocate();
+    for (auto& m : p.metrics)
+        std::fill(m.begin(), m.end(), 0.0f);
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int h : heads)
+            for (KvPart part : {KvPart::K, KvPart::V})
+                p.metrics[std::size_t(metricFor(part, MetricKind::L2))][p.cell(0, t, h)] = 1.0f;
+    return p;
+}
+
+std::vector<OffCell> offCells(const std::vector<int>& heads, bool kOnly = false)
+{
+    std::vector<OffCell> cells;
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int h : heads)
+            for (KvPart part : {KvPart::K, KvPart::V})
+                if (!kOnly || part == KvPart::K)
+                    cells.push_back({t, h, part, 256.0f});
+    return cells;
+}
+
+std::vector<Hypothesis> test(const PromptAnalysis& p, const std::vector<OffCell>& cells, const LayerKv& engine,
+                             const LayerKv& reference, std::optional<RopeSettings> rope = std::nullopt)
+{
+    const KvCacheConfig cfg = config();
+    const CellRatios ratios(p, nullptr);
+    return testHypotheses({p, cfg, ratios, 0, cells, engine, reference, rope, 2.0});
+}
+
+double parameter(const Hypothesis& h, const std::string& name)
+{
+    for (const auto& [n, v] : h.parameters)
+        if (n == name)
+            return v;
+    return std::nan("");
+}
+
+}  // namespace
+
+class TestHypotheses : public QObject {
+    Q_OBJECT
+
+private slots:
+    void ropeRotatesAsWorkedByHand();
+    void ropeSettingsAreRead();
+    void swappedHeadsAreFound();
+    void aScaleIsMeasured();
+    void aRopeOffsetIsFound();
+    void zerosAndUnrelatedData();
+};
+
+void TestHypotheses::ropeRotatesAsWorkedByHand()
+{
+    // dim 4, theta 100: pair 0 turns by p rad, pair 1 by p / 10 rad.
+    RopeSettings neox{100.0, 0, true, 1.0};
+    const double in[4] = {1, 2, 3, 4};
+    double out[4], back[4];
+    applyRope(neox, 4, 1.0, false, in, out);
+    // Halves: pairs (0, 2) and (1, 3).
+    QVERIFY(std::fabs(out[0] - (1 * std::cos(1.0) - 3 * std::sin(1.0))) < 1e-12);
+    QVERIFY(std::fabs(out[2] - (3 * std::cos(1.0) + 1 * std::sin(1.0))) < 1e-12);
+    QVERIFY(std::fabs(out[1] - (2 * std::cos(0.1) - 4 * std::sin(0.1))) < 1e-12);
+    QVERIFY(std::fabs(out[3] - (4 * std::cos(0.1) + 2 * std::sin(0.1))) < 1e-12);
+    applyRope(neox, 4, 1.0, true, out, back);
+    for (int i = 0; i < 4; ++i)
+        QVERIFY(std::fabs(back[i] - in[i]) < 1e-12);
+    // Interleaved pairs (0, 1) and (2, 3); a linear scaling of 2 halves the angles.
+    RopeSettings gptj{100.0, 0, false, 2.0};
+    applyRope(gptj, 4, 2.0, false, in, out);
+    QVERIFY(std::fabs(out[0] - (1 * std::cos(1.0) - 2 * std::sin(1.0))) < 1e-12);
+    QVERIFY(std::fabs(out[1] - (2 * std::cos(1.0) + 1 * std::sin(1.0))) < 1e-12);
+    // Partial rotary: only the first 2 values turn.
+    RopeSettings partial{100.0, 2, true, 1.0};
+    applyRope(partial, 4, 1.0, false, in, out);
+    QVERIFY(std::fabs(out[0] - (1 * std::cos(1.0) - 2 * std::sin(1.0))) < 1e-12);
+    QCOMPARE(out[2], 3.0);
+    QCOMPARE(out[3], 4.0);
+}
+
+void TestHypotheses::ropeSettingsAreRead()
+{
+    BundleMetadata m;
+    QVERIFY(!ropeSettingsOf(m, "f.h5"));
+    m.extra["rope"] = R"({"theta": 500000, "rotary_dim": 64, "style": "gptj", "scaling": {"type": "linear", "factor": 4}})";
+    const std::optional<RopeSettings> r = ropeSettingsOf(m, "f.h5");
+    QVERIFY(r);
+    QCOMPARE(r->theta, 500000.0);
+    QCOMPARE(r->rotaryDim, 64);
+    QVERIFY(!r->neoxStyle);
+    QCOMPARE(r->positionScale, 4.0);
+    for (const char* bad : {"{", R"({"rotary_dim": 64})", R"({"theta": 1e4, "style": "other"})",
+                            R"({"theta": 1e4, "scaling": {"type": "llama3", "factor": 8}})"}) {
+        m.extra["rope"] = bad;
+        try {
+            ropeSettingsOf(m, "f.h5");
+            QFAIL(bad);
+        } catch (const BundleError& e) {
+            QVERIFY2(QString(e.what()).contains("f.h5") && QString(e.what()).contains("rope"), e.what());
+        }
+    }
+}
+
+void TestHypotheses::swappedHeadsAreFound()
+{
+    const LayerKv reference = randomLayer(1);
+    LayerKv engine = reference;
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (auto* side : {&engine.k, &engine.v})
+            std::swap_ranges(side->begin() + std::ptrdiff_t(engine.index(2, t)),
+                             side->begin() + std::ptrdiff_t(engine.index(2, t) + kDim),
+                             side->begin() + std::ptrdiff_t(engine.index(3, t)));
+    const PromptAnalysis p = promptWithOff({2, 3});
+    const std::vector<Hypothesis> h = test(p, offCells({2, 3}), engine, reference);
+    // Rank 1 holds heads 2 and 3 in the wrong order: a head map, not another rank's shard.
+    QCOMPARE(h.front().kind, std::string("head_swap"));
+    QCOMPARE(parameter(h.front(), "head_2"), 3.0);
+    QCOMPARE(parameter(h.front(), "head_3"), 2.0);
+    QVERIFY(h.front().residualFloors < 0.01);
+    QCOMPARE(h.front().explainedShare, 1.0);
+}
+
+void TestHypotheses::aScaleIsMeasured()
+{
+    const LayerKv reference = randomLayer(2);
+    LayerKv engine = reference;
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int i = 0; i < kDim; ++i)
+            engine.v[engine.index(1, t) + std::size_t(i)] *= 1.25f;
+    const PromptAnalysis p = promptWithOff({1});
+    std::vector<OffCell> cells;
+    for (const OffCell& c : offCells({1}))
+        if (c.part == KvPart::V)
+            cells.push_back(c);
+    const std::vector<Hypothesis> h = test(p, cells, engine, reference);
+    QCOMPARE(h.front().kind, std::string("scale"));
+    QVERIFY(std::fabs(parameter(h.front(), "factor") - 1.25) < 1e-6);
+    QVERIFY(h.front().residualFloors < 0.01);
+}
+
+void TestHypotheses::aRopeOffsetIsFound()
+{
+    const RopeSettings rope{10000.0, 0, true, 1.0};
+    const LayerKv reference = randomLayer(3);
+    LayerKv engine = reference;
+    // K of every head rotated 5 positions further.
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int h = 0; h < kHeads; ++h) {
+            double in[kDim], out[kDim];
+            float* k = engine.k.data() + engine.index(h, t);
+            std::copy_n(k, kDim, in);
+            applyRope(rope, kDim, 5.0, false, in, out);
+            for (int i = 0; i < kDim; ++i)
+                k[i] = float(out[i]);
+        }
+    const PromptAnalysis p = promptWithOff({0, 1, 2, 3});
+    const std::vector<Hypothesis> h = test(p, offCells({0, 1, 2, 3}, true), engine, reference, rope);
+    QCOMPARE(h.front().kind, std::string("rope_offset"));
+    QCOMPARE(parameter(h.front(), "offset"), 5.0);
+    // Without the rope settings no RoPE hypothesis is tried.
+    for (const Hypothesis& x : test(p, offCells({0, 1, 2, 3}, true), engine, reference))
+        QVERIFY(x.kind.rfind("rope", 0) != 0);
+}
+
+void TestHypotheses::zerosAndUnrelatedData()
+{
+    const LayerKv reference = randomLayer(4);
+    LayerKv zeros = reference, other = randomLayer(99);
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int i = 0; i < kDim; ++i)
+            zeros.k[zeros.index(0, t) + std::size_t(i)] = zeros.v[zeros.index(0, t) + std::size_t(i)] = 0.0f;
+    const PromptAnalysis p = promptWithOff({0});
+    QCOMPARE(test(p, offCells({0}), zeros, reference).front().kind, std::string("zeros"));
+    const std::vector<Hypothesis> h = test(p, offCells({0}), other, reference);
+    const auto unrelated = std::find_if(h.begin(), h.end(), [](const Hypothesis& x) { return x.kind == "unrelated"; });
+    QVERIFY(unrelated != h.end());
+    QVERIFY(unrelated->residualFloors > 10);  // nothing in the reference is near another draw
+    QVERIFY(h.front().residualFloors > 10);   // and nothing explains it
+}
+
+QTEST_APPLESS_MAIN(TestHypotheses)
+#include "tst_hypotheses.moc"
