@@ -1,6 +1,9 @@
 #include "app_cli/app_commands.h"
 
 #include "analysis/analyzer.h"
+#include "analysis/suspect_search.h"
+#include "kv/capture_loader.h"
+#include "util/work_team.h"
 #include "gui/main_window.h"
 #include "report/drawing_application.h"
 #include "format/bundle_reader.h"
@@ -259,6 +262,23 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << "\n";
         return whole < 0 ? 1 : 0;
     }
+    if (args[0] == "suspects") {
+        // The analysis, then its suspects found again on their own: their share of the time.
+        AnalysisOptions options;
+        options.threads = threads;
+        auto reader = std::make_shared<BundleReader>(args[1]);
+        const AnalysisResult result = analyzeBundle(reader, options);
+        const double analysis = seconds(start);
+        const CaptureLoader loader(reader);
+        WorkTeam team(threads);
+        const auto found = Clock::now();
+        std::string named = "none";
+        for (const PromptAnalysis& p : result.prompts)
+            for (const Suspect& s : findSuspects(loader, p, options.suspects, nullptr, &team))
+                named = std::string(suspectPatternName(s.pattern)) + "/" + s.hypothesis.kind;
+        out << analysis << " " << seconds(found) << " " << named << "\n";
+        return 0;
+    }
     if (args[0] == "analyze") {
         AnalysisOptions options;
         options.threads = threads;
@@ -383,6 +403,30 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
             if (!keep)
                 std::filesystem::remove(path);
         }
+    // The suspects' cost where they do the most: a fault to explain, on the largest capture.
+    {
+        const std::string path = (dir / ("bench-suspects-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
+        SyntheticCaptureOptions o = llama70bShape(tokens, layers);
+        o.keepOnlyReferencedBlocks = true;
+        o.faultLayer = layers / 2;
+        o.faultHead = 3;
+        o.faultPosition = 0;
+        writeSyntheticCapture(path, o);
+        double analysis = 1e300, suspects = 1e300;
+        std::string named;
+        for (int i = 0; i < runs; ++i) {
+            std::istringstream in(runChild({"kvscope", "bench-run", "suspects", path, t}).output);
+            double a = 1e300, s = 1e300;
+            in >> a >> s >> named;
+            analysis = std::min(analysis, a);
+            suspects = std::min(suspects, s);
+        }
+        out << "\nsuspects, with a RoPE fault to explain (" << layers << " layers, referenced): analysis "
+            << std::setprecision(3) << analysis << " s, suspects found again " << suspects << " s = "
+            << std::setprecision(1) << 100 * suspects / analysis << "% of the analysis (top: " << named << ")\n";
+        if (!keep)
+            std::filesystem::remove(path);
+    }
     out << "\nthe app (offscreen), from opening the bundle:\n" << std::left << std::setw(12) << "stored" << std::setw(8)
         << "layers" << std::setw(16) << "first row s" << std::setw(16) << "whole map s" << "map / analysis\n"
         << guiRows.str();

@@ -20,11 +20,11 @@ const std::vector<Command>& commands()
                     "  --threads N    threads (default: one per core); one of them reads the next layer\n"
                     "  --strict       an unreadable block is an error instead of absent positions\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
-        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 4]\n"
+        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
                    "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md)\n",
          "a self-contained HTML report with PNG maps", nullptr},
-        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 4]\n"
-                  "      [--suspect-drift-two-way 12] [--json OUT]\n"
+        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
+                  "      [--suspect-drift-two-way 20] [--json OUT]\n"
                   "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
                   "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
                   "  noise floor; --seed-bc: the reference tool's BC instead\n",
@@ -54,7 +54,8 @@ const std::vector<Command>& commands()
                   "  --fault KIND           none, or one of (docs/synth.md): rope_offset dead_head window_off_by_one\n"
                   "                         rope_prefill chunked_prefill rope_scaling rope_convention partial_rotary\n"
                   "                         stale_block shard_swap fp8_scale rank_v_scale global_v_scale head_swap\n"
-                  "                         kv_swap block_shift lost_write batch_mixup prefix_reuse\n"
+                  "                         kv_swap block_shift lost_write batch_mixup prefix_reuse head_k_scale\n"
+                  "                         lagging_write rank_unwritten k_negated\n"
                   "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies (step:\n"
                   "                         position - prompt_len, negative in the prefill)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},

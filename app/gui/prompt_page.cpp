@@ -138,6 +138,8 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     });
     connect(m_worstView, &QTableView::clicked, this, [this](const QModelIndex& index) { followWorstCell(index.row()); });
     connect(m_suspects, &QListWidget::currentRowChanged, this, &PromptPage::followSuspect);
+    // A click on the suspect already chosen goes back to its cell and marks too.
+    connect(m_suspects, &QListWidget::itemClicked, this, [this](QListWidgetItem* item) { followSuspect(m_suspects->row(item)); });
     connect(m_suspects, &QListWidget::itemActivated, this, [this] { m_heatmap->setFocus(); });
     clear(tr("Open a capture bundle: File > Open (Ctrl+O), or drop one here"));
 }
@@ -398,11 +400,16 @@ void PromptPage::refreshSummary()
         const std::vector<Suspect> none;
         const std::vector<Suspect>& suspects = m_controller->isRunning() ? none : p->suspects;
         for (const Suspect& s : suspects) {
-            auto* item = new QListWidgetItem(QString("%1 · %2 · tokens %3-%4")
-                                                 .arg(suspectPatternName(s.pattern),
+            const QString explanation = s.hypothesis.kind.empty() ? QString()
+                                        : s.pattern == SuspectPattern::Unexplained
+                                            ? QString(" · nearest %1").arg(QString::fromStdString(s.hypothesis.kind))
+                                            : QString(" · %1").arg(QString::fromStdString(s.hypothesis.kind));
+            auto* item = new QListWidgetItem(QString("%1%2 · %3 · tokens %4-%5 · %6 floors")
+                                                 .arg(suspectPatternName(s.pattern), explanation,
                                                       QString::fromStdString(shortLayerName(s.firstLayer)))
                                                  .arg(s.firstToken)
-                                                 .arg(s.lastToken));
+                                                 .arg(s.lastToken)
+                                                 .arg(s.score, 0, 'g', 3));
             item->setToolTip(QString::fromStdString(s.evidence));
             m_suspects->addItem(item);
         }

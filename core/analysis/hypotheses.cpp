@@ -13,8 +13,9 @@ namespace kvscope {
 namespace {
 
 constexpr std::size_t kMaxCells = 512;     // off cells sampled for every hypothesis
-constexpr std::size_t kNearestCells = 48;  // and for the nearest-vector search
-constexpr std::size_t kNearestPool = 4096; // reference vectors it searches
+constexpr std::size_t kCoarseCells = 64;   // for a first pass over many candidates
+constexpr std::size_t kNearestCells = 24;  // for the nearest-vector search
+constexpr std::size_t kNearestPool = 2048; // reference vectors it searches
 constexpr std::int64_t kMaxOffset = 4096;    // RoPE position offsets tried, either way
 const double kInf = std::numeric_limits<double>::infinity();
 
@@ -131,18 +132,32 @@ void tryTokenShift(const Tester& t, const HypothesisInput& in, std::vector<Tried
 {
     int blockSize = in.config.groups[std::size_t(in.prompt.layerGroups[std::size_t(in.layer)])].blockSize;
     const int reach = int(std::min<std::int64_t>(std::max(16, 2 * blockSize), std::min<std::int64_t>(64, in.prompt.tokens - 1)));
-    double best = kInf, bestShare = 0;
-    int bestShift = 0;
-    for (int d = -reach; d <= reach; ++d) {
-        if (d == 0)
-            continue;
-        const double r = t.medianResidual([&](const OffCell& c, float* p) {
+    // Every shift on a few cells, the best few on all of them.
+    std::vector<OffCell> few;
+    for (std::size_t i = 0; i < t.cells().size(); i += std::max<std::size_t>(1, t.cells().size() / kCoarseCells))
+        few.push_back(t.cells()[i]);
+    const auto byShift = [&](int d, const std::vector<OffCell>* subset) {
+        return t.medianResidual([&](const OffCell& c, float* p) {
             const float* src = t.reference(c.token + d, c.head, c.part);
             if (src)
                 std::copy_n(src, t.dim(), p);
             return src != nullptr;
-        });
-        // The shift that explains the most cells (a shifted table's last block holds garbage).
+        }, subset);
+    };
+    std::vector<std::pair<double, int>> coarse;  // (-share, shift): most cells explained first
+    for (int d = -reach; d <= reach; ++d)
+        if (d != 0) {
+            byShift(d, &few);
+            coarse.push_back({-t.share(), d});
+        }
+    const std::size_t keep = std::min<std::size_t>(4, coarse.size());
+    std::partial_sort(coarse.begin(), coarse.begin() + std::ptrdiff_t(keep), coarse.end());
+    double best = kInf, bestShare = 0;
+    int bestShift = 0;
+    for (std::size_t i = 0; i < keep; ++i) {
+        const int d = coarse[i].second;
+        const double r = byShift(d, nullptr);
+        // The shift that explains the most cells (a shifted table's last block may hold garbage).
         if (t.share() > bestShare || (t.share() == bestShare && r < best))
             best = r, bestShare = t.share(), bestShift = d;
     }
@@ -290,10 +305,12 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
         return;
     const RopeSettings model = *in.rope;
     const int dim = t.dim();
-    // The engine's K predicted as the reference's, un-rotated under the model's settings and
-    // rotated again at `position(t)` under `engine`; V predicted unchanged.
-    auto predict = [&](const RopeSettings& engine, const std::function<double(std::int64_t)>& position) {
-        return t.medianResidual([&, position](const OffCell& c, float* p) {
+    std::vector<double> given(static_cast<std::size_t>(dim)), turned(static_cast<std::size_t>(dim)),
+        raw(static_cast<std::size_t>(dim));
+    // The engine's K predicted by `rotate` applied to the reference's K; V predicted unchanged.
+    using Rotate = std::function<void(const OffCell&, const double*, double*)>;
+    const auto kRotated = [&](const Rotate& rotate, const std::vector<OffCell>* subset = nullptr) {
+        return t.medianResidual([&](const OffCell& c, float* p) {
             const float* src = t.reference(c.token, c.head, c.part);
             if (!src)
                 return false;
@@ -301,15 +318,22 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
                 std::copy_n(src, dim, p);
                 return true;
             }
-            thread_local std::vector<double> in, raw, rotated;
-            in.assign(src, src + dim);
-            raw.resize(std::size_t(dim));
-            rotated.resize(std::size_t(dim));
-            applyRope(model, dim, double(c.token), true, in.data(), raw.data());
-            applyRope(engine, dim, position(c.token), false, raw.data(), rotated.data());
+            std::copy_n(src, dim, given.begin());
+            rotate(c, given.data(), turned.data());
             for (int i = 0; i < dim; ++i)
-                p[i] = float(rotated[std::size_t(i)]);
+                p[i] = float(turned[std::size_t(i)]);
             return true;
+        }, subset);
+    };
+    // Un-rotated under the model's settings, rotated again at position(t) under `engine`.
+    RopeRotation undo(model, dim);
+    auto predict = [&](const RopeSettings& engine, const std::function<double(std::int64_t)>& position) {
+        RopeRotation redo(engine, dim);
+        return kRotated([&](const OffCell& c, const double* from, double* to) {
+            undo.setPosition(double(c.token), true);
+            undo.apply(from, raw.data());
+            redo.setPosition(position(c.token));
+            redo.apply(raw.data(), to);
         });
     };
     // Position offsets d: K rotated for t + d is the reference's K rotated by d more (rotations
@@ -319,23 +343,10 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
     for (const OffCell& c : t.cells())
         if (c.part == KvPart::K && few.size() < 16)
             few.push_back(c);
+    RopeRotation turn(model, dim);
     const auto byOffset = [&](std::int64_t d, const std::vector<OffCell>* subset) {
-        return t.medianResidual([&](const OffCell& c, float* p) {
-            const float* src = t.reference(c.token, c.head, c.part);
-            if (!src)
-                return false;
-            if (c.part == KvPart::V) {
-                std::copy_n(src, dim, p);
-                return true;
-            }
-            thread_local std::vector<double> in, out;
-            in.assign(src, src + dim);
-            out.resize(std::size_t(dim));
-            applyRope(model, dim, double(d), false, in.data(), out.data());
-            for (int i = 0; i < dim; ++i)
-                p[i] = float(out[std::size_t(i)]);
-            return true;
-        }, subset);
+        turn.setPosition(double(d));
+        return kRotated([&](const OffCell&, const double* from, double* to) { turn.apply(from, to); }, subset);
     };
     const std::int64_t reach = std::min<std::int64_t>(in.prompt.tokens, kMaxOffset);
     std::vector<std::pair<double, std::int64_t>> coarse;

@@ -147,7 +147,8 @@ MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& agg
     m.title = m.metricLabel + " by generation index across " + std::to_string(aggregate.promptIds.size()) +
               " prompt(s) (top: divergences c/N)";
     m.xName = "generation index";
-    m.xLabel = "generation index (0 = first decode token)";
+    // Decode positions only: a fault confined to the prefill is not here (the suspects give the onset).
+    m.xLabel = "generation index (decode only, 0 = first decode token: the prefill is not shown)";
     m.scale = ScaleKind::Bc;
     m.range = defaultRange(m.scale);
     for (const std::string& layer : aggregate.layers) {

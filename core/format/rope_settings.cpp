@@ -52,21 +52,44 @@ std::optional<RopeSettings> ropeSettingsOf(const BundleMetadata& metadata, const
     return r;
 }
 
-void applyRope(const RopeSettings& rope, int dim, double position, bool inverse, const double* in, double* out)
+RopeRotation::RopeRotation(const RopeSettings& rope, int dim)
+    : m_rope(rope)
+    , m_dim(dim)
+    , m_rotary(rope.rotaryDim > 0 && rope.rotaryDim <= dim ? rope.rotaryDim : dim)
 {
-    const int rotary = rope.rotaryDim > 0 && rope.rotaryDim <= dim ? rope.rotaryDim : dim;
-    const int half = rotary / 2;
-    for (int i = rotary; i < dim; ++i)
+    for (int i = 0; i < m_rotary / 2; ++i)
+        m_invFreq.push_back(std::pow(rope.theta, -2.0 * i / m_rotary));
+    m_cos.resize(m_invFreq.size());
+    m_sin.resize(m_invFreq.size());
+}
+
+void RopeRotation::setPosition(double position, bool inverse)
+{
+    const double pos = position / m_rope.positionScale * (inverse ? -1.0 : 1.0);
+    for (std::size_t i = 0; i < m_invFreq.size(); ++i) {
+        m_cos[i] = std::cos(pos * m_invFreq[i]);
+        m_sin[i] = std::sin(pos * m_invFreq[i]);
+    }
+}
+
+void RopeRotation::apply(const double* in, double* out) const
+{
+    const int half = m_rotary / 2;
+    for (int i = m_rotary; i < m_dim; ++i)
         out[i] = in[i];
-    const double pos = position / rope.positionScale;
     for (int i = 0; i < half; ++i) {
-        const double angle = pos * std::pow(rope.theta, -2.0 * i / rotary) * (inverse ? -1.0 : 1.0);
-        const double c = std::cos(angle), s = std::sin(angle);
-        const int lo = rope.neoxStyle ? i : 2 * i, hi = rope.neoxStyle ? i + half : 2 * i + 1;
-        const double a = in[lo], b = in[hi];
+        const int lo = m_rope.neoxStyle ? i : 2 * i, hi = m_rope.neoxStyle ? i + half : 2 * i + 1;
+        const double a = in[lo], b = in[hi], c = m_cos[std::size_t(i)], s = m_sin[std::size_t(i)];
         out[lo] = a * c - b * s;
         out[hi] = b * c + a * s;
     }
+}
+
+void applyRope(const RopeSettings& rope, int dim, double position, bool inverse, const double* in, double* out)
+{
+    RopeRotation r(rope, dim);
+    r.setPosition(position, inverse);
+    r.apply(in, out);
 }
 
 }  // namespace kvscope

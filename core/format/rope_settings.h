@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace kvscope {
 
@@ -26,5 +27,20 @@ std::optional<RopeSettings> ropeSettingsOf(const BundleMetadata& metadata, const
 // Rotates one head vector (dim values) as position `position` under `rope`, in double;
 // `inverse` undoes it.
 void applyRope(const RopeSettings& rope, int dim, double position, bool inverse, const double* in, double* out);
+
+// The same for many vectors: the frequencies computed once, and the angles of one position
+// once for every vector rotated by it.
+class RopeRotation {
+public:
+    RopeRotation(const RopeSettings& rope, int dim);
+    // Sets the position (inverse: its inverse rotation).
+    void setPosition(double position, bool inverse = false);
+    void apply(const double* in, double* out) const;
+
+private:
+    RopeSettings m_rope;
+    int m_dim, m_rotary;
+    std::vector<double> m_invFreq, m_cos, m_sin;
+};
 
 }  // namespace kvscope

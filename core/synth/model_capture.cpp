@@ -69,6 +69,10 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::LostWrite, "lost_write"},
     {FaultKind::BatchMixup, "batch_mixup"},
     {FaultKind::PrefixReuse, "prefix_reuse"},
+    {FaultKind::HeadKScale, "head_k_scale"},
+    {FaultKind::LaggingWrite, "lagging_write"},
+    {FaultKind::RankUnwritten, "rank_unwritten"},
+    {FaultKind::KNegated, "k_negated"},
 };
 
 std::string layerName(int i)
@@ -239,6 +243,26 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
         f.truth["layer_group_of"] = layerName(f.layer);
         f.truth["at_step"] = f.step;
         f.truth["prompt"] = "prompt_0";
+        break;
+    case FaultKind::HeadKScale:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["head"] = f.head;
+        f.truth["factor"] = 0.5;
+        break;
+    case FaultKind::LaggingWrite:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["from_decode_step"] = f.step;
+        f.truth["description"] = "position t holds position t - 1's K and V";
+        break;
+    case FaultKind::RankUnwritten:
+        if (f.rank >= o.tpSize)
+            throw std::invalid_argument("rank_unwritten needs rank " + std::to_string(f.rank) + " under tp_size " +
+                                        std::to_string(o.tpSize));
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["rank"] = f.rank;
+        break;
+    case FaultKind::KNegated:
+        f.truth["layer"] = layerName(f.layer);
         break;
     case FaultKind::None:
         break;
@@ -433,6 +457,42 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
                             fromForeign(l, pos);
                     });
         }
+        break;
+    case FaultKind::HeadKScale: {
+        LayerKv& kv = layers[std::size_t(f.layer)];
+        forPositions(kv, [&](std::int64_t pos) {
+            float* k = kv.k.data() + kv.index(f.head, pos);
+            for (int i = 0; i < dim; ++i)
+                k[i] = detmath::roundToBf16(k[i] * 0.5f);
+        });
+        break;
+    }
+    case FaultKind::LaggingWrite: {
+        LayerKv& kv = layers[std::size_t(f.layer)];
+        for (std::int64_t pos = kv.seq - 1; pos >= std::max<std::int64_t>(at, 1); --pos)
+            if (kv.present[std::size_t(pos)] && kv.present[std::size_t(pos - 1)]) {
+                std::copy_n(kv.k.begin() + std::ptrdiff_t(kv.index(0, pos - 1)), kv.rowSize(),
+                            kv.k.begin() + std::ptrdiff_t(kv.index(0, pos)));
+                std::copy_n(kv.v.begin() + std::ptrdiff_t(kv.index(0, pos - 1)), kv.rowSize(),
+                            kv.v.begin() + std::ptrdiff_t(kv.index(0, pos)));
+            }
+        break;
+    }
+    case FaultKind::RankUnwritten: {
+        LayerKv& kv = layers[std::size_t(f.layer)];
+        for (int h = 0; h < heads; ++h) {
+            const std::vector<int> ranks = config.ranksHolding(h);
+            if (std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end())
+                forPositions(kv, [&](std::int64_t pos) {
+                    std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(h, pos)), dim, 0.0f);
+                    std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(h, pos)), dim, 0.0f);
+                });
+        }
+        break;
+    }
+    case FaultKind::KNegated:
+        for (float& x : layers[std::size_t(f.layer)].k)
+            x = -x;
         break;
     default:
         break;

@@ -42,6 +42,10 @@ enum class FaultKind {
     LostWrite,       // one decode position never written (zeros), every layer
     BatchMixup,      // from a decode position on, another sequence's KV, every layer
     PrefixReuse,     // a prefix-cache block holding another prefix's KV, one group's layers
+    HeadKScale,      // K of one head stored 0.5x, one layer
+    LaggingWrite,    // from a decode position on, each position holds the one before it, one layer
+    RankUnwritten,   // one TP rank's heads never written (zeros), one layer
+    KNegated,        // K of every head stored negated, one layer
 };
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...

@@ -131,6 +131,8 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
     meta.extra["synthetic_fault"] = o.faultLayer < 0 ? "none"
         : "rope_offset layer=" + layerName(o.faultLayer) + " head=" + std::to_string(o.faultHead) +
               " from_decode_step=" + std::to_string(o.faultPosition);
+    // The fault's rotation (interleaved pairs, base 10000), so that RoPE explanations can be tested.
+    meta.extra["rope"] = R"({"theta": 10000.0, "rotary_dim": )" + std::to_string(o.headDim) + R"(, "style": "gptj"})";
     BundleWriter writer(path, meta, config);
 
     std::mt19937_64 rng(o.seed);

@@ -416,6 +416,17 @@ void TestPromptPage::suspectsLeadToTheBug()
     QVERIFY(heatmapOf(*m_window).hasHighlight());
     for (int h = 0; h < p.heads; ++h)
         QCOMPARE(headTableOf(*m_window).isHighlighted(h), std::find(s.heads.begin(), s.heads.end(), h) != s.heads.end());
+    // The row shows the explanation and the score.
+    QVERIFY2(list.item(0)->text().contains(QString::fromStdString(s.hypothesis.kind)) && list.item(0)->text().contains("floors"),
+             qPrintable(list.item(0)->text()));
+    // Elsewhere, a click on the suspect already chosen goes back to its cell.
+    promptPageOf(*m_window).selectCell(0, 0);
+    QCOMPARE(list.currentRow(), 0);
+    const QRect row = list.visualItemRect(list.item(0));
+    QTest::mouseClick(list.viewport(), Qt::LeftButton, {}, row.center());
+    QCOMPARE(promptPageOf(*m_window).selectedLayer(), s.worstLayer);
+    QCOMPARE(promptPageOf(*m_window).selectedToken(), s.worstToken);
+    QVERIFY(heatmapOf(*m_window).hasHighlight());
 }
 
 void TestPromptPage::enterGoesToTheHeadTable()
