@@ -482,10 +482,19 @@ std::vector<Hypothesis> testHypotheses(const HypothesisInput& in)
     tryRope(t, in, tried);
     tryNearest(t, in, tried);
     const double before = t.errorBefore();
-    // Best first; within a quarter floor, the simpler one.
-    std::stable_sort(tried.begin(), tried.end(), [](const Tried& a, const Tried& b) {
-        return a.h.residualFloors + 0.25 * a.complexity < b.h.residualFloors + 0.25 * b.complexity;
+    // Best first; on a near tie (an eighth of the explained bound a step of complexity:
+    // a quarter floor three-way), the simpler one.
+    const double step = in.explained / 8;
+    std::stable_sort(tried.begin(), tried.end(), [step](const Tried& a, const Tried& b) {
+        return a.h.residualFloors + step * a.complexity < b.h.residualFloors + step * b.complexity;
     });
+    // The catch-alls (misplaced, unrelated) only when no specific one explains the error.
+    const auto generic = [](const Tried& x) { return x.h.kind == "misplaced" || x.h.kind == "unrelated"; };
+    const auto specific = std::find_if(tried.begin(), tried.end(), [&](const Tried& x) {
+        return !generic(x) && x.h.residualFloors <= in.explained;
+    });
+    if (specific != tried.end())
+        std::rotate(tried.begin(), specific, specific + 1);
     std::vector<Hypothesis> result;
     for (Tried& x : tried) {
         x.h.errorFloors = before;
