@@ -400,16 +400,17 @@ void PromptPage::refreshSummary()
         const std::vector<Suspect> none;
         const std::vector<Suspect>& suspects = m_controller->isRunning() ? none : p->suspects;
         for (const Suspect& s : suspects) {
+            // Two short lines, to fit the side panel: what and how far; where.
             const QString explanation = s.hypothesis.kind.empty() ? QString()
                                         : s.pattern == SuspectPattern::Unexplained
-                                            ? QString(" · nearest %1").arg(QString::fromStdString(s.hypothesis.kind))
-                                            : QString(" · %1").arg(QString::fromStdString(s.hypothesis.kind));
-            auto* item = new QListWidgetItem(QString("%1%2 · %3 · tokens %4-%5 · %6 floors")
-                                                 .arg(suspectPatternName(s.pattern), explanation,
-                                                      QString::fromStdString(shortLayerName(s.firstLayer)))
+                                            ? QString(" (nearest %1)").arg(QString::fromStdString(s.hypothesis.kind))
+                                            : QString(": %1").arg(QString::fromStdString(s.hypothesis.kind));
+            auto* item = new QListWidgetItem(QString("%1%2, %3 floors\n%4 · tokens %5-%6")
+                                                 .arg(suspectPatternName(s.pattern), explanation)
+                                                 .arg(s.score, 0, 'g', 3)
+                                                 .arg(QString::fromStdString(shortLayerName(s.firstLayer)))
                                                  .arg(s.firstToken)
-                                                 .arg(s.lastToken)
-                                                 .arg(s.score, 0, 'g', 3));
+                                                 .arg(s.lastToken));
             item->setToolTip(QString::fromStdString(s.evidence));
             m_suspects->addItem(item);
         }
