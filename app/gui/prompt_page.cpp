@@ -416,7 +416,7 @@ void PromptPage::refreshSummary()
         }
         if (suspects.empty())
             m_evidence->setText(m_controller->isRunning() ? tr("(after the analysis)")
-                                                          : tr("None: nothing leaves the capture's noise floor."));
+                                                          : tr("None: nothing leaves the noise floor of its dtype."));
     }
     // Problems are appended by the workers while they run: read them once the analysis is over.
     QStringList problems;

@@ -189,10 +189,10 @@ void writeSuspects(QTextStream& out, const AnalysisResult& result)
 {
     out << "<h2>Suspects</h2>";
     if (result.suspects.empty())
-        out << "<p>None: nothing leaves the capture's own noise floor.</p>";
+        out << "<p>None: nothing leaves the noise floor of its dtype.</p>";
     else {
-        out << "<table><tr><th>pattern</th><th>score</th><th>first layer</th><th>tokens</th><th>heads</th><th>TP "
-               "ranks</th><th>prompts</th><th>evidence</th></tr>";
+        out << "<table><tr><th>pattern</th><th>explanation (residual, floors)</th><th>score</th><th>first layer</th>"
+               "<th>tokens</th><th>heads</th><th>TP ranks</th><th>prompts</th><th>evidence</th></tr>";
         for (const Suspect& s : result.suspects) {
             QStringList heads, ranks, prompts;
             for (const std::string& id : s.prompts)
@@ -201,7 +201,15 @@ void writeSuspects(QTextStream& out, const AnalysisResult& result)
                 heads << QString::number(h);
             for (int r : s.tpRanks)
                 ranks << QString::number(r);
-            out << "<tr class=fail><td>" << suspectPatternName(s.pattern) << "</td><td>" << QString::number(s.score, 'g', 3)
+            // The hypothesis that explains it, or for `unexplained` the nearest one tried.
+            const QString explanation =
+                s.hypothesis.kind.empty()
+                    ? QStringLiteral("-")
+                    : QString("%1%2 (%3)")
+                          .arg(s.pattern == SuspectPattern::Unexplained ? "nearest: " : "",
+                               html(s.hypothesis.kind), QString::number(s.hypothesis.residualFloors, 'g', 3));
+            out << "<tr class=fail><td>" << suspectPatternName(s.pattern) << "</td><td>" << explanation << "</td><td>"
+                << QString::number(s.score, 'g', 3)
                 << "</td><td>" << html(s.firstLayer) << "</td><td>" << s.firstToken << "-" << s.lastToken << " ("
                 << html(s.phase) << ", " << html(s.kv)
                 << (s.prompts.size() > 1 ? QString(", over %1 prompts").arg(s.prompts.size()) : QString()) << ")</td><td>"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 namespace kvscope {
 
@@ -165,9 +166,21 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
                         off[std::size_t(l)].push_back({t, h, part, r});
                 }
     });
+    // Coherence: a real onset persists over tokens or layers. Cells off at one token of one
+    // layer only (a token whose floor happens to be tiny) are not a fault.
+    std::vector<std::set<std::int64_t>> tokens(static_cast<std::size_t>(layers));
     for (int l = 0; l < layers; ++l)
-        if (off[std::size_t(l)].size() >= std::size_t(th.minCells))
+        for (const OffCell& c : off[std::size_t(l)])
+            tokens[std::size_t(l)].insert(c.token);
+    for (int l = 0; l < layers; ++l) {
+        if (off[std::size_t(l)].size() < std::size_t(th.minCells))
+            continue;
+        bool persists = tokens[std::size_t(l)].size() >= 2;
+        for (int other = 0; other < layers && !persists; ++other)
+            persists = other != l && tokens[std::size_t(other)].count(*tokens[std::size_t(l)].begin()) > 0;
+        if (persists)
             result.affected.push_back(l);
+    }
     return result;
 }
 

@@ -13,7 +13,8 @@
 //   not measured: the threshold allows for it, growing with depth (SuspectThresholds), so
 //   two-way misses faults smaller than that drift.
 // A cell is off above a threshold that grows with the number of cells tested
-// (SuspectThresholds), and a layer is affected when at least minCells of its cells are off.
+// (SuspectThresholds), and a layer is affected when at least minCells of its cells are off, at
+// two tokens or more, or at a token that is off in another layer too (a real onset persists).
 
 #include "analysis/analysis_result.h"
 #include "analysis/suspect.h"

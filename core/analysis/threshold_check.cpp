@@ -11,7 +11,7 @@ namespace kvscope {
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& t)
 {
     std::vector<Violation> out;
-    // Any suspect fails, and comes first: something left the capture's own noise floor in a recognisable way.
+    // Any suspect fails, and comes first: something left the noise floor of its dtype.
     for (const Suspect& s : result.suspects) {
         std::string prompts;
         for (const std::string& id : s.prompts)

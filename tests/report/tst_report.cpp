@@ -77,6 +77,9 @@ void TestReport::htmlIsSelfContained()
     QVERIFY(html.contains("FAIL"));                       // the injected fault fails the thresholds
     QVERIFY(html.indexOf("<h2>Suspects</h2>") < html.indexOf("<h2>Capture</h2>"));  // it opens with them
     QVERIFY(html.contains("<th>pattern</th>") && html.contains("model.layers.5.self_attn</td>"));
+    // The demo's fault (one head's K rotated one position too far) is explained as such.
+    QVERIFY2(html.contains("<th>explanation (residual, floors)</th>") && html.contains("<td>rope_offset ("),
+             "the suspect's explanation");
     QVERIFY(!html.contains("NaN"));                       // no data is null, never NaN
 }
 
