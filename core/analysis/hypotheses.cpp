@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -377,52 +378,45 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
                         " where the model uses " + (model.neoxStyle ? "rotated halves" : "interleaved pairs") + ")",
                     predict(other, same), 0, t.share()}, 1});
 
-    best = kInf;
-    bestShare = 0;
-    double bestTheta = 0;
-    for (double theta : {1e4, 5e4, 1e5, 5e5, 1e6, 1e7}) {
-        if (std::fabs(theta - model.theta) < 1e-6 * model.theta)
-            continue;
-        RopeSettings s = model;
-        s.theta = theta;
-        if (const double r = predict(s, same); r < best)
-            best = r, bestTheta = theta, bestShare = t.share();
-    }
-    out.push_back({{"rope_base", {{"theta", bestTheta}},
-                    "K rotated with base " + number(bestTheta, 6) + " where the model's is " + number(model.theta, 6), best, 0,
-                    bestShare}, 1});
-
-    best = kInf;
-    bestShare = 0;
-    double bestFactor = 0;
-    for (double f : {0.25, 0.5, 1.0, 2.0, 4.0, 8.0}) {
-        if (std::fabs(f - model.positionScale) < 1e-9)
-            continue;
-        RopeSettings s = model;
-        s.positionScale = f;
-        if (const double r = predict(s, same); r < best)
-            best = r, bestFactor = f, bestShare = t.share();
-    }
-    out.push_back({{"rope_scaling", {{"factor", bestFactor}},
-                    "K rotated with positions divided by " + number(bestFactor) + " where the model divides by " + number(model.positionScale),
-                    best, 0, bestShare}, 1});
-
-    best = kInf;
-    bestShare = 0;
-    int bestDims = 0;
+    // One setting changed over candidate values (the model's own left out): the best value,
+    // its residual and share; none when every candidate is the model's.
+    struct Variant {
+        double value = 0, residual = kInf, share = 0;
+    };
+    const auto bestVariant = [&](const std::vector<double>& values, double own,
+                                 const std::function<void(RopeSettings&, double)>& set) {
+        std::optional<Variant> best;
+        for (double v : values) {
+            if (std::fabs(v - own) <= 1e-6 * std::fabs(own))
+                continue;
+            RopeSettings engine = model;
+            set(engine, v);
+            if (const double r = predict(engine, same); !best || r < best->residual)
+                best = Variant{v, r, t.share()};
+        }
+        return best;
+    };
+    if (const auto b = bestVariant({1e4, 5e4, 1e5, 5e5, 1e6, 1e7}, model.theta,
+                                   [](RopeSettings& r, double v) { r.theta = v; }))
+        out.push_back({{"rope_base", {{"theta", b->value}},
+                        "K rotated with base " + number(b->value, 6) + " where the model's is " + number(model.theta, 6),
+                        b->residual, 0, b->share}, 1});
+    if (const auto b = bestVariant({0.25, 0.5, 1.0, 2.0, 4.0, 8.0}, model.positionScale,
+                                   [](RopeSettings& r, double v) { r.positionScale = v; }))
+        out.push_back({{"rope_scaling", {{"factor", b->value}},
+                        "K rotated with positions divided by " + number(b->value) + " where the model divides by " +
+                            number(model.positionScale),
+                        b->residual, 0, b->share}, 1});
     const int modelDims = model.rotaryDim > 0 ? model.rotaryDim : dim;
-    for (int dims : {dim, dim / 2, dim / 4}) {
-        if (dims == modelDims || dims < 2 || dims % 2)
-            continue;
-        RopeSettings s = model;
-        s.rotaryDim = dims;
-        if (const double r = predict(s, same); r < best)
-            best = r, bestDims = dims, bestShare = t.share();
-    }
-    if (bestDims)
-        out.push_back({{"rope_dims", {{"rotary_dims", double(bestDims)}},
-                        "K rotated over " + std::to_string(bestDims) + " dims where the model rotates " + std::to_string(modelDims),
-                        best, 0, bestShare}, 1});
+    std::vector<double> dims;  // all, half, a quarter: even counts of at least 2
+    for (int d : {dim, dim / 2, dim / 4})
+        if (d >= 2 && d % 2 == 0)
+            dims.push_back(d);
+    if (const auto b = bestVariant(dims, modelDims, [](RopeSettings& r, double v) { r.rotaryDim = int(v); }))
+        out.push_back({{"rope_dims", {{"rotary_dims", b->value}},
+                        "K rotated over " + std::to_string(int(b->value)) + " dims where the model rotates " +
+                            std::to_string(modelDims),
+                        b->residual, 0, b->share}, 1});
 }
 
 void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)

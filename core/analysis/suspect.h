@@ -5,6 +5,7 @@
 
 #include "format/paged_kv.h"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,6 +42,15 @@ struct Hypothesis {
     double residualFloors = 0;      // median over the off cells of their error after it
     double errorFloors = 0;         // the same cells' median error before it
     double explainedShare = 0;      // the share of the off cells it brings back near the floor
+
+    // A parameter's value (NaN when it has none of that name).
+    double parameter(const std::string& name) const
+    {
+        for (const auto& [n, v] : parameters)
+            if (n == name)
+                return v;
+        return std::nan("");
+    }
 };
 
 struct SuspectBlock {

@@ -78,14 +78,6 @@ std::vector<Hypothesis> test(const PromptAnalysis& p, const std::vector<OffCell>
     return testHypotheses({p, cfg, ratios, 0, cells, engine, reference, rope, 2.0});
 }
 
-double parameter(const Hypothesis& h, const std::string& name)
-{
-    for (const auto& [n, v] : h.parameters)
-        if (n == name)
-            return v;
-    return std::nan("");
-}
-
 }  // namespace
 
 class TestHypotheses : public QObject {
@@ -164,8 +156,8 @@ void TestHypotheses::swappedHeadsAreFound()
     const std::vector<Hypothesis> h = test(p, offCells({2, 3}), engine, reference);
     // Rank 1 holds heads 2 and 3 in the wrong order: a head map, not another rank's shard.
     QCOMPARE(h.front().kind, std::string("head_swap"));
-    QCOMPARE(parameter(h.front(), "head_2"), 3.0);
-    QCOMPARE(parameter(h.front(), "head_3"), 2.0);
+    QCOMPARE(h.front().parameter("head_2"), 3.0);
+    QCOMPARE(h.front().parameter("head_3"), 2.0);
     QVERIFY(h.front().residualFloors < 0.01);
     QCOMPARE(h.front().explainedShare, 1.0);
 }
@@ -184,7 +176,7 @@ void TestHypotheses::aScaleIsMeasured()
             cells.push_back(c);
     const std::vector<Hypothesis> h = test(p, cells, engine, reference);
     QCOMPARE(h.front().kind, std::string("scale"));
-    QVERIFY(std::fabs(parameter(h.front(), "factor") - 1.25) < 1e-6);
+    QVERIFY(std::fabs(h.front().parameter("factor") - 1.25) < 1e-6);
     QVERIFY(h.front().residualFloors < 0.01);
 }
 
@@ -206,7 +198,7 @@ void TestHypotheses::aRopeOffsetIsFound()
     const PromptAnalysis p = promptWithOff({0, 1, 2, 3});
     const std::vector<Hypothesis> h = test(p, offCells({0, 1, 2, 3}, true), engine, reference, rope);
     QCOMPARE(h.front().kind, std::string("rope_offset"));
-    QCOMPARE(parameter(h.front(), "offset"), 5.0);
+    QCOMPARE(h.front().parameter("offset"), 5.0);
     // Without the rope settings no RoPE hypothesis is tried.
     for (const Hypothesis& x : test(p, offCells({0, 1, 2, 3}, true), engine, reference))
         QVERIFY(x.kind.rfind("rope", 0) != 0);

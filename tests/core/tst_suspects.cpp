@@ -87,14 +87,6 @@ int groupStart(int layer)
     return layer % 2;
 }
 
-double parameter(const Hypothesis& h, const std::string& name)
-{
-    for (const auto& [n, v] : h.parameters)
-        if (n == name)
-            return v;
-    return std::nan("");
-}
-
 }  // namespace
 
 class TestSuspects : public QObject {
@@ -180,14 +172,14 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         break;
     case FaultKind::RopeOffset:
         is("rope_offset");
-        expect(parameter(s.hypothesis, "offset") == 1, "offset");
+        expect(s.hypothesis.parameter("offset") == 1, "offset");
         patternIn({"position"});
         layerIs(L);
         expect(s.kv == "k" && s.phase == "decode", "kv/phase " + QString::fromStdString(s.kv + "/" + s.phase));
         break;
     case FaultKind::RopePrefill:
         is("rope_offset");
-        expect(parameter(s.hypothesis, "offset") == 3, "offset");
+        expect(s.hypothesis.parameter("offset") == 3, "offset");
         patternIn({"position"});
         layerIs(L);
         expect(s.phase == "prefill", "phase " + QString::fromStdString(s.phase));
@@ -197,13 +189,13 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         is("rope_offset");
         const std::int64_t len = s.evidencePrompt == "prompt_0" ? o.promptLens[0] : o.promptLens[1];
         const std::int64_t restart = std::max<std::int64_t>(4, len / 2 / 4 * 4);
-        expect(parameter(s.hypothesis, "offset") == -double(restart), QString("offset, not -%1").arg(restart));
+        expect(s.hypothesis.parameter("offset") == -double(restart), QString("offset, not -%1").arg(restart));
         layerIs(0);
         break;
     }
     case FaultKind::RopeScaling:
         is("rope_scaling");
-        expect(parameter(s.hypothesis, "factor") == 2, "factor");
+        expect(s.hypothesis.parameter("factor") == 2, "factor");
         layerIs(0);
         break;
     case FaultKind::RopeConvention:
@@ -212,7 +204,7 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         break;
     case FaultKind::PartialRotary:
         is("rope_dims");
-        expect(parameter(s.hypothesis, "rotary_dims") == o.shape.headDim / 2, "rotary dims");
+        expect(s.hypothesis.parameter("rotary_dims") == o.shape.headDim / 2, "rotary dims");
         layerIs(L);
         break;
     case FaultKind::DeadHead:
@@ -252,17 +244,17 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
             // Replicated: rank 1 holds head 0, rank 2 head 1, and head 1 is read from rank 2,
             // which now holds rank 1's shard: head 1 holds head 0.
             is("head_swap");
-            expect(parameter(s.hypothesis, "head_1") == 0, "head 1 holds head 0");
+            expect(s.hypothesis.parameter("head_1") == 0, "head 1 holds head 0");
         }
         break;
     case FaultKind::Fp8Scale:
         is("scale");
-        expect(near(parameter(s.hypothesis, "factor"), 2.0), "factor");
+        expect(near(s.hypothesis.parameter("factor"), 2.0), "factor");
         layerIs(L);
         break;
     case FaultKind::RankVScale:
         is("scale");
-        expect(near(parameter(s.hypothesis, "factor"), 1.25), "factor");
+        expect(near(s.hypothesis.parameter("factor"), 1.25), "factor");
         layerIs(0);
         expect(s.kv == "v", "kv " + QString::fromStdString(s.kv));
         expect(partitioned ? s.heads == std::vector<int>({2, 3}) : s.heads == std::vector<int>({0}),
@@ -270,7 +262,7 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         break;
     case FaultKind::GlobalVScale:
         is("scale");
-        expect(near(parameter(s.hypothesis, "factor"), 0.8), "factor");
+        expect(near(s.hypothesis.parameter("factor"), 0.8), "factor");
         layerIs(0);
         expect(s.kv == "v", "kv " + QString::fromStdString(s.kv));
         break;
@@ -278,7 +270,7 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         is("head_swap");
         layerIs(L);
         const int other = (o.faultHead ^ 1) < o.shape.kvHeads ? o.faultHead ^ 1 : o.faultHead - 1;
-        expect(parameter(s.hypothesis, "head_" + std::to_string(o.faultHead)) == other, "mapping");
+        expect(s.hypothesis.parameter("head_" + std::to_string(o.faultHead)) == other, "mapping");
         break;
     }
     case FaultKind::KvSwap:
@@ -288,7 +280,7 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
     case FaultKind::BlockShift: {
         is("token_shift");
         const int blockSize = groupStart(L) == 0 ? o.slidingBlockSize : o.fullBlockSize;
-        expect(parameter(s.hypothesis, "offset") == -blockSize, QString("offset, not -%1").arg(blockSize));
+        expect(s.hypothesis.parameter("offset") == -blockSize, QString("offset, not -%1").arg(blockSize));
         layerIs(groupStart(L));
         break;
     }
@@ -300,14 +292,14 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         break;
     case FaultKind::HeadKScale:
         is("scale");
-        expect(near(parameter(s.hypothesis, "factor"), 0.5), "factor");
+        expect(near(s.hypothesis.parameter("factor"), 0.5), "factor");
         patternIn({"head"});
         layerIs(L);
         expect(s.heads == std::vector<int>{o.faultHead} && s.kv == "k", "head and part");
         break;
     case FaultKind::LaggingWrite:
         is("token_shift");
-        expect(parameter(s.hypothesis, "offset") == -1, "offset");
+        expect(s.hypothesis.parameter("offset") == -1, "offset");
         patternIn({"position"});
         layerIs(L);
         break;
@@ -323,7 +315,7 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         break;
     case FaultKind::KNegated:
         is("scale");
-        expect(near(parameter(s.hypothesis, "factor"), -1.0), "factor");
+        expect(near(s.hypothesis.parameter("factor"), -1.0), "factor");
         layerIs(L);
         expect(s.kv == "k", "kv " + QString::fromStdString(s.kv));
         break;
