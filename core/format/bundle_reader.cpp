@@ -221,10 +221,12 @@ DType BundleReader::checkedDType(const std::string& dataset) const
     const std::string name = m_file.readStringAttribute(dataset, "dtype");
     const auto dtype = parseDType(name);
     if (!dtype)
-        m_file.fail(dataset, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2)");
+        m_file.fail(dataset, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, int8)");
     const DatasetInfo info = m_file.datasetInfo(dataset);
     const bool isFloat = *dtype == DType::Float32 || *dtype == DType::Float16;
-    if (!isFloat && info.isSigned)  // a signed read would clamp every negative value's bits to 0
+    if (*dtype == DType::Int8 && info.typeClass == H5T_INTEGER && !info.isSigned)  // an unsigned read would clamp negatives
+        m_file.fail(dataset, "stores int8 codes as unsigned integers; they must be signed (int8)");
+    else if (!isFloat && *dtype != DType::Int8 && info.isSigned)  // a signed read would clamp every negative value's bits to 0
         m_file.fail(dataset, "stores the " + name + " bits as signed integers; they must be unsigned (uint16 / uint8)");
     if ((isFloat ? info.typeClass != H5T_FLOAT : info.typeClass != H5T_INTEGER) || info.typeSize != dtypeSize(*dtype))
         m_file.fail(dataset, "stored as a " + std::to_string(info.typeSize) + "-byte " +

@@ -1,8 +1,11 @@
 #include "format/dtype.h"
 
+#include "format/minifloat.h"
 #include "util/simd_clones.h"
 
+#include <algorithm>
 #include <bit>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -18,6 +21,8 @@ std::size_t dtypeSize(DType dtype)
         return 4;
     case DType::Float8E4M3:
     case DType::Float8E5M2:
+    case DType::Float8E4M3Fnuz:
+    case DType::Int8:
         return 1;
     }
     return 0;
@@ -29,15 +34,18 @@ double unitRoundoff(DType dtype)
     case DType::BFloat16: return std::ldexp(1.0, -8);
     case DType::Float16: return std::ldexp(1.0, -11);
     case DType::Float32: return std::ldexp(1.0, -24);
-    case DType::Float8E4M3: return std::ldexp(1.0, -4);
+    case DType::Float8E4M3:
+    case DType::Float8E4M3Fnuz: return std::ldexp(1.0, -4);
     case DType::Float8E5M2: return std::ldexp(1.0, -3);
+    case DType::Int8: return std::ldexp(1.0, -8);
     }
     return 0;
 }
 
 bool isQuantised(DType dtype)
 {
-    return dtype == DType::Float8E4M3 || dtype == DType::Float8E5M2;
+    return dtype == DType::Float8E4M3 || dtype == DType::Float8E5M2 || dtype == DType::Float8E4M3Fnuz ||
+           dtype == DType::Int8;
 }
 
 std::string dtypeName(DType dtype)
@@ -53,6 +61,10 @@ std::string dtypeName(DType dtype)
         return "float8_e4m3fn";
     case DType::Float8E5M2:
         return "float8_e5m2";
+    case DType::Float8E4M3Fnuz:
+        return "float8_e4m3fnuz";
+    case DType::Int8:
+        return "int8";
     }
     return "?";
 }
@@ -71,6 +83,10 @@ std::optional<DType> parseDType(std::string_view name)
         return DType::Float8E4M3;
     if (name == "float8_e5m2" || name == "fp8_e5m2")
         return DType::Float8E5M2;
+    if (name == "float8_e4m3fnuz" || name == "fp8_e4m3fnuz")
+        return DType::Float8E4M3Fnuz;
+    if (name == "int8")
+        return DType::Int8;
     return std::nullopt;
 }
 
@@ -79,41 +95,24 @@ float bf16ToFloat(std::uint16_t bits)
     return std::bit_cast<float>(std::uint32_t(bits) << 16);
 }
 
-// A small IEEE-like format with `expBits` exponent bits and `manBits` mantissa bits.
-static float decodeMinifloat(std::uint32_t bits, int expBits, int manBits, bool hasInfinity)
-{
-    const std::uint32_t sign = bits >> (expBits + manBits);
-    const std::uint32_t exponent = (bits >> manBits) & ((1u << expBits) - 1);
-    const std::uint32_t mantissa = bits & ((1u << manBits) - 1);
-    const int bias = (1 << (expBits - 1)) - 1;
-    const std::uint32_t maxExponent = (1u << expBits) - 1;
-    float magnitude;
-    if (exponent == 0) {
-        magnitude = std::ldexp(float(mantissa), 1 - bias - manBits);
-    } else if (hasInfinity && exponent == maxExponent) {
-        magnitude = mantissa == 0 ? std::numeric_limits<float>::infinity()
-                                  : std::numeric_limits<float>::quiet_NaN();
-    } else if (!hasInfinity && exponent == maxExponent && mantissa == (1u << manBits) - 1) {
-        magnitude = std::numeric_limits<float>::quiet_NaN();
-    } else {
-        magnitude = std::ldexp(float(mantissa | (1u << manBits)), int(exponent) - bias - manBits);
-    }
-    return sign ? -magnitude : magnitude;
-}
-
 float fp16ToFloat(std::uint16_t bits)
 {
-    return decodeMinifloat(bits, 5, 10, true);
+    return decodeMinifloat(kFp16, bits);
 }
 
 float fp8e4m3ToFloat(std::uint8_t bits)
 {
-    return decodeMinifloat(bits, 4, 3, false);
+    return decodeMinifloat(kE4M3Fn, bits);
 }
 
 float fp8e5m2ToFloat(std::uint8_t bits)
 {
-    return decodeMinifloat(bits, 5, 2, true);
+    return decodeMinifloat(kE5M2, bits);
+}
+
+float fp8e4m3fnuzToFloat(std::uint8_t bits)
+{
+    return decodeMinifloat(kE4M3Fnuz, bits);
 }
 
 namespace {
@@ -122,6 +121,8 @@ struct DecodeTables {
     float fp16[65536];
     float e4m3[256];
     float e5m2[256];
+    float e4m3fnuz[256];
+    float int8[256];
     DecodeTables()
     {
         for (std::uint32_t i = 0; i < 65536; ++i)
@@ -129,6 +130,8 @@ struct DecodeTables {
         for (std::uint32_t i = 0; i < 256; ++i) {
             e4m3[i] = fp8e4m3ToFloat(std::uint8_t(i));
             e5m2[i] = fp8e5m2ToFloat(std::uint8_t(i));
+            e4m3fnuz[i] = fp8e4m3fnuzToFloat(std::uint8_t(i));
+            int8[i] = float(std::int8_t(std::uint8_t(i)));
         }
     }
 };
@@ -136,6 +139,17 @@ const DecodeTables& tables()
 {
     static const DecodeTables instance;
     return instance;
+}
+
+const float* byteTable(DType dtype)
+{
+    switch (dtype) {
+    case DType::Float8E4M3: return tables().e4m3;
+    case DType::Float8E5M2: return tables().e5m2;
+    case DType::Float8E4M3Fnuz: return tables().e4m3fnuz;
+    case DType::Int8: return tables().int8;
+    default: return nullptr;
+    }
 }
 }  // namespace
 
@@ -163,9 +177,11 @@ void decodeToFloat(DType dtype, const void* src, std::size_t count, float* dst, 
         break;
     }
     case DType::Float8E4M3:
-    case DType::Float8E5M2: {
+    case DType::Float8E5M2:
+    case DType::Float8E4M3Fnuz:
+    case DType::Int8: {
         const auto* in = static_cast<const std::uint8_t*>(src);
-        const float* table = dtype == DType::Float8E4M3 ? tables().e4m3 : tables().e5m2;
+        const float* table = byteTable(dtype);
         for (std::size_t i = 0; i < count; ++i)
             dst[i] = table[in[i]];
         break;
@@ -185,60 +201,63 @@ std::uint16_t floatToBf16(float value)
     return std::uint16_t((bits + roundingBias) >> 16);
 }
 
-// Round-to-nearest-even encoding into a minifloat; values beyond the largest finite
-// value become infinity (when the format has one) or saturate.
-static std::uint32_t encodeMinifloat(float value, int expBits, int manBits, bool hasInfinity)
-{
-    const std::uint32_t signBit = std::signbit(value) ? 1u << (expBits + manBits) : 0u;
-    const int bias = (1 << (expBits - 1)) - 1;
-    const std::uint32_t maxExponent = (1u << expBits) - 1;
-    const std::uint32_t nanBits = hasInfinity ? (maxExponent << manBits) | (1u << (manBits - 1))
-                                              : (maxExponent << manBits) | ((1u << manBits) - 1);
-    if (std::isnan(value))
-        return signBit | nanBits;
-    // Largest finite: e4m3fn has max exponent with mantissa 110; others max exponent - 1.
-    const float maxFinite = hasInfinity
-        ? std::ldexp(float((2u << manBits) - 1), int(maxExponent) - 1 - bias - manBits)
-        : std::ldexp(float((2u << manBits) - 2), int(maxExponent) - bias - manBits);
-    const float magnitude = std::fabs(value);
-    if (std::isinf(magnitude))
-        return hasInfinity ? signBit | (maxExponent << manBits)
-                           : signBit | encodeMinifloat(maxFinite, expBits, manBits, hasInfinity);
-    // Quantise to the grid of the exponent the value falls into.
-    const int minNormalExponent = 1 - bias;
-    int exponent = magnitude == 0.0f ? minNormalExponent : std::ilogb(magnitude);
-    if (exponent < minNormalExponent)
-        exponent = minNormalExponent;
-    const float step = std::ldexp(1.0f, exponent - manBits);
-    const float quantised = std::nearbyint(magnitude / step) * step;  // default mode is to-nearest-even
-    if (quantised > maxFinite) {
-        if (hasInfinity && magnitude >= maxFinite + step / 2)
-            return signBit | (maxExponent << manBits);
-        return signBit | encodeMinifloat(maxFinite, expBits, manBits, hasInfinity);
-    }
-    if (quantised == 0.0f)
-        return signBit;
-    int qExponent = std::ilogb(quantised);
-    if (qExponent < minNormalExponent)  // subnormal
-        return signBit | std::uint32_t(quantised / std::ldexp(1.0f, minNormalExponent - manBits));
-    const std::uint32_t mantissa =
-        std::uint32_t(quantised / std::ldexp(1.0f, qExponent - manBits)) & ((1u << manBits) - 1);
-    return signBit | (std::uint32_t(qExponent + bias) << manBits) | mantissa;
-}
-
 std::uint16_t floatToFp16(float value)
 {
-    return std::uint16_t(encodeMinifloat(value, 5, 10, true));
+    // IEEE: from halfway above the largest finite value (whose mantissa is odd) on, infinity.
+    const double top = kFp16.maxFinite() + std::ldexp(1.0, 15 - kFp16.mantissaBits - 1);
+    if (!std::isnan(value) && std::fabs(double(value)) >= top)
+        return std::uint16_t(std::signbit(value) ? 0xfc00 : 0x7c00);
+    return std::uint16_t(encodeMinifloat(kFp16, value));
 }
 
 std::uint8_t floatToFp8e4m3(float value)
 {
-    return std::uint8_t(encodeMinifloat(value, 4, 3, false));
+    return std::uint8_t(encodeMinifloat(kE4M3Fn, value));
 }
 
 std::uint8_t floatToFp8e5m2(float value)
 {
-    return std::uint8_t(encodeMinifloat(value, 5, 2, true));
+    return std::uint8_t(encodeMinifloat(kE5M2, value));
+}
+
+std::uint8_t floatToFp8e4m3fnuz(float value)
+{
+    return std::uint8_t(encodeMinifloat(kE4M3Fnuz, value));
+}
+
+std::uint8_t floatToInt8(float value)
+{
+    if (std::isnan(value))
+        return 0;
+    const float rounded = std::nearbyint(std::clamp(value, -128.0f, 127.0f));
+    return std::uint8_t(std::int8_t(rounded));
+}
+
+void encodeFromFloat(DType dtype, const float* src, std::size_t count, void* dst, float scale)
+{
+    auto* out = static_cast<std::uint8_t*>(dst);
+    for (std::size_t i = 0; i < count; ++i) {
+        const float v = src[i] / scale;
+        switch (dtype) {
+        case DType::Float32:
+            std::memcpy(out + 4 * i, &v, 4);
+            break;
+        case DType::BFloat16: {
+            const std::uint16_t b = floatToBf16(v);
+            std::memcpy(out + 2 * i, &b, 2);
+            break;
+        }
+        case DType::Float16: {
+            const std::uint16_t b = floatToFp16(v);
+            std::memcpy(out + 2 * i, &b, 2);
+            break;
+        }
+        case DType::Float8E4M3: out[i] = floatToFp8e4m3(v); break;
+        case DType::Float8E5M2: out[i] = floatToFp8e5m2(v); break;
+        case DType::Float8E4M3Fnuz: out[i] = floatToFp8e4m3fnuz(v); break;
+        case DType::Int8: out[i] = floatToInt8(v); break;
+        }
+    }
 }
 
 }  // namespace kvscope

@@ -9,20 +9,23 @@
 
 namespace kvscope {
 
-enum class DType { BFloat16, Float16, Float32, Float8E4M3, Float8E5M2 };
+// Float8E4M3 is OCP e4m3fn (max 448, NVIDIA and vLLM); Float8E4M3Fnuz AMD's (max 240);
+// Int8 a symmetric integer cache (values are code x scale).
+enum class DType { BFloat16, Float16, Float32, Float8E4M3, Float8E5M2, Float8E4M3Fnuz, Int8 };
 
 // Bytes per element.
 std::size_t dtypeSize(DType dtype);
 
 // The format's unit roundoff: the largest relative error of rounding a value in its normal
 // range, half the spacing at a power of two, 2^-(mantissa bits + 1): bf16 2^-8, fp16 2^-11,
-// fp32 2^-24, fp8 e4m3 2^-4, e5m2 2^-3.
+// fp32 2^-24, fp8 e4m3 2^-4, e5m2 2^-3. For int8, whose error is absolute, half a code over
+// the largest code: 2^-8.
 double unitRoundoff(DType dtype);
 // Whether a cache of this dtype is quantised (stored with scales, far coarser than bf16).
 bool isQuantised(DType dtype);
 
 // Canonical name as written in bundles ("bfloat16", "float16", "float32",
-// "float8_e4m3fn", "float8_e5m2").
+// "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8").
 std::string dtypeName(DType dtype);
 
 // Accepts the canonical names and torch's spellings ("torch.bfloat16", "torch.half", ...).
@@ -33,15 +36,21 @@ float bf16ToFloat(std::uint16_t bits);
 float fp16ToFloat(std::uint16_t bits);
 float fp8e4m3ToFloat(std::uint8_t bits);  // e4m3fn: no infinities, 0x7f/0xff are NaN
 float fp8e5m2ToFloat(std::uint8_t bits);
+float fp8e4m3fnuzToFloat(std::uint8_t bits);  // no infinities, no negative zero: 0x80 is NaN
 
 // Decodes `count` elements of `dtype` from `src` into `dst`, multiplying by `scale`
-// (the dequantisation scale of fp8 caches; 1 for the others).
+// (the dequantisation scale of quantised caches; 1 for the others).
 void decodeToFloat(DType dtype, const void* src, std::size_t count, float* dst, float scale = 1.0f);
 
-// Encoders, for writers and tests: round to nearest even, as torch does.
+// Encoders, for writers and tests: round to nearest even, as torch does; the quantised
+// formats saturate to their finite range, as engines store them.
 std::uint16_t floatToBf16(float value);
-std::uint16_t floatToFp16(float value);
+std::uint16_t floatToFp16(float value);  // IEEE: overflow is infinite
 std::uint8_t floatToFp8e4m3(float value);  // saturates to +-448
 std::uint8_t floatToFp8e5m2(float value);  // saturates to +-57344
+std::uint8_t floatToFp8e4m3fnuz(float value);  // saturates to +-240
+std::uint8_t floatToInt8(float value);  // two's complement, saturates to [-128, 127]; NaN is 0
+// Encodes `count` floats into `dtype`, dividing by `scale` first (the inverse of decodeToFloat).
+void encodeFromFloat(DType dtype, const float* src, std::size_t count, void* dst, float scale = 1.0f);
 
 }  // namespace kvscope

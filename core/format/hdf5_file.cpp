@@ -115,7 +115,10 @@ hid_t storageType(DType dtype)
         return H5T_STD_U16LE;
     case DType::Float8E4M3:
     case DType::Float8E5M2:
+    case DType::Float8E4M3Fnuz:
         return H5T_STD_U8LE;
+    case DType::Int8:
+        return H5T_STD_I8LE;
     case DType::Float16: {
         // HDF5 1.10 has no predefined half type; this is the one h5py uses for numpy float16.
         static const hid_t half = [] {

@@ -1,7 +1,5 @@
 #include "format/raw_tensor.h"
 
-#include <cstring>
-
 namespace kvscope {
 
 std::int64_t RawTensor::numel() const
@@ -41,30 +39,7 @@ RawTensor RawTensor::fromFloat(DType dtype, std::vector<std::int64_t> shape,
     t.shape = std::move(shape);
     t.scale = scale;
     t.bytes.resize(values.size() * dtypeSize(dtype));
-    for (std::size_t i = 0; i < values.size(); ++i) {
-        const float v = values[i] / scale;
-        switch (dtype) {
-        case DType::Float32:
-            std::memcpy(t.bytes.data() + 4 * i, &v, 4);
-            break;
-        case DType::BFloat16: {
-            const std::uint16_t b = floatToBf16(v);
-            std::memcpy(t.bytes.data() + 2 * i, &b, 2);
-            break;
-        }
-        case DType::Float16: {
-            const std::uint16_t b = floatToFp16(v);
-            std::memcpy(t.bytes.data() + 2 * i, &b, 2);
-            break;
-        }
-        case DType::Float8E4M3:
-            t.bytes[i] = floatToFp8e4m3(v);
-            break;
-        case DType::Float8E5M2:
-            t.bytes[i] = floatToFp8e5m2(v);
-            break;
-        }
-    }
+    encodeFromFloat(dtype, values.data(), values.size(), t.bytes.data(), scale);
     return t;
 }
 
