@@ -15,7 +15,7 @@ import numpy as np
 from ._version import __version__
 
 from .kv_cache_config import KvCacheConfig
-from .tensors import load_torch_bytes, to_array, to_float32, to_int_array
+from .tensors import QUANTISED, load_torch_bytes, to_array, to_float32, to_int_array
 
 FORMAT_NAME = "kvscope-capture"
 FORMAT_VERSION = 2
@@ -52,6 +52,43 @@ def _dataset(group, name, data, dtype=None, chunk_rows=None):
     rows = chunk_rows or max(1, (1 << 20) // row_bytes)
     chunks = (min(len(data), rows),) + data.shape[1:]
     return group.create_dataset(name, data=data, dtype=dtype, chunks=chunks, fletcher32=True)
+
+
+def _scales(value, cache_shape, what):
+    """A quantised cache's scales as (scalar scale, finer scales or None).
+
+    value: None (not quantised: 1.0), a number or 0-d tensor (per tensor, vLLM's _k_scale), a
+    [heads_per_rank] tensor (per head), or per token and head [num_blocks, heads_per_rank,
+    block_size] (the cache's order) or [num_blocks, block_size, heads_per_rank]."""
+    if value is None:
+        return 1.0, None
+    if isinstance(value, (int, float, np.floating, np.integer)):
+        array = np.asarray(value, np.float64)
+    else:
+        try:
+            import torch
+            if isinstance(value, torch.Tensor):
+                value = value.detach().cpu().to(torch.float32).numpy()
+        except ImportError:
+            pass
+        array = np.asarray(value)
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"{what}: scales must be finite and not negative")
+    blocks, heads, block_size, _ = cache_shape
+    if array.size == 1:
+        scale = float(array.reshape(()))
+        if not scale > 0:
+            raise ValueError(f"{what}: scale {scale} must be finite and positive")
+        return scale, None
+    array = array.astype(np.float32)
+    if array.shape == (heads,):
+        return 1.0, np.ascontiguousarray(array)
+    if array.shape == (blocks, heads, block_size):
+        return 1.0, np.ascontiguousarray(array)
+    if array.shape == (blocks, block_size, heads):
+        return 1.0, np.ascontiguousarray(array.transpose(0, 2, 1))
+    raise ValueError(f"{what}: shape {array.shape}; scales are one number, per head ({heads},), or per token and "
+                     f"head ({blocks}, {heads}, {block_size}) or ({blocks}, {block_size}, {heads})")
 
 
 def _string_dataset(group, name, values):
@@ -265,46 +302,48 @@ class BundleWriter:
             rank_group = snap.create_group(f"rank_{r}", track_order=True)
             for layer in cfg.layer_names():
                 lg = rank_group.create_group(layer)
-                for part, (array, dtype, scale) in zip("kv", layers[layer]):
+                for part, (array, dtype, scale, finer) in zip("kv", layers[layer]):
                     data = array if stored is None else array[stored]
                     # One block per chunk (several only when blocks are under 4 KiB): a
                     # checksum covers a whole chunk, so one block can be read and verified alone.
                     block_bytes = array[0].nbytes if len(array) else 1
-                    ds = _dataset(lg, part, data, chunk_rows=max(1, 4096 // max(1, block_bytes)))
+                    chunk_rows = max(1, 4096 // max(1, block_bytes))
+                    ds = _dataset(lg, part, data, chunk_rows=chunk_rows)
                     _set_string(ds, "dtype", dtype)
                     ds.attrs["scale"] = float(scale)
+                    if finer is not None:  # per head [heads], or per token and head [blocks, heads, block_size]
+                        if finer.ndim == 3 and stored is not None:
+                            finer = finer[stored]
+                        sd = _dataset(lg, part + "_scale", finer, chunk_rows=chunk_rows if finer.ndim == 3 else None)
+                        _set_string(sd, "dtype", "float32")
         prompt["snapshots"].append({"seq_len": int(seq_len), "validated_until": validated_until})
 
     def _engine_layer(self, cfg, layer, kv, where):
         group = cfg.group_of(layer)
         if isinstance(kv, (bytes, bytearray, memoryview)):
             kv = load_torch_bytes(kv, where)
-        scales = None
+        scales = (None, None)
         if isinstance(kv, dict):
             if "k" not in kv or "v" not in kv:
                 raise ValueError(f"{where}: a dict needs 'k' and 'v', has {sorted(kv)}")
-            if "k_scale" in kv or "v_scale" in kv:
-                scales = (float(kv.get("k_scale", 1.0)), float(kv.get("v_scale", 1.0)))
+            scales = (kv.get("k_scale"), kv.get("v_scale"))
             kv = (kv["k"], kv["v"])
         if not isinstance(kv, (tuple, list)) or len(kv) != 2:
             raise ValueError(f"{where}: expected (k, v), {{'k': k, 'v': v}} or torch.save bytes of that")
         out = []
         expected = (cfg.num_blocks, cfg.heads_per_rank, group["block_size"], group["head_size"])
-        if scales is None:
-            if group["dtype"].startswith("float8"):
-                raise ValueError(f"{where}: an fp8 cache needs its dequantisation scales: pass "
-                                 "{'k': k, 'v': v, 'k_scale': s, 'v_scale': s}")
-            scales = (1.0, 1.0)
+        quantised = group["dtype"] in QUANTISED
+        if quantised and (scales[0] is None or scales[1] is None):
+            raise ValueError(f"{where}: a {group['dtype']} cache needs its dequantisation scales: pass "
+                             "{'k': k, 'v': v, 'k_scale': s, 'v_scale': s} (vLLM: layer._k_scale, layer._v_scale)")
         for part, value, scale in zip("kv", kv, scales):
-            array, dtype = to_array(value, f"{where}, {part}")
+            array, dtype = to_array(value, f"{where}, {part}", group["dtype"])
             if tuple(array.shape) != expected:
                 raise ValueError(f"{where}, {part}: shape {tuple(array.shape)}, the config implies {expected} "
                                  "[num_blocks, heads_per_rank, block_size, head_size]")
             if dtype != group["dtype"]:
                 raise ValueError(f"{where}, {part}: {dtype} but the config says {group['dtype']}")
-            if not (scale > 0 and np.isfinite(scale)):
-                raise ValueError(f"{where}, {part}: scale {scale} must be finite and positive")
-            out.append((array, dtype, scale))
+            out.append((array, dtype) + _scales(scale if quantised else None, expected, f"{where}, {part}_scale"))
         return out
 
     # --- the reference -------------------------------------------------------------------

@@ -9,7 +9,9 @@ import io
 
 import numpy as np
 
-DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
+DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8")
+# Quantised caches: engines often allocate them as uint8 (vLLM does), the format named by the config.
+QUANTISED = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8")
 
 # numpy dtype of the stored bits of each dtype
 STORAGE = {
@@ -18,6 +20,8 @@ STORAGE = {
     "float32": np.float32,
     "float8_e4m3fn": np.uint8,
     "float8_e5m2": np.uint8,
+    "float8_e4m3fnuz": np.uint8,
+    "int8": np.int8,
 }
 
 
@@ -27,7 +31,7 @@ def canonical_dtype(name):
     if name.startswith("torch."):
         name = name[len("torch."):]
     aliases = {"half": "float16", "float": "float32", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
-               "fp8_e5m2": "float8_e5m2"}
+               "fp8_e5m2": "float8_e5m2", "fp8_e4m3fnuz": "float8_e4m3fnuz"}
     name = aliases.get(name, name)
     return name if name in DTYPES else None
 
@@ -44,8 +48,11 @@ def load_torch_bytes(data, what):
         raise ValueError(f"{what}: not torch.save bytes ({e})") from e
 
 
-def to_array(value, what):
-    """A tensor-like value as (numpy array of the stored bits, dtype name)."""
+def to_array(value, what, declared=None):
+    """A tensor-like value as (numpy array of the stored bits, dtype name).
+
+    declared: the dtype the config gives a quantised cache, which then may come as uint8 bits
+    (int8 codes as int8 or as their uint8 bits)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         value = load_torch_bytes(value, what)
     try:
@@ -54,6 +61,8 @@ def to_array(value, what):
         torch = None
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
+        if declared in QUANTISED and t.dtype in (torch.uint8, torch.int8):
+            return t.view(torch.int8 if declared == "int8" else torch.uint8).numpy(), declared
         name = canonical_dtype(t.dtype)
         if name is None:
             raise ValueError(f"{what}: unsupported dtype {t.dtype} (kvscope stores {', '.join(DTYPES)})")
@@ -61,8 +70,12 @@ def to_array(value, what):
             return t.view(torch.int16).numpy().view(np.uint16), name
         if name.startswith("float8"):
             return t.view(torch.uint8).numpy(), name
+        if name == "int8":
+            return t.numpy(), name
         return t.numpy().astype(STORAGE[name], copy=False), name
     if isinstance(value, np.ndarray):
+        if declared in QUANTISED and value.dtype in (np.uint8, np.int8):
+            return np.ascontiguousarray(value).view(np.int8 if declared == "int8" else np.uint8), declared
         if value.dtype == np.float32:
             return np.ascontiguousarray(value), "float32"
         if value.dtype == np.float16:

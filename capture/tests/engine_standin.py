@@ -31,9 +31,11 @@ class PagedEngine:
             return list(range(rank * per, (rank + 1) * per))
         return [rank // (tp // total)]
 
-    def snapshot(self, layers, seq_len):
-        """layers: {name: (k, v)} contiguous [heads, >= seq_len - 1, dim] bf16. Returns the RPC
-        results (per-rank dicts of torch.save bytes, per-group table bytes) and the tables."""
+    def snapshot(self, layers, seq_len, scales=None):
+        """layers: {name: (k, v)} contiguous [heads, >= seq_len - 1, dim] bf16 (or uint8 codes of a
+        quantised cache, with `scales` {name: (k_scale, v_scale)}, each a number, per head [heads],
+        or per token and head [heads, >= seq_len - 1]). Returns the RPC results (per-rank dicts of
+        torch.save bytes, per-group table bytes) and the tables."""
         cfg = self.config
         written = seq_len - 1
         pool = list(self.rng.permutation(np.arange(1, cfg["num_blocks"])))
@@ -59,8 +61,17 @@ class PagedEngine:
                     k, v = layers[name]
                     shape = (cfg["num_blocks"], len(heads), bs, group["head_size"])
                     # Garbage everywhere first: other sequences' data.
-                    kc = torch.randn(shape).to(torch.bfloat16)
-                    vc = torch.randn(shape).to(torch.bfloat16)
+                    if k.dtype == torch.uint8:
+                        kc = torch.randint(0, 0x70, shape, dtype=torch.uint8)
+                        vc = torch.randint(0, 0x70, shape, dtype=torch.uint8)
+                    else:
+                        kc = torch.randn(shape).to(torch.bfloat16)
+                        vc = torch.randn(shape).to(torch.bfloat16)
+                    paged_scales = []
+                    for s in (scales or {}).get(name, ()):
+                        s = torch.as_tensor(s, dtype=torch.float32)
+                        paged_scales.append(s if s.dim() == 0 else s[heads] if s.dim() == 1
+                                            else torch.ones(shape[:3]))
                     for b, phys in enumerate(tables[g][0]):
                         if phys < 0:
                             continue
@@ -69,7 +80,13 @@ class PagedEngine:
                             if p < written:
                                 kc[phys, :, o] = k[heads, p]
                                 vc[phys, :, o] = v[heads, p]
-                    caches[name] = torch_save_bytes({"k": kc, "v": vc})
+                                for paged, given in zip(paged_scales, scales[name] if scales else ()):
+                                    if paged.dim() == 3:
+                                        paged[phys, :, o] = torch.as_tensor(given)[heads, p]
+                    entry = {"k": kc, "v": vc}
+                    if paged_scales:
+                        entry["k_scale"], entry["v_scale"] = paged_scales
+                    caches[name] = torch_save_bytes(entry)
             per_rank.append(caches)
         table_bytes = [torch_save_bytes(torch.from_numpy(t)) for t in tables]
         return per_rank, table_bytes

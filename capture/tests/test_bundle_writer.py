@@ -182,7 +182,7 @@ class Writer(unittest.TestCase):
             (config(tp_size=3), "cannot be partitioned"),
             (dict(config(), groups=[dict(config()["groups"][0], num_kv_heads=4)]), "num_kv_heads"),
             (dict(config(), groups=[dict(config()["groups"][0], spec_type="MLAAttentionSpec")]), "not supported"),
-            (dict(config(), groups=[dict(config()["groups"][0], dtype="torch.int8")]), "unsupported dtype"),
+            (dict(config(), groups=[dict(config()["groups"][0], dtype="torch.int4")]), "unsupported dtype"),
             (dict(config(), dcp_size=2), "context parallelism"),
             (dict(config(), groups=[dict(config()["groups"][0], sliding_window=4096.0)]), "positive integer"),
             (dict(config(), groups=[config()["groups"][0], dict(config()["groups"][0], layer_names=["x"], head_size=16)]),

@@ -31,6 +31,23 @@ def config(total_heads, tp, spec, window=6):
     }
 
 
+def decode_fp8(codes, dtype):
+    """fp8 codes to float32 from the formats' definitions (OCP e4m3fn: bias 7, S.1111.111 NaN;
+    e5m2: bias 15, IEEE specials)."""
+    e_bits, m_bits, bias = (4, 3, 7) if dtype == "float8_e4m3fn" else (5, 2, 15)
+    sign = np.where(codes >> 7, -1.0, 1.0)
+    exponent = (codes >> m_bits) & ((1 << e_bits) - 1)
+    mantissa = (codes & ((1 << m_bits) - 1)).astype(np.float64)
+    normal = (1 + mantissa / (1 << m_bits)) * np.exp2(exponent.astype(np.float64) - bias)
+    subnormal = mantissa / (1 << m_bits) * np.exp2(1.0 - bias)
+    value = sign * np.where(exponent == 0, subnormal, normal)
+    if dtype == "float8_e5m2":
+        value = np.where(exponent == 31, np.where(mantissa == 0, sign * np.inf, np.nan), value)
+    else:
+        value = np.where((exponent == 15) & (mantissa == 7), np.nan, value)
+    return value.astype(np.float32)
+
+
 @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
 class CrossLanguage(unittest.TestCase):
     def run_case(self, total_heads, tp, spec, keep_only_referenced):
@@ -83,6 +100,58 @@ class CrossLanguage(unittest.TestCase):
                         np.testing.assert_array_equal(got["v"][()][:, present], truth[name][1].float().numpy()[:, present])
                         ref = f[f"prompts/p/expected/{name}"]
                         np.testing.assert_array_equal(ref["k"][()], k_true)
+
+    def run_quantised(self, dtype, granularity):
+        """A quantised cache as engines hand it: uint8 codes (torch has them as uint8 before it
+        has float8 types) with scales per tensor, head, or token and head. kvscope's decoding must
+        give exactly the codes' values, decoded here from the format's definition, times the scales."""
+        total_heads, tp, total = 4, 2, 12
+        cfg = config(total_heads, tp, "FullAttentionSpec")
+        for group in cfg["groups"]:
+            group["dtype"] = dtype
+        names = [n for g in cfg["groups"] for n in g["layer_names"]]
+        rng = np.random.default_rng(7)
+        codes = {n: tuple(torch.from_numpy(rng.integers(0, 0x7f, (total_heads, total, 4)).astype(np.uint8)
+                                           | (rng.integers(0, 2, (total_heads, total, 4)) << 7).astype(np.uint8))
+                          for _ in "kv") for n in names}
+
+        def scales_of(n):
+            shape = {"tensor": (), "head": (total_heads,), "token_head": (total_heads, total)}[granularity]
+            return tuple(rng.uniform(0.01, 3.0, shape).astype(np.float32) for _ in "kv")
+
+        scales = {n: scales_of(n) for n in names}
+        engine = PagedEngine(cfg, seed=3)
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "capture.h5")
+            with BundleWriter(bundle, model="cross-language", engine="stand-in") as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(total)), 6)
+                rpc, tables = engine.snapshot(codes, total, scales)
+                w.add_engine_snapshot("p", rpc, tables, total, keep_only_referenced=True)
+                w.add_reference_kv("p", "expected", tuple(
+                    (torch.zeros(1, total_heads, total, 4), torch.zeros(1, total_heads, total, 4)) for _ in names))
+            out = os.path.join(tmp, "export.h5")
+            result = subprocess.run([BINARY, "export", bundle, out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with h5py.File(out, "r") as f:
+                for name in names:
+                    for part, index in (("k", 0), ("v", 1)):
+                        values = decode_fp8(codes[name][index].numpy(), dtype)
+                        scale = scales[name][index]
+                        scale = scale.reshape(total_heads, total, 1) if scale.ndim == 2 else \
+                            scale.reshape(total_heads, 1, 1) if scale.ndim == 1 else scale
+                        want = (values * scale).astype(np.float32)
+                        got = f[f"prompts/p/engine/{name}"][part][()]
+                        np.testing.assert_array_equal(got[:, :total - 1], want[:, :total - 1], err_msg=f"{name} {part}")
+
+    def test_fp8_e4m3fn_per_tensor(self):
+        self.run_quantised("float8_e4m3fn", "tensor")
+
+    def test_fp8_e4m3fn_per_head(self):
+        self.run_quantised("float8_e4m3fn", "head")
+
+    def test_fp8_e5m2_per_token_head(self):
+        self.run_quantised("float8_e5m2", "token_head")
 
     def test_partitioned_sliding_window_spec(self):
         self.run_case(4, 2, "SlidingWindowSpec", keep_only_referenced=True)

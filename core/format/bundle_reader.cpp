@@ -353,10 +353,40 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     {
         std::lock_guard lock(hdf5Mutex());
         shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr, reads);
+        readScales(dataset, shape, blockIds && !allRows ? &rows : nullptr, shard.blocks);
     }
     for (const ChunkRowRead& read : reads)  // without the lock: another thread may use HDF5 meanwhile
         read.run();
     return shard;
+}
+
+void BundleReader::readScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
+                              const std::vector<std::int64_t>* rows, RawTensor& cache) const
+{
+    const std::string path = dataset + "_scale";
+    if (!m_file.exists(path))
+        return;
+    if (!isQuantised(cache.dtype))
+        m_file.fail(path, "scales for a " + dtypeName(cache.dtype) + " cache, which is not quantised");
+    if (cache.scale != 1.0f)
+        m_file.fail(path, "given beside the cache's scalar 'scale' attribute; keep one of them");
+    const DatasetInfo info = m_file.datasetInfo(path);
+    const std::vector<std::int64_t> perHead{shape[1]}, perTokenHead{shape[0], shape[1], shape[2]};
+    const bool tokenHead = info.shape == perTokenHead;
+    if (info.shape != perHead && !tokenHead)
+        m_file.fail(path, "shape " + shapeToString(info.shape) + ": scales are per head " + shapeToString(perHead) +
+                              " or per token and head " + shapeToString(perTokenHead));
+    std::vector<ChunkRowRead> reads;  // small: read now, not with the cache's deferred reads
+    const RawTensor scales = readTensor(path, info.shape, tokenHead ? rows : nullptr, reads);
+    for (const ChunkRowRead& read : reads)
+        read.run();
+    if (scales.dtype != DType::Float32)
+        m_file.fail(path, "scales must be float32, found " + dtypeName(scales.dtype));
+    std::vector<float> values = scales.toFloat();
+    for (float v : values)
+        if (!(v >= 0.0f) || !std::isfinite(v))
+            m_file.fail(path, "scale " + std::to_string(v) + " must be finite and not negative");
+    cache.setScales(tokenHead ? ScaleGranularity::TokenHead : ScaleGranularity::Head, std::move(values));
 }
 
 std::vector<std::int64_t> BundleReader::referenceShape(const std::string& dataset, const std::string& layer) const

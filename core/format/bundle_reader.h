@@ -71,6 +71,10 @@ public:
 private:
     PromptInfo readPrompt(const std::string& id) const;
     // Reads straight from the file are left in `deferred`, for the caller to run without the lock.
+    // The scales beside a quantised engine cache (`<dataset>_scale`), if any, into `cache`;
+    // `rows` as for the cache.
+    void readScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
+                    const std::vector<std::int64_t>* rows, RawTensor& cache) const;
     RawTensor readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
                          const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const;
     DType checkedDType(const std::string& dataset) const;

@@ -128,6 +128,20 @@ void BundleWriter::writeKv(const std::string& dataset, const RawTensor& tensor, 
     m_file->writeRaw(dataset, storageType(tensor.dtype), tensor.shape, tensor.bytes.data(), chunkRows);
     m_file->writeStringAttribute(dataset, "dtype", dtypeName(tensor.dtype));
     m_file->writeDoubleAttribute(dataset, "scale", tensor.scale);
+    if (tensor.scales.empty())
+        return;
+    // Finer scales: a float32 dataset beside the cache, chunked as it is.
+    if (!isQuantised(tensor.dtype))
+        fail(dataset, "scales for a " + dtypeName(tensor.dtype) + " tensor, which is not quantised");
+    const std::vector<std::int64_t> shape = tensor.scalesShape();
+    if (shape.empty() || std::int64_t(tensor.scales.size()) != Hdf5File::elementCount(shape))
+        fail(dataset, std::to_string(tensor.scales.size()) + " scales do not fit " + shapeToString(tensor.shape));
+    for (float v : tensor.scales)
+        if (!(v >= 0.0f) || !std::isfinite(v))
+            fail(dataset, "scales must be finite and not negative");
+    const std::string path = dataset + "_scale";
+    m_file->writeRaw(path, H5T_IEEE_F32LE, shape, tensor.scales.data(), shape.size() == 1 ? shape[0] : chunkRows);
+    m_file->writeStringAttribute(path, "dtype", dtypeName(DType::Float32));
 }
 
 void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot& snap)

@@ -1,5 +1,7 @@
 #include "format/raw_tensor.h"
 
+#include <algorithm>
+
 namespace kvscope {
 
 std::int64_t RawTensor::numel() const
@@ -18,10 +20,57 @@ std::int64_t RawTensor::stride(int dim) const
     return s;
 }
 
+const char* granularityName(ScaleGranularity granularity)
+{
+    switch (granularity) {
+    case ScaleGranularity::Tensor: return "tensor";
+    case ScaleGranularity::Head: return "head";
+    case ScaleGranularity::TokenHead: return "token_head";
+    }
+    return "?";
+}
+
+ScaleGranularity RawTensor::granularity() const
+{
+    if (scales.empty())
+        return ScaleGranularity::Tensor;
+    return shape.size() == 4 && elementsPerScale == shape[3] ? ScaleGranularity::TokenHead : ScaleGranularity::Head;
+}
+
+void RawTensor::setScales(ScaleGranularity granularity, std::vector<float> values)
+{
+    scale = 1.0f;
+    scales = std::move(values);
+    elementsPerScale = 0;
+    if (granularity == ScaleGranularity::Tensor || shape.size() != 4)
+        return;
+    elementsPerScale = granularity == ScaleGranularity::Head ? shape[2] * shape[3] : shape[3];
+}
+
+std::vector<std::int64_t> RawTensor::scalesShape() const
+{
+    switch (granularity()) {
+    case ScaleGranularity::Tensor: return {};
+    case ScaleGranularity::Head: return {shape[1]};
+    case ScaleGranularity::TokenHead: return {shape[0], shape[1], shape[2]};
+    }
+    return {};
+}
+
 void RawTensor::decode(std::int64_t offset, std::int64_t count, float* dst) const
 {
-    decodeToFloat(dtype, bytes.data() + offset * std::int64_t(dtypeSize(dtype)), std::size_t(count),
-                  dst, scale);
+    const std::int64_t size = std::int64_t(dtypeSize(dtype));
+    if (scales.empty()) {
+        decodeToFloat(dtype, bytes.data() + offset * size, std::size_t(count), dst, scale);
+        return;
+    }
+    // One decode per run of elements sharing a scale.
+    for (std::int64_t done = 0; done < count;) {
+        const std::int64_t e = offset + done;
+        const std::int64_t run = std::min(count - done, elementsPerScale - e % elementsPerScale);
+        decodeToFloat(dtype, bytes.data() + e * size, std::size_t(run), dst + done, scaleAt(e));
+        done += run;
+    }
 }
 
 std::vector<float> RawTensor::toFloat() const

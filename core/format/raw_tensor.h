@@ -11,6 +11,10 @@
 
 namespace kvscope {
 
+// How finely a quantised cache is scaled.
+enum class ScaleGranularity { Tensor, Head, TokenHead };
+const char* granularityName(ScaleGranularity granularity);  // "tensor", "head", "token_head"
+
 struct RawTensor {
     DType dtype = DType::Float32;
     std::vector<std::int64_t> shape;
@@ -18,11 +22,28 @@ struct RawTensor {
     std::vector<std::uint8_t, BufferAllocator<std::uint8_t>> bytes;
     // Dequantisation scale: stored values times scale give the real values (fp8 caches).
     float scale = 1.0f;
+    // Finer scales, as engines keep them beside a quantised cache [blocks, heads, block_size,
+    // head_dim]: one per head ([heads]) or per token and head ([blocks, heads, block_size]).
+    // Element e has scales[(e / elementsPerScale) % scales.size()]; `scale` is then 1.
+    std::vector<float> scales;
+    std::int64_t elementsPerScale = 0;
 
     std::int64_t numel() const;
     // Element stride of dimension `dim` in a row-major layout.
     std::int64_t stride(int dim) const;
-    // Decodes `count` elements starting at element `offset`, applying the scale.
+    ScaleGranularity granularity() const;
+    // The dequantisation scale of element `element`.
+    float scaleAt(std::int64_t element) const
+    {
+        return scales.empty() ? scale
+                              : scales[std::size_t(element / elementsPerScale) % scales.size()];
+    }
+    // Sets one scale per head or per token and head of a cache shaped [blocks, heads,
+    // block_size, head_dim]; `values` has the granularity's shape, flattened.
+    void setScales(ScaleGranularity granularity, std::vector<float> values);
+    // The shape of the scales' dataset: [heads] or [blocks, heads, block_size] ({} per tensor).
+    std::vector<std::int64_t> scalesShape() const;
+    // Decodes `count` elements starting at element `offset`, applying the scales.
     void decode(std::int64_t offset, std::int64_t count, float* dst) const;
     std::vector<float> toFloat() const;
 

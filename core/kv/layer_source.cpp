@@ -79,7 +79,7 @@ RowView LayerSource::storedFloatRow(KvPart part, std::int64_t pos) const
     if (runsPerRow != 1)
         return {};
     const HeadRun& run = *runs(part, pos);
-    if (run.tensor->dtype != DType::Float32 || run.tensor->scale != 1.0f)
+    if (run.tensor->dtype != DType::Float32 || run.tensor->scale != 1.0f || !run.tensor->scales.empty())
         return {};
     return {reinterpret_cast<const float*>(run.tensor->bytes.data()) + run.offset, std::size_t(run.headStride)};
 }

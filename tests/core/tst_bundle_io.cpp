@@ -38,7 +38,10 @@ KvCacheConfig smallConfig(const std::string& dtype)
 }
 
 // Random bit patterns: every representable value, NaNs included, must survive bit-exactly.
-RawTensor randomTensor(DType dtype, std::vector<std::int64_t> shape, std::mt19937& rng, float scale = 1.0f)
+// With `granularity` Head or TokenHead (an engine cache), random positive scales of that
+// granularity instead of `scale`.
+RawTensor randomTensor(DType dtype, std::vector<std::int64_t> shape, std::mt19937& rng, float scale = 1.0f,
+                       ScaleGranularity granularity = ScaleGranularity::Tensor)
 {
     RawTensor t;
     t.dtype = dtype;
@@ -47,6 +50,13 @@ RawTensor randomTensor(DType dtype, std::vector<std::int64_t> shape, std::mt1993
     t.bytes.resize(std::size_t(t.numel()) * dtypeSize(dtype));
     for (auto& b : t.bytes)
         b = std::uint8_t(rng());
+    if (granularity != ScaleGranularity::Tensor) {
+        const std::int64_t count = granularity == ScaleGranularity::Head ? t.shape[1] : t.shape[0] * t.shape[1] * t.shape[2];
+        std::vector<float> scales;
+        for (std::int64_t i = 0; i < count; ++i)
+            scales.push_back(std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, int(rng() % 9) - 6));
+        t.setScales(granularity, std::move(scales));
+    }
     return t;
 }
 
@@ -57,7 +67,8 @@ struct Written {
     Logits logits;
 };
 
-Written writeBundle(const QString& path, DType dtype, bool keepOnlyReferenced, float scale = 1.0f)
+Written writeBundle(const QString& path, DType dtype, bool keepOnlyReferenced, float scale = 1.0f,
+                    ScaleGranularity granularity = ScaleGranularity::Tensor)
 {
     std::mt19937 rng(42);
     Written w{smallConfig("torch." + dtypeName(dtype)), {}, {}, {}};
@@ -78,8 +89,8 @@ Written writeBundle(const QString& path, DType dtype, bool keepOnlyReferenced, f
     for (int r = 0; r < 2; ++r)
         for (std::size_t l = 0; l < kLayers.size(); ++l) {
             const int bs = l == 1 ? 2 : 4;
-            s.ranks[std::size_t(r)][kLayers[l]] = {randomTensor(dtype, {24, 2, bs, 3}, rng, scale),
-                                                   randomTensor(dtype, {24, 2, bs, 3}, rng, scale)};
+            s.ranks[std::size_t(r)][kLayers[l]] = {randomTensor(dtype, {24, 2, bs, 3}, rng, scale, granularity),
+                                                   randomTensor(dtype, {24, 2, bs, 3}, rng, scale, granularity)};
         }
     writer.addSnapshot("p0", s);
     for (const std::string& layer : kLayers) {
@@ -186,19 +197,27 @@ void TestBundleIo::roundTrip_data()
 {
     QTest::addColumn<int>("dtype");
     QTest::addColumn<float>("scale");
-    QTest::newRow("bfloat16") << int(DType::BFloat16) << 1.0f;
-    QTest::newRow("float16") << int(DType::Float16) << 1.0f;
-    QTest::newRow("float32") << int(DType::Float32) << 1.0f;
-    QTest::newRow("float8_e4m3fn with scale") << int(DType::Float8E4M3) << 0.0625f;
-    QTest::newRow("float8_e5m2 with scale") << int(DType::Float8E5M2) << 3.5f;
+    QTest::addColumn<int>("granularity");
+    const int tensor = int(ScaleGranularity::Tensor), head = int(ScaleGranularity::Head),
+              tokenHead = int(ScaleGranularity::TokenHead);
+    QTest::newRow("bfloat16") << int(DType::BFloat16) << 1.0f << tensor;
+    QTest::newRow("float16") << int(DType::Float16) << 1.0f << tensor;
+    QTest::newRow("float32") << int(DType::Float32) << 1.0f << tensor;
+    QTest::newRow("float8_e4m3fn with scale") << int(DType::Float8E4M3) << 0.0625f << tensor;
+    QTest::newRow("float8_e5m2 with scale") << int(DType::Float8E5M2) << 3.5f << tensor;
+    QTest::newRow("float8_e4m3fn per head") << int(DType::Float8E4M3) << 1.0f << head;
+    QTest::newRow("float8_e4m3fn per token and head") << int(DType::Float8E4M3) << 1.0f << tokenHead;
+    QTest::newRow("float8_e4m3fnuz per head") << int(DType::Float8E4M3Fnuz) << 1.0f << head;
+    QTest::newRow("int8 per token and head") << int(DType::Int8) << 1.0f << tokenHead;
 }
 
 void TestBundleIo::roundTrip()
 {
     QFETCH(int, dtype);
     QFETCH(float, scale);
-    const QString path = m_dir.filePath(QString("rt_%1.h5").arg(dtype));
-    const Written w = writeBundle(path, DType(dtype), false, scale);
+    QFETCH(int, granularity);
+    const QString path = m_dir.filePath(QString("rt_%1_%2.h5").arg(dtype).arg(granularity));
+    const Written w = writeBundle(path, DType(dtype), false, scale, ScaleGranularity(granularity));
     QVERIFY(!QFileInfo::exists(path + ".partial"));
 
     const BundleReader reader(path.toStdString());
@@ -243,12 +262,30 @@ void TestBundleIo::roundTrip()
             QVERIFY(k.blocks.bytes == in.first.bytes);
             QVERIFY(v.blocks.bytes == in.second.bytes);
             QCOMPARE(k.blocks.scale, scale);
+            QCOMPARE(k.blocks.granularity(), ScaleGranularity(granularity));
+            QCOMPARE(k.blocks.scales, in.first.scales);
+            QCOMPARE(v.blocks.scales, in.second.scales);
             QCOMPARE(k.physicalIds.size(), std::size_t(24));
+            // Decoded with its own scales and encoded again, every finite value gives its byte back.
+            const std::vector<float> decoded = k.blocks.toFloat();
+            const std::size_t width = dtypeSize(DType(dtype));
+            for (std::int64_t e = 0; e < k.blocks.numel(); ++e) {
+                if (!std::isfinite(decoded[std::size_t(e)]))
+                    continue;  // NaN payloads and e5m2's infinities, which no saturating engine writes
+                std::uint8_t again[4];
+                encodeFromFloat(DType(dtype), &decoded[std::size_t(e)], 1, again, k.blocks.scaleAt(e));
+                QVERIFY(std::equal(again, again + width, k.blocks.bytes.begin() + std::ptrdiff_t(std::size_t(e) * width)));
+            }
             // Lazy read of a few blocks, asked out of order: each row is the block it claims.
             const std::vector<std::int64_t> ids{11, 3, 17};
             const PagedShard some = reader.readEngineShard("p0", 0, r, layer, KvPart::K, &ids);
             QCOMPARE(some.physicalIds, (std::vector<std::int64_t>{3, 11, 17}));
             const std::size_t rowBytes = std::size_t(in.first.stride(0)) * dtypeSize(DType(dtype));
+            const std::int64_t rowScales = in.first.shape[1] * in.first.shape[2];
+            for (std::size_t i = 0; i < 3 && granularity == int(ScaleGranularity::TokenHead); ++i)
+                QVERIFY(std::equal(some.blocks.scales.begin() + std::ptrdiff_t(i) * rowScales,
+                                   some.blocks.scales.begin() + std::ptrdiff_t(i + 1) * rowScales,
+                                   in.first.scales.begin() + some.physicalIds[i] * rowScales));
             for (std::size_t i = 0; i < 3; ++i)
                 QVERIFY(std::equal(some.blocks.bytes.begin() + std::ptrdiff_t(i * rowBytes),
                                    some.blocks.bytes.begin() + std::ptrdiff_t((i + 1) * rowBytes),
@@ -438,8 +475,8 @@ void TestBundleIo::badInput_data()
     QTest::newRow("missing dataset") << "delete-k" << "/prompts/p0/engine/snapshot_0/rank_1/layers.2.self_attn/k" << "missing";
     QTest::newRow("wrong shape") << "reshape-v" << "/prompts/p0/engine/snapshot_0/rank_0/layers.1.self_attn/v"
         << "shape [24, 2, 3, 3], expected [24, 2, 2, 3]";
-    QTest::newRow("unsupported dtype") << "dtype-int8" << "/prompts/p0/reference/expected/layers.0.self_attn/k"
-        << "unsupported dtype 'int8'";
+    QTest::newRow("unsupported dtype") << "dtype-int4" << "/prompts/p0/reference/expected/layers.0.self_attn/k"
+        << "unsupported dtype 'int4'";
     QTest::newRow("dtype disagrees with storage") << "dtype-lie" << "/prompts/p0/reference/expected/layers.0.self_attn/v"
         << "cannot hold float32";
     QTest::newRow("absurd logits size") << "huge-logits" << "/prompts/p0/logits/actual" << "must be [steps, vocab]";
@@ -502,8 +539,8 @@ void TestBundleIo::badInput()
             H5Ldelete(f, "/prompts/p0/engine/snapshot_0/rank_1/layers.2.self_attn/k", H5P_DEFAULT);
         } else if (damage == "reshape-v") {
             replaceWithFloats(f, "/prompts/p0/engine/snapshot_0/rank_0/layers.1.self_attn/v", {24, 2, 3, 3});
-        } else if (damage == "dtype-int8" || damage == "dtype-lie") {
-            const char* target = damage == "dtype-int8" ? "/prompts/p0/reference/expected/layers.0.self_attn/k"
+        } else if (damage == "dtype-int4" || damage == "dtype-lie") {
+            const char* target = damage == "dtype-int4" ? "/prompts/p0/reference/expected/layers.0.self_attn/k"
                                                         : "/prompts/p0/reference/expected/layers.0.self_attn/v";
             const hid_t d = H5Dopen2(f, target, H5P_DEFAULT);
             H5Adelete(d, "dtype");
@@ -511,7 +548,7 @@ void TestBundleIo::badInput()
             H5Tset_size(str, 8);
             const hid_t sp = H5Screate(H5S_SCALAR);
             const hid_t a = H5Acreate2(d, "dtype", str, sp, H5P_DEFAULT, H5P_DEFAULT);
-            H5Awrite(a, str, damage == "dtype-int8" ? "int8\0\0\0\0" : "float32\0");
+            H5Awrite(a, str, damage == "dtype-int4" ? "int4\0\0\0\0" : "float32\0");
             H5Aclose(a), H5Sclose(sp), H5Tclose(str), H5Dclose(d);
         } else if (damage == "huge-logits") {
             replaceWithFloats(f, "/prompts/p0/logits/actual", {hsize_t(1) << 30, hsize_t(1) << 30});
