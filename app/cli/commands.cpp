@@ -47,7 +47,10 @@ const std::vector<Command>& commands()
                   "  --layers N --hidden N --query-heads N --kv-heads N --head-dim N --ffn N --vocab N\n"
                   "  --window N             sliding window of the even layers (odd layers: full attention)\n"
                   "  --spec sliding|full    SlidingWindowSpec (blocks freed) or FullAttentionSpec with sliding_window\n"
-                  "  --tp N --block-size N --sliding-block-size N --fp8\n"
+                  "  --tp N --block-size N --sliding-block-size N\n"
+                  "  --kv-dtype D           the engine cache: bfloat16 (default), fp8_e4m3, fp8_e5m2,\n"
+                  "                         fp8_e4m3fnuz or int8, with its own scales (amax / largest value)\n"
+                  "  --kv-scale G           a quantised cache's scales: tensor (default), head or token_head\n"
                   "  --prompts 100,180,260  prompt lengths         --decode N   decode steps per prompt\n"
                   "  --two-way              no fp32 baseline       --seed N\n"
                   "  --threads N            prompts computed in parallel (default: one per core; same result)\n"
@@ -55,7 +58,8 @@ const std::vector<Command>& commands()
                   "                         rope_prefill chunked_prefill rope_scaling rope_convention partial_rotary\n"
                   "                         stale_block shard_swap fp8_scale rank_v_scale global_v_scale head_swap\n"
                   "                         kv_swap block_shift lost_write batch_mixup prefix_reuse head_k_scale\n"
-                  "                         lagging_write rank_unwritten k_negated\n"
+                  "                         lagging_write rank_unwritten k_negated scale_granularity\n"
+                  "                         scale_other_layer\n"
                   "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies (step:\n"
                   "                         position - prompt_len, negative in the prefill)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},

@@ -50,7 +50,20 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.integer("--block-size", o.fullBlockSize);
     parser.integer("--sliding-block-size", o.slidingBlockSize);
     parser.integer("--threads", o.threads);
-    parser.flag("--fp8", o.fp8Cache);
+    parser.custom("--kv-dtype", [&o](const std::string& name) {
+        const std::optional<DType> dtype = parseDType(name);
+        if (!dtype || (*dtype != DType::BFloat16 && !isQuantised(*dtype)))
+            throw std::invalid_argument("--kv-dtype takes bfloat16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz or int8");
+        o.kvDtype = *dtype;
+    });
+    parser.custom("--kv-scale", [&o](const std::string& name) {
+        for (ScaleGranularity g : {ScaleGranularity::Tensor, ScaleGranularity::Head, ScaleGranularity::TokenHead})
+            if (name == granularityName(g)) {
+                o.kvScale = g;
+                return;
+            }
+        throw std::invalid_argument("--kv-scale takes tensor, head or token_head");
+    });
     parser.custom("--prompts", [&o](const std::string& list) { o.promptLens = parseList(list); });
     parser.integer("--decode", o.decodeTokens);
     parser.flag("--two-way", [&o] { o.baseline = false; });

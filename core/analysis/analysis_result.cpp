@@ -1,5 +1,6 @@
 #include "analysis/analysis_result.h"
 
+#include <algorithm>
 #include <limits>
 #include <thread>
 
@@ -37,8 +38,15 @@ void PromptAnalysis::allocate()
         m.resize(cells);
         arrays.push_back(&m);
     }
-    for (auto* pair : {&bc, &bcVsNoise})
+    const bool quantised = std::any_of(layerDtypes.begin(), layerDtypes.end(), isQuantised);
+    cacheScales.assign(layers.size(), CacheScales{});
+    for (auto* pair : {&quantLinf, &quantL2})
+        for (auto& b : *pair)
+            b.clear();
+    for (auto* pair : {&bc, &bcVsNoise, &quantLinf, &quantL2})
         for (auto& b : *pair) {
+            if (!quantised && (pair == &quantLinf || pair == &quantL2))
+                continue;
             b.resize(layers.size() * std::size_t(tokens));
             arrays.push_back(&b);
         }
@@ -100,8 +108,11 @@ float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t t
 float noiseFloor(const PromptAnalysis& p, Metric actual, int layer, std::int64_t token)
 {
     const float base = maxOverHeads(p, baseOf(actual), layer, token).value;
-    if (std::size_t(layer) < p.layerDtypes.size() && isQuantised(p.layerDtypes[std::size_t(layer)]) && !std::isnan(base))
-        return std::max(base, float(unitRoundoff(p.layerDtypes[std::size_t(layer)])));
+    const KvPart part = int(actual) % 2 ? KvPart::V : KvPart::K;
+    const MetricKind kind = MetricKind(int(actual) % 6 / 2);
+    const float quantised = kind == MetricKind::Cos ? std::nanf("") : p.quantFloor(part, kind, layer, token);
+    if (!std::isnan(quantised) && !std::isnan(base))
+        return std::max(base, quantised);
     return base;
 }
 

@@ -6,6 +6,7 @@
 
 #include "analysis/suspect.h"
 #include "format/dtype.h"
+#include "format/raw_tensor.h"
 #include "format/paged_kv.h"
 #include "kv/layer_kv.h"
 
@@ -50,6 +51,13 @@ struct NonFiniteCell {
     std::string side;  // "actual", "expected" or "reference"
 };
 
+// How a layer's quantised cache is scaled, as the bundle says: the granularity and, unless it
+// is per token, each head's scale for K and V.
+struct CacheScales {
+    ScaleGranularity granularity = ScaleGranularity::Tensor;
+    std::array<std::vector<float>, 2> heads;  // [K/V][head]; empty: not quantised, or not read
+};
+
 struct PromptAnalysis {
     std::string id;
     std::int64_t promptLen = 0;
@@ -60,11 +68,18 @@ struct PromptAnalysis {
     std::vector<std::string> layers;  // analysed layers, in model order
     std::vector<int> layerGroups;
     std::vector<DType> layerDtypes;   // the engine cache's storage dtype per layer
+    std::vector<CacheScales> cacheScales;  // [layer], for quantised caches
     std::vector<Divergence> divergences;
     // Tens of megabytes for a large model (in huge pages: see util/buffer_allocator.h).
     std::array<FloatBuffer, kMetricCount> metrics;  // [layer][token][head]
     std::array<FloatBuffer, 2> bc;                  // [K/V][layer][token], the reference tool's
     std::array<FloatBuffer, 2> bcVsNoise;           // [K/V][layer][token] (metrics/bc_vs_noise.h)
+    // Where the engine stores KV quantised: what quantising the reference the way the cache
+    // stores it (its format, its own scales) costs, max over heads, in the analysis's L-inf and
+    // L2 (three-way: expected quantised, against the baseline). NaN elsewhere. Empty when no
+    // layer is quantised.
+    std::array<FloatBuffer, 2> quantLinf;           // [K/V][layer][token]
+    std::array<FloatBuffer, 2> quantL2;             // [K/V][layer][token]
     std::vector<NonFiniteCell> nonFinite;
     std::vector<std::string> problems;  // what could not be analysed, and why
     std::vector<Suspect> suspects;      // best first (analysis/suspect_search.h)
@@ -85,6 +100,15 @@ struct PromptAnalysis {
     float bcVsNoiseValue(KvPart part, int layer, std::int64_t token) const
     {
         return bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(tokens) + std::size_t(token)];
+    }
+    bool hasQuantisedLayers() const { return !quantLinf[0].empty(); }
+    // The quantisation floor of (layer, token) in L-inf or L2; NaN where the cache is not quantised.
+    float quantFloor(KvPart part, MetricKind kind, int layer, std::int64_t token) const
+    {
+        if (!hasQuantisedLayers())
+            return std::nanf("");
+        const auto& a = kind == MetricKind::L2 ? quantL2 : quantLinf;
+        return a[std::size_t(part)][std::size_t(layer) * std::size_t(tokens) + std::size_t(token)];
     }
 };
 
@@ -118,8 +142,9 @@ HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::in
 HeadReduction minOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 float meanOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token);
 // The three-way error ratio, defined once for every view. A cell's noise floor is its largest
-// base (expected vs baseline, dtype-only) error over heads, and at least the cache dtype's
-// unit roundoff when the engine stores KV quantised (fp8: what storing it costs); a head's ratio is its actual error
+// base (expected vs baseline, dtype-only) error over heads, and where the engine stores KV
+// quantised at least what quantising expected the way the cache stores it costs (quantLinf:
+// an fp8 cache is judged against fp8); a head's ratio is its actual error
 // over that floor, actual / max(floor, 1e-10); the cell's ratio is its largest head ratio
 // (= the reference tool's max-over-heads actual / max-over-heads base), with that head. NaN
 // when either side has no data. The floor is pooled over heads because one head's own base

@@ -205,12 +205,37 @@ void AnalysisRun::read(LayerInputs& in, int layer, WorkTeam* team)
     }
 }
 
+namespace {
+
+// The scales a quantised layer's cache declares, at its first present position.
+CacheScales cacheScalesOf(const LayerSource& engine)
+{
+    CacheScales scales;
+    for (std::int64_t pos = 0; pos < engine.seq; ++pos) {
+        if (!engine.present[std::size_t(pos)])
+            continue;
+        for (KvPart part : {KvPart::K, KvPart::V})
+            for (int h = 0; h < engine.heads; ++h) {
+                const LayerSource::Storage storage = engine.storedAs(part, pos, h);
+                scales.granularity = storage.granularity;
+                if (storage.granularity != ScaleGranularity::TokenHead)
+                    scales.heads[std::size_t(part)].push_back(storage.scale);
+            }
+        break;
+    }
+    return scales;
+}
+
+}  // namespace
+
 void AnalysisRun::compare(LayerInputs& in)
 {
     for (std::size_t pi = 0; pi < m_result.prompts.size() && !cancelled(); ++pi) {
         PromptAnalysis& p = m_result.prompts[pi];
         LayerSides& s = in.sides[pi];
         std::vector<NonFiniteCell> nonFinite;
+        if (s.ok && isQuantised(p.layerDtypes[std::size_t(in.layer)]))
+            p.cacheScales[std::size_t(in.layer)] = cacheScalesOf(s.actual);
         if (s.ok && p.threeWay) {  // with what pooling needs
             m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
             const LayerRows base(s.base);

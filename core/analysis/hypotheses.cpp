@@ -300,6 +300,109 @@ void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& ou
     out.push_back({h, 3});
 }
 
+// A quantised cache decoded with other scales than it was quantised with: its stored scale off
+// by a factor, one scale for every head where the bundle declares one per head, or another
+// layer's scale. Each predicts the engine's values exactly: the reference quantised with the
+// scale it was encoded with (saturation included), decoded with the declared one.
+void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    const PromptAnalysis& p = in.prompt;
+    const std::size_t layer = std::size_t(in.layer);
+    if (layer >= p.cacheScales.size() || !isQuantised(p.layerDtypes[layer]))
+        return;
+    const CacheScales& declared = p.cacheScales[layer];
+    if (declared.heads[0].size() != std::size_t(p.heads) || declared.heads[1].size() != std::size_t(p.heads))
+        return;  // per token and head: a factor is all the generic scale can say
+    const DType dtype = p.layerDtypes[layer];
+    const auto scaleOf = [&](int head, KvPart part) { return double(declared.heads[std::size_t(part)][std::size_t(head)]); };
+    // How far off each (head, part) is: the median ratio over its large elements.
+    std::map<std::pair<int, int>, std::vector<double>> ratios;
+    for (const OffCell& c : t.cells()) {
+        const float* r = t.reference(c.token, c.head, c.part);
+        if (!r)
+            continue;
+        const float* a = t.engine(c);
+        float largest = 0;
+        for (int i = 0; i < t.dim(); ++i)
+            largest = std::max(largest, std::fabs(r[i]));
+        for (int i = 0; i < t.dim(); ++i)
+            if (std::fabs(r[i]) > 0.25f * largest && largest > 0)
+                ratios[{c.head, int(c.part)}].push_back(double(a[i]) / double(r[i]));
+    }
+    std::map<std::pair<int, int>, double> factor;
+    std::vector<double> all;
+    for (auto& [key, r] : ratios)
+        if (const double f = median(r); f > 0 && std::isfinite(f))
+            factor[key] = f, all.push_back(f);
+    if (all.empty())
+        return;
+    // The residual of "quantised with encodedWith(head, part), decoded with the declared scale".
+    const auto residualWith = [&](const std::function<double(int, KvPart)>& encodedWith) {
+        return t.medianResidual([&](const OffCell& c, float* predicted) {
+            const float* src = t.reference(c.token, c.head, c.part);
+            const double encoded = encodedWith(c.head, c.part);
+            if (!src || !(encoded > 0))
+                return false;
+            const float declaredScale = float(scaleOf(c.head, c.part));
+            for (int i = 0; i < t.dim(); ++i)
+                predicted[i] = roundToDType(dtype, float(src[i] / encoded)) * declaredScale;
+            return true;
+        });
+    };
+    const std::string parts = partsText(t);
+    const std::string format = dtypeName(dtype);
+
+
+    if (declared.granularity == ScaleGranularity::Head) {
+        // One scale for the tensor: per part, the median of what each head was encoded with.
+        std::map<int, double> common;
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            std::vector<double> encoded;
+            for (const auto& [key, fh] : factor)
+                if (key.second == int(part))
+                    encoded.push_back(scaleOf(key.first, part) / fh);
+            common[int(part)] = encoded.empty() ? 0 : median(encoded);
+        }
+        Hypothesis granularity{"scale_granularity", {{"k_scale", common[0]}, {"v_scale", common[1]}}, "",
+                               residualWith([&](int, KvPart part) { return common.at(int(part)); }), 0, t.share()};
+        granularity.text = parts + " quantised with one scale for every head, decoded with the per-head scales the "
+                                   "bundle declares";
+        out.push_back({granularity, 0});  // it also says why the other heads are right
+    }
+    if (declared.granularity == ScaleGranularity::Tensor) {
+        // Another layer's scale (per tensor).
+        double best = kInf;
+        std::size_t bestLayer = layer;
+        double share = 0;
+        for (std::size_t other = 0; other < p.cacheScales.size(); ++other) {
+            const CacheScales& o = p.cacheScales[other];
+            if (other == layer || o.granularity != ScaleGranularity::Tensor || o.heads[0].empty() || o.heads[1].empty())
+                continue;
+            const double r = residualWith([&](int, KvPart part) { return double(o.heads[std::size_t(part)][0]); });
+            if (r < best)
+                best = r, bestLayer = other, share = t.share();
+        }
+        if (bestLayer != layer) {
+            const CacheScales& o = p.cacheScales[bestLayer];
+            Hypothesis otherLayer{"scale_other_layer", {{"layer", double(bestLayer)}}, "", best, 0, share};
+            otherLayer.text = parts + " quantised with the scale of " + p.layers[bestLayer] + " (K " +
+                              number(o.heads[0][0]) + ", V " + number(o.heads[1][0]) + "), decoded with its own (K " +
+                              number(scaleOf(0, KvPart::K)) + ", V " + number(scaleOf(0, KvPart::V)) + ")";
+            out.push_back({otherLayer, 1});
+        }
+    }
+    // The same factor everywhere. Tried last: on a tie with another layer's scale, that one (a
+    // named scale, not a fitted one), unless the factor is a power of two (a unit mix-up, the
+    // simplest explanation of all).
+    const double f = median(all);
+    Hypothesis offBy{"cache_scale", {{"factor", f}}, "", residualWith([&](int h, KvPart part) { return scaleOf(h, part) / f; }),
+                     0, t.share()};
+    offBy.text = "the " + format + " cache's " + parts + " scale is " + number(f) +
+                 "x the scale its values were quantised with";
+    const double octaves = std::log2(f);
+    out.push_back({offBy, std::fabs(octaves - std::round(octaves)) < 0.02 && std::round(octaves) != 0 ? 0 : 1});
+}
+
 void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
     if (!in.rope || !t.hasPart(KvPart::K))
@@ -473,6 +576,7 @@ std::vector<Hypothesis> testHypotheses(const HypothesisInput& in)
     tryHeadMap(t, in, tried);
     tryKvSwap(t, tried);
     tryScale(t, in, tried);
+    tryCacheScales(t, in, tried);
     tryRope(t, in, tried);
     tryNearest(t, in, tried);
     const double before = t.errorBefore();

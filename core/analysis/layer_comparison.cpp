@@ -83,6 +83,45 @@ bool comparable(const LayerRows& reference, const LayerRows& actual, const Layer
 
 namespace {
 
+// `expected` stored the way the engine stored this token (its format, the scale of each head),
+// into a per-thread row; null data when `actual` does not say how it is stored.
+RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart part, std::int64_t token)
+{
+    const int dim = actual.headDim();
+    thread_local std::vector<float> row;
+    row.resize(actual.rowSize());
+    for (int h = 0; h < actual.heads(); ++h) {
+        const std::optional<LayerSource::Storage> storage = actual.storedAs(part, token, h);
+        if (!storage)
+            return {};
+        const float* x = expected.head(h);
+        float* q = row.data() + std::size_t(h) * std::size_t(dim);
+        for (int i = 0; i < dim; ++i)
+            q[i] = storage->scale > 0.0f ? roundToDType(storage->dtype, x[i] / storage->scale) * storage->scale : 0.0f;
+    }
+    return {row.data(), std::size_t(dim)};
+}
+
+// The cell's quantisation floor: `quantised` (expected as the cache stores it) against
+// `reference`, max over heads.
+void storeQuantisationFloor(const RowView& reference, const RowView& quantised, int heads, int dim, KvPart part,
+                            std::int64_t token, int layer, PromptAnalysis& out)
+{
+    double linf = -1, l2 = -1;
+    for (int h = 0; h < heads; ++h) {
+        VectorComparison c;
+        if (compareVectors(reference.head(h), quantised.head(h), dim, c)) {
+            linf = std::max(linf, c.linf);
+            l2 = std::max(l2, c.l2);
+        }
+    }
+    if (linf < 0)
+        return;
+    const std::size_t at = std::size_t(layer) * std::size_t(out.tokens) + std::size_t(token);
+    out.quantLinf[std::size_t(part)][at] = float(linf);
+    out.quantL2[std::size_t(part)][at] = float(l2);
+}
+
 // Tokens [begin, end) of compareLayer: every write goes to cells and stats of these tokens
 // only, and to the stats' stores of `member` (the team member running it).
 void compareTokens(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer, PromptAnalysis& out,
@@ -93,6 +132,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
     LayerRows::Tile tiles[3][2];  // [reference, actual, base][part]
     const int dim = reference.headDim();
     const std::size_t n = reference.rowSize();
+    const bool quantised = out.hasQuantisedLayers() && isQuantised(out.layerDtypes[std::size_t(layer)]);
     for (std::int64_t t = begin; t < end; ++t) {
         if (!comparable(reference, actual, base, t))
             continue;
@@ -126,12 +166,17 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
                     nonFinite.push_back({layer, t, h, part, "expected"});
                 finite = finite && ok == (base ? 3 : 1);
             }
+            // A quantised cache is judged against expected stored the same way (its floor).
+            const RowView quantisedRow = quantised ? quantiseRow(base ? baseRow : referenceRow, actual, part, t) : RowView{};
+            if (quantisedRow.data)
+                storeQuantisationFloor(referenceRow, quantisedRow, reference.heads(), dim, part, t, layer, out);
             if (!base || !finite)
                 continue;  // the token's BC stays NaN, its range empty: aggregates leave it out
-            // BC between |baseline - expected| and |baseline - actual| over all heads.
+            // BC between |baseline - expected| (as a quantised cache stores it) and
+            // |baseline - actual| over all heads.
             float* baseErrors = errorScratch(n, 0);
             float* actualErrors = errorScratch(n, 1);
-            ErrorRange range = rowErrors(referenceRow, baseRow, reference.heads(), dim, baseErrors);
+            ErrorRange range = rowErrors(referenceRow, quantisedRow.data ? quantisedRow : baseRow, reference.heads(), dim, baseErrors);
             range.merge(rowErrors(referenceRow, actualRow, reference.heads(), dim, actualErrors));
             const bool keepCounts = stats && stats->keepCounts;
             std::uint64_t* p = keepCounts ? stats->countsOf(part, t, 0) : scratch[0];

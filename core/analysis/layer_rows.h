@@ -7,6 +7,7 @@
 #include "kv/layer_source.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 namespace kvscope {
@@ -35,6 +36,11 @@ public:
     int headDim() const { return m_headDim; }
     std::size_t rowSize() const { return std::size_t(m_heads) * std::size_t(m_headDim); }
     bool present(std::int64_t token) const { return m_present[std::size_t(token)] != 0; }
+    // How a LayerSource stores head `head` of present `token` (a decoded LayerKv: nothing known).
+    std::optional<LayerSource::Storage> storedAs(KvPart part, std::int64_t token, int head) const
+    {
+        return m_source ? std::optional(m_source->storedAs(part, token, head)) : std::nullopt;
+    }
 
     // Rows of a LayerSource decoded ahead: kTileTokens consecutive tokens of one part,
     // head-major (a head's tokens follow each other, as in a reference).

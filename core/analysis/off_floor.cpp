@@ -49,28 +49,37 @@ CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
     const int layers = int(p.layers.size());
     for (KvPart part : {KvPart::K, KvPart::V}) {
         std::vector<double>& floors = m_floors[std::size_t(part)];
-        if (p.threeWay) {
-            const Metric m = metricFor(part, MetricKind::Linf);
-            floors.resize(std::size_t(layers) * std::size_t(p.tokens));
-            forEachLayer(team, layers, [&](int l) {
-                for (std::int64_t t = 0; t < p.tokens; ++t)
-                    floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] =
-                        std::max(double(noiseFloor(p, m, l, t)), kTiny);
-            });
-            continue;
-        }
-        floors.resize(std::size_t(layers));
-        for (int l = 0; l < layers; ++l)
-            floors[std::size_t(l)] = unitRoundoff(std::size_t(l) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(l)]
-                                                                                         : DType::BFloat16);
+        floors.resize(std::size_t(layers) * std::size_t(p.tokens));
+        const Metric m = metricFor(part, MetricKind::Linf);
+        forEachLayer(team, layers, [&](int l) {
+            const DType dtype = std::size_t(l) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(l)] : DType::BFloat16;
+            for (std::int64_t t = 0; t < p.tokens; ++t) {
+                double floor;
+                if (p.threeWay)
+                    floor = noiseFloor(p, m, l, t);
+                else if (const float q = p.quantFloor(part, MetricKind::L2, l, t); !std::isnan(q))
+                    floor = q;  // a quantised cache: what storing the reference costs
+                else
+                    floor = unitRoundoff(dtype);
+                floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] = std::max(floor, kTiny);
+            }
+        });
     }
 }
 
 double CellRatios::floorOf(int layer, std::int64_t token, KvPart part) const
 {
-    const std::vector<double>& floors = m_floors[std::size_t(part)];
-    return m_p.threeWay ? floors[std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(token)]
-                        : floors[std::size_t(layer)];
+    return m_floors[std::size_t(part)][std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(token)];
+}
+
+double CellRatios::typicalFloor(int layer) const
+{
+    std::vector<double> floors;
+    for (const std::vector<double>& part : m_floors)
+        for (std::int64_t t = 0; t < m_p.tokens; ++t)
+            if (const double f = part[std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(t)]; std::isfinite(f))
+                floors.push_back(f);
+    return medianOf(floors);
 }
 
 float CellRatios::at(int layer, std::int64_t token, int head, KvPart part) const
@@ -144,10 +153,11 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
     const double rounding = offThreshold(th.offFloor, th.perDecade, result.tested);
     const double drift = offThreshold(th.twoWayDrift, th.twoWayDriftPerDecade, result.tested);
     for (int l = 0; l < layers; ++l) {
-        const DType dtype = std::size_t(l) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(l)] : DType::BFloat16;
+        // The drift, in bf16 unit roundoffs, in this layer's floors (a quantised cache's are coarser).
+        const double floor = p.threeWay ? 1.0 : ratios.typicalFloor(l);
         result.threshold.push_back(p.threeWay ? rounding
                                               : rounding + drift * std::sqrt(double(l) + 1.0) *
-                                                               unitRoundoff(DType::BFloat16) / unitRoundoff(dtype));
+                                                               unitRoundoff(DType::BFloat16) / (std::isfinite(floor) ? floor : unitRoundoff(DType::BFloat16)));
     }
 
     // Off cells per layer; affected layers.

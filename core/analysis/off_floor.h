@@ -5,9 +5,11 @@
 // The floor is absolute, never the capture's own typical error (a fault in every cell would
 // be its own typical):
 // - three-way: a cell's error ratio (analysis_result.h): its L-inf over what bf16 alone does
-//   there (the expected-vs-baseline error), and at least a quantised cache's unit roundoff;
-// - two-way: a cell's relative L2 over the cache dtype's unit roundoff (bf16 2^-8, fp8 e4m3
-//   2^-4): the engine and the reference differ there by at least the dtype's rounding. L2, not
+//   there (the expected-vs-baseline error), and at least what storing expected the way a
+//   quantised cache stores it costs;
+// - two-way: a cell's relative L2 over the cache dtype's unit roundoff (bf16 2^-8), or for a
+//   quantised cache over what storing expected that way costs (its format, its own scales):
+//   the engine and the reference differ there by at least the dtype's rounding. L2, not
 //   L-inf: the drift of two bf16 runs through the layers piles up in single elements (L-inf
 //   tails 2x longer) while a fault moves whole vectors. Without a baseline the drift itself is
 //   not measured: the threshold allows for it, growing with depth (SuspectThresholds), so
@@ -46,11 +48,14 @@ public:
     double between(int layer, std::int64_t token, KvPart part, const float* reference, const float* predicted,
                    const float* actual, int dim) const;
 
+    // The median floor of a layer's tokens (two-way: the dtype's, or a quantised cache's).
+    double typicalFloor(int layer) const;
+
 private:
     double floorOf(int layer, std::int64_t token, KvPart part) const;
 
     const PromptAnalysis& m_p;
-    std::vector<double> m_floors[2];   // [K/V]: three-way [layer][token], two-way [layer]
+    std::vector<double> m_floors[2];   // [K/V][layer][token]
 };
 
 struct OffFloor {

@@ -28,8 +28,13 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                 const Extreme actual = layerMax(p, linf, l);
                 if (p.threeWay) {
                     const Extreme base = layerMax(p, baseOf(linf), l);
+                    // A quantised cache: expected as the cache stores it (analysis_result.h).
+                    double floor = base.value;
+                    for (std::int64_t t = 0; t < p.tokens; ++t)
+                        if (const float q = p.quantFloor(part, MetricKind::Linf, l, t); q > floor)
+                            floor = q;
                     if (actual.head >= 0 && base.head >= 0) {
-                        const double ratio = double(actual.value) / std::max(double(base.value), 1e-10);
+                        const double ratio = double(actual.value) / std::max(floor, 1e-10);
                         if (ratio > t.maxRatio)
                             out.push_back({p.id, layer, actual.token, actual.head,
                                            std::string(kvPartName(part)) + "_linf multiplier (actual/expected)", ratio,

@@ -33,6 +33,13 @@ RawTensor selectBlocks(const RawTensor& all, const std::vector<std::int64_t>& id
     out.bytes.resize(ids.size() * rowBytes);
     for (std::size_t i = 0; i < ids.size(); ++i)
         std::memcpy(out.bytes.data() + i * rowBytes, all.bytes.data() + std::size_t(ids[i]) * rowBytes, rowBytes);
+    if (all.granularity() == ScaleGranularity::TokenHead) {  // per-token scales follow their blocks
+        const std::size_t rowScales = std::size_t(all.shape[1] * all.shape[2]);
+        out.scales.resize(ids.size() * rowScales);
+        for (std::size_t i = 0; i < ids.size(); ++i)
+            std::copy_n(all.scales.begin() + std::ptrdiff_t(std::size_t(ids[i]) * rowScales), rowScales,
+                        out.scales.begin() + std::ptrdiff_t(i * rowScales));
+    }
     return out;
 }
 

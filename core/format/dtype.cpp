@@ -48,6 +48,20 @@ bool isQuantised(DType dtype)
            dtype == DType::Int8;
 }
 
+double maxFinite(DType dtype)
+{
+    switch (dtype) {
+    case DType::Float8E4M3: return kE4M3Fn.maxFinite();
+    case DType::Float8E5M2: return kE5M2.maxFinite();
+    case DType::Float8E4M3Fnuz: return kE4M3Fnuz.maxFinite();
+    case DType::Int8: return 127.0;
+    case DType::BFloat16: return 3.3895313892515355e38;
+    case DType::Float16: return 65504.0;
+    case DType::Float32: return 3.4028234663852886e38;
+    }
+    return 0;
+}
+
 std::string dtypeName(DType dtype)
 {
     switch (dtype) {
@@ -231,6 +245,20 @@ std::uint8_t floatToInt8(float value)
         return 0;
     const float rounded = std::nearbyint(std::clamp(value, -128.0f, 127.0f));
     return std::uint8_t(std::int8_t(rounded));
+}
+
+float roundToDType(DType dtype, float value)
+{
+    switch (dtype) {
+    case DType::BFloat16: return bf16ToFloat(floatToBf16(value));
+    case DType::Float16: return fp16ToFloat(floatToFp16(value));
+    case DType::Float32: return value;
+    case DType::Float8E4M3: return roundToMinifloat(kE4M3Fn, value);
+    case DType::Float8E5M2: return roundToMinifloat(kE5M2, value);
+    case DType::Float8E4M3Fnuz: return roundToMinifloat(kE4M3Fnuz, value);
+    case DType::Int8: return std::isnan(value) ? 0.0f : std::nearbyint(std::clamp(value, -128.0f, 127.0f));
+    }
+    return value;
 }
 
 void encodeFromFloat(DType dtype, const float* src, std::size_t count, void* dst, float scale)

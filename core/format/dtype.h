@@ -24,6 +24,10 @@ double unitRoundoff(DType dtype);
 // Whether a cache of this dtype is quantised (stored with scales, far coarser than bf16).
 bool isQuantised(DType dtype);
 
+// The largest finite magnitude of a quantised dtype (e4m3fn 448, e5m2 57344, e4m3fnuz 240,
+// int8 127): a scale of amax / maxFinite maps a tensor's largest value onto it.
+double maxFinite(DType dtype);
+
 // Canonical name as written in bundles ("bfloat16", "float16", "float32",
 // "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8").
 std::string dtypeName(DType dtype);
@@ -50,6 +54,9 @@ std::uint8_t floatToFp8e4m3(float value);  // saturates to +-448
 std::uint8_t floatToFp8e5m2(float value);  // saturates to +-57344
 std::uint8_t floatToFp8e4m3fnuz(float value);  // saturates to +-240
 std::uint8_t floatToInt8(float value);  // two's complement, saturates to [-128, 127]; NaN is 0
+// The value `dtype` stores for `value` (already divided by its scale): the nearest point of its
+// grid, saturated; int8 its nearest code in [-128, 127]. The quantisation an engine applies.
+float roundToDType(DType dtype, float value);
 // Encodes `count` floats into `dtype`, dividing by `scale` first (the inverse of decodeToFloat).
 void encodeFromFloat(DType dtype, const float* src, std::size_t count, void* dst, float scale = 1.0f);
 

@@ -92,6 +92,23 @@ RawTensor RawTensor::fromFloat(DType dtype, std::vector<std::int64_t> shape,
     return t;
 }
 
+RawTensor RawTensor::fromFloat(DType dtype, std::vector<std::int64_t> shape, const std::vector<float>& values,
+                               ScaleGranularity granularity, std::vector<float> scales)
+{
+    RawTensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.setScales(granularity, std::move(scales));
+    const std::size_t size = dtypeSize(dtype);
+    t.bytes.resize(values.size() * size);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        const float s = t.scaleAt(std::int64_t(i));
+        const float v = s > 0.0f ? values[i] : 0.0f;
+        encodeFromFloat(dtype, &v, 1, t.bytes.data() + i * size, s > 0.0f ? s : 1.0f);
+    }
+    return t;
+}
+
 std::string shapeToString(const std::vector<std::int64_t>& shape)
 {
     std::string s = "[";

@@ -49,6 +49,10 @@ struct RawTensor {
 
     static RawTensor fromFloat(DType dtype, std::vector<std::int64_t> shape,
                                const std::vector<float>& values, float scale = 1.0f);
+    // A quantised cache [blocks, heads, block_size, head_dim] encoded with finer scales
+    // (setScales), each element divided by its own.
+    static RawTensor fromFloat(DType dtype, std::vector<std::int64_t> shape, const std::vector<float>& values,
+                               ScaleGranularity granularity, std::vector<float> scales);
 };
 
 std::string shapeToString(const std::vector<std::int64_t>& shape);

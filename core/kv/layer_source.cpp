@@ -84,6 +84,14 @@ RowView LayerSource::storedFloatRow(KvPart part, std::int64_t pos) const
     return {reinterpret_cast<const float*>(run.tensor->bytes.data()) + run.offset, std::size_t(run.headStride)};
 }
 
+LayerSource::Storage LayerSource::storedAs(KvPart part, std::int64_t pos, int head) const
+{
+    const int perRun = heads / runsPerRow;
+    const HeadRun& run = runs(part, pos)[head / perRun];
+    return {run.tensor->dtype, run.tensor->scaleAt(run.offset + std::int64_t(head % perRun) * run.headStride),
+            run.tensor->granularity()};
+}
+
 LayerKv LayerSource::materialize() const
 {
     LayerKv out = LayerKv::unwritten(heads, seq, headDim);

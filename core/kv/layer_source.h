@@ -65,6 +65,14 @@ struct LayerSource {
     void prefetchHeads(KvPart part, std::int64_t begin, std::int64_t end) const;
     // Every position decoded (absent ones NaN).
     LayerKv materialize() const;
+    // How head `head` of present position `pos` is stored: its dtype and dequantisation scale
+    // (one per head row in every granularity engines use).
+    struct Storage {
+        DType dtype;
+        float scale;
+        ScaleGranularity granularity;
+    };
+    Storage storedAs(KvPart part, std::int64_t pos, int head) const;
 };
 
 }  // namespace kvscope

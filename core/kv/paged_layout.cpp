@@ -5,6 +5,7 @@
 #include "kv/reconstruction.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <stdexcept>
 
@@ -64,9 +65,43 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
     }
 }
 
+RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values,
+                              const CacheScaling& scaling, KvPart part, int rank) const
+{
+    switch (scaling.granularity) {
+    case ScaleGranularity::Tensor:
+        return RawTensor::fromFloat(dtype, shape, values, part == KvPart::K ? scaling.k : scaling.v);
+    case ScaleGranularity::Head: {
+        const std::vector<float>& all = part == KvPart::K ? scaling.kHeads : scaling.vHeads;
+        std::vector<float> scales;
+        for (int j = 0; j < shape[1]; ++j)
+            scales.push_back(all.at(std::size_t(headOf(rank, j))));
+        return RawTensor::fromFloat(dtype, shape, values, ScaleGranularity::Head, std::move(scales));
+    }
+    case ScaleGranularity::TokenHead: {
+        const std::size_t dim = std::size_t(shape[3]);
+        std::vector<float> scales(values.size() / dim);
+        for (std::size_t row = 0; row < scales.size(); ++row) {
+            float largest = 0;
+            for (std::size_t i = 0; i < dim; ++i)
+                largest = std::max(largest, std::fabs(values[row * dim + i]));
+            scales[row] = std::max(largest, 1e-30f) / float(maxFinite(dtype));
+        }
+        return RawTensor::fromFloat(dtype, shape, values, ScaleGranularity::TokenHead, std::move(scales));
+    }
+    }
+    return {};
+}
+
+int PagedLayout::headOf(int rank, int j) const
+{
+    const int hpr = m_config.headsPerRank();
+    return m_config.tpMode() == TpMode::Partitioned ? rank * hpr + j : rank / (m_config.tpSize / m_config.totalNumKvHeads);
+}
+
 EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::string&)>& layerKv,
                                      bool keepOnlyReferencedBlocks,
-                                     const std::function<std::pair<float, float>(const std::string&)>& scaleOf) const
+                                     const std::function<CacheScaling(const std::string&)>& scalingOf) const
 {
     EngineSnapshot snap;
     snap.seqLens = {m_seqLen};
@@ -79,7 +114,7 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
         const std::int64_t blockElems = std::int64_t(hpr) * group.blockSize * group.headSize;
         for (const std::string& layer : group.layerNames) {
             const LayerKv kv = layerKv(layer);
-            const auto [kScale, vScale] = scaleOf ? scaleOf(layer) : std::pair<float, float>{1.0f, 1.0f};
+            const CacheScaling scaling = scalingOf && isQuantised(group.dtype) ? scalingOf(layer) : CacheScaling{};
             detmath::NormalSampler n01(m_seed ^ std::hash<std::string>{}(layer));
             for (int r = 0; r < m_config.tpSize; ++r) {
                 std::vector<float> k(std::size_t(m_config.numBlocks * blockElems)), v(k.size());
@@ -96,9 +131,7 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
                         if (pos >= kv.seq || !kv.present[std::size_t(pos)])
                             continue;
                         for (int j = 0; j < hpr; ++j) {
-                            const int head = m_config.tpMode() == TpMode::Partitioned
-                                                 ? r * hpr + j
-                                                 : r / (m_config.tpSize / m_config.totalNumKvHeads);
+                            const int head = headOf(r, j);
                             const std::size_t dst = std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + o) *
                                                                 group.headSize);
                             std::copy_n(kv.kAt(head, pos), group.headSize, k.begin() + std::ptrdiff_t(dst));
@@ -107,8 +140,8 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
                     }
                 }
                 const std::vector<std::int64_t> shape{m_config.numBlocks, hpr, group.blockSize, group.headSize};
-                snap.ranks[std::size_t(r)][layer] = {RawTensor::fromFloat(group.dtype, shape, k, kScale),
-                                                     RawTensor::fromFloat(group.dtype, shape, v, vScale)};
+                snap.ranks[std::size_t(r)][layer] = {encode(group.dtype, shape, k, scaling, KvPart::K, r),
+                                                     encode(group.dtype, shape, v, scaling, KvPart::V, r)};
             }
         }
     }

@@ -18,6 +18,15 @@
 
 namespace kvscope {
 
+// How an engine scales a quantised cache: one scale per tensor (K and V), one per head (over
+// the total heads), or one per token and head: the row's largest magnitude over the format's
+// largest value, computed from the row as it is written.
+struct CacheScaling {
+    ScaleGranularity granularity = ScaleGranularity::Tensor;
+    float k = 1.0f, v = 1.0f;
+    std::vector<float> kHeads, vHeads;
+};
+
 class PagedLayout {
 public:
     // Allocates block tables for one sequence (batch of one) of `seqLen` tokens, of which
@@ -30,11 +39,16 @@ public:
     // The snapshot holding every layer: `layerKv(name)` gives the layer's contiguous KV
     // ([total heads, >= seqLen - 1, head_size]; only present positions are written).
     // Blocks no position uses hold deterministic noise (other sequences' data).
-    // `scaleOf(layer)` gives the K and V dequantisation scales of fp8 caches (default 1).
+    // `scalingOf(layer)` gives how a quantised cache is scaled (default: per tensor, 1).
     EngineSnapshot snapshot(const std::function<LayerKv(const std::string&)>& layerKv, bool keepOnlyReferencedBlocks,
-                            const std::function<std::pair<float, float>(const std::string&)>& scaleOf = {}) const;
+                            const std::function<CacheScaling(const std::string&)>& scalingOf = {}) const;
 
 private:
+    // The total head held as head j of `rank`.
+    int headOf(int rank, int j) const;
+    RawTensor encode(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values,
+                     const CacheScaling& scaling, KvPart part, int rank) const;
+
     KvCacheConfig m_config;
     std::int64_t m_seqLen;
     std::uint64_t m_seed;

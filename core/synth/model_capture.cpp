@@ -61,6 +61,8 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::StaleBlock, "stale_block"},
     {FaultKind::ShardSwap, "shard_swap"},
     {FaultKind::Fp8Scale, "fp8_scale"},
+    {FaultKind::ScaleGranularity, "scale_granularity"},
+    {FaultKind::ScaleOtherLayer, "scale_other_layer"},
     {FaultKind::RankVScale, "rank_v_scale"},
     {FaultKind::GlobalVScale, "global_v_scale"},
     {FaultKind::HeadSwap, "head_swap"},
@@ -182,6 +184,14 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
         f.truth["layer"] = layerName(f.layer);
         f.truth["description"] = "stored dequantisation scale twice the true one";
         break;
+    case FaultKind::ScaleGranularity:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["description"] = "quantised with one scale for the whole tensor, recorded as per-head scales";
+        break;
+    case FaultKind::ScaleOtherLayer:
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["description"] = "quantised with another layer's scale, recorded with its own";
+        break;
     case FaultKind::StaleBlock:
         f.truth["layer_group_of"] = layerName(f.layer);
         f.truth["from_decode_step"] = f.step;
@@ -270,12 +280,12 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     return f;
 }
 
-KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, bool fp8)
+KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DType kvDtype)
 {
     nlohmann::json sliding = nlohmann::json::array(), full = nlohmann::json::array();
     for (int l = 0; l < o.shape.layers; ++l)
         (l % 2 == 0 ? sliding : full).push_back(layerName(l));
-    const std::string dtype = fp8 ? "torch.float8_e4m3fn" : "torch.bfloat16";
+    const std::string dtype = "torch." + dtypeName(kvDtype);
     const int perRank = std::max(1, o.shape.kvHeads / o.tpSize);
     nlohmann::json groups = nlohmann::json::array();
     std::int64_t blocks = 2;
@@ -509,7 +519,7 @@ struct PromptCapture {
 };
 
 PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOptions& o, const KvCacheConfig& config,
-                            const ResolvedFault& fault, bool fp8, std::size_t p, std::vector<std::int64_t> tokens)
+                            const ResolvedFault& fault, std::size_t p, std::vector<std::int64_t> tokens)
 {
     const ModelShape& shape = o.shape;
     const std::int64_t promptLen = std::int64_t(tokens.size());
@@ -618,34 +628,87 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     for (Snapshot& snap : snapshots)
         corruptCache(fault, o, config, promptLen, p, foreign, snap.layers);
 
-    // fp8 caches: one scale per layer and part, from the layer's largest magnitude.
-    std::map<std::string, std::pair<float, float>> scales;
-    const auto largest = [](const std::vector<float>& x) {
+    // Quantised caches: scales from the engine's own prompt KV, per layer and part, or per head.
+    const DType kvDtype = config.groups[0].dtype;
+    const ScaleGranularity granularity = fault.kind == FaultKind::ScaleGranularity ? ScaleGranularity::Head : o.kvScale;
+    std::map<std::string, CacheScaling> scalings;
+    const auto largest = [&](const std::vector<float>& x, int head) {
         float m = 1e-6f;
-        for (float value : x)
-            m = std::max(m, std::fabs(value));
-        return m;
+        const std::size_t dim = std::size_t(shape.headDim);
+        for (std::size_t i = 0; i < x.size(); ++i)
+            if (head < 0 || int(i / dim) % shape.kvHeads == head)
+                m = std::max(m, std::fabs(x[i]));
+        return m / float(maxFinite(kvDtype));
     };
     for (int l = 0; l < shape.layers; ++l) {
         const LayerCache& c = engine[std::size_t(l)];
-        scales[layerName(l)] = {largest(c.k) / 448.0f, largest(c.v) / 448.0f};
+        CacheScaling scaling{granularity, largest(c.k, -1), largest(c.v, -1), {}, {}};
+        for (int h = 0; h < shape.kvHeads; ++h) {
+            scaling.kHeads.push_back(largest(c.k, h));
+            scaling.vHeads.push_back(largest(c.v, h));
+        }
+        scalings[layerName(l)] = scaling;
     }
-
     const std::string id = "prompt_" + std::to_string(p);
     const std::string faulty = layerName(fault.layer);
+    // scale_other_layer: the layer whose K scale differs most from the faulty layer's.
+    std::string other = faulty;
+    for (const auto& [name, scaling] : scalings)
+        if (std::fabs(std::log(scaling.k / scalings[faulty].k)) > std::fabs(std::log(scalings[other].k / scalings[faulty].k)))
+            other = name;
+    if (fault.kind == FaultKind::ScaleGranularity) {  // how far the heads' own scales are from the tensor's
+        double k = 1, v = 1;
+        for (int h = 0; h < shape.kvHeads; ++h) {
+            k = std::min(k, double(scalings[faulty].kHeads[std::size_t(h)] / scalings[faulty].k));
+            v = std::min(v, double(scalings[faulty].vHeads[std::size_t(h)] / scalings[faulty].v));
+        }
+        out.truth["k_ratio"] = k;
+        out.truth["v_ratio"] = v;
+    }
+    if (fault.kind == FaultKind::ScaleOtherLayer) {
+        out.truth["scale_of"] = other;
+        out.truth["k_ratio"] = scalings[faulty].k / scalings[other].k;
+        out.truth["v_ratio"] = scalings[faulty].v / scalings[other].v;
+    }
     for (std::size_t s = 0; s < snapshots.size(); ++s) {
         const PagedLayout layout(config, snapshots[s].seqLen, o.seed * 1000 + p * 10 + s);
         EngineSnapshot snap = layout.snapshot(
             [&](const std::string& layer) { return snapshots[s].layers[std::size_t(std::stoi(layer.substr(13)))]; },
-            true, [&](const std::string& layer) { return fp8 ? scales.at(layer) : std::pair{1.0f, 1.0f}; });
+            true, [&](const std::string& layer) {
+                CacheScaling scaling = scalings.at(layer);
+                if (layer == faulty && fault.kind == FaultKind::ScaleGranularity)
+                    scaling.granularity = ScaleGranularity::Tensor;  // quantised per tensor ...
+                if (layer == faulty && fault.kind == FaultKind::ScaleOtherLayer)
+                    scaling.k = scalings.at(other).k, scaling.v = scalings.at(other).v;
+                return scaling;
+            });
+        if (fault.kind == FaultKind::ScaleGranularity)  // ... recorded with the per-head scales
+            for (int r = 0; r < int(snap.ranks.size()); ++r)
+                for (auto* part : {&snap.ranks[std::size_t(r)][faulty].first, &snap.ranks[std::size_t(r)][faulty].second}) {
+                    const std::vector<float>& all = part == &snap.ranks[std::size_t(r)][faulty].first
+                                                        ? scalings.at(faulty).kHeads : scalings.at(faulty).vHeads;
+                    std::vector<float> scales;
+                    for (int j = 0; j < part->shape[1]; ++j)
+                        scales.push_back(all[std::size_t(config.tpMode() == TpMode::Partitioned ? r * part->shape[1] + j
+                                                                                                 : r / (config.tpSize / config.totalNumKvHeads))]);
+                    part->setScales(ScaleGranularity::Head, std::move(scales));
+                }
+        if (fault.kind == FaultKind::ScaleOtherLayer)  // recorded with its own scale
+            for (auto& rank : snap.ranks) {
+                rank[faulty].first.scale = scalings.at(faulty).k;
+                rank[faulty].second.scale = scalings.at(faulty).v;
+            }
         snap.validatedUntil = snapshots[s].validatedUntil;
         if (fault.kind == FaultKind::ShardSwap)
             std::swap(snap.ranks[std::size_t(fault.rank)][faulty], snap.ranks[std::size_t(fault.rank + 1)][faulty]);
         if (fault.kind == FaultKind::Fp8Scale)
-            for (auto& rank : snap.ranks) {
-                rank[faulty].first.scale *= 2.0f;
-                rank[faulty].second.scale *= 2.0f;
-            }
+            for (auto& rank : snap.ranks)
+                for (RawTensor* part : {&rank[faulty].first, &rank[faulty].second}) {
+                    if (part->scales.empty())
+                        part->scale *= 2.0f;
+                    for (float& scale : part->scales)
+                        scale *= 2.0f;
+                }
         // The snapshot whose positions hold the faulty one (snapshot_merge.h): the table entry
         // is wrong where the capture takes that position from.
         const std::int64_t stalePosition = promptLen + fault.step;
@@ -719,12 +782,14 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
 {
     checkOptions(o);
     const ResolvedFault fault = resolveFault(o);
-    const bool fp8 = o.fp8Cache || fault.kind == FaultKind::Fp8Scale;
+    const bool quantisedFault = fault.kind == FaultKind::Fp8Scale || fault.kind == FaultKind::ScaleGranularity ||
+                                fault.kind == FaultKind::ScaleOtherLayer;
+    const DType kvDtype = quantisedFault && !isQuantised(o.kvDtype) ? DType::Float8E4M3 : o.kvDtype;
 
     std::int64_t longest = 0;
     for (int len : o.promptLens)
         longest = std::max<std::int64_t>(longest, len + o.decodeTokens);
-    const KvCacheConfig config = makeConfig(o, longest, fp8);
+    const KvCacheConfig config = makeConfig(o, longest, kvDtype);
 
     const TinyTransformer model(o.shape, o.seed);
 
@@ -736,7 +801,8 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
                                   {"kv_heads", o.shape.kvHeads}, {"head_dim", o.shape.headDim}, {"ffn", o.shape.ffn},
                                   {"vocab", o.shape.vocab}, {"window", o.shape.window}, {"sliding_window_spec", o.slidingWindowSpec},
                                   {"seed", o.seed}, {"tp_size", o.tpSize}, {"full_block_size", o.fullBlockSize},
-                                  {"sliding_block_size", o.slidingBlockSize}, {"fp8", fp8},
+                                  {"sliding_block_size", o.slidingBlockSize}, {"kv_dtype", dtypeName(kvDtype)},
+                                  {"kv_scale", granularityName(o.kvScale)},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
     meta.extra["synthetic_options"] = jsonText(optionsJson);
     // The model's RoPE as the HF config gives it (tiny_transformer.h: rotated halves, base 10000).
@@ -765,7 +831,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         for (std::size_t i; (i = next++) < order.size();) {
             const std::size_t p = order[i];
             try {
-                captures[p] = capturePrompt(model, o, config, fault, fp8, p, prompts[p]);
+                captures[p] = capturePrompt(model, o, config, fault, p, prompts[p]);
             } catch (...) {
                 errors[p] = std::current_exception();
             }

@@ -11,6 +11,8 @@
 // divergence) and its KV is laid into a vLLM-like paged cache. One fault can be injected;
 // its ground truth goes into the bundle's metadata (attribute `synthetic_fault`, JSON).
 
+#include "format/raw_tensor.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,6 +48,9 @@ enum class FaultKind {
     LaggingWrite,    // from a decode position on, each position holds the one before it, one layer
     RankUnwritten,   // one TP rank's heads never written (zeros), one layer
     KNegated,        // K of every head stored negated, one layer
+    // quantised caches (fp8 e4m3 unless --kv-dtype says otherwise)
+    ScaleGranularity,  // quantised with one scale per tensor, recorded per head, one layer
+    ScaleOtherLayer,   // quantised with another layer's scale, recorded with its own, one layer
 };
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
@@ -72,7 +77,11 @@ struct ModelCaptureOptions {
     int tpSize = 2;
     int fullBlockSize = 8;
     int slidingBlockSize = 4;
-    bool fp8Cache = false;  // float8_e4m3fn with per-layer scales (always so for the fp8_scale fault)
+    // The cache's dtype, and for a quantised one how finely it is scaled (scales from the
+    // engine's own KV: amax / the format's largest value). The quantised faults make it fp8
+    // e4m3 when it is not quantised.
+    DType kvDtype = DType::BFloat16;
+    ScaleGranularity kvScale = ScaleGranularity::Tensor;
     // The run.
     std::vector<int> promptLens{12, 20};
     int decodeTokens = 10;
