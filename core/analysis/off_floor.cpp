@@ -57,11 +57,11 @@ CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
                 double floor;
                 if (p.threeWay)
                     floor = noiseFloor(p, m, l, t);
-                else if (const float q = p.quantFloor(part, MetricKind::L2, l, t); !std::isnan(q))
-                    floor = q;  // a quantised cache: what storing the reference costs
+                else if (p.hasQuantisedLayers() && isQuantised(dtype))
+                    floor = p.quantFloor(part, MetricKind::L2, l, t);  // what storing the reference costs (NaN: no data)
                 else
                     floor = unitRoundoff(dtype);
-                floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] = std::max(floor, kTiny);
+                floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] = std::isnan(floor) ? floor : std::max(floor, kTiny);
             }
         });
     }
