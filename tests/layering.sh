@@ -12,6 +12,7 @@ declare -A allowed=(
   [analysis]="util format kv metrics analysis"
   [synth]="util format kv synth"
   [import]="util format import"
+  [quant]="util format kv quant"
 )
 bad=0
 for folder in "${!allowed[@]}"; do

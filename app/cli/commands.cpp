@@ -29,6 +29,15 @@ const std::vector<Command>& commands()
                   "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
                   "  noise floor; --seed-bc: the reference tool's BC instead\n",
          "pass/fail against thresholds, for CI", check},
+        {"whatif", "whatif BUNDLE [--schemes fp8_e4m3/tensor,fp8_e4m3/head,int8/token_head,int4/g32 | all] [--json OUT]\n"
+                   "       [--maps] [--threads N]\n"
+                   "  what storing the reference KV (expected) in fp8, int8, int4 or NVFP4 would cost: per scheme and\n"
+                   "  layer the median relative L2 error it adds, in bf16 noise floors of the same cells, the\n"
+                   "  layers it hurts and why (docs/whatif.md). Schemes: fp8_e4m3|fp8_e5m2 /tensor /head\n"
+                   "  /token_head, fp8_e4m3/vllm (amax/200 K, amax/100 V from the first prompt's prefill),\n"
+                   "  int8/token_head, int4/g32 /g64 /g128 /gN, int4/kivi, nvfp4. --maps adds the layer x token\n"
+                   "  maps to the JSON\n",
+         "what an fp8 / int8 / int4 KV cache would cost this model", whatif},
         {"inspect", "inspect BUNDLE\n"
                     "  what a bundle holds; exit 0 when every layer of every prompt reconstructs, 1 if not,\n"
                     "  2 when the file is not a readable bundle\n",

@@ -67,6 +67,11 @@ struct ModelShape {
     int ffn = 128;
     int vocab = 256;
     int window = 16;  // sliding window of the even layers, counting the query token
+    // Layers whose KV head 0 is 2^quietHeadOctaves times smaller than the rest (its query
+    // heads and the output projection make up for it exactly, so the model is the same): a
+    // head that one scale for the whole tensor crushes, as trained models have.
+    std::vector<int> quietHeadLayers;
+    int quietHeadOctaves = 12;
 };
 
 struct ModelCaptureOptions {

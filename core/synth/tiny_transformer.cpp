@@ -4,6 +4,7 @@
 #include "util/simd_clones.h"
 
 #include <algorithm>
+#include <span>
 #include <cmath>
 #include <type_traits>
 
@@ -255,6 +256,23 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
                     layer.wk.row(r)[head * shape.headDim + c] *= 6.0f;
         layer.wv = matrix(h, kv, 1.0 / std::sqrt(double(h)));
         layer.wo = matrix(q, h, 0.5 / std::sqrt(double(q)));
+        if (std::find(shape.quietHeadLayers.begin(), shape.quietHeadLayers.end(), l) != shape.quietHeadLayers.end()) {
+            // KV head 0 smaller by a power of two (exact in bf16); its query heads and their rows
+            // of the output projection larger by as much.
+            const float down = std::ldexp(1.0f, -shape.quietHeadOctaves), up = std::ldexp(1.0f, shape.quietHeadOctaves);
+            const int group = shape.queryHeads / shape.kvHeads;
+            for (int r = 0; r < h; ++r)
+                for (int c = 0; c < shape.headDim; ++c) {
+                    layer.wk.row(r)[c] *= down;
+                    layer.wv.row(r)[c] *= down;
+                    for (int g = 0; g < group; ++g)
+                        layer.wq.row(r)[g * shape.headDim + c] *= up;
+                }
+            for (int g = 0; g < group; ++g)
+                for (int c = 0; c < shape.headDim; ++c)
+                    for (float& w : std::span(layer.wo.row(g * shape.headDim + c), std::size_t(h)))
+                        w *= up;
+        }
         layer.mlpNorm = normWeight(h);
         layer.wGate = matrix(h, shape.ffn, 1.0 / std::sqrt(double(h)));
         layer.wUp = matrix(h, shape.ffn, 1.0 / std::sqrt(double(h)));

@@ -1,0 +1,198 @@
+#include "quant/quantiser.h"
+
+#include "format/minifloat.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+namespace kvscope {
+
+namespace {
+
+using Format = QuantScheme::Format;
+using Scaling = QuantScheme::Scaling;
+
+// The largest value of a symmetric format's grid.
+float largestOf(Format f)
+{
+    switch (f) {
+    case Format::Fp8E4M3: return float(kE4M3Fn.maxFinite());
+    case Format::Fp8E5M2: return float(kE5M2.maxFinite());
+    case Format::Int8: return 127.0f;
+    default: return 1.0f;
+    }
+}
+
+// v (already divided by its scale) on the format's grid, saturated; counts a clipped value.
+float onGrid(Format f, float v, std::int64_t& saturated)
+{
+    const float largest = largestOf(f);
+    if (std::fabs(v) > largest * (1.0f + 1e-6f))  // not amax / (amax / largest)'s rounding
+        ++saturated;
+    switch (f) {
+    case Format::Fp8E4M3: return roundToMinifloat(kE4M3Fn, v);
+    case Format::Fp8E5M2: return roundToMinifloat(kE5M2, v);
+    case Format::Int8: return std::nearbyint(std::clamp(v, -largest, largest));
+    default: return v;
+    }
+}
+
+// x[i * stride] for i < n, with `scale` (0: every value zero, kept as it is).
+void symmetric(Format f, const float* x, float* out, std::size_t n, std::size_t stride, float scale,
+               std::int64_t& saturated)
+{
+    for (std::size_t i = 0; i < n; ++i) {
+        const float v = x[i * stride];
+        out[i * stride] = scale > 0 ? onGrid(f, v / scale, saturated) * scale : v;
+    }
+}
+
+// Asymmetric int4 (a scale and a zero point from the group's min and max).
+void asymmetricInt4(const float* x, float* out, std::size_t n, std::size_t stride, std::int64_t& saturated)
+{
+    float lo = x[0], hi = x[0];
+    for (std::size_t i = 1; i < n; ++i)
+        lo = std::min(lo, x[i * stride]), hi = std::max(hi, x[i * stride]);
+    const float scale = (hi - lo) / 15.0f;
+    if (!(scale > 0)) {
+        for (std::size_t i = 0; i < n; ++i)
+            out[i * stride] = x[i * stride];
+        return;
+    }
+    const float zero = std::nearbyint(-lo / scale);
+    for (std::size_t i = 0; i < n; ++i) {
+        const float q = std::nearbyint(x[i * stride] / scale) + zero;
+        if (q < 0 || q > 15)
+            ++saturated;
+        out[i * stride] = (std::clamp(q, 0.0f, 15.0f) - zero) * scale;
+    }
+}
+
+float amaxOf(const float* x, std::size_t n, std::size_t stride = 1)
+{
+    float m = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        m = std::max(m, std::fabs(x[i * stride]));
+    return m;
+}
+
+}  // namespace
+
+QuantiseStats quantise(const QuantScheme& s, const QuantiseInput& in, float* out)
+{
+    const std::size_t dim = std::size_t(in.dim), heads = std::size_t(in.heads), row = heads * dim;
+    QuantiseStats stats;
+    std::vector<std::int64_t> positions;
+    for (std::int64_t t = 0; t < in.seq; ++t) {
+        const std::size_t at = std::size_t(t) * row;
+        if (in.present[std::size_t(t)])
+            positions.push_back(t);
+        else
+            std::copy_n(in.values + at, row, out + at);
+    }
+    stats.values = std::int64_t(positions.size() * row);
+    const auto rowAt = [&](std::int64_t t) { return std::size_t(t) * row; };
+    std::int64_t& sat = stats.saturated;
+
+    switch (s.scaling) {
+    case Scaling::Tensor:
+    case Scaling::VllmStatic: {
+        float amax = 0;
+        for (std::int64_t t : positions)
+            amax = std::max(amax, amaxOf(in.values + rowAt(t), row));
+        const float scale = s.scaling == Scaling::Tensor ? amax / largestOf(s.format)
+                                                         : in.warmupAmax / (in.isK ? 200.0f : 100.0f);
+        for (std::int64_t t : positions)
+            symmetric(s.format, in.values + rowAt(t), out + rowAt(t), row, 1, scale, sat);
+        break;
+    }
+    case Scaling::Head:
+        for (std::size_t h = 0; h < heads; ++h) {
+            float amax = 0;
+            for (std::int64_t t : positions)
+                amax = std::max(amax, amaxOf(in.values + rowAt(t) + h * dim, dim));
+            for (std::int64_t t : positions)
+                symmetric(s.format, in.values + rowAt(t) + h * dim, out + rowAt(t) + h * dim, dim, 1,
+                          amax / largestOf(s.format), sat);
+        }
+        break;
+    case Scaling::TokenHead:
+        for (std::int64_t t : positions)
+            for (std::size_t h = 0; h < heads; ++h) {
+                const float* x = in.values + rowAt(t) + h * dim;
+                symmetric(s.format, x, out + rowAt(t) + h * dim, dim, 1, amaxOf(x, dim) / largestOf(s.format), sat);
+            }
+        break;
+    case Scaling::Group:
+        for (std::int64_t t : positions)
+            for (std::size_t h = 0; h < heads; ++h)
+                for (std::size_t g = 0; g < dim; g += std::size_t(s.group)) {
+                    const std::size_t at = rowAt(t) + h * dim + g;
+                    asymmetricInt4(in.values + at, out + at, std::min<std::size_t>(std::size_t(s.group), dim - g), 1, sat);
+                }
+        break;
+    case Scaling::Kivi: {
+        // The last `residual` tokens stay in full precision (KIVI's recent window).
+        const std::size_t kept = std::min(positions.size(), std::size_t(s.residual));
+        const std::size_t quantised = positions.size() - kept;
+        for (std::size_t i = quantised; i < positions.size(); ++i)
+            std::copy_n(in.values + rowAt(positions[i]), row, out + rowAt(positions[i]));
+        if (in.isK) {
+            // K per channel: each (head, channel) over groups of `group` tokens.
+            std::vector<float> column, result;
+            for (std::size_t first = 0; first < quantised; first += std::size_t(s.group)) {
+                const std::size_t n = std::min<std::size_t>(std::size_t(s.group), quantised - first);
+                for (std::size_t c = 0; c < row; ++c) {
+                    column.resize(n);
+                    result.resize(n);
+                    for (std::size_t i = 0; i < n; ++i)
+                        column[i] = in.values[rowAt(positions[first + i]) + c];
+                    asymmetricInt4(column.data(), result.data(), n, 1, sat);
+                    for (std::size_t i = 0; i < n; ++i)
+                        out[rowAt(positions[first + i]) + c] = result[i];
+                }
+            }
+        } else {
+            for (std::size_t i = 0; i < quantised; ++i)
+                for (std::size_t h = 0; h < heads; ++h)
+                    for (std::size_t g = 0; g < dim; g += std::size_t(s.group)) {
+                        const std::size_t at = rowAt(positions[i]) + h * dim + g;
+                        asymmetricInt4(in.values + at, out + at, std::min<std::size_t>(std::size_t(s.group), dim - g), 1, sat);
+                    }
+        }
+        break;
+    }
+    case Scaling::Block16: {
+        // One fp32 scale per tensor so that every block's scale fits e4m3, then an e4m3 scale
+        // per 16 values, then e2m1 values.
+        float amax = 0;
+        for (std::int64_t t : positions)
+            amax = std::max(amax, amaxOf(in.values + rowAt(t), row));
+        const float global = amax / (float(kE4M3Fn.maxFinite()) * float(kE2M1.maxFinite()));
+        for (std::int64_t t : positions)
+            for (std::size_t b = 0; b < row; b += 16) {
+                const std::size_t n = std::min<std::size_t>(16, row - b);
+                const float* x = in.values + rowAt(t) + b;
+                float* o = out + rowAt(t) + b;
+                const float blockScale =
+                    global > 0 ? roundToMinifloat(kE4M3Fn, amaxOf(x, n) / float(kE2M1.maxFinite()) / global) * global : 0;
+                for (std::size_t i = 0; i < n; ++i) {
+                    if (!(blockScale > 0)) {
+                        o[i] = blockScale == 0 && x[i] != 0 ? 0.0f : x[i];
+                        continue;
+                    }
+                    const float v = x[i] / blockScale;
+                    if (std::fabs(v) > float(kE2M1.maxFinite()))
+                        ++sat;
+                    o[i] = roundToMinifloat(kE2M1, v) * blockScale;
+                }
+            }
+        break;
+    }
+    }
+    return stats;
+}
+
+}  // namespace kvscope

@@ -1,0 +1,296 @@
+#include "quant/whatif.h"
+
+#include "quant/quantiser.h"
+#include "util/work_team.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+namespace kvscope {
+
+namespace {
+
+double medianOf(std::vector<double>& v)
+{
+    if (v.empty())
+        return std::nan("");
+    const auto mid = v.begin() + std::ptrdiff_t(v.size() / 2);
+    std::nth_element(v.begin(), mid, v.end());
+    return *mid;
+}
+
+// |a - b|_2 / |b|_2 over n values (NaN when b is zero).
+double relativeL2(const float* a, const float* b, int n)
+{
+    double diff = 0, ref = 0;
+    for (int i = 0; i < n; ++i) {
+        const double d = double(a[i]) - double(b[i]);
+        diff += d * d;
+        ref += double(b[i]) * double(b[i]);
+    }
+    return ref > 0 ? std::sqrt(diff / ref) : std::nan("");
+}
+
+std::string number(double x, int digits = 3)
+{
+    std::ostringstream s;
+    s.precision(digits);
+    s << x;
+    return s.str();
+}
+
+// What one layer adds to each scheme's result, gathered by the layer's own task.
+struct LayerWork {
+    std::vector<std::vector<double>> relL2[2];  // [part][scheme]: every cell
+    std::vector<std::vector<std::vector<double>>> headRelL2[2];  // [part][scheme][head]
+    std::vector<std::vector<double>> ratio[2];
+    std::vector<QuantiseStats> stats[2];         // [part][scheme]
+    std::vector<std::vector<WhatIfCell>> worst;  // [scheme]
+    std::vector<double> floors[2];               // [part]
+    double kOutlier = 0;
+};
+
+}  // namespace
+
+double bf16RoundingFloor(const float* x, int n)
+{
+    double err = 0, ref = 0;
+    for (int i = 0; i < n; ++i) {
+        const double v = std::fabs(double(x[i]));
+        ref += v * v;
+        if (v > 0) {
+            const double ulp = std::ldexp(1.0, std::ilogb(v) - 7);
+            err += ulp * ulp / 12.0;
+        }
+    }
+    return ref > 0 ? std::sqrt(err / ref) : std::nan("");
+}
+
+WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options)
+{
+    WhatIfResult result;
+    result.bundle = loader.path();
+    result.layers = loader.config().layerNames();
+    const std::vector<PromptInfo>& prompts = loader.prompts();
+    bool baseline = !prompts.empty();
+    for (const PromptInfo& p : prompts) {
+        if (!p.problems.empty() || !p.hasExpected) {
+            result.problems.push_back("prompt " + p.id + ": " + (p.problems.empty() ? "no expected reference" : p.problems.front()));
+            continue;
+        }
+        result.promptIds.push_back(p.id);
+        result.promptTokens.push_back(loader.sequenceLength(p.id));
+        baseline = baseline && p.hasBaseline;
+    }
+    result.floor = baseline ? "baseline" : "bf16_rounding";
+    const std::size_t schemes = options.schemes.size(), layers = result.layers.size();
+    for (const QuantScheme& s : options.schemes) {
+        WhatIfScheme out{s, std::vector<WhatIfLayer>(layers), 0, 0, {}, {}};
+        for (std::int64_t tokens : result.promptTokens) {
+            std::array<std::vector<float>, 2> map;
+            for (auto& part : map)
+                part.assign(layers * std::size_t(tokens), std::numeric_limits<float>::quiet_NaN());
+            out.maps.push_back(std::move(map));
+        }
+        result.schemes.push_back(std::move(out));
+    }
+    if (result.promptIds.empty())
+        return result;
+
+    std::vector<LayerWork> work(layers);
+    std::atomic<int> done{0};
+    std::mutex progressMutex;
+    auto layerTask = [&](int l, int) {
+        if (options.cancel && options.cancel->load())
+            return;
+        LayerWork& w = work[std::size_t(l)];
+        for (auto* perPart : {&w.relL2, &w.ratio})
+            for (auto& v : *perPart)
+                v.assign(schemes, {});
+        for (auto& v : w.stats)
+            v.assign(schemes, {});
+        for (auto& v : w.headRelL2)
+            v.assign(schemes, std::vector<std::vector<double>>(std::size_t(loader.config().totalNumKvHeads)));
+        w.worst.assign(schemes, {});
+        const std::string& layer = result.layers[std::size_t(l)];
+        std::array<float, 2> warmupAmax{0, 0};
+        std::vector<double> channelAmax;
+        std::vector<float> quantised;
+        for (std::size_t pi = 0; pi < result.promptIds.size(); ++pi) {
+            const std::string& id = result.promptIds[pi];
+            const LayerKv expected = loader.referenceLayer(id, ReferenceRole::Expected, layer);
+            const std::optional<LayerKv> base =
+                baseline ? std::optional(loader.referenceLayer(id, ReferenceRole::Baseline, layer)) : std::nullopt;
+            const int heads = expected.heads, dim = expected.headDim;
+            const std::size_t row = expected.rowSize();
+            if (pi == 0) {  // vLLM's warm-up batch: the first prompt's prefill
+                const std::int64_t promptLen = loader.prompt(id).promptLen;
+                for (std::int64_t t = 0; t < std::min(promptLen, expected.seq); ++t)
+                    if (expected.present[std::size_t(t)])
+                        for (std::size_t i = 0; i < row; ++i) {
+                            warmupAmax[0] = std::max(warmupAmax[0], std::fabs(expected.k[std::size_t(t) * row + i]));
+                            warmupAmax[1] = std::max(warmupAmax[1], std::fabs(expected.v[std::size_t(t) * row + i]));
+                        }
+                channelAmax.assign(row, 0.0);
+            }
+            for (std::int64_t t = 0; t < expected.seq; ++t)
+                if (expected.present[std::size_t(t)])
+                    for (std::size_t i = 0; i < row; ++i)
+                        channelAmax[i] = std::max(channelAmax[i], double(std::fabs(expected.k[std::size_t(t) * row + i])));
+            // Each cell's bf16 floor.
+            std::vector<double> floor[2];
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const FloatBuffer& e = part == KvPart::K ? expected.k : expected.v;
+                std::vector<double>& f = floor[std::size_t(part)];
+                f.assign(std::size_t(expected.seq) * std::size_t(heads), std::nan(""));
+                for (std::int64_t t = 0; t < expected.seq; ++t) {
+                    if (!expected.present[std::size_t(t)] || (base && !base->present[std::size_t(t)]))
+                        continue;
+                    for (int h = 0; h < heads; ++h) {
+                        const std::size_t at = std::size_t(t) * row + std::size_t(h) * std::size_t(dim);
+                        f[std::size_t(t) * std::size_t(heads) + std::size_t(h)] =
+                            base ? relativeL2(e.data() + at, (part == KvPart::K ? base->k : base->v).data() + at, dim)
+                                 : bf16RoundingFloor(e.data() + at, dim);
+                        w.floors[std::size_t(part)].push_back(f[std::size_t(t) * std::size_t(heads) + std::size_t(h)]);
+                    }
+                }
+            }
+            quantised.resize(std::size_t(expected.seq) * row);
+            for (std::size_t si = 0; si < schemes; ++si) {
+                const QuantScheme& scheme = options.schemes[si];
+                for (KvPart part : {KvPart::K, KvPart::V}) {
+                    const std::size_t pk = std::size_t(part);
+                    const FloatBuffer& e = part == KvPart::K ? expected.k : expected.v;
+                    const QuantiseInput in{e.data(), expected.present.data(), expected.seq, heads, dim, part == KvPart::K,
+                                           warmupAmax[pk]};
+                    const QuantiseStats st = quantise(scheme, in, quantised.data());
+                    w.stats[pk][si].values += st.values;
+                    w.stats[pk][si].saturated += st.saturated;
+                    std::vector<float>& map = result.schemes[si].maps[pi][pk];
+                    for (std::int64_t t = 0; t < expected.seq; ++t) {
+                        float worstOfToken = std::numeric_limits<float>::quiet_NaN();
+                        for (int h = 0; h < heads; ++h) {
+                            const double f = floor[pk][std::size_t(t) * std::size_t(heads) + std::size_t(h)];
+                            if (std::isnan(f))
+                                continue;
+                            const std::size_t at = std::size_t(t) * row + std::size_t(h) * std::size_t(dim);
+                            const double r = relativeL2(quantised.data() + at, e.data() + at, dim);
+                            if (std::isnan(r))
+                                continue;
+                            const double ratio = r / std::max(f, 1e-12);
+                            w.relL2[pk][si].push_back(r);
+                            w.headRelL2[pk][si][std::size_t(h)].push_back(r);
+                            w.ratio[pk][si].push_back(ratio);
+                            if (!(float(ratio) <= worstOfToken))
+                                worstOfToken = float(ratio);
+                            w.worst[si].push_back({id, t, h, part, r, ratio});
+                        }
+                        map[std::size_t(l) * std::size_t(expected.seq) + std::size_t(t)] = worstOfToken;
+                    }
+                    // Keep only the worst few cells as they come.
+                    std::vector<WhatIfCell>& worst = w.worst[si];
+                    const std::size_t keep = std::size_t(std::max(1, options.worstCells));
+                    if (worst.size() > keep) {
+                        std::partial_sort(worst.begin(), worst.begin() + std::ptrdiff_t(keep), worst.end(),
+                                          [](const WhatIfCell& a, const WhatIfCell& b) { return a.floorRatio > b.floorRatio; });
+                        worst.resize(keep);
+                    }
+                }
+            }
+        }
+        // K's outlier channels: the largest channel amax over the median channel's.
+        std::vector<double> amax = channelAmax;
+        const double typical = medianOf(amax);
+        w.kOutlier = typical > 0 ? *std::max_element(channelAmax.begin(), channelAmax.end()) / typical : 0;
+        if (options.progress) {
+            std::lock_guard lock(progressMutex);
+            options.progress(++done, int(layers));
+        }
+    };
+    if (options.team)
+        options.team->run(int(layers), layerTask);
+    else
+        for (int l = 0; l < int(layers); ++l)
+            layerTask(l, 0);
+
+    // Per scheme and layer: medians, saturation, worst cells; then what the scheme hurts.
+    std::vector<double> floors[2];
+    for (LayerWork& w : work)
+        for (int part = 0; part < 2; ++part)
+            floors[part].insert(floors[part].end(), w.floors[part].begin(), w.floors[part].end());
+    for (int part = 0; part < 2; ++part)
+        result.bf16FloorMedian[part] = medianOf(floors[part]);
+    for (std::size_t si = 0; si < schemes; ++si) {
+        WhatIfScheme& s = result.schemes[si];
+        std::vector<double> typical, worstHeads;
+        for (std::size_t l = 0; l < layers; ++l) {
+            LayerWork& w = work[l];
+            WhatIfLayer& out = s.layers[l];
+            out.layer = result.layers[l];
+            for (int part = 0; part < 2; ++part) {
+                out.relL2Median[part] = medianOf(w.relL2[part][si]);
+                out.floorRatioMedian[part] = medianOf(w.ratio[part][si]);
+                for (std::size_t h = 0; h < w.headRelL2[part][si].size(); ++h)
+                    if (const double m = medianOf(w.headRelL2[part][si][h]); m > out.worstHeadRelL2[part])
+                        out.worstHeadRelL2[part] = m, out.worstHead[part] = int(h);
+                out.saturated[part] = w.stats[part][si].values
+                                          ? double(w.stats[part][si].saturated) / double(w.stats[part][si].values) : 0;
+            }
+            out.kOutlierChannel = w.kOutlier;
+            out.worst = std::move(w.worst[si]);
+            std::sort(out.worst.begin(), out.worst.end(),
+                      [](const WhatIfCell& a, const WhatIfCell& b) { return a.floorRatio > b.floorRatio; });
+            const double worse = std::max(out.floorRatioMedian[0], out.floorRatioMedian[1]);
+            if (std::isfinite(worse))
+                typical.push_back(worse);
+            worstHeads.push_back(std::max(out.worstHeadRelL2[0], out.worstHeadRelL2[1]));
+        }
+        s.typicalRatio = medianOf(typical);
+        s.typicalWorstHead = medianOf(worstHeads);
+        // The verdict: the layers one of whose heads does more than twice as badly as the model's
+        // typical worst head.
+        std::vector<std::string> hurt;
+        double within = 0, outlier = 0, saturated = 0, crushed = 0;
+        int crushedHead = -1;
+        std::vector<double> outliers;
+        for (const WhatIfLayer& l : s.layers)
+            outliers.push_back(l.kOutlierChannel);
+        const double typicalOutlier = medianOf(outliers);
+        for (WhatIfLayer& l : s.layers) {
+            const double worse = std::max(l.floorRatioMedian[0], l.floorRatioMedian[1]);
+            if (!std::isfinite(worse))
+                continue;
+            l.hurt = std::max(l.worstHeadRelL2[0], l.worstHeadRelL2[1]) > 2 * s.typicalWorstHead;
+            if (l.hurt) {
+                for (int part = 0; part < 2; ++part)
+                    if (l.worstHeadRelL2[part] > crushed)
+                        crushed = l.worstHeadRelL2[part], crushedHead = l.worstHead[part];
+                hurt.push_back(l.layer);
+                outlier = std::max(outlier, l.kOutlierChannel);
+                saturated = std::max({saturated, l.saturated[0], l.saturated[1]});
+            } else {
+                within = std::max(within, worse);
+            }
+        }
+        std::string text = s.scheme.description() + ": within " + number(within, 2) + "x bf16 noise on every layer";
+        if (!hurt.empty()) {
+            std::string names;
+            for (std::size_t i = 0; i < hurt.size(); ++i)
+                names += (i ? (i + 1 == hurt.size() ? " and " : ", ") : "") + hurt[i];
+            text += " but " + names + " (head " + std::to_string(crushedHead) + "'s error up to " + number(100 * crushed, 2) +
+                    "%, the model's typical " + number(100 * s.typicalWorstHead, 2) + "%";
+            if (saturated > 0)
+                text += "; saturates " + number(100 * saturated, 2) + "% of values";
+            if (outlier > 2 * typicalOutlier)  // outlier channels beyond the model's usual
+                text += "; K outlier channels up to " + number(outlier, 2) + "x the median channel";
+            text += ")";
+        }
+        s.verdict = text;
+    }
+    return result;
+}
+
+}  // namespace kvscope
