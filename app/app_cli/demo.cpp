@@ -19,7 +19,7 @@ int demo(const Args& args, std::ostream& out, std::ostream& err)
     // The demo capture, made by the model-based generator on first use and kept.
     const std::filesystem::path dir = dirName;
     std::filesystem::create_directories(dir);
-    const std::string path = (dir / "demo-capture-v1.h5").string();
+    const std::string path = (dir / "demo-capture-v2.h5").string();
     if (!std::filesystem::exists(path)) {
         out << "generating the demo capture (a 24-layer model run three ways; about half a minute, once)" << std::endl;
         synth::writeModelCapture(path, synth::demoModelCaptureOptions());

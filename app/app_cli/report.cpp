@@ -4,7 +4,11 @@
 #include "report/drawing_application.h"
 #include "report/report_writer.h"
 
+#include "util/work_team.h"
+
+#include <optional>
 #include <ostream>
+#include <thread>
 
 namespace kvscope::cli {
 
@@ -16,6 +20,8 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
     parser.operand("BUNDLE", bundle);
     parser.requiredText({"-o", "--output"}, "DIR", dir);
     addThresholdOptions(parser, t);
+    bool withWhatIf = true;
+    parser.flag("--no-whatif", [&withWhatIf] { withWhatIf = false; });
     if (!parser.parse(args, err))
         return 2;
     try {
@@ -24,7 +30,15 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
         AnalysisOptions options;
         options.suspects = t.suspects;
         const AnalysisResult result = analyzeForVerdict(reader, options);  // the same verdict as `check`
-        const ReportFiles files = writeReport(CaptureLoader(reader), result, t, QString::fromStdString(dir));
+        const CaptureLoader loader(reader);
+        std::optional<WhatIfResult> whatIf;
+        if (withWhatIf) {
+            WorkTeam team(int(std::max(1u, std::thread::hardware_concurrency())));
+            WhatIfOptions whatIfOptions;
+            whatIfOptions.team = &team;
+            whatIf = runWhatIf(loader, whatIfOptions);
+        }
+        const ReportFiles files = writeReport(loader, result, t, QString::fromStdString(dir), whatIf ? &*whatIf : nullptr);
         out << "wrote " << files.html.toStdString() << " (" << files.htmlBytes / 1024 << " KiB) and "
                   << files.images.size() << " PNG images\n";
     } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 
 #include "analysis/worst_prompt.h"
 #include "gui/across_prompts_page.h"
+#include "gui/whatif_page.h"
 #include "gui/drill_down_panel.h"
 #include "gui/help_menu.h"
 #include "report/report_writer.h"
@@ -33,6 +34,7 @@ MainWindow::MainWindow(QWidget* parent)
     , m_toolbar(new ViewToolbar(this))
     , m_promptPage(new PromptPage(m_controller))
     , m_acrossPage(new AcrossPromptsPage(m_controller))
+    , m_whatIfPage(new WhatIfPage(m_controller))
     , m_tabs(new QTabWidget)
     , m_recent(new RecentFilesMenu(this))
     , m_status(new QLabel(tr("Open a capture bundle (File > Open, or drop it here)")))
@@ -44,6 +46,7 @@ MainWindow::MainWindow(QWidget* parent)
     addToolBar(m_toolbar);
     m_tabs->addTab(m_promptPage, tr("Per prompt"));
     m_tabs->addTab(m_acrossPage, tr("Across prompts"));
+    m_tabs->addTab(m_whatIfPage, tr("What if"));
     setCentralWidget(m_tabs);
     m_progress->setMaximumWidth(240);
     statusBar()->addWidget(m_status, 1);
@@ -52,6 +55,7 @@ MainWindow::MainWindow(QWidget* parent)
     m_progress->hide();
     m_cancel->hide();
     m_tabs->setTabEnabled(1, false);
+    m_tabs->setTabEnabled(2, false);
     m_toolbar->setEnabled(false);  // nothing to view yet
     buildMenus();
     m_settings = m_toolbar->settings();
@@ -229,6 +233,8 @@ void MainWindow::onOpened()
     m_summary.clear();  // until it is analysed
     m_tabs->setTabEnabled(1, false);
     m_tabs->setCurrentIndex(0);
+    m_whatIfPage->reset();
+    m_tabs->setTabEnabled(2, true);
     m_toolbar->setEnabled(true);
     setWindowTitle("kvscope - " + QFileInfo(m_controller->path()).fileName());
     m_recent->add(m_controller->path());  // only what opened
@@ -307,7 +313,8 @@ void MainWindow::exportReport()
     // The PNG images are drawn by the heatmap widget, which lives on this thread.
     QApplication::setOverrideCursor(Qt::WaitCursor);
     try {
-        const ReportFiles files = writeReport(*m_controller->loader(), *result, Thresholds{}, dir);
+        const auto whatIf = m_whatIfPage->result();  // when it was run
+        const ReportFiles files = writeReport(*m_controller->loader(), *result, Thresholds{}, dir, whatIf.get());
         QApplication::restoreOverrideCursor();
         m_status->setText(tr("wrote %1").arg(files.html));
     } catch (const std::exception& e) {

@@ -19,6 +19,7 @@ class QTabWidget;
 namespace kvscope {
 
 class AcrossPromptsPage;
+class WhatIfPage;
 class HeatmapView;
 
 class MainWindow : public QMainWindow {
@@ -59,6 +60,7 @@ private:
     ViewToolbar* m_toolbar;
     PromptPage* m_promptPage;
     AcrossPromptsPage* m_acrossPage;
+    WhatIfPage* m_whatIfPage;
     QTabWidget* m_tabs;
     RecentFilesMenu* m_recent;
     QLabel* m_status;

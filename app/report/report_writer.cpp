@@ -221,6 +221,38 @@ void writeSuspects(QTextStream& out, const AnalysisResult& result)
     }
 }
 
+// The what-if: a verdict per scheme, and the layer x scheme table of median errors in floors.
+void writeWhatIf(QTextStream& out, const WhatIfResult& r)
+{
+    out << "<h2>What if the cache were quantised?</h2><p>The reference KV (expected) quantised with each scheme: the "
+           "median relative L2 error it adds per layer, in bf16 noise floors of the same cells ("
+        << (r.floor == "baseline" ? "expected against the fp32 baseline" : "bf16 rounding of the values")
+        << "; typical relative L2 K " << QString::number(100 * r.bf16FloorMedian[0], 'g', 3) << "%, V "
+        << QString::number(100 * r.bf16FloorMedian[1], 'g', 3) << "%). See docs/whatif.md.</p><ul>";
+    for (const WhatIfScheme& s : r.schemes)
+        out << "<li><b>" << html(s.scheme.name()) << "</b>: " << html(s.verdict) << "</li>";
+    out << "</ul><table class=whatif><tr><th>layer</th>";
+    for (const WhatIfScheme& s : r.schemes)
+        out << "<th>" << html(s.scheme.name()) << "</th>";
+    out << "</tr>";
+    for (std::size_t l = 0; l < r.layers.size(); ++l) {
+        out << "<tr><td>" << html(r.layers[l]) << "</td>";
+        for (const WhatIfScheme& s : r.schemes) {
+            const WhatIfLayer& x = s.layers[l];
+            const double worse = std::max(x.floorRatioMedian[0], x.floorRatioMedian[1]);
+            out << "<td style=\"background:" << whatIfColour(worse).name() << "\" title=\"K " << QString::number(100 * x.relL2Median[0], 'g', 3)
+                << "%, V " << QString::number(100 * x.relL2Median[1], 'g', 3) << "% relative L2; worst head "
+                << QString::number(100 * std::max(x.worstHeadRelL2[0], x.worstHeadRelL2[1]), 'g', 3) << "%\">"
+                << QString::number(x.floorRatioMedian[0], 'f', 1) << " / " << QString::number(x.floorRatioMedian[1], 'f', 1)
+                << (x.hurt ? " <b>hurt</b>" : "") << "</td>";
+        }
+        out << "</tr>";
+    }
+    out << "</table><p class=legend>Each cell: K / V median error in bf16 noise floors (hover: relative L2). Green: "
+           "within 2 floors; red: 10 and beyond. <b>hurt</b>: a head of the layer does more than twice as badly as the "
+           "model's typical worst head.</p>";
+}
+
 void writeCapture(QTextStream& out, const CaptureLoader& loader)
 {
     const KvCacheConfig& cfg = loader.config();
@@ -342,8 +374,17 @@ QString page(const QString& body, const std::vector<ReportMap>& maps)
 
 }  // namespace
 
+QColor whatIfColour(double floorRatio)
+{
+    if (!std::isfinite(floorRatio))
+        return QColor(0xee, 0xee, 0xee);
+    // Hue 120 (green) at 2 floors and below, 0 (red) at 10 and beyond, on a log scale.
+    const double t = std::clamp(std::log(floorRatio / 2) / std::log(5.0), 0.0, 1.0);
+    return QColor::fromHslF(float(120 * (1 - t) / 360), 0.7f, 0.8f);
+}
+
 ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
-                        const QString& directory)
+                        const QString& directory, const WhatIfResult* whatIf)
 {
     QDir dir(directory);
     if (!dir.exists() && !QDir().mkpath(directory))
@@ -371,6 +412,8 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
         writePrompt(out, p, maps);
     if (result.aggregate)
         writeAcrossPrompts(out, *result.aggregate, maps, thresholds);
+    if (whatIf)
+        writeWhatIf(out, *whatIf);
 
     files.html = dir.filePath("report.html");
     QFile file(files.html);

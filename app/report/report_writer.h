@@ -6,7 +6,9 @@
 #include "analysis/analysis_result.h"
 #include "kv/capture_loader.h"
 #include "analysis/threshold_check.h"
+#include "quant/whatif.h"
 
+#include <QColor>
 #include <QString>
 #include <QStringList>
 
@@ -18,8 +20,13 @@ struct ReportFiles {
     qint64 htmlBytes = 0;
 };
 
-// Writes DIR/report.html and DIR/*.png. Throws std::runtime_error when DIR cannot be written.
+// Writes DIR/report.html and DIR/*.png, with a what-if section when `whatIf` is given. Throws
+// std::runtime_error when DIR cannot be written.
 ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
-                        const QString& directory);
+                        const QString& directory, const WhatIfResult* whatIf = nullptr);
+
+// The colour of a what-if cell: its error in bf16 noise floors, from green (within 2) to red (10
+// and beyond); grey without data.
+QColor whatIfColour(double floorRatio);
 
 }  // namespace kvscope

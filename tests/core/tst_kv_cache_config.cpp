@@ -93,7 +93,7 @@ void TestKvCacheConfig::rejects_data()
     QTest::newRow("uneven partition") << edit("\"total_num_kv_heads\": 4", "\"total_num_kv_heads\": 5")
                                       << "cfg.total_num_kv_heads" << "cannot be partitioned";
     QTest::newRow("MLA") << edit("FullAttentionSpec", "MLAAttentionSpec") << "cfg.groups[0].spec_type" << "not supported";
-    QTest::newRow("dtype") << edit("torch.float32", "torch.int8") << "cfg.groups[0].dtype" << "unsupported dtype 'torch.int8'";
+    QTest::newRow("dtype") << edit("torch.float32", "torch.int4") << "cfg.groups[0].dtype" << "unsupported dtype 'torch.int4'";
     QTest::newRow("duplicate layer") << edit("\"l1\"", "\"l0\"") << "cfg.groups[0].layer_names" << "more than one place";
     QTest::newRow("slash in name") << edit("\"l1\"", "\"a/b\"") << "cfg.groups[0].layer_names" << "cannot be an HDF5 name";
     QTest::newRow("sliding without window") << edit("FullAttentionSpec", "SlidingWindowSpec") << "cfg.groups[0].sliding_window"

@@ -1,0 +1,297 @@
+#include "gui/whatif_page.h"
+
+#include "analysis/heatmap_grid.h"
+#include "analysis/map_spec.h"
+#include "gui/analysis_controller.h"
+#include "report/report_writer.h"
+#include "util/work_team.h"
+#include "widgets/heatmap_view.h"
+
+#include <QComboBox>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QLabel>
+#include <QProgressBar>
+#include <QPushButton>
+#include <QScrollArea>
+#include <QSplitter>
+#include <QTableWidget>
+#include <QVBoxLayout>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace kvscope {
+
+namespace {
+
+// A table cell that sorts by a number, not by its text.
+class NumberItem : public QTableWidgetItem {
+public:
+    NumberItem(const QString& text, double key)
+        : QTableWidgetItem(text)
+    {
+        setData(Qt::UserRole, key);
+    }
+    bool operator<(const QTableWidgetItem& other) const override
+    {
+        const double a = data(Qt::UserRole).toDouble(), b = other.data(Qt::UserRole).toDouble();
+        return std::isnan(a) ? false : std::isnan(b) ? true : a < b;
+    }
+};
+
+}  // namespace
+
+WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
+    : QWidget(parent)
+    , m_controller(controller)
+    , m_run(new QPushButton(tr("Run the what-if")))
+    , m_cancel(new QPushButton(tr("Cancel")))
+    , m_progress(new QProgressBar)
+    , m_verdicts(new QLabel)
+    , m_table(new QTableWidget)
+    , m_scheme(new QComboBox)
+    , m_prompt(new QComboBox)
+    , m_part(new QComboBox)
+    , m_map(new HeatmapView)
+{
+    setObjectName("whatIf");
+    m_run->setObjectName("whatIfRun");
+    m_table->setObjectName("whatIfTable");
+    m_verdicts->setWordWrap(true);
+    m_verdicts->setAlignment(Qt::AlignTop | Qt::AlignLeft);
+    m_verdicts->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_verdicts->setText(tr("What would an fp8, int8 or int4 KV cache cost this model? The what-if quantises the "
+                           "reference KV with each scheme and measures the error it adds, in bf16 noise floors."));
+    m_table->setEditTriggers(QAbstractItemView::NoEditTriggers);
+    m_table->setSelectionBehavior(QAbstractItemView::SelectItems);
+    m_table->verticalHeader()->hide();
+    m_part->addItems({"K", "V"});
+    m_cancel->hide();
+    m_progress->hide();
+
+    auto* top = new QHBoxLayout;
+    top->addWidget(m_run);
+    top->addWidget(m_progress, 1);
+    top->addWidget(m_cancel);
+    auto* mapBar = new QHBoxLayout;
+    mapBar->addWidget(new QLabel(tr("Map:")));
+    mapBar->addWidget(m_scheme, 1);
+    mapBar->addWidget(m_prompt, 1);
+    mapBar->addWidget(m_part);
+    auto* mapBox = new QWidget;
+    auto* mapLayout = new QVBoxLayout(mapBox);
+    mapLayout->setContentsMargins(0, 0, 0, 0);
+    mapLayout->addLayout(mapBar);
+    mapLayout->addWidget(m_map, 1);
+    // Verdicts, table and map share the height; the verdicts scroll when they do not fit.
+    auto* verdicts = new QScrollArea;
+    verdicts->setWidget(m_verdicts);
+    verdicts->setWidgetResizable(true);
+    verdicts->setFrameShape(QFrame::NoFrame);
+    auto* split = new QSplitter(Qt::Vertical);
+    split->addWidget(verdicts);
+    split->addWidget(m_table);
+    split->addWidget(mapBox);
+    split->setStretchFactor(0, 1);
+    split->setStretchFactor(1, 2);
+    split->setStretchFactor(2, 2);
+    auto* layout = new QVBoxLayout(this);
+    layout->addLayout(top);
+    layout->addWidget(split, 1);
+    m_map->showEmpty(tr("Run the what-if to see a scheme's map"));
+
+    connect(m_run, &QPushButton::clicked, this, &WhatIfPage::start);
+    connect(m_cancel, &QPushButton::clicked, this, &WhatIfPage::cancel);
+    for (QComboBox* box : {m_scheme, m_prompt, m_part})
+        connect(box, &QComboBox::currentIndexChanged, this, &WhatIfPage::showMap);
+    // A click on a table cell shows that scheme's map.
+    connect(m_table, &QTableWidget::cellClicked, this, [this](int, int column) {
+        if (column >= 1 && column - 1 < m_scheme->count())
+            m_scheme->setCurrentIndex(column - 1);
+    });
+}
+
+WhatIfPage::~WhatIfPage()
+{
+    if (m_cancelFlag)
+        m_cancelFlag->store(true);
+}
+
+void WhatIfPage::reset()
+{
+    cancel();
+    m_result.reset();
+    m_table->clear();
+    m_table->setRowCount(0);
+    m_table->setColumnCount(0);
+    m_scheme->clear();
+    m_prompt->clear();
+    m_map->showEmpty(tr("Run the what-if to see a scheme's map"));
+    m_verdicts->setText(tr("What would an fp8, int8 or int4 KV cache cost this model? Run the what-if."));
+    m_run->setEnabled(bool(m_controller->loader()));
+}
+
+void WhatIfPage::start()
+{
+    const auto loader = m_controller->loader();
+    if (!loader)
+        return;
+    cancel();
+    m_cancelFlag = std::make_shared<std::atomic<bool>>(false);
+    const int generation = ++m_generation;
+    m_run->setEnabled(false);
+    m_cancel->show();
+    m_progress->setRange(0, int(loader->config().layerNames().size()));
+    m_progress->setValue(0);
+    m_progress->show();
+    m_verdicts->setText(tr("Quantising the reference KV with %1 schemes ...").arg(allSchemes().size()));
+    const auto flag = m_cancelFlag;
+    m_tasks.run([this, loader, flag, generation] {
+        std::shared_ptr<const WhatIfResult> result;
+        QString error;
+        try {
+            WorkTeam team(int(std::max(1u, std::thread::hardware_concurrency())));
+            WhatIfOptions options;
+            options.schemes = allSchemes();
+            options.team = &team;
+            options.cancel = flag.get();
+            options.progress = [this, generation](int done, int) {
+                m_tasks.post([this, generation, done] {
+                    if (generation == m_generation)
+                        m_progress->setValue(done);
+                });
+            };
+            result = std::make_shared<const WhatIfResult>(runWhatIf(*loader, options));
+        } catch (const std::exception& e) {
+            error = QString::fromStdString(e.what());
+        }
+        const bool cancelled = flag->load();
+        m_tasks.post([this, result, error, generation, cancelled] {
+            if (generation != m_generation)
+                return;
+            finished(cancelled ? nullptr : result, cancelled ? tr("Cancelled.") : error);
+        });
+    });
+}
+
+void WhatIfPage::cancel()
+{
+    if (m_cancelFlag)
+        m_cancelFlag->store(true);
+    ++m_generation;
+    m_cancel->hide();
+    m_progress->hide();
+    m_run->setEnabled(bool(m_controller->loader()));
+}
+
+void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QString& error)
+{
+    m_cancel->hide();
+    m_progress->hide();
+    m_run->setEnabled(true);
+    m_result = std::move(result);
+    if (!m_result) {
+        m_verdicts->setText(error);
+        return;
+    }
+    QStringList lines;
+    lines << tr("Floor: %1 (median relative L2 K %2%, V %3%). Cells: K / V median error in floors; hurt: a head "
+                "does more than twice as badly as the model's typical worst head.")
+                 .arg(m_result->floor == "baseline" ? tr("expected against the fp32 baseline") : tr("bf16 rounding of the values"))
+                 .arg(100 * m_result->bf16FloorMedian[0], 0, 'g', 3)
+                 .arg(100 * m_result->bf16FloorMedian[1], 0, 'g', 3);
+    for (const WhatIfScheme& s : m_result->schemes)
+        lines << QString("<b>%1</b>: %2").arg(QString::fromStdString(s.scheme.name()).toHtmlEscaped(),
+                                              QString::fromStdString(s.verdict).toHtmlEscaped());
+    m_verdicts->setText(lines.join("<br>"));
+    fillTable();
+    const QSignalBlocker a(m_scheme), b(m_prompt);
+    m_scheme->clear();
+    for (const WhatIfScheme& s : m_result->schemes)
+        m_scheme->addItem(QString::fromStdString(s.scheme.name()));
+    m_prompt->clear();
+    for (const std::string& id : m_result->promptIds)
+        m_prompt->addItem(QString::fromStdString(id));
+    showMap();
+}
+
+void WhatIfPage::fillTable()
+{
+    const WhatIfResult& r = *m_result;
+    m_table->setSortingEnabled(false);
+    m_table->clear();
+    m_table->setRowCount(int(r.layers.size()));
+    m_table->setColumnCount(int(r.schemes.size()) + 1);
+    QStringList headers{tr("layer")};
+    for (const WhatIfScheme& s : r.schemes)
+        headers << QString::fromStdString(s.scheme.name());
+    m_table->setHorizontalHeaderLabels(headers);
+    const auto config = m_controller->loader()->config();
+    for (int l = 0; l < int(r.layers.size()); ++l) {
+        m_table->setItem(l, 0, new NumberItem(QString::fromStdString(layerRowLabel(config, r.layers[std::size_t(l)])), l));
+        for (int s = 0; s < int(r.schemes.size()); ++s) {
+            const WhatIfLayer& x = r.schemes[std::size_t(s)].layers[std::size_t(l)];
+            const double worse = std::max(x.floorRatioMedian[0], x.floorRatioMedian[1]);
+            auto* item = new NumberItem(QString("%1 / %2%3")
+                                            .arg(x.floorRatioMedian[0], 0, 'f', 1)
+                                            .arg(x.floorRatioMedian[1], 0, 'f', 1)
+                                            .arg(x.hurt ? tr("  hurt") : QString()),
+                                        worse);
+            item->setBackground(whatIfColour(worse));
+            item->setForeground(Qt::black);
+            item->setToolTip(tr("<b>%1</b>, %2<br>median relative L2: K %3%, V %4%<br>in bf16 floors: K %5, V %6<br>"
+                                "worst head: %7 (%8%)<br>saturated: %9%<br>K outlier channels: %10x the median")
+                                 .arg(QString::fromStdString(r.layers[std::size_t(l)]),
+                                      QString::fromStdString(r.schemes[std::size_t(s)].scheme.description()))
+                                 .arg(100 * x.relL2Median[0], 0, 'g', 3)
+                                 .arg(100 * x.relL2Median[1], 0, 'g', 3)
+                                 .arg(x.floorRatioMedian[0], 0, 'g', 3)
+                                 .arg(x.floorRatioMedian[1], 0, 'g', 3)
+                                 .arg(x.worstHead[x.worstHeadRelL2[1] > x.worstHeadRelL2[0] ? 1 : 0])
+                                 .arg(100 * std::max(x.worstHeadRelL2[0], x.worstHeadRelL2[1]), 0, 'g', 3)
+                                 .arg(100 * std::max(x.saturated[0], x.saturated[1]), 0, 'g', 3)
+                                 .arg(x.kOutlierChannel, 0, 'g', 3));
+            m_table->setItem(l, s + 1, item);
+        }
+    }
+    m_table->setSortingEnabled(true);
+    m_table->sortByColumn(0, Qt::AscendingOrder);
+    m_table->resizeColumnsToContents();
+}
+
+void WhatIfPage::showMap()
+{
+    if (!m_result || m_scheme->currentIndex() < 0 || m_prompt->currentIndex() < 0)
+        return;
+    const WhatIfResult& r = *m_result;
+    const WhatIfScheme& s = r.schemes[std::size_t(m_scheme->currentIndex())];
+    const std::size_t prompt = std::size_t(m_prompt->currentIndex());
+    const int part = m_part->currentIndex() == 1 ? 1 : 0;
+    HeatmapGrid grid;
+    grid.rows = int(r.layers.size());
+    grid.columns = r.promptTokens[prompt];
+    grid.values = s.maps[prompt][std::size_t(part)];
+    grid.heads.assign(grid.values.size(), -1);
+    MapSpec spec;
+    spec.title = s.scheme.name() + ": " + (part ? "V" : "K") + " error in bf16 noise floors, worst head, prompt " +
+                 r.promptIds[prompt];
+    spec.metricLabel = "error in bf16 floors";
+    spec.scale = ScaleKind::Error;
+    float top = 0;
+    for (float v : grid.values)
+        if (std::isfinite(v))
+            top = std::max(top, v);
+    spec.range = {0.0, std::max(1.0, double(top))};
+    const auto config = m_controller->loader()->config();
+    for (const std::string& l : r.layers) {
+        spec.rowLabels.push_back(layerRowLabel(config, l));
+        spec.layerNames.push_back(l);
+    }
+    m_map->setGrid(grid);
+    m_map->showMap(spec);
+    m_map->resetView(grid.columns, grid.rows);
+}
+
+}  // namespace kvscope

@@ -1,0 +1,64 @@
+#pragma once
+// The "What if" page: what storing this model's KV in fp8, int8, int4 or NVFP4 would cost
+// (quant/whatif.h). Run on demand, off the GUI thread, with progress and a cancel button; then
+// the schemes' verdicts, a layer x scheme table of the median errors in bf16 noise floors
+// (coloured, sortable by any column), and the layer x token map of one scheme for one prompt
+// and part (the largest floor ratio over heads).
+
+#include "gui/background_tasks.h"
+#include "quant/whatif.h"
+
+#include <QWidget>
+
+#include <atomic>
+#include <memory>
+
+class QComboBox;
+class QLabel;
+class QProgressBar;
+class QPushButton;
+class QTableWidget;
+
+namespace kvscope {
+
+class AnalysisController;
+class HeatmapView;
+
+class WhatIfPage : public QWidget {
+    Q_OBJECT
+
+public:
+    explicit WhatIfPage(AnalysisController* controller, QWidget* parent = nullptr);
+    ~WhatIfPage() override;
+
+    // A bundle opened: its what-if is not known yet (a run still going is cancelled).
+    void reset();
+    std::shared_ptr<const WhatIfResult> result() const { return m_result; }
+    HeatmapView& heatmap() { return *m_map; }
+
+public slots:
+    void start();
+    void cancel();
+
+private:
+    void finished(std::shared_ptr<const WhatIfResult> result, const QString& error);
+    void fillTable();
+    void showMap();
+
+    AnalysisController* m_controller;
+    QPushButton* m_run;
+    QPushButton* m_cancel;
+    QProgressBar* m_progress;
+    QLabel* m_verdicts;
+    QTableWidget* m_table;
+    QComboBox* m_scheme;
+    QComboBox* m_prompt;
+    QComboBox* m_part;
+    HeatmapView* m_map;
+    std::shared_ptr<const WhatIfResult> m_result;
+    std::shared_ptr<std::atomic<bool>> m_cancelFlag;
+    int m_generation = 0;  // results of an older run are dropped
+    BackgroundTasks m_tasks{this};
+};
+
+}  // namespace kvscope
