@@ -76,9 +76,9 @@ const std::vector<Command>& commands()
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
         {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
                   "  times the three-way analysis of a synthetic Llama-3.3-70B-shaped capture against a\n"
-                  "  read-once roofline, at L and 2L layers\n",
+                  "  read-once roofline, at L and 2L layers; the suspects' and the what-if's cost\n",
          "time the analysis against a read-once roofline", nullptr},
-        {"bench-run", "bench-run roofline|analyze BUNDLE THREADS\n", "one measurement of bench, in its own process",
+        {"bench-run", "bench-run roofline|analyze|whatif BUNDLE THREADS\n", "one measurement of bench, in its own process",
          nullptr, false},
     };
     return table;

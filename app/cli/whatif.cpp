@@ -86,6 +86,12 @@ int whatif(const Args& args, std::ostream& out, std::ostream& err)
         WorkTeam team(std::max(1, threads));
         options.team = &team;
         const WhatIfResult result = runWhatIf(loader, options);
+        if (result.promptIds.empty()) {
+            err << "kvscope whatif: " << bundle << ": no prompt has a usable expected reference\n";
+            for (const std::string& p : result.problems)
+                err << "  " << p << "\n";
+            return 2;
+        }
         if (!jsonPath.empty()) {
             std::ofstream file(jsonPath);
             writeWhatIfJson(result, file, maps);

@@ -10,16 +10,6 @@ namespace kvscope {
 
 namespace {
 
-// The median of `v`, which it reorders.
-double medianOf(std::vector<double>& v)
-{
-    if (v.empty())
-        return std::nan("");
-    const auto mid = v.begin() + std::ptrdiff_t(v.size() / 2);
-    std::nth_element(v.begin(), mid, v.end());
-    return *mid;
-}
-
 constexpr double kTiny = 1e-10;
 
 }  // namespace
@@ -31,11 +21,6 @@ void forEachLayer(WorkTeam* team, int layers, const std::function<void(int)>& fn
     else
         for (int layer = 0; layer < layers; ++layer)
             fn(layer);
-}
-
-double median(std::vector<double> values)
-{
-    return medianOf(values);
 }
 
 double offThreshold(double floor, double perDecade, std::int64_t cells)
@@ -79,7 +64,7 @@ double CellRatios::typicalFloor(int layer) const
         for (std::int64_t t = 0; t < m_p.tokens; ++t)
             if (const double f = part[std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(t)]; std::isfinite(f))
                 floors.push_back(f);
-    return medianOf(floors);
+    return medianInPlace(floors);
 }
 
 float CellRatios::at(int layer, std::int64_t token, int head, KvPart part) const

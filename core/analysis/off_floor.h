@@ -20,6 +20,7 @@
 
 #include "analysis/analysis_result.h"
 #include "analysis/suspect.h"
+#include "util/median.h"
 
 #include <cstdint>
 #include <functional>
@@ -86,7 +87,5 @@ inline bool layerIsReady(const std::vector<char>* layersReady, int layer)
 
 // fn(layer) for every layer, over the team's threads when there is one.
 void forEachLayer(WorkTeam* team, int layers, const std::function<void(int)>& fn);
-// The median (NaN of none).
-double median(std::vector<double> values);
 
 }  // namespace kvscope

@@ -1,6 +1,7 @@
 #include "quant/whatif.h"
 
 #include "quant/quantiser.h"
+#include "util/median.h"
 #include "util/work_team.h"
 
 #include <algorithm>
@@ -12,15 +13,6 @@
 namespace kvscope {
 
 namespace {
-
-double medianOf(std::vector<double>& v)
-{
-    if (v.empty())
-        return std::nan("");
-    const auto mid = v.begin() + std::ptrdiff_t(v.size() / 2);
-    std::nth_element(v.begin(), mid, v.end());
-    return *mid;
-}
 
 // |a - b|_2 / |b|_2 over n values (NaN when b is zero).
 double relativeL2(const float* a, const float* b, int n)
@@ -49,7 +41,7 @@ struct LayerWork {
     std::vector<std::vector<double>> ratio[2];
     std::vector<QuantiseStats> stats[2];         // [part][scheme]
     std::vector<std::vector<WhatIfCell>> worst;  // [scheme]
-    std::vector<double> floors[2];               // [part]
+    std::vector<float> floors[2];                // [part]: for the bf16 floor's median over the capture
     double kOutlier = 0;
 };
 
@@ -154,7 +146,7 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
                         f[std::size_t(t) * std::size_t(heads) + std::size_t(h)] =
                             base ? relativeL2(e.data() + at, (part == KvPart::K ? base->k : base->v).data() + at, dim)
                                  : bf16RoundingFloor(e.data() + at, dim);
-                        w.floors[std::size_t(part)].push_back(f[std::size_t(t) * std::size_t(heads) + std::size_t(h)]);
+                        w.floors[std::size_t(part)].push_back(float(f[std::size_t(t) * std::size_t(heads) + std::size_t(h)]));
                     }
                 }
             }
@@ -203,8 +195,31 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
         }
         // K's outlier channels: the largest channel amax over the median channel's.
         std::vector<double> amax = channelAmax;
-        const double typical = medianOf(amax);
+        const double typical = medianInPlace(amax);
         w.kOutlier = typical > 0 ? *std::max_element(channelAmax.begin(), channelAmax.end()) / typical : 0;
+        // The layer's summary per scheme; its cells go (memory does not grow with the layers).
+        for (std::size_t si = 0; si < schemes; ++si) {
+            WhatIfLayer& out = result.schemes[si].layers[std::size_t(l)];
+            out.layer = layer;
+            for (int part = 0; part < 2; ++part) {
+                out.relL2Median[part] = medianInPlace(w.relL2[part][si]);
+                out.floorRatioMedian[part] = medianInPlace(w.ratio[part][si]);
+                for (std::size_t h = 0; h < w.headRelL2[part][si].size(); ++h)
+                    if (const double m = medianInPlace(w.headRelL2[part][si][h]); m > out.worstHeadRelL2[part])
+                        out.worstHeadRelL2[part] = m, out.worstHead[part] = int(h);
+                out.saturated[part] = w.stats[part][si].values
+                                          ? double(w.stats[part][si].saturated) / double(w.stats[part][si].values) : 0;
+            }
+            out.kOutlierChannel = w.kOutlier;
+            out.worst = std::move(w.worst[si]);
+            std::sort(out.worst.begin(), out.worst.end(),
+                      [](const WhatIfCell& a, const WhatIfCell& b) { return a.floorRatio > b.floorRatio; });
+        }
+        for (auto* perPart : {&w.relL2, &w.ratio})
+            for (auto& v : *perPart)
+                v = {};
+        for (auto& v : w.headRelL2)
+            v = {};
         if (options.progress) {
             std::lock_guard lock(progressMutex);
             options.progress(++done, int(layers));
@@ -222,34 +237,19 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
         for (int part = 0; part < 2; ++part)
             floors[part].insert(floors[part].end(), w.floors[part].begin(), w.floors[part].end());
     for (int part = 0; part < 2; ++part)
-        result.bf16FloorMedian[part] = medianOf(floors[part]);
+        result.bf16FloorMedian[part] = medianInPlace(floors[part]);
     for (std::size_t si = 0; si < schemes; ++si) {
         WhatIfScheme& s = result.schemes[si];
         std::vector<double> typical, worstHeads;
         for (std::size_t l = 0; l < layers; ++l) {
-            LayerWork& w = work[l];
-            WhatIfLayer& out = s.layers[l];
-            out.layer = result.layers[l];
-            for (int part = 0; part < 2; ++part) {
-                out.relL2Median[part] = medianOf(w.relL2[part][si]);
-                out.floorRatioMedian[part] = medianOf(w.ratio[part][si]);
-                for (std::size_t h = 0; h < w.headRelL2[part][si].size(); ++h)
-                    if (const double m = medianOf(w.headRelL2[part][si][h]); m > out.worstHeadRelL2[part])
-                        out.worstHeadRelL2[part] = m, out.worstHead[part] = int(h);
-                out.saturated[part] = w.stats[part][si].values
-                                          ? double(w.stats[part][si].saturated) / double(w.stats[part][si].values) : 0;
-            }
-            out.kOutlierChannel = w.kOutlier;
-            out.worst = std::move(w.worst[si]);
-            std::sort(out.worst.begin(), out.worst.end(),
-                      [](const WhatIfCell& a, const WhatIfCell& b) { return a.floorRatio > b.floorRatio; });
+            const WhatIfLayer& out = s.layers[l];
             const double worse = std::max(out.floorRatioMedian[0], out.floorRatioMedian[1]);
             if (std::isfinite(worse))
                 typical.push_back(worse);
             worstHeads.push_back(std::max(out.worstHeadRelL2[0], out.worstHeadRelL2[1]));
         }
-        s.typicalRatio = medianOf(typical);
-        s.typicalWorstHead = medianOf(worstHeads);
+        s.typicalRatio = medianInPlace(typical);
+        s.typicalWorstHead = medianInPlace(worstHeads);
         // The verdict: the layers one of whose heads does more than twice as badly as the model's
         // typical worst head.
         std::vector<std::string> hurt;
@@ -258,7 +258,7 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
         std::vector<double> outliers;
         for (const WhatIfLayer& l : s.layers)
             outliers.push_back(l.kOutlierChannel);
-        const double typicalOutlier = medianOf(outliers);
+        const double typicalOutlier = medianInPlace(outliers);
         for (WhatIfLayer& l : s.layers) {
             const double worse = std::max(l.floorRatioMedian[0], l.floorRatioMedian[1]);
             if (!std::isfinite(worse))

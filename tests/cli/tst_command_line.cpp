@@ -10,6 +10,10 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
 #include <sstream>
 
 using namespace kvscope::cli;
@@ -27,6 +31,7 @@ private slots:
     void everyCommandHasAFunctionInOneExecutable();
     void analyzeSummarySpeaksTheAppsLanguage();
     void aFolderGivenByMistakeSaysSo();
+    void whatifWritesItsJsonAndRefusesUnknownSchemes();
 };
 
 void TestCommandLine::readsOperandsAndOptionsInAnyOrder()
@@ -194,6 +199,40 @@ void TestCommandLine::aFolderGivenByMistakeSaysSo()
     std::ostringstream out2, err2;
     QCOMPARE(analyze({folder}, out2, err2), 2);
     QVERIFY2(err2.str().find(folder + ": is a folder, not an HDF5 file") != std::string::npos, err2.str().c_str());
+}
+
+void TestCommandLine::whatifWritesItsJsonAndRefusesUnknownSchemes()
+{
+    QTemporaryDir dir;
+    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
+    o.layers = 2;
+    o.promptLens = {24};
+    o.decodeTokens = 6;
+    o.faultLayer = -1;
+    o.divergence = -1;
+    const std::string path = dir.filePath("w.h5").toStdString(), json = dir.filePath("w.json").toStdString();
+    kvscope::writeSyntheticCapture(path, o);
+    std::ostringstream out, err;
+    QCOMPARE(whatif({path, "--schemes", "fp8_e4m3/tensor,int4/g16,nvfp4", "--json", json, "--maps"}, out, err), 0);
+    std::ifstream file(json);
+    const nlohmann::json j = nlohmann::json::parse(file);
+    QCOMPARE(j.at("schemes").size(), std::size_t(3));
+    QCOMPARE(j.at("schemes")[1].at("name").get<std::string>(), std::string("int4/g16"));
+    QCOMPARE(j.at("schemes")[0].at("layers").size(), std::size_t(2));
+    const nlohmann::json& layer = j.at("schemes")[0].at("layers")[0];
+    for (const char* field : {"k_rel_l2_median", "v_rel_l2_median", "k_floor_ratio_median", "v_floor_ratio_median",
+                              "k_saturated", "k_outlier_channel", "hurt", "worst_cells"})
+        QVERIFY2(layer.contains(field), field);
+    // e4m3 per tensor on random KV: about e4m3's 2.7% relative error.
+    const double k = layer.at("k_rel_l2_median").get<double>();
+    QVERIFY2(k > 0.02 && k < 0.035, qPrintable(QString::number(k)));
+    QCOMPARE(j.at("schemes")[0].at("maps")[0].at("k").size(), std::size_t(2 * 30));
+    std::ostringstream out2, err2;
+    QCOMPARE(whatif({path, "--schemes", "fp7/tensor"}, out2, err2), 2);
+    QVERIFY2(err2.str().find("unknown scheme 'fp7/tensor'") != std::string::npos, err2.str().c_str());
+    std::ostringstream out3, err3;
+    QCOMPARE(whatif({path}, out3, err3), 0);
+    QVERIFY2(out3.str().find("fp8_e4m3/tensor: fp8 e4m3 per tensor: within") != std::string::npos, out3.str().c_str());
 }
 
 QTEST_APPLESS_MAIN(TestCommandLine)

@@ -11,6 +11,7 @@
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
 #include "analysis/suspect_search.h"
+#include "analysis/threshold_check.h"
 #include "synth/model_capture.h"
 
 #include <nlohmann/json.hpp>
@@ -491,9 +492,20 @@ void TestSuspects::quantisedCaches()
                     o.baseline = threeWay;
                     o.fault = kind;
                     o.faultLayer = layer;
-                    check(o, QString("%1 per %2%3, layer %4, %5").arg(QString::fromStdString(dtypeName(cache.dtype)),
-                                                                   granularityName(cache.scale), threeWay ? "" : ", two-way")
-                                 .arg(layer).arg(QString::fromStdString(faultName(kind))));
+                    const QString what = QString("%1 per %2%3, layer %4, %5")
+                                             .arg(QString::fromStdString(dtypeName(cache.dtype)), granularityName(cache.scale),
+                                                  threeWay ? "" : ", two-way")
+                                             .arg(layer)
+                                             .arg(QString::fromStdString(faultName(kind)));
+                    if (kind == FaultKind::None) {
+                        // A clean quantised cache passes `check` as a whole: no suspect, no L-inf
+                        // multiplier or BC against its own floor out of bounds.
+                        const Run r = run(o);
+                        for (const Violation& v : checkThresholds(r.result, Thresholds{}))
+                            m_failures << what + ": check fails: " + QString::fromStdString(v.metric) + " = " +
+                                              QString::number(v.value);
+                    }
+                    check(o, what);
                 }
             }
     qInfo("quantised caches: %d captures", m_count - before);

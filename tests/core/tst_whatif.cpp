@@ -3,6 +3,7 @@
 // what-if of a capture naming exactly the layers whose heads a per-tensor scale crushes.
 
 #include "format/bundle_reader.h"
+#include "format/dtype.h"
 #include "kv/capture_loader.h"
 #include "quant/quantiser.h"
 #include "quant/whatif.h"
@@ -13,6 +14,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 using namespace kvscope;
 
@@ -22,6 +24,7 @@ class TestWhatIf : public QObject {
 private slots:
     void gaussianMatchesTheAnalyticError();
     void int4GroupsByHand();
+    void fastGridIsTheCodecsGrid();
     void vllmStaticScalesSaturate();
     void kiviKeepsTheRecentTokens();
     void namesTheLayersAPerTensorScaleCrushes();
@@ -95,6 +98,27 @@ void TestWhatIf::gaussianMatchesTheAnalyticError()
     qInfo("bf16 rounding floor: median %.4f%%, analytic %.4f%%", 100 * floors[floors.size() / 2], 100 * bf16);
     QVERIFY(std::fabs(floors[floors.size() / 2] / bf16 - 1) < 0.10);
     QVERIFY(std::fabs(bf16 / 0.0017 - 1) < 0.1);
+}
+
+void TestWhatIf::fastGridIsTheCodecsGrid()
+{
+    // Every finite bf16 value within the format's range, with a scale of exactly 1 (amax = the
+    // format's largest value): the what-if's vectorised grid gives the codec's value.
+    for (const auto& [format, dtype, largest] : {std::tuple{QuantScheme::Format::Fp8E4M3, DType::Float8E4M3, 448.0f},
+                                                 std::tuple{QuantScheme::Format::Fp8E5M2, DType::Float8E5M2, 57344.0f}}) {
+        std::vector<float> x;
+        for (unsigned pattern = 0; pattern < 65536; ++pattern)
+            if (const float v = bf16ToFloat(std::uint16_t(pattern)); std::isfinite(v) && std::fabs(v) <= largest)
+                x.push_back(v);
+        x.push_back(largest);
+        std::vector<float> q;
+        run({format, QuantScheme::Scaling::Tensor}, x, std::int64_t(x.size()), 1, 1, q);
+        for (std::size_t i = 0; i < x.size(); ++i)
+            if (q[i] != roundToDType(dtype, x[i]) || std::signbit(q[i]) != std::signbit(roundToDType(dtype, x[i])))
+                QFAIL(qPrintable(QString("%1: %2 -> %3, the codec gives %4").arg(QString::fromStdString(dtypeName(dtype)))
+                                     .arg(double(x[i]), 0, 'g', 9).arg(double(q[i]), 0, 'g', 9)
+                                     .arg(double(roundToDType(dtype, x[i])), 0, 'g', 9)));
+    }
 }
 
 void TestWhatIf::int4GroupsByHand()

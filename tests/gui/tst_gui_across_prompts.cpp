@@ -4,6 +4,8 @@
 #include "gui_test_support.h"
 
 #include "gui/head_table_model.h"
+#include "gui/whatif_page.h"
+#include "quant/whatif.h"
 #include "gui/worst_cells_model.h"
 #include "widgets/histogram_view.h"
 #include "widgets/plot_export.h"
@@ -24,6 +26,8 @@
 #include <QStatusBar>
 #include <QTableView>
 #include <QTabWidget>
+#include <QPushButton>
+#include <QTableWidget>
 #include <QToolBar>
 #include <QWheelEvent>
 
@@ -43,6 +47,7 @@ private slots:
     void initTestCase() { initDemo(); }
     void acrossPromptsLeadsToThePrompt();
     void statusMessageGoesWithItsCell();
+    void whatIfRunsInTheBackgroundAndShowsTheSameNumbers();
 };
 
 void TestAcrossPrompts::acrossPromptsLeadsToThePrompt()
@@ -99,6 +104,42 @@ void TestAcrossPrompts::statusMessageGoesWithItsCell()
     promptPageOf(*m_window).selectCell(1, 1);
     QCOMPARE(status->text(), summary);
     toolbarOf(*m_window).setPrompt(0);
+}
+
+void TestAcrossPrompts::whatIfRunsInTheBackgroundAndShowsTheSameNumbers()
+{
+    ensureDemoOpen();
+    WhatIfPage& page = partOf<WhatIfPage>(*m_window, "whatIf");
+    QTabWidget& tabs = *m_window->findChild<QTabWidget*>();
+    tabs.setCurrentWidget(&page);
+    QTableWidget& table = partOf<QTableWidget>(*m_window, "whatIfTable");
+    QPushButton& run = partOf<QPushButton>(*m_window, "whatIfRun");
+    QVERIFY(run.isEnabled());
+    QTest::mouseClick(&run, Qt::LeftButton);
+    QVERIFY(!run.isEnabled());  // running, off the GUI thread: the window answers meanwhile
+    QTRY_VERIFY_WITH_TIMEOUT(page.result() != nullptr, 60000);
+    QVERIFY(run.isEnabled());
+    // The same numbers as the what-if computed here, without the GUI, on the same bundle.
+    const CaptureLoader loader(m_reader);
+    WhatIfOptions options;
+    options.schemes = allSchemes();
+    const WhatIfResult expected = runWhatIf(loader, options);
+    QCOMPARE(table.rowCount(), int(expected.layers.size()));
+    QCOMPARE(table.columnCount(), int(expected.schemes.size()) + 1);
+    table.sortByColumn(0, Qt::AscendingOrder);
+    for (int l = 0; l < table.rowCount(); ++l)
+        for (int s = 0; s < int(expected.schemes.size()); ++s) {
+            const WhatIfLayer& x = expected.schemes[std::size_t(s)].layers[std::size_t(l)];
+            const QString text = table.item(l, s + 1)->text();
+            QVERIFY2(text.startsWith(QString("%1 / %2").arg(x.floorRatioMedian[0], 0, 'f', 1).arg(x.floorRatioMedian[1], 0, 'f', 1)),
+                     qPrintable(text));
+            QCOMPARE(text.contains("hurt"), x.hurt);
+        }
+    // Sorting by a scheme's column orders the rows by its number, not its text.
+    table.sortByColumn(1, Qt::DescendingOrder);
+    for (int r = 1; r < table.rowCount(); ++r)
+        QVERIFY(table.item(r - 1, 1)->data(Qt::UserRole).toDouble() >= table.item(r, 1)->data(Qt::UserRole).toDouble());
+    tabs.setCurrentIndex(0);
 }
 
 QTEST_MAIN(TestAcrossPrompts)
