@@ -45,6 +45,16 @@ struct LayerWork {
     double kOutlier = 0;
 };
 
+// The `keep` cells with the largest floor ratios, worst first.
+void keepWorst(std::vector<WhatIfCell>& cells, std::size_t keep)
+{
+    const auto worse = [](const WhatIfCell& a, const WhatIfCell& b) { return a.floorRatio > b.floorRatio; };
+    if (cells.size() > keep) {
+        std::partial_sort(cells.begin(), cells.begin() + std::ptrdiff_t(keep), cells.end(), worse);
+        cells.resize(keep);
+    }
+}
+
 }  // namespace
 
 double bf16RoundingFloor(const float* x, int n)
@@ -93,6 +103,7 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
         return result;
 
     std::vector<LayerWork> work(layers);
+    const std::size_t keep = std::size_t(std::max(1, options.worstCells));
     std::atomic<int> done{0};
     std::mutex progressMutex;
     auto layerTask = [&](int l, int) {
@@ -178,18 +189,14 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
                             w.ratio[pk][si].push_back(ratio);
                             if (!(float(ratio) <= worstOfToken))
                                 worstOfToken = float(ratio);
-                            w.worst[si].push_back({id, t, h, part, r, ratio});
+                            std::vector<WhatIfCell>& worst = w.worst[si];
+                            worst.push_back({id, t, h, part, r, ratio});
+                            if (worst.size() >= 4 * keep)  // only the worst few: memory stays small
+                                keepWorst(worst, keep);
                         }
                         map[std::size_t(l) * std::size_t(expected.seq) + std::size_t(t)] = worstOfToken;
                     }
-                    // Keep only the worst few cells as they come.
-                    std::vector<WhatIfCell>& worst = w.worst[si];
-                    const std::size_t keep = std::size_t(std::max(1, options.worstCells));
-                    if (worst.size() > keep) {
-                        std::partial_sort(worst.begin(), worst.begin() + std::ptrdiff_t(keep), worst.end(),
-                                          [](const WhatIfCell& a, const WhatIfCell& b) { return a.floorRatio > b.floorRatio; });
-                        worst.resize(keep);
-                    }
+                    keepWorst(w.worst[si], keep);
                 }
             }
         }
@@ -212,6 +219,7 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
             }
             out.kOutlierChannel = w.kOutlier;
             out.worst = std::move(w.worst[si]);
+            out.worst.shrink_to_fit();
             std::sort(out.worst.begin(), out.worst.end(),
                       [](const WhatIfCell& a, const WhatIfCell& b) { return a.floorRatio > b.floorRatio; });
         }
