@@ -209,6 +209,11 @@ std::vector<int> KvCacheConfig::ranksHolding(int head) const
     return ranks;
 }
 
+int KvCacheConfig::headOnRank(int rank, int j) const
+{
+    return tpMode() == TpMode::Partitioned ? rank * headsPerRank() + j : rank / (tpSize / totalNumKvHeads);
+}
+
 int KvCacheConfig::groupOf(const std::string& layer) const
 {
     for (std::size_t g = 0; g < groups.size(); ++g)

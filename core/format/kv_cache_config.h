@@ -46,6 +46,8 @@ struct KvCacheConfig {
     std::vector<int> contributingRanks() const;
     // Every rank that holds head `head` (one when partitioned, its copies when replicated).
     std::vector<int> ranksHolding(int head) const;
+    // The total head held as head j (0 <= j < headsPerRank()) of `rank`.
+    int headOnRank(int rank, int j) const;
 
     // Index of the group holding `layer`, or -1.
     int groupOf(const std::string& layer) const;

@@ -75,7 +75,7 @@ RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shap
         const std::vector<float>& all = part == KvPart::K ? scaling.kHeads : scaling.vHeads;
         std::vector<float> scales;
         for (int j = 0; j < shape[1]; ++j)
-            scales.push_back(all.at(std::size_t(headOf(rank, j))));
+            scales.push_back(all.at(std::size_t(m_config.headOnRank(rank, j))));
         return RawTensor::fromFloat(dtype, shape, values, ScaleGranularity::Head, std::move(scales));
     }
     case ScaleGranularity::TokenHead: {
@@ -91,12 +91,6 @@ RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shap
     }
     }
     return {};
-}
-
-int PagedLayout::headOf(int rank, int j) const
-{
-    const int hpr = m_config.headsPerRank();
-    return m_config.tpMode() == TpMode::Partitioned ? rank * hpr + j : rank / (m_config.tpSize / m_config.totalNumKvHeads);
 }
 
 EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::string&)>& layerKv,
@@ -131,7 +125,7 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
                         if (pos >= kv.seq || !kv.present[std::size_t(pos)])
                             continue;
                         for (int j = 0; j < hpr; ++j) {
-                            const int head = headOf(r, j);
+                            const int head = m_config.headOnRank(r, j);
                             const std::size_t dst = std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + o) *
                                                                 group.headSize);
                             std::copy_n(kv.kAt(head, pos), group.headSize, k.begin() + std::ptrdiff_t(dst));

@@ -44,8 +44,6 @@ public:
                             const std::function<CacheScaling(const std::string&)>& scalingOf = {}) const;
 
 private:
-    // The total head held as head j of `rank`.
-    int headOf(int rank, int j) const;
     RawTensor encode(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values,
                      const CacheScaling& scaling, KvPart part, int rank) const;
 

@@ -690,8 +690,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
                                                         ? scalings.at(faulty).kHeads : scalings.at(faulty).vHeads;
                     std::vector<float> scales;
                     for (int j = 0; j < part->shape[1]; ++j)
-                        scales.push_back(all[std::size_t(config.tpMode() == TpMode::Partitioned ? r * part->shape[1] + j
-                                                                                                 : r / (config.tpSize / config.totalNumKvHeads))]);
+                        scales.push_back(all[std::size_t(config.headOnRank(r, j))]);
                     part->setScales(ScaleGranularity::Head, std::move(scales));
                 }
         if (fault.kind == FaultKind::ScaleOtherLayer)  // recorded with its own scale
