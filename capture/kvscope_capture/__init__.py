@@ -15,16 +15,23 @@ from .extract import (
     generate_hf_logits_and_kv,
     make_kv_extract_fn,
 )
+from .from_shards import bundle_from_shards
+from .hf_reference import extract_hf_mla_latents, hf_cache_layers
 from .kv_cache_config import KvCacheConfig
+from .shards import ShardSet
 
 __all__ = [
     "__version__",
     "BundleWriter",
     "KvCacheConfig",
+    "ShardSet",
+    "bundle_from_shards",
+    "extract_hf_mla_latents",
     "extract_hf_kv_caches_teacher_forced",
     "extract_vllm_block_tables",
     "extract_vllm_kv_cache_config",
     "extract_vllm_kv_caches",
     "generate_hf_logits_and_kv",
+    "hf_cache_layers",
     "make_kv_extract_fn",
 ]

@@ -15,6 +15,7 @@ import numpy as np
 from ._version import __version__
 
 from .kv_cache_config import KvCacheConfig
+from .hf_reference import hf_cache_layers
 from .tensors import QUANTISED, load_torch_bytes, to_array, to_float32, to_int_array
 
 FORMAT_NAME = "kvscope-capture"
@@ -148,6 +149,11 @@ class BundleWriter:
         _string_dataset(self._file, "kv_cache_config", [text])
         self._config = config
 
+    @property
+    def kv_cache_config(self):
+        """The config given to set_kv_cache_config (a dict), or None."""
+        return None if self._config is None else self._config.raw
+
     # --- the model's RoPE (optional: the suspects' RoPE hypotheses need it) ---------------
     def set_rope(self, hf_config):
         """The model's rotary embedding, from its HF config (a transformers PretrainedConfig or
@@ -230,6 +236,9 @@ class BundleWriter:
         per_rank_kv: one entry per TP rank, as `collective_rpc("get_kv_caches")` returns it:
             {layer_name: torch.save({'k': k, 'v': v}) bytes}, or {layer_name: {'k': k, 'v': v}},
             or {layer_name: (k, v)}; k and v [num_blocks, heads_per_rank, block_size, head_size].
+            A dict may hand over only some blocks: {'k': k, 'v': v, 'block_ids': ids} with k and v
+            [len(ids), ...] and ids increasing (what KvscopeWorkerExtension and the shards give);
+            every layer of every rank then gives the same ids, and the tables reference only them.
         block_tables: one per KV cache group, as `collective_rpc("get_block_tables")` returns it
             for one rank (torch.save bytes), or tensors / arrays [batch, max_blocks] (-1 = null).
         seq_len: tokens in this prompt's sequence (block-table row `batch_row`), counting the
@@ -281,10 +290,34 @@ class BundleWriter:
                                  + (" ..." if len(missing) > 4 else ""))
             ranks.append(layers)
 
+        # Blocks given: the whole pool (row b is block b), or the blocks listed in 'block_ids'
+        # (the worker extension and the connector hand over only a request's blocks).
+        given = {tuple(ids) if ids is not None else None
+                 for layers in ranks for (_, ids) in layers.values()}
+        if len(given) != 1:
+            raise ValueError(f"{where}: layers hand over different blocks ('block_ids'); every layer of every rank "
+                             "must give the same blocks")
+        given = given.pop()
+        referenced = np.unique(np.concatenate([t[t >= 0].ravel() for t in tables] + [np.zeros(0, np.int64)]))
         stored = None
-        if keep_only_referenced:
-            ids = np.unique(np.concatenate([t[t >= 0].ravel() for t in tables] + [np.zeros(0, np.int64)]))
-            stored = ids.astype(np.int64)
+        if given is not None:
+            missing = np.setdiff1d(referenced, np.asarray(given, np.int64))
+            if missing.size:
+                raise ValueError(f"{where}: block tables reference block {int(missing[0])}, which the KV handed over "
+                                 "does not hold ('block_ids')")
+            stored = np.asarray(given, np.int64)
+            ranks = [{name: parts for name, (parts, _) in layers.items()} for layers in ranks]
+            if keep_only_referenced:
+                rows = np.searchsorted(stored, referenced)
+                stored = referenced.astype(np.int64)
+                ranks = [{name: [(a[rows], d, sc, f[rows] if f is not None and f.ndim == 3 else f)
+                                 for (a, d, sc, f) in parts] for name, parts in layers.items()} for layers in ranks]
+            row_of = None
+        else:
+            ranks = [{name: parts for name, (parts, _) in layers.items()} for layers in ranks]
+            row_of = referenced.astype(np.int64) if keep_only_referenced else None
+            if row_of is not None:
+                stored = row_of
 
         # Everything checked: write.
         index = len(prompt["snapshots"])
@@ -303,7 +336,7 @@ class BundleWriter:
             for layer in cfg.layer_names():
                 lg = rank_group.create_group(layer)
                 for part, (array, dtype, scale, finer) in zip("kv", layers[layer]):
-                    data = array if stored is None else array[stored]
+                    data = array if row_of is None else array[row_of]
                     # One block per chunk (several only when blocks are under 4 KiB): a
                     # checksum covers a whole chunk, so one block can be read and verified alone.
                     block_bytes = array[0].nbytes if len(array) else 1
@@ -312,8 +345,8 @@ class BundleWriter:
                     _set_string(ds, "dtype", dtype)
                     ds.attrs["scale"] = float(scale)
                     if finer is not None:  # per head [heads], or per token and head [blocks, heads, block_size]
-                        if finer.ndim == 3 and stored is not None:
-                            finer = finer[stored]
+                        if finer.ndim == 3 and row_of is not None:
+                            finer = finer[row_of]
                         sd = _dataset(lg, part + "_scale", finer, chunk_rows=chunk_rows if finer.ndim == 3 else None)
                         _set_string(sd, "dtype", "float32")
         prompt["snapshots"].append({"seq_len": int(seq_len), "validated_until": validated_until})
@@ -323,15 +356,23 @@ class BundleWriter:
         if isinstance(kv, (bytes, bytearray, memoryview)):
             kv = load_torch_bytes(kv, where)
         scales = (None, None)
+        block_ids = None
         if isinstance(kv, dict):
             if "k" not in kv or "v" not in kv:
                 raise ValueError(f"{where}: a dict needs 'k' and 'v', has {sorted(kv)}")
             scales = (kv.get("k_scale"), kv.get("v_scale"))
+            if kv.get("block_ids") is not None:
+                block_ids = to_int_array(kv["block_ids"], f"{where}, block_ids").reshape(-1)
+                if block_ids.size == 0 or np.any(np.diff(block_ids) <= 0) or block_ids[0] < 0 \
+                        or block_ids[-1] >= cfg.num_blocks:
+                    raise ValueError(f"{where}: block_ids must be increasing block ids in [0, num_blocks "
+                                     f"{cfg.num_blocks}), got {block_ids[:8].tolist()}")
             kv = (kv["k"], kv["v"])
         if not isinstance(kv, (tuple, list)) or len(kv) != 2:
             raise ValueError(f"{where}: expected (k, v), {{'k': k, 'v': v}} or torch.save bytes of that")
         out = []
-        expected = (cfg.num_blocks, cfg.heads_per_rank, group["block_size"], group["head_size"])
+        rows = cfg.num_blocks if block_ids is None else len(block_ids)
+        expected = (rows, cfg.heads_per_rank, group["block_size"], group["head_size"])
         quantised = group["dtype"] in QUANTISED
         if quantised and (scales[0] is None or scales[1] is None):
             raise ValueError(f"{where}: a {group['dtype']} cache needs its dequantisation scales: pass "
@@ -340,11 +381,12 @@ class BundleWriter:
             array, dtype = to_array(value, f"{where}, {part}", group["dtype"])
             if tuple(array.shape) != expected:
                 raise ValueError(f"{where}, {part}: shape {tuple(array.shape)}, the config implies {expected} "
-                                 "[num_blocks, heads_per_rank, block_size, head_size]")
+                                 + ("[num_blocks, " if block_ids is None else "[len(block_ids), ")
+                                 + "heads_per_rank, block_size, head_size]")
             if dtype != group["dtype"]:
                 raise ValueError(f"{where}, {part}: {dtype} but the config says {group['dtype']}")
             out.append((array, dtype) + _scales(scale if quantised else None, expected, f"{where}, {part}_scale"))
-        return out
+        return out, (None if block_ids is None else tuple(int(b) for b in block_ids))
 
     # --- the reference -------------------------------------------------------------------
     def add_reference_kv(self, prompt_id, role, kv, batch_row=0):
@@ -356,8 +398,8 @@ class BundleWriter:
             raise ValueError(f"prompt {pid}: reference role {role!r} is neither 'expected' nor 'baseline'")
         if role in prompt["references"]:
             raise ValueError(f"prompt {pid}: {role} reference added twice")
-        if hasattr(kv, "to_legacy_cache"):  # transformers Cache objects
-            kv = kv.to_legacy_cache()
+        if not isinstance(kv, dict):
+            kv = hf_cache_layers(kv)
         names = cfg.layer_names()
         if isinstance(kv, dict):
             unknown = [name for name in kv if name not in cfg.layer_to_group]
@@ -389,6 +431,19 @@ class BundleWriter:
                 arrays[name].append((array, dtype))
             if arrays[name][0][0].shape != arrays[name][1][0].shape:
                 raise ValueError(f"prompt {pid}, {role}, layer {name}: k and v differ in shape")
+        # HF trims a sliding-window layer's past_key_values to its window (W - 1 positions in
+        # transformers' DynamicSlidingWindowLayer, W in some versions): such a layer holds the last
+        # positions of the sequence, and kvscope reads the last W - 1 of them.
+        longest = max(arrays[name][0][0].shape[2] for name in names)
+        for name in names:
+            held = arrays[name][0][0].shape[2]
+            window = cfg.group_of(name)["sliding_window"]
+            if held == longest:
+                continue
+            if not window or held < window - 1:
+                raise ValueError(f"prompt {pid}, {role}, layer {name}: {held} positions, other layers hold {longest}"
+                                 + (f" and its sliding window {window} needs at least {window - 1}" if window else ""))
+            arrays[name] = [(a[:, :, held - (window - 1):], d) for a, d in arrays[name]]
         ref = self._file["prompts"][pid].require_group("reference").create_group(role, track_order=True)
         ref.attrs["batch_row"] = np.int64(batch_row)
         for name in names:

@@ -1,0 +1,44 @@
+"""python3 -m kvscope_capture bundle --shards DIR --model HF_MODEL --out capture.h5
+
+Turns the shards KvscopeConnector wrote during a vLLM run into a bundle, with the reference model
+(HuggingFace transformers, bf16; --baseline adds an fp32 run for three-way analysis) teacher-forced
+over the engine's own tokens. Then: kvscope capture.h5."""
+
+import argparse
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python3 -m kvscope_capture")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bundle = commands.add_parser("bundle", help="a bundle from KvscopeConnector's shards and a HF reference")
+    bundle.add_argument("--shards", required=True, help="the connector's output_dir")
+    bundle.add_argument("--model", required=True, help="HF model id or path (the reference)")
+    bundle.add_argument("--out", required=True, help="the bundle to write (.h5)")
+    bundle.add_argument("--baseline", action="store_true", help="also an fp32 baseline (three-way)")
+    bundle.add_argument("--requests", nargs="*", help="request id prefixes to take (default: all)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .from_shards import bundle_from_shards
+
+    def load(dtype):
+        return AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=dtype).eval()
+
+    try:
+        written = bundle_from_shards(args.shards, args.out, load(torch.bfloat16),
+                                     load(torch.float32) if args.baseline else None,
+                                     tokenizer=AutoTokenizer.from_pretrained(args.model),
+                                     request_ids=args.requests, model=args.model,
+                                     log=lambda line: print(line, file=sys.stderr))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {len(written)} prompts ({', '.join(written[:5])}{' ...' if len(written) > 5 else ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""A bundle from KvscopeConnector's shards and a HuggingFace reference: every captured request
+becomes a prompt, with the engine's blocks as it held them when the request finished, and the
+reference model teacher-forced over the same tokens (the engine's own output)."""
+
+from .bundle_writer import BundleWriter
+from .extract import extract_hf_kv_caches_teacher_forced
+from .shards import ShardSet, safe_name
+
+
+def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None, tokenizer=None,
+                       request_ids=None, model="", log=print):
+    """Writes `out_path` from the shards in `shard_dir`. expected_model / baseline_model: HF models
+    (bf16 and fp32) with the HF call interface; tokenizer (optional) names the tokens. request_ids:
+    prefixes of the requests to take (default: all complete ones). Returns the prompt ids written.
+    Requests whose shards are incomplete are reported through `log` and left out."""
+    shards = ShardSet(shard_dir)
+    for request_id, why in sorted(shards.incomplete.items()):
+        log(f"left out: {why}")
+    requests = [r for r in shards.requests
+                if request_ids is None or any(r.request_id.startswith(p) for p in request_ids)]
+    if not requests:
+        raise ValueError(f"{shard_dir}: no complete request" + (" matches the ids given" if request_ids else ""))
+    config = requests[0].config
+    for r in requests[1:]:
+        if r.config != config:
+            raise ValueError(f"request {r.request_id}: its KV cache config differs from request "
+                             f"{requests[0].request_id}'s; write them to separate bundles")
+    written = []
+    with BundleWriter(out_path, model=model, engine="vLLM", notes="kvscope_capture KvscopeConnector shards") as w:
+        w.set_kv_cache_config(config)
+        for r in sorted(requests, key=lambda r: r.request_id):
+            pid = safe_name(r.request_id)
+            tokens = r.all_token_ids
+            if r.seq_len > len(tokens):
+                raise ValueError(f"request {r.request_id}: {r.num_computed_tokens} tokens computed but only "
+                                 f"{len(tokens)} in the prompt and output")
+            tokens = tokens[:r.seq_len]
+            prompt_len = len(r.prompt_token_ids)
+            strings = [tokenizer.decode([t]) for t in tokens] if tokenizer is not None else None
+            w.add_prompt(pid, tokens, prompt_len, token_strings=strings)
+            w.add_engine_snapshot(pid, r.per_rank_kv(), r.block_tables(), r.seq_len)
+            prompt, teacher = tokens[:prompt_len], tokens[prompt_len:]
+            for role, hf in (("expected", expected_model), ("baseline", baseline_model)):
+                if hf is None:
+                    continue
+                if teacher:
+                    logits, kv = extract_hf_kv_caches_teacher_forced(hf, prompt, teacher, return_logits=True)
+                    w.add_logits(pid, role, logits)
+                else:
+                    kv = extract_hf_kv_caches_teacher_forced(hf, prompt, teacher)
+                w.add_reference_kv(pid, role, kv)
+            written.append(pid)
+    return written

@@ -1,0 +1,70 @@
+"""The reference side: what a HuggingFace model's cache holds, per layer, whatever transformers'
+version, and the MLA latents that HF's DeepSeek never caches."""
+
+
+def hf_cache_layers(past):
+    """(k, v) per layer, [batch, kv_heads, seq, head_dim], from HF past_key_values: a Cache with
+    `layers[i].keys / .values` (transformers >= 4.54), an older DynamicCache (`key_cache` /
+    `value_cache`, removed in 4.56), or the legacy tuple of (k, v)."""
+    layers = getattr(past, "layers", None)
+    if layers is not None:
+        return tuple((layer.keys, layer.values) for layer in layers)
+    if hasattr(past, "key_cache") and hasattr(past, "value_cache"):
+        return tuple(zip(past.key_cache, past.value_cache))
+    if hasattr(past, "to_legacy_cache"):
+        past = past.to_legacy_cache()
+    return tuple((layer[0], layer[1]) for layer in past)
+
+
+def _mla_attentions(model):
+    """HF's DeepSeek-V2/V3 attention modules (and Kimi K2's, the same code), in model order."""
+    return [(name, module) for name, module in model.named_modules()
+            if hasattr(module, "kv_a_layernorm") and hasattr(module, "kv_a_proj_with_mqa")]
+
+
+def _interleave_pairs(x):
+    """Rotary dims from halves order (x0..x{d/2-1}, y0..) back to pairs (x0, y0, x1, y1, ...)."""
+    d = x.shape[-1]
+    return x.reshape(*x.shape[:-1], 2, d // 2).transpose(-1, -2).reshape(x.shape)
+
+
+def extract_hf_mla_latents(model, input_ids, teacher_tokens=(), rope_order="vllm"):
+    """What vLLM's MLA cache holds, computed by HF's DeepSeek model over prompt + teacher tokens in
+    one forward pass: per attention layer in model order, (c_kv [1, seq, kv_lora_rank],
+    k_pe [1, seq, qk_rope_head_dim]).
+
+    c_kv is the output of `self_attn.kv_a_layernorm` (a forward hook); k_pe is the rotary part of
+    the keys HF caches (`past_key_values` keys [..., qk_nope_head_dim:], the same for every head),
+    after RoPE. HF with `rope_interleave` rotates the de-interleaved (halves) order, vLLM the pairs
+    (is_neox_style=False): rope_order "vllm" gives k_pe in vLLM's order, "hf" as HF caches it."""
+    import torch
+
+    if rope_order not in ("vllm", "hf"):
+        raise ValueError(f"rope_order must be 'vllm' or 'hf', not {rope_order!r}")
+    attentions = _mla_attentions(model)
+    if not attentions:
+        raise ValueError("the model has no MLA attention (modules with kv_a_layernorm and kv_a_proj_with_mqa)")
+    latents = {}
+    hooks = [module.kv_a_layernorm.register_forward_hook(
+        lambda mod, args, out, name=name: latents.__setitem__(name, out.detach()))
+        for name, module in attentions]
+    ids = torch.cat([torch.as_tensor(input_ids).reshape(-1), torch.as_tensor(teacher_tokens, dtype=torch.long).reshape(-1)])
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids.reshape(1, -1), use_cache=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    cached = hf_cache_layers(out.past_key_values)
+    if len(cached) != len(attentions):
+        raise ValueError(f"the model cached {len(cached)} layers but has {len(attentions)} MLA attention modules")
+    interleaved = bool(getattr(getattr(model, "config", None), "rope_interleave", False))
+    result = []
+    for (name, module), (keys, _) in zip(attentions, cached):
+        k_pe = keys[:, 0, :, module.qk_nope_head_dim:]
+        if rope_order == "vllm" and interleaved:
+            k_pe = _interleave_pairs(k_pe)
+        if name not in latents:
+            raise ValueError(f"{name}.kv_a_layernorm did not run in the forward pass")
+        result.append((latents[name], k_pe))
+    return tuple(result)

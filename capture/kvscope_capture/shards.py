@@ -1,0 +1,175 @@
+"""Shard files: one finished request's KV blocks as one vLLM worker (TP rank x PP stage) holds them,
+written by KvscopeConnector, read back and merged by ShardSet.
+
+A shard is a small HDF5 file, `<request>.tp<r>.pp<p>.h5`, written under a temporary name and
+renamed when complete, so that a reader never sees half a shard:
+    attrs   format "kvscope-shard", format_version 1, request_id, tp_rank, pp_rank,
+            num_computed_tokens, kv_cache_config (JSON: this stage's layers)
+    prompt_token_ids, output_token_ids         int64
+    block_ids/group_<g>                        int64, the request's blocks in vLLM group g (0 = null)
+    layers/<layer>/block_ids                   int64 [n], the blocks stored, in row order
+    layers/<layer>/k, v                        [n, heads_per_rank, block_size, head_size], raw bits,
+                                               attribute dtype; k_scale / v_scale when quantised
+"""
+
+import glob
+import json
+import os
+import re
+
+import h5py
+import numpy as np
+
+from .stages import merge_stage_configs
+from .tensors import canonical_dtype, to_array
+
+FORMAT = "kvscope-shard"
+VERSION = 1
+
+
+def safe_name(request_id):
+    return re.sub(r"[^A-Za-z0-9._-]", "_", str(request_id))
+
+
+def shard_path(directory, request_id, tp_rank, pp_rank):
+    return os.path.join(directory, f"{safe_name(request_id)}.tp{tp_rank}.pp{pp_rank}.h5")
+
+
+def write_shard(path, dump, config, layers, tp_rank, pp_rank):
+    """dump: KvscopeDump (ids and tokens); layers: RankCaches.read's result."""
+    partial = path + ".partial"
+    with h5py.File(partial, "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = VERSION
+        f.attrs["request_id"] = str(dump.request_id)
+        f.attrs["tp_rank"] = int(tp_rank)
+        f.attrs["pp_rank"] = int(pp_rank)
+        f.attrs["num_computed_tokens"] = int(dump.num_computed_tokens)
+        f.attrs["kv_cache_config"] = json.dumps(config)
+        f.create_dataset("prompt_token_ids", data=np.asarray(dump.prompt_token_ids, np.int64))
+        f.create_dataset("output_token_ids", data=np.asarray(dump.output_token_ids, np.int64))
+        for g, ids in enumerate(dump.block_ids):
+            f.create_dataset(f"block_ids/group_{g}", data=np.asarray(ids, np.int64))
+        declared = {n: g["dtype"] for g in config["groups"] for n in g["layer_names"]}
+        for name, entry in layers.items():
+            group = f.create_group(f"layers/{name}")
+            group.create_dataset("block_ids", data=np.asarray(entry["block_ids"], np.int64))
+            for part in ("k", "v", "latent", "k_scale", "v_scale"):
+                if part in entry and entry[part] is not None:
+                    value = entry[part]
+                    if part.endswith("_scale"):
+                        value = np.asarray(value.numpy() if hasattr(value, "numpy") else value, np.float32)
+                        dtype = "float32"
+                    else:
+                        value, dtype = to_array(value, f"{path}, layer {name}, {part}", canonical_dtype(declared[name]))
+                    ds = group.create_dataset(part, data=value)
+                    ds.attrs["dtype"] = dtype
+    os.replace(partial, path)
+
+
+def _read_array(ds):
+    """A stored tensor back as torch, bit for bit (bf16 and fp8 travel as raw bits)."""
+    import torch
+
+    dtype = ds.attrs["dtype"]
+    data = np.ascontiguousarray(ds[()])
+    if dtype == "bfloat16":
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(data)
+
+
+class ShardedRequest:
+    """One request's shards (every TP rank x PP stage), checked to agree."""
+
+    def __init__(self, request_id, shards):
+        self.request_id = request_id
+        first = shards[0]
+        self.config = merge_stage_configs([s["config"] for s in shards])
+        self.tp_size = self.config["tp_size"]
+        self.pp_size = self.config.get("pp_size", 1)
+        self.prompt_token_ids = first["prompt_token_ids"]
+        self.output_token_ids = first["output_token_ids"]
+        self.num_computed_tokens = first["num_computed_tokens"]
+        self.block_ids = first["block_ids"]
+        places = sorted((s["tp_rank"], s["pp_rank"]) for s in shards)
+        want = [(t, p) for t in range(self.tp_size) for p in range(self.pp_size)]
+        if places != want:
+            missing = sorted(set(want) - set(places))
+            raise ValueError(f"request {request_id}: shards of (tp, pp) {missing} are missing" if missing else
+                             f"request {request_id}: shards {places} are not one per (tp, pp) rank")
+        for s in shards:
+            for key in ("prompt_token_ids", "output_token_ids", "num_computed_tokens", "block_ids"):
+                if s[key] != first[key]:
+                    raise ValueError(f"{s['path']}: {key} differs from {first['path']}'s")
+        self.shards = shards
+
+    @property
+    def all_token_ids(self):
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def seq_len(self):
+        """Tokens of the sequence, counting the last sampled one whose KV is not written."""
+        return self.num_computed_tokens + 1
+
+    def per_rank_kv(self):
+        """Per TP rank {layer: {'k', 'v', 'block_ids'[, scales]}}, the stages merged (what the
+        writer's add_engine_snapshot takes)."""
+        ranks = [dict() for _ in range(self.tp_size)]
+        for s in self.shards:
+            with h5py.File(s["path"], "r") as f:
+                for name, group in f["layers"].items():
+                    entry = {"block_ids": group["block_ids"][()].tolist()}
+                    for part in ("k", "v", "latent", "k_scale", "v_scale"):
+                        if part in group:
+                            entry[part] = _read_array(group[part])
+                    if name in ranks[s["tp_rank"]]:
+                        raise ValueError(f"{s['path']}: layer {name} is in two shards of TP rank {s['tp_rank']}")
+                    ranks[s["tp_rank"]][name] = entry
+        return ranks
+
+    def block_tables(self):
+        from .vllm.rank_caches import block_tables
+        return block_tables(self.config, [self.block_ids])
+
+
+class ShardSet:
+    """The shards in a directory, grouped by request; requests missing shards are listed in
+    `incomplete` (request id -> why), not merged."""
+
+    def __init__(self, directory):
+        self.directory = os.fspath(directory)
+        if not os.path.isdir(self.directory):
+            raise ValueError(f"{self.directory}: not a directory of kvscope shards")
+        by_request = {}
+        for path in sorted(glob.glob(os.path.join(self.directory, "*.h5"))):
+            try:
+                with h5py.File(path, "r") as f:
+                    if f.attrs.get("format") != FORMAT:
+                        continue
+                    if int(f.attrs["format_version"]) != VERSION:
+                        raise ValueError(f"format_version {f.attrs['format_version']}, this reader knows {VERSION}")
+                    shard = {
+                        "path": path,
+                        "request_id": str(f.attrs["request_id"]),
+                        "tp_rank": int(f.attrs["tp_rank"]),
+                        "pp_rank": int(f.attrs["pp_rank"]),
+                        "num_computed_tokens": int(f.attrs["num_computed_tokens"]),
+                        "config": json.loads(f.attrs["kv_cache_config"]),
+                        "prompt_token_ids": f["prompt_token_ids"][()].tolist(),
+                        "output_token_ids": f["output_token_ids"][()].tolist(),
+                        "block_ids": [f[f"block_ids/{g}"][()].tolist()
+                                      for g in sorted(f["block_ids"], key=lambda n: int(n.split("_")[1]))],
+                    }
+            except (OSError, KeyError, ValueError) as e:
+                raise ValueError(f"{path}: not a readable kvscope shard ({e})") from e
+            by_request.setdefault(shard["request_id"], []).append(shard)
+        self.requests = []
+        self.incomplete = {}
+        for request_id, shards in by_request.items():
+            try:
+                self.requests.append(ShardedRequest(request_id, shards))
+            except ValueError as e:
+                self.incomplete[request_id] = str(e)
+        if not self.requests and not self.incomplete:
+            raise ValueError(f"{self.directory}: holds no kvscope shards (*.h5 written by KvscopeConnector)")

@@ -1,0 +1,149 @@
+"""A vLLM KV connector that writes each finished request's KV cache to a shard file per worker
+(TP rank x PP stage), for `python3 -m kvscope_capture bundle` to merge into a bundle.
+
+    LLM(model, kv_transfer_config=KVTransferConfig(
+        kv_connector="KvscopeConnector", kv_connector_module_path="kvscope_capture.vllm.connector",
+        kv_role="kv_producer", kv_connector_extra_config={"output_dir": "kv-shards"}))
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvscopeConnector",
+        "kv_connector_module_path": "kvscope_capture.vllm.connector", "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"output_dir": "kv-shards"}}'
+
+Options (kv_connector_extra_config): output_dir (required); requests: request id prefixes to
+capture (default: every request); max_requests: stop capturing after this many.
+
+How (vllm/distributed/kv_transfer/kv_connector/v1/base.py): the scheduler calls request_finished
+once a request is done, before its blocks are freed. The connector answers True (the blocks stay
+held) and hands the request's block ids and tokens to the workers in the next step's connector
+metadata. Each worker copies those blocks out in start_load_kv (called every step, with or without a
+forward pass), writes its shard, and reports the request in get_finished, which frees the blocks.
+Only the request's blocks are read; nothing is held for longer than one step.
+"""
+
+import os
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                                KVConnectorRole, SupportsHMA)
+
+from ..shards import shard_path, write_shard
+from .rank_caches import RankCaches
+from .worker_extension import _parallel_ranks, forward_layers
+
+
+class KvscopeDump:
+    """One finished request, as the scheduler hands it to the workers."""
+
+    def __init__(self, request_id, prompt_token_ids, output_token_ids, num_computed_tokens, block_ids):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids = list(output_token_ids)
+        self.num_computed_tokens = int(num_computed_tokens)
+        self.block_ids = tuple(list(g) for g in block_ids)  # per vLLM KV cache group
+
+
+class KvscopeConnectorMetadata(KVConnectorMetadata):
+    def __init__(self, dumps):
+        self.dumps = list(dumps)
+
+
+class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        try:
+            super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        except TypeError:  # vLLM before connectors were handed the KV cache config
+            super().__init__(vllm_config=vllm_config, role=role)
+        extra = dict(getattr(self._kv_transfer_config, "kv_connector_extra_config", None) or {})
+        if not extra.get("output_dir"):
+            raise ValueError("KvscopeConnector: kv_connector_extra_config needs output_dir (where the shards go)")
+        self._output_dir = os.fspath(extra["output_dir"])
+        self._prefixes = [str(p) for p in extra.get("requests", [])]
+        self._max_requests = extra.get("max_requests")
+        self._kv_cache_config = kv_cache_config
+        # Scheduler side
+        self._pending = []
+        self._captured = 0
+        # Worker side
+        self._caches = None
+        self._registered = None
+        self._written = set()
+        self._reported_finished = set()
+        if role == KVConnectorRole.WORKER:
+            os.makedirs(self._output_dir, exist_ok=True)
+
+    # --- scheduler side --------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return 0, False  # kvscope only reads; it never loads KV into vLLM
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        return None
+
+    def _wanted(self, request_id):
+        if self._max_requests is not None and self._captured >= int(self._max_requests):
+            return False
+        return not self._prefixes or any(request_id.startswith(p) for p in self._prefixes)
+
+    def request_finished(self, request, block_ids):
+        """One KV cache group: block_ids is its list."""
+        return self.request_finished_all_groups(request, (list(block_ids),))
+
+    def request_finished_all_groups(self, request, block_ids):
+        if not self._wanted(request.request_id) or not any(len(g) for g in block_ids):
+            return False, None
+        self._captured += 1
+        self._pending.append(KvscopeDump(request.request_id, request.prompt_token_ids, request.output_token_ids,
+                                         request.num_computed_tokens, block_ids))
+        return True, None  # held until the workers report it in get_finished
+
+    def build_connector_meta(self, scheduler_output):
+        meta = KvscopeConnectorMetadata(self._pending)
+        self._pending = []
+        return meta
+
+    # --- worker side ---------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches):
+        self._registered = dict(kv_caches)
+
+    def _rank_caches(self):
+        if self._caches is None:
+            if self._kv_cache_config is None:
+                raise ValueError("KvscopeConnector: this vLLM does not hand connectors their KV cache config; "
+                                 "use kvscope_capture.vllm.KvscopeWorkerExtension instead")
+            if self._registered is None:
+                raise ValueError("KvscopeConnector: no KV caches were registered (register_kv_caches)")
+            tp_rank, pp_rank = _parallel_ranks()
+            self._caches = RankCaches(self._kv_cache_config, self._vllm_config, self._registered,
+                                      forward_layers(self._vllm_config), tp_rank, pp_rank)
+        return self._caches
+
+    def start_load_kv(self, forward_context, **kwargs):
+        """Every step: the requests the scheduler finished are copied out and written."""
+        if not self.has_connector_metadata():
+            return
+        metadata = self._get_connector_metadata()
+        dumps = getattr(metadata, "dumps", [])
+        if not dumps:
+            return
+        caches = self._rank_caches()
+        for dump in dumps:
+            ids = {b for group in dump.block_ids for b in group if b > 0}  # 0: vLLM's null block
+            write_shard(shard_path(self._output_dir, dump.request_id, caches.tp_rank, caches.pp_rank),
+                        dump, caches.config, caches.read(ids), caches.tp_rank, caches.pp_rank)
+            self._written.add(dump.request_id)
+
+    def wait_for_layer_load(self, layer_name):
+        return None
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return None  # the blocks are read whole once the request has finished
+
+    def wait_for_save(self):
+        return None
+
+    def get_finished(self, finished_req_ids):
+        """Requests whose shards are written: their blocks can be freed. vLLM expects only ids it
+        has announced as finished (in this call or an earlier one)."""
+        self._reported_finished |= set(finished_req_ids)
+        done = self._written & self._reported_finished
+        self._written -= done
+        self._reported_finished -= done
+        return (done or None), None

@@ -1,0 +1,186 @@
+"""How one vLLM layer's KV cache tensor is laid out, found at run time, and its blocks read out.
+
+vLLM's per-layer tensors differ by attention backend and version (logical shapes, as
+`AttentionBackend.get_kv_cache_shape` returns them; HND/NHD changes only the strides):
+
+    FlashAttention, FlexAttention     (2, num_blocks, block_size, num_kv_heads, head_size)
+    FlashInfer, Triton (older)        (num_blocks, 2, block_size, num_kv_heads, head_size)
+    newer non-MLA (ROCm, Triton, CPU) (num_blocks, num_kv_heads, block_size, 2 * head_size)
+    MLA                               (num_blocks, block_size, head_size)
+
+The layout is read from the backend, by asking it for the shape of a cache whose sizes are
+sentinels (distinct numbers, so that each axis names its role), or, without a backend, from the
+tensor's shape where exactly one known layout fits it. Anything else is refused by name: a
+guessed layout would read the wrong numbers without any error.
+
+The axes' roles:
+    "kv"      K (0) and V (1)
+    "blocks"  physical blocks, in units of the kernel's block size
+    "tokens"  positions within a kernel block
+    "heads"   KV heads of this rank
+    "dim"     head dimension
+    "kv_dim"  K then V packed on the last axis (2 * head_size)
+"""
+
+# Sentinel sizes: distinct, and not sums or multiples of one another in ways that could be
+# mistaken (2 * dim is its own role). The block size is a multiple of 16, which backends require.
+_SENTINEL = {"blocks": 1009, "tokens": 32, "heads": 3, "dim": 88}
+
+# Layouts recognised from a tensor alone (no backend at hand), in vLLM's logical order.
+KNOWN_LAYOUTS = {
+    "flash_attn": ("kv", "blocks", "tokens", "heads", "dim"),
+    "flashinfer": ("blocks", "kv", "tokens", "heads", "dim"),
+    "packed_kv": ("blocks", "heads", "tokens", "kv_dim"),
+    "mla": ("blocks", "tokens", "dim"),
+    # The Neuron worker's RPCs (and kvscope's own writer): K and V apart, [blocks, heads, tokens, dim].
+    "neuron": ("blocks", "heads", "tokens", "dim"),
+}
+
+
+class LayoutError(ValueError):
+    """A cache whose layout cannot be established; the message names the layer and the shape."""
+
+
+def _roles_of_shape(shape, sizes):
+    """The role of each axis of `shape`, given the sizes of blocks/tokens/heads/dim; None when an
+    axis matches no role or several."""
+    candidates = {"kv": 2, "kv_dim": 2 * sizes["dim"], **sizes}
+    roles = []
+    for extent in shape:
+        matches = [role for role, size in candidates.items() if size == extent]
+        if len(matches) != 1:
+            return None
+        roles.append(matches[0])
+    return tuple(roles)
+
+
+def _layout_name(roles):
+    for name, known in KNOWN_LAYOUTS.items():
+        if known == roles:
+            return name
+    return "backend"
+
+
+class CacheLayout:
+    """One layer's cache layout: the role of each axis, the kernel's block size (which may be a
+    fraction of the KV cache manager's block size), and whether it is MLA (one latent vector per
+    token, no K/V and no head axis)."""
+
+    def __init__(self, roles, kernel_block_size, manager_block_size, name):
+        self.roles = tuple(roles)
+        self.kernel_block_size = kernel_block_size
+        self.manager_block_size = manager_block_size
+        self.kernel_blocks_per_block = manager_block_size // kernel_block_size
+        self.name = name
+        self.is_mla = "kv" not in self.roles and "kv_dim" not in self.roles and "heads" not in self.roles
+
+    def __repr__(self):
+        return (f"CacheLayout({self.name}: ({', '.join(self.roles)}), kernel blocks of {self.kernel_block_size} "
+                f"tokens, {self.kernel_blocks_per_block} per KV cache block)")
+
+    def read_blocks(self, tensor, block_ids):
+        """The given KV cache blocks (the manager's ids) as CPU tensors in kvscope's order:
+        (k, v) each [n, heads, block_size, head_size], or for MLA the latent [n, block_size, head_size]."""
+        import torch
+
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
+        r = self.kernel_blocks_per_block
+        # Kernel block j of KV cache block b is b * r + j (vLLM's BlockTable.map_to_kernel_blocks).
+        kernel_ids = (ids[:, None] * r + torch.arange(r)[None, :]).reshape(-1).to(tensor.device)
+        picked = tensor.index_select(self.roles.index("blocks"), kernel_ids)
+        if tensor.device.type != "cpu":
+            torch.cuda.synchronize(tensor.device)
+        picked = picked.cpu()
+        n = len(ids)
+
+        def to_kvscope(x, roles):
+            # x has axes `roles` without kv: gather to [n*r, heads, tokens, dim], then merge kernel blocks.
+            order = [roles.index(a) for a in ("blocks", "heads", "tokens", "dim")]
+            x = x.permute(*order).contiguous()
+            _, heads, tokens, dim = x.shape
+            x = x.reshape(n, r, heads, tokens, dim).permute(0, 2, 1, 3, 4)
+            return x.reshape(n, heads, r * tokens, dim).contiguous()
+
+        if self.is_mla:
+            order = [self.roles.index(a) for a in ("blocks", "tokens", "dim")]
+            x = picked.permute(*order).contiguous()
+            return x.reshape(n, r * x.shape[1], x.shape[2]).contiguous()
+        if "kv" in self.roles:
+            axis = self.roles.index("kv")
+            rest = tuple(a for a in self.roles if a != "kv")
+            return tuple(to_kvscope(picked.select(axis, i), rest) for i in (0, 1))
+        axis = self.roles.index("kv_dim")
+        dim = picked.shape[axis] // 2
+        rest = tuple("dim" if a == "kv_dim" else a for a in self.roles)
+        return tuple(to_kvscope(part, rest) for part in picked.split(dim, dim=axis))
+
+
+def _check_fits(roles, shape, num_blocks, block_size, heads, dim, what):
+    """The kernel block size this tensor's shape implies for `roles`, or a LayoutError."""
+    tokens = shape[roles.index("tokens")]
+    if tokens < 1 or block_size % tokens:
+        raise LayoutError(f"{what}: blocks of {tokens} tokens do not divide the KV cache's block size {block_size}")
+    want = {"kv": 2, "blocks": num_blocks * (block_size // tokens), "tokens": tokens, "heads": heads,
+            "dim": dim, "kv_dim": 2 * dim}
+    expected = tuple(want[role] for role in roles)
+    if tuple(shape) != expected:
+        raise LayoutError(f"{what}: shape {tuple(shape)} is not the layout ({', '.join(roles)}) = {expected} "
+                          f"for {num_blocks} blocks of {block_size} tokens, {heads} heads of {dim}")
+    return tokens
+
+
+def detect_layout(tensor_shape, num_blocks, block_size, num_kv_heads, head_size, backend=None,
+                  cache_dtype_str="auto", what="KV cache"):
+    """The CacheLayout of a layer's cache tensor of shape `tensor_shape`.
+
+    num_blocks, block_size, num_kv_heads, head_size: the layer's KV cache spec as the KV cache
+    manager sees it (vLLM's kv_cache_config: num_blocks, spec.block_size, spec.num_kv_heads,
+    spec.head_size). backend: the layer's attention backend class (anything with vLLM's
+    `get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str)`), or
+    None to recognise the layout from the tensor's shape alone."""
+    shape = tuple(int(s) for s in tensor_shape)
+    if backend is not None and hasattr(backend, "get_kv_cache_shape"):
+        try:
+            template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], _SENTINEL["tokens"], _SENTINEL["heads"],
+                                                        _SENTINEL["dim"], cache_dtype_str=cache_dtype_str))
+            sizes = dict(_SENTINEL)
+        except Exception:
+            # Backends may refuse sizes they do not serve; ask with the layer's own sizes then.
+            template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], block_size, num_kv_heads, head_size,
+                                                        cache_dtype_str=cache_dtype_str))
+            sizes = {"blocks": _SENTINEL["blocks"], "tokens": block_size, "heads": num_kv_heads, "dim": head_size}
+        roles = _roles_of_shape(template, sizes)
+        name = getattr(backend, "__name__", type(backend).__name__)
+        if roles is None or roles.count("blocks") != 1 or roles.count("tokens") != 1 or len(set(roles)) != len(roles):
+            raise LayoutError(f"{what}: backend {name} reports a cache of shape {template} for sizes {sizes} "
+                              "(blocks, tokens, heads, dim): a layout kvscope does not know how to read")
+        if not ("dim" in roles or "kv_dim" in roles):
+            raise LayoutError(f"{what}: backend {name} reports a cache of shape {template} without a head dimension")
+        if "kv" not in roles and "kv_dim" not in roles and "heads" in roles:
+            raise LayoutError(f"{what}: backend {name} reports a cache of shape {template}: heads but no K/V axis")
+        if len(shape) != len(roles):
+            raise LayoutError(f"{what}: the tensor has shape {shape}, backend {name} lays it out as "
+                              f"({', '.join(roles)})")
+        tokens = _check_fits(roles, shape, num_blocks, block_size, num_kv_heads, head_size, what)
+        return CacheLayout(roles, tokens, block_size, f"{_layout_name(roles)} ({name})")
+
+    fits = []
+    for name, roles in KNOWN_LAYOUTS.items():
+        if len(roles) != len(shape):
+            continue
+        heads = 1 if name == "mla" else num_kv_heads
+        try:
+            tokens = _check_fits(roles, shape, num_blocks, block_size, heads, head_size, what)
+        except LayoutError:
+            continue
+        fits.append((name, roles, tokens))
+    if not fits:
+        raise LayoutError(f"{what}: shape {shape} fits no known vLLM cache layout for {num_blocks} blocks of "
+                          f"{block_size} tokens, {num_kv_heads} KV heads of {head_size} "
+                          f"({'; '.join(n + ' (' + ', '.join(r) + ')' for n, r in KNOWN_LAYOUTS.items())}); "
+                          "pass the attention backend")
+    if len(fits) > 1:
+        raise LayoutError(f"{what}: shape {shape} fits several layouts ({', '.join(f[0] for f in fits)}); "
+                          "pass the attention backend so that its layout is known, not guessed")
+    name, roles, tokens = fits[0]
+    return CacheLayout(roles, tokens, block_size, name)

@@ -1,0 +1,166 @@
+"""One vLLM worker's KV caches as kvscope reads them: the KV cache config in kvscope's form, each
+layer's layout (detected, see layout.py), its fp8 scales, and blocks read out on request.
+
+Built from what a GPU worker holds (vllm/v1/worker/gpu_model_runner.py): the KVCacheConfig
+(kv_cache_groups[g].layer_names / .kv_cache_spec, num_blocks), the per-layer cache tensors
+(`static_forward_context[name].kv_cache`, or the dict a KV connector's register_kv_caches gets),
+and the attention layer modules (their backend and `_k_scale` / `_v_scale`)."""
+
+import re
+
+from .layout import detect_layout
+
+# vLLM's --kv-cache-dtype names, as kvscope's config spells the stored format. "auto" stores the
+# model's dtype (the spec's). Anything else (fp8_ds_mla, per-token-head modes, NVFP4) is passed
+# through, and the writer refuses it by name.
+CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_inc": "float8_e4m3fn",
+                "fp8_e5m2": "float8_e5m2", "int8": "int8"}
+
+
+def _plain(value):
+    """A spec field as JSON: torch dtypes as their names."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _group_entries(group, cache_dtype):
+    """kvscope config groups for one vLLM KV cache group: one, or one per distinct layer spec when
+    the group holds per-layer specs (UniformTypeKVCacheSpecs: same type, other head sizes)."""
+    spec = group.kv_cache_spec
+    per_layer = getattr(spec, "kv_cache_specs", None)
+    specs = ([(name, per_layer[name]) for name in group.layer_names] if per_layer
+             else [(name, spec) for name in group.layer_names])
+    entries = []
+    for name, layer_spec in specs:
+        entry = {
+            "spec_type": type(layer_spec).__name__,
+            "block_size": int(layer_spec.block_size),
+            "num_kv_heads": int(getattr(layer_spec, "num_kv_heads", 0) or 0),
+            "head_size": int(getattr(layer_spec, "head_size", 0) or 0),
+            "sliding_window": getattr(layer_spec, "sliding_window", None),
+            "dtype": (str(layer_spec.dtype) if cache_dtype in (None, "auto")
+                      else CACHE_DTYPES.get(cache_dtype, cache_dtype)),
+        }
+        chunk = getattr(layer_spec, "attention_chunk_size", None)
+        if chunk is not None:
+            entry["attention_chunk_size"] = int(chunk)
+        for same in entries:
+            if all(same[k] == v for k, v in entry.items()):
+                same["layer_names"].append(name)
+                break
+        else:
+            entries.append(dict(entry, layer_names=[name]))
+    return entries
+
+
+def model_order(names):
+    """Layers by the first number in the name (layers.2 before layers.10)."""
+    def key(name):
+        m = re.search(r"\d+", name)
+        return (int(m.group()) if m else -1, name)
+    return sorted(names, key=key)
+
+
+class RankCaches:
+    """kv_cache_config: vLLM's KVCacheConfig; vllm_config: its VllmConfig; caches: {layer: tensor};
+    layers: {layer: attention module} (for the backend and the scales; may be empty);
+    tp_rank, pp_rank: this worker's place."""
+
+    def __init__(self, kv_cache_config, vllm_config, caches, layers, tp_rank, pp_rank):
+        self.vllm_config = vllm_config
+        self.tp_rank, self.pp_rank = tp_rank, pp_rank
+        parallel = vllm_config.parallel_config
+        cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
+        groups = []
+        for g, group in enumerate(kv_cache_config.kv_cache_groups):
+            for entry in _group_entries(group, cache_dtype):
+                entry["vllm_group"] = g  # the block table this group reads
+                groups.append(entry)
+        self.config = {
+            "num_blocks": int(kv_cache_config.num_blocks),
+            "tp_size": int(parallel.tensor_parallel_size),
+            "pp_size": int(getattr(parallel, "pipeline_parallel_size", 1)),
+            "total_num_kv_heads": int(vllm_config.model_config.get_total_num_kv_heads()),
+            "dcp_size": int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
+            "pcp_size": int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
+            "cache_dtype": cache_dtype,
+            "groups": groups,
+        }
+        self.caches = {}
+        self.layouts = {}
+        self.scales = {}
+        self.aliases = {}
+        owner_of = {}
+        for entry in groups:
+            for name in entry["layer_names"]:
+                if name not in caches:
+                    raise ValueError(f"layer {name}: in the KV cache config but no cache tensor was registered")
+                tensor = caches[name]
+                if isinstance(tensor, (list, tuple)):  # older vLLM: one per virtual engine
+                    tensor = tensor[0]
+                module = layers.get(name)
+                backend = None
+                if module is not None:
+                    backend = getattr(module, "attn_backend", None)
+                    if backend is None and hasattr(module, "get_attn_backend"):
+                        backend = module.get_attn_backend()
+                heads = entry["num_kv_heads"] or 1
+                self.layouts[name] = detect_layout(tensor.shape, self.config["num_blocks"], entry["block_size"],
+                                                   heads, entry["head_size"], backend=backend,
+                                                   cache_dtype_str=cache_dtype or "auto", what=f"layer {name}")
+                self.caches[name] = tensor
+                # Layers that share another layer's cache (kv_sharing_target_layer_name) hold its bytes.
+                key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+                if key in owner_of:
+                    self.aliases[name] = owner_of[key]
+                else:
+                    owner_of[key] = name
+                if entry["dtype"] in CACHE_DTYPES.values() and module is not None:
+                    self.scales[name] = (getattr(module, "_k_scale", None), getattr(module, "_v_scale", None))
+        if self.aliases:
+            self.config["kv_sharing"] = dict(self.aliases)
+
+    def layer_names(self):
+        return model_order(self.caches)
+
+    def read(self, block_ids):
+        """{layer: {'k', 'v', 'block_ids'[, 'k_scale', 'v_scale']}} (MLA: {'latent', 'block_ids'}) of the
+        given KV cache blocks, on the CPU, in kvscope's order [n, heads, block_size, head_size]."""
+        ids = sorted({int(b) for b in block_ids})
+        out, done = {}, {}
+        for name in self.layer_names():
+            source = self.aliases.get(name, name)
+            if source not in done:
+                done[source] = self.layouts[source].read_blocks(self.caches[source], ids)
+            blocks = done[source]
+            entry = {"block_ids": ids}
+            if self.layouts[name].is_mla:
+                entry["latent"] = blocks
+            else:
+                entry["k"], entry["v"] = blocks
+            if name in self.scales:
+                k_scale, v_scale = self.scales[name]
+                entry["k_scale"] = k_scale.detach().float().cpu() if hasattr(k_scale, "detach") else k_scale
+                entry["v_scale"] = v_scale.detach().float().cpu() if hasattr(v_scale, "detach") else v_scale
+            out[name] = entry
+        return out
+
+
+def block_tables(config, requests):
+    """One int32 table [len(requests), max_blocks] per kvscope group, -1 for the null block.
+    requests: list of per-vLLM-group block id lists (tuple[list[int], ...]) in batch order. vLLM's
+    null block (id 0) stands in for blocks a sliding window or chunk has freed."""
+    import torch
+
+    tables = []
+    for entry in config["groups"]:
+        rows = [list(r[entry["vllm_group"]]) for r in requests]
+        width = max([1] + [len(r) for r in rows])
+        table = torch.full((len(rows), width), -1, dtype=torch.int32)
+        for i, row in enumerate(rows):
+            if row:
+                ids = torch.as_tensor(row, dtype=torch.int32)
+                table[i, :len(row)] = torch.where(ids == 0, torch.full_like(ids, -1), ids)
+        tables.append(table)
+    return tables

@@ -1,0 +1,86 @@
+"""KVConnectorBase_V1 as vllm/distributed/kv_transfer/kv_connector/v1/base.py defines it (the
+parts a connector implements or calls)."""
+
+import enum
+from abc import ABC, abstractmethod
+
+
+class SupportsHMA(ABC):
+    @abstractmethod
+    def request_finished_all_groups(self, request, block_ids):
+        raise NotImplementedError
+
+
+class KVConnectorRole(enum.Enum):
+    SCHEDULER = 0
+    WORKER = 1
+
+
+class KVConnectorMetadata(ABC):  # noqa: B024
+    pass
+
+
+class KVConnectorBase_V1(ABC):
+    def __init__(self, vllm_config, role, kv_cache_config):
+        self._connector_metadata = None
+        self._vllm_config = vllm_config
+        if vllm_config.kv_transfer_config is not None:
+            self._kv_transfer_config = vllm_config.kv_transfer_config
+        else:
+            raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
+        self._kv_cache_config = kv_cache_config
+        self._role = role
+
+    @property
+    def role(self):
+        return self._role
+
+    def bind_connector_metadata(self, connector_metadata):
+        self._connector_metadata = connector_metadata
+
+    def clear_connector_metadata(self):
+        self._connector_metadata = None
+
+    def _get_connector_metadata(self):
+        assert self._connector_metadata is not None
+        return self._connector_metadata
+
+    def has_connector_metadata(self):
+        return self._connector_metadata is not None
+
+    def register_kv_caches(self, kv_caches):
+        return
+
+    @abstractmethod
+    def start_load_kv(self, forward_context, **kwargs):
+        pass
+
+    @abstractmethod
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    @abstractmethod
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    @abstractmethod
+    def wait_for_save(self):
+        pass
+
+    def get_finished(self, finished_req_ids):
+        return None, None
+
+    @abstractmethod
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        pass
+
+    @abstractmethod
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        pass
+
+    @abstractmethod
+    def build_connector_meta(self, scheduler_output):
+        pass
+
+    def request_finished(self, request, block_ids):
+        return False, None

@@ -1,0 +1,347 @@
+"""Capture from upstream vLLM on GPU, against stand-ins of its objects (tests/vllm_cluster.py):
+every cache layout read back bit for bit, the KV connector's life cycle, TP 2 and PP 2 shards
+merged, fp8 scales, and the same data through the connector and through the worker extension's
+RPCs analysed identically by kvscope. Needs KVSCOPE_BINARY for the tests that read bundles back."""
+
+import io
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+import vllm_cluster as vc
+from test_cross_language import decode_fp8
+from kvscope_capture import (BundleWriter, bundle_from_shards, extract_hf_kv_caches_teacher_forced,
+                             extract_vllm_block_tables, extract_vllm_kv_cache_config, make_kv_extract_fn)
+from kvscope_capture.shards import ShardSet
+from kvscope_capture.stages import merge_stage_caches
+from kvscope_capture.vllm import KvscopeWorkerExtension, LayoutError, detect_layout
+from kvscope_capture.vllm.connector import KvscopeConnector
+
+BINARY = os.environ.get("KVSCOPE_BINARY")
+L = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+
+
+def truth_kv(names, heads, seq, dim, seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.uint8:  # fp8 e4m3 codes, NaN (0x7f / 0xff) left out
+        return {n: tuple(torch.randint(0, 0x7f, (heads, seq, dim), generator=g, dtype=torch.uint8)
+                         | (torch.randint(0, 2, (heads, seq, dim), generator=g, dtype=torch.uint8) << 7)
+                         for _ in "kv") for n in names}
+    return {n: (torch.randn(heads, seq, dim, generator=g).to(dtype), torch.randn(heads, seq, dim, generator=g).to(dtype))
+            for n in names}
+
+
+def export(bundle, tmp):
+    out = os.path.join(tmp, os.path.basename(bundle) + ".export.h5")
+    result = subprocess.run([BINARY, "export", bundle, out], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(result.stderr)
+    return h5py.File(out, "r")
+
+
+def analyse(bundle, tmp):
+    out = bundle + ".json"
+    result = subprocess.run([BINARY, "analyze", bundle, "--json", out], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(result.stderr)
+    with open(out) as f:
+        data = json.load(f)
+    data.pop("bundle", None)
+    return data
+
+
+def reference_of(cluster, kv, noise_seed=1):
+    """A reference close to the engine's KV (bf16 rounding noise of an fp32 run), in model order."""
+    g = torch.Generator().manual_seed(noise_seed)
+    out = []
+    for name in sorted(cluster.layers, key=lambda n: int(n.split(".")[2])):
+        k, v = (t.float() for t in kv[cluster.alias.get(name, name)])
+        out.append(tuple((t + t.abs() * 2 ** -9 * torch.randn(t.shape, generator=g)).to(torch.bfloat16)
+                         for t in (k, v)))
+    return out
+
+
+class Layouts(unittest.TestCase):
+    """Each backend's cache, written slot by slot as its kernels do, read back through the detected
+    layout: with the backend (sentinel sizes) and from the tensor alone."""
+
+    def check(self, backend, block_size=16, kernel=16, heads=2, dim=8, mla=False):
+        num_blocks = 6
+        ratio = block_size // kernel
+        cache = vc.allocate(backend, num_blocks * ratio, kernel, 1 if mla else heads, dim, torch.bfloat16)
+        g = torch.Generator().manual_seed(5)
+        k = torch.randn(num_blocks * block_size, heads, dim, generator=g).to(torch.bfloat16)
+        v = torch.randn(num_blocks * block_size, heads, dim, generator=g).to(torch.bfloat16)
+        lat = torch.randn(num_blocks * block_size, dim, generator=g).to(torch.bfloat16)
+        for slot in range(num_blocks * block_size):
+            b, o = slot // block_size, slot % block_size
+            kb, ko = b * ratio + o // kernel, o % kernel
+            if mla:
+                backend.write(cache, kb, ko, lat[slot], None, dim)
+            else:
+                backend.write(cache, kb, ko, k[slot], v[slot], dim)
+        ids = [4, 1, 3]
+        for given in (backend, None):
+            try:
+                layout = detect_layout(cache.shape, num_blocks, block_size, 1 if mla else heads, dim, backend=given)
+            except LayoutError as e:
+                self.assertIsNone(given)  # the tensor alone may be ambiguous; the backend never is
+                self.assertIn("several layouts", str(e))
+                continue
+            self.assertEqual(layout.kernel_blocks_per_block, ratio)
+            got = layout.read_blocks(cache, ids)
+            order = ids
+            if mla:
+                want = torch.stack([lat[b * block_size:(b + 1) * block_size] for b in order])
+                self.assertTrue(torch.equal(got, want))
+            else:
+                for part, src in zip(got, (k, v)):
+                    want = torch.stack([src[b * block_size:(b + 1) * block_size].transpose(0, 1) for b in order])
+                    self.assertEqual(tuple(part.shape), (3, heads, block_size, dim))
+                    self.assertTrue(torch.equal(part, want), f"{backend.__name__} {given}")
+
+    def test_flash_attention_nhd(self):
+        self.check(vc.FlashAttentionBackend)
+
+    def test_flash_attention_hnd(self):
+        self.check(vc.FlashAttentionHNDBackend)
+
+    def test_flashinfer_hnd(self):
+        self.check(vc.FlashInferBackend)
+
+    def test_triton(self):
+        self.check(vc.TritonAttentionBackend)
+
+    def test_packed_kv_nhd_and_hnd(self):
+        self.check(vc.RocmAttentionBackend)
+        hnd = type("RocmHND", (vc.RocmAttentionBackend,), {"layout": "HND"})
+        self.check(hnd)
+
+    def test_mla(self):
+        self.check(vc.FlashMLABackend, dim=24, mla=True)
+
+    def test_kernel_blocks_smaller_than_the_managers(self):
+        self.check(vc.FlashAttentionBackend, block_size=64, kernel=16)
+        self.check(vc.RocmAttentionBackend, block_size=32, kernel=16)
+
+    def test_unknown_layout_refused_by_name(self):
+        cache = torch.zeros(6, 4, 16, 8)
+        with self.assertRaisesRegex(LayoutError, r"layer x: backend NvfpFlashInferBackend reports a cache of shape "
+                                                 r"\(1009, 6, 32, 88\)"):
+            detect_layout(cache.shape, 6, 16, 2, 8, backend=vc.NvfpFlashInferBackend, what="layer x")
+        with self.assertRaisesRegex(LayoutError, r"shape \(6, 4, 16, 8\) fits several layouts|fits no known"):
+            detect_layout((7, 3, 16, 8), 6, 16, 2, 8)
+        with self.assertRaisesRegex(LayoutError, "blocks of 16 tokens do not divide|is not the layout"):
+            detect_layout((2, 6, 16, 2, 9), 6, 16, 2, 8, backend=vc.FlashAttentionBackend)
+
+
+def two_groups(backend, window=20, kernel=16, block_size=16):
+    return [vc.Group([L[0], L[2]], backend, block_size=block_size, kernel_block_size=kernel, window=window),
+            vc.Group([L[1], L[3]], backend, block_size=block_size, kernel_block_size=kernel)]
+
+
+class Connector(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.shards = os.path.join(self.tmp.name, "shards")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def capture(self, cluster, request_id, kv, prompt_len=20, total=45):
+        """One request through the connector's life cycle; checks that its blocks are held exactly
+        until every worker has written its shard."""
+        scheduler, workers = cluster.connectors(KvscopeConnector)
+        prompt, output = list(range(prompt_len)), list(range(100, 100 + total - prompt_len))
+        request, block_ids = cluster.run_request(request_id, prompt, output, kv)
+        held, params = scheduler.request_finished_all_groups(request, block_ids)
+        self.assertEqual((held, params), (True, None))
+        for worker in cluster.workers:
+            worker.model_runner.requests.pop(request_id)
+        # Before the step that hands the request to the workers, nothing is written or reported.
+        self.assertEqual(os.listdir(self.shards) if os.path.isdir(self.shards) else [], [])
+        finished = cluster.step(scheduler, workers, {request_id})
+        self.assertEqual(finished, {request_id})
+        cluster.finish(request_id, block_ids)
+        self.assertEqual(cluster.step(scheduler, workers, set()), set())  # reported once
+        return request, block_ids
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_tp2_pp2_shards_merge_to_the_engine_kv(self):
+        cluster = vc.Cluster(two_groups(vc.FlashAttentionHNDBackend, kernel=16, block_size=32), total_heads=4, tp=2,
+                             pp=2, output_dir=self.shards)
+        kv = truth_kv(cluster.layers, 4, 45, 8, seed=1)
+        self.capture(cluster, "cmpl-1-0", kv)
+        self.assertEqual(sorted(os.listdir(self.shards)), [f"cmpl-1-0.tp{t}.pp{p}.h5" for t in range(2) for p in range(2)])
+        bundle = os.path.join(self.tmp.name, "c.h5")
+        bundle_from_shards(self.shards, bundle, vc.FixedReference(reference_of(cluster, kv)), log=self.fail)
+        with export(bundle, self.tmp.name) as f:
+            for name in cluster.layers:
+                got = f[f"prompts/cmpl-1-0/engine/{name}"]
+                present = got["present"][()].astype(bool)
+                window = 20 if name in (L[0], L[2]) else None
+                expect = np.zeros(45, bool)
+                expect[(max(0, 44 - window + 1) if window else 0):44] = True
+                # Held: the window's positions (blocks wholly before it were freed), never the last.
+                self.assertTrue(np.all(present[expect]), name)
+                self.assertFalse(present[44])
+                for part, truth in zip("kv", kv[name]):
+                    np.testing.assert_array_equal(got[part][()][:, present], truth.float().numpy()[:, present],
+                                                  err_msg=f"{name} {part}")
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_fp8_cache_with_its_scales(self):
+        scales = {L[0]: (0.5, 2.0), L[1]: (0.25, 3.0), L[2]: (1.5, 0.125), L[3]: (4.0, 0.75)}
+        cluster = vc.Cluster(two_groups(vc.FlashInferBackend, window=None), total_heads=2, tp=2, dtype=torch.uint8,
+                             cache_dtype="fp8", scales=scales, output_dir=self.shards)
+        kv = truth_kv(cluster.layers, 2, 45, 8, seed=2, dtype=torch.uint8)
+        self.capture(cluster, "r0", kv)
+        bundle = os.path.join(self.tmp.name, "fp8.h5")
+        reference = [tuple(torch.zeros(2, 45, 8) for _ in "kv") for _ in L]
+        bundle_from_shards(self.shards, bundle, vc.FixedReference(reference), log=self.fail)
+        with export(bundle, self.tmp.name) as f:
+            for name in cluster.layers:
+                for part, codes, scale in zip("kv", kv[name], scales[name]):
+                    want = decode_fp8(codes.numpy(), "float8_e4m3fn") * np.float32(scale)
+                    got = f[f"prompts/r0/engine/{name}"][part][()]
+                    np.testing.assert_array_equal(got[:, :44], want[:, :44], err_msg=f"{name} {part}")
+
+    def test_mla_shards_hold_the_latents(self):
+        cluster = vc.Cluster([vc.Group(L[:2], vc.FlashMLABackend, mla=True)], total_heads=1, head_size=24, tp=2,
+                             output_dir=self.shards)
+        g = torch.Generator().manual_seed(3)
+        latents = {n: torch.randn(45, 24, generator=g).to(torch.bfloat16) for n in L[:2]}
+        _, block_ids = self.capture(cluster, "mla", latents)
+        shards = ShardSet(self.shards)
+        self.assertEqual(shards.incomplete, {})
+        (request,) = shards.requests
+        for rank in request.per_rank_kv():  # replicated: every rank holds the same latents
+            for name in L[:2]:
+                entry = rank[name]
+                blocks = entry["block_ids"]
+                for i, b in enumerate(block_ids[0]):
+                    row = blocks.index(b)
+                    got = entry["latent"][row][:min(16, 44 - i * 16)]
+                    self.assertTrue(torch.equal(got, latents[name][i * 16:i * 16 + len(got)]))
+        with self.assertRaisesRegex(ValueError, "MLAAttentionSpec.* is not supported"):
+            bundle_from_shards(self.shards, os.path.join(self.tmp.name, "mla.h5"),
+                               vc.FixedReference([]), log=self.fail)
+
+    def test_only_the_named_requests_and_incomplete_shards(self):
+        cluster = vc.Cluster(two_groups(vc.FlashAttentionBackend), tp=2, output_dir=self.shards)
+        cluster.kv_transfer_config.kv_connector_extra_config["requests"] = ["keep"]
+        kv = truth_kv(cluster.layers, 4, 45, 8, seed=4)
+        scheduler, workers = cluster.connectors(KvscopeConnector)
+        request, block_ids = cluster.run_request("other-1", range(20), range(25), kv)
+        self.assertEqual(scheduler.request_finished_all_groups(request, block_ids), (False, None))
+        self.assertEqual(scheduler.request_finished(request, block_ids[0]), (False, None))
+        cluster.finish("other-1", block_ids)
+        self.capture(cluster, "keep-2", kv)
+        os.remove(os.path.join(self.shards, "keep-2.tp1.pp0.h5"))
+        shards = ShardSet(self.shards)
+        self.assertEqual(shards.requests, [])
+        self.assertIn("(tp, pp) [(1, 0)] are missing", shards.incomplete["keep-2"])
+        with self.assertRaisesRegex(ValueError, "no complete request"):
+            bundle_from_shards(self.shards, os.path.join(self.tmp.name, "x.h5"), None, log=lambda line: None)
+
+    def test_needs_an_output_dir(self):
+        cluster = vc.Cluster(two_groups(vc.FlashAttentionBackend))
+        with self.assertRaisesRegex(ValueError, "output_dir"):
+            cluster.connectors(KvscopeConnector)
+
+
+class WorkerExtension(unittest.TestCase):
+    def test_config_as_kvscope_reads_it(self):
+        cluster = vc.Cluster(two_groups(vc.RocmAttentionBackend), total_heads=4, tp=2, pp=2)
+        llm = vc.FakeLLM(cluster, KvscopeWorkerExtension)
+        config = extract_vllm_kv_cache_config(llm)
+        self.assertEqual(config["tp_size"], 2)
+        self.assertEqual(config["pp_size"], 2)
+        self.assertEqual([g["layer_names"] for g in config["groups"]], [[L[0], L[2]], [L[1], L[3]]])
+        self.assertEqual([g["spec_type"] for g in config["groups"]], ["SlidingWindowSpec", "FullAttentionSpec"])
+        self.assertEqual(config["groups"][0]["num_kv_heads"], 2)
+        self.assertEqual(config["groups"][0]["dtype"], "torch.bfloat16")
+
+    def test_aliased_layers_are_named(self):
+        groups = [vc.Group([L[0], L[1]], vc.FlashAttentionBackend)]
+        cluster = vc.Cluster(groups, alias={L[1]: L[0]})
+        llm = vc.FakeLLM(cluster, KvscopeWorkerExtension)
+        (config,) = llm.collective_rpc("get_kv_cache_config")
+        self.assertEqual(config["kv_sharing"], {L[1]: L[0]})
+
+    def test_block_tables_outlive_the_request_once_enabled(self):
+        cluster = vc.Cluster(two_groups(vc.FlashAttentionBackend), tp=1)
+        llm = vc.FakeLLM(cluster, KvscopeWorkerExtension)
+        llm.collective_rpc("enable_block_table_snapshots")
+        kv = truth_kv(cluster.layers, 4, 45, 8, seed=6)
+        _, block_ids = cluster.run_request("a", range(20), range(25), kv)
+        cluster.finish("a", block_ids)
+        (tables,) = llm.collective_rpc("get_block_tables")
+        self.assertEqual(llm.collective_rpc("get_request_ids"), [["a"]])
+        table = torch.load(io.BytesIO(tables[1]))
+        self.assertEqual(table[0, :len(block_ids[1])].tolist(), block_ids[1])
+
+
+@unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+class SameDataBothWays(unittest.TestCase):
+    """The connector's shards and the worker extension's RPCs (the blocks of the request, or the
+    whole pool as the Neuron RPC hands it) give bundles that kvscope analyses identically."""
+
+    def test_tp2_triton(self):
+        self.run_case(two_groups(vc.TritonAttentionBackend, window=24), tp=2, pp=1)
+
+    def test_pp2_packed_kv_with_kernel_blocks(self):
+        self.run_case(two_groups(vc.RocmAttentionBackend, window=24, block_size=32, kernel=16), tp=1, pp=2)
+
+    def run_case(self, groups, tp, pp):
+        with tempfile.TemporaryDirectory() as tmp:
+            shards = os.path.join(tmp, "shards")
+            cluster = vc.Cluster(groups, total_heads=4, tp=tp, pp=pp, output_dir=shards, seed=9)
+            kv = truth_kv(cluster.layers, 4, 45, 8, seed=8)
+            # A fault in one layer, so that the analysis has something to find.
+            kv[L[1]][0][1, 30:] = (kv[L[1]][0][1, 30:].float() * 1.5).to(torch.bfloat16)
+            reference = reference_of(cluster, truth_kv(cluster.layers, 4, 45, 8, seed=8))
+            scheduler, workers = cluster.connectors(KvscopeConnector)
+            llm = vc.FakeLLM(cluster, KvscopeWorkerExtension)
+            prompt, output = list(range(20)), list(range(100, 125))
+            request, block_ids = cluster.run_request("p0", prompt, output, kv)
+
+            def rpc_bundle(path, all_blocks):
+                with BundleWriter(path, model="m", engine="vLLM", notes="kvscope_capture KvscopeConnector shards") as w:
+                    w.set_kv_cache_config(extract_vllm_kv_cache_config(llm))
+                    w.add_prompt("p0", prompt + output, 20)
+                    if all_blocks:
+                        workers = llm.collective_rpc("get_kv_caches", kwargs={"all_blocks": True})
+                        caches = [{n: torch.load(io.BytesIO(b)) for n, b in r.items()}
+                                  for r in merge_stage_caches(workers, tp)]
+                        w.add_engine_snapshot("p0", caches, extract_vllm_block_tables(llm), 45,
+                                              keep_only_referenced=True)
+                    else:
+                        make_kv_extract_fn(llm, w, "p0")(45)
+                    logits, ref = extract_hf_kv_caches_teacher_forced(vc.FixedReference(reference), prompt, output,
+                                                                      return_logits=True)
+                    w.add_reference_kv("p0", "expected", ref)
+                    w.add_logits("p0", "expected", logits)
+
+            rpc_bundle(os.path.join(tmp, "rpc.h5"), all_blocks=False)
+            rpc_bundle(os.path.join(tmp, "pool.h5"), all_blocks=True)
+            scheduler.request_finished_all_groups(request, block_ids)
+            for worker in cluster.workers:
+                worker.model_runner.requests.pop("p0")
+            self.assertEqual(cluster.step(scheduler, workers, {"p0"}), {"p0"})
+            bundle_from_shards(shards, os.path.join(tmp, "connector.h5"), vc.FixedReference(reference), model="m",
+                               log=self.fail)
+            connector = analyse(os.path.join(tmp, "connector.h5"), tmp)
+            self.assertTrue(connector["suspects"], "the fault in layer 1 is found")
+            self.assertEqual(connector, analyse(os.path.join(tmp, "rpc.h5"), tmp))
+            self.assertEqual(connector, analyse(os.path.join(tmp, "pool.h5"), tmp))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,352 @@
+"""A stand-in for upstream vLLM v1 serving on GPUs, as its sources define it: attention backends
+with their cache shapes and stride orders, workers that allocate caches the way
+gpu_model_runner does (raw bytes viewed in the physical order, permuted back to the logical
+shape), a scheduler that allocates blocks from a pool whose block 0 is the null block, and the
+KV connector's life cycle (request_finished, build_connector_meta, start_load_kv, get_finished).
+
+The KV is written into the caches slot by slot the way the backends' reshape_and_cache kernels
+do, by code written here, independently of kvscope_capture's reading code."""
+
+import os
+import sys
+import types
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_vllm"))
+
+from vllm.distributed import parallel_state  # noqa: E402  (the stand-in)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+
+# --- attention backends (vllm/v1/attention/backends/*.py) ----------------------------------------
+class FlashAttentionBackend:
+    layout = "NHD"
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        if block_size % 16 != 0:
+            raise ValueError("Block size must be a multiple of 16.")
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def get_kv_cache_stride_order(cls):
+        return (0, 1, 2, 3, 4) if cls.layout == "NHD" else (0, 1, 3, 2, 4)
+
+    @staticmethod
+    def write(cache, block, offset, k, v, dim):
+        cache[0, block, offset] = k
+        cache[1, block, offset] = v
+
+
+class FlashAttentionHNDBackend(FlashAttentionBackend):
+    layout = "HND"
+
+
+class FlashInferBackend:
+    layout = "HND"  # FlashInfer's default on recent GPUs
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        return (num_blocks, 2, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def get_kv_cache_stride_order(cls):
+        return (0, 1, 2, 3, 4) if cls.layout == "NHD" else (0, 1, 3, 2, 4)
+
+    @staticmethod
+    def write(cache, block, offset, k, v, dim):
+        cache[block, 0, offset] = k
+        cache[block, 1, offset] = v
+
+
+class TritonAttentionBackend(FlashInferBackend):
+    layout = "NHD"
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        if block_size % 16 != 0:
+            raise ValueError("Block size must be a multiple of 16.")
+        return (num_blocks, 2, block_size, num_kv_heads, head_size)
+
+
+class RocmAttentionBackend:
+    """The newer non-MLA layout: K and V packed on the last axis."""
+    layout = "NHD"
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        if block_size % 16 != 0:
+            raise ValueError("Block size must be a multiple of 16.")
+        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
+
+    @classmethod
+    def get_kv_cache_stride_order(cls):
+        return (0, 2, 1, 3) if cls.layout == "NHD" else (0, 1, 2, 3)
+
+    @staticmethod
+    def write(cache, block, offset, k, v, dim):
+        cache[block, :, offset, :dim] = k
+        cache[block, :, offset, dim:] = v
+
+
+class FlashMLABackend:
+    layout = "NHD"
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        return (num_blocks, block_size, head_size)
+
+    @classmethod
+    def get_kv_cache_stride_order(cls):
+        return (0, 1, 2)
+
+    @staticmethod
+    def write(cache, block, offset, latent, unused, dim):
+        cache[block, offset] = latent
+
+
+class NvfpFlashInferBackend:
+    """A layout kvscope does not know: 2 * num_kv_heads head slots (FlashInfer with NVFP4)."""
+    layout = "NHD"
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        return (num_blocks, 2 * num_kv_heads, block_size, head_size)
+
+    @classmethod
+    def get_kv_cache_stride_order(cls):
+        return (0, 1, 2, 3)
+
+
+# --- KV cache specs (vllm/v1/kv_cache_interface.py) -----------------------------------------------
+class FullAttentionSpec:
+    def __init__(self, block_size, num_kv_heads, head_size, dtype, sliding_window=None):
+        self.block_size, self.num_kv_heads, self.head_size = block_size, num_kv_heads, head_size
+        self.dtype, self.sliding_window = dtype, sliding_window
+
+
+class SlidingWindowSpec(FullAttentionSpec):
+    pass
+
+
+class MLAAttentionSpec(FullAttentionSpec):
+    pass
+
+
+class AttentionLayer(torch.nn.Module):
+    """vllm.attention.layer.Attention: its cache, backend and fp8 scales."""
+
+    def __init__(self, backend, k_scale=1.0, v_scale=1.0):
+        super().__init__()
+        self.attn_backend = backend
+        self.kv_cache = [torch.tensor([])]
+        self._k_scale = torch.tensor(k_scale, dtype=torch.float32)
+        self._v_scale = torch.tensor(v_scale, dtype=torch.float32)
+
+
+def allocate(backend, num_kernel_blocks, kernel_block_size, heads, dim, dtype):
+    """As gpu_model_runner._reshape_kv_cache_tensors: raw storage viewed in the backend's physical
+    order, permuted back to the logical shape (so HND and NHD differ only in strides)."""
+    shape = backend.get_kv_cache_shape(num_kernel_blocks, kernel_block_size, heads, dim)
+    order = backend.get_kv_cache_stride_order()
+    physical = tuple(shape[i] for i in order)
+    inverse = [order.index(i) for i in range(len(order))]
+    raw = torch.randn(int(np.prod(physical)))  # other requests' garbage
+    raw = raw.to(dtype) if dtype != torch.uint8 else torch.randint(0, 0x70, raw.shape, dtype=torch.uint8)
+    return raw.view(physical).permute(*inverse)
+
+
+class Group:
+    """One KV cache group of the model: its layers, spec and backend."""
+
+    def __init__(self, layer_names, backend, block_size=16, kernel_block_size=None, window=None, mla=False):
+        self.layer_names, self.backend, self.block_size = list(layer_names), backend, block_size
+        self.kernel_block_size = kernel_block_size or block_size
+        self.window, self.mla = window, mla
+
+
+class Cluster:
+    """tp x pp workers of one model. total_heads KV heads of head_size (MLA: one latent of head_size,
+    replicated on every TP rank); dtype the cache's (torch.uint8 codes with cache_dtype "fp8")."""
+
+    def __init__(self, groups, total_heads=4, head_size=8, tp=1, pp=1, num_blocks=48, dtype=torch.bfloat16,
+                 cache_dtype="auto", scales=None, output_dir=None, seed=0, alias=None):
+        self.groups, self.total_heads, self.head_size = groups, total_heads, head_size
+        self.tp, self.pp, self.num_blocks, self.dtype = tp, pp, num_blocks, dtype
+        self.rng = np.random.default_rng(seed)
+        self.free = list(self.rng.permutation(np.arange(1, num_blocks)))  # block 0: the null block
+        self.layers = [n for g in groups for n in g.layer_names]
+        self.alias = alias or {}  # layer -> the layer whose cache it shares
+        ordered = sorted(self.layers, key=lambda n: int(n.split(".")[2]))
+        per_stage = -(-len(ordered) // pp)
+        self.stage_of = {n: i // per_stage for i, n in enumerate(ordered)}
+        self.scales = scales or {}
+        extra = {"output_dir": output_dir} if output_dir else {}
+        self.kv_transfer_config = types.SimpleNamespace(kv_connector_extra_config=extra)
+        self.workers = [self._worker(t, p, cache_dtype) for p in range(pp) for t in range(tp)]
+
+    def heads_of_rank(self, rank):
+        if self.total_heads >= self.tp:
+            per = self.total_heads // self.tp
+            return list(range(rank * per, (rank + 1) * per))
+        return [rank // (self.tp // self.total_heads)]
+
+    def _spec(self, group):
+        heads = 1 if group.mla else max(1, self.total_heads // self.tp)
+        dtype = self.dtype
+        if group.mla:
+            return MLAAttentionSpec(group.block_size, heads, self.head_size, dtype)
+        if group.window:
+            return SlidingWindowSpec(group.block_size, heads, self.head_size, dtype, group.window)
+        return FullAttentionSpec(group.block_size, heads, self.head_size, dtype)
+
+    def _worker(self, tp_rank, pp_rank, cache_dtype):
+        layers, caches, kv_groups = {}, {}, []
+        for group in self.groups:
+            names = [n for n in group.layer_names if self.stage_of[n] == pp_rank]
+            if not names:
+                continue
+            spec = self._spec(group)
+            kv_groups.append(types.SimpleNamespace(layer_names=names, kv_cache_spec=spec))
+            ratio = group.block_size // group.kernel_block_size
+            for name in names:
+                k_scale, v_scale = self.scales.get(name, (1.0, 1.0))
+                layer = AttentionLayer(group.backend, k_scale, v_scale)
+                if name in self.alias:
+                    layer.kv_cache = caches[self.alias[name]]
+                else:
+                    layer.kv_cache = [allocate(group.backend, self.num_blocks * ratio, group.kernel_block_size,
+                                               spec.num_kv_heads, self.head_size, self.dtype)]
+                layers[name], caches[name] = layer, layer.kv_cache
+        vllm_config = types.SimpleNamespace(
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=self.tp, pipeline_parallel_size=self.pp,
+                                                  decode_context_parallel_size=1),
+            cache_config=types.SimpleNamespace(cache_dtype=cache_dtype, block_size=self.groups[0].block_size),
+            model_config=types.SimpleNamespace(get_total_num_kv_heads=lambda: self.total_heads),
+            compilation_config=types.SimpleNamespace(static_forward_context=dict(layers)),
+            kv_transfer_config=self.kv_transfer_config)
+        kv_cache_config = types.SimpleNamespace(num_blocks=self.num_blocks, kv_cache_groups=kv_groups)
+        runner = types.SimpleNamespace(kv_cache_config=kv_cache_config, requests={}, steps=0)
+
+        def execute_model(scheduler_output=None):
+            runner.steps += 1
+            return None
+
+        runner.execute_model = execute_model
+        return types.SimpleNamespace(tp_rank=tp_rank, pp_rank=pp_rank, vllm_config=vllm_config, model_runner=runner,
+                                     kv_cache_config=kv_cache_config,
+                                     caches={n: c[0] for n, c in caches.items()})
+
+    def call(self, worker, fn, *args, **kwargs):
+        parallel_state.set_ranks(worker.tp_rank, worker.pp_rank)
+        return fn(*args, **kwargs)
+
+    # --- a request ---------------------------------------------------------------------------------
+    def run_request(self, request_id, prompt, output, kv):
+        """Prefills and decodes a request: the KV of every position but the last (never written) goes
+        into the workers' caches. kv: {layer: (k, v)} [total_heads, >= seq - 1, head_size], or for MLA
+        {layer: latent [>= seq - 1, head_size]}. Returns the request (vllm.v1.request.Request's fields)
+        and its block ids per group, after a sliding window freed what it left behind (null block 0)."""
+        tokens = list(prompt) + list(output)
+        written = len(tokens) - 1
+        block_ids = []
+        for group in self.groups:
+            bs = group.block_size
+            ids = [int(self.free.pop()) for _ in range(-(-written // bs))]
+            block_ids.append(ids)
+            for name in group.layer_names:
+                for worker in self.workers:
+                    if self.stage_of[name] != worker.pp_rank or name in self.alias:
+                        continue
+                    cache = worker.caches[name]
+                    heads = self.heads_of_rank(worker.tp_rank)
+                    for p in range(written):
+                        block = ids[p // bs] * (bs // group.kernel_block_size) + (p % bs) // group.kernel_block_size
+                        offset = (p % bs) % group.kernel_block_size
+                        if group.mla:
+                            group.backend.write(cache, block, offset, kv[name][p], None, self.head_size)
+                        else:
+                            k, v = kv[name]
+                            group.backend.write(cache, block, offset, k[heads, p], v[heads, p], self.head_size)
+            if group.window:  # blocks wholly before the window are freed: the null block replaces them
+                first_held = max(0, written - group.window + 1)
+                for b in range(first_held // bs):
+                    self.free.insert(0, ids[b])
+                    ids[b] = 0
+        state = types.SimpleNamespace(block_ids=tuple(block_ids), num_computed_tokens=written)
+        for worker in self.workers:
+            worker.model_runner.requests[request_id] = state
+            self.call(worker, worker.model_runner.execute_model, None)
+        request = types.SimpleNamespace(request_id=request_id, prompt_token_ids=list(prompt),
+                                        output_token_ids=list(output), num_computed_tokens=written)
+        return request, tuple(block_ids)
+
+    def finish(self, request_id, block_ids):
+        """The request leaves the batch and its blocks go back to the pool (no connector holding them)."""
+        for worker in self.workers:
+            worker.model_runner.requests.pop(request_id, None)
+        self.free[:0] = [b for g in block_ids for b in g if b > 0]
+
+    # --- the connector's life cycle ------------------------------------------------------------------
+    def connectors(self, connector_cls):
+        """One scheduler-side connector and one per worker, as vLLM creates them."""
+        scheduler = connector_cls(self.workers[0].vllm_config, KVConnectorRole.SCHEDULER,
+                                  self.workers[0].kv_cache_config)
+        workers = []
+        for worker in self.workers:
+            c = self.call(worker, connector_cls, worker.vllm_config, KVConnectorRole.WORKER, worker.kv_cache_config)
+            self.call(worker, c.register_kv_caches, dict(worker.caches))
+            workers.append(c)
+        return scheduler, workers
+
+    def step(self, scheduler, worker_connectors, finished_req_ids):
+        """One engine step with no tokens to compute: the scheduler's metadata goes to every worker
+        (bind, start_load_kv, get_finished, clear), as KVConnectorModelRunnerMixin does. Returns the
+        request ids every worker reported finished sending."""
+        meta = scheduler.build_connector_meta(types.SimpleNamespace(finished_req_ids=set(finished_req_ids)))
+        reported = []
+        for worker, connector in zip(self.workers, worker_connectors):
+            def run():
+                connector.bind_connector_metadata(meta)
+                connector.start_load_kv(types.SimpleNamespace(attn_metadata=None))
+                sending, _ = connector.get_finished(set(finished_req_ids))
+                connector.clear_connector_metadata()
+                return sending or set()
+            reported.append(self.call(worker, run))
+        return set.intersection(*reported) if reported else set()
+
+
+class FakeLLM:
+    """llm.collective_rpc as vLLM's executor does it: the method on every worker, in global rank
+    order, with the worker extension mixed into the worker."""
+
+    def __init__(self, cluster, extension_cls):
+        self.cluster = cluster
+        worker_cls = type("Worker", (extension_cls,), {})
+        self.workers = []
+        for w in cluster.workers:
+            obj = worker_cls()
+            obj.vllm_config, obj.model_runner = w.vllm_config, w.model_runner
+            obj.place = w
+            self.workers.append(obj)
+
+    def collective_rpc(self, method, args=(), kwargs=None):
+        return [self.cluster.call(w.place, getattr(w, method), *args, **(kwargs or {})) for w in self.workers]
+
+
+class FixedReference:
+    """An HF-interface model whose cache holds given KV (the reference) and whose logits are fixed
+    random numbers: model(input_ids=..., use_cache=True) -> .logits, .past_key_values, with
+    past_key_values a transformers >= 4.54 Cache (`layers[i].keys / .values`)."""
+
+    def __init__(self, kv_in_model_order, vocab=16, seed=0):
+        self.kv, self.vocab = kv_in_model_order, vocab
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, input_ids, past_key_values=None, use_cache=True):
+        n = input_ids.shape[1]
+        layers = [types.SimpleNamespace(keys=k[None, :, :n], values=v[None, :, :n]) for k, v in self.kv]
+        logits = torch.randn(1, n, self.vocab, generator=torch.Generator().manual_seed(n))
+        return types.SimpleNamespace(logits=logits, past_key_values=types.SimpleNamespace(layers=layers))
