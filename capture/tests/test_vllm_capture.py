@@ -7,6 +7,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -89,7 +90,8 @@ class Layouts(unittest.TestCase):
         ids = [4, 1, 3]
         for given in (backend, None):
             try:
-                layout = detect_layout(cache.shape, num_blocks, block_size, 1 if mla else heads, dim, backend=given)
+                layout = detect_layout(cache.shape, num_blocks, block_size, 1 if mla else heads, dim, backend=given,
+                                       mla=mla)
             except LayoutError as e:
                 self.assertIsNone(given)  # the tensor alone may be ambiguous; the backend never is
                 self.assertIn("several layouts", str(e))
@@ -130,14 +132,25 @@ class Layouts(unittest.TestCase):
         self.check(vc.FlashAttentionBackend, block_size=64, kernel=16)
         self.check(vc.RocmAttentionBackend, block_size=32, kernel=16)
 
+    def test_standardized_views_newer_vllm_hands_connectors(self):
+        """[blocks, heads, tokens, 2 * dim] for a FlashAttention layer, [blocks, 1, tokens, dim] for MLA:
+        not the backend's layout, recognised from the tensor."""
+        layout = detect_layout((6, 2, 16, 16), 6, 16, 2, 8, backend=vc.FlashAttentionBackend)
+        self.assertEqual(layout.roles, ("blocks", "heads", "tokens", "kv_dim"))
+        layout = detect_layout((6, 1, 16, 24), 6, 16, 1, 24, backend=vc.FlashMLABackend, mla=True)
+        self.assertEqual(layout.roles, ("blocks", "heads", "tokens", "dim"))
+        cache = torch.randn(6, 1, 16, 24)
+        self.assertTrue(torch.equal(layout.read_blocks(cache, [5, 2]), cache[[5, 2], 0]))
+
     def test_unknown_layout_refused_by_name(self):
         cache = torch.zeros(6, 4, 16, 8)
         with self.assertRaisesRegex(LayoutError, r"layer x: backend NvfpFlashInferBackend reports a cache of shape "
                                                  r"\(1009, 6, 32, 88\)"):
             detect_layout(cache.shape, 6, 16, 2, 8, backend=vc.NvfpFlashInferBackend, what="layer x")
-        with self.assertRaisesRegex(LayoutError, r"shape \(6, 4, 16, 8\) fits several layouts|fits no known"):
-            detect_layout((7, 3, 16, 8), 6, 16, 2, 8)
-        with self.assertRaisesRegex(LayoutError, "blocks of 16 tokens do not divide|is not the layout"):
+        with self.assertRaisesRegex(LayoutError, r"layer y: shape \(7, 3, 16, 8\) fits no known vLLM cache layout"):
+            detect_layout((7, 3, 16, 8), 6, 16, 2, 8, what="layer y")
+        with self.assertRaisesRegex(LayoutError, r"shape \(2, 6, 16, 2, 9\), which is neither backend "
+                                                 r"FlashAttentionBackend's layout \(kv, blocks, tokens, heads, dim\)"):
             detect_layout((2, 6, 16, 2, 9), 6, 16, 2, 8, backend=vc.FlashAttentionBackend)
 
 
@@ -256,6 +269,15 @@ class Connector(unittest.TestCase):
             cluster.connectors(KvscopeConnector)
 
 
+class CommandLine(unittest.TestCase):
+    def test_bundle_needs_its_shards_and_model(self):
+        result = subprocess.run([sys.executable, "-m", "kvscope_capture", "bundle", "--out", "x.h5"],
+                                capture_output=True, text=True)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("--shards", result.stderr)
+        self.assertIn("--model", result.stderr)
+
+
 class WorkerExtension(unittest.TestCase):
     def test_config_as_kvscope_reads_it(self):
         cluster = vc.Cluster(two_groups(vc.RocmAttentionBackend), total_heads=4, tp=2, pp=2)
@@ -267,6 +289,17 @@ class WorkerExtension(unittest.TestCase):
         self.assertEqual([g["spec_type"] for g in config["groups"]], ["SlidingWindowSpec", "FullAttentionSpec"])
         self.assertEqual(config["groups"][0]["num_kv_heads"], 2)
         self.assertEqual(config["groups"][0]["dtype"], "torch.bfloat16")
+
+    def test_hybrid_model_reads_its_attention_layers(self):
+        groups = [vc.Group([L[0], L[2]], vc.FlashAttentionBackend), vc.Group([L[1], L[3]], None, mamba=True)]
+        cluster = vc.Cluster(groups, total_heads=2)
+        llm = vc.FakeLLM(cluster, KvscopeWorkerExtension)
+        (config,) = llm.collective_rpc("get_kv_cache_config")
+        self.assertEqual([g["spec_type"] for g in config["groups"]], ["FullAttentionSpec", "MambaSpec"])
+        kv = truth_kv(cluster.layers, 2, 45, 8, seed=7)
+        cluster.run_request("h", range(20), range(25), kv)
+        (caches,) = llm.collective_rpc("get_kv_caches")
+        self.assertEqual(sorted(caches), [L[0], L[2]])
 
     def test_aliased_layers_are_named(self):
         groups = [vc.Group([L[0], L[1]], vc.FlashAttentionBackend)]

@@ -135,6 +135,13 @@ class MLAAttentionSpec(FullAttentionSpec):
     pass
 
 
+class MambaSpec:
+    """A state-space layer's state: shapes and dtypes, no tokens, no heads."""
+
+    def __init__(self, block_size, shapes, dtypes):
+        self.block_size, self.shapes, self.dtypes = block_size, shapes, dtypes
+
+
 class AttentionLayer(torch.nn.Module):
     """vllm.attention.layer.Attention: its cache, backend and fp8 scales."""
 
@@ -161,10 +168,11 @@ def allocate(backend, num_kernel_blocks, kernel_block_size, heads, dim, dtype):
 class Group:
     """One KV cache group of the model: its layers, spec and backend."""
 
-    def __init__(self, layer_names, backend, block_size=16, kernel_block_size=None, window=None, mla=False):
+    def __init__(self, layer_names, backend, block_size=16, kernel_block_size=None, window=None, mla=False,
+                 mamba=False):
         self.layer_names, self.backend, self.block_size = list(layer_names), backend, block_size
         self.kernel_block_size = kernel_block_size or block_size
-        self.window, self.mla = window, mla
+        self.window, self.mla, self.mamba = window, mla, mamba
 
 
 class Cluster:
@@ -196,6 +204,8 @@ class Cluster:
     def _spec(self, group):
         heads = 1 if group.mla else max(1, self.total_heads // self.tp)
         dtype = self.dtype
+        if group.mamba:
+            return MambaSpec(group.block_size, ((3, 8), (4, 8, 2)), (dtype, dtype))
         if group.mla:
             return MLAAttentionSpec(group.block_size, heads, self.head_size, dtype)
         if group.window:
@@ -216,6 +226,8 @@ class Cluster:
                 layer = AttentionLayer(group.backend, k_scale, v_scale)
                 if name in self.alias:
                     layer.kv_cache = caches[self.alias[name]]
+                elif group.mamba:  # (conv state, ssm state) per block
+                    layer.kv_cache = [tuple(torch.zeros((self.num_blocks,) + shape) for shape in spec.shapes)]
                 else:
                     layer.kv_cache = [allocate(group.backend, self.num_blocks * ratio, group.kernel_block_size,
                                                spec.num_kv_heads, self.head_size, self.dtype)]
@@ -258,7 +270,7 @@ class Cluster:
             block_ids.append(ids)
             for name in group.layer_names:
                 for worker in self.workers:
-                    if self.stage_of[name] != worker.pp_rank or name in self.alias:
+                    if self.stage_of[name] != worker.pp_rank or name in self.alias or group.mamba:
                         continue
                     cache = worker.caches[name]
                     heads = self.heads_of_rank(worker.tp_rank)

@@ -49,7 +49,8 @@ grep -q "^Exec=kvscope %f" "$root/usr/share/applications/kvscope.desktop" || fai
 
 # The capture package: where Debian's python3 finds it, and pip-installed into an engine's venv.
 PYTHONPATH=$root/usr/lib/python3/dist-packages /usr/bin/python3 -c \
-    "import kvscope_capture, sys; sys.exit(kvscope_capture.__version__ != '$version')" || fail "packaged kvscope_capture"
+    "import kvscope_capture, kvscope_capture.vllm, sys; sys.exit(kvscope_capture.__version__ != '$version')" \
+    || fail "packaged kvscope_capture"
 /usr/bin/python3 -m venv --system-site-packages venv
 cp -r "$src/capture" capture
 # Offline, and Debian names its h5py distribution "h5py.-debian-h5py-serial", which pip cannot
@@ -60,6 +61,8 @@ venv/bin/python - <<PY || fail "the pip-installed capture package"
 import kvscope_capture, importlib.metadata as md, os
 assert "/venv/" in kvscope_capture.__file__, kvscope_capture.__file__
 assert kvscope_capture.__version__ == "$version", kvscope_capture.__version__
+import kvscope_capture.vllm  # the GPU capture: its connector module is vLLM's to import
+assert os.path.exists(os.path.join(os.path.dirname(kvscope_capture.vllm.__file__), "connector.py"))
 assert md.version("kvscope-capture") == "$version"
 requires = " ".join(md.requires("kvscope-capture") or [])
 assert "numpy" in requires and "h5py" in requires, requires

@@ -26,14 +26,17 @@ The axes' roles:
 # mistaken (2 * dim is its own role). The block size is a multiple of 16, which backends require.
 _SENTINEL = {"blocks": 1009, "tokens": 32, "heads": 3, "dim": 88}
 
-# Layouts recognised from a tensor alone (no backend at hand), in vLLM's logical order.
+# Layouts recognised from a tensor alone, in vLLM's logical order. The newest vLLM hands KV
+# connectors a standardized [blocks, heads, tokens, channels] view: packed_kv, or mla_heads with
+# one head slot.
 KNOWN_LAYOUTS = {
     "flash_attn": ("kv", "blocks", "tokens", "heads", "dim"),
     "flashinfer": ("blocks", "kv", "tokens", "heads", "dim"),
     "packed_kv": ("blocks", "heads", "tokens", "kv_dim"),
+}
+KNOWN_MLA_LAYOUTS = {
     "mla": ("blocks", "tokens", "dim"),
-    # The Neuron worker's RPCs (and kvscope's own writer): K and V apart, [blocks, heads, tokens, dim].
-    "neuron": ("blocks", "heads", "tokens", "dim"),
+    "mla_heads": ("blocks", "heads", "tokens", "dim"),
 }
 
 
@@ -55,7 +58,7 @@ def _roles_of_shape(shape, sizes):
 
 
 def _layout_name(roles):
-    for name, known in KNOWN_LAYOUTS.items():
+    for name, known in {**KNOWN_LAYOUTS, **KNOWN_MLA_LAYOUTS}.items():
         if known == roles:
             return name
     return "backend"
@@ -72,7 +75,7 @@ class CacheLayout:
         self.manager_block_size = manager_block_size
         self.kernel_blocks_per_block = manager_block_size // kernel_block_size
         self.name = name
-        self.is_mla = "kv" not in self.roles and "kv_dim" not in self.roles and "heads" not in self.roles
+        self.is_mla = "kv" not in self.roles and "kv_dim" not in self.roles
 
     def __repr__(self):
         return (f"CacheLayout({self.name}: ({', '.join(self.roles)}), kernel blocks of {self.kernel_block_size} "
@@ -102,7 +105,10 @@ class CacheLayout:
             return x.reshape(n, heads, r * tokens, dim).contiguous()
 
         if self.is_mla:
-            order = [self.roles.index(a) for a in ("blocks", "tokens", "dim")]
+            roles = self.roles
+            if "heads" in roles:  # one head slot
+                picked, roles = picked.select(roles.index("heads"), 0), tuple(a for a in roles if a != "heads")
+            order = [roles.index(a) for a in ("blocks", "tokens", "dim")]
             x = picked.permute(*order).contiguous()
             return x.reshape(n, r * x.shape[1], x.shape[2]).contiguous()
         if "kv" in self.roles:
@@ -129,58 +135,74 @@ def _check_fits(roles, shape, num_blocks, block_size, heads, dim, what):
     return tokens
 
 
-def detect_layout(tensor_shape, num_blocks, block_size, num_kv_heads, head_size, backend=None,
-                  cache_dtype_str="auto", what="KV cache"):
-    """The CacheLayout of a layer's cache tensor of shape `tensor_shape`.
-
-    num_blocks, block_size, num_kv_heads, head_size: the layer's KV cache spec as the KV cache
-    manager sees it (vLLM's kv_cache_config: num_blocks, spec.block_size, spec.num_kv_heads,
-    spec.head_size). backend: the layer's attention backend class (anything with vLLM's
-    `get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str)`), or
-    None to recognise the layout from the tensor's shape alone."""
-    shape = tuple(int(s) for s in tensor_shape)
-    if backend is not None and hasattr(backend, "get_kv_cache_shape"):
-        try:
-            template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], _SENTINEL["tokens"], _SENTINEL["heads"],
-                                                        _SENTINEL["dim"], cache_dtype_str=cache_dtype_str))
-            sizes = dict(_SENTINEL)
-        except Exception:
-            # Backends may refuse sizes they do not serve; ask with the layer's own sizes then.
-            template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], block_size, num_kv_heads, head_size,
-                                                        cache_dtype_str=cache_dtype_str))
-            sizes = {"blocks": _SENTINEL["blocks"], "tokens": block_size, "heads": num_kv_heads, "dim": head_size}
-        roles = _roles_of_shape(template, sizes)
-        name = getattr(backend, "__name__", type(backend).__name__)
-        if roles is None or roles.count("blocks") != 1 or roles.count("tokens") != 1 or len(set(roles)) != len(roles):
-            raise LayoutError(f"{what}: backend {name} reports a cache of shape {template} for sizes {sizes} "
-                              "(blocks, tokens, heads, dim): a layout kvscope does not know how to read")
-        if not ("dim" in roles or "kv_dim" in roles):
-            raise LayoutError(f"{what}: backend {name} reports a cache of shape {template} without a head dimension")
-        if "kv" not in roles and "kv_dim" not in roles and "heads" in roles:
-            raise LayoutError(f"{what}: backend {name} reports a cache of shape {template}: heads but no K/V axis")
-        if len(shape) != len(roles):
-            raise LayoutError(f"{what}: the tensor has shape {shape}, backend {name} lays it out as "
-                              f"({', '.join(roles)})")
-        tokens = _check_fits(roles, shape, num_blocks, block_size, num_kv_heads, head_size, what)
-        return CacheLayout(roles, tokens, block_size, f"{_layout_name(roles)} ({name})")
-
+def _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what):
+    """The one known layout that fits `shape`, or a LayoutError naming what was tried."""
+    known = KNOWN_MLA_LAYOUTS if mla else KNOWN_LAYOUTS
     fits = []
-    for name, roles in KNOWN_LAYOUTS.items():
+    for name, roles in known.items():
         if len(roles) != len(shape):
             continue
-        heads = 1 if name == "mla" else num_kv_heads
         try:
-            tokens = _check_fits(roles, shape, num_blocks, block_size, heads, head_size, what)
+            tokens = _check_fits(roles, shape, num_blocks, block_size, 1 if mla else num_kv_heads, head_size, what)
         except LayoutError:
             continue
         fits.append((name, roles, tokens))
     if not fits:
-        raise LayoutError(f"{what}: shape {shape} fits no known vLLM cache layout for {num_blocks} blocks of "
-                          f"{block_size} tokens, {num_kv_heads} KV heads of {head_size} "
-                          f"({'; '.join(n + ' (' + ', '.join(r) + ')' for n, r in KNOWN_LAYOUTS.items())}); "
-                          "pass the attention backend")
+        raise LayoutError(f"{what}: shape {shape} fits no known vLLM {'MLA ' if mla else ''}cache layout for "
+                          f"{num_blocks} blocks of {block_size} tokens, {1 if mla else num_kv_heads} KV heads of "
+                          f"{head_size} ({'; '.join(n + ' (' + ', '.join(r) + ')' for n, r in known.items())})")
     if len(fits) > 1:
         raise LayoutError(f"{what}: shape {shape} fits several layouts ({', '.join(f[0] for f in fits)}); "
                           "pass the attention backend so that its layout is known, not guessed")
     name, roles, tokens = fits[0]
     return CacheLayout(roles, tokens, block_size, name)
+
+
+def _backend_roles(backend, block_size, num_kv_heads, head_size, cache_dtype_str, what):
+    """The roles of the axes of the cache `backend` allocates, from its shape for sentinel sizes."""
+    try:
+        template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], _SENTINEL["tokens"], _SENTINEL["heads"],
+                                                    _SENTINEL["dim"], cache_dtype_str=cache_dtype_str))
+        sizes = dict(_SENTINEL)
+    except Exception:
+        # Backends may refuse sizes they do not serve; ask with the layer's own sizes then.
+        template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], block_size, num_kv_heads, head_size,
+                                                    cache_dtype_str=cache_dtype_str))
+        sizes = {"blocks": _SENTINEL["blocks"], "tokens": block_size, "heads": num_kv_heads, "dim": head_size}
+    roles = _roles_of_shape(template, sizes)
+    name = getattr(backend, "__name__", type(backend).__name__)
+    if roles is None or roles.count("blocks") != 1 or roles.count("tokens") != 1 or len(set(roles)) != len(roles) \
+            or not ("dim" in roles or "kv_dim" in roles):
+        raise LayoutError(f"{what}: backend {name} reports a cache of shape {template} for sizes {sizes} "
+                          "(blocks, tokens, heads, dim): a layout kvscope does not know how to read")
+    if "kv" not in roles and "kv_dim" not in roles and "heads" in roles and num_kv_heads != 1:
+        raise LayoutError(f"{what}: backend {name} reports a cache of shape {template}: heads but no K/V axis")
+    return roles, name
+
+
+def detect_layout(tensor_shape, num_blocks, block_size, num_kv_heads, head_size, backend=None,
+                  cache_dtype_str="auto", mla=False, what="KV cache"):
+    """The CacheLayout of a layer's cache tensor of shape `tensor_shape`.
+
+    num_blocks, block_size, num_kv_heads, head_size: the layer's KV cache spec as the KV cache
+    manager sees it (vLLM's kv_cache_config: num_blocks, spec.block_size, spec.num_kv_heads,
+    spec.head_size); mla: an MLAAttentionSpec layer (one latent per token). backend: the layer's
+    attention backend class (anything with vLLM's `get_kv_cache_shape(num_blocks, block_size,
+    num_kv_heads, head_size, cache_dtype_str)`), or None to recognise the layout from the tensor's
+    shape alone. A tensor that is not in its backend's layout (the standardized view newer vLLM
+    hands connectors) is recognised from its shape, when exactly one known layout fits it."""
+    shape = tuple(int(s) for s in tensor_shape)
+    if backend is None or not hasattr(backend, "get_kv_cache_shape"):
+        return _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what)
+    roles, name = _backend_roles(backend, block_size, num_kv_heads, head_size, cache_dtype_str, what)
+    if len(shape) == len(roles):
+        try:
+            tokens = _check_fits(roles, shape, num_blocks, block_size, num_kv_heads, head_size, what)
+            return CacheLayout(roles, tokens, block_size, f"{_layout_name(roles)} ({name})")
+        except LayoutError:
+            pass
+    try:
+        return _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what)
+    except LayoutError as e:
+        raise LayoutError(f"{what}: the tensor has shape {shape}, which is neither backend {name}'s layout "
+                          f"({', '.join(roles)}) nor one known layout ({e})") from None

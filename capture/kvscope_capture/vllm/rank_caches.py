@@ -39,7 +39,7 @@ def _group_entries(group, cache_dtype):
             "num_kv_heads": int(getattr(layer_spec, "num_kv_heads", 0) or 0),
             "head_size": int(getattr(layer_spec, "head_size", 0) or 0),
             "sliding_window": getattr(layer_spec, "sliding_window", None),
-            "dtype": (str(layer_spec.dtype) if cache_dtype in (None, "auto")
+            "dtype": (str(getattr(layer_spec, "dtype", None)) if cache_dtype in (None, "auto")
                       else CACHE_DTYPES.get(cache_dtype, cache_dtype)),
         }
         chunk = getattr(layer_spec, "attention_chunk_size", None)
@@ -93,6 +93,8 @@ class RankCaches:
         self.aliases = {}
         owner_of = {}
         for entry in groups:
+            if not entry["head_size"]:  # state-space (Mamba) layers: no KV per token to read
+                continue
             for name in entry["layer_names"]:
                 if name not in caches:
                     raise ValueError(f"layer {name}: in the KV cache config but no cache tensor was registered")
@@ -108,6 +110,7 @@ class RankCaches:
                 heads = entry["num_kv_heads"] or 1
                 self.layouts[name] = detect_layout(tensor.shape, self.config["num_blocks"], entry["block_size"],
                                                    heads, entry["head_size"], backend=backend,
+                                                   mla=entry["spec_type"].startswith("MLA"),
                                                    cache_dtype_str=cache_dtype or "auto", what=f"layer {name}")
                 self.caches[name] = tensor
                 # Layers that share another layer's cache (kv_sharing_target_layer_name) hold its bytes.
