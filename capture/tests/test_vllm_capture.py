@@ -187,12 +187,25 @@ class Connector(unittest.TestCase):
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_tp2_pp2_shards_merge_to_the_engine_kv(self):
-        cluster = vc.Cluster(two_groups(vc.FlashAttentionHNDBackend, kernel=16, block_size=32), total_heads=4, tp=2,
-                             pp=2, output_dir=self.shards)
+        self.round_trip(vc.FlashAttentionHNDBackend, tp=2, pp=2, kernel=16, block_size=32)
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_every_backend(self):
+        hnd = type("RocmHND", (vc.RocmAttentionBackend,), {"layout": "HND"})
+        for backend in (vc.FlashAttentionBackend, vc.FlashInferBackend, vc.TritonAttentionBackend,
+                        vc.RocmAttentionBackend, hnd):
+            with self.subTest(backend=backend.__name__):
+                self.shards = os.path.join(self.tmp.name, backend.__name__)
+                self.round_trip(backend, tp=2, pp=1)
+
+    def round_trip(self, backend, tp, pp, kernel=16, block_size=16):
+        cluster = vc.Cluster(two_groups(backend, kernel=kernel, block_size=block_size), total_heads=4, tp=tp,
+                             pp=pp, output_dir=self.shards)
         kv = truth_kv(cluster.layers, 4, 45, 8, seed=1)
         self.capture(cluster, "cmpl-1-0", kv)
-        self.assertEqual(sorted(os.listdir(self.shards)), [f"cmpl-1-0.tp{t}.pp{p}.h5" for t in range(2) for p in range(2)])
-        bundle = os.path.join(self.tmp.name, "c.h5")
+        self.assertEqual(sorted(os.listdir(self.shards)),
+                         [f"cmpl-1-0.tp{t}.pp{p}.h5" for t in range(tp) for p in range(pp)])
+        bundle = os.path.join(self.shards, "c.h5")
         bundle_from_shards(self.shards, bundle, vc.FixedReference(reference_of(cluster, kv)), log=self.fail)
         with export(bundle, self.tmp.name) as f:
             for name in cluster.layers:
