@@ -16,14 +16,13 @@ Needs vLLM, transformers and kvscope_capture (pip install ./capture) in one envi
 import argparse
 import sys
 import tempfile
-import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from vllm import LLM, SamplingParams
 
-from kvscope_capture import (BundleWriter, ShardSet, bundle_from_shards, extract_hf_kv_caches_teacher_forced,
-                             extract_vllm_kv_cache_config, make_kv_extract_fn)
+from kvscope_capture import (BundleWriter, bundle_from_shards, extract_hf_kv_caches_teacher_forced,
+                             extract_vllm_kv_cache_config, make_kv_extract_fn, wait_for_shards)
 
 
 def with_connector(args, tokenizer, reference):
@@ -38,14 +37,7 @@ def with_connector(args, tokenizer, reference):
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(args.prompts, params)
     # The engine writes a request's shards in the step after it finished: wait for them.
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if len(ShardSet(shards).requests) >= len(args.prompts):
-                break
-        except ValueError:
-            pass
-        time.sleep(0.5)
+    wait_for_shards(shards, len(args.prompts))
     del llm
     written = bundle_from_shards(shards, args.out, reference, tokenizer=tokenizer, model=args.model,
                                  log=lambda line: print(line, file=sys.stderr))

@@ -18,7 +18,7 @@ from .extract import (
 from .from_shards import bundle_from_shards
 from .hf_reference import extract_hf_mla_latents, hf_cache_layers
 from .kv_cache_config import KvCacheConfig
-from .shards import ShardSet
+from .shards import ShardSet, wait_for_shards
 
 __all__ = [
     "__version__",
@@ -33,5 +33,6 @@ __all__ = [
     "extract_vllm_kv_caches",
     "generate_hf_logits_and_kv",
     "hf_cache_layers",
+    "wait_for_shards",
     "make_kv_extract_fn",
 ]

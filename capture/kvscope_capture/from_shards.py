@@ -35,7 +35,7 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
                 raise ValueError(f"request {r.request_id}: {r.num_computed_tokens} tokens computed but only "
                                  f"{len(tokens)} in the prompt and output")
             tokens = tokens[:r.seq_len]
-            prompt_len = len(r.prompt_token_ids)
+            prompt_len = min(len(r.prompt_token_ids), len(tokens))  # a request aborted in its prefill
             strings = [tokenizer.decode([t]) for t in tokens] if tokenizer is not None else None
             w.add_prompt(pid, tokens, prompt_len, token_strings=strings)
             w.add_engine_snapshot(pid, r.per_rank_kv(), r.block_tables(), r.seq_len)

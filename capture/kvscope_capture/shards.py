@@ -13,9 +13,11 @@ renamed when complete, so that a reader never sees half a shard:
 """
 
 import glob
+import hashlib
 import json
 import os
 import re
+import time
 
 import h5py
 import numpy as np
@@ -28,7 +30,12 @@ VERSION = 1
 
 
 def safe_name(request_id):
-    return re.sub(r"[^A-Za-z0-9._-]", "_", str(request_id))
+    """A file name for a request id: itself when it is one, else with a hash that keeps two ids apart."""
+    text = str(request_id)
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", text)
+    if safe != text:
+        safe += "-" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]
+    return safe
 
 
 def shard_path(directory, request_id, tp_rank, pp_rank):
@@ -42,6 +49,8 @@ def write_shard(path, dump, config, layers, tp_rank, pp_rank):
         f.attrs["format"] = FORMAT
         f.attrs["format_version"] = VERSION
         f.attrs["request_id"] = str(dump.request_id)
+        if getattr(dump, "external_request_id", None):
+            f.attrs["external_request_id"] = str(dump.external_request_id)
         f.attrs["tp_rank"] = int(tp_rank)
         f.attrs["pp_rank"] = int(pp_rank)
         f.attrs["num_computed_tokens"] = int(dump.num_computed_tokens)
@@ -131,6 +140,22 @@ class ShardedRequest:
     def block_tables(self):
         from .vllm.rank_caches import block_tables
         return block_tables(self.config, [self.block_ids])
+
+
+def wait_for_shards(directory, requests, timeout=60.0, poll=0.5):
+    """Waits until `requests` requests (a number) have all their shards in `directory`, or `timeout`
+    seconds; returns the ShardSet. vLLM writes a request's shards in the engine step after it
+    finished, so generate() returns before they exist."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            shards = ShardSet(directory)
+            if len(shards.requests) >= requests or time.monotonic() >= deadline:
+                return shards
+        except ValueError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(poll)
 
 
 class ShardSet:

@@ -121,8 +121,8 @@ class Layouts(unittest.TestCase):
         self.check(vc.TritonAttentionBackend)
 
     def test_packed_kv_nhd_and_hnd(self):
-        self.check(vc.RocmAttentionBackend)
-        hnd = type("RocmHND", (vc.RocmAttentionBackend,), {"layout": "HND"})
+        self.check(vc.PackedTritonAttentionBackend)
+        hnd = type("PackedHND", (vc.PackedTritonAttentionBackend,), {"layout": "HND"})
         self.check(hnd)
 
     def test_mla(self):
@@ -130,7 +130,7 @@ class Layouts(unittest.TestCase):
 
     def test_kernel_blocks_smaller_than_the_managers(self):
         self.check(vc.FlashAttentionBackend, block_size=64, kernel=16)
-        self.check(vc.RocmAttentionBackend, block_size=32, kernel=16)
+        self.check(vc.PackedTritonAttentionBackend, block_size=32, kernel=16)
 
     def test_standardized_views_newer_vllm_hands_connectors(self):
         """[blocks, heads, tokens, 2 * dim] for a FlashAttention layer, [blocks, 1, tokens, dim] for MLA:
@@ -141,6 +141,13 @@ class Layouts(unittest.TestCase):
         self.assertEqual(layout.roles, ("blocks", "heads", "tokens", "dim"))
         cache = torch.randn(6, 1, 16, 24)
         self.assertTrue(torch.equal(layout.read_blocks(cache, [5, 2]), cache[[5, 2], 0]))
+
+    def test_older_backends_without_cache_dtype(self):
+        self.check(vc.OldFlashAttentionBackend)
+
+    def test_rocm_attention_refused(self):
+        with self.assertRaisesRegex(LayoutError, "layer z: backend ROCM_ATTN .*reinterpret the cache's bytes"):
+            detect_layout((6, 2, 16, 16), 6, 16, 2, 8, backend=vc.RocmAttentionBackend, what="layer z")
 
     def test_unknown_layout_refused_by_name(self):
         cache = torch.zeros(6, 4, 16, 8)
@@ -167,12 +174,12 @@ class Connector(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def capture(self, cluster, request_id, kv, prompt_len=20, total=45):
+    def capture(self, cluster, request_id, kv, prompt_len=20, total=45, async_scheduling=False):
         """One request through the connector's life cycle; checks that its blocks are held exactly
         until every worker has written its shard."""
         scheduler, workers = cluster.connectors(KvscopeConnector)
         prompt, output = list(range(prompt_len)), list(range(100, 100 + total - prompt_len))
-        request, block_ids = cluster.run_request(request_id, prompt, output, kv)
+        request, block_ids = cluster.run_request(request_id, prompt, output, kv, async_scheduling)
         held, params = scheduler.request_finished_all_groups(request, block_ids)
         self.assertEqual((held, params), (True, None))
         for worker in cluster.workers:
@@ -191,18 +198,22 @@ class Connector(unittest.TestCase):
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_every_backend(self):
-        hnd = type("RocmHND", (vc.RocmAttentionBackend,), {"layout": "HND"})
+        hnd = type("PackedHND", (vc.PackedTritonAttentionBackend,), {"layout": "HND"})
         for backend in (vc.FlashAttentionBackend, vc.FlashInferBackend, vc.TritonAttentionBackend,
-                        vc.RocmAttentionBackend, hnd):
+                        vc.PackedTritonAttentionBackend, hnd):
             with self.subTest(backend=backend.__name__):
                 self.shards = os.path.join(self.tmp.name, backend.__name__)
                 self.round_trip(backend, tp=2, pp=1)
 
-    def round_trip(self, backend, tp, pp, kernel=16, block_size=16):
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_async_scheduling_counts_the_last_token(self):
+        self.round_trip(vc.FlashInferBackend, tp=1, pp=1, async_scheduling=True)
+
+    def round_trip(self, backend, tp, pp, kernel=16, block_size=16, async_scheduling=False):
         cluster = vc.Cluster(two_groups(backend, kernel=kernel, block_size=block_size), total_heads=4, tp=tp,
                              pp=pp, output_dir=self.shards)
         kv = truth_kv(cluster.layers, 4, 45, 8, seed=1)
-        self.capture(cluster, "cmpl-1-0", kv)
+        self.capture(cluster, "cmpl-1-0", kv, async_scheduling=async_scheduling)
         self.assertEqual(sorted(os.listdir(self.shards)),
                          [f"cmpl-1-0.tp{t}.pp{p}.h5" for t in range(tp) for p in range(pp)])
         bundle = os.path.join(self.shards, "c.h5")
@@ -293,7 +304,7 @@ class CommandLine(unittest.TestCase):
 
 class WorkerExtension(unittest.TestCase):
     def test_config_as_kvscope_reads_it(self):
-        cluster = vc.Cluster(two_groups(vc.RocmAttentionBackend), total_heads=4, tp=2, pp=2)
+        cluster = vc.Cluster(two_groups(vc.PackedTritonAttentionBackend), total_heads=4, tp=2, pp=2)
         llm = vc.FakeLLM(cluster, KvscopeWorkerExtension)
         config = extract_vllm_kv_cache_config(llm)
         self.assertEqual(config["tp_size"], 2)
@@ -343,7 +354,7 @@ class SameDataBothWays(unittest.TestCase):
         self.run_case(two_groups(vc.TritonAttentionBackend, window=24), tp=2, pp=1)
 
     def test_pp2_packed_kv_with_kernel_blocks(self):
-        self.run_case(two_groups(vc.RocmAttentionBackend, window=24, block_size=32, kernel=16), tp=1, pp=2)
+        self.run_case(two_groups(vc.PackedTritonAttentionBackend, window=24, block_size=32, kernel=16), tp=1, pp=2)
 
     def run_case(self, groups, tp, pp):
         with tempfile.TemporaryDirectory() as tmp:

@@ -71,9 +71,13 @@ class TritonAttentionBackend(FlashInferBackend):
         return (num_blocks, 2, block_size, num_kv_heads, head_size)
 
 
-class RocmAttentionBackend:
-    """The newer non-MLA layout: K and V packed on the last axis."""
+class PackedTritonAttentionBackend:
+    """The newer non-MLA layout (Triton in newer versions, CPU): K and V packed on the last axis."""
     layout = "NHD"
+
+    @staticmethod
+    def get_name():
+        return "TRITON_ATTN"
 
     @staticmethod
     def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
@@ -89,6 +93,24 @@ class RocmAttentionBackend:
     def write(cache, block, offset, k, v, dim):
         cache[block, :, offset, :dim] = k
         cache[block, :, offset, dim:] = v
+
+
+class RocmAttentionBackend(PackedTritonAttentionBackend):
+    """ROCm attention: reports a shape its kernels do not use (they reinterpret the bytes)."""
+
+    @staticmethod
+    def get_name():
+        return "ROCM_ATTN"
+
+
+class OldFlashAttentionBackend(FlashAttentionBackend):
+    """Older versions: get_kv_cache_shape without cache_dtype_str."""
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+        if block_size % 16 != 0:
+            raise ValueError("Block size must be a multiple of 16.")
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
 
 
 class FlashMLABackend:
@@ -148,6 +170,7 @@ class AttentionLayer(torch.nn.Module):
     def __init__(self, backend, k_scale=1.0, v_scale=1.0):
         super().__init__()
         self.attn_backend = backend
+        self.kv_sharing_target_layer_name = None
         self.kv_cache = [torch.tensor([])]
         self._k_scale = torch.tensor(k_scale, dtype=torch.float32)
         self._v_scale = torch.tensor(v_scale, dtype=torch.float32)
@@ -226,6 +249,7 @@ class Cluster:
                 layer = AttentionLayer(group.backend, k_scale, v_scale)
                 if name in self.alias:
                     layer.kv_cache = caches[self.alias[name]]
+                    layer.kv_sharing_target_layer_name = self.alias[name]
                 elif group.mamba:  # (conv state, ssm state) per block
                     layer.kv_cache = [tuple(torch.zeros((self.num_blocks,) + shape) for shape in spec.shapes)]
                 else:
@@ -256,7 +280,7 @@ class Cluster:
         return fn(*args, **kwargs)
 
     # --- a request ---------------------------------------------------------------------------------
-    def run_request(self, request_id, prompt, output, kv):
+    def run_request(self, request_id, prompt, output, kv, async_scheduling=False):
         """Prefills and decodes a request: the KV of every position but the last (never written) goes
         into the workers' caches. kv: {layer: (k, v)} [total_heads, >= seq - 1, head_size], or for MLA
         {layer: latent [>= seq - 1, head_size]}. Returns the request (vllm.v1.request.Request's fields)
@@ -291,8 +315,10 @@ class Cluster:
         for worker in self.workers:
             worker.model_runner.requests[request_id] = state
             self.call(worker, worker.model_runner.execute_model, None)
+        # Async scheduling has counted the last sampled token already when the request finishes.
         request = types.SimpleNamespace(request_id=request_id, prompt_token_ids=list(prompt),
-                                        output_token_ids=list(output), num_computed_tokens=written)
+                                        output_token_ids=list(output),
+                                        num_computed_tokens=written + 1 if async_scheduling else written)
         return request, tuple(block_ids)
 
     def finish(self, request_id, block_ids):

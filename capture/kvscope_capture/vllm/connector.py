@@ -33,11 +33,16 @@ from .worker_extension import _parallel_ranks, forward_layers
 class KvscopeDump:
     """One finished request, as the scheduler hands it to the workers."""
 
-    def __init__(self, request_id, prompt_token_ids, output_token_ids, num_computed_tokens, block_ids):
+    def __init__(self, request_id, prompt_token_ids, output_token_ids, num_computed_tokens, block_ids,
+                 external_request_id=None):
         self.request_id = request_id
+        self.external_request_id = external_request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids = list(output_token_ids)
-        self.num_computed_tokens = int(num_computed_tokens)
+        # The last sampled token has no KV. With async scheduling vLLM has already counted it
+        # (num_computed_tokens == every token) when the request finishes.
+        self.num_computed_tokens = min(int(num_computed_tokens),
+                                       len(self.prompt_token_ids) + len(self.output_token_ids) - 1)
         self.block_ids = tuple(list(g) for g in block_ids)  # per vLLM KV cache group
 
 
@@ -65,6 +70,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         # Worker side
         self._caches = None
         self._registered = None
+        self._expected = set()  # requests handed to this worker to dump
         self._written = set()
         self._reported_finished = set()
         if role == KVConnectorRole.WORKER:
@@ -77,21 +83,25 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         return None
 
-    def _wanted(self, request_id):
+    def _wanted(self, request):
         if self._max_requests is not None and self._captured >= int(self._max_requests):
             return False
-        return not self._prefixes or any(request_id.startswith(p) for p in self._prefixes)
+        if not request.prompt_token_ids:  # prompt embeddings: no token ids to give the reference
+            return False
+        ids = [request.request_id, getattr(request, "external_req_id", None)]
+        return not self._prefixes or any(i and i.startswith(p) for i in ids for p in self._prefixes)
 
     def request_finished(self, request, block_ids):
         """One KV cache group: block_ids is its list."""
         return self.request_finished_all_groups(request, (list(block_ids),))
 
     def request_finished_all_groups(self, request, block_ids):
-        if not self._wanted(request.request_id) or not any(len(g) for g in block_ids):
+        if not self._wanted(request) or not any(len(g) for g in block_ids):
             return False, None
         self._captured += 1
         self._pending.append(KvscopeDump(request.request_id, request.prompt_token_ids, request.output_token_ids,
-                                         request.num_computed_tokens, block_ids))
+                                         request.num_computed_tokens, block_ids,
+                                         getattr(request, "external_req_id", None)))
         return True, None  # held until the workers report it in get_finished
 
     def build_connector_meta(self, scheduler_output):
@@ -101,7 +111,10 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
 
     # --- worker side ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches):
+        """The layouts are established here, so that one kvscope cannot read stops the engine at
+        start-up, not at the first finished request."""
         self._registered = dict(kv_caches)
+        self._rank_caches()
 
     def _rank_caches(self):
         if self._caches is None:
@@ -124,6 +137,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         if not dumps:
             return
         caches = self._rank_caches()
+        self._expected |= {dump.request_id for dump in dumps}
         for dump in dumps:
             ids = {b for group in dump.block_ids for b in group if b > 0}  # 0: vLLM's null block
             write_shard(shard_path(self._output_dir, dump.request_id, caches.tp_rank, caches.pp_rank),
@@ -142,8 +156,9 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
     def get_finished(self, finished_req_ids):
         """Requests whose shards are written: their blocks can be freed. vLLM expects only ids it
         has announced as finished (in this call or an earlier one)."""
-        self._reported_finished |= set(finished_req_ids)
+        self._reported_finished |= set(finished_req_ids) & self._expected  # only ours: the set stays small
         done = self._written & self._reported_finished
         self._written -= done
         self._reported_finished -= done
+        self._expected -= done
         return (done or None), None

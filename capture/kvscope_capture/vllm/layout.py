@@ -22,6 +22,8 @@ The axes' roles:
     "kv_dim"  K then V packed on the last axis (2 * head_size)
 """
 
+import inspect
+
 # Sentinel sizes: distinct, and not sums or multiples of one another in ways that could be
 # mistaken (2 * dim is its own role). The block size is a multiple of 16, which backends require.
 _SENTINEL = {"blocks": 1009, "tokens": 32, "heads": 3, "dim": 88}
@@ -158,19 +160,46 @@ def _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, wh
     return CacheLayout(roles, tokens, block_size, name)
 
 
-def _backend_roles(backend, block_size, num_kv_heads, head_size, cache_dtype_str, what):
-    """The roles of the axes of the cache `backend` allocates, from its shape for sentinel sizes."""
+# Backends whose kernels do not read the cache the way get_kv_cache_shape describes it: vLLM's
+# ROCm attention reinterprets the bytes (PagedAttention.split_kv_cache: K as [B, H, D/x, N, x], V
+# as [B, H, D, N]) in the versions read, and vLLM does not let connectors use it either.
+REFUSED_BACKENDS = {"ROCM_ATTN": "its kernels reinterpret the cache's bytes, so its reported shape does not "
+                                 "describe them"}
+
+
+def _cache_shape(backend, sizes, cache_dtype_str):
+    """backend.get_kv_cache_shape for `sizes`; older backends take no cache_dtype_str."""
+    args = (sizes["blocks"], sizes["tokens"], sizes["heads"], sizes["dim"])
     try:
-        template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], _SENTINEL["tokens"], _SENTINEL["heads"],
-                                                    _SENTINEL["dim"], cache_dtype_str=cache_dtype_str))
-        sizes = dict(_SENTINEL)
-    except Exception:
-        # Backends may refuse sizes they do not serve; ask with the layer's own sizes then.
-        template = tuple(backend.get_kv_cache_shape(_SENTINEL["blocks"], block_size, num_kv_heads, head_size,
-                                                    cache_dtype_str=cache_dtype_str))
-        sizes = {"blocks": _SENTINEL["blocks"], "tokens": block_size, "heads": num_kv_heads, "dim": head_size}
-    roles = _roles_of_shape(template, sizes)
+        params = inspect.signature(backend.get_kv_cache_shape).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "cache_dtype_str" in params:
+        return tuple(backend.get_kv_cache_shape(*args, cache_dtype_str=cache_dtype_str))
+    return tuple(backend.get_kv_cache_shape(*args))
+
+
+def _backend_roles(backend, block_size, num_kv_heads, head_size, cache_dtype_str, what):
+    """The roles of the axes of the cache `backend` allocates, from its shape for sentinel sizes;
+    None when the backend cannot say (it refuses both the sentinels and the layer's own sizes)."""
     name = getattr(backend, "__name__", type(backend).__name__)
+    get_name = getattr(backend, "get_name", None)
+    vllm_name = get_name() if callable(get_name) else None
+    if vllm_name in REFUSED_BACKENDS:
+        raise LayoutError(f"{what}: backend {vllm_name} ({name}): {REFUSED_BACKENDS[vllm_name]}; kvscope does not "
+                          "read its cache")
+    template = None
+    # Backends may refuse sizes they do not serve; ask with the layer's own sizes then.
+    for sizes in (dict(_SENTINEL),
+                  {"blocks": _SENTINEL["blocks"], "tokens": block_size, "heads": num_kv_heads, "dim": head_size}):
+        try:
+            template = _cache_shape(backend, sizes, cache_dtype_str)
+            break
+        except Exception:
+            continue
+    if template is None:
+        return None, name
+    roles = _roles_of_shape(template, sizes)
     if roles is None or roles.count("blocks") != 1 or roles.count("tokens") != 1 or len(set(roles)) != len(roles) \
             or not ("dim" in roles or "kv_dim" in roles):
         raise LayoutError(f"{what}: backend {name} reports a cache of shape {template} for sizes {sizes} "
@@ -195,6 +224,11 @@ def detect_layout(tensor_shape, num_blocks, block_size, num_kv_heads, head_size,
     if backend is None or not hasattr(backend, "get_kv_cache_shape"):
         return _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what)
     roles, name = _backend_roles(backend, block_size, num_kv_heads, head_size, cache_dtype_str, what)
+    if roles is None:
+        try:
+            return _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what)
+        except LayoutError as e:
+            raise LayoutError(f"{e} (backend {name} would not report its cache shape)") from None
     if len(shape) == len(roles):
         try:
             tokens = _check_fits(roles, shape, num_blocks, block_size, num_kv_heads, head_size, what)

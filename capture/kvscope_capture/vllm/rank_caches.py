@@ -13,6 +13,7 @@ from .layout import detect_layout
 # vLLM's --kv-cache-dtype names, as kvscope's config spells the stored format. "auto" stores the
 # model's dtype (the spec's). Anything else (fp8_ds_mla, per-token-head modes, NVFP4) is passed
 # through, and the writer refuses it by name.
+NOT_READ = ("MambaSpec", "EncoderOnlyAttentionSpec")
 CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_inc": "float8_e4m3fn",
                 "fp8_e5m2": "float8_e5m2", "int8": "int8"}
 
@@ -91,9 +92,9 @@ class RankCaches:
         self.layouts = {}
         self.scales = {}
         self.aliases = {}
-        owner_of = {}
         for entry in groups:
-            if not entry["head_size"]:  # state-space (Mamba) layers: no KV per token to read
+            # State-space (Mamba) layers hold no KV per token; encoder-only layers no cache at all.
+            if not entry["head_size"] or entry["spec_type"] in NOT_READ:
                 continue
             for name in entry["layer_names"]:
                 if name not in caches:
@@ -113,12 +114,11 @@ class RankCaches:
                                                    mla=entry["spec_type"].startswith("MLA"),
                                                    cache_dtype_str=cache_dtype or "auto", what=f"layer {name}")
                 self.caches[name] = tensor
-                # Layers that share another layer's cache (kv_sharing_target_layer_name) hold its bytes.
-                key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
-                if key in owner_of:
-                    self.aliases[name] = owner_of[key]
-                else:
-                    owner_of[key] = name
+                # Layers that share another layer's cache hold its bytes. (Equal data pointers do
+                # not tell: the hybrid allocator gives layer i of every group one buffer.)
+                target = getattr(module, "kv_sharing_target_layer_name", None) if module is not None else None
+                if target:
+                    self.aliases[name] = target
                 if entry["dtype"] in CACHE_DTYPES.values() and module is not None:
                     self.scales[name] = (getattr(module, "_k_scale", None), getattr(module, "_v_scale", None))
         if self.aliases:
@@ -133,7 +133,7 @@ class RankCaches:
         ids = sorted({int(b) for b in block_ids})
         out, done = {}, {}
         for name in self.layer_names():
-            source = self.aliases.get(name, name)
+            source = self.aliases.get(name, name) if self.aliases.get(name) in self.caches else name
             if source not in done:
                 done[source] = self.layouts[source].read_blocks(self.caches[source], ids)
             blocks = done[source]
