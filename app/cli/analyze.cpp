@@ -123,6 +123,8 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
         out << "bundle " << bundle << ": " << result.prompts.size() << " prompt(s) analysed\n";
         for (const std::string& problem : result.problems)
             out << "cannot analyse: " << problem << "\n";
+        for (const std::string& line : describeNotCompared(result.notCompared))
+            out << "not compared: " << line << "\n";
         for (const PromptAnalysis& p : result.prompts)
             printPrompt(p, out);
         if (result.aggregate) {

@@ -31,14 +31,9 @@ void printConfig(const KvCacheConfig& c, std::ostream& out)
 {
     out << "  config: " << c.numBlocks << " blocks, TP " << c.tpSize << " ("
         << (c.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << ", " << c.headsPerRank()
-        << " head(s) per rank), " << c.totalNumKvHeads << " KV heads, head_size " << c.groups.front().headSize << "\n";
+        << " head(s) per rank), " << c.totalNumKvHeads << " KV heads, head_size " << c.firstCompared().headSize << "\n";
     for (std::size_t g = 0; g < c.groups.size(); ++g) {
-        const KvCacheGroup& group = c.groups[g];
-        out << "    group " << g << ": " << specTypeName(group.specType);
-        if (group.slidingWindow)
-            out << " (sliding_window " << *group.slidingWindow << ")";
-        out << ", block_size " << group.blockSize << ", " << dtypeName(group.dtype) << ", "
-            << group.layerNames.size() << " layer(s)\n";
+        out << "    group " << g << ": " << describeGroup(c.groups[g]) << "\n";
     }
 }
 

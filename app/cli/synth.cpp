@@ -42,10 +42,12 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.integer("--vocab", o.shape.vocab);
     parser.integer("--window", o.shape.window);
     parser.custom("--spec", [&o](const std::string& spec) {
-        if (spec != "sliding" && spec != "full")
-            throw std::invalid_argument("--spec takes sliding or full");
+        if (spec != "sliding" && spec != "full" && spec != "chunked")
+            throw std::invalid_argument("--spec takes sliding, full or chunked");
         o.slidingWindowSpec = spec == "sliding";
+        o.shape.chunked = spec == "chunked";
     });
+    parser.custom("--state-space-layers", [&o](const std::string& list) { o.stateSpaceLayers = parseList(list); });
     parser.integer("--tp", o.tpSize);
     parser.integer("--block-size", o.fullBlockSize);
     parser.integer("--sliding-block-size", o.slidingBlockSize);

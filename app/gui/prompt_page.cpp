@@ -37,6 +37,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_suspects(new QListWidget)
     , m_evidence(new QLabel)
     , m_problems(new QLabel)
+    , m_notCompared(new QLabel)
     , m_poolTimer(new QTimer(this))
     , m_layerTimer(new QTimer(this))
 {
@@ -54,6 +55,9 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     m_worstTitle->setWordWrap(true);
     m_problems->setWordWrap(true);
     m_problems->setStyleSheet("color: #a00;");
+    m_notCompared->setObjectName("notCompared");
+    m_notCompared->setWordWrap(true);
+    m_notCompared->setStyleSheet("color: #555;");
     auto* side = new QWidget;
     side->setMinimumWidth(240);  // the window fits a 1024-pixel screen
     auto* sideLayout = new QVBoxLayout(side);
@@ -68,6 +72,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     sideLayout->addWidget(m_worstTitle);
     sideLayout->addWidget(m_worstView);
     sideLayout->addWidget(m_problems);
+    sideLayout->addWidget(m_notCompared);
 
     m_vertical->addWidget(m_heatmap);
     m_vertical->addWidget(m_drill);
@@ -300,6 +305,7 @@ void PromptPage::clear(const QString& message)
     for (int column : {4, 5})
         m_worstView->setColumnHidden(column, true);
     m_problems->clear();
+    m_notCompared->clear();
     m_drill->clear(tr("nothing open"));
 }
 
@@ -429,6 +435,10 @@ void PromptPage::refreshSummary()
             problems << tr("%1 cell(s) hold NaN or infinity in their input").arg(p->nonFinite.size());
     }
     m_problems->setText(problems.isEmpty() ? QString() : tr("<b>Could not analyse everything:</b><br>") + problems.join("<br>"));
+    QStringList notCompared;
+    for (const std::string& line : describeNotCompared(m_controller->result()->notCompared))
+        notCompared << QString::fromStdString(line).toHtmlEscaped();
+    m_notCompared->setText(notCompared.isEmpty() ? QString() : tr("<b>Not compared:</b> ") + notCompared.join("<br>"));
 }
 
 QString PromptPage::cellTooltip(int row, qint64 token) const

@@ -1,5 +1,7 @@
 #include "gui/worst_cells_model.h"
 
+#include "format/kv_cache_config.h"
+
 namespace kvscope {
 
 void WorstCellsModel::setCells(const PromptAnalysis* prompt, std::vector<WorstCell> cells)
@@ -34,8 +36,10 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
         return {};
     // The ranking key first: ratio (three-way) or L-inf (two-way).
     switch (index.column()) {
-    case 0:
-        return c.layer;  // the row of the map; the name is the tooltip
+    case 0: {  // the number in the layer's name (as the map's rows say it); the name is the tooltip
+        const long long number = layerNumber(m_layers[std::size_t(c.layer)]);
+        return number >= 0 ? number : qlonglong(c.layer);
+    }
     case 1:
         return qlonglong(c.token);
     case 2:
@@ -56,7 +60,7 @@ QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, i
         return QAbstractTableModel::headerData(section, orientation, role);
     static const char* const titles[] = {"layer", "token", "head", "ratio", "L-inf", "floor"};
     static const char* const tips[] = {
-        "the layer (its row in the map)", "the token", "K or V, and the worst head of the cell",
+        "the layer (the number in its name, as the map's rows give it)", "the token", "K or V, and the worst head of the cell",
         "three-way: the cell's error ratio = L-inf / floor (the ranking key); two-way: the relative L-inf",
         "the head's relative L-inf, engine vs reference",
         "the cell's noise floor: its largest expected-vs-baseline L-inf over heads"};

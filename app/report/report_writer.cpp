@@ -270,11 +270,7 @@ void writeCapture(QTextStream& out, const CaptureLoader& loader)
         << (cfg.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << " (" << cfg.headsPerRank()
         << " per rank)</td></tr><tr><th>KV cache</th><td>" << cfg.numBlocks << " blocks<br>";
     for (std::size_t g = 0; g < cfg.groups.size(); ++g) {
-        const KvCacheGroup& group = cfg.groups[g];
-        out << "group " << g << ": " << html(specTypeName(group.specType))
-            << (group.slidingWindow ? QString(" (sliding_window %1)").arg(*group.slidingWindow) : QString()) << ", block_size "
-            << group.blockSize << ", " << html(dtypeName(group.dtype)) << ", " << group.layerNames.size() << " layers, head_size "
-            << group.headSize << "<br>";
+        out << "group " << g << ": " << html(describeGroup(cfg.groups[g])) << "<br>";
     }
     out << "</td></tr></table>";
 
@@ -304,6 +300,8 @@ void writeVerdict(QTextStream& out, const AnalysisResult& result, const Threshol
     }
     for (const std::string& problem : result.problems)
         out << "<p class=fail>" << html(problem) << "</p>";
+    for (const std::string& line : describeNotCompared(result.notCompared))
+        out << "<p>Not compared: " << html(line) << "</p>";
 }
 
 void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<ReportMap>& maps)

@@ -283,6 +283,8 @@ class BundleWriter:
             for layer, kv in caches.items():
                 if layer not in cfg.layer_to_group:
                     raise ValueError(f"{where}, rank {r}: layer {layer!r} belongs to no group of the KV cache config")
+                if not cfg.is_compared(layer):
+                    continue  # a state-space layer's state: listed by the config, not stored
                 layers[layer] = self._engine_layer(cfg, layer, kv, f"{where}, rank {r}, layer {layer}")
             missing = [name for name in cfg.layer_names() if name not in layers]
             if missing:
@@ -408,9 +410,11 @@ class BundleWriter:
             pairs = kv
         else:
             kv = list(kv)
-            if len(kv) != len(names):
-                raise ValueError(f"prompt {pid}, {role}: {len(kv)} layers of past_key_values, the config has {len(names)}")
-            pairs = dict(zip(names, kv))
+            every = cfg.all_layer_names()  # hybrid models' HF caches hold an entry for every layer
+            if len(kv) not in (len(names), len(every)):
+                raise ValueError(f"prompt {pid}, {role}: {len(kv)} layers of past_key_values, the config has "
+                                 f"{len(names)}" + (f" compared of {len(every)}" if len(every) != len(names) else ""))
+            pairs = dict(zip(names if len(kv) == len(names) else every, kv))
         missing = [name for name in names if name not in pairs]
         if missing:
             raise ValueError(f"prompt {pid}, {role}: layers missing: {', '.join(missing[:4])}")
@@ -438,8 +442,8 @@ class BundleWriter:
         for name in names:
             held = arrays[name][0][0].shape[2]
             window = cfg.group_of(name)["sliding_window"]
-            if held == longest:
-                continue
+            if held == longest or cfg.group_of(name)["attention_chunk_size"]:
+                continue  # a chunked-local layer's reference may hold only its latest positions
             if not window or held < window - 1:
                 raise ValueError(f"prompt {pid}, {role}, layer {name}: {held} positions, other layers hold {longest}"
                                  + (f" and its sliding window {window} needs at least {window - 1}" if window else ""))

@@ -4,6 +4,11 @@ import re
 
 from .tensors import DTYPES, canonical_dtype
 
+COMPARED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
+# Groups kvscope lists but does not compare, and what their layers are (as kvscope's reader says).
+NOT_COMPARED = {"MambaSpec": "state-space layers", "MLAAttentionSpec": "MLA latent layers (not supported yet)",
+                "CrossAttentionSpec": "encoder layers", "EncoderOnlyAttentionSpec": "encoder layers"}
+
 
 class KvCacheConfig:
     def __init__(self, cfg):
@@ -39,6 +44,7 @@ class KvCacheConfig:
         if not isinstance(groups, list) or not groups:
             raise ValueError("kv_cache_config.groups: must be a non-empty list")
         self.groups = []
+        self.not_compared = []
         seen = set()
         head_sizes = set()
         for g, group in enumerate(groups):
@@ -53,14 +59,21 @@ class KvCacheConfig:
                     raise ValueError(f"kv_cache_config.{where}layer_names: layer {name!r} appears in more than one place")
                 seen.add(name)
             spec = group.get("spec_type")
-            if spec not in ("FullAttentionSpec", "SlidingWindowSpec"):
-                raise ValueError(f"kv_cache_config.{where}spec_type: {spec!r} is not supported "
-                                 "(supported: FullAttentionSpec, SlidingWindowSpec)")
+            if spec in NOT_COMPARED:
+                self.not_compared.append({"layer_names": list(names), "spec_type": spec})
+                self.groups.append({"layer_names": list(names), "spec_type": spec, "compared": False})
+                continue
+            if spec not in COMPARED:
+                raise ValueError(f"kv_cache_config.{where}spec_type: {spec!r} is not supported (compared: "
+                                 f"{', '.join(COMPARED)}; listed, not compared: {', '.join(NOT_COMPARED)})")
             window = group.get("sliding_window")
             if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
                 raise ValueError(f"kv_cache_config.{where}sliding_window: must be a positive integer or None, got {window!r}")
             if spec == "SlidingWindowSpec" and not window:
                 raise ValueError(f"kv_cache_config.{where}sliding_window: SlidingWindowSpec needs a sliding_window")
+            chunk = None
+            if spec == "ChunkedLocalAttentionSpec":
+                chunk = integer(group, "attention_chunk_size", where)
             dtype = canonical_dtype(group.get("dtype"))
             if dtype is None:
                 raise ValueError(f"kv_cache_config.{where}dtype: unsupported dtype {group.get('dtype')!r} "
@@ -72,7 +85,9 @@ class KvCacheConfig:
                 "num_kv_heads": integer(group, "num_kv_heads", where, hi=4096),
                 "head_size": integer(group, "head_size", where, hi=1 << 14),
                 "sliding_window": window,
+                "attention_chunk_size": chunk,
                 "dtype": dtype,
+                "compared": True,
             }
             head_sizes.add(entry["head_size"])
             if len(head_sizes) > 1:
@@ -82,13 +97,28 @@ class KvCacheConfig:
                                  f"total_num_kv_heads {total} over tp_size {tp} (expected {self.heads_per_rank})")
             self.groups.append(entry)
         self.layer_to_group = {name: g for g, group in enumerate(self.groups) for name in group["layer_names"]}
+        if not self.layer_names():
+            raise ValueError("kv_cache_config.groups: no group kvscope compares (only "
+                             f"{', '.join(g['spec_type'] for g in self.not_compared)})")
 
-    def layer_names(self):
-        """Every layer in model order: by the first number in the name (layers.2 before layers.10)."""
+    @staticmethod
+    def _model_order(names):
+        """By the first number in the name (layers.2 before layers.10)."""
         def key(name):
             m = re.search(r"\d+", name)
             return (int(m.group()) if m else -1, name)
-        return sorted(self.layer_to_group, key=key)
+        return sorted(names, key=key)
+
+    def layer_names(self):
+        """Every compared layer in model order."""
+        return self._model_order(n for n, g in self.layer_to_group.items() if self.groups[g]["compared"])
+
+    def all_layer_names(self):
+        """Every layer of the config, compared or not, in model order (HF caches list them all)."""
+        return self._model_order(self.layer_to_group)
+
+    def is_compared(self, layer):
+        return self.groups[self.layer_to_group[layer]]["compared"]
 
     def group_of(self, layer):
         if layer not in self.layer_to_group:

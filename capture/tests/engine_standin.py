@@ -44,12 +44,18 @@ class PagedEngine:
             bs = group["block_size"]
             cols = (seq_len + bs - 1) // bs + 2  # rows are longer than the sequence
             row = [-1] * cols
+            if group["spec_type"] == "MambaSpec":  # its state lives elsewhere; nothing per token
+                tables.append(np.array([row], dtype=np.int32))
+                continue
             for b in range((written + bs - 1) // bs):
                 row[b] = int(pool.pop())
+            first_held = 0
             if group["spec_type"] == "SlidingWindowSpec":
                 first_held = max(0, written - group["sliding_window"] + 1)
-                for b in range(first_held // bs):
-                    row[b] = -1  # freed: the null block
+            if group["spec_type"] == "ChunkedLocalAttentionSpec":  # the next token's chunk
+                first_held = written // group["attention_chunk_size"] * group["attention_chunk_size"]
+            for b in range(first_held // bs):
+                row[b] = -1  # freed: the null block
             tables.append(np.array([row], dtype=np.int32))
         per_rank = []
         for rank in range(cfg["tp_size"]):
@@ -57,6 +63,8 @@ class PagedEngine:
             caches = {}
             for g, group in enumerate(cfg["groups"]):
                 bs = group["block_size"]
+                if group["spec_type"] == "MambaSpec":
+                    continue
                 for name in group["layer_names"]:
                     k, v = layers[name]
                     shape = (cfg["num_blocks"], len(heads), bs, group["head_size"])

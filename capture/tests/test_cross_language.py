@@ -144,6 +144,50 @@ class CrossLanguage(unittest.TestCase):
                         got = f[f"prompts/p/engine/{name}"][part][()]
                         np.testing.assert_array_equal(got[:, :total - 1], want[:, :total - 1], err_msg=f"{name} {part}")
 
+    def test_hybrid_chunked_and_odd_block_sizes(self):
+        """A hybrid model as vLLM serves it: a chunked-local group (chunks of 6, blocks of 2), a
+        full-attention group whose block size the groups' shared page size makes 528, and a
+        state-space group, listed and not compared."""
+        layers = ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn", "model.layers.3.mixer"]
+        cfg = {"num_blocks": 24, "tp_size": 2, "total_num_kv_heads": 4, "groups": [
+            {"layer_names": [layers[0], layers[2]], "spec_type": "ChunkedLocalAttentionSpec", "block_size": 2,
+             "attention_chunk_size": 6, "dtype": "torch.bfloat16", "num_kv_heads": 2, "head_size": 4},
+            {"layer_names": [layers[1]], "spec_type": "FullAttentionSpec", "block_size": 528,
+             "dtype": "torch.bfloat16", "num_kv_heads": 2, "head_size": 4},
+            {"layer_names": [layers[3]], "spec_type": "MambaSpec", "block_size": 528}]}
+        total = 16
+        torch.manual_seed(11)
+        truth = {n: (torch.randn(4, total, 4).to(torch.bfloat16), torch.randn(4, total, 4).to(torch.bfloat16))
+                 for n in layers[:3]}
+        engine = PagedEngine(cfg, seed=5)
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "hybrid.h5")
+            with BundleWriter(bundle, model="cross-language", engine="stand-in") as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(total)), 10)
+                rpc, tables = engine.snapshot(truth, total)
+                w.add_engine_snapshot("p", rpc, tables, total, keep_only_referenced=True)
+                # HF's cache of a hybrid model holds an entry for every layer, empty for the mixer.
+                hf = [(truth[n][0].unsqueeze(0), truth[n][1].unsqueeze(0)) for n in layers[:3]]
+                hf.append((torch.zeros(1, 4, 0, 4), torch.zeros(1, 4, 0, 4)))
+                w.add_reference_kv("p", "expected", tuple(hf))
+            out = os.path.join(tmp, "export.h5")
+            result = subprocess.run([BINARY, "export", bundle, out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with h5py.File(out, "r") as f:
+                self.assertNotIn(layers[3], f["prompts/p/engine"])
+                for name in layers[:3]:
+                    got = f[f"prompts/p/engine/{name}"]
+                    present = got["present"][()].astype(bool)
+                    expect = np.zeros(total, bool)
+                    expect[(12 if name != layers[1] else 0):total - 1] = True  # 15 written: chunk 2 is 12..
+                    np.testing.assert_array_equal(present, expect, err_msg=name)
+                    np.testing.assert_array_equal(got["k"][()][:, present], truth[name][0].float().numpy()[:, present])
+                    np.testing.assert_array_equal(got["v"][()][:, present], truth[name][1].float().numpy()[:, present])
+            result = subprocess.run([BINARY, "analyze", bundle], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("not compared: state-space layers (1): model.layers.3.mixer", result.stdout)
+
     def test_fp8_e4m3fn_per_tensor(self):
         self.run_quantised("float8_e4m3fn", "tensor")
 

@@ -266,7 +266,7 @@ class Connector(unittest.TestCase):
                     row = blocks.index(b)
                     got = entry["latent"][row][:min(16, 44 - i * 16)]
                     self.assertTrue(torch.equal(got, latents[name][i * 16:i * 16 + len(got)]))
-        with self.assertRaisesRegex(ValueError, "MLAAttentionSpec.* is not supported"):
+        with self.assertRaisesRegex(ValueError, r"no group kvscope compares \(only MLAAttentionSpec\)"):
             bundle_from_shards(self.shards, os.path.join(self.tmp.name, "mla.h5"),
                                vc.FixedReference([]), log=self.fail)
 

@@ -179,7 +179,14 @@ void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
         .field("aggregate_bc", "[layer][generation_index]")
         .endObject()
         .key("problems")
-        .strings(result.problems);
+        .strings(result.problems)
+        .key("not_compared")
+        .array(result.notCompared.size(), [&](std::size_t i) {
+            w.beginObject()
+                .field("layer", result.notCompared[i].first)
+                .field("what", result.notCompared[i].second)
+                .endObject();
+        });
     writeSuspects(w.key("suspects"), result.suspects);
     w.key("prompts").array(result.prompts.size(), [&](std::size_t i) { writePrompt(w, result.prompts[i]); });
     w.key("aggregate");

@@ -129,6 +129,8 @@ struct AnalysisResult {
     std::vector<PromptAnalysis> prompts;
     std::optional<AggregateBc> aggregate;
     std::vector<std::string> problems;  // prompts that could not be analysed at all
+    // Layers of groups kvscope does not compare (state-space layers of hybrid models), with what they are.
+    std::vector<std::pair<std::string, std::string>> notCompared;
     std::vector<Suspect> suspects;      // the prompts' suspects pooled, best first
 };
 

@@ -51,7 +51,7 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     p.promptLen = info.promptLen;
     p.tokens = info.snapshots.back().seqLen();
     p.heads = config.totalNumKvHeads;
-    p.headDim = config.groups.front().headSize;
+    p.headDim = config.firstCompared().headSize;
     p.threeWay = info.hasBaseline;
     p.layers = layers;
     for (const std::string& layer : layers) {
@@ -324,6 +324,7 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
     const std::vector<std::string> layers = selectedLayers(loader, options);
     AnalysisResult result;
     result.bundle = loader.path();
+    result.notCompared = loader.config().notComparedLayers();
     for (const PromptInfo* info : selectedPrompts(loader, options)) {
         if (info->problems.empty())
             result.prompts.push_back(emptyPrompt(loader, *info, layers));

@@ -102,7 +102,9 @@ std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
         return shortLayerName(layer);
     const KvCacheGroup& group = config.groups[std::size_t(g)];
     std::string kind = "full";
-    if (group.slidingWindow)
+    if (group.attentionChunkSize)
+        kind = "chunked " + std::to_string(*group.attentionChunkSize);
+    else if (group.slidingWindow)
         kind = group.specType == SpecType::SlidingWindow ? "sliding " + std::to_string(*group.slidingWindow)
                                                          : "full, window " + std::to_string(*group.slidingWindow);
     return shortLayerName(layer) + " [" + kind + "]";

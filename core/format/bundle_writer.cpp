@@ -200,6 +200,8 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
     for (int r = 0; r < m_config.tpSize; ++r) {
         for (std::size_t g = 0; g < m_config.groups.size(); ++g) {
             const KvCacheGroup& group = m_config.groups[g];
+            if (group.specType == SpecType::NotCompared)
+                continue;
             for (const std::string& layer : group.layerNames) {
                 const auto it = snap.ranks[std::size_t(r)].find(layer);
                 if (it == snap.ranks[std::size_t(r)].end())

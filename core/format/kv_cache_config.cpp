@@ -58,8 +58,66 @@ int optionalInt(const Json& obj, const char* key, int fallback, const Context& c
 
 std::string specTypeName(SpecType type)
 {
-    return type == SpecType::SlidingWindow ? "SlidingWindowSpec" : "FullAttentionSpec";
+    switch (type) {
+    case SpecType::FullAttention: return "FullAttentionSpec";
+    case SpecType::SlidingWindow: return "SlidingWindowSpec";
+    case SpecType::ChunkedLocal: return "ChunkedLocalAttentionSpec";
+    case SpecType::NotCompared: break;
+    }
+    return "NotCompared";
 }
+
+std::string describeGroup(const KvCacheGroup& group)
+{
+    const std::string name = group.specName.empty() ? specTypeName(group.specType) : group.specName;
+    const std::string layers = std::to_string(group.layerNames.size()) + (group.layerNames.size() == 1 ? " layer" : " layers");
+    if (group.specType == SpecType::NotCompared)
+        return name + ", " + layers + ", not compared (" + group.notComparedWhy + ")";
+    std::string out = name;
+    if (group.slidingWindow)
+        out += " (sliding_window " + std::to_string(*group.slidingWindow) + ")";
+    if (group.attentionChunkSize)
+        out += " (attention_chunk_size " + std::to_string(*group.attentionChunkSize) + ")";
+    return out + ", block_size " + std::to_string(group.blockSize) + ", " + dtypeName(group.dtype) + ", " + layers +
+           ", head_size " + std::to_string(group.headSize);
+}
+
+std::vector<std::string> describeNotCompared(const std::vector<std::pair<std::string, std::string>>& layers)
+{
+    std::vector<std::string> kinds;
+    for (const auto& [layer, why] : layers)
+        if (std::find(kinds.begin(), kinds.end(), why) == kinds.end())
+            kinds.push_back(why);
+    std::vector<std::string> lines;
+    for (const std::string& why : kinds) {
+        std::vector<std::string> names;
+        for (const auto& [layer, w] : layers)
+            if (w == why)
+                names.push_back(layer);
+        std::string line = why + " (" + std::to_string(names.size()) + "):";
+        for (std::size_t i = 0; i < names.size() && i < 6; ++i)
+            line += (i ? ", " : " ") + names[i];
+        lines.push_back(line + (names.size() > 6 ? ", ..." : ""));
+    }
+    return lines;
+}
+
+namespace {
+
+// Groups whose layers hold no per-token KV to compare; anything else unknown is refused, so
+// that a misspelt attention spec is not skipped quietly.
+std::optional<std::string> notComparedKind(const std::string& spec)
+{
+    if (spec == "MambaSpec")
+        return "state-space layers";
+    if (spec == "MLAAttentionSpec")
+        return "MLA latent layers (not supported yet)";
+    if (spec == "CrossAttentionSpec" || spec == "EncoderOnlyAttentionSpec")
+        return "encoder layers";
+    return std::nullopt;
+}
+
+}  // namespace
 
 KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string& file,
                                       const std::string& object)
@@ -118,13 +176,23 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
         if (!jg.contains("spec_type") || !jg["spec_type"].is_string())
             ctx.fail(where + ".spec_type", "missing or not a string");
         const std::string spec = jg["spec_type"].get<std::string>();
+        group.specName = spec;
         if (spec == "FullAttentionSpec")
             group.specType = SpecType::FullAttention;
         else if (spec == "SlidingWindowSpec")
             group.specType = SpecType::SlidingWindow;
-        else
-            ctx.fail(where + ".spec_type", "'" + spec + "' is not supported (supported: "
-                                           "FullAttentionSpec, SlidingWindowSpec)");
+        else if (spec == "ChunkedLocalAttentionSpec")
+            group.specType = SpecType::ChunkedLocal;
+        else if (const auto kind = notComparedKind(spec)) {
+            group.specType = SpecType::NotCompared;
+            group.notComparedWhy = *kind;
+            cfg.groups.push_back(std::move(group));
+            continue;
+        } else
+            ctx.fail(where + ".spec_type", "'" + spec + "' is not supported (compared: FullAttentionSpec, "
+                                           "SlidingWindowSpec, ChunkedLocalAttentionSpec; listed, not compared: "
+                                           "MambaSpec, MLAAttentionSpec, CrossAttentionSpec, "
+                                           "EncoderOnlyAttentionSpec)");
 
         group.blockSize = requireInt(jg, "block_size", 1, kMaxBlockSize, ctx, where);
         group.numKvHeads = requireInt(jg, "num_kv_heads", 1, kMaxHeads, ctx, where);
@@ -133,6 +201,11 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             group.slidingWindow = requireInt(jg, "sliding_window", 1, 1 << 30, ctx, where);
         if (group.specType == SpecType::SlidingWindow && !group.slidingWindow)
             ctx.fail(where + ".sliding_window", "SlidingWindowSpec needs a sliding_window");
+        if (group.specType == SpecType::ChunkedLocal) {
+            if (!jg.contains("attention_chunk_size") || jg["attention_chunk_size"].is_null())
+                ctx.fail(where + ".attention_chunk_size", "missing (ChunkedLocalAttentionSpec needs one)");
+            group.attentionChunkSize = requireInt(jg, "attention_chunk_size", 1, 1 << 30, ctx, where);
+        }
 
         if (!jg.contains("dtype") || !jg["dtype"].is_string())
             ctx.fail(where + ".dtype", "missing or not a string");
@@ -149,10 +222,14 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
                          std::to_string(cfg.totalNumKvHeads) + " over tp_size " +
                          std::to_string(cfg.tpSize) + " (expected " +
                          std::to_string(cfg.headsPerRank()) + ")");
-        if (g > 0 && group.headSize != cfg.groups.front().headSize)
-            ctx.fail(where + ".head_size", "differs from groups[0]");
+        for (const KvCacheGroup& earlier : cfg.groups)
+            if (earlier.specType != SpecType::NotCompared && group.headSize != earlier.headSize)
+                ctx.fail(where + ".head_size", std::to_string(group.headSize) + " differs from another group's " +
+                                                   std::to_string(earlier.headSize));
         cfg.groups.push_back(std::move(group));
     }
+    if (cfg.layerNames().empty())
+        ctx.fail("groups", "no group kvscope compares (only " + cfg.groups.front().specName + " layers)");
     return cfg;
 }
 
@@ -168,7 +245,13 @@ std::string KvCacheConfig::toJson() const
     for (const KvCacheGroup& g : groups) {
         Json jg;
         jg["layer_names"] = g.layerNames;
-        jg["spec_type"] = specTypeName(g.specType);
+        jg["spec_type"] = g.specName.empty() ? specTypeName(g.specType) : g.specName;
+        if (g.specType == SpecType::NotCompared) {
+            root["groups"].push_back(jg);
+            continue;
+        }
+        if (g.attentionChunkSize)
+            jg["attention_chunk_size"] = *g.attentionChunkSize;
         jg["block_size"] = g.blockSize;
         jg["sliding_window"] = g.slidingWindow ? Json(*g.slidingWindow) : Json(nullptr);
         jg["dtype"] = "torch." + dtypeName(g.dtype);
@@ -223,7 +306,7 @@ int KvCacheConfig::groupOf(const std::string& layer) const
     return -1;
 }
 
-static long long firstNumber(const std::string& s)
+long long layerNumber(const std::string& s)
 {
     const auto it = std::find_if(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
     if (it == s.end())
@@ -234,16 +317,43 @@ static long long firstNumber(const std::string& s)
     return n;
 }
 
+static void sortByModelOrder(std::vector<std::string>& names)
+{
+    std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+        const long long na = layerNumber(a), nb = layerNumber(b);
+        return na != nb ? na < nb : a < b;
+    });
+}
+
 std::vector<std::string> KvCacheConfig::layerNames() const
 {
     std::vector<std::string> names;
     for (const KvCacheGroup& g : groups)
-        names.insert(names.end(), g.layerNames.begin(), g.layerNames.end());
-    std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-        const long long na = firstNumber(a), nb = firstNumber(b);
-        return na != nb ? na < nb : a < b;
-    });
+        if (g.specType != SpecType::NotCompared)
+            names.insert(names.end(), g.layerNames.begin(), g.layerNames.end());
+    sortByModelOrder(names);
     return names;
+}
+
+std::vector<std::pair<std::string, std::string>> KvCacheConfig::notComparedLayers() const
+{
+    std::vector<std::string> names;
+    for (const KvCacheGroup& g : groups)
+        if (g.specType == SpecType::NotCompared)
+            names.insert(names.end(), g.layerNames.begin(), g.layerNames.end());
+    sortByModelOrder(names);
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const std::string& name : names)
+        out.emplace_back(name, groups[std::size_t(groupOf(name))].notComparedWhy);
+    return out;
+}
+
+const KvCacheGroup& KvCacheConfig::firstCompared() const
+{
+    for (const KvCacheGroup& g : groups)
+        if (g.specType != SpecType::NotCompared)
+            return g;
+    return groups.front();  // fromJson refuses a config without one
 }
 
 }  // namespace kvscope

@@ -5,17 +5,26 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvscope {
 
-enum class SpecType { FullAttention, SlidingWindow };
+enum class SpecType {
+    FullAttention,
+    SlidingWindow,
+    ChunkedLocal,  // attention within fixed chunks (Llama 4): earlier chunks may be freed
+    NotCompared,   // a group kvscope does not compare (state-space layers): listed, never read
+};
 
 struct KvCacheGroup {
     std::vector<std::string> layerNames;
     SpecType specType = SpecType::FullAttention;
+    std::string specName;   // the spec type as the config names it
+    std::string notComparedWhy;  // NotCompared: what its layers are ("state-space layers")
     int blockSize = 0;
     std::optional<int> slidingWindow;  // counts the query token, as the model config does
+    std::optional<int> attentionChunkSize;  // ChunkedLocal
     DType dtype = DType::BFloat16;
     int numKvHeads = 0;  // per TP rank, as vLLM's spec reports it
     int headSize = 0;
@@ -51,10 +60,22 @@ struct KvCacheConfig {
 
     // Index of the group holding `layer`, or -1.
     int groupOf(const std::string& layer) const;
-    // Every layer, ordered by the first number in its name (layers.2 before layers.10).
+    // Every compared layer, ordered by the first number in its name (layers.2 before layers.10).
     std::vector<std::string> layerNames() const;
+    // The layers of groups kvscope does not compare, in the same order, with what they are.
+    std::vector<std::pair<std::string, std::string>> notComparedLayers() const;
+    // The first compared group (its head size is every compared group's).
+    const KvCacheGroup& firstCompared() const;
 };
 
 std::string specTypeName(SpecType type);
+// The first number in a layer's name (model.layers.12.self_attn: 12), or -1.
+long long layerNumber(const std::string& layer);
+// One line for people: "SlidingWindowSpec (sliding_window 4096), block_size 16, bfloat16, 24 layers,
+// head_size 128", or "MambaSpec, 24 layers, not compared (state-space layers)".
+std::string describeGroup(const KvCacheGroup& group);
+// The layers a config does not compare, one line per kind: "state-space layers (3): model.layers.1.mixer,
+// model.layers.2.mixer, model.layers.3.mixer" (the first six names, then "...").
+std::vector<std::string> describeNotCompared(const std::vector<std::pair<std::string, std::string>>& layers);
 
 }  // namespace kvscope

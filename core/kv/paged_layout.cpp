@@ -29,6 +29,10 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
     m_freed.resize(config.groups.size());
     std::vector<std::int64_t> nextBlock(config.groups.size(), 0);
     for (std::size_t g = 0; g < config.groups.size(); ++g) {
+        if (config.groups[g].specType == SpecType::NotCompared) {  // no KV: an empty table
+            m_tables[g] = BlockTable{1, 1, {-1}};
+            continue;
+        }
         const std::int64_t cols = (seqLen + config.groups[g].blockSize - 1) / config.groups[g].blockSize + padding;
         m_tables[g] = BlockTable{1, cols, std::vector<std::int32_t>(std::size_t(cols), -1)};
     }
@@ -36,6 +40,8 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
     for (std::int64_t pos = 0; pos < seqLen; ++pos) {
         for (std::size_t g = 0; g < config.groups.size(); ++g) {
             const KvCacheGroup& group = config.groups[g];
+            if (group.specType == SpecType::NotCompared)
+                continue;
             const std::int64_t block = pos / group.blockSize;
             if (block == nextBlock[g]) {
                 if (free.empty())
@@ -45,7 +51,7 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
                 free.pop_front();
                 ++nextBlock[g];
             }
-            if (group.specType == SpecType::SlidingWindow) {
+            if (group.specType == SpecType::SlidingWindow || group.specType == SpecType::ChunkedLocal) {
                 // Blocks wholly before the first held position go back to the pool, at its
                 // front: the next allocation reuses them, so they soon hold other data. Their
                 // table entries become the null block (-1), or, every other one, keep the
@@ -105,6 +111,8 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
     const int hpr = m_config.headsPerRank();
     for (std::size_t g = 0; g < m_config.groups.size(); ++g) {
         const KvCacheGroup& group = m_config.groups[g];
+        if (group.specType == SpecType::NotCompared)
+            continue;
         const std::int64_t blockElems = std::int64_t(hpr) * group.blockSize * group.headSize;
         for (const std::string& layer : group.layerNames) {
             const LayerKv kv = layerKv(layer);

@@ -59,9 +59,11 @@ std::unordered_map<std::int64_t, std::int64_t> slotsOf(const PagedShard& shard)
 
 std::int64_t firstHeldPosition(const KvCacheGroup& group, std::int64_t writtenLen)
 {
-    if (group.specType != SpecType::SlidingWindow || !group.slidingWindow)
-        return 0;
-    return std::max<std::int64_t>(0, writtenLen - *group.slidingWindow + 1);
+    if (group.specType == SpecType::SlidingWindow && group.slidingWindow)
+        return std::max<std::int64_t>(0, writtenLen - *group.slidingWindow + 1);
+    if (group.specType == SpecType::ChunkedLocal && group.attentionChunkSize)  // the next token's chunk
+        return writtenLen / *group.attentionChunkSize * *group.attentionChunkSize;
+    return 0;
 }
 
 std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std::string& layer,

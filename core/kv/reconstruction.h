@@ -28,7 +28,9 @@ struct ReconstructOptions {
 // The first position the engine still holds for a sequence with `writtenLen` positions
 // written: SlidingWindowSpec frees blocks wholly before writtenLen - sliding_window + 1
 // (vLLM's last useful token), so only the last sliding_window - 1 positions are kept, as
-// HF keeps them. FullAttentionSpec keeps every position even with a sliding_window.
+// HF keeps them; ChunkedLocalAttentionSpec frees blocks wholly before the chunk of the next
+// token (writtenLen / chunk * chunk). FullAttentionSpec keeps every position even with a
+// sliding_window.
 std::int64_t firstHeldPosition(const KvCacheGroup& group, std::int64_t writtenLen);
 
 // Physical ids (sorted, unique) of the blocks that hold row `row`'s positions

@@ -24,7 +24,9 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
     std::int64_t offset = 0;  // engine position of the reference's first position
     if (seq != targetLen) {
         const bool windowTrimmed = group.slidingWindow && seq == *group.slidingWindow - 1 && seq < targetLen;
-        if (!windowTrimmed)
+        // A chunked-local layer's cache may keep only its latest positions: they end the sequence.
+        const bool chunkTrimmed = group.specType == SpecType::ChunkedLocal && seq < targetLen;
+        if (!windowTrimmed && !chunkTrimmed)
             fail("sequence length " + std::to_string(seq) + " does not match the engine's " +
                  std::to_string(targetLen) +
                  (group.slidingWindow ? " nor the sliding window's " + std::to_string(*group.slidingWindow - 1)

@@ -282,14 +282,22 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
 
 KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DType kvDtype)
 {
-    nlohmann::json sliding = nlohmann::json::array(), full = nlohmann::json::array();
-    for (int l = 0; l < o.shape.layers; ++l)
-        (l % 2 == 0 ? sliding : full).push_back(layerName(l));
+    nlohmann::json sliding = nlohmann::json::array(), full = nlohmann::json::array(), stateSpace = nlohmann::json::array();
+    for (int l = 0; l < o.shape.layers; ++l) {
+        const bool ssm = std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(), l) != o.stateSpaceLayers.end();
+        (ssm ? stateSpace : l % 2 == 0 ? sliding : full).push_back(layerName(l));
+    }
     const std::string dtype = "torch." + dtypeName(kvDtype);
     const int perRank = std::max(1, o.shape.kvHeads / o.tpSize);
     nlohmann::json groups = nlohmann::json::array();
     std::int64_t blocks = 2;
-    if (!sliding.empty()) {
+    if (!sliding.empty() && o.shape.chunked) {
+        groups.push_back({{"layer_names", sliding}, {"spec_type", "ChunkedLocalAttentionSpec"},
+                          {"block_size", o.slidingBlockSize}, {"sliding_window", nullptr}, {"dtype", dtype},
+                          {"num_kv_heads", perRank}, {"head_size", o.shape.headDim},
+                          {"attention_chunk_size", o.shape.window}});
+        blocks += longest / o.slidingBlockSize + 2;
+    } else if (!sliding.empty()) {
         groups.push_back({{"layer_names", sliding},
                           {"spec_type", o.slidingWindowSpec ? "SlidingWindowSpec" : "FullAttentionSpec"},
                           {"block_size", o.slidingBlockSize}, {"sliding_window", o.shape.window}, {"dtype", dtype},
@@ -302,6 +310,8 @@ KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DTy
                           {"head_size", o.shape.headDim}, {"attention_chunk_size", nullptr}});
         blocks += longest / o.fullBlockSize + 2;
     }
+    if (!stateSpace.empty())  // as vLLM reports a Mamba group: no heads, no head size
+        groups.push_back({{"layer_names", stateSpace}, {"spec_type", "MambaSpec"}, {"block_size", o.fullBlockSize}});
     // Slack: freed sliding-window blocks and other sequences' blocks.
     blocks += blocks / 2 + 4;
     nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.shape.kvHeads},
@@ -328,6 +338,13 @@ void checkOptions(const ModelCaptureOptions& o)
     for (int len : o.promptLens)
         require(len >= 2, "prompts need at least 2 tokens");
     require(o.decodeTokens >= 2, "at least 2 decode tokens");
+    for (int l : o.stateSpaceLayers)
+        require(l >= 0 && l < o.shape.layers, "state-space layers must be layers of the model");
+    require(int(o.stateSpaceLayers.size()) < o.shape.layers, "at least one attention layer");
+    require(std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(),
+                      o.faultLayer >= 0 ? o.faultLayer : std::min((o.shape.layers / 2) | 1, o.shape.layers - 1)) ==
+                    o.stateSpaceLayers.end() || o.fault == FaultKind::None,
+            "the fault's layer is a state-space layer, which the capture does not hold");
 }
 
 }  // namespace
@@ -630,7 +647,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         corruptCache(fault, o, config, promptLen, p, foreign, snap.layers);
 
     // Quantised caches: scales from the engine's own prompt KV, per layer and part, or per head.
-    const DType kvDtype = config.groups[0].dtype;
+    const DType kvDtype = config.firstCompared().dtype;
     const ScaleGranularity granularity = fault.kind == FaultKind::ScaleGranularity ? ScaleGranularity::Head : o.kvScale;
     std::map<std::string, CacheScaling> scalings;
     const auto largest = [&](const std::vector<float>& x, int head) {
@@ -759,8 +776,9 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         out.record.tokenStrings.push_back(tokenText(t));
 
     for (int l = 0; l < shape.layers; ++l) {
-        // HF keeps only window - 1 positions of sliding-window layers.
-        const std::int64_t from = model.sliding(l) ? std::max<std::int64_t>(0, total - (shape.window - 1)) : 0;
+        // HF keeps only window - 1 positions of sliding-window layers (every position of chunked ones).
+        const std::int64_t from =
+            model.sliding(l) && !shape.chunked ? std::max<std::int64_t>(0, total - (shape.window - 1)) : 0;
         const LayerCache& e = expected[std::size_t(l)];
         out.expected.emplace_back(referenceTensor(e.k, shape, from, total, DType::BFloat16),
                                   referenceTensor(e.v, shape, from, total, DType::BFloat16));
@@ -800,6 +818,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
     nlohmann::json optionsJson = {{"layers", o.shape.layers}, {"hidden", o.shape.hidden}, {"query_heads", o.shape.queryHeads},
                                   {"kv_heads", o.shape.kvHeads}, {"head_dim", o.shape.headDim}, {"ffn", o.shape.ffn},
                                   {"vocab", o.shape.vocab}, {"window", o.shape.window}, {"sliding_window_spec", o.slidingWindowSpec},
+                                  {"chunked", o.shape.chunked}, {"state_space_layers", o.stateSpaceLayers},
                                   {"seed", o.seed}, {"tp_size", o.tpSize}, {"full_block_size", o.fullBlockSize},
                                   {"sliding_block_size", o.slidingBlockSize}, {"kv_dtype", dtypeName(kvDtype)},
                                   {"kv_scale", granularityName(o.kvScale)},
@@ -857,6 +876,8 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         for (const EngineSnapshot& snap : c.snapshots)
             writer.addSnapshot(id, snap);
         for (int l = 0; l < o.shape.layers; ++l) {
+            if (config.groups[std::size_t(config.groupOf(layerName(l)))].specType == SpecType::NotCompared)
+                continue;  // a state-space layer: no KV in the capture
             const auto& [ek, ev] = c.expected[std::size_t(l)];
             writer.addReference(id, ReferenceRole::Expected, layerName(l), ek, ev);
             if (o.baseline) {

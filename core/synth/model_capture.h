@@ -67,6 +67,9 @@ struct ModelShape {
     int ffn = 128;
     int vocab = 256;
     int window = 16;  // sliding window of the even layers, counting the query token
+    // The even layers attend within chunks of `window` tokens (Llama 4's chunked local
+    // attention: a position sees its own chunk up to itself) instead of a sliding window.
+    bool chunked = false;
     // Layers whose KV head 0 is 2^quietHeadOctaves times smaller than the rest (its query
     // heads and the output projection make up for it exactly, so the model is the same): a
     // head that one scale for the whole tensor crushes, as trained models have.
@@ -77,6 +80,9 @@ struct ModelShape {
 struct ModelCaptureOptions {
     ModelShape shape;
     bool slidingWindowSpec = true;  // SlidingWindowSpec (blocks freed) or FullAttentionSpec(sliding_window)
+    // Layers a hybrid model has as state-space layers: their group is a MambaSpec group, and the
+    // capture holds no KV of theirs (the model computes them as attention; nothing reads them).
+    std::vector<int> stateSpaceLayers;
     std::uint64_t seed = 1;
     // The engine's cache.
     int tpSize = 2;

@@ -308,7 +308,9 @@ void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::i
     std::vector<float> scores, weights;
     for (int i = 0; i < q.rows; ++i) {
         const std::int64_t pos = start + i;
-        const std::int64_t first = sliding(layer) ? std::max<std::int64_t>(0, pos - window + 1) : 0;
+        const std::int64_t first = !sliding(layer) ? 0
+                                   : s.chunked ? pos / window * window  // windowOffByOne: chunks one too short
+                                               : std::max<std::int64_t>(0, pos - window + 1);
         const std::size_t count = std::size_t(pos - first + 1);
         for (int h = 0; h < s.queryHeads; ++h) {
             const int kvHead = h / groupSize;

@@ -19,6 +19,7 @@ private slots:
     void rejects_data();
     void rejects();
     void jsonRoundTrip();
+    void hybridAndChunked();
 };
 
 void TestKvCacheConfig::parsesEngineDict()
@@ -92,7 +93,12 @@ void TestKvCacheConfig::rejects_data()
                                     << "disagrees with total_num_kv_heads 4 over tp_size 2";
     QTest::newRow("uneven partition") << edit("\"total_num_kv_heads\": 4", "\"total_num_kv_heads\": 5")
                                       << "cfg.total_num_kv_heads" << "cannot be partitioned";
-    QTest::newRow("MLA") << edit("FullAttentionSpec", "MLAAttentionSpec") << "cfg.groups[0].spec_type" << "not supported";
+    QTest::newRow("only MLA") << edit("FullAttentionSpec", "MLAAttentionSpec") << "cfg.groups"
+                              << "no group kvscope compares (only MLAAttentionSpec layers)";
+    QTest::newRow("unknown spec") << edit("FullAttentionSpec", "FullAtentionSpec") << "cfg.groups[0].spec_type"
+                                  << "'FullAtentionSpec' is not supported";
+    QTest::newRow("chunked without size") << edit("FullAttentionSpec", "ChunkedLocalAttentionSpec")
+                                          << "cfg.groups[0].attention_chunk_size" << "missing";
     QTest::newRow("dtype") << edit("torch.float32", "torch.int4") << "cfg.groups[0].dtype" << "unsupported dtype 'torch.int4'";
     QTest::newRow("duplicate layer") << edit("\"l1\"", "\"l0\"") << "cfg.groups[0].layer_names" << "more than one place";
     QTest::newRow("slash in name") << edit("\"l1\"", "\"a/b\"") << "cfg.groups[0].layer_names" << "cannot be an HDF5 name";
@@ -117,6 +123,37 @@ void TestKvCacheConfig::jsonRoundTrip()
     const KvCacheConfig b = KvCacheConfig::fromJson(a.toJson());
     QCOMPARE(b.toJson(), a.toJson());
     QCOMPARE(b.groups[0].slidingWindow, std::optional<int>(64));
+}
+
+void TestKvCacheConfig::hybridAndChunked()
+{
+    // A hybrid model as vLLM reports it: attention groups (one chunked-local, with a block size
+    // that the groups' shared page size makes 528) and a state-space group with no head fields.
+    const std::string text = R"({"num_blocks": 64, "tp_size": 1, "total_num_kv_heads": 2,
+      "groups": [
+        {"layer_names": ["model.layers.0.attn", "model.layers.4.attn"], "spec_type": "ChunkedLocalAttentionSpec",
+         "block_size": 528, "num_kv_heads": 2, "head_size": 64, "dtype": "torch.bfloat16", "attention_chunk_size": 8192},
+        {"layer_names": ["model.layers.1.mixer", "model.layers.2.mixer", "model.layers.3.mixer"],
+         "spec_type": "MambaSpec", "block_size": 528, "shapes": [[3, 8], [4, 8, 2]]},
+        {"layer_names": ["model.layers.5.attn"], "spec_type": "FullAttentionSpec", "block_size": 528,
+         "num_kv_heads": 2, "head_size": 64, "dtype": "torch.bfloat16"}]})";
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(text, "f.h5");
+    QCOMPARE(cfg.groups[0].specType, SpecType::ChunkedLocal);
+    QCOMPARE(cfg.groups[0].attentionChunkSize, std::optional<int>(8192));
+    QCOMPARE(cfg.groups[1].specType, SpecType::NotCompared);
+    QCOMPARE(cfg.layerNames(), (std::vector<std::string>{"model.layers.0.attn", "model.layers.4.attn",
+                                                          "model.layers.5.attn"}));
+    const auto skipped = cfg.notComparedLayers();
+    QCOMPARE(skipped.size(), std::size_t(3));
+    QCOMPARE(skipped[0].first, std::string("model.layers.1.mixer"));
+    QCOMPARE(skipped[0].second, std::string("state-space layers"));
+    QCOMPARE(cfg.firstCompared().headSize, 64);
+    QCOMPARE(describeGroup(cfg.groups[1]), std::string("MambaSpec, 3 layers, not compared (state-space layers)"));
+    QCOMPARE(describeGroup(cfg.groups[0]), std::string("ChunkedLocalAttentionSpec (attention_chunk_size 8192), "
+                                                       "block_size 528, bfloat16, 2 layers, head_size 64"));
+    const KvCacheConfig again = KvCacheConfig::fromJson(cfg.toJson());
+    QCOMPARE(again.toJson(), cfg.toJson());
+    QCOMPARE(again.notComparedLayers(), skipped);
 }
 
 QTEST_APPLESS_MAIN(TestKvCacheConfig)

@@ -2,7 +2,9 @@
 // count, clean captures that look like dtype noise, and every fault visible where it was
 // injected and not before it. Observed values are printed with -v1 (qInfo).
 
+#include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
+#include "format/bundle_reader.h"
 #include "synth/model_capture.h"
 #include "small_model.h"
 
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 using namespace kvscope;
 using namespace kvscope::synth;
@@ -71,6 +74,8 @@ private slots:
     void fp8Scale();
     void deadHead();
     void windowOffByOne();
+    void chunkedLocalAttention();
+    void hybridModelListsItsStateSpaceLayers();
     void rejectsBadOptions();
 
 private:
@@ -313,6 +318,56 @@ void TestModelCapture::windowOffByOne()
         QVERIFY(before < 2.5f);
         QVERIFY(after > 5);
     }
+}
+
+void TestModelCapture::chunkedLocalAttention()
+{
+    // Chunks of 12 (ChunkedLocalAttentionSpec): clean, the engine matches its reference.
+    ModelCaptureOptions o = kvtest::smallModel();
+    o.shape.chunked = true;
+    const AnalysisResult clean = run(o, "chunked.h5");
+    QVERIFY(clean.suspects.empty());
+    auto reader = std::make_shared<BundleReader>(m_dir.filePath("chunked.h5").toStdString());
+    QCOMPARE(reader->config().groups[0].specType, SpecType::ChunkedLocal);
+    QCOMPARE(reader->config().groups[0].attentionChunkSize, std::optional<int>(12));
+    // The engine's chunks one token too short: position 11 opens a chunk for the engine but
+    // not for the reference (chunk 0 is 0..11), so layer 1's KV leaves the floor at 11 and not before.
+    o.fault = FaultKind::WindowOffByOne;
+    const AnalysisResult r = run(o, "chunked-fault.h5");
+    for (const PromptAnalysis& p : r.prompts) {
+        const float before = medianRatio(p, 1, 0, 11), after = medianRatio(p, 1, 11, p.tokens);
+        qInfo("chunks one too short %s: layer 1 median ratio before %.2f, after %.2f", p.id.c_str(), before, after);
+        QVERIFY(medianRatio(p, 0, 0, p.tokens) < 2.5f);
+        QVERIFY(before < 2.5f);
+        QVERIFY(after > 5);
+    }
+    QVERIFY(!r.suspects.empty());
+    QCOMPARE(r.suspects.front().firstLayer, std::string("model.layers.1.self_attn"));
+}
+
+void TestModelCapture::hybridModelListsItsStateSpaceLayers()
+{
+    // Layers 1 and 4 are state-space layers (a MambaSpec group): listed, not compared; the
+    // attention layers are analysed, and a RoPE fault in layer 3 is found there.
+    ModelCaptureOptions o = kvtest::smallModel(FaultKind::RopeOffset);
+    o.stateSpaceLayers = {1, 4};
+    o.faultLayer = 3;
+    const AnalysisResult r = run(o, "hybrid.h5");
+    const std::vector<std::pair<std::string, std::string>> skipped{
+        {"model.layers.1.self_attn", "state-space layers"}, {"model.layers.4.self_attn", "state-space layers"}};
+    QCOMPARE(r.notCompared, skipped);
+    for (const PromptAnalysis& p : r.prompts)
+        QCOMPARE(p.layers, (std::vector<std::string>{"model.layers.0.self_attn", "model.layers.2.self_attn",
+                                                     "model.layers.3.self_attn", "model.layers.5.self_attn"}));
+    QVERIFY(!r.suspects.empty());
+    QCOMPARE(r.suspects.front().firstLayer, std::string("model.layers.3.self_attn"));
+    QCOMPARE(r.suspects.front().hypothesis.kind, std::string("rope_offset"));
+    std::ostringstream json;
+    writeAnalysisJson(r, json);
+    const nlohmann::json parsed = nlohmann::json::parse(json.str());
+    QCOMPARE(parsed["not_compared"].size(), std::size_t(2));
+    QCOMPARE(parsed["not_compared"][1]["layer"].get<std::string>(), std::string("model.layers.4.self_attn"));
+    QCOMPARE(parsed["not_compared"][1]["what"].get<std::string>(), std::string("state-space layers"));
 }
 
 void TestModelCapture::rejectsBadOptions()

@@ -20,6 +20,7 @@ private slots:
     void replicatedIgnoresOtherReplicas();
     void twoGroupsWithDifferentBlockSizes();
     void slidingWindowSpecHidesFreedPositions();
+    void chunkedLocalHidesEarlierChunks();
     void fullAttentionWithSlidingWindowKeepsAll();
     void nullBlockWhereNeededIsAnError();
     void nullBlockCanBeMarkedAbsent();
@@ -97,6 +98,23 @@ void TestReconstruction::slidingWindowSpecHidesFreedPositions()
     verifyLayer(reconstructLayer(cfg, "l0", shards, table(rows, 4), 0, 14), 0, expect);
     QCOMPARE(firstHeldPosition(cfg.groups[0], 14), std::int64_t(10));
     QCOMPARE(firstHeldPosition(cfg.groups[0], 3), std::int64_t(0));
+}
+
+void TestReconstruction::chunkedLocalHidesEarlierChunks()
+{
+    // Chunks of 8 at 14 written positions: the next token (14) is in chunk 1, so positions 0..7
+    // are not attended and their blocks (0 and 1, of 4) were freed; 8..13 are held.
+    const auto cfg = KvCacheConfig::fromJson(configJson(12, 1, 2, 2, {{{"l0"}, "ChunkedLocalAttentionSpec", 4, 0, 8}}));
+    const std::vector<std::vector<std::int32_t>> rows{{-1, 6, 2, 9}};
+    const std::vector<std::int64_t> from{8};  // block 6 was freed and rewritten for another sequence
+    const LayerShards shards = handPagedLayer(cfg, 0, 0, rows, {14}, {}, &from);
+    std::vector<bool> expect(14, false);
+    for (int p = 8; p < 14; ++p)
+        expect[std::size_t(p)] = true;
+    verifyLayer(reconstructLayer(cfg, "l0", shards, table(rows, 4), 0, 14), 0, expect);
+    QCOMPARE(firstHeldPosition(cfg.groups[0], 14), std::int64_t(8));
+    QCOMPARE(firstHeldPosition(cfg.groups[0], 8), std::int64_t(8));  // the next token opens chunk 1
+    QCOMPARE(firstHeldPosition(cfg.groups[0], 7), std::int64_t(0));
 }
 
 void TestReconstruction::fullAttentionWithSlidingWindowKeepsAll()

@@ -32,6 +32,7 @@ struct GroupSpec {
     std::string specType = "FullAttentionSpec";
     int blockSize = 4;
     int slidingWindow = 0;  // 0 = null
+    int attentionChunkSize = 0;  // 0 = null
 };
 
 inline std::string configJson(int numBlocks, int tpSize, int totalHeads, int headSize,
@@ -49,7 +50,8 @@ inline std::string configJson(int numBlocks, int tpSize, int totalHeads, int hea
         s += "], \"spec_type\": \"" + groups[g].specType + "\", \"block_size\": " + std::to_string(groups[g].blockSize) +
              ", \"sliding_window\": " + (groups[g].slidingWindow ? std::to_string(groups[g].slidingWindow) : "null") +
              ", \"dtype\": \"" + dtype + "\", \"num_kv_heads\": " + std::to_string(perRank) +
-             ", \"head_size\": " + std::to_string(headSize) + ", \"attention_chunk_size\": null}";
+             ", \"head_size\": " + std::to_string(headSize) + ", \"attention_chunk_size\": " +
+             (groups[g].attentionChunkSize ? std::to_string(groups[g].attentionChunkSize) : "null") + "}";
     }
     return s + "]}";
 }
