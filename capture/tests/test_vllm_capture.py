@@ -270,6 +270,22 @@ class Connector(unittest.TestCase):
             bundle_from_shards(self.shards, os.path.join(self.tmp.name, "mla.h5"),
                                vc.FixedReference([]), log=self.fail)
 
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_hybrid_model_to_a_bundle(self):
+        """Attention layers captured and compared; the state-space layers listed as not compared."""
+        groups = [vc.Group([L[0], L[2]], vc.FlashAttentionBackend), vc.Group([L[1], L[3]], None, mamba=True)]
+        cluster = vc.Cluster(groups, total_heads=2, output_dir=self.shards)
+        kv = truth_kv(cluster.layers, 2, 45, 8, seed=12)
+        self.capture(cluster, "h", kv)
+        # HF's cache of a hybrid model: an entry for every layer, empty for the state-space ones.
+        reference = [kv[n] if n in (L[0], L[2]) else (torch.zeros(2, 0, 8), torch.zeros(2, 0, 8)) for n in L]
+        bundle = os.path.join(self.tmp.name, "hybrid.h5")
+        bundle_from_shards(self.shards, bundle, vc.FixedReference(reference), log=self.fail)
+        data = analyse(bundle, self.tmp.name)
+        self.assertEqual(data["not_compared"], [{"layer": L[1], "what": "state-space layers"},
+                                                {"layer": L[3], "what": "state-space layers"}])
+        self.assertEqual(data["prompts"][0]["layer_names"], [L[0], L[2]])
+
     def test_only_the_named_requests_and_incomplete_shards(self):
         cluster = vc.Cluster(two_groups(vc.FlashAttentionBackend), tp=2, output_dir=self.shards)
         cluster.kv_transfer_config.kv_connector_extra_config["requests"] = ["keep"]
