@@ -16,7 +16,8 @@ const std::vector<Command>& commands()
         {"analyze", "analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]\n"
                     "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
                     "  --prompt ID    analyse this prompt only (repeatable)\n"
-                    "  --layers SPEC  layers by index in model order or by name, e.g. 0-3,7\n"
+                    "  --layers SPEC  layers by index among the compared layers in model order, or by name,\n"
+                    "                 e.g. 0-3,7\n"
                     "  --threads N    threads (default: one per core); one of them reads the next layer\n"
                     "  --strict       an unreadable block is an error instead of absent positions\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},

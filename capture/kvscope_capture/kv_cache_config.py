@@ -71,8 +71,8 @@ class KvCacheConfig:
                 raise ValueError(f"kv_cache_config.{where}sliding_window: must be a positive integer or None, got {window!r}")
             if spec == "SlidingWindowSpec" and not window:
                 raise ValueError(f"kv_cache_config.{where}sliding_window: SlidingWindowSpec needs a sliding_window")
-            chunk = None
-            if spec == "ChunkedLocalAttentionSpec":
+            chunk = None  # also on FullAttentionSpec when vLLM's hybrid manager is off
+            if spec == "ChunkedLocalAttentionSpec" or group.get("attention_chunk_size") is not None:
                 chunk = integer(group, "attention_chunk_size", where)
             dtype = canonical_dtype(group.get("dtype"))
             if dtype is None:

@@ -107,6 +107,35 @@ class Import(unittest.TestCase):
                 np.testing.assert_array_equal(f[f"prompts/imported/baseline/{name}/v"][()],
                                               self.truth[name][1].float().numpy())
 
+    def test_hybrid_model(self):
+        """A state-space layer: its group is MambaSpec, its state is in the dump, its HF cache entry
+        is empty. The import keeps the attention layers and indexes HF's cache by model layer."""
+        cfg = config()
+        mixer = "model.layers.3.mixer"
+        cfg["groups"].append({"layer_names": [mixer], "spec_type": "MambaSpec", "block_size": 4})
+        with open(os.path.join(self.dir, "kv_cache_config.json"), "w") as f:
+            json.dump(cfg, f)
+        for r in range(2):
+            path = os.path.join(self.dir, f"kv_caches_rank{r}.pt")
+            caches = torch.load(path)
+            caches[mixer] = [torch.zeros(3, 8), torch.zeros(4, 8, 2)]  # (conv state, ssm state)
+            torch.save(caches, path)
+        tables = torch.load(os.path.join(self.dir, "block_tables.pt"))
+        torch.save(tables + [torch.full((1, 3), -1, dtype=torch.int32)], os.path.join(self.dir, "block_tables.pt"))
+        torch.save(tuple((k.float().unsqueeze(0), v.float().unsqueeze(0)) for k, v in (self.truth[n] for n in LAYERS))
+                   + ((torch.zeros(1, 4, 0, 4), torch.zeros(1, 4, 0, 4)),), os.path.join(self.dir, "baseline.pt"))
+        result = self.kvscope("import", self.dir, "-o", self.bundle)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = os.path.join(self.tmp.name, "export.h5")
+        self.assertEqual(self.kvscope("export", self.bundle, out).returncode, 0)
+        with h5py.File(out, "r") as f:
+            self.assertNotIn(mixer, f["prompts/imported/engine"])
+            for name in LAYERS:
+                np.testing.assert_array_equal(f[f"prompts/imported/baseline/{name}/v"][()],
+                                              self.truth[name][1].float().numpy())
+        result = self.kvscope("analyze", self.bundle)
+        self.assertIn("not compared: state-space layers (1): model.layers.3.mixer", result.stdout)
+
     def assert_refused(self, file, words):
         result = self.kvscope("import", self.dir, "-o", self.bundle)
         self.assertEqual(result.returncode, 2, result.stdout)

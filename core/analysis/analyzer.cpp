@@ -27,6 +27,10 @@ std::vector<std::string> selectedLayers(const CaptureLoader& loader, const Analy
     for (const std::string& layer : layers)
         if (config.groupOf(layer) < 0)
             throw BundleError(loader.path(), "layer '" + layer + "'", "is not a layer of this bundle's config");
+        else if (!config.isCompared(layer))
+            throw BundleError(loader.path(), "layer '" + layer + "'",
+                              "is one of the " + config.groups[std::size_t(config.groupOf(layer))].notComparedWhy +
+                                  ", which kvscope does not compare");
     return layers;
 }
 

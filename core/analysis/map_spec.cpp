@@ -102,8 +102,10 @@ std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
         return shortLayerName(layer);
     const KvCacheGroup& group = config.groups[std::size_t(g)];
     std::string kind = "full";
-    if (group.attentionChunkSize)
+    if (group.specType == SpecType::ChunkedLocal)
         kind = "chunked " + std::to_string(*group.attentionChunkSize);
+    else if (group.attentionChunkSize)
+        kind = "full, chunk " + std::to_string(*group.attentionChunkSize);
     else if (group.slidingWindow)
         kind = group.specType == SpecType::SlidingWindow ? "sliding " + std::to_string(*group.slidingWindow)
                                                          : "full, window " + std::to_string(*group.slidingWindow);

@@ -53,8 +53,8 @@ inline constexpr Rgb kMarkerOutlineColor{255, 255, 255};
 
 // "model.layers.3.self_attn" -> "model.layers.3".
 std::string shortLayerName(const std::string& layer);
-// "model.layers.3 [sliding 128]", "[full]", or "[full, window 128]" (FullAttentionSpec with a
-// sliding window).
+// "model.layers.3 [sliding 128]", "[full]", "[chunked 8192]", or "[full, window 128]" /
+// "[full, chunk 8192]" (FullAttentionSpec with a sliding window or chunk size).
 std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer);
 // "K relative L-inf, max over heads"
 std::string mapMetricLabel(const HeatmapSpec& spec);

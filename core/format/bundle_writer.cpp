@@ -186,10 +186,11 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
         if (!stored.empty())
             fail(path, "keepOnlyReferencedBlocks needs tensors holding every block");
         std::set<std::int64_t> ids;
-        for (const BlockTable& t : snap.blockTables)
-            for (std::int32_t id : t.entries)
-                if (id >= 0 && id < m_config.numBlocks)
-                    ids.insert(id);
+        for (std::size_t g = 0; g < snap.blockTables.size() && g < m_config.groups.size(); ++g)
+            if (m_config.groups[g].specType != SpecType::NotCompared)  // their state is not stored
+                for (std::int32_t id : snap.blockTables[g].entries)
+                    if (id >= 0 && id < m_config.numBlocks)
+                        ids.insert(id);
         stored.assign(ids.begin(), ids.end());
     }
     for (std::int64_t id : stored)
@@ -220,9 +221,14 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
                 }
             }
         }
-        for (const auto& [layer, kv] : snap.ranks[std::size_t(r)])
+        for (const auto& [layer, kv] : snap.ranks[std::size_t(r)]) {
             if (m_config.groupOf(layer) < 0)
                 fail(bundle_path::engineKv(promptId, index, r, layer, "k"), "layer belongs to no group of the config");
+            if (!m_config.isCompared(layer))
+                fail(bundle_path::engineKv(promptId, index, r, layer, "k"),
+                     "a layer of a group kvscope does not compare (" +
+                         m_config.groups[std::size_t(m_config.groupOf(layer))].notComparedWhy + "): leave it out");
+        }
     }
 
     m_file->createGroup(path);
@@ -263,6 +269,9 @@ void BundleWriter::addReference(const std::string& promptId, ReferenceRole role,
     const int g = m_config.groupOf(layer);
     if (g < 0)
         fail(kPath, "layer belongs to no group of the config");
+    if (!m_config.isCompared(layer))
+        fail(kPath, "a layer of a group kvscope does not compare (" + m_config.groups[std::size_t(g)].notComparedWhy +
+                        "): leave it out");
     if (k.shape.size() != 4 || k.shape != v.shape)
         fail(kPath, "k " + shapeToString(k.shape) + " and v " + shapeToString(v.shape) +
                         " must share one shape [batch, heads, seq, head_dim]");

@@ -201,11 +201,11 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             group.slidingWindow = requireInt(jg, "sliding_window", 1, 1 << 30, ctx, where);
         if (group.specType == SpecType::SlidingWindow && !group.slidingWindow)
             ctx.fail(where + ".sliding_window", "SlidingWindowSpec needs a sliding_window");
-        if (group.specType == SpecType::ChunkedLocal) {
-            if (!jg.contains("attention_chunk_size") || jg["attention_chunk_size"].is_null())
-                ctx.fail(where + ".attention_chunk_size", "missing (ChunkedLocalAttentionSpec needs one)");
+        const bool chunkGiven = jg.contains("attention_chunk_size") && !jg["attention_chunk_size"].is_null();
+        if (group.specType == SpecType::ChunkedLocal && !chunkGiven)
+            ctx.fail(where + ".attention_chunk_size", "missing (ChunkedLocalAttentionSpec needs one)");
+        if (chunkGiven)
             group.attentionChunkSize = requireInt(jg, "attention_chunk_size", 1, 1 << 30, ctx, where);
-        }
 
         if (!jg.contains("dtype") || !jg["dtype"].is_string())
             ctx.fail(where + ".dtype", "missing or not a string");
@@ -228,8 +228,13 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
                                                    std::to_string(earlier.headSize));
         cfg.groups.push_back(std::move(group));
     }
-    if (cfg.layerNames().empty())
-        ctx.fail("groups", "no group kvscope compares (only " + cfg.groups.front().specName + " layers)");
+    if (cfg.layerNames().empty()) {
+        std::string specs;
+        for (const KvCacheGroup& g : cfg.groups)
+            if (specs.find(g.specName) == std::string::npos)
+                specs += (specs.empty() ? "" : ", ") + g.specName;
+        ctx.fail("groups", "no group kvscope compares (only " + specs + " layers)");
+    }
     return cfg;
 }
 
@@ -333,6 +338,21 @@ std::vector<std::string> KvCacheConfig::layerNames() const
             names.insert(names.end(), g.layerNames.begin(), g.layerNames.end());
     sortByModelOrder(names);
     return names;
+}
+
+std::vector<std::string> KvCacheConfig::allLayerNames() const
+{
+    std::vector<std::string> names;
+    for (const KvCacheGroup& g : groups)
+        names.insert(names.end(), g.layerNames.begin(), g.layerNames.end());
+    sortByModelOrder(names);
+    return names;
+}
+
+bool KvCacheConfig::isCompared(const std::string& layer) const
+{
+    const int g = groupOf(layer);
+    return g >= 0 && groups[std::size_t(g)].specType != SpecType::NotCompared;
 }
 
 std::vector<std::pair<std::string, std::string>> KvCacheConfig::notComparedLayers() const

@@ -24,7 +24,9 @@ struct KvCacheGroup {
     std::string notComparedWhy;  // NotCompared: what its layers are ("state-space layers")
     int blockSize = 0;
     std::optional<int> slidingWindow;  // counts the query token, as the model config does
-    std::optional<int> attentionChunkSize;  // ChunkedLocal
+    // ChunkedLocal; also given on FullAttentionSpec when vLLM's hybrid manager is off (the engine
+    // then keeps every position, but the reference's cache may hold only the latest ones)
+    std::optional<int> attentionChunkSize;
     DType dtype = DType::BFloat16;
     int numKvHeads = 0;  // per TP rank, as vLLM's spec reports it
     int headSize = 0;
@@ -62,6 +64,10 @@ struct KvCacheConfig {
     int groupOf(const std::string& layer) const;
     // Every compared layer, ordered by the first number in its name (layers.2 before layers.10).
     std::vector<std::string> layerNames() const;
+    // Every layer of the config, compared or not, in model order (HF caches hold them all).
+    std::vector<std::string> allLayerNames() const;
+    // Whether `layer` belongs to a group kvscope compares.
+    bool isCompared(const std::string& layer) const;
     // The layers of groups kvscope does not compare, in the same order, with what they are.
     std::vector<std::pair<std::string, std::string>> notComparedLayers() const;
     // The first compared group (its head size is every compared group's).

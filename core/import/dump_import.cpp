@@ -136,7 +136,8 @@ EngineSnapshot readSnapshot(const fs::path& dir, const KvCacheConfig& config, co
             throw BundleError(file.string(), "root", "must be a dict {layer_name: {'k': k, 'v': v}}, is a " + caches.kindName());
         std::map<std::string, std::pair<RawTensor, RawTensor>> layers;
         for (const auto& [layer, kv] : caches.entries)
-            layers[layer] = kvPair(kv, file.string(), "layer '" + layer + "'");
+            if (config.groupOf(layer) < 0 || config.isCompared(layer))  // a state-space layer's state: skipped
+                layers[layer] = kvPair(kv, file.string(), "layer '" + layer + "'");
         snap.ranks.push_back(std::move(layers));
     }
     return snap;
@@ -147,7 +148,9 @@ std::map<std::string, std::pair<RawTensor, RawTensor>> readReference(const fs::p
                                                                      const KvCacheConfig& config, bool& found)
 {
     std::map<std::string, std::pair<RawTensor, RawTensor>> out;
-    const std::vector<std::string> layers = config.layerNames();
+    // HF's cache holds an entry for every layer of the model, a hybrid model's state-space layers
+    // too: index by model position, keep the compared layers.
+    const std::vector<std::string> layers = config.allLayerNames();
     const fs::path pt = dir / (name + ".pt"), st = dir / (name + ".safetensors");
     found = fs::exists(pt) || fs::exists(st);
     if (fs::exists(pt)) {
@@ -157,9 +160,10 @@ std::map<std::string, std::pair<RawTensor, RawTensor>> readReference(const fs::p
                 throw BundleError(pt.string(), "root", std::to_string(v.items.size()) + " layers of past_key_values, the config has " +
                                                            std::to_string(layers.size()));
             for (std::size_t i = 0; i < layers.size(); ++i)
-                out[layers[i]] = kvPair(v.items[i], pt.string(), "root[" + std::to_string(i) + "]");
+                if (config.isCompared(layers[i]))
+                    out[layers[i]] = kvPair(v.items[i], pt.string(), "root[" + std::to_string(i) + "]");
         } else if (v.kind == PtValue::Kind::Dict) {
-            for (const std::string& layer : layers)
+            for (const std::string& layer : config.layerNames())
                 out[layer] = kvPair(member(v, layer, pt.string(), "root"), pt.string(), "layer '" + layer + "'");
         } else {
             throw BundleError(pt.string(), "root", "must be past_key_values (a tuple of (k, v) per layer) or "
@@ -168,6 +172,8 @@ std::map<std::string, std::pair<RawTensor, RawTensor>> readReference(const fs::p
     } else if (fs::exists(st)) {
         const SafetensorsFile file(st.string());
         for (std::size_t i = 0; i < layers.size(); ++i) {
+            if (!config.isCompared(layers[i]))
+                continue;
             // "<layer>.k" / "<layer>.v", or "past_key_values.<i>.key" / ".value".
             const std::string byName = layers[i], byIndex = "past_key_values." + std::to_string(i);
             if (file.contains(byName + ".k"))

@@ -45,6 +45,10 @@ int CaptureLoader::groupOf(const std::string& layer) const
     const int group = m_reader->config().groupOf(layer);
     if (group < 0)
         throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
+    if (!m_reader->config().isCompared(layer))
+        throw BundleError(m_reader->path(), "layer '" + layer + "'",
+                          "is one of the " + m_reader->config().groups[std::size_t(group)].notComparedWhy +
+                              ", which kvscope does not compare");
     return group;
 }
 

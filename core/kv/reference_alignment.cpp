@@ -24,13 +24,23 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
     std::int64_t offset = 0;  // engine position of the reference's first position
     if (seq != targetLen) {
         const bool windowTrimmed = group.slidingWindow && seq == *group.slidingWindow - 1 && seq < targetLen;
-        // A chunked-local layer's cache may keep only its latest positions: they end the sequence.
-        const bool chunkTrimmed = group.specType == SpecType::ChunkedLocal && seq < targetLen;
+        // A chunked layer's cache may keep only its latest positions: they end the sequence, and
+        // must reach back to the start of the last token's chunk (what the engine attends to).
+        std::int64_t chunkNeeds = 0;
+        if (group.attentionChunkSize) {
+            const std::int64_t c = *group.attentionChunkSize, last = targetLen - 1;
+            chunkNeeds = targetLen - last / c * c;
+        }
+        const bool chunkTrimmed = group.attentionChunkSize && seq < targetLen && seq >= chunkNeeds;
         if (!windowTrimmed && !chunkTrimmed)
             fail("sequence length " + std::to_string(seq) + " does not match the engine's " +
                  std::to_string(targetLen) +
                  (group.slidingWindow ? " nor the sliding window's " + std::to_string(*group.slidingWindow - 1)
-                                      : std::string()));
+                                      : std::string()) +
+                 (group.attentionChunkSize ? ", nor covers the last chunk of " +
+                                                 std::to_string(*group.attentionChunkSize) + " (its " +
+                                                 std::to_string(chunkNeeds) + " positions)"
+                                           : std::string()));
         offset = targetLen - seq;
     }
 

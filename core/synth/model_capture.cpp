@@ -149,6 +149,10 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     f.head = o.faultHead >= 0 ? o.faultHead : o.shape.kvHeads / 2;
     f.rank = o.faultRank >= 0 ? o.faultRank : 0;
     f.step = o.faultStep != ModelCaptureOptions::kDefaultStep ? o.faultStep : o.decodeTokens / 3;
+    if (std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(), f.layer) != o.stateSpaceLayers.end() &&
+        o.fault != FaultKind::None)
+        throw std::invalid_argument("the fault's layer " + std::to_string(f.layer) +
+                                    " is a state-space layer, which the capture does not hold");
     if (f.layer < 0 || f.layer >= o.shape.layers)
         throw std::invalid_argument("fault layer " + std::to_string(f.layer) + " outside the model");
     if (f.head >= o.shape.kvHeads)
@@ -338,13 +342,10 @@ void checkOptions(const ModelCaptureOptions& o)
     for (int len : o.promptLens)
         require(len >= 2, "prompts need at least 2 tokens");
     require(o.decodeTokens >= 2, "at least 2 decode tokens");
-    for (int l : o.stateSpaceLayers)
+    const std::set<int> stateSpace(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end());
+    for (int l : stateSpace)
         require(l >= 0 && l < o.shape.layers, "state-space layers must be layers of the model");
-    require(int(o.stateSpaceLayers.size()) < o.shape.layers, "at least one attention layer");
-    require(std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(),
-                      o.faultLayer >= 0 ? o.faultLayer : std::min((o.shape.layers / 2) | 1, o.shape.layers - 1)) ==
-                    o.stateSpaceLayers.end() || o.fault == FaultKind::None,
-            "the fault's layer is a state-space layer, which the capture does not hold");
+    require(int(stateSpace.size()) < o.shape.layers, "at least one attention layer");
 }
 
 }  // namespace
@@ -672,7 +673,8 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     // scale_other_layer: the layer whose K scale differs most from the faulty layer's.
     std::string other = faulty;
     for (const auto& [name, scaling] : scalings)
-        if (std::fabs(std::log(scaling.k / scalings[faulty].k)) > std::fabs(std::log(scalings[other].k / scalings[faulty].k)))
+        if (config.isCompared(name) &&
+            std::fabs(std::log(scaling.k / scalings[faulty].k)) > std::fabs(std::log(scalings[other].k / scalings[faulty].k)))
             other = name;
     if (fault.kind == FaultKind::ScaleGranularity) {  // how far the heads' own scales are from the tensor's
         double k = 1, v = 1;

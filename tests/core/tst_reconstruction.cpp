@@ -272,7 +272,8 @@ void TestReconstruction::mergeRangesAreValidated()
 void TestReconstruction::referenceAlignment()
 {
     const auto cfg = KvCacheConfig::fromJson(configJson(8, 1, 2, 3,
-        {{{"full"}, "FullAttentionSpec", 4}, {{"slide"}, "SlidingWindowSpec", 4, 5}}));
+        {{{"full"}, "FullAttentionSpec", 4}, {{"slide"}, "SlidingWindowSpec", 4, 5},
+         {{"chunk"}, "ChunkedLocalAttentionSpec", 4, 0, 6}}));
     auto reference = [&](std::int64_t batch, std::int64_t seq, std::int64_t offset, KvPart part) {
         std::vector<float> values;
         for (std::int64_t b = 0; b < batch; ++b)
@@ -301,6 +302,16 @@ void TestReconstruction::referenceAlignment()
     expectBundleError([&] { alignReference(reference(1, 9, 0, KvPart::K), reference(1, 9, 0, KvPart::V), 1, cfg,
                                            cfg.groups[0], 9, "r.h5", "ref"); },
                       {"batch row 1 outside a batch of 1"});
+    // Chunks of 6 over 9 positions: the last token (8) is in chunk 6..11, so a shorter reference
+    // must hold 6..8 (3 positions) at least; it ends the sequence.
+    std::vector<bool> chunkTail(9, false);
+    for (int p = 5; p < 9; ++p)
+        chunkTail[std::size_t(p)] = true;
+    verifyLayer(alignReference(reference(2, 4, 5, KvPart::K), reference(2, 4, 5, KvPart::V), 1, cfg, cfg.groups[2], 9,
+                               "r.h5", "ref"), 0, chunkTail);
+    expectBundleError([&] { alignReference(reference(2, 2, 7, KvPart::K), reference(2, 2, 7, KvPart::V), 1, cfg,
+                                           cfg.groups[2], 9, "r.h5", "ref"); },
+                      {"sequence length 2", "nor covers the last chunk of 6 (its 3 positions)"});
 }
 
 QTEST_APPLESS_MAIN(TestReconstruction)
