@@ -4,6 +4,14 @@ import re
 
 from .tensors import DTYPES, canonical_dtype
 
+def model_order(names):
+    """Layer names by the first number in the name (layers.2 before layers.10), as kvscope orders them."""
+    def key(name):
+        m = re.search(r"\d+", name)
+        return (int(m.group()) if m else -1, name)
+    return sorted(names, key=key)
+
+
 COMPARED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
 # Groups kvscope lists but does not compare, and what their layers are (as kvscope's reader says).
 NOT_COMPARED = {"MambaSpec": "state-space layers", "MLAAttentionSpec": "MLA latent layers (not supported yet)",
@@ -101,21 +109,13 @@ class KvCacheConfig:
             raise ValueError("kv_cache_config.groups: no group kvscope compares (only "
                              f"{', '.join(g['spec_type'] for g in self.not_compared)})")
 
-    @staticmethod
-    def _model_order(names):
-        """By the first number in the name (layers.2 before layers.10)."""
-        def key(name):
-            m = re.search(r"\d+", name)
-            return (int(m.group()) if m else -1, name)
-        return sorted(names, key=key)
-
     def layer_names(self):
         """Every compared layer in model order."""
-        return self._model_order(n for n, g in self.layer_to_group.items() if self.groups[g]["compared"])
+        return model_order(n for n, g in self.layer_to_group.items() if self.groups[g]["compared"])
 
     def all_layer_names(self):
         """Every layer of the config, compared or not, in model order (HF caches list them all)."""
-        return self._model_order(self.layer_to_group)
+        return model_order(self.layer_to_group)
 
     def is_compared(self, layer):
         return self.groups[self.layer_to_group[layer]]["compared"]

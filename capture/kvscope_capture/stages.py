@@ -2,12 +2,7 @@
 stage's layers, and reports a KV cache config of those layers alone. vLLM orders workers by global
 rank, pp_rank * tp_size + tp_rank (tensor parallelism innermost)."""
 
-import re
-
-
-def _layer_key(name):
-    m = re.search(r"\d+", name)
-    return (int(m.group()) if m else -1, name)
+from .kv_cache_config import model_order
 
 
 def merge_stage_configs(configs):
@@ -38,7 +33,7 @@ def merge_stage_configs(configs):
                 if name not in target["layer_names"]:
                     target["layer_names"].append(name)
     for group in merged["groups"]:
-        group["layer_names"].sort(key=_layer_key)
+        group["layer_names"] = model_order(group["layer_names"])
     return merged
 
 

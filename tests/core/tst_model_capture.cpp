@@ -59,6 +59,19 @@ int lowestBcVsNoiseLayer(const AnalysisResult& r)
     return lowest;
 }
 
+// A fault in layer 0's attention: layer 0's own KV stays on the floor (it is computed before
+// attention), layer 1's is on it before token `cleanUntil` and well off it from `offFrom` on.
+void expectLayer1OffFrom(const AnalysisResult& r, std::int64_t cleanUntil, std::int64_t offFrom, const char* what)
+{
+    for (const PromptAnalysis& p : r.prompts) {
+        const float before = medianRatio(p, 1, 0, cleanUntil), after = medianRatio(p, 1, offFrom, p.tokens);
+        qInfo("%s %s: layer 1 median ratio before %.2f, after %.2f", what, p.id.c_str(), before, after);
+        QVERIFY(medianRatio(p, 0, 0, p.tokens) < 2.5f);
+        QVERIFY(before < 2.5f);
+        QVERIFY(after > 5);
+    }
+}
+
 }  // namespace
 
 class TestModelCapture : public QObject {
@@ -311,13 +324,7 @@ void TestModelCapture::windowOffByOne()
     const AnalysisResult r = run(kvtest::smallModel(FaultKind::WindowOffByOne), "window.h5");
     // The first sliding layer's window truncates from position window - 1 = 11 on; its own
     // K/V are computed before attention, so the first layer whose KV changes is layer 1.
-    for (const PromptAnalysis& p : r.prompts) {
-        const float before = medianRatio(p, 1, 0, 11), after = medianRatio(p, 1, 12, p.tokens);
-        qInfo("window_off_by_one %s: layer 1 median ratio before %.2f, after %.2f", p.id.c_str(), before, after);
-        QVERIFY(medianRatio(p, 0, 0, p.tokens) < 2.5f);
-        QVERIFY(before < 2.5f);
-        QVERIFY(after > 5);
-    }
+    expectLayer1OffFrom(r, 11, 12, "window_off_by_one");
 }
 
 void TestModelCapture::chunkedLocalAttention()
@@ -334,13 +341,7 @@ void TestModelCapture::chunkedLocalAttention()
     // not for the reference (chunk 0 is 0..11), so layer 1's KV leaves the floor at 11 and not before.
     o.fault = FaultKind::WindowOffByOne;
     const AnalysisResult r = run(o, "chunked-fault.h5");
-    for (const PromptAnalysis& p : r.prompts) {
-        const float before = medianRatio(p, 1, 0, 11), after = medianRatio(p, 1, 11, p.tokens);
-        qInfo("chunks one too short %s: layer 1 median ratio before %.2f, after %.2f", p.id.c_str(), before, after);
-        QVERIFY(medianRatio(p, 0, 0, p.tokens) < 2.5f);
-        QVERIFY(before < 2.5f);
-        QVERIFY(after > 5);
-    }
+    expectLayer1OffFrom(r, 11, 11, "chunks one too short");
     QVERIFY(!r.suspects.empty());
     QCOMPARE(r.suspects.front().firstLayer, std::string("model.layers.1.self_attn"));
 }

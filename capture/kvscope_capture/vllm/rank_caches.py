@@ -6,8 +6,7 @@ Built from what a GPU worker holds (vllm/v1/worker/gpu_model_runner.py): the KVC
 (`static_forward_context[name].kv_cache`, or the dict a KV connector's register_kv_caches gets),
 and the attention layer modules (their backend and `_k_scale` / `_v_scale`)."""
 
-import re
-
+from ..kv_cache_config import model_order
 from .layout import detect_layout
 
 # vLLM's --kv-cache-dtype names, as kvscope's config spells the stored format. "auto" stores the
@@ -53,14 +52,6 @@ def _group_entries(group, cache_dtype):
         else:
             entries.append(dict(entry, layer_names=[name]))
     return entries
-
-
-def model_order(names):
-    """Layers by the first number in the name (layers.2 before layers.10)."""
-    def key(name):
-        m = re.search(r"\d+", name)
-        return (int(m.group()) if m else -1, name)
-    return sorted(names, key=key)
 
 
 class RankCaches:
