@@ -30,8 +30,11 @@ BcBarView::BcBarView(QWidget* parent)
     threshold->setPen(QPen(QColor(215, 25, 28), 1, Qt::DashLine));
 }
 
-void BcBarView::setValues(const QStringList& layers, const QVector<double>& k, const QVector<double>& v)
+void BcBarView::setValues(const QStringList& layers, const QVector<double>& k, const QVector<double>& v,
+                          const QStringList& parts)
 {
+    m_k->setName(parts.value(0, "K"));
+    m_v->setName(parts.value(1, "V"));
     QVector<double> kx, vx;
     QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
     const int every = std::max(1, int(layers.size()) / 24 + 1);

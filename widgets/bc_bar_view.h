@@ -10,7 +10,9 @@ class BcBarView : public QCustomPlot {
 
 public:
     explicit BcBarView(QWidget* parent = nullptr);
-    void setValues(const QStringList& layers, const QVector<double>& k, const QVector<double>& v);
+    // `parts`: what K and V are called (an MLA latent's c_kv and k_pe).
+    void setValues(const QStringList& layers, const QVector<double>& k, const QVector<double>& v,
+                   const QStringList& parts = {"K", "V"});
 
 private:
     QCPBars* m_k;

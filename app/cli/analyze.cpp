@@ -29,7 +29,12 @@ std::string fixed(float v, int digits = 4)
 void printPrompt(const PromptAnalysis& p, std::ostream& out)
 {
     out << "\nprompt " << p.id << " (" << (p.threeWay ? "three-way" : "two-way") << "): prompt_len " << p.promptLen
-        << ", " << p.tokens << " positions, " << p.layers.size() << " layers x " << p.heads << " heads\n";
+        << ", " << p.tokens << " positions, " << p.layers.size() << " layers x "
+        << (p.heads == 1 && partName(p, KvPart::K) != "k"
+                ? "one MLA latent (" + partName(p, KvPart::K) + " " + std::to_string(p.dims.k) + " + " +
+                      partName(p, KvPart::V) + " " + std::to_string(p.dims.v) + ")"
+                : std::to_string(p.heads) + " heads")
+        << "\n";
     out << "  divergences:";
     if (p.divergences.empty())
         out << " none";
@@ -41,6 +46,8 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         out << ")";
     }
     out << "\n";
+    for (const ReplicaDifference& d : p.replicaDifferences)
+        out << "  replicas differ: " << d.describe() << "\n";
 
     out << "  suspects:";
     if (p.suspects.empty())
@@ -55,7 +62,7 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         << "):\n";
     for (const WorstCell& c : worst) {
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token
-            << " head " << std::setw(3) << c.head << kvPartName(c.part) << "_linf " << std::setw(9) << fixed(c.error);
+            << " head " << std::setw(3) << c.head << partName(p, c.part) << "_linf " << std::setw(9) << fixed(c.error);
         if (p.threeWay)
             out << " floor " << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio);
         out << "\n";
@@ -70,20 +77,21 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(l)];
         for (KvPart part : {KvPart::K, KvPart::V}) {
             const Extreme e = layerMax(p, metricFor(part, MetricKind::Linf), l);
-            out << kvPartName(part) << " " << std::setw(9) << fixed(e.value) << std::setw(12)
+            out << partName(p, part) << " " << std::setw(9) << fixed(e.value) << std::setw(12)
                 << (e.head < 0 ? "" : "(" + std::to_string(e.token) + "/" + std::to_string(e.head) + ")");
         }
         if (tokenBc)
             for (KvPart part : {KvPart::K, KvPart::V}) {
                 const Extreme e = layerMinBcVsNoise(p, part, l);
-                out << kvPartName(part) << "_bc_vs_noise " << std::setw(7) << fixed(e.value) << std::setw(7)
+                out << partName(p, part) << "_bc_vs_noise " << std::setw(7) << fixed(e.value) << std::setw(7)
                     << (e.token < 0 ? "" : "(" + std::to_string(e.token) + ")");
             }
         out << "\n";
     }
     if (p.threeWay && !tokenBc)
-        out << "    (no per-token BC: a token has " << std::int64_t(p.heads) * p.headDim << " values (" << p.heads
-            << " heads x " << p.headDim << "), too few for one to mean anything; the combined BC below pools every token)\n";
+        out << "    (no per-token BC: a token has " << std::int64_t(p.heads) * std::min(p.dims.k, p.dims.v) << " values ("
+            << p.heads << " heads x " << std::min(p.dims.k, p.dims.v)
+            << "), too few for one to mean anything; the combined BC below pools every token)\n";
     for (const std::string& problem : p.problems)
         out << "  problem: " << problem << "\n";
     if (!p.nonFinite.empty())

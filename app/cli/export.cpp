@@ -12,21 +12,23 @@ namespace kvscope::cli {
 namespace {
 
 // [seq, heads, dim] (kvscope's layout) to [heads, seq, dim] (HF's), NaN where absent.
-std::vector<float> headMajor(const LayerKv& kv, const FloatBuffer& values)
+std::vector<float> headMajor(const LayerKv& kv, KvPart part)
 {
+    const FloatBuffer& values = kv.values(part);
+    const std::size_t dim = std::size_t(kv.headDim(part));
     std::vector<float> out(values.size());
     for (int h = 0; h < kv.heads; ++h)
         for (std::int64_t p = 0; p < kv.seq; ++p)
-            std::copy_n(values.data() + kv.index(h, p), kv.headDim,
-                        out.data() + (std::size_t(h) * std::size_t(kv.seq) + std::size_t(p)) * std::size_t(kv.headDim));
+            std::copy_n(values.data() + kv.index(part, h, p), dim,
+                        out.data() + (std::size_t(h) * std::size_t(kv.seq) + std::size_t(p)) * dim);
     return out;
 }
 
 void writeLayer(Hdf5File& out, const std::string& group, const LayerKv& kv)
 {
-    const std::vector<std::int64_t> shape{kv.heads, kv.seq, kv.headDim};
-    out.writeRaw(group + "/k", H5T_IEEE_F32LE, shape, headMajor(kv, kv.k).data());
-    out.writeRaw(group + "/v", H5T_IEEE_F32LE, shape, headMajor(kv, kv.v).data());
+    for (KvPart part : {KvPart::K, KvPart::V})
+        out.writeRaw(group + "/" + kvPartName(part), H5T_IEEE_F32LE, {kv.heads, kv.seq, kv.headDim(part)},
+                     headMajor(kv, part).data());
     out.writeRaw(group + "/present", H5T_STD_U8LE, {kv.seq}, kv.present.data());
 }
 

@@ -32,7 +32,15 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     std::string path;
     OptionParser parser("synth");
     parser.operand("OUT.h5", path);
-    parser.flag("--demo", [&o] { o = synth::demoModelCaptureOptions(); });
+    bool demo = false;
+    parser.flag("--demo", [&o, &demo] {
+        o = synth::demoModelCaptureOptions();
+        demo = true;
+    });
+    // After --demo: the MLA demo; otherwise the model so far as an MLA model.
+    parser.flag("--mla", [&o, &demo] { o = demo ? synth::demoMlaCaptureOptions() : synth::withMla(o); });
+    parser.integer("--kv-lora-rank", o.shape.kvLoraRank);
+    parser.integer("--rope-head-dim", o.shape.ropeHeadDim);
     parser.integer("--layers", o.shape.layers);
     parser.integer("--hidden", o.shape.hidden);
     parser.integer("--query-heads", o.shape.queryHeads);

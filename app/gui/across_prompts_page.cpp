@@ -48,7 +48,11 @@ bool AcrossPromptsPage::refresh()
     // BC against the noise floor: the reference tool's BC reads ~1 on real faults.
     QVector<double> k(a.combinedVsNoise[0].begin(), a.combinedVsNoise[0].end()),
         v(a.combinedVsNoise[1].begin(), a.combinedVsNoise[1].end());
-    m_bars->setValues(rows, k, v);
+    QStringList parts{"K", "V"};
+    if (!result->prompts.empty())
+        parts = {QString::fromStdString(partTitle(result->prompts.front(), KvPart::K)),
+                 QString::fromStdString(partTitle(result->prompts.front(), KvPart::V))};
+    m_bars->setValues(rows, k, v, parts);
     return true;
 }
 
@@ -65,7 +69,8 @@ void AcrossPromptsPage::showTooltip(int row, qint64 g, const QPoint& globalPos)
                        QString("<b>%1</b><br>generation index %2<br>%3 BC vs noise: %4<br>divergences here: %5/%6<br><i>click: the prompt where it is worst</i>")
                            .arg(QString::fromStdString(a.layers[std::size_t(row)]))
                            .arg(g)
-                           .arg(kvPartName(m_part), std::isnan(bc) ? tr("no data") : QString::number(bc, 'f', 4))
+                           .arg(QString::fromStdString(result->prompts.empty() ? kvPartName(m_part) : partName(result->prompts.front(), m_part)),
+                                std::isnan(bc) ? tr("no data") : QString::number(bc, 'f', 4))
                            .arg(a.divergenceCounts[std::size_t(g)])
                            .arg(a.promptIds.size()),
                        m_map);

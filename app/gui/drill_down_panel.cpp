@@ -124,7 +124,7 @@ void DrillDownPanel::showCell(std::shared_ptr<const AnalysisResult> result, int 
     m_floor->setText(QString("<b>%1, token %2</b>").arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(layer)]))).arg(token) +
                      (std::isnan(floor) ? QString()
                                         : tr(" &middot; %1 noise floor %2 &middot; ratio = L-inf / floor")
-                                              .arg(QString(kvPartName(spec.part)).toUpper())
+                                              .arg(QString::fromStdString(partTitle(p, spec.part)))
                                               .arg(floor, 0, 'g', 4)));
     m_floor->setToolTip(tr("The noise floor is the cell's largest base (expected vs baseline) L-inf over heads: "
                            "what bf16 alone does here. A head's ratio is its L-inf over it."));
@@ -192,7 +192,7 @@ void DrillDownPanel::showLine()
         divergences << double(d.position);
     m_line->setSeries(actual, base,
                       QString("%1, head %2").arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(m_layer)]))).arg(m_head),
-                      QString("%1 %2").arg(kvPartName(m_spec.part), kind == MetricKind::Cos ? "1 - cos"
+                      QString("%1 %2").arg(QString::fromStdString(partName(p, m_spec.part)), kind == MetricKind::Cos ? "1 - cos"
                                                                     : kind == MetricKind::L2 ? "rel. L2" : "rel. L-inf"),
                       double(p.promptLen) - 0.5, divergences, m_token);
 }
@@ -206,7 +206,7 @@ void DrillDownPanel::requestHistogram()
     const qint64 begin = whole ? 0 : m_token, end = whole ? p.tokens : m_token + 1;
     m_histogramTitle = QString("head %1 %2, %3")
                            .arg(m_head)
-                           .arg(QString(kvPartName(m_spec.part)).toUpper(), whole ? tr("all tokens") : tr("token %1").arg(m_token));
+                           .arg(QString::fromStdString(partTitle(p, m_spec.part)), whole ? tr("all tokens") : tr("token %1").arg(m_token));
     m_histogram->clearHistogram(tr("reading %1").arg(m_histogramTitle));
     const int request = ++m_histogramRequest;
     // Read off the GUI thread. Safe for `this`: the controller is the window's first child, so it

@@ -1,6 +1,7 @@
 #include "gui/head_table_model.h"
 
 #include <QColor>
+#include <QRegularExpression>
 
 #include <algorithm>
 #include <cmath>
@@ -142,14 +143,23 @@ QVariant HeadTableModel::data(const QModelIndex& index, int role) const
 
 QVariant HeadTableModel::headerData(int section, Qt::Orientation orientation, int role) const
 {
-    if (orientation == Qt::Vertical && role == Qt::DisplayRole && section >= 0 && section < rowCount())
-        return isHighlighted(section) ? QStringLiteral("head %1 *").arg(section) : QStringLiteral("head %1").arg(section);
+    const PromptAnalysis* p = m_result && m_prompt >= 0 ? &m_result->prompts[std::size_t(m_prompt)] : nullptr;
+    if (orientation == Qt::Vertical && role == Qt::DisplayRole && section >= 0 && section < rowCount()) {
+        const QString name = p && p->heads == 1 && p->partNames[0] != "k" ? tr("latent") : QStringLiteral("head %1").arg(section);
+        return isHighlighted(section) ? name + " *" : name;
+    }
     if (orientation != Qt::Horizontal || section < 0 || section >= kColumnCount)
         return QAbstractTableModel::headerData(section, orientation, role);
     if (role == Qt::DisplayRole)
         return QString::fromLatin1(kColumns[section].title);
-    if (role == Qt::ToolTipRole)
-        return QString::fromLatin1(kColumns[section].tip);
+    if (role == Qt::ToolTipRole) {
+        // The tips name K or V first; an MLA latent's parts are c_kv and k_pe.
+        QString tip = QString::fromLatin1(kColumns[section].tip);
+        if (p)
+            tip.replace(QRegularExpression("\\b" + QString(kColumns[section].part == KvPart::K ? "K" : "V") + "\\b"),
+                        QString::fromStdString(partTitle(*p, kColumns[section].part)));
+        return tip;
+    }
     return {};
 }
 

@@ -242,8 +242,12 @@ void MainWindow::onOpened()
     for (const PromptAnalysis& p : result->prompts)
         prompts << QString("%1 (%2 tokens%3)").arg(QString::fromStdString(p.id)).arg(p.tokens).arg(p.threeWay ? "" : ", 2-way");
     m_settings.prompt = -1;  // whatever the toolbar says next is a new prompt
+    QStringList parts{"K", "V"};
+    if (!result->prompts.empty())
+        parts = {QString::fromStdString(partTitle(result->prompts.front(), KvPart::K)),
+                 QString::fromStdString(partTitle(result->prompts.front(), KvPart::V))};
     m_toolbar->setPrompts(prompts, result->prompts.empty() ? 0 : result->prompts.front().heads,
-                          !result->prompts.empty() && result->prompts.front().threeWay);
+                          !result->prompts.empty() && result->prompts.front().threeWay, parts);
     m_promptPage->onOpened();
 }
 

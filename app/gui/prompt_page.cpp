@@ -38,6 +38,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_evidence(new QLabel)
     , m_problems(new QLabel)
     , m_notCompared(new QLabel)
+    , m_replicas(new QLabel)
     , m_poolTimer(new QTimer(this))
     , m_layerTimer(new QTimer(this))
 {
@@ -55,6 +56,9 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     m_worstTitle->setWordWrap(true);
     m_problems->setWordWrap(true);
     m_problems->setStyleSheet("color: #a00;");
+    m_replicas->setObjectName("replicaDifferences");
+    m_replicas->setWordWrap(true);
+    m_replicas->setStyleSheet("color: #b2182b;");
     m_notCompared->setObjectName("notCompared");
     m_notCompared->setWordWrap(true);
     m_notCompared->setStyleSheet("color: #555;");
@@ -72,6 +76,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     sideLayout->addWidget(m_worstTitle);
     sideLayout->addWidget(m_worstView);
     sideLayout->addWidget(m_problems);
+    sideLayout->addWidget(m_replicas);
     sideLayout->addWidget(m_notCompared);
 
     m_vertical->addWidget(m_heatmap);
@@ -305,6 +310,7 @@ void PromptPage::clear(const QString& message)
     for (int column : {4, 5})
         m_worstView->setColumnHidden(column, true);
     m_problems->clear();
+    m_replicas->clear();
     m_notCompared->clear();
     m_drill->clear(tr("nothing open"));
 }
@@ -435,6 +441,11 @@ void PromptPage::refreshSummary()
             problems << tr("%1 cell(s) hold NaN or infinity in their input").arg(p->nonFinite.size());
     }
     m_problems->setText(problems.isEmpty() ? QString() : tr("<b>Could not analyse everything:</b><br>") + problems.join("<br>"));
+    QStringList replicas;
+    if (!m_controller->isRunning())
+        for (const ReplicaDifference& d : p->replicaDifferences)
+            replicas << QString::fromStdString(d.describe()).toHtmlEscaped();
+    m_replicas->setText(replicas.isEmpty() ? QString() : tr("<b>Replicas differ:</b> ") + replicas.join("<br>"));
     QStringList notCompared;
     for (const std::string& line : describeNotCompared(m_controller->result()->notCompared))
         notCompared << QString::fromStdString(line).toHtmlEscaped();
@@ -467,7 +478,7 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
     const HeatmapSpec& s = m_settings.map;
     int head = -1;
     const float value = heatmapValue(*p, s, row, token, &head);
-    text += QString("<br>%1: <b>%2</b>").arg(QString::fromStdString(mapMetricLabel(s)),
+    text += QString("<br>%1: <b>%2</b>").arg(QString::fromStdString(mapMetricLabel(s, *p)),
                                              std::isnan(value) ? tr("no data") : QString::number(value, 'g', 4));
     if (const float noise = heatmapBaseValue(*p, s, row, token); !std::isnan(noise))
         text += tr("<br>dtype noise here (expected vs baseline): %1").arg(noise, 0, 'g', 4);

@@ -87,7 +87,8 @@ private:
     QListWidget* m_suspects;
     QLabel* m_evidence;
     QLabel* m_problems;
-    QLabel* m_notCompared;  // layers of groups kvscope does not compare (hybrid models)
+    QLabel* m_notCompared;
+    QLabel* m_replicas;  // TP copies that differ from the one analysed  // layers of groups kvscope does not compare (hybrid models)
     QTimer* m_poolTimer;
     QTimer* m_layerTimer;  // coalesces the redraws as layers finish
     bool m_layerPending = false;

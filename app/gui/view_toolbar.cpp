@@ -96,12 +96,14 @@ ViewSettings ViewToolbar::settings() const
     return s;
 }
 
-void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWay)
+void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts)
 {
     {
         const QSignalBlocker b1(m_prompt), b2(m_head), b3(m_metric);
         m_prompt->clear();
         m_prompt->addItems(prompts);
+        for (int i = 0; i < 2 && i < parts.size(); ++i)
+            m_part->setItemText(i, parts[i]);
         m_head->setRange(0, std::max(0, heads - 1));
         m_metric->setCurrentIndex(m_metric->findData(int(threeWay ? HeatmapMetric::ErrorRatio : HeatmapMetric::RelLinf)));
         m_autoRange = true;

@@ -32,7 +32,8 @@ public:
     ViewSettings settings() const;
     // A bundle was opened: its prompts, heads per layer, and whether it is three-way (then
     // the error ratio is shown first: dtype noise is ~1, bugs stand out).
-    void setPrompts(const QStringList& prompts, int heads, bool threeWay);
+    // `parts`: what K and V are called ("K", "V"; an MLA latent's "c_kv", "k_pe").
+    void setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts = {"K", "V"});
     void setPrompt(int index);
     void stepPrompt(int delta);
     void setMetric(HeatmapMetric metric);

@@ -10,6 +10,8 @@ void WorstCellsModel::setCells(const PromptAnalysis* prompt, std::vector<WorstCe
     m_cells = prompt ? std::move(cells) : std::vector<WorstCell>{};
     m_layers = prompt ? prompt->layers : std::vector<std::string>{};
     m_threeWay = prompt && prompt->threeWay;
+    m_partNames = prompt ? prompt->partNames : std::array<std::string, 2>{"k", "v"};
+    m_oneHead = prompt && prompt->heads == 1;
     endResetModel();
 }
 
@@ -43,7 +45,9 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
     case 1:
         return qlonglong(c.token);
     case 2:
-        return QString("%1 %2").arg(kvPartName(c.part)).arg(c.head);
+        if (m_oneHead)  // an MLA latent: one vector, no head to name
+            return QString::fromStdString(m_partNames[std::size_t(c.part)]);
+        return QString("%1 %2").arg(QString::fromStdString(m_partNames[std::size_t(c.part)])).arg(c.head);
     case 3:
         return m_threeWay ? QString::number(c.ratio, 'g', 4) : QString::number(c.error, 'g', 4);
     case 4:

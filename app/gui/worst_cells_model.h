@@ -5,6 +5,9 @@
 
 #include <QAbstractTableModel>
 
+#include <array>
+#include <string>
+
 namespace kvscope {
 
 class WorstCellsModel : public QAbstractTableModel {
@@ -25,6 +28,8 @@ private:
     std::vector<WorstCell> m_cells;
     std::vector<std::string> m_layers;
     bool m_threeWay = false;
+    std::array<std::string, 2> m_partNames{"k", "v"};  // c_kv, k_pe for an MLA latent
+    bool m_oneHead = false;
 };
 
 }  // namespace kvscope

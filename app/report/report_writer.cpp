@@ -153,7 +153,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                 spec.metric = metric;
                 spec.part = part;
                 const HeatmapGrid full = buildHeatmap(p, spec);
-                maps.push_back({p.id + "_" + kvPartName(part) + "_" + key, promptMapSpec(cfg, p, info, spec),
+                maps.push_back({p.id + "_" + partName(p, part) + "_" + key, promptMapSpec(cfg, p, info, spec),
                                 poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric))});
             }
     }
@@ -161,7 +161,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
         const AggregateBc& a = *result.aggregate;
         for (const bool vsNoise : {true, false})
             for (KvPart part : {KvPart::K, KvPart::V})
-                maps.push_back({std::string("aggregate_") + kvPartName(part) + (vsNoise ? "_bc_vs_noise" : "_bc"),
+                maps.push_back({std::string("aggregate_") + partLabel(cfg.firstCompared(), part) + (vsNoise ? "_bc_vs_noise" : "_bc"),
                                 acrossPromptsMapSpec(cfg, a, part, vsNoise),
                                 poolColumns(aggregateHeatmap(a, part, vsNoise), 0, a.generationCount, kMaxReportColumns, true)});
     }
@@ -318,16 +318,18 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
     }
     out << "</p>";
     writeMapBlocks(out, maps, p.id + "_");
-    out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>K/V</th><th>head</th><th>rel. L-inf</th>"
+    out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>" << html(partTitle(p, KvPart::K) + "/" + partTitle(p, KvPart::V)) << "</th><th>head</th><th>rel. L-inf</th>"
         << (p.threeWay ? "<th>noise floor</th><th>ratio</th>" : "") << "</tr>";
     for (const WorstCell& c : worstCells(p, 15)) {
         out << "<tr><td>" << html(p.layers[std::size_t(c.layer)]) << "</td><td>" << c.token << "</td><td>"
-            << kvPartName(c.part) << "</td><td>" << c.head << "</td><td>" << QString::number(c.error, 'g', 4) << "</td>";
+            << html(partName(p, c.part)) << "</td><td>" << c.head << "</td><td>" << QString::number(c.error, 'g', 4) << "</td>";
         if (p.threeWay)
             out << "<td>" << QString::number(c.baseError, 'g', 4) << "</td><td>" << QString::number(c.ratio, 'g', 4) << "</td>";
         out << "</tr>";
     }
     out << "</table>";
+    for (const ReplicaDifference& d : p.replicaDifferences)
+        out << "<p class=fail>Replicas differ: " << html(d.describe()) << "</p>";
     for (const std::string& problem : p.problems)
         out << "<p class=fail>" << html(problem) << "</p>";
 }

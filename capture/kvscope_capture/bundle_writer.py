@@ -92,6 +92,90 @@ def _scales(value, cache_shape, what):
                      f"head ({blocks}, {heads}, {block_size}) or ({blocks}, {block_size}, {heads})")
 
 
+def _mla_layer(group, kv, rows, subset, where):
+    """An MLA layer's cache as vLLM holds it, split into what a bundle stores: c_kv as the layer's
+    K [rows, 1, block_size, kv_lora_rank] and k_pe as its V [rows, 1, block_size, qk_rope_head_dim],
+    each (array, dtype, scale, finer scales). kv: the latent [rows, block_size, head_size] (a
+    tensor, torch.save bytes, or {'latent': t[, 'k_scale': s, 'block_ids': ids]} as
+    KvscopeWorkerExtension hands it over); fp8_ds_mla: uint8 [rows, block_size, 656-style
+    bytes]: kv_lora_rank e4m3 values, an fp32 scale per 128 of them, qk_rope_head_dim bf16."""
+    scale = None
+    if isinstance(kv, dict):
+        if "latent" not in kv:
+            raise ValueError(f"{where}: an MLA layer's dict needs 'latent' (the cache [blocks, block_size, "
+                             f"head_size]), has {sorted(kv)}")
+        scale = kv.get("k_scale")
+        kv = kv["latent"]
+    rank, rope, block_size = group["kv_lora_rank"], group["qk_rope_head_dim"], group["block_size"]
+    rows_text = "len(block_ids)" if subset else "num_blocks"
+    if group["ds_mla"]:
+        groups = rank // 128
+        width = rank + 4 * groups + 2 * rope
+        array, _ = to_array(kv, where, "float8_e4m3fn")
+        if array.dtype != np.uint8 or array.shape != (rows, block_size, width):
+            raise ValueError(f"{where}: an fp8_ds_mla latent must be uint8 [{rows_text}, block_size, {width}] "
+                             f"({rank} e4m3 values, {groups} fp32 scales, {rope} bf16 values), got "
+                             f"{array.dtype} {tuple(array.shape)}")
+        array = np.ascontiguousarray(array)
+        c_kv = array[..., :rank].reshape(rows, 1, block_size, rank)
+        scales = array[..., rank:rank + 4 * groups].copy().view("<f4").reshape(rows, 1, block_size, groups)
+        if not np.all(np.isfinite(scales)) or np.any(scales < 0):
+            raise ValueError(f"{where}: fp8_ds_mla scales must be finite and not negative")
+        k_pe = array[..., rank + 4 * groups:].copy().view("<u2").reshape(rows, 1, block_size, rope)
+        return [(np.ascontiguousarray(c_kv), "float8_e4m3fn", 1.0, scales.astype(np.float32)),
+                (np.ascontiguousarray(k_pe), "bfloat16", 1.0, None)]
+    array, dtype = to_array(kv, where, group["dtype"])
+    if array.shape != (rows, block_size, rank + rope):
+        raise ValueError(f"{where}: an MLA latent must be [{rows_text}, block_size, head_size] = "
+                         f"({rows}, {block_size}, {rank + rope}) (kv_lora_rank {rank} + qk_rope_head_dim {rope}), "
+                         f"got {tuple(array.shape)}")
+    if dtype != group["dtype"]:
+        raise ValueError(f"{where}: {dtype} but the config says {group['dtype']}")
+    quantised = dtype in QUANTISED
+    if quantised and scale is None:
+        raise ValueError(f"{where}: a {dtype} MLA cache needs its scale: pass {{'latent': t, 'k_scale': s}} "
+                         "(vLLM: layer._k_scale, which quantises c_kv and k_pe alike)")
+    shape = (rows, 1, block_size, rank)
+    s, finer = _scales(scale if quantised else None, shape, f"{where}, k_scale")
+    if finer is not None:
+        raise ValueError(f"{where}: an MLA cache has one scale (vLLM's _k_scale), got {finer.shape}")
+    return [(np.ascontiguousarray(array[..., :rank].reshape(shape)), dtype, s, None),
+            (np.ascontiguousarray(array[..., rank:].reshape(rows, 1, block_size, rope)), dtype, s, None)]
+
+
+def _mla_reference(value, group, where):
+    """An MLA layer's reference as (c_kv [batch, 1, seq, kv_lora_rank], k_pe [batch, 1, seq,
+    qk_rope_head_dim]), from the latent [batch, seq, head_size] (c_kv then k_pe, as vLLM caches
+    it) or the pair (c_kv [batch, seq, rank], k_pe [batch, seq, rope]) that
+    extract_hf_mla_latents gives (either may carry the head axis of one)."""
+    rank, rope = group["kv_lora_rank"], group["qk_rope_head_dim"]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+
+    def with_head_axis(x, width, what):
+        if torch is not None and isinstance(x, torch.Tensor):
+            x = x.detach().cpu()
+            x = x.unsqueeze(1) if x.dim() == 3 else x
+            shape = tuple(x.shape)
+        else:
+            x = np.asarray(x)
+            x = x[:, None] if x.ndim == 3 else x
+            shape = x.shape
+        if len(shape) != 4 or shape[1] != 1 or shape[3] != width:
+            raise ValueError(f"{where}, {what}: shape {shape}, expected [batch, seq, {width}] (or [batch, 1, seq, "
+                             f"{width}])")
+        return x
+
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{where}: expected the latent, or (c_kv, k_pe)")
+        return with_head_axis(value[0], rank, "c_kv"), with_head_axis(value[1], rope, "k_pe")
+    latent = with_head_axis(value, rank + rope, "latent")
+    return latent[..., :rank], latent[..., rank:]
+
+
 def _string_dataset(group, name, values):
     array, dtype = _fixed_strings(values)
     return _dataset(group, name, array, dtype=dtype)
@@ -148,6 +232,11 @@ class BundleWriter:
             raise ValueError(f"kv_cache_config: cannot be written as JSON ({e})") from e
         _string_dataset(self._file, "kv_cache_config", [text])
         self._config = config
+
+    @property
+    def is_mla(self):
+        """Whether the config's layers are MLA (their reference: extract_hf_mla_latents)."""
+        return any(g["compared"] and g["mla"] for g in self._need_config().groups)
 
     @property
     def kv_cache_config(self):
@@ -312,7 +401,7 @@ class BundleWriter:
             if keep_only_referenced:
                 rows = np.searchsorted(stored, referenced)
                 stored = referenced.astype(np.int64)
-                ranks = [{name: [(a[rows], d, sc, f[rows] if f is not None and f.ndim == 3 else f)
+                ranks = [{name: [(a[rows], d, sc, f[rows] if f is not None and f.ndim >= 3 else f)
                                  for (a, d, sc, f) in parts] for name, parts in layers.items()} for layers in ranks]
             row_of = None
         else:
@@ -346,10 +435,11 @@ class BundleWriter:
                     ds = _dataset(lg, part, data, chunk_rows=chunk_rows)
                     _set_string(ds, "dtype", dtype)
                     ds.attrs["scale"] = float(scale)
-                    if finer is not None:  # per head [heads], or per token and head [blocks, heads, block_size]
-                        if finer.ndim == 3 and row_of is not None:
+                    if finer is not None:  # per head [heads], per token and head [blocks, heads, block_size],
+                        # or per group of a token's values [blocks, heads, block_size, groups] (fp8_ds_mla)
+                        if finer.ndim >= 3 and row_of is not None:
                             finer = finer[row_of]
-                        sd = _dataset(lg, part + "_scale", finer, chunk_rows=chunk_rows if finer.ndim == 3 else None)
+                        sd = _dataset(lg, part + "_scale", finer, chunk_rows=chunk_rows if finer.ndim >= 3 else None)
                         _set_string(sd, "dtype", "float32")
         prompt["snapshots"].append({"seq_len": int(seq_len), "validated_until": validated_until})
 
@@ -357,23 +447,26 @@ class BundleWriter:
         group = cfg.group_of(layer)
         if isinstance(kv, (bytes, bytearray, memoryview)):
             kv = load_torch_bytes(kv, where)
-        scales = (None, None)
         block_ids = None
+        if isinstance(kv, dict) and kv.get("block_ids") is not None:
+            block_ids = to_int_array(kv["block_ids"], f"{where}, block_ids").reshape(-1)
+            if block_ids.size == 0 or np.any(np.diff(block_ids) <= 0) or block_ids[0] < 0 \
+                    or block_ids[-1] >= cfg.num_blocks:
+                raise ValueError(f"{where}: block_ids must be increasing block ids in [0, num_blocks "
+                                 f"{cfg.num_blocks}), got {block_ids[:8].tolist()}")
+        rows = cfg.num_blocks if block_ids is None else len(block_ids)
+        given = None if block_ids is None else tuple(int(b) for b in block_ids)
+        if group["mla"]:
+            return _mla_layer(group, kv, rows, block_ids is not None, where), given
+        scales = (None, None)
         if isinstance(kv, dict):
             if "k" not in kv or "v" not in kv:
                 raise ValueError(f"{where}: a dict needs 'k' and 'v', has {sorted(kv)}")
             scales = (kv.get("k_scale"), kv.get("v_scale"))
-            if kv.get("block_ids") is not None:
-                block_ids = to_int_array(kv["block_ids"], f"{where}, block_ids").reshape(-1)
-                if block_ids.size == 0 or np.any(np.diff(block_ids) <= 0) or block_ids[0] < 0 \
-                        or block_ids[-1] >= cfg.num_blocks:
-                    raise ValueError(f"{where}: block_ids must be increasing block ids in [0, num_blocks "
-                                     f"{cfg.num_blocks}), got {block_ids[:8].tolist()}")
             kv = (kv["k"], kv["v"])
         if not isinstance(kv, (tuple, list)) or len(kv) != 2:
             raise ValueError(f"{where}: expected (k, v), {{'k': k, 'v': v}} or torch.save bytes of that")
         out = []
-        rows = cfg.num_blocks if block_ids is None else len(block_ids)
         expected = (rows, cfg.heads_per_rank, group["block_size"], group["head_size"])
         quantised = group["dtype"] in QUANTISED
         if quantised and (scales[0] is None or scales[1] is None):
@@ -388,7 +481,7 @@ class BundleWriter:
             if dtype != group["dtype"]:
                 raise ValueError(f"{where}, {part}: {dtype} but the config says {group['dtype']}")
             out.append((array, dtype) + _scales(scale if quantised else None, expected, f"{where}, {part}_scale"))
-        return out, (None if block_ids is None else tuple(int(b) for b in block_ids))
+        return out, given
 
     # --- the reference -------------------------------------------------------------------
     def add_reference_kv(self, prompt_id, role, kv, batch_row=0):
@@ -420,21 +513,23 @@ class BundleWriter:
             raise ValueError(f"prompt {pid}, {role}: layers missing: {', '.join(missing[:4])}")
         arrays = {}
         for name in names:
-            pair = pairs[name]
+            group = cfg.group_of(name)
+            pair = _mla_reference(pairs[name], group, f"prompt {pid}, {role}, layer {name}") if group["mla"] \
+                else pairs[name]
             if not isinstance(pair, (tuple, list)) or len(pair) < 2:
                 raise ValueError(f"prompt {pid}, {role}, layer {name}: expected (k, v)")
-            group = cfg.group_of(name)
             arrays[name] = []
-            for part, value in zip("kv", pair[:2]):
+            for part, value, width in zip(group["part_names"], pair[:2], group["part_widths"]):
                 array, dtype = to_array(value, f"prompt {pid}, {role}, layer {name}, {part}")
-                if array.ndim != 4 or array.shape[1] != cfg.total_num_kv_heads or array.shape[3] != group["head_size"]:
+                if array.ndim != 4 or array.shape[1] != cfg.total_num_kv_heads or array.shape[3] != width:
                     raise ValueError(f"prompt {pid}, {role}, layer {name}, {part}: shape {tuple(array.shape)}, expected "
-                                     f"[batch, {cfg.total_num_kv_heads}, seq, {group['head_size']}]")
+                                     f"[batch, {cfg.total_num_kv_heads}, seq, {width}]")
                 if not 0 <= batch_row < array.shape[0]:
                     raise ValueError(f"prompt {pid}, {role}, layer {name}: batch_row {batch_row} outside the batch")
                 arrays[name].append((array, dtype))
-            if arrays[name][0][0].shape != arrays[name][1][0].shape:
-                raise ValueError(f"prompt {pid}, {role}, layer {name}: k and v differ in shape")
+            if arrays[name][0][0].shape[:3] != arrays[name][1][0].shape[:3]:
+                raise ValueError(f"prompt {pid}, {role}, layer {name}: {group['part_names'][0]} and "
+                                 f"{group['part_names'][1]} differ in batch, heads or seq")
         # HF trims a sliding-window layer's past_key_values to its window (W - 1 positions in
         # transformers' DynamicSlidingWindowLayer, W in some versions): such a layer holds the last
         # positions of the sequence, and kvscope reads the last W - 1 of them.

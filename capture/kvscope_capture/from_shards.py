@@ -4,6 +4,7 @@ reference model teacher-forced over the same tokens (the engine's own output).""
 
 from .bundle_writer import BundleWriter
 from .extract import extract_hf_kv_caches_teacher_forced
+from .hf_reference import extract_hf_mla_latents
 from .shards import ShardSet, safe_name
 
 
@@ -40,14 +41,16 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
             w.add_prompt(pid, tokens, prompt_len, token_strings=strings)
             w.add_engine_snapshot(pid, r.per_rank_kv(), r.block_tables(), r.seq_len)
             prompt, teacher = tokens[:prompt_len], tokens[prompt_len:]
+            # An MLA model's reference is its latents (HF caches the up-projected K and V).
+            extract = extract_hf_mla_latents if w.is_mla else extract_hf_kv_caches_teacher_forced
             for role, hf in (("expected", expected_model), ("baseline", baseline_model)):
                 if hf is None:
                     continue
                 if teacher:
-                    logits, kv = extract_hf_kv_caches_teacher_forced(hf, prompt, teacher, return_logits=True)
+                    logits, kv = extract(hf, prompt, teacher, return_logits=True)
                     w.add_logits(pid, role, logits)
                 else:
-                    kv = extract_hf_kv_caches_teacher_forced(hf, prompt, teacher)
+                    kv = extract(hf, prompt, teacher)
                 w.add_reference_kv(pid, role, kv)
             written.append(pid)
     return written

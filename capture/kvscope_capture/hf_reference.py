@@ -28,7 +28,7 @@ def _interleave_pairs(x):
     return x.reshape(*x.shape[:-1], 2, d // 2).transpose(-1, -2).reshape(x.shape)
 
 
-def extract_hf_mla_latents(model, input_ids, teacher_tokens=(), rope_order="vllm"):
+def extract_hf_mla_latents(model, input_ids, teacher_tokens=(), rope_order="vllm", return_logits=False):
     """What vLLM's MLA cache holds, computed by HF's DeepSeek model over prompt + teacher tokens in
     one forward pass: per attention layer in model order, (c_kv [1, seq, kv_lora_rank],
     k_pe [1, seq, qk_rope_head_dim]).
@@ -36,7 +36,9 @@ def extract_hf_mla_latents(model, input_ids, teacher_tokens=(), rope_order="vllm
     c_kv is the output of `self_attn.kv_a_layernorm` (a forward hook); k_pe is the rotary part of
     the keys HF caches (`past_key_values` keys [..., qk_nope_head_dim:], the same for every head),
     after RoPE. HF with `rope_interleave` rotates the de-interleaved (halves) order, vLLM the pairs
-    (is_neox_style=False): rope_order "vllm" gives k_pe in vLLM's order, "hf" as HF caches it."""
+    (is_neox_style=False): rope_order "vllm" gives k_pe in vLLM's order, "hf" as HF caches it.
+    return_logits: (logits, latents), the logits of the teacher positions [len(teacher_tokens),
+    vocab] (step g predicts prompt_len + g), as extract_hf_kv_caches_teacher_forced gives them."""
     import torch
 
     if rope_order not in ("vllm", "hf"):
@@ -67,4 +69,7 @@ def extract_hf_mla_latents(model, input_ids, teacher_tokens=(), rope_order="vllm
         if name not in latents:
             raise ValueError(f"{name}.kv_a_layernorm did not run in the forward pass")
         result.append((latents[name], k_pe))
-    return tuple(result)
+    if not return_logits:
+        return tuple(result)
+    start = torch.as_tensor(input_ids).numel() - 1
+    return out.logits[0, start:start + len(teacher_tokens)], tuple(result)

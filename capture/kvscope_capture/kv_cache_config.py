@@ -12,10 +12,14 @@ def model_order(names):
     return sorted(names, key=key)
 
 
-COMPARED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
+COMPARED = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec", "MLAAttentionSpec")
 # Groups kvscope lists but does not compare, and what their layers are (as kvscope's reader says).
-NOT_COMPARED = {"MambaSpec": "state-space layers", "MLAAttentionSpec": "MLA latent layers (not supported yet)",
-                "CrossAttentionSpec": "encoder layers", "EncoderOnlyAttentionSpec": "encoder layers"}
+NOT_COMPARED = {"MambaSpec": "state-space layers", "CrossAttentionSpec": "encoder layers",
+                "EncoderOnlyAttentionSpec": "encoder layers"}
+# fp8_ds_mla (FlashMLA): per token kv_lora_rank e4m3 values, an fp32 scale per 128 of them, then
+# qk_rope_head_dim bf16 values.
+DS_MLA = "fp8_ds_mla"
+DS_MLA_GROUP = 128
 
 
 class KvCacheConfig:
@@ -82,7 +86,9 @@ class KvCacheConfig:
             chunk = None  # also on FullAttentionSpec when vLLM's hybrid manager is off
             if spec == "ChunkedLocalAttentionSpec" or group.get("attention_chunk_size") is not None:
                 chunk = integer(group, "attention_chunk_size", where)
-            dtype = canonical_dtype(group.get("dtype"))
+            mla = spec == "MLAAttentionSpec"
+            ds_mla = mla and group.get("dtype") == DS_MLA
+            dtype = "float8_e4m3fn" if ds_mla else canonical_dtype(group.get("dtype"))
             if dtype is None:
                 raise ValueError(f"kv_cache_config.{where}dtype: unsupported dtype {group.get('dtype')!r} "
                                  f"(supported: {', '.join(DTYPES)})")
@@ -96,13 +102,37 @@ class KvCacheConfig:
                 "attention_chunk_size": chunk,
                 "dtype": dtype,
                 "compared": True,
+                "mla": mla,
+                "ds_mla": ds_mla,
             }
+            # A bundle keeps an MLA latent's c_kv as the layer's K and k_pe as its V.
+            entry["part_widths"] = (entry["head_size"],) * 2
+            entry["part_names"] = ("k", "v")
+            entry["part_dtypes"] = (dtype, dtype)
+            if mla:
+                rank = integer(group, "kv_lora_rank", where, hi=1 << 14)
+                rope = integer(group, "qk_rope_head_dim", where, lo=0, hi=1 << 14)
+                if rank + rope != entry["head_size"]:
+                    raise ValueError(f"kv_cache_config.{where}head_size: {entry['head_size']} is not kv_lora_rank "
+                                     f"{rank} + qk_rope_head_dim {rope}")
+                if rope % 2:
+                    raise ValueError(f"kv_cache_config.{where}qk_rope_head_dim: {rope} is odd (rotary pairs)")
+                if ds_mla and rank % DS_MLA_GROUP:
+                    raise ValueError(f"kv_cache_config.{where}kv_lora_rank: fp8_ds_mla needs a multiple of "
+                                     f"{DS_MLA_GROUP}, got {rank}")
+                entry.update(kv_lora_rank=rank, qk_rope_head_dim=rope, part_widths=(rank, rope),
+                             part_names=("c_kv", "k_pe"), part_dtypes=(dtype, "bfloat16" if ds_mla else dtype))
+                # The latent is one vector per token on every rank (TP replicates it).
+                self.total_num_kv_heads, self.heads_per_rank = 1, 1
+            if any(g["compared"] and g["mla"] != mla for g in self.groups):
+                raise ValueError(f"kv_cache_config.{where}spec_type: {spec} beside other attention: a config mixing "
+                                 "MLA and other attention is not supported")
             head_sizes.add(entry["head_size"])
             if len(head_sizes) > 1:
                 raise ValueError(f"kv_cache_config.{where}head_size: differs from groups[0]")
             if entry["num_kv_heads"] != self.heads_per_rank:
                 raise ValueError(f"kv_cache_config.{where}num_kv_heads: {entry['num_kv_heads']} per rank disagrees with "
-                                 f"total_num_kv_heads {total} over tp_size {tp} (expected {self.heads_per_rank})")
+                                 f"total_num_kv_heads {self.total_num_kv_heads} over tp_size {tp} (expected {self.heads_per_rank})")
             self.groups.append(entry)
         self.layer_to_group = {name: g for g, group in enumerate(self.groups) for name in group["layer_names"]}
         if not self.layer_names():

@@ -249,26 +249,41 @@ class Connector(unittest.TestCase):
                     got = f[f"prompts/r0/engine/{name}"][part][()]
                     np.testing.assert_array_equal(got[:, :44], want[:, :44], err_msg=f"{name} {part}")
 
-    def test_mla_shards_hold_the_latents(self):
-        cluster = vc.Cluster([vc.Group(L[:2], vc.FlashMLABackend, mla=True)], total_heads=1, head_size=24, tp=2,
-                             output_dir=self.shards)
-        g = torch.Generator().manual_seed(3)
-        latents = {n: torch.randn(45, 24, generator=g).to(torch.bfloat16) for n in L[:2]}
-        _, block_ids = self.capture(cluster, "mla", latents)
-        shards = ShardSet(self.shards)
-        self.assertEqual(shards.incomplete, {})
-        (request,) = shards.requests
-        for rank in request.per_rank_kv():  # replicated: every rank holds the same latents
-            for name in L[:2]:
-                entry = rank[name]
-                blocks = entry["block_ids"]
-                for i, b in enumerate(block_ids[0]):
-                    row = blocks.index(b)
-                    got = entry["latent"][row][:min(16, 44 - i * 16)]
-                    self.assertTrue(torch.equal(got, latents[name][i * 16:i * 16 + len(got)]))
-        with self.assertRaisesRegex(ValueError, r"no group kvscope compares \(only MLAAttentionSpec\)"):
-            bundle_from_shards(self.shards, os.path.join(self.tmp.name, "mla.h5"),
-                               vc.FixedReference([]), log=self.fail)
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_mla_shards_to_a_bundle(self):
+        """An MLA model's latents (c_kv 16, k_pe 8) from the connector to an analysis; a TP rank
+        whose copy of one position differs is named with its block."""
+        for fault in (None, (1, L[1], 37)):
+            with self.subTest(replica_fault=fault):
+                self.shards = os.path.join(self.tmp.name, f"mla_{fault is not None}")
+                cluster = vc.Cluster([vc.Group(L[:2], vc.FlashMLABackend, mla=True)], total_heads=1, head_size=24,
+                                     tp=2, output_dir=self.shards, replica_fault=fault)
+                g = torch.Generator().manual_seed(3)
+                latents = {n: torch.randn(45, 24, generator=g).to(torch.bfloat16) for n in L[:2]}
+                _, block_ids = self.capture(cluster, "mla", latents)
+                shards = ShardSet(self.shards)
+                self.assertEqual(shards.incomplete, {})
+                (request,) = shards.requests
+                rank = request.per_rank_kv()[0]  # rank 0 wrote every value right
+                for name in L[:2]:
+                    entry = rank[name]
+                    for i, b in enumerate(block_ids[0]):
+                        got = entry["latent"][entry["block_ids"].index(b)][:min(16, 44 - i * 16)]
+                        self.assertTrue(torch.equal(got, latents[name][i * 16:i * 16 + len(got)]))
+                reference = vc.FixedMlaReference([(latents[n][:, :16], latents[n][:, 16:]) for n in L[:2]])
+                bundle = os.path.join(self.tmp.name, f"mla_{fault is not None}.h5")
+                bundle_from_shards(self.shards, bundle, reference, log=self.fail)
+                prompt = analyse(bundle, self.tmp.name)["prompts"][0]
+                self.assertEqual(prompt["part_names"], ["c_kv", "k_pe"])
+                self.assertEqual((prompt["num_heads"], prompt["head_dim"], prompt["v_head_dim"]), (1, 16, 8))
+                self.assertEqual(prompt["suspects"], [])  # rank 0's copy, the one analysed, is the reference
+                if fault is None:
+                    self.assertEqual(prompt["replica_differences"], [])
+                    continue
+                (d,) = prompt["replica_differences"]
+                self.assertEqual((d["rank"], d["against_rank"], d["layer"], d["blocks"]), (1, 0, L[1], 1))
+                self.assertEqual(d["physical_block"], block_ids[0][37 // 16])
+                self.assertEqual((d["logical_block"], d["positions"]), (2, [32, 43]))
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_hybrid_model_to_a_bundle(self):

@@ -203,8 +203,11 @@ class Cluster:
     replicated on every TP rank); dtype the cache's (torch.uint8 codes with cache_dtype "fp8")."""
 
     def __init__(self, groups, total_heads=4, head_size=8, tp=1, pp=1, num_blocks=48, dtype=torch.bfloat16,
-                 cache_dtype="auto", scales=None, output_dir=None, seed=0, alias=None):
+                 cache_dtype="auto", scales=None, output_dir=None, seed=0, alias=None, replica_fault=None):
         self.groups, self.total_heads, self.head_size = groups, total_heads, head_size
+        # (tp_rank, layer, position): that rank writes a wrong value there (MLA: its copy of the
+        # latent then differs from the other ranks').
+        self.replica_fault = replica_fault
         self.tp, self.pp, self.num_blocks, self.dtype = tp, pp, num_blocks, dtype
         self.rng = np.random.default_rng(seed)
         self.free = list(self.rng.permutation(np.arange(1, num_blocks)))  # block 0: the null block
@@ -260,7 +263,11 @@ class Cluster:
             parallel_config=types.SimpleNamespace(tensor_parallel_size=self.tp, pipeline_parallel_size=self.pp,
                                                   decode_context_parallel_size=1),
             cache_config=types.SimpleNamespace(cache_dtype=cache_dtype, block_size=self.groups[0].block_size),
-            model_config=types.SimpleNamespace(get_total_num_kv_heads=lambda: self.total_heads),
+            # DeepSeek's config names the latent's two widths (an MLA cache's head_size is their sum).
+            model_config=types.SimpleNamespace(get_total_num_kv_heads=lambda: self.total_heads,
+                                               hf_text_config=types.SimpleNamespace(
+                                                   kv_lora_rank=self.head_size - self.head_size // 3,
+                                                   qk_rope_head_dim=self.head_size // 3)),
             compilation_config=types.SimpleNamespace(static_forward_context=dict(layers)),
             kv_transfer_config=self.kv_transfer_config)
         kv_cache_config = types.SimpleNamespace(num_blocks=self.num_blocks, kv_cache_groups=kv_groups)
@@ -302,7 +309,10 @@ class Cluster:
                         block = ids[p // bs] * (bs // group.kernel_block_size) + (p % bs) // group.kernel_block_size
                         offset = (p % bs) % group.kernel_block_size
                         if group.mla:
-                            group.backend.write(cache, block, offset, kv[name][p], None, self.head_size)
+                            latent = kv[name][p]
+                            if self.replica_fault == (worker.tp_rank, name, p):
+                                latent = latent * 1.5
+                            group.backend.write(cache, block, offset, latent, None, self.head_size)
                         else:
                             k, v = kv[name]
                             group.backend.write(cache, block, offset, k[heads, p], v[heads, p], self.head_size)
@@ -372,6 +382,45 @@ class FakeLLM:
 
     def collective_rpc(self, method, args=(), kwargs=None):
         return [self.cluster.call(w.place, getattr(w, method), *args, **(kwargs or {})) for w in self.workers]
+
+
+class FixedMlaReference(torch.nn.Module):
+    """An HF DeepSeek stand-in: attention modules named as HF names them, whose kv_a_layernorm
+    outputs the given c_kv and whose cached keys end with the given k_pe (the same for every head,
+    after qk_nope_head_dim values), as extract_hf_mla_latents reads them. Fixed random logits."""
+
+    class _Latent(torch.nn.Module):
+        def __init__(self, c_kv):
+            super().__init__()
+            self.c_kv = c_kv
+
+        def forward(self, n):
+            return self.c_kv[None, :n]
+
+    def __init__(self, latents_in_model_order, heads=2, nope=4, vocab=16):
+        super().__init__()
+        self.heads, self.nope, self.vocab = heads, nope, vocab
+        self.layers = torch.nn.ModuleList()
+        self.k_pe = [k_pe for _, k_pe in latents_in_model_order]
+        for c_kv, _ in latents_in_model_order:
+            attention = torch.nn.Module()
+            attention.kv_a_layernorm = self._Latent(c_kv)
+            attention.kv_a_proj_with_mqa = torch.nn.Identity()
+            attention.qk_nope_head_dim = nope
+            layer = torch.nn.Module()
+            layer.self_attn = attention
+            self.layers.append(layer)
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True):
+        n = input_ids.shape[1]
+        cache = []
+        for layer, k_pe in zip(self.layers, self.k_pe):
+            layer.self_attn.kv_a_layernorm(n)
+            rope = k_pe[None, None, :n].expand(1, self.heads, n, k_pe.shape[-1])
+            keys = torch.cat([torch.zeros(1, self.heads, n, self.nope, dtype=k_pe.dtype), rope], -1)
+            cache.append(types.SimpleNamespace(keys=keys, values=torch.zeros(1, self.heads, n, self.nope)))
+        logits = torch.randn(1, n, self.vocab, generator=torch.Generator().manual_seed(n))
+        return types.SimpleNamespace(logits=logits, past_key_values=types.SimpleNamespace(layers=cache))
 
 
 class FixedReference:

@@ -86,7 +86,10 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         .field("prompt_len", p.promptLen)
         .field("num_tokens", p.tokens)
         .field("num_heads", p.heads)
-        .field("head_dim", p.headDim)
+        .field("head_dim", p.dims.k)
+        .field("v_head_dim", p.dims.v)
+        .key("part_names")
+        .strings(std::vector<std::string>(p.partNames.begin(), p.partNames.end()))
         .key("layer_names")
         .strings(p.layers)
         .key("layer_groups")
@@ -128,6 +131,22 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         w.endObject();
     }
     writeSuspects(w.key("suspects"), p.suspects);
+    w.key("replica_differences").array(p.replicaDifferences.size(), [&](std::size_t i) {
+        const ReplicaDifference& d = p.replicaDifferences[i];
+        w.beginObject()
+            .field("layer", d.layer)
+            .field("snapshot", std::int64_t(d.snapshot))
+            .field("rank", d.rank)
+            .field("against_rank", d.againstRank)
+            .field("part", d.part)
+            .field("physical_block", d.physicalBlock)
+            .field("logical_block", d.logicalBlock)
+            .key("positions")
+            .numbers(std::vector<std::int64_t>{d.firstPosition, d.lastPosition})
+            .field("blocks", d.blocks)
+            .field("text", d.describe())
+            .endObject();
+    });
     w.key("problems").strings(p.problems).key("non_finite").array(p.nonFinite.size(), [&](std::size_t i) {
         const NonFiniteCell& c = p.nonFinite[i];
         w.beginObject()

@@ -1,6 +1,7 @@
 #include "analysis/analysis_result.h"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <thread>
 
@@ -17,6 +18,14 @@ const char* metricName(Metric metric)
 bool isBaseMetric(Metric metric)
 {
     return int(metric) >= int(Metric::BaseKCos);
+}
+
+std::string partTitle(const PromptAnalysis& p, KvPart part)
+{
+    std::string name = partName(p, part);
+    if (name.size() == 1)
+        name[0] = char(std::toupper(static_cast<unsigned char>(name[0])));
+    return name;
 }
 
 Metric baseOf(Metric metric)

@@ -9,7 +9,9 @@
 #include "format/raw_tensor.h"
 #include "format/paged_kv.h"
 #include "kv/layer_kv.h"
+#include "kv/replica_check.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -63,7 +65,9 @@ struct PromptAnalysis {
     std::int64_t promptLen = 0;
     std::int64_t tokens = 0;
     int heads = 0;
-    int headDim = 0;
+    HeadDims dims;  // of K and V (MLA: c_kv and k_pe)
+    // What K and V are called: "k", "v", or an MLA cache's "c_kv", "k_pe".
+    std::array<std::string, 2> partNames{"k", "v"};
     bool threeWay = false;
     std::vector<std::string> layers;  // analysed layers, in model order
     std::vector<int> layerGroups;
@@ -82,6 +86,8 @@ struct PromptAnalysis {
     std::array<FloatBuffer, 2> quantL2;             // [K/V][layer][token]
     std::vector<NonFiniteCell> nonFinite;
     std::vector<std::string> problems;  // what could not be analysed, and why
+    // Where TP replicates KV: rank copies that differ from the one analysed (kv/replica_check.h).
+    std::vector<ReplicaDifference> replicaDifferences;
     std::vector<Suspect> suspects;      // best first (analysis/suspect_search.h)
 
     void allocate();
@@ -175,7 +181,11 @@ Extreme layerMinBcVsNoise(const PromptAnalysis& p, KvPart part, int layer);
 inline constexpr std::int64_t kMinValuesForTokenBc = 1000;
 inline bool tokenBcMeaningful(const PromptAnalysis& p)
 {
-    return std::int64_t(p.heads) * p.headDim >= kMinValuesForTokenBc;
+    return std::int64_t(p.heads) * std::min(p.dims.k, p.dims.v) >= kMinValuesForTokenBc;
 }
+// What `part` is called in prompt `p` ("k", "v", "c_kv", "k_pe"), and upper-cased for
+// headings of attention layers ("K", "V"; MLA's names stay as they are).
+inline const std::string& partName(const PromptAnalysis& p, KvPart part) { return p.partNames[std::size_t(part)]; }
+std::string partTitle(const PromptAnalysis& p, KvPart part);
 
 }  // namespace kvscope

@@ -55,7 +55,10 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     p.promptLen = info.promptLen;
     p.tokens = info.snapshots.back().seqLen();
     p.heads = config.totalNumKvHeads;
-    p.headDim = config.firstCompared().headSize;
+    const KvCacheGroup& group = config.firstCompared();
+    p.dims = headDimsOf(group);
+    for (KvPart part : {KvPart::K, KvPart::V})
+        p.partNames[std::size_t(part)] = partLabel(group, part);
     p.threeWay = info.hasBaseline;
     p.layers = layers;
     for (const std::string& layer : layers) {
@@ -111,6 +114,7 @@ struct LayerInputs {
     int layer = -1;
     std::vector<LayerSides> sides;
     std::vector<std::vector<std::string>> problems;
+    std::vector<std::vector<ReplicaDifference>> replicas;  // per prompt (replicated TP only)
     // Per prompt, the error reading each side (engine, reference, base); the first is
     // reported, as if the sides were read in that order and the rest then left.
     std::vector<std::array<std::string, 3>> errors;
@@ -175,8 +179,10 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
     if (cancelled() || (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
         return;  // read one after another: the sides after a failure are left
     try {
-        if (side == 0)
+        if (side == 0) {
             s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt]);
+            in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name);
+        }
         else if (side == 1)
             s.reference = m_loader.referenceSource(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, name);
         else if (p.threeWay)
@@ -192,6 +198,7 @@ void AnalysisRun::read(LayerInputs& in, int layer, WorkTeam* team)
     in.layer = layer;
     in.sides.resize(prompts);
     in.problems.resize(prompts);
+    in.replicas.resize(prompts);
     in.errors.resize(prompts);
     if (team)
         team->run(int(prompts) * 3, [&](int task, int) { readSide(in, std::size_t(task / 3), task % 3, false); });
@@ -222,7 +229,7 @@ CacheScales cacheScalesOf(const LayerSource& engine)
             for (int h = 0; h < engine.heads; ++h) {
                 const LayerSource::Storage storage = engine.storedAs(part, pos, h);
                 scales.granularity = storage.granularity;
-                if (storage.granularity != ScaleGranularity::TokenHead)
+                if (storage.granularity != ScaleGranularity::TokenHead && storage.granularity != ScaleGranularity::TokenGroup)
                     scales.heads[std::size_t(part)].push_back(storage.scale);
             }
         break;
@@ -248,6 +255,7 @@ void AnalysisRun::compare(LayerInputs& in)
             compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, team());
         }
         p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
+        p.replicaDifferences.insert(p.replicaDifferences.end(), in.replicas[pi].begin(), in.replicas[pi].end());
         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
     }
     if (cancelled())

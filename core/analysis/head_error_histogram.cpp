@@ -30,7 +30,7 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
         if (!reference.present[i] || !actual.present[i] || (base && !base->present[i]))
             continue;  // only tokens every side holds
         ++tokens;
-        for (int d = 0; d < reference.headDim; ++d) {
+        for (int d = 0; d < reference.headDim(part); ++d) {
             actualErrors.push_back(std::fabs(at(reference, t)[d] - at(actual, t)[d]));
             if (base)
                 baseErrors.push_back(std::fabs(at(reference, t)[d] - at(*base, t)[d]));

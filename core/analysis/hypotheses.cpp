@@ -40,7 +40,7 @@ class Tester {
 public:
     explicit Tester(const HypothesisInput& in)
         : m_in(in)
-        , m_dim(in.prompt.headDim)
+        , m_dims(in.prompt.dims)
     {
         const std::size_t n = in.cells.size();
         const std::size_t stride = std::max<std::size_t>(1, (n + kMaxCells - 1) / kMaxCells);
@@ -53,7 +53,10 @@ public:
     }
 
     const std::vector<OffCell>& cells() const { return m_cells; }
-    int dim() const { return m_dim; }
+    int dim(KvPart part) const { return m_dims.of(part); }
+    std::string name(KvPart part) const { return partTitle(m_in.prompt, part); }
+    // The part RoPE turns: K, or an MLA cache's k_pe (its V slot).
+    KvPart rotary() const { return m_in.config.isMla() ? KvPart::V : KvPart::K; }
     bool hasPart(KvPart part) const { return m_parts.count(part) > 0; }
     const std::set<int>& heads() const { return m_heads; }
 
@@ -72,7 +75,7 @@ public:
         const float* ref = reference(c.token, c.head, c.part);
         if (!ref || !predicted)
             return kInf;
-        return m_in.ratios.between(m_in.layer, c.token, c.part, ref, predicted, engine(c), m_dim);
+        return m_in.ratios.between(m_in.layer, c.token, c.part, ref, predicted, engine(c), dim(c.part));
     }
     // The median residual over `cells` (default: all sampled) of a prediction per cell
     // (`predict` fills `out`, or returns false where it predicts nothing).
@@ -81,7 +84,7 @@ public:
                           const std::vector<OffCell>* subset = nullptr) const
     {
         std::vector<double> r;
-        std::vector<float> out(static_cast<std::size_t>(m_dim));
+        std::vector<float> out(static_cast<std::size_t>(std::max(m_dims.k, m_dims.v)));
         std::size_t within = 0;
         for (const OffCell& c : subset ? *subset : m_cells) {
             r.push_back(predict(c, out.data()) ? residual(c, out.data()) : kInf);
@@ -101,7 +104,7 @@ public:
 
 private:
     const HypothesisInput& m_in;
-    int m_dim;
+    HeadDims m_dims;
     std::vector<OffCell> m_cells;
     std::set<KvPart> m_parts;
     std::set<int> m_heads;
@@ -115,14 +118,15 @@ struct Tried {
 
 std::string partsText(const Tester& t)
 {
-    return t.hasPart(KvPart::K) && t.hasPart(KvPart::V) ? "K and V" : t.hasPart(KvPart::K) ? "K" : "V";
+    return t.hasPart(KvPart::K) && t.hasPart(KvPart::V) ? t.name(KvPart::K) + " and " + t.name(KvPart::V)
+                                                        : t.name(t.hasPart(KvPart::K) ? KvPart::K : KvPart::V);
 }
 
 void tryZeros(const Tester& t, std::vector<Tried>& out)
 {
     Hypothesis h{"zeros", {}, partsText(t) + " hold zeros there: never written (or zeroed)", 0, 0};
-    h.residualFloors = t.medianResidual([&](const OffCell&, float* p) {
-        std::fill_n(p, t.dim(), 0.0f);
+    h.residualFloors = t.medianResidual([&](const OffCell& c, float* p) {
+        std::fill_n(p, t.dim(c.part), 0.0f);
         return true;
     });
     h.explainedShare = t.share();
@@ -141,7 +145,7 @@ void tryTokenShift(const Tester& t, const HypothesisInput& in, std::vector<Tried
         return t.medianResidual([&](const OffCell& c, float* p) {
             const float* src = t.reference(c.token + d, c.head, c.part);
             if (src)
-                std::copy_n(src, t.dim(), p);
+                std::copy_n(src, t.dim(c.part), p);
             return src != nullptr;
         }, subset);
     };
@@ -190,7 +194,7 @@ void tryHeadMap(const Tester& t, const HypothesisInput& in, std::vector<Tried>& 
             const double r = t.medianResidual([&](const OffCell& c, float* p) {
                 const float* src = t.reference(c.token, j, c.part);
                 if (src)
-                    std::copy_n(src, t.dim(), p);
+                    std::copy_n(src, t.dim(c.part), p);
                 return src != nullptr;
             }, &own);
             if (r < best)
@@ -201,7 +205,7 @@ void tryHeadMap(const Tester& t, const HypothesisInput& in, std::vector<Tried>& 
     const double r = t.medianResidual([&](const OffCell& c, float* p) {
         const float* src = t.reference(c.token, mapping.at(c.head), c.part);
         if (src)
-            std::copy_n(src, t.dim(), p);
+            std::copy_n(src, t.dim(c.part), p);
         return src != nullptr;
     });
     Hypothesis h{"head_swap", {}, "", r, 0, t.share()};
@@ -244,10 +248,12 @@ void tryHeadMap(const Tester& t, const HypothesisInput& in, std::vector<Tried>& 
 
 void tryKvSwap(const Tester& t, std::vector<Tried>& out)
 {
+    if (t.dim(KvPart::K) != t.dim(KvPart::V))
+        return;  // MLA's c_kv and k_pe: different widths, never swapped
     const double r = t.medianResidual([&](const OffCell& c, float* p) {
         const float* src = t.reference(c.token, c.head, c.part == KvPart::K ? KvPart::V : KvPart::K);
         if (src)
-            std::copy_n(src, t.dim(), p);
+            std::copy_n(src, t.dim(c.part), p);
         return src != nullptr;
     });
     out.push_back({{"kv_swap", {}, "K holds the reference's V and V its K", r, 0, t.share()}, 1});
@@ -263,7 +269,7 @@ void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& ou
             continue;
         const float* a = t.engine(c);
         auto& [ar, rr] = sums[{c.head, int(c.part)}];
-        for (int i = 0; i < t.dim(); ++i)
+        for (int i = 0; i < t.dim(c.part); ++i)
             ar += double(a[i]) * r[i], rr += double(r[i]) * r[i];
     }
     std::map<std::pair<int, int>, double> factor;
@@ -279,7 +285,7 @@ void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& ou
         if (!src)
             return false;
         const double f = factor.at({c.head, int(c.part)});
-        for (int i = 0; i < t.dim(); ++i)
+        for (int i = 0; i < t.dim(c.part); ++i)
             p[i] = float(f * src[i]);
         return true;
     });
@@ -323,9 +329,9 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
             continue;
         const float* a = t.engine(c);
         float largest = 0;
-        for (int i = 0; i < t.dim(); ++i)
+        for (int i = 0; i < t.dim(c.part); ++i)
             largest = std::max(largest, std::fabs(r[i]));
-        for (int i = 0; i < t.dim(); ++i)
+        for (int i = 0; i < t.dim(c.part); ++i)
             if (std::fabs(r[i]) > 0.25f * largest && largest > 0)
                 ratios[{c.head, int(c.part)}].push_back(double(a[i]) / double(r[i]));
     }
@@ -344,7 +350,7 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
             if (!src || !(encoded > 0))
                 return false;
             const float declaredScale = float(scaleOf(c.head, c.part));
-            for (int i = 0; i < t.dim(); ++i)
+            for (int i = 0; i < t.dim(c.part); ++i)
                 predicted[i] = roundToDType(dtype, float(src[i] / encoded)) * declaredScale;
             return true;
         });
@@ -405,21 +411,23 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
 
 void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
-    if (!in.rope || !t.hasPart(KvPart::K))
+    const KvPart rotary = t.rotary();
+    if (!in.rope || !t.hasPart(rotary))
         return;
     const RopeSettings model = *in.rope;
-    const int dim = t.dim();
+    const int dim = t.dim(rotary);
+    const std::string rotated = t.name(rotary);
     std::vector<double> given(static_cast<std::size_t>(dim)), turned(static_cast<std::size_t>(dim)),
         raw(static_cast<std::size_t>(dim));
-    // The engine's K predicted by `rotate` applied to the reference's K; V predicted unchanged.
+    // The engine's rotary part predicted by `rotate` applied to the reference's; the other unchanged.
     using Rotate = std::function<void(const OffCell&, const double*, double*)>;
     const auto kRotated = [&](const Rotate& rotate, const std::vector<OffCell>* subset = nullptr) {
         return t.medianResidual([&](const OffCell& c, float* p) {
             const float* src = t.reference(c.token, c.head, c.part);
             if (!src)
                 return false;
-            if (c.part == KvPart::V) {
-                std::copy_n(src, dim, p);
+            if (c.part != rotary) {
+                std::copy_n(src, t.dim(c.part), p);
                 return true;
             }
             std::copy_n(src, dim, given.begin());
@@ -445,7 +453,7 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
     // cells, the best few on all of them.
     std::vector<OffCell> few;
     for (const OffCell& c : t.cells())
-        if (c.part == KvPart::K && few.size() < 16)
+        if (c.part == rotary && few.size() < 16)
             few.push_back(c);
     RopeRotation turn(model, dim);
     const auto byOffset = [&](std::int64_t d, const std::vector<OffCell>* subset) {
@@ -467,7 +475,7 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
             best = r, bestOffset = coarse[i].second, bestShare = t.share();
     }
     const auto same = [](std::int64_t token) { return double(token); };
-    const std::string offsetText = "K rotated for position " + std::string(bestOffset > 0 ? "+" : "") +
+    const std::string offsetText = rotated + " rotated for position " + std::string(bestOffset > 0 ? "+" : "") +
                                    std::to_string(bestOffset) +
                                    (bestOffset < -8 ? " (positions restarted " + std::to_string(-bestOffset) +
                                                           " tokens in, as a chunked prefill that resets them would)"
@@ -477,7 +485,7 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
     RopeSettings other = model;
     other.neoxStyle = !model.neoxStyle;
     out.push_back({{"rope_convention", {},
-                    std::string("K rotated in the other pair convention (") + (other.neoxStyle ? "rotated halves" : "interleaved pairs") +
+                    rotated + " rotated in the other pair convention (" + (other.neoxStyle ? "rotated halves" : "interleaved pairs") +
                         " where the model uses " + (model.neoxStyle ? "rotated halves" : "interleaved pairs") + ")",
                     predict(other, same), 0, t.share()}, 1});
 
@@ -502,12 +510,12 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
     if (const auto b = bestVariant({1e4, 5e4, 1e5, 5e5, 1e6, 1e7}, model.theta,
                                    [](RopeSettings& r, double v) { r.theta = v; }))
         out.push_back({{"rope_base", {{"theta", b->value}},
-                        "K rotated with base " + number(b->value, 6) + " where the model's is " + number(model.theta, 6),
+                        rotated + " rotated with base " + number(b->value, 6) + " where the model's is " + number(model.theta, 6),
                         b->residual, 0, b->share}, 1});
     if (const auto b = bestVariant({0.25, 0.5, 1.0, 2.0, 4.0, 8.0}, model.positionScale,
                                    [](RopeSettings& r, double v) { r.positionScale = v; }))
         out.push_back({{"rope_scaling", {{"factor", b->value}},
-                        "K rotated with positions divided by " + number(b->value) + " where the model divides by " +
+                        rotated + " rotated with positions divided by " + number(b->value) + " where the model divides by " +
                             number(model.positionScale),
                         b->residual, 0, b->share}, 1});
     const int modelDims = model.rotaryDim > 0 ? model.rotaryDim : dim;
@@ -517,7 +525,7 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
             dims.push_back(d);
     if (const auto b = bestVariant(dims, modelDims, [](RopeSettings& r, double v) { r.rotaryDim = int(v); }))
         out.push_back({{"rope_dims", {{"rotary_dims", b->value}},
-                        "K rotated over " + std::to_string(int(b->value)) + " dims where the model rotates " +
+                        rotated + " rotated over " + std::to_string(int(b->value)) + " dims where the model rotates " +
                             std::to_string(modelDims),
                         b->residual, 0, b->share}, 1});
 }
@@ -547,7 +555,7 @@ void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& 
         const OffCell& c = t.cells()[i];
         double best = kInf;
         for (const Vec& v : pool)
-            if (!(v.token == c.token && v.head == c.head && v.part == c.part))
+            if (!(v.token == c.token && v.head == c.head && v.part == c.part) && t.dim(v.part) == t.dim(c.part))
                 best = std::min(best, t.residual(c, t.reference(v.token, v.head, v.part)));
         nearest.push_back(best);
     }

@@ -161,7 +161,7 @@ void LayerPooling::countTokens(const CountTask& task, std::array<Histogram, 2>& 
     const LayerSides& s = sides(i);
     const TokenErrorStats& st = stats(i);
     const LayerRows reference(s.reference), actual(s.actual), base(s.base);
-    const std::size_t n = reference.rowSize();
+    const std::size_t n = reference.rowSize(task.part);
     float* const baseErrors = errorScratch(n, 0);
     float* const actualErrors = errorScratch(n, 1);
     LayerRows::Tile referenceTile, actualTile, baseTile;
@@ -169,8 +169,8 @@ void LayerPooling::countTokens(const CountTask& task, std::array<Histogram, 2>& 
         if (st.range(task.part, t).empty())
             continue;  // not held by every side
         const RowView r = reference.row(task.part, t, referenceTile);
-        rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(), baseErrors);
-        rowErrors(r, actual.row(task.part, t, actualTile), reference.heads(), reference.headDim(), actualErrors);
+        rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(task.part), baseErrors);
+        rowErrors(r, actual.row(task.part, t, actualTile), reference.heads(), reference.headDim(task.part), actualErrors);
         plan.combinedBins->add(baseErrors, n, combined[0]);
         plan.combinedBins->add(actualErrors, n, combined[1]);
         if (gOfFirst < 0)

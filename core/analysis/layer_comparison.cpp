@@ -87,9 +87,9 @@ namespace {
 // into a per-thread row; null data when `actual` does not say how it is stored.
 RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart part, std::int64_t token)
 {
-    const int dim = actual.headDim();
+    const int dim = actual.headDim(part);
     thread_local std::vector<float> row;
-    row.resize(actual.rowSize());
+    row.resize(actual.rowSize(part));
     for (int h = 0; h < actual.heads(); ++h) {
         const std::optional<LayerSource::Storage> storage = actual.storedAs(part, token, h);
         if (!storage)
@@ -130,14 +130,14 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
 {
     std::uint64_t scratch[2][kBcBins];
     LayerRows::Tile tiles[3][2];  // [reference, actual, base][part]
-    const int dim = reference.headDim();
-    const std::size_t n = reference.rowSize();
     const bool quantised = out.hasQuantisedLayers() && isQuantised(out.layerDtypes[std::size_t(layer)]);
     for (std::int64_t t = begin; t < end; ++t) {
         if (!comparable(reference, actual, base, t))
             continue;
         for (KvPart part : {KvPart::K, KvPart::V}) {
             const std::size_t side = std::size_t(part);
+            const int dim = reference.headDim(part);
+            const std::size_t n = reference.rowSize(part);
             const RowView referenceRow = reference.row(part, t, tiles[0][side]);
             const RowView actualRow = actual.row(part, t, tiles[1][side]);
             const RowView baseRow = base ? base->row(part, t, tiles[2][side]) : RowView{};
@@ -219,7 +219,7 @@ void compareLayer(const LayerRows& reference, const LayerRows& actual, const Lay
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, WorkTeam* team)
 {
     auto sameShape = [](const LayerRows& a, const LayerRows& b) {
-        return a.heads() == b.heads() && a.seq() == b.seq() && a.headDim() == b.headDim();
+        return a.heads() == b.heads() && a.seq() == b.seq() && a.dims() == b.dims();
     };
     if (!sameShape(reference, actual) || (base && !sameShape(reference, *base)))
         throw std::invalid_argument("compareLayer: reference, actual and base differ in shape");

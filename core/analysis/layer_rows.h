@@ -18,7 +18,7 @@ public:
         : m_kv(&kv)
         , m_heads(kv.heads)
         , m_seq(kv.seq)
-        , m_headDim(kv.headDim)
+        , m_dims(kv.dims)
         , m_present(kv.present.data())
     {
     }
@@ -26,15 +26,16 @@ public:
         : m_source(&source)
         , m_heads(source.heads)
         , m_seq(source.seq)
-        , m_headDim(source.headDim)
+        , m_dims(source.dims)
         , m_present(source.present.data())
     {
     }
 
     int heads() const { return m_heads; }
     std::int64_t seq() const { return m_seq; }
-    int headDim() const { return m_headDim; }
-    std::size_t rowSize() const { return std::size_t(m_heads) * std::size_t(m_headDim); }
+    int headDim(KvPart part) const { return m_dims.of(part); }
+    HeadDims dims() const { return m_dims; }
+    std::size_t rowSize(KvPart part) const { return std::size_t(m_heads) * std::size_t(m_dims.of(part)); }
     bool present(std::int64_t token) const { return m_present[std::size_t(token)] != 0; }
     // How a LayerSource stores head `head` of present `token` (a decoded LayerKv: nothing known).
     std::optional<LayerSource::Storage> storedAs(KvPart part, std::int64_t token, int head) const
@@ -58,34 +59,35 @@ public:
     RowView row(KvPart part, std::int64_t token, Tile& tile) const
     {
         if (m_kv)
-            return {(part == KvPart::K ? m_kv->k.data() : m_kv->v.data()) + m_kv->index(0, token), std::size_t(m_headDim)};
+            return {m_kv->values(part).data() + m_kv->index(part, 0, token), std::size_t(headDim(part))};
         if (const RowView stored = m_source->storedFloatRow(part, token); stored.data) {
             if (token + kPrefetchTokens < m_seq && m_present[std::size_t(token + kPrefetchTokens)])
-                prefetchRow(m_source->storedFloatRow(part, token + kPrefetchTokens));
+                prefetchRow(m_source->storedFloatRow(part, token + kPrefetchTokens), headDim(part));
             return stored;
         }
         if (tile.part != part || token < tile.begin || token >= tile.end) {
             tile.part = part;
             tile.begin = token;
             tile.end = std::min(m_seq, token + kTileTokens);
-            tile.values.resize(std::size_t(kTileTokens) * rowSize());
+            tile.values.resize(std::size_t(kTileTokens) * rowSize(part));
             m_source->decodeHeads(part, tile.begin, tile.end, tile.values.data());
             m_source->prefetchHeads(part, tile.end, std::min(m_seq, tile.end + kTileTokens));
         }
-        const std::size_t headStride = std::size_t(tile.end - tile.begin) * std::size_t(m_headDim);
-        return {tile.values.data() + std::size_t(token - tile.begin) * std::size_t(m_headDim), headStride};
+        const std::size_t dim = std::size_t(headDim(part));
+        const std::size_t headStride = std::size_t(tile.end - tile.begin) * dim;
+        return {tile.values.data() + std::size_t(token - tile.begin) * dim, headStride};
     }
 
 private:
     // A float32 row read in place is its heads' pieces far apart in the tensor (a reference is
     // [heads, seq, head_dim]): more streams than the CPU's prefetchers follow beside the rest.
     static constexpr std::int64_t kPrefetchTokens = 8;
-    void prefetchRow(const RowView& row) const
+    void prefetchRow(const RowView& row, int dim) const
     {
         if (!row.data)
             return;
         for (int h = 0; h < m_heads; ++h)
-            for (int d = 0; d < m_headDim; d += 16)
+            for (int d = 0; d < dim; d += 16)
                 __builtin_prefetch(row.head(h) + d);
     }
 
@@ -93,7 +95,7 @@ private:
     const LayerSource* m_source = nullptr;
     int m_heads;
     std::int64_t m_seq;
-    int m_headDim;
+    HeadDims m_dims;
     const std::uint8_t* m_present;
 };
 

@@ -102,7 +102,9 @@ std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
         return shortLayerName(layer);
     const KvCacheGroup& group = config.groups[std::size_t(g)];
     std::string kind = "full";
-    if (group.specType == SpecType::ChunkedLocal)
+    if (group.specType == SpecType::Mla)
+        kind = "MLA";
+    else if (group.specType == SpecType::ChunkedLocal)
         kind = "chunked " + std::to_string(*group.attentionChunkSize);
     else if (group.attentionChunkSize)
         kind = "full, chunk " + std::to_string(*group.attentionChunkSize);
@@ -112,11 +114,11 @@ std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
     return shortLayerName(layer) + " [" + kind + "]";
 }
 
-std::string mapMetricLabel(const HeatmapSpec& spec)
+std::string mapMetricLabel(const HeatmapSpec& spec, const PromptAnalysis& prompt)
 {
-    std::string label = std::string(kvPartName(spec.part)) + " " + heatmapMetricName(spec.metric);
-    if (spec.metric == HeatmapMetric::Bc || spec.metric == HeatmapMetric::BcVsNoise)
-        return label;
+    std::string label = partName(prompt, spec.part) + " " + heatmapMetricName(spec.metric);
+    if (spec.metric == HeatmapMetric::Bc || spec.metric == HeatmapMetric::BcVsNoise || prompt.heads == 1)
+        return label;  // (an MLA latent is one vector: nothing to reduce over)
     switch (spec.reduction) {
     case HeadReductionKind::Max: return label + ", max over heads";
     case HeadReductionKind::Mean: return label + ", mean over heads";
@@ -129,7 +131,7 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
                       const HeatmapSpec& spec, const std::vector<char>* rowsReady)
 {
     MapSpec m;
-    m.metricLabel = mapMetricLabel(spec);
+    m.metricLabel = mapMetricLabel(spec, prompt);
     m.title = prompt.id + ": " + m.metricLabel;
     m.scale = scaleOf(spec.metric);
     m.range = dataRange(prompt, spec, false, rowsReady);
@@ -147,7 +149,7 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
 MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise)
 {
     MapSpec m;
-    m.metricLabel = std::string(kvPartName(part)) + (vsNoise ? " BC vs noise" : " BC (reference tool)");
+    m.metricLabel = std::string(partLabel(config.firstCompared(), part)) + (vsNoise ? " BC vs noise" : " BC (reference tool)");
     m.title = m.metricLabel + " by generation index across " + std::to_string(aggregate.promptIds.size()) +
               " prompt(s) (top: divergences c/N)";
     m.xName = "generation index";

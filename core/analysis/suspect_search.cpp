@@ -210,9 +210,11 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     const auto spread = [&] {
         return floor.affected.size() > 1 ? "; later layers follow (" + layerList(s.layers, 1) + ")" : std::string();
     };
-    const std::string kvText = s.kv == "kv" ? "K and V" : s.kv == "k" ? "K" : "V";
+    const std::string kTitle = partTitle(p, KvPart::K), vTitle = partTitle(p, KvPart::V);
+    const std::string kvText = s.kv == "kv" ? kTitle + " and " + vTitle : s.kv == "k" ? kTitle : vTitle;
     const std::string kvVerb = s.kv == "kv" ? " are" : " is";
-    const std::string whichHeads = onset.allHeads ? "every head" : "heads " + joinInts(onset.heads);
+    // " of every head", " of heads 1, 2", or nothing where a layer has one (an MLA latent).
+    const std::string ofHeads = p.heads == 1 ? "" : onset.allHeads ? " of every head" : " of heads " + joinInts(onset.heads);
     const std::vector<int> ranks = ranksOfHeads(onset);
     const int window = windowEdgeOf(onset);
     std::ostringstream why;
@@ -222,7 +224,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         std::vector<int> logical, physical;
         for (const SuspectBlock& b : s.blocks)
             logical.push_back(int(b.logical)), physical.push_back(int(b.physical));
-        why << kvText << " of every head" << kvVerb << " off the noise floor only at positions " << s.firstToken << "-"
+        why << kvText << (p.heads == 1 ? "" : " of every head") << kvVerb << " off the noise floor only at positions " << s.firstToken << "-"
             << s.lastToken << ", group " << onset.group << "'s logical block(s) " << joinInts(logical) << " (physical "
             << joinInts(physical) << "), in " << s.layers.size() << " layer(s) of that group and in no other layer";
     } else if (!explained && window > 0) {
@@ -231,9 +233,9 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
             << window << ", and stays to the end, in " << layer << ": the window's edge is off" << spread();
     } else if (!explained) {
         s.pattern = SuspectPattern::Unexplained;
-        why << kvText << " of " << whichHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
+        why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
             << s.firstToken << "-" << s.lastToken << ", and no tested explanation brings it back" << spread();
-    } else if (onset.oneHead || onset.heads.size() == 1) {
+    } else if (p.heads > 1 && (onset.oneHead || onset.heads.size() == 1)) {
         s.pattern = SuspectPattern::Head;
         const int h = int(std::max_element(onset.perHead.begin(), onset.perHead.end()) - onset.perHead.begin());
         s.heads = {h};
@@ -248,11 +250,11 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
                (holdsOnlyDecode(onset) && (s.hypothesis.kind == "rope_offset" || s.hypothesis.kind == "token_shift"))) {
         // (A layer holding decode positions only cannot show a span: a position explanation says it.)
         s.pattern = SuspectPattern::Position;
-        why << kvText << " of " << whichHeads << " of " << layer << kvVerb << " off the noise floor at positions "
+        why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at positions "
             << s.firstToken << "-" << s.lastToken << " only (" << s.phase << ")" << spread();
     } else {
         s.pattern = SuspectPattern::Layer;
-        why << kvText << " of " << whichHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
+        why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
             << s.firstToken << "-" << s.lastToken << spread();
     }
     if (hypotheses.empty())

@@ -20,6 +20,11 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                        std::string("suspect: ") + suspectPatternName(s.pattern) + " (score, in noise floors)", s.score,
                        t.suspects.offFloor, s.evidence});
     }
+    // Replicas that differ fail too: a rank's copy went wrong where the analysed copy cannot show it.
+    for (const PromptAnalysis& p : result.prompts)
+        for (const ReplicaDifference& d : p.replicaDifferences)
+            out.push_back({p.id, d.layer, d.firstPosition, -1, "replica differs (differing blocks)", double(d.blocks), 0,
+                           d.describe()});
     for (const PromptAnalysis& p : result.prompts) {
         for (int l = 0; l < int(p.layers.size()); ++l) {
             const std::string& layer = p.layers[std::size_t(l)];
@@ -37,7 +42,7 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                         const double ratio = double(actual.value) / std::max(floor, 1e-10);
                         if (ratio > t.maxRatio)
                             out.push_back({p.id, layer, actual.token, actual.head,
-                                           std::string(kvPartName(part)) + "_linf multiplier (actual/expected)", ratio,
+                                           partName(p, part) + "_linf multiplier (actual/expected)", ratio,
                                            t.maxRatio, {}});
                     }
                 }
@@ -47,7 +52,7 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
         }
         for (const NonFiniteCell& c : p.nonFinite)
             out.push_back({p.id, p.layers[std::size_t(c.layer)], c.token, c.head,
-                           std::string(kvPartName(c.part)) + " input (" + c.side + ") holds NaN or infinity",
+                           partName(p, c.part) + " input (" + c.side + ") holds NaN or infinity",
                            std::nan(""), 0, {}});
     }
     if (result.aggregate) {
@@ -57,7 +62,9 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                 const float bc = (t.bcVsNoise ? a.combinedVsNoise : a.combined)[std::size_t(part)][l];
                 if (!std::isnan(bc) && bc < t.minBc)
                     out.push_back({"", a.layers[l], -1, -1,
-                                   std::string("combined ") + kvPartName(part) + (t.bcVsNoise ? "_bc_vs_noise" : "_bc"), bc,
+                                   "combined " + (result.prompts.empty() ? std::string(kvPartName(part)) : partName(result.prompts.front(), part)) +
+                                       (t.bcVsNoise ? "_bc_vs_noise" : "_bc"),
+                                   bc,
                                    t.minBc, {}});
             }
     }

@@ -261,7 +261,7 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
 }
 
 std::vector<std::int64_t> BundleReader::engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
-                                                         const std::string& layer) const
+                                                         const std::string& layer, KvPart part) const
 {
     const int g = m_config.groupOf(layer);
     if (g < 0)
@@ -269,7 +269,7 @@ std::vector<std::int64_t> BundleReader::engineShardShape(const PromptInfo& promp
     const KvCacheGroup& group = m_config.groups[std::size_t(g)];
     const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
     const std::int64_t stored = snap.subsetStored ? std::int64_t(snap.storedBlockIds.size()) : m_config.numBlocks;
-    return {stored, m_config.headsPerRank(), group.blockSize, group.headSize};
+    return {stored, m_config.headsPerRank(), group.blockSize, group.partWidth(part)};
 }
 
 BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const
@@ -306,7 +306,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
         throw BundleError(m_path, bundle_path::snapshot(promptId, snapshot), "no TP rank " + std::to_string(rank));
     const SnapshotInfo& snap = p.snapshots[snapshot];
     const std::string dataset = bundle_path::engineKv(promptId, snapshot, rank, layer, kvPartName(part));
-    const std::vector<std::int64_t> shape = engineShardShape(p, snapshot, layer);
+    const std::vector<std::int64_t> shape = engineShardShape(p, snapshot, layer, part);
 
     PagedShard shard;
     std::vector<std::int64_t> rows;
@@ -373,11 +373,15 @@ void BundleReader::readScales(const std::string& dataset, const std::vector<std:
     const DatasetInfo info = m_file.datasetInfo(path);
     const std::vector<std::int64_t> perHead{shape[1]}, perTokenHead{shape[0], shape[1], shape[2]};
     const bool tokenHead = info.shape == perTokenHead;
-    if (info.shape != perHead && !tokenHead)
+    // Per run of values in a token's head (fp8_ds_mla: [blocks, 1, block_size, head_dim / 128]).
+    const bool tokenGroup = info.shape.size() == 4 && std::equal(perTokenHead.begin(), perTokenHead.end(), info.shape.begin()) &&
+                            info.shape[3] > 1 && info.shape[3] < shape[3] && shape[3] % info.shape[3] == 0;
+    if (info.shape != perHead && !tokenHead && !tokenGroup)
         m_file.fail(path, "shape " + shapeToString(info.shape) + ": scales are per head " + shapeToString(perHead) +
-                              " or per token and head " + shapeToString(perTokenHead));
+                              ", per token and head " + shapeToString(perTokenHead) +
+                              " or per group of a token's values [..., groups dividing " + std::to_string(shape[3]) + "]");
     std::vector<ChunkRowRead> reads;  // small: read now, not with the cache's deferred reads
-    const RawTensor scales = readTensor(path, info.shape, tokenHead ? rows : nullptr, reads);
+    const RawTensor scales = readTensor(path, info.shape, tokenHead || tokenGroup ? rows : nullptr, reads);
     for (const ChunkRowRead& read : reads)
         read.run();
     if (scales.dtype != DType::Float32)
@@ -386,10 +390,14 @@ void BundleReader::readScales(const std::string& dataset, const std::vector<std:
     for (float v : values)
         if (!(v >= 0.0f) || !std::isfinite(v))
             m_file.fail(path, "scale " + std::to_string(v) + " must be finite and not negative");
-    cache.setScales(tokenHead ? ScaleGranularity::TokenHead : ScaleGranularity::Head, std::move(values));
+    cache.setScales(tokenGroup  ? ScaleGranularity::TokenGroup
+                    : tokenHead ? ScaleGranularity::TokenHead
+                                : ScaleGranularity::Head,
+                    std::move(values));
 }
 
-std::vector<std::int64_t> BundleReader::referenceShape(const std::string& dataset, const std::string& layer) const
+std::vector<std::int64_t> BundleReader::referenceShape(const std::string& dataset, const std::string& layer,
+                                                       KvPart part) const
 {
     const int g = m_config.groupOf(layer);
     if (g < 0)
@@ -397,12 +405,11 @@ std::vector<std::int64_t> BundleReader::referenceShape(const std::string& datase
     const DatasetInfo info = m_file.datasetInfo(dataset);
     if (info.shape.size() != 4)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " must be [batch, heads, seq, head_dim]");
-    const std::vector<std::int64_t> expected{info.shape[0], m_config.totalNumKvHeads, info.shape[2],
-                                             m_config.groups[std::size_t(g)].headSize};
+    const int width = m_config.groups[std::size_t(g)].partWidth(part);
+    const std::vector<std::int64_t> expected{info.shape[0], m_config.totalNumKvHeads, info.shape[2], width};
     if (info.shape != expected || info.shape[0] < 1 || info.shape[0] > kMaxBatch || info.shape[2] > kMaxSeq)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " disagrees with the config: expected [batch, " +
-                                 std::to_string(m_config.totalNumKvHeads) + ", seq, " +
-                                 std::to_string(m_config.groups[std::size_t(g)].headSize) + "]");
+                                 std::to_string(m_config.totalNumKvHeads) + ", seq, " + std::to_string(width) + "]");
     return info.shape;
 }
 
@@ -418,10 +425,11 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
         ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
         const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
         const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
-        ref.k = readTensor(kPath, referenceShape(kPath, layer), nullptr, reads);
-        ref.v = readTensor(vPath, referenceShape(vPath, layer), nullptr, reads);
-        if (ref.v.shape != ref.k.shape)
-            m_file.fail(vPath, "shape " + shapeToString(ref.v.shape) + " differs from k's " + shapeToString(ref.k.shape));
+        ref.k = readTensor(kPath, referenceShape(kPath, layer, KvPart::K), nullptr, reads);
+        ref.v = readTensor(vPath, referenceShape(vPath, layer, KvPart::V), nullptr, reads);
+        if (!std::equal(ref.k.shape.begin(), ref.k.shape.end() - 1, ref.v.shape.begin()))
+            m_file.fail(vPath, "shape " + shapeToString(ref.v.shape) + " differs from k's " + shapeToString(ref.k.shape) +
+                                   " in batch, heads or seq");
     }
     for (const ChunkRowRead& read : reads)
         read.run();
@@ -472,11 +480,11 @@ std::vector<std::string> BundleReader::validate() const
                 });
             for (int r = 0; r < m_config.tpSize; ++r)
                 for (const std::string& layer : m_config.layerNames())
-                    for (const char* part : {"k", "v"})
+                    for (KvPart part : {KvPart::K, KvPart::V})
                         check([&] {
-                            const std::string dataset = bundle_path::engineKv(p.id, s, r, layer, part);
+                            const std::string dataset = bundle_path::engineKv(p.id, s, r, layer, kvPartName(part));
                             checkedDType(dataset);
-                            const std::vector<std::int64_t> shape = engineShardShape(p, s, layer);
+                            const std::vector<std::int64_t> shape = engineShardShape(p, s, layer, part);
                             const DatasetInfo info = m_file.datasetInfo(dataset);
                             if (info.shape != shape)
                                 m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", the config implies " +
@@ -487,11 +495,11 @@ std::vector<std::string> BundleReader::validate() const
             if (role == ReferenceRole::Baseline && !p.hasBaseline)
                 continue;
             for (const std::string& layer : m_config.layerNames())
-                for (const char* part : {"k", "v"})
+                for (KvPart part : {KvPart::K, KvPart::V})
                     check([&] {
-                        const std::string dataset = bundle_path::referenceKv(p.id, role, layer, part);
+                        const std::string dataset = bundle_path::referenceKv(p.id, role, layer, kvPartName(part));
                         checkedDType(dataset);
-                        referenceShape(dataset, layer);
+                        referenceShape(dataset, layer, part);
                     });
         }
     }

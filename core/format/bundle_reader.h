@@ -79,8 +79,8 @@ private:
                          const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const;
     DType checkedDType(const std::string& dataset) const;
     std::vector<std::int64_t> engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
-                                               const std::string& layer) const;
-    std::vector<std::int64_t> referenceShape(const std::string& dataset, const std::string& layer) const;
+                                               const std::string& layer, KvPart part) const;
+    std::vector<std::int64_t> referenceShape(const std::string& dataset, const std::string& layer, KvPart part) const;
 
     std::string m_path;
     Hdf5File m_file;

@@ -33,8 +33,9 @@ RawTensor selectBlocks(const RawTensor& all, const std::vector<std::int64_t>& id
     out.bytes.resize(ids.size() * rowBytes);
     for (std::size_t i = 0; i < ids.size(); ++i)
         std::memcpy(out.bytes.data() + i * rowBytes, all.bytes.data() + std::size_t(ids[i]) * rowBytes, rowBytes);
-    if (all.granularity() == ScaleGranularity::TokenHead) {  // per-token scales follow their blocks
-        const std::size_t rowScales = std::size_t(all.shape[1] * all.shape[2]);
+    if (all.granularity() == ScaleGranularity::TokenHead || all.granularity() == ScaleGranularity::TokenGroup) {
+        // per-token scales follow their blocks
+        const std::size_t rowScales = all.scales.size() / std::size_t(all.shape[0]);
         out.scales.resize(ids.size() * rowScales);
         for (std::size_t i = 0; i < ids.size(); ++i)
             std::copy_n(all.scales.begin() + std::ptrdiff_t(std::size_t(ids[i]) * rowScales), rowScales,
@@ -208,16 +209,17 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
                 if (it == snap.ranks[std::size_t(r)].end())
                     fail(bundle_path::engineKv(promptId, index, r, layer, "k"), "layer missing from rank " +
                                                                                   std::to_string(r));
-                const std::vector<std::int64_t> expected{inputRows, m_config.headsPerRank(), group.blockSize,
-                                                         group.headSize};
-                for (const RawTensor* t : {&it->second.first, &it->second.second}) {
-                    const char* part = t == &it->second.first ? "k" : "v";
-                    if (t->shape != expected)
-                        fail(bundle_path::engineKv(promptId, index, r, layer, part),
-                             "shape " + shapeToString(t->shape) + ", the config implies " + shapeToString(expected));
-                    if (t->dtype != group.dtype)
-                        fail(bundle_path::engineKv(promptId, index, r, layer, part),
-                             dtypeName(t->dtype) + " but the config says " + dtypeName(group.dtype));
+                for (KvPart part : {KvPart::K, KvPart::V}) {
+                    const RawTensor& t = part == KvPart::K ? it->second.first : it->second.second;
+                    const std::string dataset = bundle_path::engineKv(promptId, index, r, layer, kvPartName(part));
+                    const std::vector<std::int64_t> expected{inputRows, m_config.headsPerRank(), group.blockSize,
+                                                             group.partWidth(part)};
+                    if (t.shape != expected)
+                        fail(dataset, std::string(partLabel(group, part)) + " shape " + shapeToString(t.shape) +
+                                          ", the config implies " + shapeToString(expected));
+                    if (t.dtype != group.partDType(part))
+                        fail(dataset, std::string(partLabel(group, part)) + " is " + dtypeName(t.dtype) +
+                                          " but the config says " + dtypeName(group.partDType(part)));
                 }
             }
         }
@@ -249,7 +251,7 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
             // One block per chunk (several only when blocks are under 4 KiB): a checksum covers a
             // whole chunk, so one block can be read and verified alone.
             const std::int64_t blockBytes = std::int64_t(m_config.headsPerRank()) * group.blockSize *
-                                            group.headSize * std::int64_t(dtypeSize(group.dtype));
+                                            group.partWidth(KvPart::K) * std::int64_t(dtypeSize(group.dtype));
             const std::int64_t chunkRows = std::max<std::int64_t>(1, 4096 / blockBytes);
             const bool select = snap.keepOnlyReferencedBlocks;
             writeKv(bundle_path::engineKv(promptId, index, r, layer, "k"),
@@ -272,13 +274,16 @@ void BundleWriter::addReference(const std::string& promptId, ReferenceRole role,
     if (!m_config.isCompared(layer))
         fail(kPath, "a layer of a group kvscope does not compare (" + m_config.groups[std::size_t(g)].notComparedWhy +
                         "): leave it out");
-    if (k.shape.size() != 4 || k.shape != v.shape)
-        fail(kPath, "k " + shapeToString(k.shape) + " and v " + shapeToString(v.shape) +
-                        " must share one shape [batch, heads, seq, head_dim]");
-    if (k.shape[1] != m_config.totalNumKvHeads || k.shape[3] != m_config.groups[std::size_t(g)].headSize)
-        fail(kPath, "shape " + shapeToString(k.shape) + " disagrees with total_num_kv_heads " +
-                        std::to_string(m_config.totalNumKvHeads) + " / head_size " +
-                        std::to_string(m_config.groups[std::size_t(g)].headSize));
+    const KvCacheGroup& group = m_config.groups[std::size_t(g)];
+    const std::string kName = partLabel(group, KvPart::K), vName = partLabel(group, KvPart::V);
+    if (k.shape.size() != 4 || v.shape.size() != 4 || !std::equal(k.shape.begin(), k.shape.end() - 1, v.shape.begin()))
+        fail(kPath, kName + " " + shapeToString(k.shape) + " and " + vName + " " + shapeToString(v.shape) +
+                        " must each be [batch, heads, seq, width] and share batch, heads and seq");
+    if (k.shape[1] != m_config.totalNumKvHeads || k.shape[3] != group.partWidth(KvPart::K) ||
+        v.shape[3] != group.partWidth(KvPart::V))
+        fail(kPath, kName + " " + shapeToString(k.shape) + " and " + vName + " " + shapeToString(v.shape) +
+                        " disagree with total_num_kv_heads " + std::to_string(m_config.totalNumKvHeads) + " / widths " +
+                        std::to_string(group.partWidth(KvPart::K)) + ", " + std::to_string(group.partWidth(KvPart::V)));
     if (batchRow < 0 || batchRow >= k.shape[0])
         fail(kPath, "batch row " + std::to_string(batchRow) + " outside the batch");
     const std::string rolePath = bundle_path::referenceRole(promptId, role);

@@ -62,6 +62,7 @@ std::string specTypeName(SpecType type)
     case SpecType::FullAttention: return "FullAttentionSpec";
     case SpecType::SlidingWindow: return "SlidingWindowSpec";
     case SpecType::ChunkedLocal: return "ChunkedLocalAttentionSpec";
+    case SpecType::Mla: return "MLAAttentionSpec";
     case SpecType::NotCompared: break;
     }
     return "NotCompared";
@@ -78,8 +79,32 @@ std::string describeGroup(const KvCacheGroup& group)
         out += " (sliding_window " + std::to_string(*group.slidingWindow) + ")";
     if (group.attentionChunkSize)
         out += " (attention_chunk_size " + std::to_string(*group.attentionChunkSize) + ")";
-    return out + ", block_size " + std::to_string(group.blockSize) + ", " + dtypeName(group.dtype) + ", " + layers +
-           ", head_size " + std::to_string(group.headSize);
+    const std::string dtype = group.dsMla ? "fp8_ds_mla" : dtypeName(group.dtype);
+    out += ", block_size " + std::to_string(group.blockSize) + ", " + dtype + ", " + layers + ", head_size " +
+           std::to_string(group.headSize);
+    if (group.specType == SpecType::Mla)
+        out += " (kv_lora_rank " + std::to_string(group.kvLoraRank) + " + qk_rope_head_dim " +
+               std::to_string(group.qkRopeHeadDim) + ")";
+    return out;
+}
+
+int KvCacheGroup::partWidth(KvPart part) const
+{
+    if (specType != SpecType::Mla)
+        return headSize;
+    return part == KvPart::K ? kvLoraRank : qkRopeHeadDim;
+}
+
+DType KvCacheGroup::partDType(KvPart part) const
+{
+    return dsMla && part == KvPart::V ? DType::BFloat16 : dtype;
+}
+
+const char* partLabel(const KvCacheGroup& group, KvPart part)
+{
+    if (group.specType == SpecType::Mla)
+        return part == KvPart::K ? "c_kv" : "k_pe";
+    return kvPartName(part);
 }
 
 std::vector<std::string> describeNotCompared(const std::vector<std::pair<std::string, std::string>>& layers)
@@ -104,14 +129,28 @@ std::vector<std::string> describeNotCompared(const std::vector<std::pair<std::st
 
 namespace {
 
+// An MLA group's two widths, which must add up to its head_size.
+void readMlaWidths(const Json& jg, KvCacheGroup& group, const Context& ctx, const std::string& where)
+{
+    group.kvLoraRank = requireInt(jg, "kv_lora_rank", 1, kMaxHeadSize, ctx, where);
+    group.qkRopeHeadDim = requireInt(jg, "qk_rope_head_dim", 0, kMaxHeadSize, ctx, where);
+    if (group.kvLoraRank + group.qkRopeHeadDim != group.headSize)
+        ctx.fail(where + ".head_size", std::to_string(group.headSize) + " is not kv_lora_rank " +
+                                           std::to_string(group.kvLoraRank) + " + qk_rope_head_dim " +
+                                           std::to_string(group.qkRopeHeadDim));
+    if (group.qkRopeHeadDim % 2 != 0)
+        ctx.fail(where + ".qk_rope_head_dim", std::to_string(group.qkRopeHeadDim) + " is odd (rotary pairs)");
+    if (group.dsMla && group.kvLoraRank % kDsMlaScaleGroup != 0)
+        ctx.fail(where + ".kv_lora_rank", "fp8_ds_mla needs a multiple of " + std::to_string(kDsMlaScaleGroup) +
+                                              ", got " + std::to_string(group.kvLoraRank));
+}
+
 // Groups whose layers hold no per-token KV to compare; anything else unknown is refused, so
 // that a misspelt attention spec is not skipped quietly.
 std::optional<std::string> notComparedKind(const std::string& spec)
 {
     if (spec == "MambaSpec")
         return "state-space layers";
-    if (spec == "MLAAttentionSpec")
-        return "MLA latent layers (not supported yet)";
     if (spec == "CrossAttentionSpec" || spec == "EncoderOnlyAttentionSpec")
         return "encoder layers";
     return std::nullopt;
@@ -183,6 +222,8 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             group.specType = SpecType::SlidingWindow;
         else if (spec == "ChunkedLocalAttentionSpec")
             group.specType = SpecType::ChunkedLocal;
+        else if (spec == "MLAAttentionSpec")
+            group.specType = SpecType::Mla;
         else if (const auto kind = notComparedKind(spec)) {
             group.specType = SpecType::NotCompared;
             group.notComparedWhy = *kind;
@@ -190,9 +231,8 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             continue;
         } else
             ctx.fail(where + ".spec_type", "'" + spec + "' is not supported (compared: FullAttentionSpec, "
-                                           "SlidingWindowSpec, ChunkedLocalAttentionSpec; listed, not compared: "
-                                           "MambaSpec, MLAAttentionSpec, CrossAttentionSpec, "
-                                           "EncoderOnlyAttentionSpec)");
+                                           "SlidingWindowSpec, ChunkedLocalAttentionSpec, MLAAttentionSpec; listed, "
+                                           "not compared: MambaSpec, CrossAttentionSpec, EncoderOnlyAttentionSpec)");
 
         group.blockSize = requireInt(jg, "block_size", 1, kMaxBlockSize, ctx, where);
         group.numKvHeads = requireInt(jg, "num_kv_heads", 1, kMaxHeads, ctx, where);
@@ -209,13 +249,24 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
 
         if (!jg.contains("dtype") || !jg["dtype"].is_string())
             ctx.fail(where + ".dtype", "missing or not a string");
-        const auto dtype = parseDType(jg["dtype"].get<std::string>());
+        const std::string dtypeText = jg["dtype"].get<std::string>();
+        group.dsMla = group.specType == SpecType::Mla && dtypeText == "fp8_ds_mla";
+        const auto dtype = group.dsMla ? std::optional(DType::Float8E4M3) : parseDType(dtypeText);
         if (!dtype)
-            ctx.fail(where + ".dtype", "unsupported dtype '" + jg["dtype"].get<std::string>() +
-                                           "' (supported: bfloat16, float16, float32, "
-                                           "float8_e4m3fn, float8_e5m2)");
+            ctx.fail(where + ".dtype", "unsupported dtype '" + dtypeText +
+                                           "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2" +
+                                           (group.specType == SpecType::Mla ? ", fp8_ds_mla)" : ")"));
         group.dtype = *dtype;
+        if (group.specType == SpecType::Mla)
+            readMlaWidths(jg, group, ctx, where);
 
+        for (const KvCacheGroup& earlier : cfg.groups)
+            if (earlier.specType != SpecType::NotCompared &&
+                (earlier.specType == SpecType::Mla) != (group.specType == SpecType::Mla))
+                ctx.fail(where + ".spec_type", spec + " beside " + earlier.specName +
+                                                   ": a config mixing MLA and other attention is not supported");
+        if (group.specType == SpecType::Mla)
+            cfg.totalNumKvHeads = 1;  // the latent is one vector per token on every rank (TP replicates it)
         if (group.numKvHeads != cfg.headsPerRank())
             ctx.fail(where + ".num_kv_heads",
                      std::to_string(group.numKvHeads) + " per rank disagrees with total_num_kv_heads " +
@@ -259,9 +310,13 @@ std::string KvCacheConfig::toJson() const
             jg["attention_chunk_size"] = *g.attentionChunkSize;
         jg["block_size"] = g.blockSize;
         jg["sliding_window"] = g.slidingWindow ? Json(*g.slidingWindow) : Json(nullptr);
-        jg["dtype"] = "torch." + dtypeName(g.dtype);
+        jg["dtype"] = g.dsMla ? "fp8_ds_mla" : "torch." + dtypeName(g.dtype);
         jg["num_kv_heads"] = g.numKvHeads;
         jg["head_size"] = g.headSize;
+        if (g.specType == SpecType::Mla) {
+            jg["kv_lora_rank"] = g.kvLoraRank;
+            jg["qk_rope_head_dim"] = g.qkRopeHeadDim;
+        }
         root["groups"].push_back(jg);
     }
     return jsonText(root);

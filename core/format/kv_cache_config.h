@@ -2,6 +2,7 @@
 // The engine's KV cache configuration, as `get_kv_cache_config` reports it, validated.
 
 #include "format/dtype.h"
+#include "format/paged_kv.h"
 
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@ enum class SpecType {
     FullAttention,
     SlidingWindow,
     ChunkedLocal,  // attention within fixed chunks (Llama 4): earlier chunks may be freed
+    Mla,           // multi-head latent attention (DeepSeek): one latent per token, c_kv then k_pe
     NotCompared,   // a group kvscope does not compare (state-space layers): listed, never read
 };
 
@@ -30,7 +32,22 @@ struct KvCacheGroup {
     DType dtype = DType::BFloat16;
     int numKvHeads = 0;  // per TP rank, as vLLM's spec reports it
     int headSize = 0;
+    // Mla: head_size = kv_lora_rank + qk_rope_head_dim. A bundle keeps c_kv as the layer's K and
+    // k_pe as its V; `fp8_ds_mla` stores c_kv as e4m3 with a scale per 128 values, k_pe as bf16.
+    int kvLoraRank = 0;
+    int qkRopeHeadDim = 0;
+    bool dsMla = false;
+
+    // The width of one head of `part` as a bundle stores it (head_size but for MLA).
+    int partWidth(KvPart part) const;
+    // The dtype a bundle stores `part` in (dtype but for fp8_ds_mla's bf16 k_pe).
+    DType partDType(KvPart part) const;
 };
+
+// c_kv and k_pe for an MLA group, k and v otherwise: how people call a part of `group`'s KV.
+const char* partLabel(const KvCacheGroup& group, KvPart part);
+// The values of one fp8_ds_mla token that share a scale.
+inline constexpr int kDsMlaScaleGroup = 128;
 
 // How the KV heads are spread over TP ranks.
 enum class TpMode {
@@ -42,7 +59,7 @@ struct KvCacheConfig {
     int numBlocks = 0;
     std::vector<KvCacheGroup> groups;
     int tpSize = 1;
-    int totalNumKvHeads = 0;
+    int totalNumKvHeads = 0;  // an MLA config's cache holds one "head", replicated: 1
     std::string json;  // the text it was parsed from, kept verbatim
 
     // Parses and validates; `file` and `object` name the source for error messages.
@@ -72,6 +89,8 @@ struct KvCacheConfig {
     std::vector<std::pair<std::string, std::string>> notComparedLayers() const;
     // The first compared group (its head size is every compared group's).
     const KvCacheGroup& firstCompared() const;
+    // Whether the compared groups are MLA (kvscope does not mix MLA and other attention).
+    bool isMla() const { return firstCompared().specType == SpecType::Mla; }
 };
 
 std::string specTypeName(SpecType type);

@@ -26,6 +26,7 @@ const char* granularityName(ScaleGranularity granularity)
     case ScaleGranularity::Tensor: return "tensor";
     case ScaleGranularity::Head: return "head";
     case ScaleGranularity::TokenHead: return "token_head";
+    case ScaleGranularity::TokenGroup: return "token_group";
     }
     return "?";
 }
@@ -34,7 +35,9 @@ ScaleGranularity RawTensor::granularity() const
 {
     if (scales.empty())
         return ScaleGranularity::Tensor;
-    return shape.size() == 4 && elementsPerScale == shape[3] ? ScaleGranularity::TokenHead : ScaleGranularity::Head;
+    if (shape.size() == 4 && elementsPerScale == shape[3])
+        return ScaleGranularity::TokenHead;
+    return shape.size() == 4 && elementsPerScale < shape[3] ? ScaleGranularity::TokenGroup : ScaleGranularity::Head;
 }
 
 void RawTensor::setScales(ScaleGranularity granularity, std::vector<float> values)
@@ -44,7 +47,17 @@ void RawTensor::setScales(ScaleGranularity granularity, std::vector<float> value
     elementsPerScale = 0;
     if (granularity == ScaleGranularity::Tensor || shape.size() != 4)
         return;
-    elementsPerScale = granularity == ScaleGranularity::Head ? shape[2] * shape[3] : shape[3];
+    switch (granularity) {
+    case ScaleGranularity::Head: elementsPerScale = shape[2] * shape[3]; break;
+    case ScaleGranularity::TokenHead: elementsPerScale = shape[3]; break;
+    case ScaleGranularity::TokenGroup: {
+        const std::int64_t rows = shape[0] * shape[1] * shape[2];
+        const std::int64_t groups = rows > 0 ? std::int64_t(scales.size()) / rows : 1;
+        elementsPerScale = groups > 0 ? shape[3] / groups : shape[3];
+        break;
+    }
+    case ScaleGranularity::Tensor: break;
+    }
 }
 
 std::vector<std::int64_t> RawTensor::scalesShape() const
@@ -53,6 +66,7 @@ std::vector<std::int64_t> RawTensor::scalesShape() const
     case ScaleGranularity::Tensor: return {};
     case ScaleGranularity::Head: return {shape[1]};
     case ScaleGranularity::TokenHead: return {shape[0], shape[1], shape[2]};
+    case ScaleGranularity::TokenGroup: return {shape[0], shape[1], shape[2], shape[3] / elementsPerScale};
     }
     return {};
 }

@@ -12,8 +12,9 @@
 namespace kvscope {
 
 // How finely a quantised cache is scaled.
-enum class ScaleGranularity { Tensor, Head, TokenHead };
-const char* granularityName(ScaleGranularity granularity);  // "tensor", "head", "token_head"
+// TokenGroup: a scale per run of values within a token's head (fp8_ds_mla: one per 128).
+enum class ScaleGranularity { Tensor, Head, TokenHead, TokenGroup };
+const char* granularityName(ScaleGranularity granularity);  // "tensor", "head", "token_head", "token_group"
 
 struct RawTensor {
     DType dtype = DType::Float32;
@@ -23,7 +24,8 @@ struct RawTensor {
     // Dequantisation scale: stored values times scale give the real values (fp8 caches).
     float scale = 1.0f;
     // Finer scales, as engines keep them beside a quantised cache [blocks, heads, block_size,
-    // head_dim]: one per head ([heads]) or per token and head ([blocks, heads, block_size]).
+    // head_dim]: one per head ([heads]), per token and head ([blocks, heads, block_size]), or per
+    // run of values within a token's head ([blocks, heads, block_size, groups]).
     // Element e has scales[(e / elementsPerScale) % scales.size()]; `scale` is then 1.
     std::vector<float> scales;
     std::int64_t elementsPerScale = 0;
@@ -38,10 +40,12 @@ struct RawTensor {
         return scales.empty() ? scale
                               : scales[std::size_t(element / elementsPerScale) % scales.size()];
     }
-    // Sets one scale per head or per token and head of a cache shaped [blocks, heads,
-    // block_size, head_dim]; `values` has the granularity's shape, flattened.
+    // Sets one scale per head, per token and head, or per group of a token's head of a cache
+    // shaped [blocks, heads, block_size, head_dim]; `values` has the granularity's shape,
+    // flattened (TokenGroup: head_dim / groups values share a scale).
     void setScales(ScaleGranularity granularity, std::vector<float> values);
-    // The shape of the scales' dataset: [heads] or [blocks, heads, block_size] ({} per tensor).
+    // The shape of the scales' dataset: [heads], [blocks, heads, block_size] or [blocks, heads,
+    // block_size, groups] ({} per tensor).
     std::vector<std::int64_t> scalesShape() const;
     // Decodes `count` elements starting at element `offset`, applying the scales.
     void decode(std::int64_t offset, std::int64_t count, float* dst) const;

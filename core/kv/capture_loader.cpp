@@ -84,7 +84,7 @@ LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::
         contributedRanges(spans, m_reader->path(), bundle_path::prompt(promptId) + "/engine");
     const KvCacheConfig& config = m_reader->config();
     const int group = groupOf(layer);
-    SnapshotMerger merger(config.totalNumKvHeads, sequenceLength(promptId), config.groups[std::size_t(group)].headSize,
+    SnapshotMerger merger(config.totalNumKvHeads, sequenceLength(promptId), headDimsOf(config.groups[std::size_t(group)]),
                           int(config.contributingRanks().size()));
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
         if (ranges[s].end > ranges[s].begin)

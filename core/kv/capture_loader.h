@@ -33,6 +33,12 @@ public:
         return m_reader->readBlockTable(promptId, snapshot, group);
     }
     Logits logits(const std::string& promptId, LogitsRole role) const { return m_reader->readLogits(promptId, role); }
+    // One rank's K or V of a layer as stored, only the blocks `blockIds` (see BundleReader).
+    PagedShard engineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
+                           KvPart part, const std::vector<std::int64_t>& blockIds) const
+    {
+        return m_reader->readEngineShard(promptId, snapshot, rank, layer, part, &blockIds);
+    }
 
     // Positions of the merged engine cache: the last snapshot's sequence length.
     std::int64_t sequenceLength(const std::string& promptId) const;

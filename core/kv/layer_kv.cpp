@@ -6,23 +6,22 @@
 
 namespace kvscope {
 
-LayerKv LayerKv::absent(int heads, std::int64_t seq, int headDim)
+LayerKv LayerKv::absent(int heads, std::int64_t seq, HeadDims dims)
 {
-    LayerKv kv = unwritten(heads, seq, headDim);
+    LayerKv kv = unwritten(heads, seq, dims);
     std::fill(kv.k.begin(), kv.k.end(), std::numeric_limits<float>::quiet_NaN());
     std::fill(kv.v.begin(), kv.v.end(), std::numeric_limits<float>::quiet_NaN());
     return kv;
 }
 
-LayerKv LayerKv::unwritten(int heads, std::int64_t seq, int headDim)
+LayerKv LayerKv::unwritten(int heads, std::int64_t seq, HeadDims dims)
 {
     LayerKv kv;
     kv.heads = heads;
     kv.seq = seq;
-    kv.headDim = headDim;
-    const std::size_t n = std::size_t(heads) * std::size_t(seq) * std::size_t(headDim);
-    kv.k.resize(n);
-    kv.v.resize(n);
+    kv.dims = dims;
+    kv.k.resize(std::size_t(heads) * std::size_t(seq) * std::size_t(dims.k));
+    kv.v.resize(std::size_t(heads) * std::size_t(seq) * std::size_t(dims.v));
     kv.present.assign(std::size_t(seq), 0);
     return kv;
 }
@@ -43,8 +42,8 @@ void LayerKv::clear(std::int64_t pos)
 {
     present[std::size_t(pos)] = 0;
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    std::fill_n(k.begin() + std::ptrdiff_t(index(0, pos)), rowSize(), nan);
-    std::fill_n(v.begin() + std::ptrdiff_t(index(0, pos)), rowSize(), nan);
+    for (KvPart part : {KvPart::K, KvPart::V})
+        std::fill_n(values(part).begin() + std::ptrdiff_t(index(part, 0, pos)), rowSize(part), nan);
 }
 
 }  // namespace kvscope

@@ -2,12 +2,12 @@
 
 namespace kvscope {
 
-LayerSource LayerSource::absent(int heads, std::int64_t seq, int headDim, int runsPerRow)
+LayerSource LayerSource::absent(int heads, std::int64_t seq, HeadDims dims, int runsPerRow)
 {
     LayerSource s;
     s.heads = heads;
     s.seq = seq;
-    s.headDim = headDim;
+    s.dims = dims;
     s.runsPerRow = runsPerRow;
     s.k.resize(std::size_t(seq) * std::size_t(runsPerRow));
     s.v.resize(s.k.size());
@@ -21,12 +21,12 @@ namespace {
 // positions [pos, pos + count) in [begin, end) are present and follow each other in `tensor`
 // from element `first` on (a reference's head: all of them; an engine block: its positions).
 template <typename Span>
-void forEachSpan(const LayerSource& source, const std::vector<HeadRun>& all, std::int64_t begin, std::int64_t end,
-                 Span&& span)
+void forEachSpan(const LayerSource& source, KvPart part, std::int64_t begin, std::int64_t end, Span&& span)
 {
+    const std::vector<HeadRun>& all = part == KvPart::K ? source.k : source.v;
     const int runsPerRow = source.runsPerRow;
     const int headsPerRun = source.heads / runsPerRow;
-    const std::int64_t headDim = source.headDim;
+    const std::int64_t headDim = source.headDim(part);
     auto runAt = [&](std::int64_t pos, int r) -> const HeadRun& {
         return all[std::size_t(pos) * std::size_t(runsPerRow) + std::size_t(r)];
     };
@@ -53,22 +53,23 @@ void forEachSpan(const LayerSource& source, const std::vector<HeadRun>& all, std
 void LayerSource::decodeHeads(KvPart part, std::int64_t begin, std::int64_t end, float* out) const
 {
     const int headsPerRun = heads / runsPerRow;
-    const std::size_t dim = std::size_t(headDim);
-    forEachSpan(*this, part == KvPart::K ? k : v, begin, end,
+    const std::int64_t dim = headDim(part);
+    forEachSpan(*this, part, begin, end,
                 [&](int r, int h, std::int64_t pos, std::int64_t count, const RawTensor& tensor, std::int64_t first) {
-                    float* headOut = out + std::size_t(r * headsPerRun + h) * std::size_t(end - begin) * dim;
-                    tensor.decode(first, count * headDim, headOut + std::size_t(pos - begin) * dim);
+                    float* headOut = out + std::size_t(r * headsPerRun + h) * std::size_t((end - begin) * dim);
+                    tensor.decode(first, count * dim, headOut + std::size_t((pos - begin) * dim));
                 });
 }
 
 void LayerSource::prefetchHeads(KvPart part, std::int64_t begin, std::int64_t end) const
 {
     constexpr std::size_t kLine = 64;
-    forEachSpan(*this, part == KvPart::K ? k : v, begin, end,
+    const std::size_t dim = std::size_t(headDim(part));
+    forEachSpan(*this, part, begin, end,
                 [&](int, int, std::int64_t, std::int64_t count, const RawTensor& tensor, std::int64_t first) {
                     const std::size_t size = dtypeSize(tensor.dtype);
                     const auto* at = tensor.bytes.data() + std::size_t(first) * size;
-                    const std::size_t bytes = std::size_t(count) * std::size_t(headDim) * size;
+                    const std::size_t bytes = std::size_t(count) * dim * size;
                     for (std::size_t line = 0; line < bytes; line += kLine)
                         __builtin_prefetch(at + line);
                 });
@@ -94,13 +95,13 @@ LayerSource::Storage LayerSource::storedAs(KvPart part, std::int64_t pos, int he
 
 LayerKv LayerSource::materialize() const
 {
-    LayerKv out = LayerKv::unwritten(heads, seq, headDim);
+    LayerKv out = LayerKv::unwritten(heads, seq, dims);
     for (std::int64_t pos = 0; pos < seq; ++pos) {
         if (!present[std::size_t(pos)])
             continue;
         // One position head-major is its row.
-        decodeHeads(KvPart::K, pos, pos + 1, out.k.data() + out.index(0, pos));
-        decodeHeads(KvPart::V, pos, pos + 1, out.v.data() + out.index(0, pos));
+        for (KvPart part : {KvPart::K, KvPart::V})
+            decodeHeads(part, pos, pos + 1, out.values(part).data() + out.index(part, 0, pos));
         out.present[std::size_t(pos)] = 1;
     }
     out.clearAbsent();

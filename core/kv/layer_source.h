@@ -14,7 +14,7 @@
 
 namespace kvscope {
 
-// Every head of one position, in float: head h's head_dim values start at
+// Every head of one position, in float: head h's values start at
 // data + h * headStride (in a LayerKv, a decoded tile, or a float32 tensor as stored).
 struct RowView {
     const float* data = nullptr;
@@ -33,16 +33,17 @@ struct HeadRun {
 struct LayerSource {
     int heads = 0;
     std::int64_t seq = 0;
-    int headDim = 0;
+    HeadDims dims;
     int runsPerRow = 1;  // each run holds heads / runsPerRow heads, in head order
     std::vector<HeadRun> k, v;  // [position][run]
     std::vector<std::uint8_t> present;
     std::vector<std::shared_ptr<const void>> storage;  // owns what the runs point into
 
     // Every position absent.
-    static LayerSource absent(int heads, std::int64_t seq, int headDim, int runsPerRow);
+    static LayerSource absent(int heads, std::int64_t seq, HeadDims dims, int runsPerRow);
 
-    std::size_t rowSize() const { return std::size_t(heads) * std::size_t(headDim); }
+    int headDim(KvPart part) const { return dims.of(part); }
+    std::size_t rowSize(KvPart part) const { return std::size_t(heads) * std::size_t(dims.of(part)); }
     HeadRun* runs(KvPart part, std::int64_t pos)
     {
         return (part == KvPart::K ? k : v).data() + std::size_t(pos) * std::size_t(runsPerRow);
@@ -55,7 +56,7 @@ struct LayerSource {
     // place, nothing decoded. Null data otherwise.
     RowView storedFloatRow(KvPart part, std::int64_t pos) const;
     // Every head of the present positions in [begin, end) of `part`, head-major: head h of
-    // position p at out + (h * (end - begin) + p - begin) * head_dim (absent positions are
+    // position p at out + (h * (end - begin) + p - begin) * headDim(part) (absent positions are
     // left as they are). A head's positions that follow each other in a tensor (a
     // reference's [heads, seq, head_dim]) decode in one call.
     void decodeHeads(KvPart part, std::int64_t begin, std::int64_t end, float* out) const;

@@ -5,6 +5,7 @@
 #include "kv/reconstruction.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <stdexcept>
@@ -113,37 +114,43 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
         const KvCacheGroup& group = m_config.groups[g];
         if (group.specType == SpecType::NotCompared)
             continue;
-        const std::int64_t blockElems = std::int64_t(hpr) * group.blockSize * group.headSize;
         for (const std::string& layer : group.layerNames) {
             const LayerKv kv = layerKv(layer);
             const CacheScaling scaling = scalingOf && isQuantised(group.dtype) ? scalingOf(layer) : CacheScaling{};
             detmath::NormalSampler n01(m_seed ^ std::hash<std::string>{}(layer));
             for (int r = 0; r < m_config.tpSize; ++r) {
-                std::vector<float> k(std::size_t(m_config.numBlocks * blockElems)), v(k.size());
-                for (std::size_t i = 0; i < k.size(); ++i) {
-                    k[i] = float(n01());
-                    v[i] = float(n01());
-                }
-                // Blocks are written in allocation order, so a block reused after a freed
-                // window ends up holding the later position's data, as in the engine.
-                for (std::size_t b = 0; b < m_writtenTo[g].size(); ++b) {
-                    const std::int32_t phys = m_writtenTo[g][b];
-                    for (int o = 0; o < group.blockSize; ++o) {
-                        const std::int64_t pos = std::int64_t(b) * group.blockSize + o;
-                        if (pos >= kv.seq || !kv.present[std::size_t(pos)])
-                            continue;
-                        for (int j = 0; j < hpr; ++j) {
-                            const int head = m_config.headOnRank(r, j);
-                            const std::size_t dst = std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + o) *
-                                                                group.headSize);
-                            std::copy_n(kv.kAt(head, pos), group.headSize, k.begin() + std::ptrdiff_t(dst));
-                            std::copy_n(kv.vAt(head, pos), group.headSize, v.begin() + std::ptrdiff_t(dst));
+                // Unwritten slots hold noise, drawn K and V alternately (then the wider part's rest).
+                std::array<std::vector<float>, 2> x;
+                for (KvPart part : {KvPart::K, KvPart::V})
+                    x[std::size_t(part)].resize(std::size_t(m_config.numBlocks) *
+                                                std::size_t(hpr * group.blockSize * group.partWidth(part)));
+                for (std::size_t i = 0; i < std::max(x[0].size(), x[1].size()); ++i)
+                    for (std::vector<float>& values : x)
+                        if (i < values.size())
+                            values[i] = float(n01());
+                std::array<RawTensor, 2> parts;
+                for (KvPart part : {KvPart::K, KvPart::V}) {
+                    const int width = group.partWidth(part);
+                    // Blocks are written in allocation order, so a block reused after a freed
+                    // window ends up holding the later position's data, as in the engine.
+                    for (std::size_t b = 0; b < m_writtenTo[g].size(); ++b) {
+                        const std::int32_t phys = m_writtenTo[g][b];
+                        for (int o = 0; o < group.blockSize; ++o) {
+                            const std::int64_t pos = std::int64_t(b) * group.blockSize + o;
+                            if (pos >= kv.seq || !kv.present[std::size_t(pos)])
+                                continue;
+                            for (int j = 0; j < hpr; ++j) {
+                                const std::size_t dst =
+                                    std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + o) * width);
+                                std::copy_n(kv.at(part, m_config.headOnRank(r, j), pos), width,
+                                            x[std::size_t(part)].begin() + std::ptrdiff_t(dst));
+                            }
                         }
                     }
+                    const std::vector<std::int64_t> shape{m_config.numBlocks, hpr, group.blockSize, width};
+                    parts[std::size_t(part)] = encode(group.partDType(part), shape, x[std::size_t(part)], scaling, part, r);
                 }
-                const std::vector<std::int64_t> shape{m_config.numBlocks, hpr, group.blockSize, group.headSize};
-                snap.ranks[std::size_t(r)][layer] = {encode(group.dtype, shape, k, scaling, KvPart::K, r),
-                                                     encode(group.dtype, shape, v, scaling, KvPart::V, r)};
+                snap.ranks[std::size_t(r)][layer] = {std::move(parts[0]), std::move(parts[1])};
             }
         }
     }

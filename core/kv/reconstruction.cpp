@@ -31,17 +31,21 @@ const KvCacheGroup& groupOfLayer(const KvCacheConfig& config, const std::string&
 void checkShard(const KvCacheConfig& config, const KvCacheGroup& group, const std::vector<PagedShard>& shards,
                 int rank, KvPart part, const ErrorContext& ctx)
 {
-    const std::string what = std::string(kvPartName(part)) + " shard of TP rank " + std::to_string(rank);
+    const std::string what = std::string(partLabel(group, part)) + " shard of TP rank " + std::to_string(rank);
     if (std::size_t(rank) >= shards.size())
         ctx.fail(what + " is missing");
     const PagedShard& shard = shards[std::size_t(rank)];
     const std::vector<std::int64_t> expected{std::int64_t(shard.physicalIds.size()), config.headsPerRank(),
-                                             group.blockSize, group.headSize};
+                                             group.blockSize, group.partWidth(part)};
     if (shard.blocks.shape != expected)
         ctx.fail(what + " has shape " + shapeToString(shard.blocks.shape) + ", the config implies " +
-                 shapeToString(expected) + " ([stored blocks, heads_per_rank, block_size, head_size])");
-    if (shard.blocks.dtype != group.dtype)
-        ctx.fail(what + " is " + dtypeName(shard.blocks.dtype) + ", the config says " + dtypeName(group.dtype));
+                 shapeToString(expected) + " ([stored blocks, heads_per_rank, block_size, " +
+                 (group.specType == SpecType::Mla ? (part == KvPart::K ? "kv_lora_rank" : "qk_rope_head_dim")
+                                                  : "head_size") +
+                 "])");
+    if (shard.blocks.dtype != group.partDType(part))
+        ctx.fail(what + " is " + dtypeName(shard.blocks.dtype) + ", the config says " +
+                 dtypeName(group.partDType(part)));
     if (shard.blocks.bytes.size() != std::size_t(shard.blocks.numel()) * dtypeSize(shard.blocks.dtype))
         ctx.fail(what + " holds " + std::to_string(shard.blocks.bytes.size()) + " bytes, its shape needs more");
 }
@@ -108,7 +112,7 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
 
     const int headsPerRank = config.headsPerRank();
     const int heads = headsPerRank * int(ranks.size());
-    const int headDim = group.headSize;
+    const HeadDims dims = headDimsOf(group);
     const int blockSize = group.blockSize;
     const std::int64_t neededBlocks = (writtenLen + blockSize - 1) / blockSize;
     if (neededBlocks > table.cols)  // before allocating: the table bounds what can be real
@@ -117,7 +121,7 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
                  " positions need " + std::to_string(neededBlocks));
     if (length < writtenLen)
         length = writtenLen;
-    LayerSource out = LayerSource::absent(heads, length, headDim, int(ranks.size()));
+    LayerSource out = LayerSource::absent(heads, length, dims, int(ranks.size()));
     if (writtenLen == 0)
         return out;
 
@@ -161,10 +165,10 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
                          std::to_string(ranks[i]) + "'s shard");
             // The rank's heads of a position: blocks[slot, h, pos % blockSize, :].
             for (std::int64_t pos = begin; pos < end; ++pos) {
-                out.runs(KvPart::K, pos)[i] = {&ks.blocks, (kSlot->second * headsPerRank * blockSize + pos % blockSize) * headDim,
-                                               std::int64_t(blockSize) * headDim};
-                out.runs(KvPart::V, pos)[i] = {&vs.blocks, (vSlot->second * headsPerRank * blockSize + pos % blockSize) * headDim,
-                                               std::int64_t(blockSize) * headDim};
+                out.runs(KvPart::K, pos)[i] = {&ks.blocks, (kSlot->second * headsPerRank * blockSize + pos % blockSize) * dims.k,
+                                               std::int64_t(blockSize) * dims.k};
+                out.runs(KvPart::V, pos)[i] = {&vs.blocks, (vSlot->second * headsPerRank * blockSize + pos % blockSize) * dims.v,
+                                               std::int64_t(blockSize) * dims.v};
             }
         }
         std::fill(out.present.begin() + begin, out.present.begin() + end, 1);

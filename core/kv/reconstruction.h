@@ -25,6 +25,12 @@ struct ReconstructOptions {
     std::string object;
 };
 
+// The widths of one head of K and V in a layer of `group` (c_kv and k_pe for MLA).
+inline HeadDims headDimsOf(const KvCacheGroup& group)
+{
+    return {group.partWidth(KvPart::K), group.partWidth(KvPart::V)};
+}
+
 // The first position the engine still holds for a sequence with `writtenLen` positions
 // written: SlidingWindowSpec frees blocks wholly before writtenLen - sliding_window + 1
 // (vLLM's last useful token), so only the last sliding_window - 1 positions are kept, as

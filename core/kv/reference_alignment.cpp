@@ -1,6 +1,7 @@
 #include "kv/reference_alignment.h"
 
 #include "format/bundle_error.h"
+#include "kv/reconstruction.h"
 
 namespace kvscope {
 
@@ -9,17 +10,27 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
                                  const std::string& file, const std::string& object)
 {
     auto fail = [&](const std::string& problem) { throw BundleError(file, object, problem); };
-    if (k.shape.size() != 4 || k.shape != v.shape)
-        fail("k " + shapeToString(k.shape) + " and v " + shapeToString(v.shape) +
-             " must share one shape [batch, heads, seq, head_dim]");
-    const std::int64_t batch = k.shape[0], heads = k.shape[1], seq = k.shape[2], dim = k.shape[3];
+    const char* kName = partLabel(group, KvPart::K);
+    const char* vName = partLabel(group, KvPart::V);
+    if (k.shape.size() != 4 || v.shape.size() != 4 || std::vector(k.shape.begin(), k.shape.end() - 1) != std::vector(v.shape.begin(), v.shape.end() - 1))
+        fail(std::string(kName) + " " + shapeToString(k.shape) + " and " + vName + " " + shapeToString(v.shape) +
+             " must share [batch, heads, seq] and each be [batch, heads, seq, head_dim]");
+    const std::int64_t batch = k.shape[0], heads = k.shape[1], seq = k.shape[2];
+    const HeadDims dims = headDimsOf(group);
     if (batchRow < 0 || batchRow >= batch)
         fail("batch row " + std::to_string(batchRow) + " outside a batch of " + std::to_string(batch));
     if (heads != config.totalNumKvHeads)
         fail(std::to_string(heads) + " heads, the config has total_num_kv_heads " +
              std::to_string(config.totalNumKvHeads));
-    if (dim != group.headSize)
-        fail("head_dim " + std::to_string(dim) + ", the config has head_size " + std::to_string(group.headSize));
+    for (KvPart part : {KvPart::K, KvPart::V}) {
+        const std::int64_t dim = (part == KvPart::K ? k : v).shape[3];
+        if (dim != dims.of(part))
+            fail(std::string(partLabel(group, part)) + " is " + std::to_string(dim) + " wide, the config has " +
+                 (group.specType == SpecType::Mla
+                      ? (part == KvPart::K ? "kv_lora_rank " : "qk_rope_head_dim ")
+                      : "head_size ") +
+                 std::to_string(dims.of(part)));
+    }
 
     std::int64_t offset = 0;  // engine position of the reference's first position
     if (seq != targetLen) {
@@ -44,11 +55,10 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
         offset = targetLen - seq;
     }
 
-    LayerSource out = LayerSource::absent(int(heads), targetLen, int(dim), 1);
-    for (std::int64_t s = 0; s < seq; ++s) {
-        const std::int64_t first = (batchRow * heads * seq + s) * dim;  // [batchRow, 0, s, 0]
-        out.runs(KvPart::K, offset + s)[0] = {&k, first, seq * dim};
-        out.runs(KvPart::V, offset + s)[0] = {&v, first, seq * dim};
+    LayerSource out = LayerSource::absent(int(heads), targetLen, dims, 1);
+    for (std::int64_t s = 0; s < seq; ++s) {  // [batchRow, 0, s, 0]
+        out.runs(KvPart::K, offset + s)[0] = {&k, (batchRow * heads * seq + s) * dims.k, seq * dims.k};
+        out.runs(KvPart::V, offset + s)[0] = {&v, (batchRow * heads * seq + s) * dims.v, seq * dims.v};
         out.present[std::size_t(offset + s)] = 1;
     }
     return out;

@@ -28,14 +28,14 @@ std::vector<PositionRange> contributedRanges(const std::vector<SnapshotSpan>& sp
     return ranges;
 }
 
-SnapshotMerger::SnapshotMerger(int heads, std::int64_t totalLen, int headDim, int runsPerRow)
-    : m_merged(LayerSource::absent(heads, totalLen, headDim, runsPerRow))
+SnapshotMerger::SnapshotMerger(int heads, std::int64_t totalLen, HeadDims dims, int runsPerRow)
+    : m_merged(LayerSource::absent(heads, totalLen, dims, runsPerRow))
 {
 }
 
 void SnapshotMerger::add(const LayerSource& snapshot, PositionRange range)
 {
-    if (snapshot.heads != m_merged.heads || snapshot.headDim != m_merged.headDim ||
+    if (snapshot.heads != m_merged.heads || snapshot.dims != m_merged.dims ||
         snapshot.runsPerRow != m_merged.runsPerRow)
         throw std::invalid_argument("SnapshotMerger: snapshot shape differs from the merged cache");
     const std::int64_t end = std::min({range.end, snapshot.seq, m_merged.seq});

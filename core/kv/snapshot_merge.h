@@ -35,7 +35,7 @@ std::vector<PositionRange> contributedRanges(const std::vector<SnapshotSpan>& sp
 // runs come from the snapshot that contributes it (nothing is copied but where they lie).
 class SnapshotMerger {
 public:
-    SnapshotMerger(int heads, std::int64_t totalLen, int headDim, int runsPerRow);
+    SnapshotMerger(int heads, std::int64_t totalLen, HeadDims dims, int runsPerRow);
     // Takes the present positions of `snapshot` within `range` (clipped to what it holds),
     // and shares what keeps its tensors alive.
     void add(const LayerSource& snapshot, PositionRange range);

@@ -1,5 +1,6 @@
 #include "quant/whatif.h"
 
+#include "format/bundle_error.h"
 #include "quant/quantiser.h"
 #include "util/median.h"
 #include "util/work_team.h"
@@ -75,6 +76,10 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
 {
     WhatIfResult result;
     result.bundle = loader.path();
+    if (loader.config().isMla())  // its schemes quantise per KV head; an MLA latent has no heads to scale
+        throw BundleError(loader.path(), "kv_cache_config",
+                          "what-if simulates per-head quantisation of K and V; an MLA cache's latent (c_kv, k_pe) is "
+                          "not simulated");
     result.layers = loader.config().layerNames();
     const std::vector<PromptInfo>& prompts = loader.prompts();
     bool baseline = !prompts.empty();
@@ -127,8 +132,8 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
             const LayerKv expected = loader.referenceLayer(id, ReferenceRole::Expected, layer);
             const std::optional<LayerKv> base =
                 baseline ? std::optional(loader.referenceLayer(id, ReferenceRole::Baseline, layer)) : std::nullopt;
-            const int heads = expected.heads, dim = expected.headDim;
-            const std::size_t row = expected.rowSize();
+            const int heads = expected.heads, dim = expected.headDim(KvPart::K);  // K and V alike (not MLA)
+            const std::size_t row = expected.rowSize(KvPart::K);
             if (pi == 0) {  // vLLM's warm-up batch: the first prompt's prefill
                 const std::int64_t promptLen = loader.prompt(id).promptLen;
                 for (std::int64_t t = 0; t < std::min(promptLen, expected.seq); ++t)

@@ -75,6 +75,7 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::LaggingWrite, "lagging_write"},
     {FaultKind::RankUnwritten, "rank_unwritten"},
     {FaultKind::KNegated, "k_negated"},
+    {FaultKind::ReplicaDiff, "replica_diff"},
 };
 
 std::string layerName(int i)
@@ -82,26 +83,36 @@ std::string layerName(int i)
     return "model.layers." + std::to_string(i) + ".self_attn";
 }
 
+// What the engine's cache holds per token: kvHeads heads of K and V, or MLA's one latent.
+int cacheHeads(const ModelShape& shape)
+{
+    return shape.mla() ? 1 : shape.kvHeads;
+}
+HeadDims cacheDims(const ModelShape& shape)
+{
+    return shape.mla() ? HeadDims(shape.kvLoraRank, shape.ropeHeadDim) : HeadDims(shape.headDim);
+}
+
 LayerKv toLayerKv(const LayerCache& c, const ModelShape& shape, std::int64_t positions)
 {
-    LayerKv kv = LayerKv::unwritten(shape.kvHeads, positions, shape.headDim);
+    LayerKv kv = LayerKv::unwritten(cacheHeads(shape), positions, cacheDims(shape));
     std::copy_n(c.k.begin(), kv.k.size(), kv.k.begin());
     std::copy_n(c.v.begin(), kv.v.size(), kv.v.begin());
     std::fill(kv.present.begin(), kv.present.end(), 1);
     return kv;
 }
 
-// Positions [from, end) of a position-major cache as HF's [1, kvHeads, t, dim].
-RawTensor referenceTensor(const std::vector<float>& x, const ModelShape& shape, std::int64_t from, std::int64_t end,
-                          DType dtype)
+// Positions [from, end) of `part` of a position-major cache as HF's [1, heads, t, dim].
+RawTensor referenceTensor(const std::vector<float>& x, const ModelShape& shape, KvPart part, std::int64_t from,
+                          std::int64_t end, DType dtype)
 {
-    const std::int64_t t = end - from, dim = shape.headDim;
-    std::vector<float> values(std::size_t(shape.kvHeads * t * dim));
-    for (int h = 0; h < shape.kvHeads; ++h)
+    const std::int64_t t = end - from, dim = cacheDims(shape).of(part), heads = cacheHeads(shape);
+    std::vector<float> values(std::size_t(heads * t * dim));
+    for (int h = 0; h < heads; ++h)
         for (std::int64_t p = 0; p < t; ++p)
-            std::copy_n(x.begin() + std::ptrdiff_t(((from + p) * shape.kvHeads + h) * dim), dim,
+            std::copy_n(x.begin() + std::ptrdiff_t(((from + p) * heads + h) * dim), dim,
                         values.begin() + std::ptrdiff_t((h * t + p) * dim));
-    return RawTensor::fromFloat(dtype, {1, shape.kvHeads, t, dim}, values);
+    return RawTensor::fromFloat(dtype, {1, heads, t, dim}, values);
 }
 
 Logits stepLogits(const Matrix& logits, std::int64_t firstRow, std::int64_t steps)
@@ -147,7 +158,7 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     // into the decode.
     f.layer = o.faultLayer >= 0 ? o.faultLayer : std::min((o.shape.layers / 2) | 1, o.shape.layers - 1);
     f.head = o.faultHead >= 0 ? o.faultHead : o.shape.kvHeads / 2;
-    f.rank = o.faultRank >= 0 ? o.faultRank : 0;
+    f.rank = o.faultRank >= 0 ? o.faultRank : o.fault == FaultKind::ReplicaDiff ? 1 : 0;
     f.step = o.faultStep != ModelCaptureOptions::kDefaultStep ? o.faultStep : o.decodeTokens / 3;
     if (std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(), f.layer) != o.stateSpaceLayers.end() &&
         o.fault != FaultKind::None)
@@ -278,14 +289,43 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     case FaultKind::KNegated:
         f.truth["layer"] = layerName(f.layer);
         break;
+    case FaultKind::ReplicaDiff:
+        if (f.rank < 1 || f.rank >= o.tpSize)
+            throw std::invalid_argument("replica_diff needs a rank in 1.." + std::to_string(o.tpSize - 1) +
+                                        " (rank 0 holds the copy the analysis reads)");
+        f.truth["layer"] = layerName(f.layer);
+        f.truth["rank"] = f.rank;
+        f.truth["from_decode_step"] = f.step;
+        f.truth["description"] = "the lowest bit of every value of one block of this rank's copy flipped";
+        break;
     case FaultKind::None:
         break;
     }
     return f;
 }
 
+// An MLA model's one group, as vLLM reports it: num_kv_heads 1, head_size = kv_lora_rank +
+// qk_rope_head_dim; total_num_kv_heads is the model config's (the query heads, as DeepSeek's
+// num_key_value_heads), which an MLA cache does not split.
+KvCacheConfig makeMlaConfig(const ModelCaptureOptions& o, std::int64_t longest, DType kvDtype)
+{
+    nlohmann::json layers = nlohmann::json::array();
+    for (int l = 0; l < o.shape.layers; ++l)
+        layers.push_back(layerName(l));
+    const std::int64_t blocks = (longest / o.fullBlockSize + 2) * 3 / 2 + 4;
+    nlohmann::json group = {{"layer_names", layers}, {"spec_type", "MLAAttentionSpec"}, {"block_size", o.fullBlockSize},
+                            {"sliding_window", nullptr}, {"dtype", "torch." + dtypeName(kvDtype)}, {"num_kv_heads", 1},
+                            {"head_size", o.shape.kvLoraRank + o.shape.ropeHeadDim},
+                            {"kv_lora_rank", o.shape.kvLoraRank}, {"qk_rope_head_dim", o.shape.ropeHeadDim}};
+    nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.shape.queryHeads},
+                          {"dcp_size", 1}, {"pcp_size", 1}, {"groups", {group}}};
+    return KvCacheConfig::fromJson(jsonText(cfg), {}, "synthetic config");
+}
+
 KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DType kvDtype)
 {
+    if (o.shape.mla())
+        return makeMlaConfig(o, longest, kvDtype);
     nlohmann::json sliding = nlohmann::json::array(), full = nlohmann::json::array(), stateSpace = nlohmann::json::array();
     for (int l = 0; l < o.shape.layers; ++l) {
         const bool ssm = std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(), l) != o.stateSpaceLayers.end();
@@ -323,6 +363,20 @@ KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DTy
     return KvCacheConfig::fromJson(jsonText(cfg), {}, "synthetic config");
 }
 
+// The faults that mean something for an MLA cache, whose one latent (c_kv, k_pe) per token
+// every TP rank holds whole.
+bool mlaFaultSupported(FaultKind kind)
+{
+    switch (kind) {
+    case FaultKind::DeadHead: case FaultKind::WindowOffByOne: case FaultKind::ShardSwap: case FaultKind::Fp8Scale:
+    case FaultKind::ScaleGranularity: case FaultKind::ScaleOtherLayer: case FaultKind::RankVScale:
+    case FaultKind::HeadSwap: case FaultKind::KvSwap: case FaultKind::RankUnwritten:
+        return false;
+    default:
+        return true;
+    }
+}
+
 void checkOptions(const ModelCaptureOptions& o)
 {
     auto require = [](bool ok, const std::string& what) {
@@ -346,6 +400,17 @@ void checkOptions(const ModelCaptureOptions& o)
     for (int l : stateSpace)
         require(l >= 0 && l < o.shape.layers, "state-space layers must be layers of the model");
     require(int(stateSpace.size()) < o.shape.layers, "at least one attention layer");
+    if (o.shape.mla()) {
+        require(o.shape.kvHeads == 1, "an MLA model caches one latent per token: --kv-heads must be 1");
+        require(o.shape.ropeHeadDim >= 2 && o.shape.ropeHeadDim % 2 == 0, "the MLA rotary dim must be even");
+        require(stateSpace.empty() && !o.shape.chunked && o.shape.quietHeadLayers.empty(),
+                "an MLA model has neither state-space, chunked nor quiet-head layers");
+        require(!isQuantised(o.kvDtype), "MLA captures are synthesised with a bf16 cache");
+        require(mlaFaultSupported(o.fault), "fault " + faultName(o.fault) + " does not apply to an MLA cache (one latent "
+                                            "per token, replicated over TP ranks)");
+    } else
+        require(o.fault != FaultKind::ReplicaDiff || o.shape.kvHeads < o.tpSize,
+                "replica_diff needs replicated KV heads (fewer KV heads than TP ranks) or an MLA model");
 }
 
 }  // namespace
@@ -354,7 +419,7 @@ std::vector<FaultKind> allFaultKinds()
 {
     std::vector<FaultKind> kinds;
     for (const auto& [k, name] : kFaultNames)
-        if (k != FaultKind::None)
+        if (k != FaultKind::None && k != FaultKind::ReplicaDiff)
             kinds.push_back(k);
     return kinds;
 }
@@ -400,6 +465,31 @@ ModelCaptureOptions demoModelCaptureOptions()
     return o;
 }
 
+ModelCaptureOptions demoMlaCaptureOptions()
+{
+    ModelCaptureOptions o = demoModelCaptureOptions();
+    o.shape.layers = 16;
+    o.shape.queryHeads = 8;
+    o.shape.headDim = 64;
+    o.shape.quietHeadLayers.clear();
+    o.shape = withMla(o).shape;
+    o.shape.kvLoraRank = 256;
+    o.shape.ropeHeadDim = 32;
+    o.faultLayer = 9;
+    o.model = "kvscope-demo-mla: synthetic 16-layer MLA transformer (8 query heads; c_kv 256, k_pe 32)";
+    return o;
+}
+
+ModelCaptureOptions withMla(ModelCaptureOptions o)
+{
+    o.shape.kvHeads = 1;
+    o.shape.kvLoraRank = 4 * o.shape.headDim;
+    o.shape.ropeHeadDim = std::max(2, o.shape.headDim / 2 / 2 * 2);
+    o.shape.quietHeadLayers.clear();
+    o.shape.chunked = false;
+    return o;
+}
+
 namespace {
 
 // Cache-side faults on one snapshot's layers (ResolvedFault): the engine computed the right
@@ -408,7 +498,8 @@ namespace {
 void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config,
                   std::int64_t promptLen, std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers)
 {
-    const int heads = o.shape.kvHeads, dim = o.shape.headDim;
+    const int heads = cacheHeads(o.shape);
+    const HeadDims dims = cacheDims(o.shape);
     const auto forPositions = [](LayerKv& kv, const std::function<void(std::int64_t)>& fn) {
         for (std::int64_t pos = 0; pos < kv.seq; ++pos)
             if (kv.present[std::size_t(pos)])
@@ -416,17 +507,19 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
     };
     const auto scaleV = [&](LayerKv& kv, int head, float factor) {
         forPositions(kv, [&](std::int64_t pos) {
-            float* v = kv.v.data() + kv.index(head, pos);
-            for (int i = 0; i < dim; ++i)
+            float* v = kv.v.data() + kv.index(KvPart::V, head, pos);
+            for (int i = 0; i < dims.v; ++i)
                 v[i] = detmath::roundToBf16(v[i] * factor);
         });
     };
     const auto fromForeign = [&](int layer, std::int64_t pos) {
         LayerKv& kv = layers[std::size_t(layer)];
         const LayerCache& c = foreign[std::size_t(layer)];
-        const std::size_t row = std::size_t(heads) * std::size_t(dim);
-        std::copy_n(c.k.begin() + std::ptrdiff_t(std::size_t(pos) * row), row, kv.k.begin() + std::ptrdiff_t(kv.index(0, pos)));
-        std::copy_n(c.v.begin() + std::ptrdiff_t(std::size_t(pos) * row), row, kv.v.begin() + std::ptrdiff_t(kv.index(0, pos)));
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            const std::size_t row = kv.rowSize(part);
+            std::copy_n((part == KvPart::K ? c.k : c.v).begin() + std::ptrdiff_t(std::size_t(pos) * row), row,
+                        kv.values(part).begin() + std::ptrdiff_t(kv.index(part, 0, pos)));
+        }
     };
     const std::int64_t at = promptLen + f.step;
     switch (f.kind) {
@@ -447,12 +540,12 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
         LayerKv& kv = layers[std::size_t(f.layer)];
         const int other = swapPartner(f.head, heads);
         forPositions(kv, [&](std::int64_t pos) {
-            std::swap_ranges(kv.k.begin() + std::ptrdiff_t(kv.index(f.head, pos)),
-                             kv.k.begin() + std::ptrdiff_t(kv.index(f.head, pos) + std::size_t(dim)),
-                             kv.k.begin() + std::ptrdiff_t(kv.index(other, pos)));
-            std::swap_ranges(kv.v.begin() + std::ptrdiff_t(kv.index(f.head, pos)),
-                             kv.v.begin() + std::ptrdiff_t(kv.index(f.head, pos) + std::size_t(dim)),
-                             kv.v.begin() + std::ptrdiff_t(kv.index(other, pos)));
+            std::swap_ranges(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, f.head, pos)),
+                             kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, f.head, pos) + std::size_t(dims.k)),
+                             kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, other, pos)));
+            std::swap_ranges(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, f.head, pos)),
+                             kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, f.head, pos) + std::size_t(dims.v)),
+                             kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, other, pos)));
         });
         break;
     }
@@ -462,8 +555,8 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
     case FaultKind::LostWrite:
         for (LayerKv& kv : layers)
             if (at < kv.seq && kv.present[std::size_t(at)]) {
-                std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(0, at)), kv.rowSize(), 0.0f);
-                std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(0, at)), kv.rowSize(), 0.0f);
+                std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, at)), kv.rowSize(KvPart::K), 0.0f);
+                std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, at)), kv.rowSize(KvPart::V), 0.0f);
             }
         break;
     case FaultKind::BatchMixup:
@@ -490,8 +583,8 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
     case FaultKind::HeadKScale: {
         LayerKv& kv = layers[std::size_t(f.layer)];
         forPositions(kv, [&](std::int64_t pos) {
-            float* k = kv.k.data() + kv.index(f.head, pos);
-            for (int i = 0; i < dim; ++i)
+            float* k = kv.k.data() + kv.index(KvPart::K, f.head, pos);
+            for (int i = 0; i < dims.k; ++i)
                 k[i] = detmath::roundToBf16(k[i] * 0.5f);
         });
         break;
@@ -500,10 +593,10 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
         LayerKv& kv = layers[std::size_t(f.layer)];
         for (std::int64_t pos = kv.seq - 1; pos >= std::max<std::int64_t>(at, 1); --pos)
             if (kv.present[std::size_t(pos)] && kv.present[std::size_t(pos - 1)]) {
-                std::copy_n(kv.k.begin() + std::ptrdiff_t(kv.index(0, pos - 1)), kv.rowSize(),
-                            kv.k.begin() + std::ptrdiff_t(kv.index(0, pos)));
-                std::copy_n(kv.v.begin() + std::ptrdiff_t(kv.index(0, pos - 1)), kv.rowSize(),
-                            kv.v.begin() + std::ptrdiff_t(kv.index(0, pos)));
+                std::copy_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, pos - 1)), kv.rowSize(KvPart::K),
+                            kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, pos)));
+                std::copy_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, pos - 1)), kv.rowSize(KvPart::V),
+                            kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, pos)));
             }
         break;
     }
@@ -513,8 +606,8 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
             const std::vector<int> ranks = config.ranksHolding(h);
             if (std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end())
                 forPositions(kv, [&](std::int64_t pos) {
-                    std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(h, pos)), dim, 0.0f);
-                    std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(h, pos)), dim, 0.0f);
+                    std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, h, pos)), dims.k, 0.0f);
+                    std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, h, pos)), dims.v, 0.0f);
                 });
         }
         break;
@@ -576,7 +669,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         break;
     case FaultKind::PartialRotary:
         engineFaults.ropeLayer = fault.layer;
-        engineFaults.ropeDims = o.shape.headDim / 2 / 2 * 2;
+        engineFaults.ropeDims = (o.shape.mla() ? o.shape.ropeHeadDim : o.shape.headDim) / 2 / 2 * 2;
         break;
     default:
         break;
@@ -624,7 +717,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         // holds the wrong token's KV at d (never validated), the teacher's before.
         std::vector<LayerCache> prefix;
         for (const LayerCache& c : engine)
-            prefix.push_back(c.prefix(d, shape.kvHeads, shape.headDim));
+            prefix.push_back(c.prefix(d));
         model.forward({argmaxRow(engineLogits, d - 1)}, d, prefix, Numerics::Engine, engineFaults, promptLen);
         Snapshot s{d + 2, d, {}};
         for (const LayerCache& c : prefix)
@@ -767,6 +860,20 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
             out.truth["group"] = g;
             out.truth["from_logical_block"] = from;
         }
+        if (fault.kind == FaultKind::ReplicaDiff && p == 0 && holdsStale) {
+            // One rank's copy of the block holding the fault position differs in the last bit.
+            const int g = config.groupOf(faulty);
+            const KvCacheGroup& group = config.groups[std::size_t(g)];
+            const std::int64_t logical = stalePosition / group.blockSize;
+            const std::int32_t block = snap.blockTables[std::size_t(g)].entries[std::size_t(logical)];
+            RawTensor& copy = snap.ranks[std::size_t(fault.rank)][faulty].first;
+            const std::size_t rowBytes = std::size_t(copy.stride(0)) * dtypeSize(copy.dtype);
+            for (std::size_t i = 0; i < rowBytes; i += dtypeSize(copy.dtype))
+                copy.bytes[std::size_t(block) * rowBytes + i] ^= 1;  // little-endian: the lowest mantissa bit
+            out.truth["prompt"] = id;
+            out.truth["block"] = block;
+            out.truth["logical_block"] = logical;
+        }
         out.snapshots.push_back(std::move(snap));
     }
 
@@ -782,12 +889,12 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         const std::int64_t from =
             model.sliding(l) && !shape.chunked ? std::max<std::int64_t>(0, total - (shape.window - 1)) : 0;
         const LayerCache& e = expected[std::size_t(l)];
-        out.expected.emplace_back(referenceTensor(e.k, shape, from, total, DType::BFloat16),
-                                  referenceTensor(e.v, shape, from, total, DType::BFloat16));
+        out.expected.emplace_back(referenceTensor(e.k, shape, KvPart::K, from, total, DType::BFloat16),
+                                  referenceTensor(e.v, shape, KvPart::V, from, total, DType::BFloat16));
         if (o.baseline) {
             const LayerCache& b = base[std::size_t(l)];
-            out.baseline.emplace_back(referenceTensor(b.k, shape, from, total, DType::Float32),
-                                      referenceTensor(b.v, shape, from, total, DType::Float32));
+            out.baseline.emplace_back(referenceTensor(b.k, shape, KvPart::K, from, total, DType::Float32),
+                                      referenceTensor(b.v, shape, KvPart::V, from, total, DType::Float32));
         }
     }
     out.expectedLogits = stepLogits(expectedLogits, promptLen - 1, steps);
@@ -825,9 +932,15 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
                                   {"sliding_block_size", o.slidingBlockSize}, {"kv_dtype", dtypeName(kvDtype)},
                                   {"kv_scale", granularityName(o.kvScale)},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
+    if (o.shape.mla()) {
+        optionsJson["kv_lora_rank"] = o.shape.kvLoraRank;
+        optionsJson["qk_rope_head_dim"] = o.shape.ropeHeadDim;
+    }
     meta.extra["synthetic_options"] = jsonText(optionsJson);
-    // The model's RoPE as the HF config gives it (tiny_transformer.h: rotated halves, base 10000).
-    meta.extra["rope"] = jsonText(nlohmann::json{{"theta", 10000.0}, {"rotary_dim", o.shape.headDim}, {"style", "neox"}});
+    // The model's RoPE as the HF config gives it (tiny_transformer.h: rotated halves, base 10000;
+    // MLA rotates k_pe, all of it).
+    meta.extra["rope"] = jsonText(nlohmann::json{
+        {"theta", 10000.0}, {"rotary_dim", o.shape.mla() ? o.shape.ropeHeadDim : o.shape.headDim}, {"style", "neox"}});
 
     // The prompts' tokens, drawn in order from one stream.
     std::mt19937_64 rng(o.seed * 7919 + 17);

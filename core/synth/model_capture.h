@@ -48,6 +48,8 @@ enum class FaultKind {
     LaggingWrite,    // from a decode position on, each position holds the one before it, one layer
     RankUnwritten,   // one TP rank's heads never written (zeros), one layer
     KNegated,        // K of every head stored negated, one layer
+    ReplicaDiff,     // one TP rank's copy of one block differs from the other replicas (MLA, or
+                     // replicated heads), one layer; a capture-level finding, not a suspect
     // quantised caches (fp8 e4m3 unless --kv-dtype says otherwise)
     ScaleGranularity,  // quantised with one scale per tensor, recorded per head, one layer
     ScaleOtherLayer,   // quantised with another layer's scale, recorded with its own, one layer
@@ -55,7 +57,7 @@ enum class FaultKind {
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
 bool parseFault(const std::string& name, FaultKind& kind);
-// Every kind but None, in declaration order.
+// Every kind a suspect should explain, in declaration order (None and ReplicaDiff aside).
 std::vector<FaultKind> allFaultKinds();
 
 struct ModelShape {
@@ -75,6 +77,13 @@ struct ModelShape {
     // head that one scale for the whole tensor crushes, as trained models have.
     std::vector<int> quietHeadLayers;
     int quietHeadOctaves = 12;
+    // Multi-head latent attention (DeepSeek's) when kvLoraRank > 0: each token caches one latent,
+    // c_kv (kvLoraRank values, RMS-normalised) and k_pe (ropeHeadDim values, rotated), from
+    // which every query head gets its own K (headDim values up-projected from c_kv, then k_pe)
+    // and V (headDim values). kvHeads is then 1 and every layer attends fully.
+    int kvLoraRank = 0;
+    int ropeHeadDim = 0;
+    bool mla() const { return kvLoraRank > 0; }
 };
 
 struct ModelCaptureOptions {
@@ -113,6 +122,13 @@ struct ModelCaptureOptions {
 // The demo capture: 24 layers alternating sliding/full attention, 8 KV heads of dim 128
 // (16 query heads), TP 4, block size 16, 3 prompts of 100-300 tokens, and a rope_offset fault.
 ModelCaptureOptions demoModelCaptureOptions();
+// The MLA demo: 16 layers of DeepSeek-style latent attention (8 query heads; c_kv 256 and k_pe 32
+// wide), TP 4 (every rank holds the latent), block size 16, the same prompts, and a fault in k_pe
+// of layer 9 (decode positions rotated for position + 1).
+ModelCaptureOptions demoMlaCaptureOptions();
+// `o` turned into an MLA model of the same size: one latent per token, kvLoraRank 4 x headDim and
+// ropeHeadDim headDim / 2 (even), every layer full attention.
+ModelCaptureOptions withMla(ModelCaptureOptions o);
 
 // Runs the model and writes the capture. Deterministic: the same options give identical
 // tensors, tables and logits on every CPU and with any number of threads. Throws

@@ -80,7 +80,7 @@ LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, in
         for (std::int64_t pos = promptLen + o.faultPosition; pos < seqLen; ++pos)
             for (int c = 0; c + 1 < o.headDim; c += 2) {
                 // RoPE rotated by one position too many: pair i turns by 10000^(-2i/dim).
-                float* k = d.engine.k.data() + d.engine.index(o.faultHead, pos) + c;
+                float* k = d.engine.k.data() + d.engine.index(KvPart::K, o.faultHead, pos) + c;
                 double sinA = 0, cosA = 0;
                 detmath::sinCos(detmath::exp(-double(c) / o.headDim * 9.21034037197618273607), sinA, cosA);  // ln 10000
                 const float a = k[0], b = k[1], s = float(sinA), co = float(cosA);
@@ -168,9 +168,9 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
                     LayerKv kv = generateLayer(o, p, index, promptLen, seqLen).engine;
                     if (s + 1 < snapshots)
                         for (int h = 0; h < kv.heads; ++h)
-                            for (int d = 0; d < kv.headDim; ++d) {
-                                kv.k[kv.index(h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
-                                kv.v[kv.index(h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
+                            for (int d = 0; d < kv.headDim(KvPart::K); ++d) {
+                                kv.k[kv.index(KvPart::K, h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
+                                kv.v[kv.index(KvPart::V, h, divergence) + std::size_t(d)] = bf16(float(wrong()) * 3.0f);
                             }
                     return kv;
                 },

@@ -184,12 +184,18 @@ float silu(float x)
     return float(double(x) / (1.0 + detmath::exp(-double(x))));
 }
 
-void append(LayerCache& c, const Matrix& k, const Matrix& v, int kvHeads, int dim)
+void appendRows(std::vector<float>& to, const Matrix& rows)
 {
-    c.k.insert(c.k.end(), k.values.begin(), k.values.end());
-    c.v.insert(c.v.end(), v.values.begin(), v.values.end());
-    const std::int64_t positions = c.positions + k.rows;
-    const std::size_t channels = std::size_t(kvHeads) * std::size_t(dim);
+    to.insert(to.end(), rows.values.begin(), rows.values.end());
+}
+
+// Appends `keys` [n, key heads * key dim] to the cache's per-channel keys, at positions from
+// c.positions on.
+void appendKeys(LayerCache& c, const Matrix& keys)
+{
+    const std::int64_t positions = c.positions + keys.rows;
+    const std::size_t channels = std::size_t(keys.cols);
+    c.keyChannels = channels;
     if (positions > c.capacity) {
         const std::int64_t capacity = std::max<std::int64_t>({positions, 2 * c.capacity, 64});
         std::vector<float> grown(channels * std::size_t(capacity));
@@ -199,24 +205,29 @@ void append(LayerCache& c, const Matrix& k, const Matrix& v, int kvHeads, int di
         c.keysByChannel = std::move(grown);
         c.capacity = capacity;
     }
-    for (int i = 0; i < k.rows; ++i)
+    for (int i = 0; i < keys.rows; ++i)
         for (std::size_t ch = 0; ch < channels; ++ch)
-            c.keysByChannel[ch * std::size_t(c.capacity) + std::size_t(c.positions + i)] = k.row(i)[ch];
+            c.keysByChannel[ch * std::size_t(c.capacity) + std::size_t(c.positions + i)] = keys.row(i)[ch];
     c.positions = positions;
 }
 
 }  // namespace
 
-LayerCache LayerCache::prefix(std::int64_t count, int kvHeads, int headDim) const
+LayerCache LayerCache::prefix(std::int64_t count) const
 {
-    const std::size_t row = std::size_t(kvHeads) * std::size_t(headDim);
+    const auto first = [&](const std::vector<float>& x) {
+        const std::size_t row = positions > 0 ? x.size() / std::size_t(positions) : 0;
+        return std::vector<float>(x.begin(), x.begin() + std::ptrdiff_t(row * std::size_t(count)));
+    };
     LayerCache c;
     c.positions = count;
-    c.k.assign(k.begin(), k.begin() + std::ptrdiff_t(row * std::size_t(count)));
-    c.v.assign(v.begin(), v.begin() + std::ptrdiff_t(row * std::size_t(count)));
+    c.k = first(k);
+    c.v = first(v);
+    c.values = first(values);
     c.capacity = count;
-    c.keysByChannel.resize(row * std::size_t(count));
-    for (std::size_t ch = 0; ch < row; ++ch)
+    c.keyChannels = keyChannels;
+    c.keysByChannel.resize(keyChannels * std::size_t(count));
+    for (std::size_t ch = 0; ch < keyChannels; ++ch)
         std::copy_n(keysByChannel.data() + ch * std::size_t(capacity), count,
                     c.keysByChannel.data() + ch * std::size_t(count));
     return c;
@@ -239,7 +250,9 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
             x = float(1.0 + 0.1 * normal());
         return w;
     };
-    const int h = shape.hidden, q = shape.queryHeads * shape.headDim, kv = shape.kvHeads * shape.headDim;
+    const int h = shape.hidden, kv = shape.kvHeads * shape.headDim;
+    const int q = shape.queryHeads * (shape.headDim + (shape.mla() ? shape.ropeHeadDim : 0));
+    const int attended = shape.queryHeads * shape.headDim;
     m_fp32.embed = matrix(shape.vocab, h, 1.0);
     m_fp32.finalNorm = normWeight(h);
     // Logits spread like a trained model's: a few units between the top candidates.
@@ -248,6 +261,19 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
         Layer layer;
         layer.attnNorm = normWeight(h);
         layer.wq = matrix(h, q, 1.0 / std::sqrt(double(h)));
+        if (shape.mla()) {
+            const int r = shape.kvLoraRank;
+            layer.wk = matrix(h, r + shape.ropeHeadDim, 1.0 / std::sqrt(double(h)));
+            layer.kvNorm = normWeight(r);
+            layer.wv = matrix(r, shape.queryHeads * 2 * shape.headDim, 1.0 / std::sqrt(double(r)));
+            layer.wo = matrix(attended, h, 0.5 / std::sqrt(double(attended)));
+            layer.mlpNorm = normWeight(h);
+            layer.wGate = matrix(h, shape.ffn, 1.0 / std::sqrt(double(h)));
+            layer.wUp = matrix(h, shape.ffn, 1.0 / std::sqrt(double(h)));
+            layer.wDown = matrix(shape.ffn, h, 0.5 / std::sqrt(double(shape.ffn)));
+            m_fp32.layers.push_back(std::move(layer));
+            continue;
+        }
         layer.wk = matrix(h, kv, 1.0 / std::sqrt(double(h)));
         // Trained K projections have a few channels with much larger magnitude.
         for (int head = 0; head < shape.kvHeads; ++head)
@@ -291,17 +317,22 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
     m_bf16.lmHead = rounded(m_fp32.lmHead);
     for (const Layer& l : m_fp32.layers)
         m_bf16.layers.push_back({rounded(l.attnNorm), rounded(l.mlpNorm), rounded(l.wq), rounded(l.wk), rounded(l.wv),
-                                 rounded(l.wo), rounded(l.wGate), rounded(l.wUp), rounded(l.wDown)});
+                                 rounded(l.wo), rounded(l.wGate), rounded(l.wUp), rounded(l.wDown),
+                                 rounded(l.kvNorm)});
     // HF: inv_freq = 1 / theta^(2i / dim) in fp32.
-    for (int i = 0; i < shape.headDim / 2; ++i)
-        m_invFreq.push_back(float(detmath::exp(-(2.0 * i / shape.headDim) * 9.21034037197618273607)));  // ln 10000
+    const int rotary = shape.mla() ? shape.ropeHeadDim : shape.headDim;
+    for (int i = 0; i < rotary / 2; ++i)
+        m_invFreq.push_back(float(detmath::exp(-(2.0 * i / rotary) * 9.21034037197618273607)));  // ln 10000
 }
 
 void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
                                 const EngineFaults& faults, Matrix& out) const
 {
     const ModelShape& s = m_shape;
-    const int dim = s.headDim, groupSize = s.queryHeads / s.kvHeads;
+    // MLA: every query head has its own key (headDim + ropeHeadDim) and value (headDim).
+    const int dim = s.headDim + (s.mla() ? s.ropeHeadDim : 0), valueDim = s.headDim;
+    const int keyHeads = s.mla() ? s.queryHeads : s.kvHeads, groupSize = s.queryHeads / keyHeads;
+    const std::vector<float>& values = s.mla() ? cache.values : cache.v;
     const float scale = 1.0f / std::sqrt(float(dim));
     const bool engine = n == Numerics::Engine;
     const int window = s.window - (engine && faults.windowOffByOne ? 1 : 0);
@@ -334,28 +365,71 @@ void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::i
                 weights[j] = float(detmath::exp(double(scores[j] - top)));
                 sum += weights[j];
             }
-            float* o = out.row(i) + std::size_t(h) * std::size_t(dim);
-            std::fill_n(o, dim, 0.0f);
+            float* o = out.row(i) + std::size_t(h) * std::size_t(valueDim);
+            std::fill_n(o, valueDim, 0.0f);
             // Baseline and HF normalise the weights first (HF then casts them to bf16); a flash
             // kernel casts the unnormalised weights to bf16 and divides the output by the sum.
             for (float& w : weights)
                 w = n == Numerics::Baseline ? w / sum : n == Numerics::Expected ? roundToBf16(w / sum) : roundToBf16(w);
             for (std::size_t j = 0; j < count; ++j) {
                 const float w = weights[j];
-                const float* value = cache.v.data() +
-                                     (std::size_t(first + std::int64_t(j)) * std::size_t(s.kvHeads) + std::size_t(kvHead)) *
-                                         std::size_t(dim);
-                for (int d = 0; d < dim; ++d)
+                const float* value = values.data() +
+                                     (std::size_t(first + std::int64_t(j)) * std::size_t(keyHeads) + std::size_t(kvHead)) *
+                                         std::size_t(valueDim);
+                for (int d = 0; d < valueDim; ++d)
                     o[d] += w * value[d];
             }
             if (engine)
-                for (int d = 0; d < dim; ++d)
+                for (int d = 0; d < valueDim; ++d)
                     o[d] = roundToBf16(o[d] / sum);
             else if (n == Numerics::Expected)
-                for (int d = 0; d < dim; ++d)
+                for (int d = 0; d < valueDim; ++d)
                     o[d] = roundToBf16(o[d]);
         }
     }
+}
+
+void TinyTransformer::latentAttentionKv(const Layer& layer, const Matrix& h, Matrix& q, std::int64_t start, int l,
+                                        Numerics numerics, const EngineFaults& faults, std::int64_t promptLen,
+                                        LayerCache& cache) const
+{
+    const ModelShape& s = m_shape;
+    const int n = h.rows, r = s.kvLoraRank, ropeDim = s.ropeHeadDim, hd = s.headDim, key = hd + ropeDim;
+    const bool engine = numerics == Numerics::Engine;
+    const Matrix kvA = linear(h, layer.wk, numerics);  // kv_a_proj_with_mqa: [latent | k_pe]
+    Matrix latent(n, r), kPe(n, ropeDim);
+    for (int i = 0; i < n; ++i) {
+        std::copy_n(kvA.row(i), r, latent.row(i));
+        std::copy_n(kvA.row(i) + r, ropeDim, kPe.row(i));
+    }
+    const Matrix cKv = rmsNorm(latent, layer.kvNorm, numerics);  // kv_a_layernorm
+    for (int i = 0; i < n; ++i) {
+        const std::int64_t pos = start + i;
+        if (engine && faults.ropeApplies(l, pos)) {
+            for (int head = 0; head < s.queryHeads; ++head)
+                faultyRope(q.row(i) + std::size_t(head * key + hd), 1, ropeDim, pos, faults);
+            faultyRope(kPe.row(i), 1, ropeDim, pos, faults);
+            continue;
+        }
+        for (int head = 0; head < s.queryHeads; ++head)
+            rope(q.row(i) + std::size_t(head * key + hd), 1, ropeDim, pos, m_invFreq, numerics);
+        const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
+        rope(kPe.row(i), 1, ropeDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
+    }
+    // kv_b_proj: each head's K (no rotary part) and V from the latent.
+    const Matrix up = linear(cKv, layer.wv, numerics);
+    Matrix keys(n, s.queryHeads * key), values(n, s.queryHeads * hd);
+    for (int i = 0; i < n; ++i)
+        for (int head = 0; head < s.queryHeads; ++head) {
+            const float* own = up.row(i) + std::size_t(head * 2 * hd);
+            std::copy_n(own, hd, keys.row(i) + std::size_t(head * key));
+            std::copy_n(kPe.row(i), ropeDim, keys.row(i) + std::size_t(head * key + hd));
+            std::copy_n(own + hd, hd, values.row(i) + std::size_t(head * hd));
+        }
+    appendRows(cache.k, cKv);
+    appendRows(cache.v, kPe);
+    appendRows(cache.values, values);
+    appendKeys(cache, keys);
 }
 
 Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
@@ -381,33 +455,37 @@ Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::in
         const Layer& layer = w.layers[std::size_t(l)];
         const Matrix h = rmsNorm(x, layer.attnNorm, numerics);
         Matrix q = linear(h, layer.wq, numerics);
-        Matrix k = linear(h, layer.wk, numerics);
-        const Matrix v = [&] {
-            Matrix m = linear(h, layer.wv, numerics);
-            for (int i = 0; i < n; ++i) {
-                const std::int64_t pos = start + i;
-                if (engine && faults.ropeApplies(l, pos)) {
-                    faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults);
-                    faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults);
-                } else {
-                    rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
-                    const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
-                    rope(k.row(i), s.kvHeads, s.headDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
-                }
-                if (engine && l == faults.deadLayer && pos >= faults.deadFrom) {
-                    std::fill_n(k.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
-                    std::fill_n(m.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
-                }
-            }
-            return m;
-        }();
         LayerCache& c = cache[std::size_t(l)];
-        append(c, k, v, s.kvHeads, s.headDim);
-
+        if (s.mla())
+            latentAttentionKv(layer, h, q, start, l, numerics, faults, promptLen, c);
+        else {
+            Matrix k = linear(h, layer.wk, numerics);
+            const Matrix v = [&] {
+                Matrix m = linear(h, layer.wv, numerics);
+                for (int i = 0; i < n; ++i) {
+                    const std::int64_t pos = start + i;
+                    if (engine && faults.ropeApplies(l, pos)) {
+                        faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults);
+                        faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults);
+                    } else {
+                        rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
+                        const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
+                        rope(k.row(i), s.kvHeads, s.headDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
+                    }
+                    if (engine && l == faults.deadLayer && pos >= faults.deadFrom) {
+                        std::fill_n(k.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
+                        std::fill_n(m.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
+                    }
+                }
+                return m;
+            }();
+            appendRows(c.k, k);
+            appendRows(c.v, v);
+            appendKeys(c, k);
+        }
         Matrix attended(n, s.queryHeads * s.headDim);
         attention(q, c, start, l, numerics, faults, attended);
         addResidual(linear(attended, layer.wo, numerics));
-
         const Matrix m = rmsNorm(x, layer.mlpNorm, numerics);
         const Matrix gate = linear(m, layer.wGate, numerics);
         Matrix act = linear(m, layer.wUp, numerics);

@@ -52,18 +52,23 @@ struct Matrix {
     const float* row(int r) const { return values.data() + std::size_t(r) * std::size_t(cols); }
 };
 
-// K and V of one layer for positions [0, positions): position-major [positions, kvHeads,
-// headDim], holding values of the numerics' storage type. `keysByChannel` holds the same K
-// per head as [kvHeads, headDim, capacity] so that attention scores vectorise over positions.
+// What one layer cached for positions [0, positions), holding values of the numerics' storage
+// type. `k` and `v` are what an engine's cache stores, position-major: K and V [positions,
+// kvHeads, headDim], or an MLA layer's c_kv [positions, kvLoraRank] and k_pe [positions,
+// ropeHeadDim]. Attention reads the keys per channel, [key heads, key dim, capacity], so that
+// scores vectorise over positions, and the values position-major: `v`, or an MLA layer's
+// up-projected `values` [positions, query heads, headDim].
 struct LayerCache {
     std::int64_t positions = 0;
     std::vector<float> k;
     std::vector<float> v;
+    std::vector<float> values;  // MLA only
     std::int64_t capacity = 0;
     std::vector<float> keysByChannel;
+    std::size_t keyChannels = 0;
 
     // The first `count` positions.
-    LayerCache prefix(std::int64_t count, int kvHeads, int headDim) const;
+    LayerCache prefix(std::int64_t count) const;
 };
 
 class TinyTransformer {
@@ -71,7 +76,7 @@ public:
     TinyTransformer(const ModelShape& shape, std::uint64_t seed);
 
     const ModelShape& shape() const { return m_shape; }
-    bool sliding(int layer) const { return layer % 2 == 0; }
+    bool sliding(int layer) const { return !m_shape.mla() && layer % 2 == 0; }
 
     // Runs `tokens` at positions [start, start + n) after `cache` (positions [0, start)),
     // appends their K and V to `cache` and returns the logits [n, vocab].
@@ -83,6 +88,10 @@ private:
     struct Layer {
         std::vector<float> attnNorm, mlpNorm;
         Matrix wq, wk, wv, wo, wGate, wUp, wDown;  // [in, out]
+        // MLA: wk is kv_a_proj_with_mqa [hidden, kvLoraRank + ropeHeadDim], wv kv_b_proj
+        // [kvLoraRank, queryHeads * 2 * headDim] (each head's K part, then its V), kvNorm
+        // kv_a_layernorm.
+        std::vector<float> kvNorm;
     };
     struct Weights {
         Matrix embed, lmHead;
@@ -92,6 +101,9 @@ private:
     const Weights& weightsFor(Numerics n) const { return n == Numerics::Baseline ? m_fp32 : m_bf16; }
     void attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
                    const EngineFaults& faults, Matrix& out) const;
+    // An MLA layer's Q (rotated in place) and its cache's new rows, from the normed input `h`.
+    void latentAttentionKv(const Layer& layer, const Matrix& h, Matrix& q, std::int64_t start, int l, Numerics n,
+                           const EngineFaults& faults, std::int64_t promptLen, LayerCache& cache) const;
 
     ModelShape m_shape;
     std::vector<float> m_invFreq;  // RoPE inverse frequencies, fp32

@@ -45,7 +45,7 @@ PromptAnalysis promptWithOff(const std::vector<int>& heads)
     p.promptLen = 16;
     p.tokens = kTokens;
     p.heads = kHeads;
-    p.headDim = kDim;
+    p.dims = kDim;
     p.layers = {"l0"};
     p.layerGroups = {0};
     p.layerDtypes = {DType::BFloat16};
@@ -149,9 +149,9 @@ void TestHypotheses::swappedHeadsAreFound()
     LayerKv engine = reference;
     for (std::int64_t t = 0; t < kTokens; ++t)
         for (auto* side : {&engine.k, &engine.v})
-            std::swap_ranges(side->begin() + std::ptrdiff_t(engine.index(2, t)),
-                             side->begin() + std::ptrdiff_t(engine.index(2, t) + kDim),
-                             side->begin() + std::ptrdiff_t(engine.index(3, t)));
+            std::swap_ranges(side->begin() + std::ptrdiff_t(engine.index(KvPart::K, 2, t)),
+                             side->begin() + std::ptrdiff_t(engine.index(KvPart::K, 2, t) + kDim),
+                             side->begin() + std::ptrdiff_t(engine.index(KvPart::K, 3, t)));
     const PromptAnalysis p = promptWithOff({2, 3});
     const std::vector<Hypothesis> h = test(p, offCells({2, 3}), engine, reference);
     // Rank 1 holds heads 2 and 3 in the wrong order: a head map, not another rank's shard.
@@ -168,7 +168,7 @@ void TestHypotheses::aScaleIsMeasured()
     LayerKv engine = reference;
     for (std::int64_t t = 0; t < kTokens; ++t)
         for (int i = 0; i < kDim; ++i)
-            engine.v[engine.index(1, t) + std::size_t(i)] *= 1.25f;
+            engine.v[engine.index(KvPart::V, 1, t) + std::size_t(i)] *= 1.25f;
     const PromptAnalysis p = promptWithOff({1});
     std::vector<OffCell> cells;
     for (const OffCell& c : offCells({1}))
@@ -189,7 +189,7 @@ void TestHypotheses::aRopeOffsetIsFound()
     for (std::int64_t t = 0; t < kTokens; ++t)
         for (int h = 0; h < kHeads; ++h) {
             double in[kDim], out[kDim];
-            float* k = engine.k.data() + engine.index(h, t);
+            float* k = engine.k.data() + engine.index(KvPart::K, h, t);
             std::copy_n(k, kDim, in);
             applyRope(rope, kDim, 5.0, false, in, out);
             for (int i = 0; i < kDim; ++i)
@@ -210,7 +210,7 @@ void TestHypotheses::zerosAndUnrelatedData()
     LayerKv zeros = reference, other = randomLayer(99);
     for (std::int64_t t = 0; t < kTokens; ++t)
         for (int i = 0; i < kDim; ++i)
-            zeros.k[zeros.index(0, t) + std::size_t(i)] = zeros.v[zeros.index(0, t) + std::size_t(i)] = 0.0f;
+            zeros.k[zeros.index(KvPart::K, 0, t) + std::size_t(i)] = zeros.v[zeros.index(KvPart::V, 0, t) + std::size_t(i)] = 0.0f;
     const PromptAnalysis p = promptWithOff({0});
     QCOMPARE(test(p, offCells({0}), zeros, reference).front().kind, std::string("zeros"));
     const std::vector<Hypothesis> h = test(p, offCells({0}), other, reference);

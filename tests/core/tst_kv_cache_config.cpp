@@ -20,6 +20,8 @@ private slots:
     void rejects();
     void jsonRoundTrip();
     void hybridAndChunked();
+    void mla_data();
+    void mla();
 };
 
 void TestKvCacheConfig::parsesEngineDict()
@@ -93,8 +95,8 @@ void TestKvCacheConfig::rejects_data()
                                     << "disagrees with total_num_kv_heads 4 over tp_size 2";
     QTest::newRow("uneven partition") << edit("\"total_num_kv_heads\": 4", "\"total_num_kv_heads\": 5")
                                       << "cfg.total_num_kv_heads" << "cannot be partitioned";
-    QTest::newRow("only MLA") << edit("FullAttentionSpec", "MLAAttentionSpec") << "cfg.groups"
-                              << "no group kvscope compares (only MLAAttentionSpec layers)";
+    QTest::newRow("MLA without its widths") << edit("FullAttentionSpec", "MLAAttentionSpec")
+                                            << "cfg.groups[0].kv_lora_rank" << "missing";
     QTest::newRow("unknown spec") << edit("FullAttentionSpec", "FullAtentionSpec") << "cfg.groups[0].spec_type"
                                   << "'FullAtentionSpec' is not supported";
     QTest::newRow("chunked without size") << edit("FullAttentionSpec", "ChunkedLocalAttentionSpec")
@@ -154,6 +156,73 @@ void TestKvCacheConfig::hybridAndChunked()
     const KvCacheConfig again = KvCacheConfig::fromJson(cfg.toJson());
     QCOMPARE(again.toJson(), cfg.toJson());
     QCOMPARE(again.notComparedLayers(), skipped);
+}
+
+
+void TestKvCacheConfig::mla_data()
+{
+    QTest::addColumn<QString>("edit");
+    QTest::addColumn<QString>("where");
+    QTest::addColumn<QString>("problem");
+    QTest::newRow("as vLLM reports it") << "" << "" << "";
+    QTest::newRow("widths that do not add up") << "\"kv_lora_rank\": 512=>\"kv_lora_rank\": 500" << "cfg.groups[0].head_size"
+                                               << "576 is not kv_lora_rank 500 + qk_rope_head_dim 64";
+    QTest::newRow("odd rotary dim") << "\"head_size\": 576=>\"head_size\": 575|\"qk_rope_head_dim\": 64=>\"qk_rope_head_dim\": 63"
+                                    << "cfg.groups[0].qk_rope_head_dim" << "odd";
+    QTest::newRow("two latent heads") << "\"num_kv_heads\": 1=>\"num_kv_heads\": 2" << "cfg.groups[0].num_kv_heads"
+                                      << "disagrees with total_num_kv_heads 1";
+    QTest::newRow("fp8_ds_mla") << "torch.bfloat16=>fp8_ds_mla" << "" << "";
+    QTest::newRow("fp8_ds_mla, a rank not of 128") << "torch.bfloat16=>fp8_ds_mla|\"kv_lora_rank\": 512=>\"kv_lora_rank\": 448|\"head_size\": 576=>\"head_size\": 512"
+                                                   << "cfg.groups[0].kv_lora_rank" << "multiple of 128";
+    QTest::newRow("beside other attention")
+        << "\"auto\"}]}=>\"auto\"}, {\"layer_names\": [\"model.layers.9.self_attn\"], \"spec_type\": \"FullAttentionSpec\", \"block_size\": 64, \"num_kv_heads\": 1, \"head_size\": 576, \"dtype\": \"torch.bfloat16\"}]}"
+        << "cfg.groups[1].spec_type" << "mixing MLA and other attention";
+}
+
+void TestKvCacheConfig::mla()
+{
+    QFETCH(QString, edit);
+    QFETCH(QString, where);
+    QFETCH(QString, problem);
+    // DeepSeek-V3 under TP 8, as get_kv_cache_config reports it (total_num_kv_heads is the model
+    // config's 128: an MLA cache holds one latent, every rank all of it).
+    QString text = R"({"num_blocks": 100, "tp_size": 8, "total_num_kv_heads": 128, "groups": [
+        {"layer_names": ["model.layers.0.self_attn", "model.layers.1.self_attn"], "spec_type": "MLAAttentionSpec",
+         "block_size": 64, "num_kv_heads": 1, "head_size": 576, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+         "dtype": "torch.bfloat16", "sliding_window": null, "cache_dtype_str": "auto"}]})";
+    for (const QString& change : edit.split('|', Qt::SkipEmptyParts)) {
+        const qsizetype arrow = change.indexOf("=>");
+        QVERIFY2(text.contains(change.left(arrow)), qPrintable(change));
+        text.replace(change.left(arrow), change.mid(arrow + 2));
+    }
+    if (!problem.isEmpty()) {
+        expectBundleError([&] { KvCacheConfig::fromJson(text.toStdString(), "f.h5", "cfg"); },
+                          {"f.h5", where.toStdString(), problem.toStdString()});
+        return;
+    }
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(text.toStdString(), "f.h5", "cfg");
+    const KvCacheGroup& g = cfg.groups[0];
+    QCOMPARE(g.specType, SpecType::Mla);
+    QVERIFY(cfg.isMla());
+    QCOMPARE(g.partWidth(KvPart::K), edit.contains("448") ? 448 : 512);
+    QCOMPARE(g.partWidth(KvPart::V), 64);
+    QCOMPARE(std::string(partLabel(g, KvPart::K)), std::string("c_kv"));
+    QCOMPARE(std::string(partLabel(g, KvPart::V)), std::string("k_pe"));
+    // TP replicates the latent: one head, on every rank, rank 0's copy read.
+    QCOMPARE(cfg.totalNumKvHeads, 1);
+    QCOMPARE(cfg.tpMode(), TpMode::Replicated);
+    QCOMPARE(cfg.ranksHolding(0), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+    QCOMPARE(cfg.contributingRanks(), std::vector<int>{0});
+    const bool ds = edit.contains("fp8_ds_mla");
+    QCOMPARE(g.dsMla, ds);
+    QCOMPARE(g.partDType(KvPart::K), ds ? DType::Float8E4M3 : DType::BFloat16);
+    QCOMPARE(g.partDType(KvPart::V), DType::BFloat16);
+    // Written back, it reads the same.
+    const KvCacheConfig again = KvCacheConfig::fromJson(cfg.toJson());
+    QCOMPARE(again.groups[0].kvLoraRank, g.kvLoraRank);
+    QCOMPARE(again.groups[0].qkRopeHeadDim, 64);
+    QCOMPARE(again.groups[0].dsMla, ds);
+    QVERIFY(describeGroup(g).find("kv_lora_rank 512 + qk_rope_head_dim 64") != std::string::npos || ds);
 }
 
 QTEST_APPLESS_MAIN(TestKvCacheConfig)

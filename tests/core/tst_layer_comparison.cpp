@@ -56,7 +56,7 @@ void TestLayerComparison::compareLayer()
             const_cast<LayerKv&>(baseline).clear(2);
     }
     // A zero vector in the reference.
-    std::fill_n(const_cast<LayerKv&>(baseline).k.begin() + std::ptrdiff_t(baseline.index(0, seq / 2)), dim, 0.0f);
+    std::fill_n(const_cast<LayerKv&>(baseline).k.begin() + std::ptrdiff_t(baseline.index(KvPart::K, 0, seq / 2)), dim, 0.0f);
     const LayerKv& reference = threeWay ? baseline : expected;
     PromptAnalysis p = emptyPrompt(2, seq, heads, threeWay);
     std::vector<NonFiniteCell> nonFinite;
@@ -122,7 +122,7 @@ void TestLayerComparison::nonFiniteInputIsReportedNotAveraged()
     const LayerKv baseline = randomLayer(2, 4, 8, rng, 0);
     const LayerKv expected = randomLayer(2, 4, 8, rng, 0.01f, &baseline);
     LayerKv actual = randomLayer(2, 4, 8, rng, 0.01f, &baseline);
-    actual.k[actual.index(1, 2) + 3] = std::nanf("");
+    actual.k[actual.index(KvPart::K, 1, 2) + 3] = std::nanf("");
     PromptAnalysis p = emptyPrompt(1, 4, 2, true);
     std::vector<NonFiniteCell> nonFinite;
     kvscope::compareLayer(baseline, actual, &expected, 0, p, nonFinite);
@@ -186,8 +186,8 @@ void TestLayerComparison::tokensSplitOverThreadsGiveTheSameResult()
     const LayerKv baseline = randomLayer(heads, seq, dim, rng, 0);
     const LayerKv expected = randomLayer(heads, seq, dim, rng, 0.004f, &baseline);
     LayerKv actual = randomLayer(heads, seq, dim, rng, 0.01f, &baseline);
-    actual.k[actual.index(1, 350)] = std::nanf("");  // non-finite cells in two ranges
-    actual.v[actual.index(2, 10)] = INFINITY;
+    actual.k[actual.index(KvPart::K, 1, 350)] = std::nanf("");  // non-finite cells in two ranges
+    actual.v[actual.index(KvPart::V, 2, 10)] = INFINITY;
     actual.clear(200);
     PromptAnalysis one = emptyPrompt(1, seq, heads, true), split = one;
     std::vector<NonFiniteCell> nf1, nf3;

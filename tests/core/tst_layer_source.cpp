@@ -107,7 +107,7 @@ void TestLayerSource::tilesServeTokensInAnyOrder()
 {
     const Fixture f;
     const LayerRows rows(f.source);
-    QCOMPARE(rows.rowSize(), std::size_t(kHeads * kDim));
+    QCOMPARE(rows.rowSize(KvPart::K), std::size_t(kHeads * kDim));
     QVERIFY(!rows.present(17) && rows.present(16));
     LayerRows::Tile tile;
     // In order (one tile after another, the last one short), then back and across parts.

@@ -95,8 +95,8 @@ void TestSyntheticCapture::engineMatchesBaselineExceptTheFault()
                 if (!engine.present[std::size_t(pos)] || !baseline.present[std::size_t(pos)])
                     continue;
                 for (int h = 0; h < engine.heads; ++h) {
-                    const double v = relativeLinf(baseline.vAt(h, pos), engine.vAt(h, pos), engine.headDim);
-                    const double k = relativeLinf(baseline.kAt(h, pos), engine.kAt(h, pos), engine.headDim);
+                    const double v = relativeLinf(baseline.vAt(h, pos), engine.vAt(h, pos), engine.headDim(KvPart::V));
+                    const double k = relativeLinf(baseline.kAt(h, pos), engine.kAt(h, pos), engine.headDim(KvPart::K));
                     QVERIFY2(v < 0.02, qPrintable(QString("V error %1 at pos %2").arg(v).arg(pos)));
                     const bool faulty = layer == faultLayer && h == m_options.faultHead &&
                                         pos >= p.promptLen + m_options.faultPosition;

@@ -119,7 +119,7 @@ void TestDrillDown::histogramAxesFitTheData()
     HistogramView& h = drill.histogram();
     QVERIFY(h.hasHistogram());
     const PromptAnalysis& p = m_reference.prompts[0];
-    const double values = double(p.headDim);  // one token, one head
+    const double values = double(p.dims.k);  // one token, one head
     for (bool logErrors : {true, false})
         for (bool logCounts : {false, true}) {
             h.setLogErrors(logErrors);

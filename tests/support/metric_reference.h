@@ -90,7 +90,7 @@ inline std::vector<double> errors(const LayerKv& ref, const LayerKv& x, std::int
             continue;
         const float* a = part == KvPart::K ? ref.kAt(h, t) : ref.vAt(h, t);
         const float* b = part == KvPart::K ? x.kAt(h, t) : x.vAt(h, t);
-        for (int d = 0; d < ref.headDim; ++d)
+        for (int d = 0; d < ref.headDim(part); ++d)
             e.push_back(std::fabs(a[d] - b[d]));
     }
     return e;

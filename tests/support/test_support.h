@@ -130,7 +130,7 @@ inline void verifyLayer(const kvscope::LayerKv& kv, int layerIndex, const std::v
         QVERIFY2(bool(kv.present[std::size_t(p)]) == expectPresent[std::size_t(p)],
                  qPrintable(QString("position %1: present=%2").arg(p).arg(kv.present[std::size_t(p)])));
         for (int h = 0; h < kv.heads; ++h)
-            for (int d = 0; d < kv.headDim; ++d) {
+            for (int d = 0; d < kv.headDim(kvscope::KvPart::K); ++d) {  // K and V alike here
                 const float k = kv.kAt(h, p)[d];
                 const float v = kv.vAt(h, p)[d];
                 if (expectPresent[std::size_t(p)]) {

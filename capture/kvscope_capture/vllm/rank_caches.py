@@ -24,9 +24,18 @@ def _plain(value):
     return str(value)
 
 
-def _group_entries(group, cache_dtype):
+def _mla_widths(model_config):
+    """The MLA latent's (kv_lora_rank, qk_rope_head_dim) from the model's HF config (DeepSeek,
+    Kimi K2), or None when it has none."""
+    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    rank, rope = getattr(hf, "kv_lora_rank", None), getattr(hf, "qk_rope_head_dim", None)
+    return (int(rank), int(rope)) if rank is not None and rope is not None else None
+
+
+def _group_entries(group, cache_dtype, mla_widths=None):
     """kvscope config groups for one vLLM KV cache group: one, or one per distinct layer spec when
-    the group holds per-layer specs (UniformTypeKVCacheSpecs: same type, other head sizes)."""
+    the group holds per-layer specs (UniformTypeKVCacheSpecs: same type, other head sizes).
+    mla_widths: (kv_lora_rank, qk_rope_head_dim), which an MLAAttentionSpec does not carry."""
     spec = group.kv_cache_spec
     per_layer = getattr(spec, "kv_cache_specs", None)
     specs = ([(name, per_layer[name]) for name in group.layer_names] if per_layer
@@ -45,6 +54,11 @@ def _group_entries(group, cache_dtype):
         chunk = getattr(layer_spec, "attention_chunk_size", None)
         if chunk is not None:
             entry["attention_chunk_size"] = int(chunk)
+        if entry["spec_type"].startswith("MLA"):
+            if mla_widths is None:
+                raise ValueError(f"layer {name}: an MLA cache, but the model config gives no kv_lora_rank and "
+                                 "qk_rope_head_dim (the widths of c_kv and k_pe)")
+            entry["kv_lora_rank"], entry["qk_rope_head_dim"] = mla_widths
         for same in entries:
             if all(same[k] == v for k, v in entry.items()):
                 same["layer_names"].append(name)
@@ -66,7 +80,7 @@ class RankCaches:
         cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
         groups = []
         for g, group in enumerate(kv_cache_config.kv_cache_groups):
-            for entry in _group_entries(group, cache_dtype):
+            for entry in _group_entries(group, cache_dtype, _mla_widths(vllm_config.model_config)):
                 entry["vllm_group"] = g  # the block table this group reads
                 groups.append(entry)
         self.config = {

@@ -165,8 +165,10 @@ file_kind("config_number_overflow", "error", "/kv_cache_config", "number overflo
     lambda f: set_config(f, f["kv_cache_config"][0].decode().replace('"num_blocks":17', '"num_blocks":1e999')))
 file_kind("config_unknown_spec", "error", "/kv_cache_config", "'FullAtentionSpec' is not supported")(
     edit_config(group_1__spec_type="FullAtentionSpec"))
-file_kind("config_nothing_compared", "error", "/kv_cache_config", "no group kvscope compares (only MambaSpec, MLAAttentionSpec layers)")(
-    edit_config(group_0__spec_type="MambaSpec", group_1__spec_type="MLAAttentionSpec"))
+file_kind("config_nothing_compared", "error", "/kv_cache_config", "no group kvscope compares (only MambaSpec, CrossAttentionSpec layers)")(
+    edit_config(group_0__spec_type="MambaSpec", group_1__spec_type="CrossAttentionSpec"))
+file_kind("config_mla_without_widths", "error", "/kv_cache_config", "kv_lora_rank: missing")(
+    edit_config(group_0__spec_type="MLAAttentionSpec", group_1__spec_type="MLAAttentionSpec", total_num_kv_heads=1))
 file_kind("config_block_size_disagrees", "partial", f"{SNAP}/rank_0/{L1}/k", "shape")(edit_config(group_1__block_size=32))
 file_kind("config_heads_disagree", "error", "/kv_cache_config", "disagrees with total_num_kv_heads 4")(edit_config(total_num_kv_heads=4))
 file_kind("config_negative_num_blocks", "error", "/kv_cache_config", "value -5 outside")(edit_config(num_blocks=-5))

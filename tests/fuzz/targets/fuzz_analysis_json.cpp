@@ -107,7 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const int layers = 1 + in.byte() % 3;
     p.tokens = 1 + in.byte() % 4;
     p.heads = 1 + in.byte() % 3;
-    p.headDim = 8;
+    p.dims = 8;
     p.promptLen = 1;
     for (int l = 0; l < layers; ++l) {
         p.layers.push_back(in.text());

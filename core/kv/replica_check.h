@@ -1,0 +1,38 @@
+#pragma once
+// Replicas that disagree. Where TP replicates KV (an MLA latent on every rank; KV heads fewer
+// than ranks), the analysis reads one copy of each head; every other rank holding it must hold
+// the same bytes in the blocks the sequence uses. A copy that differs is a finding of its own:
+// a rank whose cache write went wrong, which the one copy read cannot show.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+class CaptureLoader;
+
+struct ReplicaDifference {
+    std::string layer;
+    std::size_t snapshot = 0;
+    int rank = 0;           // the copy that differs
+    int againstRank = 0;    // the copy the analysis reads
+    std::string part;       // "k", "v", or an MLA latent's "c_kv", "k_pe" (the first that differs)
+    std::int64_t physicalBlock = -1;  // the first differing block, in logical order
+    std::int64_t logicalBlock = -1;
+    std::int64_t firstPosition = 0;   // the positions that block holds
+    std::int64_t lastPosition = 0;
+    int blocks = 0;         // differing blocks of this rank in this snapshot
+
+    // "TP rank 1's copy of c_kv of model.layers.2.self_attn differs from rank 0's from physical block 7 (logical 3,
+    // positions 24-31; 2 block(s) differ, snapshot 0)"
+    std::string describe() const;
+};
+
+// Every rank's copy of `layer` of `promptId` compared with the copy the analysis reads, block by
+// block over the blocks each snapshot's sequence uses (bytes and scales alike). Nothing when TP
+// does not replicate. Throws BundleError when a replica cannot be read or has another shape.
+std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loader, const std::string& promptId,
+                                                      const std::string& layer);
+
+}  // namespace kvscope
