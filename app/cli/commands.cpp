@@ -8,10 +8,12 @@ namespace kvscope::cli {
 const std::vector<Command>& commands()
 {
     static const std::vector<Command> table = {
-        {"demo", "demo [DIR]\n"
+        {"demo", "demo [DIR] [--mla]\n"
                  "  opens the app on the built-in demo capture, made in DIR (default ./kvscope-demo) on first\n"
                  "  use: a 24-layer model with a RoPE fault in layer 13; without a display, writes its HTML\n"
-                 "  report into DIR/report and prints its analysis\n",
+                 "  report into DIR/report and prints its analysis\n"
+                 "  --mla  the MLA demo instead: 16 layers of DeepSeek-style latent attention (c_kv 256,\n"
+                 "         k_pe 32) over TP 4, with a RoPE fault in k_pe of layer 9 (report: DIR/report-mla)\n",
          "open the app on the built-in demo capture (headless: write its report)", nullptr},
         {"analyze", "analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]\n"
                     "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
@@ -61,6 +63,9 @@ const std::vector<Command>& commands()
                   "  --spec sliding|full|chunked  SlidingWindowSpec (blocks freed), FullAttentionSpec with\n"
                   "                         sliding_window, or ChunkedLocalAttentionSpec (chunks of --window)\n"
                   "  --state-space-layers L,L  a hybrid model: these layers are a MambaSpec group, not captured\n"
+                  "  --mla                  an MLA model (DeepSeek's latent attention, one MLAAttentionSpec group):\n"
+                  "                         c_kv 4 x head-dim, k_pe head-dim / 2 wide; after --demo, the MLA demo\n"
+                  "  --kv-lora-rank N --rope-head-dim N   the MLA latent's widths (after --mla)\n"
                   "  --tp N --block-size N --sliding-block-size N\n"
                   "  --kv-dtype D           the engine cache: bfloat16 (default), fp8_e4m3, fp8_e5m2,\n"
                   "                         fp8_e4m3fnuz or int8, with its own scales (amax / largest value)\n"
@@ -73,7 +78,8 @@ const std::vector<Command>& commands()
                   "                         stale_block shard_swap fp8_scale rank_v_scale global_v_scale head_swap\n"
                   "                         kv_swap block_shift lost_write batch_mixup prefix_reuse head_k_scale\n"
                   "                         lagging_write rank_unwritten k_negated scale_granularity\n"
-                  "                         scale_other_layer\n"
+                  "                         scale_other_layer replica_diff (one TP rank's copy of one block differs;\n"
+                  "                         MLA or replicated heads)\n"
                   "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies (step:\n"
                   "                         position - prompt_len, negative in the prefill)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},

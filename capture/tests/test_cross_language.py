@@ -2,6 +2,8 @@
 which reconstructs them (TP merge, paging, sliding windows, snapshot merging) and must give back
 exactly the tensors the Python side started from. Needs KVSCOPE_BINARY (set by ctest)."""
 
+import io
+import json
 import os
 import subprocess
 import tempfile
@@ -208,6 +210,122 @@ class CrossLanguage(unittest.TestCase):
 
     def test_replicated_full_attention_with_window(self):
         self.run_case(1, 2, "FullAttentionSpec", keep_only_referenced=True)
+
+
+@unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+class CrossLanguageMla(unittest.TestCase):
+    """An MLA layer's latent as vLLM holds it ([num_blocks, block_size, head_size], bf16, fp8 with
+    one scale, or fp8_ds_mla bytes) goes through the writer and comes back from kvscope as c_kv and
+    k_pe: exactly the values the Python side started from, decoded here from the formats'
+    definitions."""
+
+    RANK, ROPE, BLOCK, TOTAL = 128, 16, 4, 15
+    LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+    def config(self, dtype):
+        # total_num_kv_heads as DeepSeek's config gives it (the query heads): an MLA cache ignores it.
+        return {"num_blocks": 12, "tp_size": 2, "total_num_kv_heads": 8, "groups": [
+            {"layer_names": self.LAYERS, "spec_type": "MLAAttentionSpec", "block_size": self.BLOCK,
+             "num_kv_heads": 1, "head_size": self.RANK + self.ROPE, "kv_lora_rank": self.RANK,
+             "qk_rope_head_dim": self.ROPE, "dtype": dtype, "sliding_window": None}]}
+
+    def run_mla(self, dtype):
+        rng = np.random.default_rng(11)
+        table = [7, 2, 9, 4]  # physical blocks of logical 0..3, scattered
+        written = self.TOTAL - 1
+        truth, caches, extra = {}, {}, {}
+        for n in self.LAYERS:
+            k_pe = torch.randn(self.TOTAL, self.ROPE).to(torch.bfloat16)
+            if dtype == "torch.bfloat16":
+                c_kv = torch.randn(self.TOTAL, self.RANK).to(torch.bfloat16)
+                latent = torch.cat([c_kv, k_pe], -1)
+                cache = torch.zeros(12, self.BLOCK, self.RANK + self.ROPE, dtype=torch.bfloat16)
+                truth[n] = (c_kv.float().numpy(), k_pe.float().numpy())
+            else:
+                codes = (rng.integers(0, 0x7f, (self.TOTAL, self.RANK)) | (rng.integers(0, 2, (self.TOTAL, self.RANK)) << 7)).astype(np.uint8)
+                values = decode_fp8(codes, "float8_e4m3fn")
+                if dtype == "fp8_ds_mla":
+                    scales = rng.uniform(0.01, 2.0, (self.TOTAL, self.RANK // 128)).astype(np.float32)
+                    latent = np.concatenate([codes, scales.view(np.uint8), k_pe.view(torch.int16).numpy().view(np.uint8)], -1)
+                    truth[n] = (values * np.repeat(scales, 128, -1), k_pe.float().numpy())
+                else:  # plain fp8: c_kv and k_pe quantised alike, with one scale
+                    pe_codes = (rng.integers(0, 0x7f, (self.TOTAL, self.ROPE))).astype(np.uint8)
+                    latent = np.concatenate([codes, pe_codes], -1)
+                    extra[n] = 0.75
+                    truth[n] = (values * 0.75, decode_fp8(pe_codes, "float8_e4m3fn") * 0.75)
+                latent = torch.from_numpy(latent)
+                cache = torch.zeros(12, self.BLOCK, latent.shape[-1], dtype=torch.uint8)
+            for p in range(written):
+                cache[table[p // self.BLOCK], p % self.BLOCK] = latent[p]
+            caches[n] = cache
+        per_rank = []
+        for r in range(2):  # TP replicates the latent: both ranks hold it; rank 1 as torch.save bytes
+            layers = {}
+            for n in self.LAYERS:
+                entry = {"latent": caches[n]}
+                if n in extra:
+                    entry["k_scale"] = torch.tensor(extra[n])
+                if r == 0:
+                    layers[n] = entry if n in extra else caches[n]
+                else:
+                    buffer = io.BytesIO()
+                    torch.save(entry, buffer)
+                    layers[n] = buffer.getvalue()
+            per_rank.append(layers)
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "mla.h5")
+            with BundleWriter(bundle, model="cross-language MLA", engine="stand-in") as w:
+                w.set_kv_cache_config(self.config(dtype))
+                w.add_prompt("p", list(range(self.TOTAL)), 9)
+                w.add_engine_snapshot("p", per_rank, [torch.tensor([table], dtype=torch.int32)], self.TOTAL,
+                                      keep_only_referenced=True)
+                # Both reference layouts: (c_kv, k_pe) per layer, and the latent [1, seq, head_size].
+                w.add_reference_kv("p", "expected", tuple((torch.from_numpy(truth[n][0])[None], torch.from_numpy(truth[n][1])[None])
+                                                          for n in self.LAYERS))
+                w.add_reference_kv("p", "baseline", {n: torch.from_numpy(np.concatenate(truth[n], -1))[None]
+                                                     for n in self.LAYERS})
+            out = os.path.join(tmp, "export.h5")
+            result = subprocess.run([BINARY, "export", bundle, out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with h5py.File(out, "r") as f:
+                for n in self.LAYERS:
+                    got = f[f"prompts/p/engine/{n}"]
+                    present = got["present"][()].astype(bool)
+                    np.testing.assert_array_equal(present, np.arange(self.TOTAL) < written)
+                    np.testing.assert_array_equal(got["k"][()][0, :written], truth[n][0][:written], err_msg=n)
+                    np.testing.assert_array_equal(got["v"][()][0, :written], truth[n][1][:written], err_msg=n)
+                    for role in ("expected", "baseline"):
+                        np.testing.assert_array_equal(f[f"prompts/p/{role}/{n}/k"][()][0], truth[n][0])
+                        np.testing.assert_array_equal(f[f"prompts/p/{role}/{n}/v"][()][0], truth[n][1])
+            result = subprocess.run([BINARY, "analyze", bundle, "--json", out + ".json"], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(out + ".json") as f:
+                prompt = json.load(f)["prompts"][0]
+            self.assertEqual(prompt["part_names"], ["c_kv", "k_pe"])
+            self.assertEqual(prompt["replica_differences"], [])
+
+    def test_bf16(self):
+        self.run_mla("torch.bfloat16")
+
+    def test_fp8_one_scale(self):
+        self.run_mla("float8_e4m3fn")
+
+    def test_fp8_ds_mla(self):
+        self.run_mla("fp8_ds_mla")
+
+    def test_bad_latents(self):
+        with tempfile.TemporaryDirectory() as tmp, BundleWriter(os.path.join(tmp, "bad.h5")) as w:
+            w.set_kv_cache_config(self.config("torch.bfloat16"))
+            w.add_prompt("p", list(range(self.TOTAL)), 9)
+            narrow = torch.zeros(12, self.BLOCK, self.RANK, dtype=torch.bfloat16)
+            with self.assertRaisesRegex(ValueError, r"rank 0, layer model.layers.0.self_attn: an MLA latent must be "
+                                                     r"\[num_blocks, block_size, head_size\] = \(12, 4, 144\)"):
+                w.add_engine_snapshot("p", [{n: narrow for n in self.LAYERS}] * 2, [np.zeros((1, 4), np.int32)], 15)
+            with self.assertRaisesRegex(ValueError, r"layer model.layers.0.self_attn, k_pe: shape \(1, 1, 15, 8\), "
+                                                     r"expected \[batch, seq, 16\]"):
+                w.add_reference_kv("p", "expected", {n: (torch.zeros(1, 15, self.RANK), torch.zeros(1, 15, 8))
+                                                     for n in self.LAYERS})
+            w.abandon()
 
 
 if __name__ == "__main__":

@@ -375,7 +375,7 @@ void BundleReader::readScales(const std::string& dataset, const std::vector<std:
     const bool tokenHead = info.shape == perTokenHead;
     // Per run of values in a token's head (fp8_ds_mla: [blocks, 1, block_size, head_dim / 128]).
     const bool tokenGroup = info.shape.size() == 4 && std::equal(perTokenHead.begin(), perTokenHead.end(), info.shape.begin()) &&
-                            info.shape[3] > 1 && info.shape[3] < shape[3] && shape[3] % info.shape[3] == 0;
+                            info.shape[3] >= 1 && info.shape[3] <= shape[3] && shape[3] % info.shape[3] == 0;
     if (info.shape != perHead && !tokenHead && !tokenGroup)
         m_file.fail(path, "shape " + shapeToString(info.shape) + ": scales are per head " + shapeToString(perHead) +
                               ", per token and head " + shapeToString(perTokenHead) +
