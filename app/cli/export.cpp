@@ -55,7 +55,7 @@ int exportKv(const Args& args, std::ostream& out, std::ostream& err)
                 prompts.push_back(p.id);
         Hdf5File file = Hdf5File::create(outPath);
         file.writeStringAttribute("/", "format", "kvscope-export");
-        file.writeStringAttribute("/", "layout", "k, v: float32 [heads, seq, head_dim], NaN where absent; "
+        file.writeStringAttribute("/", "layout", "k, v (an MLA latent: c_kv, k_pe): float32 [heads, seq, width], NaN where absent; "
                                                 "present: uint8 [seq]");
         for (const std::string& id : prompts) {
             const PromptInfo& p = reader->prompt(id);

@@ -59,7 +59,9 @@ def write_shard(path, dump, config, layers, tp_rank, pp_rank):
         f.create_dataset("output_token_ids", data=np.asarray(dump.output_token_ids, np.int64))
         for g, ids in enumerate(dump.block_ids):
             f.create_dataset(f"block_ids/group_{g}", data=np.asarray(ids, np.int64))
-        declared = {n: g["dtype"] for g in config["groups"] for n in g["layer_names"]}
+        # fp8_ds_mla's mixed-format tokens travel as their uint8 bytes (the writer splits them).
+        declared = {n: "float8_e4m3fn" if g["dtype"] == "fp8_ds_mla" else g["dtype"]
+                    for g in config["groups"] for n in g["layer_names"]}
         for name, entry in layers.items():
             group = f.create_group(f"layers/{name}")
             group.create_dataset("block_ids", data=np.asarray(entry["block_ids"], np.int64))

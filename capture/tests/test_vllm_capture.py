@@ -286,6 +286,35 @@ class Connector(unittest.TestCase):
                 self.assertEqual((d["logical_block"], d["positions"]), (2, [32, 43]))
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_fp8_ds_mla_shards_to_a_bundle(self):
+        """DeepSeek's fp8_ds_mla cache (656 bytes a token: 512 e4m3 values of c_kv, 4 fp32 scales,
+        64 bf16 values of k_pe) from the connector to an analysis that reads back exactly the
+        values the bytes encode."""
+        cluster = vc.Cluster([vc.Group(L[:2], vc.FlashMLABackend, mla=True)], total_heads=128, head_size=576,
+                             tp=2, dtype=torch.uint8, cache_dtype="fp8_ds_mla", mla_widths=(512, 64),
+                             output_dir=self.shards, num_blocks=8)
+        rng = np.random.default_rng(5)
+        latents, reference = {}, []
+        for name in L[:2]:
+            codes = (rng.integers(0, 0x7f, (45, 512)) | (rng.integers(0, 2, (45, 512)) << 7)).astype(np.uint8)
+            scales = rng.uniform(0.01, 2.0, (45, 4)).astype(np.float32)
+            k_pe = torch.randn(45, 64).to(torch.bfloat16)
+            latents[name] = torch.from_numpy(np.concatenate(
+                [codes, scales.view(np.uint8), k_pe.view(torch.int16).numpy().view(np.uint8)], -1))
+            c_kv = decode_fp8(codes, "float8_e4m3fn") * np.repeat(scales, 128, -1)
+            reference.append((torch.from_numpy(c_kv), k_pe.float()))
+        self.capture(cluster, "ds", latents)
+        bundle = os.path.join(self.tmp.name, "ds.h5")
+        bundle_from_shards(self.shards, bundle, vc.FixedMlaReference(reference), log=self.fail)
+        prompt = analyse(bundle, self.tmp.name)["prompts"][0]
+        self.assertEqual(prompt["part_names"], ["c_kv", "k_pe"])
+        self.assertEqual(prompt["suspects"], [])
+        for part in ("k_linf", "v_linf"):  # the reference is what the bytes say, exactly
+            errors = [x for layer in prompt["metrics"][part] for token in layer for x in token if x is not None]
+            self.assertEqual(len(errors), 2 * 44)
+            self.assertEqual(max(errors), 0.0)
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_hybrid_model_to_a_bundle(self):
         """Attention layers captured and compared; the state-space layers listed as not compared."""
         groups = [vc.Group([L[0], L[2]], vc.FlashAttentionBackend), vc.Group([L[1], L[3]], None, mamba=True)]

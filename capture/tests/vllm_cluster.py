@@ -118,6 +118,8 @@ class FlashMLABackend:
 
     @staticmethod
     def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
+        if cache_dtype_str == "fp8_ds_mla":  # DeepSeek's 656 bytes a token, whatever head_size says
+            return (num_blocks, block_size, 656)
         return (num_blocks, block_size, head_size)
 
     @classmethod
@@ -176,10 +178,11 @@ class AttentionLayer(torch.nn.Module):
         self._v_scale = torch.tensor(v_scale, dtype=torch.float32)
 
 
-def allocate(backend, num_kernel_blocks, kernel_block_size, heads, dim, dtype):
+def allocate(backend, num_kernel_blocks, kernel_block_size, heads, dim, dtype, cache_dtype="auto"):
     """As gpu_model_runner._reshape_kv_cache_tensors: raw storage viewed in the backend's physical
     order, permuted back to the logical shape (so HND and NHD differ only in strides)."""
-    shape = backend.get_kv_cache_shape(num_kernel_blocks, kernel_block_size, heads, dim)
+    shape = backend.get_kv_cache_shape(num_kernel_blocks, kernel_block_size, heads, dim,
+                                       *((cache_dtype,) if cache_dtype != "auto" else ()))
     order = backend.get_kv_cache_stride_order()
     physical = tuple(shape[i] for i in order)
     inverse = [order.index(i) for i in range(len(order))]
@@ -203,11 +206,16 @@ class Cluster:
     replicated on every TP rank); dtype the cache's (torch.uint8 codes with cache_dtype "fp8")."""
 
     def __init__(self, groups, total_heads=4, head_size=8, tp=1, pp=1, num_blocks=48, dtype=torch.bfloat16,
-                 cache_dtype="auto", scales=None, output_dir=None, seed=0, alias=None, replica_fault=None):
+                 cache_dtype="auto", scales=None, output_dir=None, seed=0, alias=None, replica_fault=None,
+                 mla_widths=None):
         self.groups, self.total_heads, self.head_size = groups, total_heads, head_size
         # (tp_rank, layer, position): that rank writes a wrong value there (MLA: its copy of the
         # latent then differs from the other ranks').
         self.replica_fault = replica_fault
+        # MLA: (kv_lora_rank, qk_rope_head_dim) as the model config gives them; with cache_dtype
+        # "fp8_ds_mla" the cache holds uint8 tokens of rank + 4 * rank / 128 + 2 * rope bytes.
+        self.mla_widths = mla_widths or (head_size - head_size // 3, head_size // 3)
+        self.cache_dtype = cache_dtype
         self.tp, self.pp, self.num_blocks, self.dtype = tp, pp, num_blocks, dtype
         self.rng = np.random.default_rng(seed)
         self.free = list(self.rng.permutation(np.arange(1, num_blocks)))  # block 0: the null block
@@ -257,7 +265,7 @@ class Cluster:
                     layer.kv_cache = [tuple(torch.zeros((self.num_blocks,) + shape) for shape in spec.shapes)]
                 else:
                     layer.kv_cache = [allocate(group.backend, self.num_blocks * ratio, group.kernel_block_size,
-                                               spec.num_kv_heads, self.head_size, self.dtype)]
+                                               spec.num_kv_heads, self.head_size, self.dtype, self.cache_dtype)]
                 layers[name], caches[name] = layer, layer.kv_cache
         vllm_config = types.SimpleNamespace(
             parallel_config=types.SimpleNamespace(tensor_parallel_size=self.tp, pipeline_parallel_size=self.pp,
@@ -266,8 +274,8 @@ class Cluster:
             # DeepSeek's config names the latent's two widths (an MLA cache's head_size is their sum).
             model_config=types.SimpleNamespace(get_total_num_kv_heads=lambda: self.total_heads,
                                                hf_text_config=types.SimpleNamespace(
-                                                   kv_lora_rank=self.head_size - self.head_size // 3,
-                                                   qk_rope_head_dim=self.head_size // 3)),
+                                                   kv_lora_rank=self.mla_widths[0],
+                                                   qk_rope_head_dim=self.mla_widths[1])),
             compilation_config=types.SimpleNamespace(static_forward_context=dict(layers)),
             kv_transfer_config=self.kv_transfer_config)
         kv_cache_config = types.SimpleNamespace(num_blocks=self.num_blocks, kv_cache_groups=kv_groups)

@@ -260,6 +260,18 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
     return t;
 }
 
+namespace {
+
+// What the last axis of a part holds, for messages: head_size, or an MLA latent's part widths.
+std::string partWidthName(const KvCacheGroup& group, KvPart part)
+{
+    if (group.specType != SpecType::Mla)
+        return "head_size";
+    return std::string(partLabel(group, part)) + ": " + (part == KvPart::K ? "kv_lora_rank" : "qk_rope_head_dim");
+}
+
+}  // namespace
+
 std::vector<std::int64_t> BundleReader::engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
                                                          const std::string& layer, KvPart part) const
 {
@@ -409,7 +421,8 @@ std::vector<std::int64_t> BundleReader::referenceShape(const std::string& datase
     const std::vector<std::int64_t> expected{info.shape[0], m_config.totalNumKvHeads, info.shape[2], width};
     if (info.shape != expected || info.shape[0] < 1 || info.shape[0] > kMaxBatch || info.shape[2] > kMaxSeq)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " disagrees with the config: expected [batch, " +
-                                 std::to_string(m_config.totalNumKvHeads) + ", seq, " + std::to_string(width) + "]");
+                                 std::to_string(m_config.totalNumKvHeads) + ", seq, " + std::to_string(width) + "] (" +
+                                 partWidthName(m_config.groups[std::size_t(g)], part) + ")");
     return info.shape;
 }
 
@@ -488,7 +501,8 @@ std::vector<std::string> BundleReader::validate() const
                             const DatasetInfo info = m_file.datasetInfo(dataset);
                             if (info.shape != shape)
                                 m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", the config implies " +
-                                                         shapeToString(shape));
+                                                         shapeToString(shape) + " ([blocks, heads_per_rank, block_size, " +
+                                                         partWidthName(m_config.groups[std::size_t(m_config.groupOf(layer))], part) + "])");
                         });
         }
         for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {

@@ -10,8 +10,8 @@ from ..kv_cache_config import model_order
 from .layout import detect_layout
 
 # vLLM's --kv-cache-dtype names, as kvscope's config spells the stored format. "auto" stores the
-# model's dtype (the spec's). Anything else (fp8_ds_mla, per-token-head modes, NVFP4) is passed
-# through, and the writer refuses it by name.
+# model's dtype (the spec's). Anything else (fp8_ds_mla, which the writer takes for MLA layers;
+# per-token-head modes, NVFP4) is passed through, and the writer refuses what it does not know by name.
 NOT_READ = ("MambaSpec", "EncoderOnlyAttentionSpec")
 CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_inc": "float8_e4m3fn",
                 "fp8_e5m2": "float8_e5m2", "int8": "int8"}
@@ -114,8 +114,15 @@ class RankCaches:
                     if backend is None and hasattr(module, "get_attn_backend"):
                         backend = module.get_attn_backend()
                 heads = entry["num_kv_heads"] or 1
+                width = entry["head_size"]
+                if entry["dtype"] == "fp8_ds_mla":
+                    # FlashMLA's bytes a token (656 for DeepSeek): kv_lora_rank e4m3 values, an fp32
+                    # scale per 128 of them, qk_rope_head_dim bf16 values. Its backend reports that
+                    # width whatever the head size asked, so the layout comes from the tensor.
+                    rank, rope = entry["kv_lora_rank"], entry["qk_rope_head_dim"]
+                    width, backend = rank + 4 * (rank // 128) + 2 * rope, None
                 self.layouts[name] = detect_layout(tensor.shape, self.config["num_blocks"], entry["block_size"],
-                                                   heads, entry["head_size"], backend=backend,
+                                                   heads, width, backend=backend,
                                                    mla=entry["spec_type"].startswith("MLA"),
                                                    cache_dtype_str=cache_dtype or "auto", what=f"layer {name}")
                 self.caches[name] = tensor

@@ -170,6 +170,11 @@ file_kind("config_nothing_compared", "error", "/kv_cache_config", "no group kvsc
 file_kind("config_mla_without_widths", "error", "/kv_cache_config", "kv_lora_rank: missing")(
     edit_config(group_0__spec_type="MLAAttentionSpec", group_1__spec_type="MLAAttentionSpec", total_num_kv_heads=1))
 file_kind("config_block_size_disagrees", "partial", f"{SNAP}/rank_0/{L1}/k", "shape")(edit_config(group_1__block_size=32))
+# A latent of the wrong width: the config says c_kv is 6 wide (and k_pe 2), the cache holds 8.
+file_kind("config_mla_latent_wrong_width", "partial", f"{SNAP}/rank_0/{L0}/k", "kv_lora_rank")(
+    edit_config(group_0__spec_type="MLAAttentionSpec", group_1__spec_type="MLAAttentionSpec", group_0__kv_lora_rank=6,
+                group_0__qk_rope_head_dim=2, group_1__kv_lora_rank=6, group_1__qk_rope_head_dim=2,
+                group_0__sliding_window=None))
 file_kind("config_heads_disagree", "error", "/kv_cache_config", "disagrees with total_num_kv_heads 4")(edit_config(total_num_kv_heads=4))
 file_kind("config_negative_num_blocks", "error", "/kv_cache_config", "value -5 outside")(edit_config(num_blocks=-5))
 file_kind("config_huge_head_size", "error", "/kv_cache_config", "value 1099511627776 outside")(
