@@ -32,7 +32,7 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
         const AnalysisResult result = analyzeForVerdict(reader, options);  // the same verdict as `check`
         const CaptureLoader loader(reader);
         std::optional<WhatIfResult> whatIf;
-        if (withWhatIf) {
+        if (withWhatIf && !loader.config().isMla()) {  // (per-head schemes: an MLA latent has no heads)
             WorkTeam team(int(std::max(1u, std::thread::hardware_concurrency())));
             WhatIfOptions whatIfOptions;
             whatIfOptions.team = &team;

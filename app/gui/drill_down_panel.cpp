@@ -191,7 +191,8 @@ void DrillDownPanel::showLine()
     for (const Divergence& d : p.divergences)
         divergences << double(d.position);
     m_line->setSeries(actual, base,
-                      QString("%1, head %2").arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(m_layer)]))).arg(m_head),
+                      p.heads == 1 ? QString::fromStdString(shortLayerName(p.layers[std::size_t(m_layer)]))  // one latent
+                                   : QString("%1, head %2").arg(QString::fromStdString(shortLayerName(p.layers[std::size_t(m_layer)]))).arg(m_head),
                       QString("%1 %2").arg(QString::fromStdString(partName(p, m_spec.part)), kind == MetricKind::Cos ? "1 - cos"
                                                                     : kind == MetricKind::L2 ? "rel. L2" : "rel. L-inf"),
                       double(p.promptLen) - 0.5, divergences, m_token);
@@ -204,8 +205,8 @@ void DrillDownPanel::requestHistogram()
     const PromptAnalysis& p = m_result->prompts[std::size_t(m_prompt)];
     const bool whole = m_wholeSequence->isChecked();
     const qint64 begin = whole ? 0 : m_token, end = whole ? p.tokens : m_token + 1;
-    m_histogramTitle = QString("head %1 %2, %3")
-                           .arg(m_head)
+    m_histogramTitle = QString("%1%2, %3")
+                           .arg(p.heads == 1 ? QString() : QString("head %1 ").arg(m_head))  // an MLA latent has one
                            .arg(QString::fromStdString(partTitle(p, m_spec.part)), whole ? tr("all tokens") : tr("token %1").arg(m_token));
     m_histogram->clearHistogram(tr("reading %1").arg(m_histogramTitle));
     const int request = ++m_histogramRequest;

@@ -23,7 +23,7 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     , m_auto(new QPushButton(tr("auto range")))
 {
     setObjectName("view");
-    for (QComboBox* box : {m_prompt, m_metric, m_reduction})
+    for (QComboBox* box : {m_prompt, m_part, m_metric, m_reduction})
         box->setSizeAdjustPolicy(QComboBox::AdjustToContents);
     m_prompt->setToolTip(tr("Prompt (Page Up / Page Down)"));
     m_part->addItem("K", int(KvPart::K));
@@ -53,8 +53,7 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     addWidget(m_prompt);
     addWidget(m_part);
     addWidget(m_metric);
-    addWidget(m_reduction);
-    addWidget(m_head);
+    m_perHead = {addWidget(m_reduction), addWidget(m_head)};
     addSeparator();
     addWidget(new QLabel(tr(" colour ")));
     addWidget(m_min);
@@ -99,11 +98,16 @@ ViewSettings ViewToolbar::settings() const
 void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts)
 {
     {
-        const QSignalBlocker b1(m_prompt), b2(m_head), b3(m_metric);
+        const QSignalBlocker b1(m_prompt), b2(m_head), b3(m_metric), b4(m_reduction);
         m_prompt->clear();
         m_prompt->addItems(prompts);
         for (int i = 0; i < 2 && i < parts.size(); ++i)
             m_part->setItemText(i, parts[i]);
+        // One vector a token (an MLA latent): nothing to reduce over heads.
+        if (heads == 1)
+            m_reduction->setCurrentIndex(m_reduction->findData(int(HeadReductionKind::Max)));
+        for (QAction* action : m_perHead)
+            action->setVisible(heads != 1);
         m_head->setRange(0, std::max(0, heads - 1));
         m_metric->setCurrentIndex(m_metric->findData(int(threeWay ? HeatmapMetric::ErrorRatio : HeatmapMetric::RelLinf)));
         m_autoRange = true;

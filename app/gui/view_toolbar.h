@@ -7,6 +7,8 @@
 
 #include <QToolBar>
 
+#include <array>
+
 class QCheckBox;
 class QComboBox;
 class QDoubleSpinBox;
@@ -55,6 +57,7 @@ private:
     QComboBox* m_metric;
     QComboBox* m_reduction;
     QSpinBox* m_head;
+    std::array<QAction*, 2> m_perHead{};  // the reduction and the head: hidden for one vector a token
     QDoubleSpinBox* m_min;
     QDoubleSpinBox* m_max;
     QCheckBox* m_log;

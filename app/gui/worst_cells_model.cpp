@@ -68,10 +68,13 @@ QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, i
         "three-way: the cell's error ratio = L-inf / floor (the ranking key); two-way: the relative L-inf",
         "the head's relative L-inf, engine vs reference",
         "the cell's noise floor: its largest expected-vs-baseline L-inf over heads"};
-    if (role == Qt::DisplayRole)
+    if (role == Qt::DisplayRole) {
+        if (section == 2 && m_oneHead)
+            return QStringLiteral("part");  // an MLA latent: c_kv or k_pe, no heads
         return section == 3 && !m_threeWay ? QStringLiteral("L-inf") : QString::fromLatin1(titles[section]);
+    }
     if (role == Qt::ToolTipRole)
-        return QString::fromLatin1(tips[section]);
+        return section == 2 && m_oneHead ? QStringLiteral("c_kv or k_pe of the latent") : QString::fromLatin1(tips[section]);
     return {};
 }
 

@@ -266,9 +266,13 @@ void writeCapture(QTextStream& out, const CaptureLoader& loader)
         out << "<tr><th>written by</th><td>" << html(meta.writer) << "</td></tr>";
     for (const auto& [key, value] : meta.extra)
         out << "<tr><th>" << html(key) << "</th><td><code>" << html(value) << "</code></td></tr>";
-    out << "<tr><th>tensor parallel</th><td>TP " << cfg.tpSize << ", " << cfg.totalNumKvHeads << " KV heads, "
-        << (cfg.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << " (" << cfg.headsPerRank()
-        << " per rank)</td></tr><tr><th>KV cache</th><td>" << cfg.numBlocks << " blocks<br>";
+    out << "<tr><th>tensor parallel</th><td>TP " << cfg.tpSize << ", ";
+    if (cfg.isMla())
+        out << "the MLA latent on every rank (rank 0's copy analysed, the others compared with it)";
+    else
+        out << cfg.totalNumKvHeads << " KV heads, " << (cfg.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated")
+            << " (" << cfg.headsPerRank() << " per rank)";
+    out << "</td></tr><tr><th>KV cache</th><td>" << cfg.numBlocks << " blocks<br>";
     for (std::size_t g = 0; g < cfg.groups.size(); ++g) {
         out << "group " << g << ": " << html(describeGroup(cfg.groups[g])) << "<br>";
     }
@@ -294,7 +298,8 @@ void writeVerdict(QTextStream& out, const AnalysisResult& result, const Threshol
         for (const Violation& v : violations)
             out << "<tr><td>" << (v.prompt.empty() ? QString("all") : html(v.prompt)) << "</td><td>" << html(v.layer) << "</td><td>"
                 << (v.token >= 0 ? QString::number(v.token) : QString("-")) << "</td><td>"
-                << (v.head >= 0 ? QString::number(v.head) : QString("-")) << "</td><td>" << html(v.metric) << "</td><td>"
+                << (v.head >= 0 ? QString::number(v.head) : QString("-")) << "</td><td>" << html(v.metric)
+                << (v.detail.empty() ? QString() : "<br><small>" + html(v.detail) + "</small>") << "</td><td>"
                 << QString::number(v.value, 'g', 4) << "</td><td>" << v.threshold << "</td></tr>";
         out << "</table>";
     }
