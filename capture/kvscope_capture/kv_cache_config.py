@@ -46,9 +46,12 @@ class KvCacheConfig:
             if value not in (None, 0, 1):
                 raise ValueError(f"kv_cache_config.{cp}: context parallelism ({value}) is not supported")
         total, tp = self.total_num_kv_heads, self.tp_size
-        if total >= tp and total % tp:
+        # An MLA config's total_num_kv_heads is the model's, which its latent ignores.
+        mla_config = any(isinstance(g, dict) and g.get("spec_type") == "MLAAttentionSpec"
+                         for g in (cfg.get("groups") if isinstance(cfg.get("groups"), list) else []))
+        if total >= tp and total % tp and not mla_config:
             raise ValueError(f"kv_cache_config.total_num_kv_heads: {total} heads cannot be partitioned over tp_size {tp}")
-        if total < tp and tp % total:
+        if total < tp and tp % total and not mla_config:
             raise ValueError(f"kv_cache_config.total_num_kv_heads: {total} heads cannot be replicated over tp_size {tp}")
         self.heads_per_rank = max(1, total // tp)
 
@@ -71,6 +74,13 @@ class KvCacheConfig:
                     raise ValueError(f"kv_cache_config.{where}layer_names: layer {name!r} appears in more than one place")
                 seen.add(name)
             spec = group.get("spec_type")
+            if group.get("not_compared") is not None:  # marked by the capture side: no KV to compare
+                what = group["not_compared"]
+                if not isinstance(what, str) or not what:
+                    raise ValueError(f"kv_cache_config.{where}not_compared: must say what the layers are, as a string")
+                self.not_compared.append({"layer_names": list(names), "spec_type": spec})
+                self.groups.append({"layer_names": list(names), "spec_type": spec, "compared": False})
+                continue
             if spec in NOT_COMPARED:
                 self.not_compared.append({"layer_names": list(names), "spec_type": spec})
                 self.groups.append({"layer_names": list(names), "spec_type": spec, "compared": False})
@@ -111,7 +121,7 @@ class KvCacheConfig:
             entry["part_dtypes"] = (dtype, dtype)
             if mla:
                 rank = integer(group, "kv_lora_rank", where, hi=1 << 14)
-                rope = integer(group, "qk_rope_head_dim", where, lo=0, hi=1 << 14)
+                rope = integer(group, "qk_rope_head_dim", where, lo=2, hi=1 << 14)
                 if rank + rope != entry["head_size"]:
                     raise ValueError(f"kv_cache_config.{where}head_size: {entry['head_size']} is not kv_lora_rank "
                                      f"{rank} + qk_rope_head_dim {rope}")
@@ -124,6 +134,11 @@ class KvCacheConfig:
                              part_names=("c_kv", "k_pe"), part_dtypes=(dtype, "bfloat16" if ds_mla else dtype))
                 # The latent is one vector per token on every rank (TP replicates it).
                 self.total_num_kv_heads, self.heads_per_rank = 1, 1
+            for g in self.groups:
+                if g["compared"] and g["mla"] and mla and (g["kv_lora_rank"], g["ds_mla"]) != (entry["kv_lora_rank"], ds_mla):
+                    raise ValueError(f"kv_cache_config.{where}kv_lora_rank: this MLA group's split differs from another "
+                                     f"MLA group's (kv_lora_rank {g['kv_lora_rank']}"
+                                     f"{', fp8_ds_mla' if g['ds_mla'] else ''})")
             if any(g["compared"] and g["mla"] != mla for g in self.groups):
                 raise ValueError(f"kv_cache_config.{where}spec_type: {spec} beside other attention: a config mixing "
                                  "MLA and other attention is not supported")

@@ -52,6 +52,11 @@ void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
             w.null();
         else
             w.beginArray().value(s.firstToken).value(s.lastToken).endArray();
+        w.key("shared_block");  // prefix caching: the onset's block when other prompts share it
+        if (s.sharedBlock < 0)
+            w.null();
+        else
+            w.beginObject().field("physical", s.sharedBlock).key("prompts").strings(s.sharedBy).endObject();
         w.field("phase", s.phase).key("blocks").array(s.blocks.size(), [&](std::size_t b) {
             const SuspectBlock& block = s.blocks[b];
             w.beginObject().field("group", block.group).field("logical", block.logical).key("physical");

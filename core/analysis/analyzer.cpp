@@ -5,6 +5,7 @@
 #include "analysis/layer_comparison.h"
 #include "analysis/suspect_search.h"
 #include "format/bundle_error.h"
+#include "kv/block_sharing.h"
 #include "util/buffer_allocator.h"
 #include "util/work_team.h"
 
@@ -135,10 +136,13 @@ public:
         , m_result(result)
         , m_stats(result.prompts.size())
         , m_layerCount(result.prompts.empty() ? 0 : int(result.prompts.front().layers.size()))
+        , m_sharing(loader, promptIds(result))
     {
-        for (std::size_t i = 0; i < result.prompts.size(); ++i)
+        for (std::size_t i = 0; i < result.prompts.size(); ++i) {
             if (result.prompts[i].threeWay)
                 m_pooled.push_back(int(i));
+            m_counted.push_back(result.prompts[i].threeWay ? 1 : 0);
+        }
         const int threads =
             std::max(1, options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency()));
         if (threads > 1)
@@ -160,10 +164,22 @@ private:
     // Compares what was read, pools it, and lets it go.
     void compare(LayerInputs& in);
 
+    static std::vector<std::string> promptIds(const AnalysisResult& result)
+    {
+        std::vector<std::string> ids;
+        for (const PromptAnalysis& p : result.prompts)
+            ids.push_back(p.id);
+        return ids;
+    }
+    // Says which suspects lie in a block other prompts share (prefix caching).
+    void noteSharedBlocks(std::size_t prompt, std::vector<Suspect>& suspects) const;
+
     const CaptureLoader& m_loader;
     const AnalysisOptions& m_options;
     AnalysisResult& m_result;
+    const BlockSharing m_sharing;             // blocks prompts share (prefix caching)
     std::vector<int> m_pooled;                // the three-way prompts
+    std::vector<char> m_counted;              // [prompt]: pooled
     std::vector<TokenErrorStats> m_stats;     // per prompt, kept from layer to layer for its buffers
     const int m_layerCount;
     int m_layersDone = 0;
@@ -181,7 +197,11 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
     try {
         if (side == 0) {
             s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt]);
-            in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name);
+            try {  // a replica that cannot be read is a problem of its own, not the layer's
+                in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name);
+            } catch (const BundleError& e) {
+                in.problems[prompt].push_back(std::string("replicas: ") + e.what());
+            }
         }
         else if (side == 1)
             s.reference = m_loader.referenceSource(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, name);
@@ -228,7 +248,8 @@ CacheScales cacheScalesOf(const LayerSource& engine)
         for (KvPart part : {KvPart::K, KvPart::V})
             for (int h = 0; h < engine.heads; ++h) {
                 const LayerSource::Storage storage = engine.storedAs(part, pos, h);
-                scales.granularity = storage.granularity;
+                if (part == KvPart::K)  // (an fp8_ds_mla k_pe is bf16: K's granularity is the cache's)
+                    scales.granularity = storage.granularity;
                 if (storage.granularity != ScaleGranularity::TokenHead && storage.granularity != ScaleGranularity::TokenGroup)
                     scales.heads[std::size_t(part)].push_back(storage.scale);
             }
@@ -249,6 +270,9 @@ void AnalysisRun::compare(LayerInputs& in)
             p.cacheScales[std::size_t(in.layer)] = cacheScalesOf(s.actual);
         if (s.ok && p.threeWay) {  // with what pooling needs
             m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
+            // A block an earlier prompt holds too is pooled there (its tokens counted once).
+            m_stats[pi].pooledElsewhere =
+                m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.layer)], p.tokens, m_counted);
             const LayerRows base(s.base);
             compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, &m_stats[pi], team());
         } else if (s.ok) {
@@ -308,11 +332,35 @@ void AnalysisRun::streamLayers()
         throw AnalysisCancelled();
 }
 
+void AnalysisRun::noteSharedBlocks(std::size_t prompt, std::vector<Suspect>& suspects) const
+{
+    const PromptAnalysis& p = m_result.prompts[prompt];
+    for (Suspect& s : suspects) {
+        const auto layer = std::find(p.layers.begin(), p.layers.end(), s.firstLayer);
+        if (layer == p.layers.end())
+            continue;
+        const int group = p.layerGroups[std::size_t(layer - p.layers.begin())];
+        const BlockSharing::Sharing shared = m_sharing.sharedAt(prompt, group, s.firstToken);
+        if (shared.prompts.empty())
+            continue;
+        s.sharedBlock = shared.physical;
+        s.sharedBy = shared.prompts;
+        std::string who;
+        for (const std::string& id : shared.prompts)
+            who += (who.empty() ? "" : ", ") + id;
+        s.evidence += " Token " + std::to_string(s.firstToken) + " lies in physical block " +
+                      std::to_string(shared.physical) + " of group " + std::to_string(group) +
+                      ", which prompts " + who + " share (prefix caching): one KV, so one fault for all of them.";
+    }
+}
+
 void AnalysisRun::findAllSuspects()
 {
     std::vector<std::vector<Suspect>> suspects;
-    for (PromptAnalysis& p : m_result.prompts) {
+    for (std::size_t i = 0; i < m_result.prompts.size(); ++i) {
+        PromptAnalysis& p = m_result.prompts[i];
         p.suspects = findSuspects(m_loader, p, m_options.suspects, nullptr, team());
+        noteSharedBlocks(i, p.suspects);
         suspects.push_back(p.suspects);
     }
     m_result.suspects = poolSuspects(suspects);

@@ -77,6 +77,9 @@ public:
 private:
     const LayerSides& sides(std::size_t i) const { return m_allSides[std::size_t(m_pooled[i])]; }
     const TokenErrorStats& stats(std::size_t i) const { return m_allStats[std::size_t(m_pooled[i])]; }
+    // Whether pooled prompt i counts token t: not where an earlier pooled prompt holds the same
+    // block (prefix caching: one KV, counted once).
+    bool counts(std::size_t i, std::int64_t t) const { return stats(i).pooledHere(t); }
     std::int64_t promptLen(std::size_t i) const { return m_result.prompts[std::size_t(m_pooled[i])].promptLen; }
     std::size_t at(std::size_t g) const { return std::size_t(m_layer) * m_gCount + g; }
     void countTask(int index, int member);
@@ -106,6 +109,8 @@ void LayerPooling::plan(KvPart part)
         if (!sides(i).ok)
             continue;
         for (std::int64_t t = 0; t < stats(i).tokens; ++t) {
+            if (!counts(i, t))
+                continue;
             const ErrorRange& r = stats(i).range(part, t);
             combined.merge(r);
             const std::int64_t g = t - promptLen(i);
@@ -135,7 +140,8 @@ void LayerPooling::plan(KvPart part)
     for (std::size_t i = 0; i < m_pooled.size(); ++i)
         for (std::size_t g = 0; g < m_gCount && sides(i).ok; ++g) {
             const ErrorRange& r = stats(i).range(part, promptLen(i) + std::int64_t(g));
-            if (!r.empty() && (r.lo != plan.byIndex[g].lo || r.hi != plan.byIndex[g].hi))
+            if (!r.empty() && counts(i, promptLen(i) + std::int64_t(g)) &&
+                (r.lo != plan.byIndex[g].lo || r.hi != plan.byIndex[g].hi))
                 plan.reuse[g] = 0;
         }
     for (const ErrorRange& r : plan.byIndex)
@@ -166,8 +172,8 @@ void LayerPooling::countTokens(const CountTask& task, std::array<Histogram, 2>& 
     float* const actualErrors = errorScratch(n, 1);
     LayerRows::Tile referenceTile, actualTile, baseTile;
     for (std::int64_t t = first; t < last; ++t) {
-        if (st.range(task.part, t).empty())
-            continue;  // not held by every side
+        if (st.range(task.part, t).empty() || !counts(i, t))
+            continue;  // not held by every side, or pooled with another prompt
         const RowView r = reference.row(task.part, t, referenceTile);
         rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(task.part), baseErrors);
         rowErrors(r, actual.row(task.part, t, actualTile), reference.heads(), reference.headDim(task.part), actualErrors);
@@ -246,7 +252,7 @@ void LayerPooling::writeNoiseBc(KvPart part)
         for (std::size_t i = 0; i < m_pooled.size(); ++i) {
             const std::int64_t t = promptLen(i) + std::int64_t(g);
             const TokenErrorStats& st = stats(i);
-            if (!sides(i).ok || st.range(part, t).empty())
+            if (!sides(i).ok || st.range(part, t).empty() || !counts(i, t))
                 continue;
             const auto* spans = &st.noise[std::size_t(part)][std::size_t(t) * 2];
             indexNoiseBase.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);

@@ -97,7 +97,10 @@ RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart par
         const float* x = expected.head(h);
         float* q = row.data() + std::size_t(h) * std::size_t(dim);
         for (int i = 0; i < dim; ++i)
-            q[i] = storage->scale > 0.0f ? roundToDType(storage->dtype, x[i] / storage->scale) * storage->scale : 0.0f;
+            if (const float scale = storage->scaleOf(i); scale > 0.0f)
+                q[i] = roundToDType(storage->dtype, x[i] / scale) * scale;
+            else
+                q[i] = 0.0f;
     }
     return {row.data(), std::size_t(dim)};
 }
@@ -191,7 +194,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
                 float(bhattacharyya(p, q, kBcBins));
             thread_local LogHistogram noiseBase, noiseActual;
-            auto* totals = stats ? &stats->noiseTotals[std::size_t(member)][side] : nullptr;
+            auto* totals = stats && stats->pooledHere(t) ? &stats->noiseTotals[std::size_t(member)][side] : nullptr;
             noiseBase.add(baseErrors, n, totals ? &(*totals)[0] : nullptr);
             noiseActual.add(actualErrors, n, totals ? &(*totals)[1] : nullptr);
             out.bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =

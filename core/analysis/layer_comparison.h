@@ -45,6 +45,14 @@ struct TokenErrorStats {
     };
     std::array<std::vector<NoiseSpan>, 2> noise;  // [part][token][base, actual]
     std::vector<std::vector<std::uint32_t>> noiseStores;
+    // [token]: 1 where an earlier pooled prompt holds the same block (prefix caching, see
+    // kv/block_sharing.h): the pooled statistics leave the token out, having counted it there.
+    // Set by the caller; empty: every token is pooled.
+    std::vector<std::uint8_t> pooledElsewhere;
+    bool pooledHere(std::int64_t token) const
+    {
+        return std::size_t(token) >= pooledElsewhere.size() || !pooledElsewhere[std::size_t(token)];
+    }
 
     // For `tokenCount` tokens compared by `ranges` threads; keeps the buffers' memory.
     void reset(std::int64_t tokenCount, int ranges);

@@ -72,6 +72,10 @@ struct Suspect {
     std::string firstLayer;
     std::vector<std::string> layers;  // every affected layer, the onset first
     std::string kv;                   // "k", "v" or "kv"
+    // Prefix caching: the physical block holding the onset token when other prompts share it,
+    // and every prompt that does (kv/block_sharing.h); -1 and empty otherwise.
+    std::int64_t sharedBlock = -1;
+    std::vector<std::string> sharedBy;
     std::vector<int> heads;
     std::vector<int> tpRanks;
     std::int64_t firstToken = -1, lastToken = -1;  // of the onset layer's off cells (pooled: over its prompts)

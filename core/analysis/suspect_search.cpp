@@ -296,6 +296,9 @@ std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPr
             unite(q.layers, s.layers);
             unite(q.heads, s.heads);
             unite(q.tpRanks, s.tpRanks);
+            unite(q.sharedBy, s.sharedBy);
+            if (q.sharedBlock < 0)
+                q.sharedBlock = s.sharedBlock;
             std::sort(q.heads.begin(), q.heads.end());
             std::sort(q.tpRanks.begin(), q.tpRanks.end());
             for (const SuspectBlock& b : s.blocks)

@@ -133,7 +133,7 @@ namespace {
 void readMlaWidths(const Json& jg, KvCacheGroup& group, const Context& ctx, const std::string& where)
 {
     group.kvLoraRank = requireInt(jg, "kv_lora_rank", 1, kMaxHeadSize, ctx, where);
-    group.qkRopeHeadDim = requireInt(jg, "qk_rope_head_dim", 0, kMaxHeadSize, ctx, where);
+    group.qkRopeHeadDim = requireInt(jg, "qk_rope_head_dim", 2, kMaxHeadSize, ctx, where);
     if (group.kvLoraRank + group.qkRopeHeadDim != group.headSize)
         ctx.fail(where + ".head_size", std::to_string(group.headSize) + " is not kv_lora_rank " +
                                            std::to_string(group.kvLoraRank) + " + qk_rope_head_dim " +
@@ -180,11 +180,16 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
         if (optionalInt(root, cp, 1, ctx) > 1)
             ctx.fail(cp, "context parallelism (> 1) is not supported");
 
-    if (cfg.totalNumKvHeads >= cfg.tpSize && cfg.totalNumKvHeads % cfg.tpSize != 0)
+    // An MLA config's total_num_kv_heads is the model's, which its latent ignores.
+    const Json listed = root.contains("groups") && root["groups"].is_array() ? root["groups"] : Json::array();
+    const bool mlaConfig = std::any_of(listed.begin(), listed.end(), [](const Json& g) {
+        return g.is_object() && g.contains("spec_type") && g["spec_type"] == "MLAAttentionSpec";
+    });
+    if (!mlaConfig && cfg.totalNumKvHeads >= cfg.tpSize && cfg.totalNumKvHeads % cfg.tpSize != 0)
         ctx.fail("total_num_kv_heads", std::to_string(cfg.totalNumKvHeads) +
                                            " heads cannot be partitioned over tp_size " +
                                            std::to_string(cfg.tpSize));
-    if (cfg.totalNumKvHeads < cfg.tpSize && cfg.tpSize % cfg.totalNumKvHeads != 0)
+    if (!mlaConfig && cfg.totalNumKvHeads < cfg.tpSize && cfg.tpSize % cfg.totalNumKvHeads != 0)
         ctx.fail("total_num_kv_heads", std::to_string(cfg.totalNumKvHeads) +
                                            " heads cannot be replicated evenly over tp_size " +
                                            std::to_string(cfg.tpSize));
@@ -216,6 +221,14 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             ctx.fail(where + ".spec_type", "missing or not a string");
         const std::string spec = jg["spec_type"].get<std::string>();
         group.specName = spec;
+        if (jg.contains("not_compared")) {  // a group the capture side marks as holding no KV to compare
+            if (!jg["not_compared"].is_string() || jg["not_compared"].get<std::string>().empty())
+                ctx.fail(where + ".not_compared", "must say what the layers are, as a string");
+            group.specType = SpecType::NotCompared;
+            group.notComparedWhy = jg["not_compared"].get<std::string>();
+            cfg.groups.push_back(std::move(group));
+            continue;
+        }
         if (spec == "FullAttentionSpec")
             group.specType = SpecType::FullAttention;
         else if (spec == "SlidingWindowSpec")
@@ -277,6 +290,13 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             if (earlier.specType != SpecType::NotCompared && group.headSize != earlier.headSize)
                 ctx.fail(where + ".head_size", std::to_string(group.headSize) + " differs from another group's " +
                                                    std::to_string(earlier.headSize));
+        for (const KvCacheGroup& earlier : cfg.groups)
+            if (earlier.specType == SpecType::Mla && group.specType == SpecType::Mla &&
+                (group.kvLoraRank != earlier.kvLoraRank || group.dsMla != earlier.dsMla))
+                ctx.fail(where + ".kv_lora_rank", "this MLA group's split (kv_lora_rank " + std::to_string(group.kvLoraRank) +
+                                                      (group.dsMla ? ", fp8_ds_mla" : "") +
+                                                      ") differs from another MLA group's (kv_lora_rank " +
+                                                      std::to_string(earlier.kvLoraRank) + (earlier.dsMla ? ", fp8_ds_mla" : "") + ")");
         cfg.groups.push_back(std::move(group));
     }
     if (cfg.layerNames().empty()) {
@@ -303,6 +323,8 @@ std::string KvCacheConfig::toJson() const
         jg["layer_names"] = g.layerNames;
         jg["spec_type"] = g.specName.empty() ? specTypeName(g.specType) : g.specName;
         if (g.specType == SpecType::NotCompared) {
+            if (!notComparedKind(jg["spec_type"].get<std::string>()))
+                jg["not_compared"] = g.notComparedWhy;
             root["groups"].push_back(jg);
             continue;
         }

@@ -89,8 +89,8 @@ LayerSource::Storage LayerSource::storedAs(KvPart part, std::int64_t pos, int he
 {
     const int perRun = heads / runsPerRow;
     const HeadRun& run = runs(part, pos)[head / perRun];
-    return {run.tensor->dtype, run.tensor->scaleAt(run.offset + std::int64_t(head % perRun) * run.headStride),
-            run.tensor->granularity()};
+    const std::int64_t first = run.offset + std::int64_t(head % perRun) * run.headStride;
+    return {run.tensor->dtype, run.tensor->scaleAt(first), run.tensor->granularity(), run.tensor, first};
 }
 
 LayerKv LayerSource::materialize() const

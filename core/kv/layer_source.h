@@ -66,12 +66,16 @@ struct LayerSource {
     void prefetchHeads(KvPart part, std::int64_t begin, std::int64_t end) const;
     // Every position decoded (absent ones NaN).
     LayerKv materialize() const;
-    // How head `head` of present position `pos` is stored: its dtype and dequantisation scale
-    // (one per head row in every granularity engines use).
+    // How head `head` of present position `pos` is stored: its dtype and dequantisation scale,
+    // one per head row in every granularity but TokenGroup (fp8_ds_mla: one per 128 values),
+    // whose value i has scaleOf(i).
     struct Storage {
         DType dtype;
-        float scale;
+        float scale;  // the row's first value's
         ScaleGranularity granularity;
+        const RawTensor* tensor = nullptr;
+        std::int64_t first = 0;  // the row's first element in `tensor`
+        float scaleOf(int i) const { return tensor ? tensor->scaleAt(first + i) : scale; }
     };
     Storage storedAs(KvPart part, std::int64_t pos, int head) const;
 };

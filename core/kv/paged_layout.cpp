@@ -72,6 +72,30 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
     }
 }
 
+std::int32_t PagedLayout::physicalOf(std::size_t group, std::int64_t logical) const
+{
+    return m_writtenTo.at(group).at(std::size_t(logical));
+}
+
+void PagedLayout::pin(std::size_t group, std::int64_t logical, std::int32_t physical)
+{
+    const std::int32_t own = physicalOf(group, logical);
+    if (physical < 0 || physical >= m_config.numBlocks)
+        throw std::invalid_argument("PagedLayout::pin: block " + std::to_string(physical) + " outside the pool");
+    const auto relabel = [&](std::int32_t& id) {
+        if (id == own)
+            id = physical;
+        else if (id == physical)
+            id = own;
+    };
+    for (std::size_t g = 0; g < m_config.groups.size(); ++g) {
+        for (std::int32_t& id : m_writtenTo[g])
+            relabel(id);
+        for (std::int32_t& id : m_tables[g].entries)
+            relabel(id);
+    }
+}
+
 RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values,
                               const CacheScaling& scaling, KvPart part, int rank) const
 {

@@ -35,6 +35,12 @@ public:
     PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::uint64_t seed, int padding = 0);
 
     const std::vector<BlockTable>& blockTables() const { return m_tables; }
+    // The physical block logical block `logical` of group `group` was written to.
+    std::int32_t physicalOf(std::size_t group, std::int64_t logical) const;
+    // Puts logical block `logical` of group `group` in physical block `physical`, as a
+    // prefix-cache hit would (the block another sequence wrote): ids `physical` and the block's
+    // own are exchanged wherever this layout uses them, so nothing else moves.
+    void pin(std::size_t group, std::int64_t logical, std::int32_t physical);
 
     // The snapshot holding every layer: `layerKv(name)` gives the layer's contiguous KV
     // ([total heads, >= seqLen - 1, head_size]; only present positions are written).

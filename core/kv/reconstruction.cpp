@@ -46,6 +46,11 @@ void checkShard(const KvCacheConfig& config, const KvCacheGroup& group, const st
     if (shard.blocks.dtype != group.partDType(part))
         ctx.fail(what + " is " + dtypeName(shard.blocks.dtype) + ", the config says " +
                  dtypeName(group.partDType(part)));
+    if (group.dsMla && part == KvPart::K && shard.blocks.elementsPerScale != kDsMlaScaleGroup)
+        ctx.fail(what + " is fp8_ds_mla, which has a scale per " + std::to_string(kDsMlaScaleGroup) +
+                 " values ([stored blocks, 1, block_size, kv_lora_rank / " + std::to_string(kDsMlaScaleGroup) +
+                 "] in k_scale); " +
+                 (shard.blocks.scales.empty() ? std::string("it has none") : "it has one per " + std::to_string(shard.blocks.elementsPerScale)));
     if (shard.blocks.bytes.size() != std::size_t(shard.blocks.numel()) * dtypeSize(shard.blocks.dtype))
         ctx.fail(what + " holds " + std::to_string(shard.blocks.bytes.size()) + " bytes, its shape needs more");
 }

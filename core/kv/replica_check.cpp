@@ -31,6 +31,8 @@ bool blockDiffers(const PagedShard& a, const PagedShard& b, std::int64_t id, std
     const std::size_t i = slot(a, id), j = slot(b, id);
     if (i == a.physicalIds.size() || j == b.physicalIds.size())
         return false;  // not stored: reconstruction reports it
+    if (a.blocks.dtype != b.blocks.dtype || a.blocks.shape[1] != b.blocks.shape[1] || a.blocks.shape[3] != b.blocks.shape[3])
+        return true;  // stored otherwise: not the same bytes
     // [blocks, heads, block_size, width]: each head's run of the written slots.
     const std::int64_t heads = a.blocks.shape[1], blockSize = a.blocks.shape[2], width = a.blocks.shape[3];
     const std::size_t size = dtypeSize(a.blocks.dtype);

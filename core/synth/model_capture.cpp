@@ -290,9 +290,11 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
         f.truth["layer"] = layerName(f.layer);
         break;
     case FaultKind::ReplicaDiff:
-        if (f.rank < 1 || f.rank >= o.tpSize)
-            throw std::invalid_argument("replica_diff needs a rank in 1.." + std::to_string(o.tpSize - 1) +
-                                        " (rank 0 holds the copy the analysis reads)");
+        // The ranks whose copy the analysis reads: 0, and every tp / kv_heads-th (replicated heads).
+        if (f.rank < 1 || f.rank >= o.tpSize || f.rank % (o.shape.mla() ? o.tpSize : o.tpSize / o.shape.kvHeads) == 0)
+            throw std::invalid_argument("replica_diff needs a rank that holds a replica, not the copy the analysis "
+                                        "reads (rank " + std::to_string(f.rank) + " of tp_size " +
+                                        std::to_string(o.tpSize) + ")");
         f.truth["layer"] = layerName(f.layer);
         f.truth["rank"] = f.rank;
         f.truth["from_decode_step"] = f.step;

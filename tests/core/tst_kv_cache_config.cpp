@@ -6,6 +6,8 @@
 
 #include <QTest>
 
+#include <numeric>
+
 using namespace kvscope;
 using namespace kvtest;
 
@@ -174,6 +176,15 @@ void TestKvCacheConfig::mla_data()
     QTest::newRow("fp8_ds_mla") << "torch.bfloat16=>fp8_ds_mla" << "" << "";
     QTest::newRow("fp8_ds_mla, a rank not of 128") << "torch.bfloat16=>fp8_ds_mla|\"kv_lora_rank\": 512=>\"kv_lora_rank\": 448|\"head_size\": 576=>\"head_size\": 512"
                                                    << "cfg.groups[0].kv_lora_rank" << "multiple of 128";
+    QTest::newRow("TP 3, the model's 128 heads not dividing") << "\"tp_size\": 8=>\"tp_size\": 3" << "" << "";
+    QTest::newRow("no rotary part") << "\"head_size\": 576=>\"head_size\": 512|\"qk_rope_head_dim\": 64=>\"qk_rope_head_dim\": 0"
+                                    << "cfg.groups[0].qk_rope_head_dim" << "outside [2, ";
+    QTest::newRow("two splits")
+        << "\"auto\"}]}=>\"auto\"}, {\"layer_names\": [\"model.layers.9.self_attn\"], \"spec_type\": \"MLAAttentionSpec\", \"block_size\": 64, \"num_kv_heads\": 1, \"head_size\": 576, \"kv_lora_rank\": 448, \"qk_rope_head_dim\": 128, \"dtype\": \"torch.bfloat16\"}]}"
+        << "cfg.groups[1].kv_lora_rank" << "differs from another MLA group's (kv_lora_rank 512)";
+    QTest::newRow("an indexer group marked not compared")
+        << "\"auto\"}]}=>\"auto\"}, {\"layer_names\": [\"model.layers.0.self_attn.indexer\"], \"spec_type\": \"MLAAttentionSpec\", \"block_size\": 64, \"num_kv_heads\": 1, \"head_size\": 132, \"dtype\": \"torch.uint8\", \"not_compared\": \"sparse-attention indexer keys\"}]}"
+        << "" << "";
     QTest::newRow("beside other attention")
         << "\"auto\"}]}=>\"auto\"}, {\"layer_names\": [\"model.layers.9.self_attn\"], \"spec_type\": \"FullAttentionSpec\", \"block_size\": 64, \"num_kv_heads\": 1, \"head_size\": 576, \"dtype\": \"torch.bfloat16\"}]}"
         << "cfg.groups[1].spec_type" << "mixing MLA and other attention";
@@ -211,12 +222,19 @@ void TestKvCacheConfig::mla()
     // TP replicates the latent: one head, on every rank, rank 0's copy read.
     QCOMPARE(cfg.totalNumKvHeads, 1);
     QCOMPARE(cfg.tpMode(), TpMode::Replicated);
-    QCOMPARE(cfg.ranksHolding(0), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+    std::vector<int> every(std::size_t(cfg.tpSize));
+    std::iota(every.begin(), every.end(), 0);
+    QCOMPARE(cfg.ranksHolding(0), every);
     QCOMPARE(cfg.contributingRanks(), std::vector<int>{0});
     const bool ds = edit.contains("fp8_ds_mla");
     QCOMPARE(g.dsMla, ds);
     QCOMPARE(g.partDType(KvPart::K), ds ? DType::Float8E4M3 : DType::BFloat16);
     QCOMPARE(g.partDType(KvPart::V), DType::BFloat16);
+    if (edit.contains("indexer")) {
+        QCOMPARE(cfg.notComparedLayers().size(), std::size_t(1));
+        QCOMPARE(cfg.notComparedLayers().front().second, std::string("sparse-attention indexer keys"));
+        QCOMPARE(KvCacheConfig::fromJson(cfg.toJson()).notComparedLayers(), cfg.notComparedLayers());
+    }
     // Written back, it reads the same.
     const KvCacheConfig again = KvCacheConfig::fromJson(cfg.toJson());
     QCOMPARE(again.groups[0].kvLoraRank, g.kvLoraRank);

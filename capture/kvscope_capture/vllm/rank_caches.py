@@ -58,7 +58,12 @@ def _group_entries(group, cache_dtype, mla_widths=None):
             if mla_widths is None:
                 raise ValueError(f"layer {name}: an MLA cache, but the model config gives no kv_lora_rank and "
                                  "qk_rope_head_dim (the widths of c_kv and k_pe)")
-            entry["kv_lora_rank"], entry["qk_rope_head_dim"] = mla_widths
+            if entry["head_size"] != sum(mla_widths):
+                # DeepSeek-V3.2's sparse-attention indexer keeps its keys in MLAAttentionSpec layers
+                # of another width (132 bytes): not a latent, listed and not read.
+                entry["not_compared"] = "sparse-attention indexer keys"
+            else:
+                entry["kv_lora_rank"], entry["qk_rope_head_dim"] = mla_widths
         for same in entries:
             if all(same[k] == v for k, v in entry.items()):
                 same["layer_names"].append(name)
@@ -99,7 +104,7 @@ class RankCaches:
         self.aliases = {}
         for entry in groups:
             # State-space (Mamba) layers hold no KV per token; encoder-only layers no cache at all.
-            if not entry["head_size"] or entry["spec_type"] in NOT_READ:
+            if not entry["head_size"] or entry["spec_type"] in NOT_READ or entry.get("not_compared"):
                 continue
             for name in entry["layer_names"]:
                 if name not in caches:
