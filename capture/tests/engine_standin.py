@@ -31,11 +31,12 @@ class PagedEngine:
             return list(range(rank * per, (rank + 1) * per))
         return [rank // (tp // total)]
 
-    def snapshot(self, layers, seq_len, scales=None):
+    def snapshot(self, layers, seq_len, scales=None, pinned=None):
         """layers: {name: (k, v)} contiguous [heads, >= seq_len - 1, dim] bf16 (or uint8 codes of a
         quantised cache, with `scales` {name: (k_scale, v_scale)}, each a number, per head [heads],
         or per token and head [heads, >= seq_len - 1]). Returns the RPC results (per-rank dicts of
-        torch.save bytes, per-group table bytes) and the tables."""
+        torch.save bytes, per-group table bytes) and the tables. pinned: {group: {logical block:
+        physical block}} placed where a prefix-cache hit finds them."""
         cfg = self.config
         written = seq_len - 1
         pool = list(self.rng.permutation(np.arange(1, cfg["num_blocks"])))
@@ -47,8 +48,11 @@ class PagedEngine:
             if group["spec_type"] == "MambaSpec":  # its state lives elsewhere; nothing per token
                 tables.append(np.array([row], dtype=np.int32))
                 continue
+            # Prefix caching: pinned {group: {logical: physical}} blocks another request wrote.
+            fixed = (pinned or {}).get(len(tables), {})
+            pool = [b for b in pool if b not in fixed.values()]
             for b in range((written + bs - 1) // bs):
-                row[b] = int(pool.pop())
+                row[b] = int(fixed[b]) if b in fixed else int(pool.pop())
             first_held = 0
             if group["spec_type"] == "SlidingWindowSpec":
                 first_held = max(0, written - group["sliding_window"] + 1)

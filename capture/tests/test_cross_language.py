@@ -190,6 +190,54 @@ class CrossLanguage(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn("not compared: state-space layers (1): model.layers.3.mixer", result.stdout)
 
+    def test_prefix_caching(self):
+        """Two prompts whose engine shared the blocks of a common 8-token prefix (the second's
+        tables point at the first's blocks there). A fault in a shared block is one fault: its
+        suspect names the block and both prompts."""
+        cfg = config(2, 2, "FullAttentionSpec")
+        names = [n for g in cfg["groups"] for n in g["layer_names"]]
+        torch.manual_seed(9)
+        total, prefix = 16, 8
+        truth = {p: {n: (torch.randn(2, total, 4), torch.randn(2, total, 4)) for n in names} for p in "ab"}
+        for n in names:  # the common prefix: the same tokens, so the same KV
+            for part in (0, 1):
+                truth["b"][n][part][:, :prefix] = truth["a"][n][part][:, :prefix]
+        tokens = {"a": list(range(100, 100 + total)), "b": list(range(100, 100 + prefix)) + list(range(300, 300 + total - prefix))}
+        engine = {p: {n: (k.to(torch.bfloat16), v.to(torch.bfloat16).clone()) for n, (k, v) in truth[p].items()} for p in "ab"}
+        layer = "model.layers.1.self_attn"  # block size 4: positions 2-6 lie in its blocks 0 and 1, both shared
+        for p in "ab":
+            engine[p][layer][1][:, 2:7] *= 3
+        paged = PagedEngine(cfg, seed=2)
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "prefix.h5")
+            with BundleWriter(bundle, model="cross-language", engine="stand-in") as w:
+                w.set_kv_cache_config(cfg)
+                first_tables = None
+                for p in "ab":
+                    w.add_prompt(p, tokens[p], 10)
+                    pinned = None if first_tables is None else {
+                        g: {b: int(t[0, b]) for b in range(prefix // group["block_size"])}
+                        for g, (t, group) in enumerate(zip(first_tables, cfg["groups"]))}
+                    rpc, tables = paged.snapshot(engine[p], total, pinned=pinned)
+                    if first_tables is None:
+                        first_tables = [torch.load(io.BytesIO(t)).numpy() for t in tables]
+                    w.add_engine_snapshot(p, rpc, tables, total, keep_only_referenced=True)
+                    order = sorted(names)
+                    w.add_reference_kv(p, "baseline", tuple((truth[p][n][0][None], truth[p][n][1][None]) for n in order))
+                    w.add_reference_kv(p, "expected", tuple((truth[p][n][0][None].to(torch.bfloat16),
+                                                             truth[p][n][1][None].to(torch.bfloat16)) for n in order))
+            out = os.path.join(tmp, "analysis.json")
+            result = subprocess.run([BINARY, "analyze", bundle, "--json", out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(out) as f:
+                suspects = json.load(f)["suspects"]
+            self.assertTrue(suspects, result.stdout)
+            s = suspects[0]
+            self.assertEqual((s["first_layer"], s["tokens"][0]), (layer, 2))
+            self.assertEqual(s["prompts"], ["a", "b"])
+            self.assertEqual(s["shared_block"], {"physical": int(first_tables[1][0, 0]), "prompts": ["a", "b"]})
+            self.assertIn("which prompts a, b share (prefix caching)", s["evidence"])
+
     def test_fp8_e4m3fn_per_tensor(self):
         self.run_quantised("float8_e4m3fn", "tensor")
 

@@ -5,6 +5,7 @@
 #include "kv/paged_layout.h"
 
 #include <cmath>
+#include <stdexcept>
 #include <random>
 
 namespace kvscope {
@@ -135,17 +136,40 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
     meta.extra["rope"] = R"({"theta": 10000.0, "rotary_dim": )" + std::to_string(o.headDim) + R"(, "style": "gptj"})";
     BundleWriter writer(path, meta, config);
 
+    // Prefix caching: positions [0, shared) of every later prompt are prompt 0's, in the blocks
+    // prompt 0's first snapshot wrote them to (the full-attention group's).
+    const std::int64_t shared = std::int64_t(o.sharedPrefixBlocks) * o.fullBlockSize;
+    const std::size_t fullGroup = config.groups.size() - 1;
+    std::vector<std::int64_t> sharedTokens;
+    std::vector<std::int32_t> sharedBlocks;
+    const auto withSharedPrefix = [&](std::size_t p, int layer, LayerData d) {
+        if (p == 0 || shared == 0)
+            return d;
+        const LayerData first = generateLayer(o, 0, layer, o.promptLens[0], o.promptLens[0] + o.decodeTokens);
+        for (LayerKv* to : {&d.engine, &d.baseline}) {
+            const LayerKv& from = to == &d.engine ? first.engine : first.baseline;
+            for (KvPart part : {KvPart::K, KvPart::V})
+                std::copy_n(from.values(part).begin(), std::size_t(shared) * from.rowSize(part), to->values(part).begin());
+        }
+        return d;
+    };
+
     std::mt19937_64 rng(o.seed);
     for (std::size_t p = 0; p < o.promptLens.size(); ++p) {
         const std::string id = "prompt_" + std::to_string(p);
         const std::int64_t promptLen = o.promptLens[p];
         const std::int64_t seqLen = promptLen + o.decodeTokens;
         const std::int64_t divergence = o.divergence < 0 ? -1 : promptLen + o.divergence;
+        if (shared > promptLen || (divergence >= 0 && divergence < shared))
+            throw std::invalid_argument("a shared prefix must lie in every prompt, before its divergence");
         PromptRecord record;
         record.id = id;
         std::uniform_int_distribution<std::int64_t> tokens(3, 32000);
         for (std::int64_t i = 0; i < promptLen; ++i)
             record.inputIds.push_back(tokens(rng));
+        if (p == 0)
+            sharedTokens.assign(record.inputIds.begin(), record.inputIds.begin() + shared);
+        std::copy(sharedTokens.begin(), sharedTokens.end(), record.inputIds.begin());
         for (int i = 0; i < o.decodeTokens; ++i)
             record.teacherTokens.push_back(tokens(rng));
         record.divergencePositions = divergence < 0 ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{divergence};
@@ -160,12 +184,18 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
         const int snapshots = divergence < 0 ? 1 : 2;
         for (int s = 0; s < snapshots; ++s) {
             const std::int64_t snapSeqLen = s + 1 < snapshots ? divergence + 2 : seqLen;
-            const PagedLayout layout(config, snapSeqLen, o.seed * 31 + p * 7 + std::uint64_t(s), o.tablePadding);
+            PagedLayout layout(config, snapSeqLen, o.seed * 31 + p * 7 + std::uint64_t(s), o.tablePadding);
+            for (std::int64_t b = 0; b < o.sharedPrefixBlocks; ++b) {
+                if (p == 0 && s == 0)
+                    sharedBlocks.push_back(layout.physicalOf(fullGroup, b));
+                else if (p > 0)
+                    layout.pin(fullGroup, b, sharedBlocks[std::size_t(b)]);
+            }
             detmath::NormalSampler wrong(o.seed + 17 * p);
             EngineSnapshot snap = layout.snapshot(
                 [&](const std::string& layer) {
                     const int index = std::stoi(layer.substr(std::string("model.layers.").size()));
-                    LayerKv kv = generateLayer(o, p, index, promptLen, seqLen).engine;
+                    LayerKv kv = withSharedPrefix(p, index, generateLayer(o, p, index, promptLen, seqLen)).engine;
                     if (s + 1 < snapshots)
                         for (int h = 0; h < kv.heads; ++h)
                             for (int d = 0; d < kv.headDim(KvPart::K); ++d) {
@@ -180,7 +210,7 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
         }
 
         for (int l = 0; l < o.layers; ++l) {
-            const LayerKv base = generateLayer(o, p, l, promptLen, seqLen).baseline;
+            const LayerKv base = withSharedPrefix(p, l, generateLayer(o, p, l, promptLen, seqLen)).baseline;
             // HF keeps only window - 1 positions of sliding-window layers.
             const std::int64_t keep = isSliding(o, l) ? std::min<std::int64_t>(seqLen, o.slidingWindow - 1) : seqLen;
             std::vector<float> k, v;

@@ -41,6 +41,10 @@ struct SyntheticCaptureOptions {
     int poolFactor = 1;
     int tablePadding = 0;
     bool keepOnlyReferencedBlocks = true;
+    // Prefix caching: every later prompt starts with prompt 0's first `sharedPrefixBlocks` full
+    // attention blocks (its tokens, KV and reference there), and its block tables point at the
+    // physical blocks prompt 0's engine wrote them to.
+    int sharedPrefixBlocks = 0;
 };
 
 // A small capture exercising the whole format: 8 layers alternating sliding window / full
