@@ -8,6 +8,7 @@
 #include "analysis/threshold_check.h"
 #include "format/bundle_reader.h"
 #include "synth/model_capture.h"
+#include "small_model.h"
 
 #include <nlohmann/json.hpp>
 
@@ -56,12 +57,7 @@ private slots:
 private:
     AnalysisResult run(const ModelCaptureOptions& o, const QString& name, nlohmann::json* truth = nullptr)
     {
-        const std::string path = m_dir.filePath(name).toStdString();
-        writeModelCapture(path, o);
-        auto reader = std::make_shared<BundleReader>(path);
-        if (truth)
-            *truth = nlohmann::json::parse(reader->metadata().extra.at("synthetic_fault"));
-        return analyzeBundle(reader);
+        return kvtest::analyseModelCapture(m_dir.filePath(name).toStdString(), o, truth);
     }
     QTemporaryDir m_dir;
 };

@@ -95,12 +95,7 @@ private:
     void compareCaptures(const std::string& a, const std::string& b);
     AnalysisResult run(const ModelCaptureOptions& o, const QString& name, nlohmann::json* truth = nullptr)
     {
-        const std::string path = m_dir.filePath(name).toStdString();
-        writeModelCapture(path, o);
-        auto reader = std::make_shared<BundleReader>(path);
-        if (truth)
-            *truth = nlohmann::json::parse(reader->metadata().extra.at("synthetic_fault"));
-        return analyzeBundle(reader);
+        return kvtest::analyseModelCapture(m_dir.filePath(name).toStdString(), o, truth);
     }
     QTemporaryDir m_dir;
 };

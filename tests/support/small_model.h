@@ -2,7 +2,14 @@
 // The small model capture the tests share: 6 layers, 4 KV heads of 32 over TP 2, two prompts;
 // a couple of seconds to make, big enough that dtype noise and faults are told apart.
 
+#include "analysis/analyzer.h"
+#include "format/bundle_reader.h"
 #include "synth/model_capture.h"
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
 
 namespace kvtest {
 
@@ -21,6 +28,18 @@ inline kvscope::synth::ModelCaptureOptions smallModel(kvscope::synth::FaultKind 
     o.decodeTokens = 16;
     o.fault = fault;
     return o;
+}
+
+// Writes the model capture `o` to `path` and analyses it; `truth` (optional) gets the ground
+// truth the capture records (its synthetic_fault).
+inline kvscope::AnalysisResult analyseModelCapture(const std::string& path, const kvscope::synth::ModelCaptureOptions& o,
+                                                   nlohmann::json* truth = nullptr)
+{
+    kvscope::synth::writeModelCapture(path, o);
+    auto reader = std::make_shared<kvscope::BundleReader>(path);
+    if (truth)
+        *truth = nlohmann::json::parse(reader->metadata().extra.at("synthetic_fault"));
+    return kvscope::analyzeBundle(reader);
 }
 
 }  // namespace kvtest
