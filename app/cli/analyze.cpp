@@ -89,8 +89,11 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         out << "\n";
     }
     if (p.threeWay && !tokenBc)
-        out << "    (no per-token BC: a token has " << std::int64_t(p.heads) * std::min(p.dims.k, p.dims.v) << " values ("
-            << p.heads << " heads x " << std::min(p.dims.k, p.dims.v)
+        out << "    (no per-token BC: a token has "
+            << (std::all_of(p.layerDims.begin(), p.layerDims.end(), [&](const HeadDims& d) { return d == p.dims; }) ? ""
+                                                                                                                    : "as few as ")
+            << smallestTokenValues(p) << " values ("
+            << p.heads << " heads x " << smallestTokenValues(p) / std::max(1, p.heads)
             << "), too few for one to mean anything; the combined BC below pools every token)\n";
     for (const std::string& problem : p.problems)
         out << "  problem: " << problem << "\n";

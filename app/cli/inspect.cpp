@@ -29,9 +29,12 @@ std::string heldRanges(const LayerKv& kv)
 
 void printConfig(const KvCacheConfig& c, std::ostream& out)
 {
-    out << "  config: " << c.numBlocks << " blocks, TP " << c.tpSize << " ("
-        << (c.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << ", " << c.headsPerRank()
-        << " head(s) per rank), " << c.totalNumKvHeads << " KV heads, head_size " << c.firstCompared().headSize << "\n";
+    out << "  config: " << c.numBlocks << " blocks, TP " << c.tpSize;
+    if (c.isMla())
+        out << " (the MLA latent on every rank), head_size " << c.firstCompared().headSize << "\n";
+    else
+        out << " (" << (c.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << ", " << c.headsPerRank()
+            << " head(s) per rank), " << c.totalNumKvHeads << " KV heads, head_size " << c.firstCompared().headSize << "\n";
     for (std::size_t g = 0; g < c.groups.size(); ++g) {
         out << "    group " << g << ": " << describeGroup(c.groups[g]) << "\n";
     }

@@ -61,7 +61,6 @@ class KvCacheConfig:
         self.groups = []
         self.not_compared = []
         seen = set()
-        head_sizes = set()
         for g, group in enumerate(groups):
             where = f"groups[{g}]."
             names = group.get("layer_names")
@@ -135,16 +134,14 @@ class KvCacheConfig:
                 # The latent is one vector per token on every rank (TP replicates it).
                 self.total_num_kv_heads, self.heads_per_rank = 1, 1
             for g in self.groups:
-                if g["compared"] and g["mla"] and mla and (g["kv_lora_rank"], g["ds_mla"]) != (entry["kv_lora_rank"], ds_mla):
+                if g["compared"] and g["mla"] and mla and (g["kv_lora_rank"], g["qk_rope_head_dim"], g["ds_mla"]) != \
+                        (entry["kv_lora_rank"], entry["qk_rope_head_dim"], ds_mla):
                     raise ValueError(f"kv_cache_config.{where}kv_lora_rank: this MLA group's split differs from another "
                                      f"MLA group's (kv_lora_rank {g['kv_lora_rank']}"
                                      f"{', fp8_ds_mla' if g['ds_mla'] else ''})")
             if any(g["compared"] and g["mla"] != mla for g in self.groups):
                 raise ValueError(f"kv_cache_config.{where}spec_type: {spec} beside other attention: a config mixing "
                                  "MLA and other attention is not supported")
-            head_sizes.add(entry["head_size"])
-            if len(head_sizes) > 1:
-                raise ValueError(f"kv_cache_config.{where}head_size: differs from groups[0]")
             if entry["num_kv_heads"] != self.heads_per_rank:
                 raise ValueError(f"kv_cache_config.{where}num_kv_heads: {entry['num_kv_heads']} per rank disagrees with "
                                  f"total_num_kv_heads {self.total_num_kv_heads} over tp_size {tp} (expected {self.heads_per_rank})")

@@ -191,8 +191,6 @@ class Writer(unittest.TestCase):
             (dict(config(), groups=[dict(config()["groups"][0], dtype="torch.int4")]), "unsupported dtype"),
             (dict(config(), dcp_size=2), "context parallelism"),
             (dict(config(), groups=[dict(config()["groups"][0], sliding_window=4096.0)]), "positive integer"),
-            (dict(config(), groups=[config()["groups"][0], dict(config()["groups"][0], layer_names=["x"], head_size=16)]),
-             "head_size"),
             (dict(config(), notes=float("nan")), "JSON"),
         ):
             with self.subTest(words):

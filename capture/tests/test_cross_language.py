@@ -190,6 +190,39 @@ class CrossLanguage(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn("not compared: state-space layers (1): model.layers.3.mixer", result.stdout)
 
+    def test_groups_of_different_head_sizes(self):
+        """A model whose sliding layers have another head size than its full ones (6 and 4): each
+        layer goes through at its own and is analysed at it."""
+        cfg = config(2, 2, "SlidingWindowSpec")
+        cfg["groups"][0]["head_size"] = 6
+        total = 14
+        torch.manual_seed(5)
+        truth = {n: (torch.randn(2, total, g["head_size"]).to(torch.bfloat16), torch.randn(2, total, g["head_size"]).to(torch.bfloat16))
+                 for g in cfg["groups"] for n in g["layer_names"]}
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "sizes.h5")
+            with BundleWriter(bundle, model="cross-language", engine="stand-in") as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(total)), 8)
+                rpc, tables = PagedEngine(cfg, seed=4).snapshot(truth, total)
+                w.add_engine_snapshot("p", rpc, tables, total, keep_only_referenced=True)
+                w.add_reference_kv("p", "expected", tuple((truth[n][0][None], truth[n][1][None]) for n in sorted(truth)))
+            out = os.path.join(tmp, "export.h5")
+            result = subprocess.run([BINARY, "export", bundle, out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with h5py.File(out, "r") as f:
+                for name, (k, v) in truth.items():
+                    got = f[f"prompts/p/engine/{name}"]
+                    present = got["present"][()].astype(bool)
+                    np.testing.assert_array_equal(got["k"][()][:, present], k.float().numpy()[:, present], err_msg=name)
+                    np.testing.assert_array_equal(got["v"][()][:, present], v.float().numpy()[:, present], err_msg=name)
+            result = subprocess.run([BINARY, "analyze", bundle, "--json", out + ".json"], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(out + ".json") as f:
+                prompt = json.load(f)["prompts"][0]
+            self.assertEqual(prompt["layer_head_dims"], [[6, 6], [4, 4], [6, 6]])
+            self.assertEqual(prompt["suspects"], [])
+
     def test_prefix_caching(self):
         """Two prompts whose engine shared the blocks of a common 8-token prefix (the second's
         tables point at the first's blocks there). A fault in a shared block is one fault: its

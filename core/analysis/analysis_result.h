@@ -65,7 +65,8 @@ struct PromptAnalysis {
     std::int64_t promptLen = 0;
     std::int64_t tokens = 0;
     int heads = 0;
-    HeadDims dims;  // of K and V (MLA: c_kv and k_pe)
+    HeadDims dims;  // of K and V (MLA: c_kv and k_pe) in the first analysed layer
+    std::vector<HeadDims> layerDims;  // per analysed layer (groups may differ in head size)
     // What K and V are called: "k", "v", or an MLA cache's "c_kv", "k_pe".
     std::array<std::string, 2> partNames{"k", "v"};
     bool threeWay = false;
@@ -179,9 +180,17 @@ Extreme layerMinBcVsNoise(const PromptAnalysis& p, KvPart part, int layer);
 // than ten a bin of the reference tool's 100, two draws of the same noise already differ, and
 // the figure means little (a 2-head x 16-dim token has 32). The combined BC pools every token.
 inline constexpr std::int64_t kMinValuesForTokenBc = 1000;
+// The fewest values a token of `p` has in one part, over its layers.
+inline std::int64_t smallestTokenValues(const PromptAnalysis& p)
+{
+    int dim = std::min(p.dims.k, p.dims.v);
+    for (const HeadDims& d : p.layerDims)
+        dim = std::min({dim, d.k, d.v});
+    return std::int64_t(p.heads) * dim;
+}
 inline bool tokenBcMeaningful(const PromptAnalysis& p)
 {
-    return std::int64_t(p.heads) * std::min(p.dims.k, p.dims.v) >= kMinValuesForTokenBc;
+    return smallestTokenValues(p) >= kMinValuesForTokenBc;
 }
 // What `part` is called in prompt `p` ("k", "v", "c_kv", "k_pe"), and upper-cased for
 // headings of attention layers ("K", "V"; MLA's names stay as they are).

@@ -56,7 +56,7 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     p.promptLen = info.promptLen;
     p.tokens = info.snapshots.back().seqLen();
     p.heads = config.totalNumKvHeads;
-    const KvCacheGroup& group = config.firstCompared();
+    const KvCacheGroup& group = layers.empty() ? config.firstCompared() : config.groups[std::size_t(config.groupOf(layers.front()))];
     p.dims = headDimsOf(group);
     for (KvPart part : {KvPart::K, KvPart::V})
         p.partNames[std::size_t(part)] = partLabel(group, part);
@@ -64,6 +64,7 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     p.layers = layers;
     for (const std::string& layer : layers) {
         p.layerGroups.push_back(config.groupOf(layer));
+        p.layerDims.push_back(headDimsOf(config.groups[std::size_t(p.layerGroups.back())]));
         p.layerDtypes.push_back(config.groups[std::size_t(p.layerGroups.back())].dtype);
     }
     try {

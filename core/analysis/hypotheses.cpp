@@ -40,7 +40,7 @@ class Tester {
 public:
     explicit Tester(const HypothesisInput& in)
         : m_in(in)
-        , m_dims(in.prompt.dims)
+        , m_dims(std::size_t(in.layer) < in.prompt.layerDims.size() ? in.prompt.layerDims[std::size_t(in.layer)] : in.prompt.dims)
     {
         const std::size_t n = in.cells.size();
         const std::size_t stride = std::max<std::size_t>(1, (n + kMaxCells - 1) / kMaxCells);

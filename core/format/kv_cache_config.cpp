@@ -286,13 +286,12 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
                          std::to_string(cfg.totalNumKvHeads) + " over tp_size " +
                          std::to_string(cfg.tpSize) + " (expected " +
                          std::to_string(cfg.headsPerRank()) + ")");
-        for (const KvCacheGroup& earlier : cfg.groups)
-            if (earlier.specType != SpecType::NotCompared && group.headSize != earlier.headSize)
-                ctx.fail(where + ".head_size", std::to_string(group.headSize) + " differs from another group's " +
-                                                   std::to_string(earlier.headSize));
+        // Attention groups may differ in head size (a layer's own widths go with it); MLA groups
+        // share one split.
         for (const KvCacheGroup& earlier : cfg.groups)
             if (earlier.specType == SpecType::Mla && group.specType == SpecType::Mla &&
-                (group.kvLoraRank != earlier.kvLoraRank || group.dsMla != earlier.dsMla))
+                (group.kvLoraRank != earlier.kvLoraRank || group.qkRopeHeadDim != earlier.qkRopeHeadDim ||
+                 group.dsMla != earlier.dsMla))
                 ctx.fail(where + ".kv_lora_rank", "this MLA group's split (kv_lora_rank " + std::to_string(group.kvLoraRank) +
                                                       (group.dsMla ? ", fp8_ds_mla" : "") +
                                                       ") differs from another MLA group's (kv_lora_rank " +

@@ -87,7 +87,7 @@ struct KvCacheConfig {
     bool isCompared(const std::string& layer) const;
     // The layers of groups kvscope does not compare, in the same order, with what they are.
     std::vector<std::pair<std::string, std::string>> notComparedLayers() const;
-    // The first compared group (its head size is every compared group's).
+    // The first compared group.
     const KvCacheGroup& firstCompared() const;
     // Whether the compared groups are MLA (kvscope does not mix MLA and other attention).
     bool isMla() const { return firstCompared().specType == SpecType::Mla; }

@@ -22,6 +22,11 @@ bool isSliding(const SyntheticCaptureOptions& o, int layer)
     return o.alternateSliding && layer % 2 == 0;
 }
 
+int headDimOf(const SyntheticCaptureOptions& o, int layer)
+{
+    return isSliding(o, layer) && o.slidingHeadDim > 0 ? o.slidingHeadDim : o.headDim;
+}
+
 KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t longest)
 {
     KvCacheGroup sliding, full;
@@ -31,7 +36,7 @@ KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t lon
         g->slidingWindow = o.alternateSliding ? std::optional<int>(o.slidingWindow) : std::nullopt;
         g->dtype = DType::BFloat16;
         g->numKvHeads = std::max(1, o.kvHeads / o.tpSize);
-        g->headSize = o.headDim;
+        g->headSize = g == &sliding && o.slidingHeadDim > 0 ? o.slidingHeadDim : o.headDim;
     }
     sliding.specType = SpecType::SlidingWindow;
     sliding.blockSize = o.slidingBlockSize;
@@ -66,11 +71,12 @@ LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, in
                         std::int64_t seqLen)
 {
     detmath::NormalSampler n01(o.seed * 1000003 + prompt * 7919 + std::uint64_t(layer) * 104729);
-    LayerData d{LayerKv::absent(o.kvHeads, seqLen, o.headDim), LayerKv::absent(o.kvHeads, seqLen, o.headDim)};
+    const int dim = headDimOf(o, layer);
+    LayerData d{LayerKv::absent(o.kvHeads, seqLen, dim), LayerKv::absent(o.kvHeads, seqLen, dim)};
     std::fill(d.baseline.present.begin(), d.baseline.present.end(), 1);
     std::fill(d.engine.present.begin(), d.engine.present.end(), 1);
     for (std::size_t i = 0; i < d.baseline.k.size(); ++i) {
-        const int channel = int(i % std::size_t(o.headDim));
+        const int channel = int(i % std::size_t(dim));
         d.baseline.k[i] = float(n01()) * (channel % 11 == 3 ? 8.0f : 1.0f);
         d.baseline.v[i] = float(n01());
         // A perturbation well below bf16's resolution changes some roundings only.
@@ -79,11 +85,11 @@ LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, in
     }
     if (layer == o.faultLayer)
         for (std::int64_t pos = promptLen + o.faultPosition; pos < seqLen; ++pos)
-            for (int c = 0; c + 1 < o.headDim; c += 2) {
+            for (int c = 0; c + 1 < dim; c += 2) {
                 // RoPE rotated by one position too many: pair i turns by 10000^(-2i/dim).
                 float* k = d.engine.k.data() + d.engine.index(KvPart::K, o.faultHead, pos) + c;
                 double sinA = 0, cosA = 0;
-                detmath::sinCos(detmath::exp(-double(c) / o.headDim * 9.21034037197618273607), sinA, cosA);  // ln 10000
+                detmath::sinCos(detmath::exp(-double(c) / dim * 9.21034037197618273607), sinA, cosA);  // ln 10000
                 const float a = k[0], b = k[1], s = float(sinA), co = float(cosA);
                 k[0] = bf16(a * co - b * s);
                 k[1] = bf16(a * s + b * co);
@@ -214,14 +220,15 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
             // HF keeps only window - 1 positions of sliding-window layers.
             const std::int64_t keep = isSliding(o, l) ? std::min<std::int64_t>(seqLen, o.slidingWindow - 1) : seqLen;
             std::vector<float> k, v;
-            k.reserve(std::size_t(o.kvHeads * keep * o.headDim));
+            const int dim = headDimOf(o, l);
+            k.reserve(std::size_t(o.kvHeads * keep * dim));
             v.reserve(k.capacity());
             for (int h = 0; h < o.kvHeads; ++h)
                 for (std::int64_t pos = seqLen - keep; pos < seqLen; ++pos) {
-                    k.insert(k.end(), base.kAt(h, pos), base.kAt(h, pos) + o.headDim);
-                    v.insert(v.end(), base.vAt(h, pos), base.vAt(h, pos) + o.headDim);
+                    k.insert(k.end(), base.kAt(h, pos), base.kAt(h, pos) + dim);
+                    v.insert(v.end(), base.vAt(h, pos), base.vAt(h, pos) + dim);
                 }
-            const std::vector<std::int64_t> shape{1, o.kvHeads, keep, o.headDim};
+            const std::vector<std::int64_t> shape{1, o.kvHeads, keep, dim};
             if (o.baseline)
                 writer.addReference(id, ReferenceRole::Baseline, layerName(l), RawTensor::fromFloat(DType::Float32, shape, k),
                                     RawTensor::fromFloat(DType::Float32, shape, v));

@@ -19,6 +19,7 @@ struct SyntheticCaptureOptions {
     bool alternateSliding = true;  // even layers sliding window, odd full attention; else all full
     int kvHeads = 4;
     int headDim = 32;
+    int slidingHeadDim = 0;  // the sliding layers' own head size (0: headDim), as some models have
     int tpSize = 2;
     int fullBlockSize = 16;
     int slidingBlockSize = 8;

@@ -32,30 +32,43 @@ private slots:
 private:
     QTemporaryDir m_dir;
     std::string m_demo;
+    std::string m_mixed;  // the same, its sliding layers with head size 16 (the full ones 32)
 };
 
 void TestAnalyzer::initTestCase()
 {
     m_demo = m_dir.filePath("demo.h5").toStdString();
     writeSmallCapture(m_demo);
+    m_mixed = m_dir.filePath("mixed.h5").toStdString();
+    writeSmallCapture(m_mixed, 16);
 }
 
 void TestAnalyzer::aggregationEqualsPooledErrors_data()
 {
     QTest::addColumn<QStringList>("prompts");
-    QTest::newRow("three prompts") << QStringList();
+    QTest::addColumn<bool>("mixedHeadSizes");
+    QTest::newRow("three prompts") << QStringList() << false;
     // One prompt takes a shorter path (its tokens' own BCs); it must agree all the same.
-    QTest::newRow("one prompt") << QStringList{"prompt_1"};
+    QTest::newRow("one prompt") << QStringList{"prompt_1"} << false;
+    // Groups of different head sizes: each layer compared at its own.
+    QTest::newRow("head sizes 16 and 32") << QStringList() << true;
 }
 
 void TestAnalyzer::aggregationEqualsPooledErrors()
 {
     QFETCH(QStringList, prompts);
-    auto reader = std::make_shared<BundleReader>(m_demo);
+    QFETCH(bool, mixedHeadSizes);
+    auto reader = std::make_shared<BundleReader>(mixedHeadSizes ? m_mixed : m_demo);
     AnalysisOptions options;
     for (const QString& id : prompts)
         options.prompts.push_back(id.toStdString());
     const AnalysisResult result = analyzeBundle(reader, options);
+    if (mixedHeadSizes)
+        for (const PromptAnalysis& p : result.prompts) {
+            QCOMPARE(p.layerDims.size(), std::size_t(4));
+            QCOMPARE(p.layerDims[0], HeadDims(16));  // sliding
+            QCOMPARE(p.layerDims[1], HeadDims(32));  // full
+        }
     const int pooled = prompts.isEmpty() ? 3 : int(prompts.size());
     QVERIFY(result.aggregate);
     const AggregateBc& agg = *result.aggregate;

@@ -148,10 +148,12 @@ inline double referenceBcVsNoise(const std::vector<double>& base, const std::vec
     return std::clamp(bc, 0.0, 1.0);
 }
 
-// A small model-free capture: 4 layers, three prompts, a fault in layer 3, a divergence.
-inline void writeSmallCapture(const std::string& path)
+// A small model-free capture: 4 layers, three prompts, a fault in layer 3, a divergence;
+// `slidingHeadDim`: the sliding layers' own head size (0: the full layers').
+inline void writeSmallCapture(const std::string& path, int slidingHeadDim = 0)
 {
     SyntheticCaptureOptions o = demoCaptureOptions();
+    o.slidingHeadDim = slidingHeadDim;
     o.layers = 4;
     o.promptLens = {20, 31, 26};
     o.decodeTokens = 12;
