@@ -107,6 +107,18 @@ class Import(unittest.TestCase):
                 np.testing.assert_array_equal(f[f"prompts/imported/baseline/{name}/v"][()],
                                               self.truth[name][1].float().numpy())
 
+    def test_mla_dumps_go_through_the_writer(self):
+        cfg = {"num_blocks": 8, "tp_size": 1, "total_num_kv_heads": 1, "groups": [
+            {"layer_names": LAYERS, "spec_type": "MLAAttentionSpec", "block_size": 4, "num_kv_heads": 1,
+             "head_size": 24, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "dtype": "torch.bfloat16"}]}
+        with open(os.path.join(self.dir, "kv_cache_config.json"), "w") as f:
+            json.dump(cfg, f)
+        result = self.kvscope("import", self.dir, "-o", self.bundle)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("kv_cache_config.json: kv_cache_config: an MLA config", result.stderr)
+        self.assertIn("kvscope_capture's BundleWriter", result.stderr)
+        self.assertFalse(os.path.exists(self.bundle))
+
     def test_hybrid_model(self):
         """A state-space layer: its group is MambaSpec, its state is in the dump, its HF cache entry
         is empty. The import keeps the attention layers and indexes HF's cache by model layer."""

@@ -197,6 +197,10 @@ void importDumpDirectory(const std::string& directory, const std::string& bundle
         throw BundleError(directory, {}, "is not a directory");
     const fs::path configFile = dir / "kv_cache_config.json";
     const KvCacheConfig config = KvCacheConfig::fromJson(readText(configFile), configFile.string(), "kv_cache_config");
+    if (config.isMla())  // its dumps hold the latent, not {'k', 'v'}
+        throw BundleError(configFile.string(), "kv_cache_config",
+                          "an MLA config: kvscope import reads {'k': k, 'v': v} dumps; write MLA captures with "
+                          "kvscope_capture's BundleWriter, which splits the latent into c_kv and k_pe (capture/README.md)");
     const fs::path promptFile = dir / "prompt.json";
     const Json prompt = readJson(promptFile);
 
