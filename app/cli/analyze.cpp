@@ -58,11 +58,16 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
             << "\n";
 
     const std::vector<WorstCell> worst = worstCells(p, 8);
-    out << "  worst cells (" << (p.threeWay ? "error ratio: the head's L-inf over the cell's noise floor" : "relative L-inf")
+    out << "  worst cells ("
+        << (!p.threeWay    ? "relative L-inf"
+            : p.heads > 1 ? "error ratio: the head's L-inf over the cell's noise floor"
+                          : "error ratio: the L-inf over the cell's noise floor")
         << "):\n";
     for (const WorstCell& c : worst) {
-        out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token
-            << " head " << std::setw(3) << c.head << partName(p, c.part) << "_linf " << std::setw(9) << fixed(c.error);
+        out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token;
+        if (p.heads > 1)  // (an MLA latent is one vector: no head to name)
+            out << " head " << std::setw(3) << c.head;
+        out << partName(p, c.part) << "_linf " << std::setw(9) << fixed(c.error);
         if (p.threeWay)
             out << " floor " << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio);
         out << "\n";
@@ -71,14 +76,15 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
     // Per layer: the largest L-inf, and (three-way) the lowest per-token BC against the noise
     // floor where a token has values enough for one.
     const bool tokenBc = p.threeWay && tokenBcMeaningful(p);
-    out << "  per layer: max relative L-inf over tokens and heads (token/head)"
+    out << (p.heads > 1 ? "  per layer: max relative L-inf over tokens and heads (token/head)"
+                        : "  per layer: max relative L-inf over tokens (token)")
         << (tokenBc ? ", min BC vs noise floor over tokens (token)\n" : "\n");
     for (int l = 0; l < int(p.layers.size()); ++l) {
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(l)];
         for (KvPart part : {KvPart::K, KvPart::V}) {
             const Extreme e = layerMax(p, metricFor(part, MetricKind::Linf), l);
             out << partName(p, part) << " " << std::setw(9) << fixed(e.value) << std::setw(12)
-                << (e.head < 0 ? "" : "(" + std::to_string(e.token) + "/" + std::to_string(e.head) + ")");
+                << (e.head < 0 ? "" : "(" + std::to_string(e.token) + (p.heads > 1 ? "/" + std::to_string(e.head) : "") + ")");
         }
         if (tokenBc)
             for (KvPart part : {KvPart::K, KvPart::V}) {
@@ -141,8 +147,10 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
         if (result.aggregate) {
             const AggregateBc& a = *result.aggregate;
             out << "\naggregate over " << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
-                << " generation indices; combined BC per layer, every token pooled (K / V): against the noise floor,"
-                   " and the reference tool's:\n";
+                << " generation indices; combined BC per layer, every token pooled ("
+                << (result.prompts.empty() ? "K / V" : partTitle(result.prompts.front(), KvPart::K) + " / " +
+                                                           partTitle(result.prompts.front(), KvPart::V))
+                << "): against the noise floor, and the reference tool's:\n";
             for (std::size_t l = 0; l < a.layers.size(); ++l)
                 out << "    " << std::left << std::setw(34) << a.layers[l] << std::setw(17)
                     << fixed(a.combinedVsNoise[0][l]) + " / " + fixed(a.combinedVsNoise[1][l]) << "reference tool's "

@@ -211,7 +211,7 @@ void writeSuspects(QTextStream& out, const AnalysisResult& result)
             out << "<tr class=fail><td>" << suspectPatternName(s.pattern) << "</td><td>" << explanation << "</td><td>"
                 << QString::number(s.score, 'g', 3)
                 << "</td><td>" << html(s.firstLayer) << "</td><td>" << s.firstToken << "-" << s.lastToken << " ("
-                << html(s.phase) << ", " << html(s.kv)
+                << html(s.phase) << ", " << html(result.prompts.empty() ? s.kv : partsNamed(result.prompts.front(), s.kv))
                 << (s.prompts.size() > 1 ? QString(", over %1 prompts").arg(s.prompts.size()) : QString()) << ")</td><td>"
                 << heads.join(", ") << "</td><td>" << ranks.join(", ") << "</td><td>" << prompts.join(", ").toHtmlEscaped()
                 << "</td><td>" << (s.prompts.size() > 1 ? html("In " + s.evidencePrompt + ": ") : QString())
@@ -323,11 +323,14 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
     }
     out << "</p>";
     writeMapBlocks(out, maps, p.id + "_");
-    out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>" << html(partTitle(p, KvPart::K) + "/" + partTitle(p, KvPart::V)) << "</th><th>head</th><th>rel. L-inf</th>"
+    const bool heads = p.heads > 1;  // an MLA latent is one vector: no head to name
+    out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>" << html(partTitle(p, KvPart::K) + "/" + partTitle(p, KvPart::V))
+        << "</th>" << (heads ? "<th>head</th>" : "") << "<th>rel. L-inf</th>"
         << (p.threeWay ? "<th>noise floor</th><th>ratio</th>" : "") << "</tr>";
     for (const WorstCell& c : worstCells(p, 15)) {
         out << "<tr><td>" << html(p.layers[std::size_t(c.layer)]) << "</td><td>" << c.token << "</td><td>"
-            << html(partName(p, c.part)) << "</td><td>" << c.head << "</td><td>" << QString::number(c.error, 'g', 4) << "</td>";
+            << html(partName(p, c.part)) << "</td>" << (heads ? "<td>" + QString::number(c.head) + "</td>" : QString())
+            << "<td>" << QString::number(c.error, 'g', 4) << "</td>";
         if (p.threeWay)
             out << "<td>" << QString::number(c.baseError, 'g', 4) << "</td><td>" << QString::number(c.ratio, 'g', 4) << "</td>";
         out << "</tr>";
@@ -340,13 +343,14 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
 }
 
 void writeAcrossPrompts(QTextStream& out, const AggregateBc& a, const std::vector<ReportMap>& maps,
-                        const Thresholds& thresholds)
+                        const Thresholds& thresholds, const std::array<std::string, 2>& parts)
 {
     out << "<h2>Across prompts</h2><p>" << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
         << " generation indices.</p>";
     writeMapBlocks(out, maps, "aggregate_");
-    out << "<h3>Combined BC per layer</h3><table><tr><th>layer</th><th>K vs noise</th><th>V vs noise</th>"
-           "<th>K (reference tool)</th><th>V (reference tool)</th></tr>";
+    out << "<h3>Combined BC per layer</h3><table><tr><th>layer</th><th>" << html(parts[0]) << " vs noise</th><th>"
+        << html(parts[1]) << " vs noise</th><th>" << html(parts[0]) << " (reference tool)</th><th>" << html(parts[1])
+        << " (reference tool)</th></tr>";
     for (std::size_t l = 0; l < a.layers.size(); ++l) {
         out << "<tr><td>" << html(a.layers[l]) << "</td>";
         for (const bool vsNoise : {true, false})
@@ -416,7 +420,10 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     for (const PromptAnalysis& p : result.prompts)
         writePrompt(out, p, maps);
     if (result.aggregate)
-        writeAcrossPrompts(out, *result.aggregate, maps, thresholds);
+        writeAcrossPrompts(out, *result.aggregate, maps, thresholds,
+                           result.prompts.empty() ? std::array<std::string, 2>{"K", "V"}
+                                                  : std::array{partTitle(result.prompts.front(), KvPart::K),
+                                                               partTitle(result.prompts.front(), KvPart::V)});
     if (whatIf)
         writeWhatIf(out, *whatIf);
 

@@ -28,6 +28,15 @@ std::string partTitle(const PromptAnalysis& p, KvPart part)
     return name;
 }
 
+std::string partsNamed(const PromptAnalysis& p, const std::string& kv)
+{
+    if (kv == "k")
+        return partName(p, KvPart::K);
+    if (kv == "v")
+        return partName(p, KvPart::V);
+    return partName(p, KvPart::K) + " and " + partName(p, KvPart::V);
+}
+
 Metric baseOf(Metric metric)
 {
     return isBaseMetric(metric) ? metric : Metric(int(metric) + int(Metric::BaseKCos));

@@ -196,5 +196,7 @@ inline bool tokenBcMeaningful(const PromptAnalysis& p)
 // headings of attention layers ("K", "V"; MLA's names stay as they are).
 inline const std::string& partName(const PromptAnalysis& p, KvPart part) { return p.partNames[std::size_t(part)]; }
 std::string partTitle(const PromptAnalysis& p, KvPart part);
+// A suspect's "k", "v" or "kv" in the words of `p` ("c_kv", "k_pe", "c_kv and k_pe" for MLA).
+std::string partsNamed(const PromptAnalysis& p, const std::string& kv);
 
 }  // namespace kvscope

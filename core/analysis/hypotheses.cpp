@@ -292,8 +292,9 @@ void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& ou
     const double lo = *std::min_element(all.begin(), all.end()), hi = *std::max_element(all.begin(), all.end());
     const double typical = median(all);
     std::vector<int> heads(t.heads().begin(), t.heads().end());
-    std::string who = partsText(t) + " of " +
-                      (int(heads.size()) == in.prompt.heads ? std::string("every head") : "head(s) " + joinInts(heads));
+    std::string who = partsText(t) + (in.prompt.heads == 1 ? std::string()  // one latent: no heads to name
+                                      : int(heads.size()) == in.prompt.heads ? std::string(" of every head")
+                                                                             : " of head(s) " + joinInts(heads));
     std::set<int> ranks;
     for (int h : heads)
         for (int rank : in.config.ranksHolding(h))

@@ -257,6 +257,8 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
             << s.firstToken << "-" << s.lastToken << spread();
     }
+    if (p.heads == 1)
+        s.heads.clear();  // an MLA latent: one vector a token, no head to name
     if (hypotheses.empty())
         why << ". No explanation could be tested (the layer could not be read again).";
     else if (partly)

@@ -41,13 +41,14 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                     if (actual.head >= 0 && base.head >= 0) {
                         const double ratio = double(actual.value) / std::max(floor, 1e-10);
                         if (ratio > t.maxRatio)
-                            out.push_back({p.id, layer, actual.token, actual.head,
+                            out.push_back({p.id, layer, actual.token, p.heads > 1 ? actual.head : -1,
                                            partName(p, part) + "_linf multiplier (actual/expected)", ratio,
                                            t.maxRatio, {}});
                     }
                 }
                 if (t.maxLinf && actual.head >= 0 && actual.value > *t.maxLinf)
-                    out.push_back({p.id, layer, actual.token, actual.head, metricName(linf), actual.value, *t.maxLinf, {}});
+                    out.push_back({p.id, layer, actual.token, p.heads > 1 ? actual.head : -1, metricName(linf), actual.value,
+                                   *t.maxLinf, {}});
             }
         }
         for (const NonFiniteCell& c : p.nonFinite)

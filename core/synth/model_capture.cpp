@@ -177,7 +177,7 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     case FaultKind::RopeOffset:
         f.truth["layer"] = layerName(f.layer);
         f.truth["from_position"] = "prompt_len";
-        f.truth["description"] = "K of decode positions rotated for position + 1";
+        f.truth["description"] = std::string(o.shape.mla() ? "k_pe" : "K") + " of decode positions rotated for position + 1";
         break;
     case FaultKind::DeadHead:
         f.truth["layer"] = layerName(f.layer);
