@@ -262,12 +262,11 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
 
 namespace {
 
-// What the last axis of a part holds, for messages: head_size, or an MLA latent's part widths.
-std::string partWidthName(const KvCacheGroup& group, KvPart part)
+// What the last axis of a part holds, for messages: "head_size", or "c_kv: kv_lora_rank".
+std::string widthMeaning(const KvCacheGroup& group, KvPart part)
 {
-    if (group.specType != SpecType::Mla)
-        return "head_size";
-    return std::string(partLabel(group, part)) + ": " + (part == KvPart::K ? "kv_lora_rank" : "qk_rope_head_dim");
+    const std::string field = partWidthName(group, part);
+    return group.specType == SpecType::Mla ? partLabel(group, part) + (": " + field) : field;
 }
 
 }  // namespace
@@ -422,7 +421,7 @@ std::vector<std::int64_t> BundleReader::referenceShape(const std::string& datase
     if (info.shape != expected || info.shape[0] < 1 || info.shape[0] > kMaxBatch || info.shape[2] > kMaxSeq)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " disagrees with the config: expected [batch, " +
                                  std::to_string(m_config.totalNumKvHeads) + ", seq, " + std::to_string(width) + "] (" +
-                                 partWidthName(m_config.groups[std::size_t(g)], part) + ")");
+                                 widthMeaning(m_config.groups[std::size_t(g)], part) + ")");
     return info.shape;
 }
 
@@ -502,7 +501,7 @@ std::vector<std::string> BundleReader::validate() const
                             if (info.shape != shape)
                                 m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", the config implies " +
                                                          shapeToString(shape) + " ([blocks, heads_per_rank, block_size, " +
-                                                         partWidthName(m_config.groups[std::size_t(m_config.groupOf(layer))], part) + "])");
+                                                         widthMeaning(m_config.groups[std::size_t(m_config.groupOf(layer))], part) + "])");
                         });
         }
         for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {

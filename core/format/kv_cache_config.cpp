@@ -100,6 +100,13 @@ DType KvCacheGroup::partDType(KvPart part) const
     return dsMla && part == KvPart::V ? DType::BFloat16 : dtype;
 }
 
+const char* partWidthName(const KvCacheGroup& group, KvPart part)
+{
+    if (group.specType != SpecType::Mla)
+        return "head_size";
+    return part == KvPart::K ? "kv_lora_rank" : "qk_rope_head_dim";
+}
+
 const char* partLabel(const KvCacheGroup& group, KvPart part)
 {
     if (group.specType == SpecType::Mla)

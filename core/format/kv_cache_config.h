@@ -46,6 +46,9 @@ struct KvCacheGroup {
 
 // c_kv and k_pe for an MLA group, k and v otherwise: how people call a part of `group`'s KV.
 const char* partLabel(const KvCacheGroup& group, KvPart part);
+// The config field that gives a part's width: head_size, or an MLA group's kv_lora_rank and
+// qk_rope_head_dim (for messages).
+const char* partWidthName(const KvCacheGroup& group, KvPart part);
 // The values of one fp8_ds_mla token that share a scale.
 inline constexpr int kDsMlaScaleGroup = 128;
 

@@ -14,6 +14,8 @@ BlockSharing::BlockSharing(const CaptureLoader& loader, const std::vector<std::s
     const std::size_t groups = config.groups.size();
     m_blockKey.assign(promptIds.size(), std::vector<std::vector<std::int64_t>>(groups));
     m_blockSize.assign(promptIds.size(), std::vector<int>(groups, 1));
+    if (promptIds.size() < 2)
+        return;  // nothing to share: no block table need be read
     // A token prefix [0, (b + 1) * block_size) by the id of the prefix before it and block b's
     // tokens: equal prefixes get one id, in memory linear in the tokens.
     std::map<std::tuple<int, std::int64_t, std::vector<std::int64_t>>, std::int64_t> prefixIds;

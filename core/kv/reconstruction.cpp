@@ -40,9 +40,7 @@ void checkShard(const KvCacheConfig& config, const KvCacheGroup& group, const st
     if (shard.blocks.shape != expected)
         ctx.fail(what + " has shape " + shapeToString(shard.blocks.shape) + ", the config implies " +
                  shapeToString(expected) + " ([stored blocks, heads_per_rank, block_size, " +
-                 (group.specType == SpecType::Mla ? (part == KvPart::K ? "kv_lora_rank" : "qk_rope_head_dim")
-                                                  : "head_size") +
-                 "])");
+                 partWidthName(group, part) + "])");
     if (shard.blocks.dtype != group.partDType(part))
         ctx.fail(what + " is " + dtypeName(shard.blocks.dtype) + ", the config says " +
                  dtypeName(group.partDType(part)));

@@ -26,10 +26,7 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
         const std::int64_t dim = (part == KvPart::K ? k : v).shape[3];
         if (dim != dims.of(part))
             fail(std::string(partLabel(group, part)) + " is " + std::to_string(dim) + " wide, the config has " +
-                 (group.specType == SpecType::Mla
-                      ? (part == KvPart::K ? "kv_lora_rank " : "qk_rope_head_dim ")
-                      : "head_size ") +
-                 std::to_string(dims.of(part)));
+                 partWidthName(group, part) + " " + std::to_string(dims.of(part)));
     }
 
     std::int64_t offset = 0;  // engine position of the reference's first position
