@@ -67,6 +67,8 @@ const std::vector<Command>& commands()
                   "                         c_kv 4 x head-dim, k_pe head-dim / 2 wide; after --demo, the MLA demo\n"
                   "  --kv-lora-rank N --rope-head-dim N   the MLA latent's widths (after --mla)\n"
                   "  --tp N --block-size N --sliding-block-size N\n"
+                  "  --dcp N --cp-interleave N  decode context parallelism: N ranks of one head split its\n"
+                  "                         positions, in runs of --cp-interleave (default 1)\n"
                   "  --kv-dtype D           the engine cache: bfloat16 (default), fp8_e4m3, fp8_e5m2,\n"
                   "                         fp8_e4m3fnuz or int8, with its own scales (amax / largest value)\n"
                   "  --kv-scale G           a quantised cache's scales: tensor (default), head or token_head\n"

@@ -35,6 +35,8 @@ void printConfig(const KvCacheConfig& c, std::ostream& out)
     else
         out << " (" << (c.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << ", " << c.headsPerRank()
             << " head(s) per rank), " << c.totalNumKvHeads << " KV heads, head_size " << c.firstCompared().headSize << "\n";
+    if (c.dcpSize > 1)
+        out << "  " << describeContextParallel(c) << "\n";
     for (std::size_t g = 0; g < c.groups.size(); ++g) {
         out << "    group " << g << ": " << describeGroup(c.groups[g]) << "\n";
     }

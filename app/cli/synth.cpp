@@ -57,6 +57,8 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     });
     parser.custom("--state-space-layers", [&o](const std::string& list) { o.stateSpaceLayers = parseList(list); });
     parser.integer("--tp", o.tpSize);
+    parser.integer("--dcp", o.dcpSize);
+    parser.integer("--cp-interleave", o.cpInterleave);
     parser.integer("--block-size", o.fullBlockSize);
     parser.integer("--sliding-block-size", o.slidingBlockSize);
     parser.integer("--threads", o.threads);

@@ -201,6 +201,11 @@ void writeSuspects(QTextStream& out, const AnalysisResult& result)
                 heads << QString::number(h);
             for (int r : s.tpRanks)
                 ranks << QString::number(r);
+            QStringList dcp;
+            for (int d : s.dcpRanks)
+                dcp << QString::number(d);
+            if (!dcp.isEmpty())  // decode context parallelism: whose share of the positions
+                ranks.last() += QString(" (DCP rank %1)").arg(dcp.join(", "));
             // The hypothesis that explains it, or for `unexplained` the nearest one tried.
             const QString explanation =
                 s.hypothesis.kind.empty()
@@ -267,11 +272,15 @@ void writeCapture(QTextStream& out, const CaptureLoader& loader)
     for (const auto& [key, value] : meta.extra)
         out << "<tr><th>" << html(key) << "</th><td><code>" << html(value) << "</code></td></tr>";
     out << "<tr><th>tensor parallel</th><td>TP " << cfg.tpSize << ", ";
-    if (cfg.isMla())
+    if (cfg.isMla() && cfg.dcpSize == 1)
         out << "the MLA latent on every rank (rank 0's copy analysed, the others compared with it)";
+    else if (cfg.isMla())
+        out << "the MLA latent on every rank";
     else
         out << cfg.totalNumKvHeads << " KV heads, " << (cfg.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated")
             << " (" << cfg.headsPerRank() << " per rank)";
+    if (cfg.dcpSize > 1)
+        out << "<br>" << html(describeContextParallel(cfg));
     out << "</td></tr><tr><th>KV cache</th><td>" << cfg.numBlocks << " blocks<br>";
     for (std::size_t g = 0; g < cfg.groups.size(); ++g) {
         out << "group " << g << ": " << html(describeGroup(cfg.groups[g])) << "<br>";

@@ -39,12 +39,21 @@ class KvCacheConfig:
         self.num_blocks = integer(cfg, "num_blocks", "", hi=1 << 26)
         self.tp_size = integer(cfg, "tp_size", "", hi=4096)
         self.total_num_kv_heads = integer(cfg, "total_num_kv_heads", "", hi=4096)
-        for cp in ("dcp_size", "pcp_size"):
-            value = cfg.get(cp)
+        def optional(key):
+            value = cfg.get(key)
             if value is not None and (type(value) is not int or value < 0):
-                raise ValueError(f"kv_cache_config.{cp}: must be an integer, got {value!r}")
-            if value not in (None, 0, 1):
-                raise ValueError(f"kv_cache_config.{cp}: context parallelism ({value}) is not supported")
+                raise ValueError(f"kv_cache_config.{key}: must be an integer, got {value!r}")
+            return max(1, value or 1)
+
+        if optional("pcp_size") > 1:
+            raise ValueError(f"kv_cache_config.pcp_size: prefill context parallelism ({cfg['pcp_size']}) is not supported")
+        # Decode context parallelism: consecutive groups of dcp_size ranks holding one head split its
+        # positions, in runs of cp_kv_cache_interleave_size (vLLM's slot mapping).
+        self.dcp_size = optional("dcp_size")
+        self.cp_interleave = optional("cp_kv_cache_interleave_size")
+        if self.tp_size % self.dcp_size:
+            raise ValueError(f"kv_cache_config.dcp_size: {self.dcp_size} does not divide tp_size {self.tp_size} "
+                             "(DCP groups are made of TP ranks)")
         total, tp = self.total_num_kv_heads, self.tp_size
         # An MLA config's total_num_kv_heads is the model's, which its latent ignores.
         mla_config = any(isinstance(g, dict) and g.get("spec_type") == "MLAAttentionSpec"
@@ -146,6 +155,16 @@ class KvCacheConfig:
                 raise ValueError(f"kv_cache_config.{where}num_kv_heads: {entry['num_kv_heads']} per rank disagrees with "
                                  f"total_num_kv_heads {self.total_num_kv_heads} over tp_size {tp} (expected {self.heads_per_rank})")
             self.groups.append(entry)
+        if self.dcp_size > 1:
+            # vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits a head's copies.
+            copies = tp // self.total_num_kv_heads if self.total_num_kv_heads < tp else 1
+            if copies % self.dcp_size:
+                raise ValueError(f"kv_cache_config.dcp_size: {self.dcp_size} needs each KV head on a multiple of "
+                                 f"{self.dcp_size} TP ranks; they are on {copies} of tp_size {tp}")
+            for g, group in enumerate(self.groups):
+                if group["compared"] and group["block_size"] % self.cp_interleave:
+                    raise ValueError(f"kv_cache_config.cp_kv_cache_interleave_size: {self.cp_interleave} does not "
+                                     f"divide groups[{g}].block_size {group['block_size']}")
         self.layer_to_group = {name: g for g, group in enumerate(self.groups) for name in group["layer_names"]}
         if not self.layer_names():
             raise ValueError("kv_cache_config.groups: no group kvscope compares (only "

@@ -189,7 +189,12 @@ class Writer(unittest.TestCase):
             (dict(config(), groups=[dict(config()["groups"][0], spec_type="ChunkedLocalAttentionSpec")]),
              "attention_chunk_size: missing"),
             (dict(config(), groups=[dict(config()["groups"][0], dtype="torch.int4")]), "unsupported dtype"),
-            (dict(config(), dcp_size=2), "context parallelism"),
+            (dict(config(), pcp_size=2), "prefill context parallelism (2) is not supported"),
+            (dict(config(), dcp_size=3), "dcp_size: 3 does not divide tp_size 2"),
+            (dict(config(), dcp_size=2), "needs each KV head on a multiple of 2 TP ranks; they are on 1"),
+            (dict(config(), tp_size=8, dcp_size=2, cp_kv_cache_interleave_size=3,
+                  groups=[dict(config()["groups"][0], num_kv_heads=1)]),
+             "cp_kv_cache_interleave_size: 3 does not divide groups[0].block_size 4"),
             (dict(config(), groups=[dict(config()["groups"][0], sliding_window=4096.0)]), "positive integer"),
             (dict(config(), notes=float("nan")), "JSON"),
         ):

@@ -411,3 +411,119 @@ class CrossLanguageMla(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def dcp_slot(pos, block_size, dcp, interleave):
+    """vLLM's slot mapping under decode context parallelism (vllm/v1/worker/block_table.py):
+    (table entry, offset in the physical block, DCP rank holding the position)."""
+    virtual = block_size * dcp
+    off = pos % virtual
+    return pos // virtual, off // (dcp * interleave) * interleave + off % interleave, (off // interleave) % dcp
+
+
+@unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+class CrossLanguageDcp(unittest.TestCase):
+    """Decode context parallelism: each rank of a DCP group holds its share of the positions in the
+    blocks the table names, laid here by vLLM's slot mapping; kvscope puts the sequence back
+    together exactly, checks the replicas of each share, and names the DCP rank of a fault."""
+
+    BLOCK, TOTAL, HEAD = 4, 23, 4
+    LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+    def run_dcp(self, tp, heads, dcp, interleave, corrupt_rank=None, copy_differs=None):
+        cfg = {"num_blocks": 16, "tp_size": tp, "total_num_kv_heads": heads, "dcp_size": dcp,
+               "cp_kv_cache_interleave_size": interleave, "pcp_size": 1,
+               "groups": [{"layer_names": self.LAYERS, "spec_type": "FullAttentionSpec", "block_size": self.BLOCK,
+                           "sliding_window": None, "dtype": "torch.bfloat16", "num_kv_heads": 1,
+                           "head_size": self.HEAD}]}
+        torch.manual_seed(tp * 10 + dcp + interleave)
+        written = self.TOTAL - 1
+        entries = -(-written // (self.BLOCK * dcp))
+        table = [13, 3, 8, 5, 11][:entries]
+        truth = {n: (torch.randn(heads, self.TOTAL, self.HEAD).to(torch.bfloat16),
+                     torch.randn(heads, self.TOTAL, self.HEAD).to(torch.bfloat16)) for n in self.LAYERS}
+        copies = tp // heads
+        per_rank = []
+        for r in range(tp):
+            layers = {}
+            for n in self.LAYERS:
+                k = torch.randn(16, 1, self.BLOCK, self.HEAD).to(torch.bfloat16)  # other data
+                v = torch.randn(16, 1, self.BLOCK, self.HEAD).to(torch.bfloat16)
+                head = r // copies
+                for p in range(written):
+                    entry, offset, rank = dcp_slot(p, self.BLOCK, dcp, interleave)
+                    if rank == r % dcp:
+                        k[table[entry], 0, offset] = truth[n][0][head, p]
+                        v[table[entry], 0, offset] = 0 if (r == corrupt_rank and n == self.LAYERS[1]) else truth[n][1][head, p]
+                if copy_differs is not None and r == copy_differs and n == self.LAYERS[0]:
+                    k[table[1]] = -k[table[1]]  # this rank's copy of one block
+                layers[n] = (k, v)
+            per_rank.append(layers)
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "dcp.h5")
+            with BundleWriter(bundle, model="cross-language DCP", engine="stand-in") as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(self.TOTAL)), 9)
+                w.add_engine_snapshot("p", per_rank, [torch.tensor([table], dtype=torch.int32)], self.TOTAL,
+                                      keep_only_referenced=True)
+                for role in ("expected", "baseline"):
+                    w.add_reference_kv("p", role, tuple((k.unsqueeze(0), v.unsqueeze(0)) for k, v in
+                                                        (truth[n] for n in self.LAYERS)))
+            out = os.path.join(tmp, "export.h5")
+            result = subprocess.run([BINARY, "export", bundle, out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with h5py.File(out, "r") as f:
+                for n in self.LAYERS:
+                    got = f[f"prompts/p/engine/{n}"]
+                    np.testing.assert_array_equal(got["present"][()].astype(bool), np.arange(self.TOTAL) < written)
+                    v_true = truth[n][1].float().numpy()[:, :written].copy()
+                    if corrupt_rank is not None and n == self.LAYERS[1]:
+                        for p in range(written):
+                            if dcp_slot(p, self.BLOCK, dcp, interleave)[2] == corrupt_rank % dcp:
+                                v_true[corrupt_rank // copies, p] = 0
+                    np.testing.assert_array_equal(got["k"][()][:, :written], truth[n][0].float().numpy()[:, :written], err_msg=n)
+                    np.testing.assert_array_equal(got["v"][()][:, :written], v_true, err_msg=n)
+            result = subprocess.run([BINARY, "analyze", bundle, "--json", out + ".json"], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(out + ".json") as f:
+                return json.load(f)["prompts"][0]
+
+    def test_latent_like_one_head_dcp_2(self):
+        prompt = self.run_dcp(tp=4, heads=1, dcp=2, interleave=1)
+        self.assertEqual(prompt["replica_differences"], [])
+        self.assertEqual(prompt["suspects"], [])
+
+    def test_two_heads_dcp_2_runs_of_2(self):
+        prompt = self.run_dcp(tp=8, heads=2, dcp=2, interleave=2)
+        self.assertEqual(prompt["suspects"], [])
+
+    def test_whole_blocks_alternate(self):
+        self.assertEqual(self.run_dcp(tp=4, heads=1, dcp=4, interleave=4)["suspects"], [])
+
+    def test_one_dcp_rank_unwritten(self):
+        # TP rank 3 (DCP rank 1 of the second head's group) never wrote V in layer 1.
+        prompt = self.run_dcp(tp=4, heads=2, dcp=2, interleave=1, corrupt_rank=3)
+        suspects = prompt["suspects"]
+        self.assertEqual(len(suspects), 1, suspects)
+        s = suspects[0]
+        self.assertEqual((s["pattern"], s["first_layer"], s["heads"], s["dcp_ranks"], s["tp_ranks"]),
+                         ("tp_rank", self.LAYERS[1], [1], [1], [3]))
+        self.assertEqual(s["hypothesis"]["kind"], "zeros")
+
+    def test_replica_of_a_share_differs(self):
+        # TP 4, one head, DCP 2: ranks 2 and 3 copy ranks 0 and 1; rank 3's copy of one block differs.
+        prompt = self.run_dcp(tp=4, heads=1, dcp=2, interleave=1, copy_differs=3)
+        self.assertEqual(prompt["suspects"], [])
+        d = prompt["replica_differences"]
+        self.assertEqual(len(d), 1, d)
+        self.assertEqual((d[0]["rank"], d[0]["against_rank"], d[0]["layer"], d[0]["physical_block"], d[0]["logical_block"]),
+                         (3, 1, self.LAYERS[0], 3, 1))
+
+    def test_bad_dcp_config(self):
+        with tempfile.TemporaryDirectory() as tmp, BundleWriter(os.path.join(tmp, "bad.h5")) as w:
+            cfg = {"num_blocks": 16, "tp_size": 4, "total_num_kv_heads": 4, "dcp_size": 2, "groups": [
+                {"layer_names": self.LAYERS, "spec_type": "FullAttentionSpec", "block_size": 4, "dtype": "torch.bfloat16",
+                 "num_kv_heads": 1, "head_size": 4, "sliding_window": None}]}
+            with self.assertRaisesRegex(ValueError, "dcp_size: 2 needs each KV head on a multiple of 2"):
+                w.set_kv_cache_config(cfg)
+            w.abandon()

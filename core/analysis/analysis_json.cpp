@@ -47,6 +47,8 @@ void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
             .numbers(s.heads)
             .key("tp_ranks")
             .numbers(s.tpRanks)
+            .key("dcp_ranks")
+            .numbers(s.dcpRanks)
             .key("tokens");
         if (s.firstToken < 0)
             w.null();

@@ -135,9 +135,9 @@ public:
         : m_loader(loader)
         , m_options(options)
         , m_result(result)
+        , m_sharing(loader, promptIds(result))
         , m_stats(result.prompts.size())
         , m_layerCount(result.prompts.empty() ? 0 : int(result.prompts.front().layers.size()))
-        , m_sharing(loader, promptIds(result))
     {
         for (std::size_t i = 0; i < result.prompts.size(); ++i) {
             if (result.prompts[i].threeWay)

@@ -135,7 +135,8 @@ void tryZeros(const Tester& t, std::vector<Tried>& out)
 
 void tryTokenShift(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
-    int blockSize = in.config.groups[std::size_t(in.prompt.layerGroups[std::size_t(in.layer)])].blockSize;
+    // A table entry covers block_size positions, times dcp_size under decode context parallelism.
+    const int blockSize = int(in.config.positionsPerEntry(in.config.groups[std::size_t(in.prompt.layerGroups[std::size_t(in.layer)])]));
     const int reach = int(std::min<std::int64_t>(std::max(16, 2 * blockSize), std::min<std::int64_t>(64, in.prompt.tokens - 1)));
     // Every shift on a few cells, the best few on all of them.
     std::vector<OffCell> few;

@@ -78,6 +78,9 @@ struct Suspect {
     std::vector<std::string> sharedBy;
     std::vector<int> heads;
     std::vector<int> tpRanks;
+    // Decode context parallelism: the DCP ranks holding the off positions (tpRanks is then
+    // narrowed to the ranks of those DCP ranks); empty without DCP.
+    std::vector<int> dcpRanks;
     std::int64_t firstToken = -1, lastToken = -1;  // of the onset layer's off cells (pooled: over its prompts)
     std::string phase;                             // "prefill", "decode" or "both"
     std::vector<SuspectBlock> blocks;

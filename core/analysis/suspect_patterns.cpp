@@ -56,7 +56,7 @@ bool looksLikeBlock(const Onset& o)
     for (int l = 0; l < o.layer; ++l)
         if (o.ready(l) && p.layerGroups[std::size_t(l)] == o.group)
             return false;  // an earlier layer of the group is clean: not the group's blocks
-    const int blockSize = o.config.groups[std::size_t(o.group)].blockSize;
+    const std::int64_t blockSize = o.config.positionsPerEntry(o.config.groups[std::size_t(o.group)]);
     const std::int64_t first = o.firstToken() / blockSize, last = o.lastToken() / blockSize;
     if (last - first > 1)
         return false;
@@ -151,6 +151,42 @@ std::vector<int> ranksOfHeads(const Onset& o)
     if (held != std::set<int>(o.heads.begin(), o.heads.end()))
         return {};
     return {ranks.begin(), ranks.end()};
+}
+
+std::vector<int> dcpRanksOf(const KvCacheConfig& config, int group, const std::set<std::int64_t>& tokens)
+{
+    if (config.dcpSize < 2 || tokens.empty())
+        return {};
+    const KvCacheGroup& g = config.groups[std::size_t(group)];
+    std::vector<int> perRank(std::size_t(config.dcpSize), 0);
+    for (std::int64_t t : tokens)
+        ++perRank[std::size_t(config.slotOf(g, t).dcpRank)];
+    const int top = *std::max_element(perRank.begin(), perRank.end());
+    std::vector<int> ranks;
+    for (int d = 0; d < config.dcpSize; ++d)
+        if (perRank[std::size_t(d)] > 0 && perRank[std::size_t(d)] * 5 >= top)
+            ranks.push_back(d);
+    return ranks;
+}
+
+std::vector<int> dcpShareOf(const Onset& o)
+{
+    const std::vector<int> ranks = dcpRanksOf(o.config, o.group, o.tokens);
+    if (ranks.empty() || int(ranks.size()) == o.config.dcpSize)
+        return {};
+    const KvCacheGroup& g = o.config.groups[std::size_t(o.group)];
+    const auto ours = [&](std::int64_t t) {
+        return std::find(ranks.begin(), ranks.end(), o.config.slotOf(g, t).dcpRank) != ranks.end();
+    };
+    // Positions of the other DCP ranks must lie among the off ones, clean, for the share to
+    // be what sets them apart (one off position says nothing of whose share it is).
+    std::int64_t held = 0, off = 0, others = 0;
+    for (std::int64_t t : heldTokens(o))
+        if (t >= o.firstToken() && t <= o.lastToken())
+            (ours(t) ? held : others)++;
+    for (std::int64_t t : o.tokens)
+        off += ours(t);
+    return others >= 2 && double(off) >= 0.5 * double(held) ? ranks : std::vector<int>{};
 }
 
 }  // namespace kvscope

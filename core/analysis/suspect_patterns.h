@@ -58,5 +58,12 @@ bool holdsOnlyDecode(const Onset& onset);
 int windowEdgeOf(const Onset& onset);
 // tp_rank: the heads are exactly those of some ranks (not all of them): those ranks, or none.
 std::vector<int> ranksOfHeads(const Onset& onset);
+// The DCP ranks holding a fair share (a fifth of the most) of `tokens` of `group`; empty
+// without decode context parallelism.
+std::vector<int> dcpRanksOf(const KvCacheConfig& config, int group, const std::set<std::int64_t>& tokens);
+// tp_rank under decode context parallelism: the off positions are those some DCP ranks hold
+// (not all of them), at least half of those ranks' positions from the first off one to the
+// last are off, and at least two of the other ranks' positions lie between: those DCP ranks, or none.
+std::vector<int> dcpShareOf(const Onset& onset);
 
 }  // namespace kvscope

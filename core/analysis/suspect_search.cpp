@@ -56,7 +56,7 @@ std::vector<SuspectBlock> blocksOf(const CaptureLoader& loader, const PromptInfo
                                    std::int64_t last, std::size_t cap = 16)
 {
     std::vector<SuspectBlock> out;
-    const int blockSize = loader.config().groups[std::size_t(group)].blockSize;
+    const std::int64_t blockSize = loader.config().positionsPerEntry(loader.config().groups[std::size_t(group)]);
     std::map<std::size_t, BlockTable> tables;  // per snapshot
     for (std::int64_t logical = first / blockSize; logical <= last / blockSize && out.size() < cap; ++logical) {
         const std::int64_t token = std::max(first, logical * blockSize);
@@ -99,10 +99,21 @@ void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset
         s.phase = phaseOf(first, last, p.promptLen);
         s.kv = partsOf(k, v);
     }
+    if (s.dcpRanks.empty()) {  // the DCP ranks of the suspect's own off positions
+        std::set<std::int64_t> tokens;
+        for (const OffCell& c : onset.cells())
+            if (std::find(s.heads.begin(), s.heads.end(), c.head) != s.heads.end())
+                tokens.insert(c.token);
+        s.dcpRanks = dcpRanksOf(onset.config, onset.group, tokens);
+    }
+    const auto holdsShare = [&](int r) {
+        return s.dcpRanks.empty() ||
+               std::find(s.dcpRanks.begin(), s.dcpRanks.end(), onset.config.dcpRankOf(r)) != s.dcpRanks.end();
+    };
     if (s.tpRanks.empty())
         for (int h : s.heads)
             for (int r : onset.config.ranksHolding(h))
-                if (std::find(s.tpRanks.begin(), s.tpRanks.end(), r) == s.tpRanks.end())
+                if (holdsShare(r) && std::find(s.tpRanks.begin(), s.tpRanks.end(), r) == s.tpRanks.end())
                     s.tpRanks.push_back(r);
     std::sort(s.tpRanks.begin(), s.tpRanks.end());
     if (s.blocks.empty())
@@ -214,8 +225,11 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     const std::string kvText = s.kv == "kv" ? kTitle + " and " + vTitle : s.kv == "k" ? kTitle : vTitle;
     const std::string kvVerb = s.kv == "kv" ? " are" : " is";
     // " of every head", " of heads 1, 2", or nothing where a layer has one (an MLA latent).
-    const std::string ofHeads = p.heads == 1 ? "" : onset.allHeads ? " of every head" : " of heads " + joinInts(onset.heads);
+    const std::string ofHeads = p.heads == 1 ? "" : onset.allHeads ? " of every head"
+                                : onset.heads.size() == 1 ? " of head " + joinInts(onset.heads)
+                                                          : " of heads " + joinInts(onset.heads);
     const std::vector<int> ranks = ranksOfHeads(onset);
+    const std::vector<int> dcpShare = dcpShareOf(onset);
     const int window = windowEdgeOf(onset);
     std::ostringstream why;
     if (looksLikeBlock(onset) && explained) {
@@ -235,6 +249,20 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         s.pattern = SuspectPattern::Unexplained;
         why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
             << s.firstToken << "-" << s.lastToken << ", and no tested explanation brings it back" << spread();
+    } else if (!dcpShare.empty()) {
+        // Decode context parallelism: the positions of some DCP ranks, which no head or span names.
+        s.pattern = SuspectPattern::TpRank;
+        s.dcpRanks = dcpShare;
+        for (int h : onset.heads)
+            for (int d : dcpShare)
+                for (int r : config.ranksHolding(h, d))
+                    if (std::find(s.tpRanks.begin(), s.tpRanks.end(), r) == s.tpRanks.end())
+                        s.tpRanks.push_back(r);
+        std::sort(s.tpRanks.begin(), s.tpRanks.end());
+        why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor only at the positions DCP rank(s) "
+            << joinInts(dcpShare) << " of " << config.dcpSize << " hold (TP rank(s) " << joinInts(s.tpRanks)
+            << "; runs of " << config.cpInterleave << " position(s) dealt in turn), tokens " << s.firstToken << "-"
+            << s.lastToken << spread();
     } else if (p.heads > 1 && (onset.oneHead || onset.heads.size() == 1)) {
         s.pattern = SuspectPattern::Head;
         const int h = int(std::max_element(onset.perHead.begin(), onset.perHead.end()) - onset.perHead.begin());
@@ -298,11 +326,13 @@ std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPr
             unite(q.layers, s.layers);
             unite(q.heads, s.heads);
             unite(q.tpRanks, s.tpRanks);
+            unite(q.dcpRanks, s.dcpRanks);
             unite(q.sharedBy, s.sharedBy);
             if (q.sharedBlock < 0)
                 q.sharedBlock = s.sharedBlock;
             std::sort(q.heads.begin(), q.heads.end());
             std::sort(q.tpRanks.begin(), q.tpRanks.end());
+            std::sort(q.dcpRanks.begin(), q.dcpRanks.end());
             for (const SuspectBlock& b : s.blocks)
                 if (std::none_of(q.blocks.begin(), q.blocks.end(), [&](const SuspectBlock& x) {
                         return x.group == b.group && x.logical == b.logical && x.physical == b.physical;

@@ -68,6 +68,18 @@ std::string specTypeName(SpecType type)
     return "NotCompared";
 }
 
+std::string describeContextParallel(const KvCacheConfig& config)
+{
+    if (config.dcpSize == 1)
+        return {};
+    std::string read;
+    for (int r : config.ranksRead())
+        read += (read.empty() ? "" : ", ") + std::to_string(r);
+    return "DCP " + std::to_string(config.dcpSize) + ": each group of " + std::to_string(config.dcpSize) +
+           " ranks holding a head splits its positions, in runs of " + std::to_string(config.cpInterleave) +
+           "; ranks " + read + " analysed";
+}
+
 std::string describeGroup(const KvCacheGroup& group)
 {
     const std::string name = group.specName.empty() ? specTypeName(group.specType) : group.specName;
@@ -183,9 +195,13 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
     cfg.numBlocks = requireInt(root, "num_blocks", 1, kMaxBlocks, ctx, {});
     cfg.tpSize = requireInt(root, "tp_size", 1, kMaxTp, ctx, {});
     cfg.totalNumKvHeads = requireInt(root, "total_num_kv_heads", 1, kMaxHeads, ctx, {});
-    for (const char* cp : {"dcp_size", "pcp_size"})
-        if (optionalInt(root, cp, 1, ctx) > 1)
-            ctx.fail(cp, "context parallelism (> 1) is not supported");
+    if (optionalInt(root, "pcp_size", 1, ctx) > 1)
+        ctx.fail("pcp_size", "prefill context parallelism (> 1) is not supported");
+    cfg.dcpSize = std::max(1, optionalInt(root, "dcp_size", 1, ctx));
+    cfg.cpInterleave = std::max(1, optionalInt(root, "cp_kv_cache_interleave_size", 1, ctx));
+    if (cfg.tpSize % cfg.dcpSize != 0)
+        ctx.fail("dcp_size", std::to_string(cfg.dcpSize) + " does not divide tp_size " + std::to_string(cfg.tpSize) +
+                                 " (DCP groups are made of TP ranks)");
 
     // An MLA config's total_num_kv_heads is the model's, which its latent ignores.
     const Json listed = root.contains("groups") && root["groups"].is_array() ? root["groups"] : Json::array();
@@ -305,6 +321,21 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
                                                       std::to_string(earlier.kvLoraRank) + (earlier.dsMla ? ", fp8_ds_mla" : "") + ")");
         cfg.groups.push_back(std::move(group));
     }
+    if (cfg.dcpSize > 1) {
+        // vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits the ranks that
+        // would otherwise hold copies of one head.
+        const int copies = cfg.tpMode() == TpMode::Replicated ? cfg.tpSize / cfg.totalNumKvHeads : 1;
+        if (copies % cfg.dcpSize != 0)
+            ctx.fail("dcp_size", std::to_string(cfg.dcpSize) + " needs each KV head on a multiple of " +
+                                     std::to_string(cfg.dcpSize) + " TP ranks; " +
+                                     (mlaConfig ? std::string("the latent") : "each of the " + std::to_string(cfg.totalNumKvHeads) + " heads") +
+                                     " is on " + std::to_string(copies) + " of tp_size " + std::to_string(cfg.tpSize));
+        for (std::size_t g = 0; g < cfg.groups.size(); ++g)
+            if (cfg.groups[g].specType != SpecType::NotCompared && cfg.groups[g].blockSize % cfg.cpInterleave != 0)
+                ctx.fail("cp_kv_cache_interleave_size",
+                         std::to_string(cfg.cpInterleave) + " does not divide groups[" + std::to_string(g) +
+                             "].block_size " + std::to_string(cfg.groups[g].blockSize));
+    }
     if (cfg.layerNames().empty()) {
         std::string specs;
         for (const KvCacheGroup& g : cfg.groups)
@@ -321,7 +352,9 @@ std::string KvCacheConfig::toJson() const
     root["num_blocks"] = numBlocks;
     root["tp_size"] = tpSize;
     root["total_num_kv_heads"] = totalNumKvHeads;
-    root["dcp_size"] = 1;
+    root["dcp_size"] = dcpSize;
+    if (dcpSize > 1)
+        root["cp_kv_cache_interleave_size"] = cpInterleave;
     root["pcp_size"] = 1;
     root["groups"] = Json::array();
     for (const KvCacheGroup& g : groups) {
@@ -367,6 +400,35 @@ std::vector<int> KvCacheConfig::contributingRanks() const
     for (int r = 0; r < tpSize; r += stride)
         ranks.push_back(r);
     return ranks;
+}
+
+std::vector<int> KvCacheConfig::ranksRead() const
+{
+    std::vector<int> ranks;
+    for (int leader : contributingRanks())
+        for (int d = 0; d < dcpSize; ++d)
+            ranks.push_back(leader + d);
+    return ranks;
+}
+
+std::vector<int> KvCacheConfig::ranksHolding(int head, int dcpRank) const
+{
+    std::vector<int> ranks;
+    for (int r : ranksHolding(head))
+        if (dcpRankOf(r) == dcpRank)
+            ranks.push_back(r);
+    return ranks;
+}
+
+TokenSlot KvCacheConfig::slotOf(const KvCacheGroup& group, std::int64_t pos) const
+{
+    if (dcpSize == 1)
+        return {pos / group.blockSize, int(pos % group.blockSize), 0};
+    const std::int64_t span = positionsPerEntry(group);
+    const std::int64_t within = pos % span;
+    const std::int64_t run = within / cpInterleave;
+    return {pos / span, int(within / (std::int64_t(dcpSize) * cpInterleave) * cpInterleave + within % cpInterleave),
+            int(run % dcpSize)};
 }
 
 std::vector<int> KvCacheConfig::ranksHolding(int head) const

@@ -4,6 +4,7 @@
 #include "format/dtype.h"
 #include "format/paged_kv.h"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -52,6 +53,16 @@ const char* partWidthName(const KvCacheGroup& group, KvPart part);
 // The values of one fp8_ds_mla token that share a scale.
 inline constexpr int kDsMlaScaleGroup = 128;
 
+// Where decode context parallelism puts one position of a group: the block-table entry (each
+// covers block_size x dcp_size positions, a "virtual block"), the offset inside the physical
+// block that entry names, and the DCP rank whose cache holds it. vLLM interleaves runs of
+// cp_kv_cache_interleave_size positions over the DCP ranks: with 1, rank pos % dcp_size.
+struct TokenSlot {
+    std::int64_t entry = 0;
+    int offset = 0;
+    int dcpRank = 0;
+};
+
 // How the KV heads are spread over TP ranks.
 enum class TpMode {
     Partitioned,  // total_num_kv_heads >= tp_size: every rank holds distinct heads
@@ -63,6 +74,10 @@ struct KvCacheConfig {
     std::vector<KvCacheGroup> groups;
     int tpSize = 1;
     int totalNumKvHeads = 0;  // an MLA config's cache holds one "head", replicated: 1
+    // Decode context parallelism: the ranks holding one head (its TP replicas) split its
+    // positions in consecutive groups of dcpSize ranks (vLLM's DCP groups: ranks 0..dcp-1, ...).
+    int dcpSize = 1;
+    int cpInterleave = 1;  // cp_kv_cache_interleave_size
     std::string json;  // the text it was parsed from, kept verbatim
 
     // Parses and validates; `file` and `object` name the source for error messages.
@@ -73,10 +88,23 @@ struct KvCacheConfig {
 
     TpMode tpMode() const;
     int headsPerRank() const;
-    // The ranks whose shards together hold every head once, in head order.
+    // The ranks whose shards together hold every head once, in head order (with DCP: the
+    // first rank of each head's first DCP group, which holds DCP rank 0's positions).
     std::vector<int> contributingRanks() const;
-    // Every rank that holds head `head` (one when partitioned, its copies when replicated).
+    // Every shard the analysis reads: each contributing rank and the rest of its DCP group.
+    std::vector<int> ranksRead() const;
+    // Every rank that holds head `head` (one when partitioned, its copies when replicated), at
+    // any position.
     std::vector<int> ranksHolding(int head) const;
+    // Those of them that hold its positions of DCP rank `dcpRank`.
+    std::vector<int> ranksHolding(int head, int dcpRank) const;
+    int dcpRankOf(int tpRank) const { return tpRank % dcpSize; }
+    // The positions one block-table entry of `group` covers: block_size x dcp_size.
+    std::int64_t positionsPerEntry(const KvCacheGroup& group) const
+    {
+        return std::int64_t(group.blockSize) * dcpSize;
+    }
+    TokenSlot slotOf(const KvCacheGroup& group, std::int64_t pos) const;
     // The total head held as head j (0 <= j < headsPerRank()) of `rank`.
     int headOnRank(int rank, int j) const;
 
@@ -99,6 +127,9 @@ struct KvCacheConfig {
 std::string specTypeName(SpecType type);
 // The first number in a layer's name (model.layers.12.self_attn: 12), or -1.
 long long layerNumber(const std::string& layer);
+// Decode context parallelism for people: "DCP 2: each group of 2 ranks holding a head splits its
+// positions, in runs of 1; ranks 0-1 analysed", or empty without it.
+std::string describeContextParallel(const KvCacheConfig& config);
 // One line for people: "SlidingWindowSpec (sliding_window 4096), block_size 16, bfloat16, 24 layers,
 // head_size 128", or "MambaSpec, 24 layers, not compared (state-space layers)".
 std::string describeGroup(const KvCacheGroup& group);

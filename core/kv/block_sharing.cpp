@@ -13,7 +13,7 @@ BlockSharing::BlockSharing(const CaptureLoader& loader, const std::vector<std::s
     const KvCacheConfig& config = loader.config();
     const std::size_t groups = config.groups.size();
     m_blockKey.assign(promptIds.size(), std::vector<std::vector<std::int64_t>>(groups));
-    m_blockSize.assign(promptIds.size(), std::vector<int>(groups, 1));
+    m_blockSize.assign(promptIds.size(), std::vector<std::int64_t>(groups, 1));
     if (promptIds.size() < 2)
         return;  // nothing to share: no block table need be read
     // A token prefix [0, (b + 1) * block_size) by the id of the prefix before it and block b's
@@ -40,14 +40,14 @@ BlockSharing::BlockSharing(const CaptureLoader& loader, const std::vector<std::s
                 const KvCacheGroup& group = config.groups[g];
                 if (group.specType == SpecType::NotCompared)
                     continue;
-                const int bs = group.blockSize;
+                const std::int64_t bs = config.positionsPerEntry(group);  // one table entry's positions
                 m_blockSize[i][g] = bs;
                 std::vector<BlockTable> tables(info.snapshots.size());
                 std::vector<char> read(info.snapshots.size(), 0);
                 std::int64_t prefix = -1;
                 for (std::int64_t b = 0; (b + 1) * bs <= std::min<std::int64_t>(written, std::int64_t(tokens.size())); ++b) {
                     const std::vector<std::int64_t> own(tokens.begin() + b * bs, tokens.begin() + (b + 1) * bs);
-                    prefix = prefixIds.try_emplace({bs, prefix, own}, std::int64_t(prefixIds.size())).first->second;
+                    prefix = prefixIds.try_emplace({int(bs), prefix, own}, std::int64_t(prefixIds.size())).first->second;
                     const int s = snapshotOf(b * bs);
                     std::int64_t key = -1;
                     if (s >= 0 && snapshotOf((b + 1) * bs - 1) == s) {

@@ -39,7 +39,7 @@ private:
     // Per prompt and group, per logical block: its key into m_holders, or -1 when it is not full
     // or not written by one snapshot.
     std::vector<std::vector<std::vector<std::int64_t>>> m_blockKey;
-    std::vector<std::vector<int>> m_blockSize;                 // [prompt][group]
+    std::vector<std::vector<std::int64_t>> m_blockSize;        // [prompt][group]: positions per table entry
     std::vector<std::vector<std::size_t>> m_holders;           // [key]: prompt indices, in order
     std::vector<std::int64_t> m_physical;                      // [key]
     std::vector<std::string> m_ids;

@@ -25,7 +25,7 @@ LayerShards CaptureLoader::readShards(const std::string& promptId, std::size_t s
     LayerShards shards;
     shards.k.resize(std::size_t(config.tpSize));
     shards.v.resize(std::size_t(config.tpSize));
-    for (int rank : config.contributingRanks()) {
+    for (int rank : config.ranksRead()) {
         shards.k[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::K, blockIds);
         shards.v[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::V, blockIds);
     }

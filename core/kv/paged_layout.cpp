@@ -34,7 +34,8 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
             m_tables[g] = BlockTable{1, 1, {-1}};
             continue;
         }
-        const std::int64_t cols = (seqLen + config.groups[g].blockSize - 1) / config.groups[g].blockSize + padding;
+        const std::int64_t span = config.positionsPerEntry(config.groups[g]);
+        const std::int64_t cols = (seqLen + span - 1) / span + padding;
         m_tables[g] = BlockTable{1, cols, std::vector<std::int32_t>(std::size_t(cols), -1)};
     }
     // Grow the sequence one token at a time across all groups, as the engine does.
@@ -43,7 +44,8 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
             const KvCacheGroup& group = config.groups[g];
             if (group.specType == SpecType::NotCompared)
                 continue;
-            const std::int64_t block = pos / group.blockSize;
+            const std::int64_t span = config.positionsPerEntry(group);  // one entry: a block on each DCP rank
+            const std::int64_t block = pos / span;
             if (block == nextBlock[g]) {
                 if (free.empty())
                     throw std::invalid_argument("PagedLayout: num_blocks too small for the sequence");
@@ -58,7 +60,7 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
                 // table entries become the null block (-1), or, every other one, keep the
                 // stale id, as engines report both; readers must not read either.
                 const std::int64_t firstHeld = firstHeldPosition(group, std::min(pos + 1, written));
-                for (std::int64_t b = 0; b < firstHeld / group.blockSize; ++b) {
+                for (std::int64_t b = 0; b < firstHeld / span; ++b) {
                     std::int32_t& entry = m_tables[g].entries[std::size_t(b)];
                     if (entry >= 0 && !m_freed[g].count(b)) {
                         free.push_front(entry);
@@ -109,6 +111,8 @@ RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shap
             scales.push_back(all.at(std::size_t(m_config.headOnRank(rank, j))));
         return RawTensor::fromFloat(dtype, shape, values, ScaleGranularity::Head, std::move(scales));
     }
+    case ScaleGranularity::TokenGroup:  // fp8_ds_mla: the synth writes no such cache
+        throw std::invalid_argument("PagedLayout: a scale per group of a token's values is not synthesised");
     case ScaleGranularity::TokenHead: {
         const std::size_t dim = std::size_t(shape[3]);
         std::vector<float> scales(values.size() / dim);
@@ -156,16 +160,18 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
                 for (KvPart part : {KvPart::K, KvPart::V}) {
                     const int width = group.partWidth(part);
                     // Blocks are written in allocation order, so a block reused after a freed
-                    // window ends up holding the later position's data, as in the engine.
+                    // window ends up holding the later position's data, as in the engine. Under
+                    // DCP a rank writes the positions its DCP rank holds.
+                    const std::int64_t span = m_config.positionsPerEntry(group);
                     for (std::size_t b = 0; b < m_writtenTo[g].size(); ++b) {
                         const std::int32_t phys = m_writtenTo[g][b];
-                        for (int o = 0; o < group.blockSize; ++o) {
-                            const std::int64_t pos = std::int64_t(b) * group.blockSize + o;
-                            if (pos >= kv.seq || !kv.present[std::size_t(pos)])
+                        for (std::int64_t pos = std::int64_t(b) * span; pos < std::int64_t(b + 1) * span; ++pos) {
+                            const TokenSlot slot = m_config.slotOf(group, pos);
+                            if (pos >= kv.seq || !kv.present[std::size_t(pos)] || slot.dcpRank != m_config.dcpRankOf(r))
                                 continue;
                             for (int j = 0; j < hpr; ++j) {
                                 const std::size_t dst =
-                                    std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + o) * width);
+                                    std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + slot.offset) * width);
                                 std::copy_n(kv.at(part, m_config.headOnRank(r, j), pos), width,
                                             x[std::size_t(part)].begin() + std::ptrdiff_t(dst));
                             }

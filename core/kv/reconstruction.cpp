@@ -32,8 +32,13 @@ void checkShard(const KvCacheConfig& config, const KvCacheGroup& group, const st
                 int rank, KvPart part, const ErrorContext& ctx)
 {
     const std::string what = std::string(partLabel(group, part)) + " shard of TP rank " + std::to_string(rank);
-    if (std::size_t(rank) >= shards.size())
-        ctx.fail(what + " is missing");
+    if (std::size_t(rank) >= shards.size() || shards[std::size_t(rank)].blocks.shape.empty())
+        ctx.fail(what + " is missing" +
+                 (config.dcpSize > 1 ? " (DCP rank " + std::to_string(config.dcpRankOf(rank)) + " of " +
+                                           std::to_string(config.dcpSize) + ": without it every " +
+                                           std::to_string(config.dcpSize) + "th run of " + std::to_string(config.cpInterleave) +
+                                           " position(s) has no KV)"
+                                     : std::string()));
     const PagedShard& shard = shards[std::size_t(rank)];
     const std::vector<std::int64_t> expected{std::int64_t(shard.physicalIds.size()), config.headsPerRank(),
                                              group.blockSize, group.partWidth(part)};
@@ -81,8 +86,9 @@ std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std:
     if (g < 0 || row < 0 || row >= table.rows || writtenLen <= 0)
         return ids;
     const KvCacheGroup& group = config.groups[std::size_t(g)];
-    const std::int64_t first = firstHeldPosition(group, writtenLen) / group.blockSize;
-    const std::int64_t last = std::min<std::int64_t>((writtenLen - 1) / group.blockSize, table.cols - 1);
+    const std::int64_t span = config.positionsPerEntry(group);
+    const std::int64_t first = firstHeldPosition(group, writtenLen) / span;
+    const std::int64_t last = std::min<std::int64_t>((writtenLen - 1) / span, table.cols - 1);
     for (std::int64_t b = first; b <= last; ++b) {
         const std::int32_t id = table.at(row, b);
         if (id >= 0 && id < config.numBlocks)
@@ -103,7 +109,7 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
     const ErrorContext ctx{options, layer};
     const KvCacheGroup& group = groupOfLayer(config, layer, ctx);
     const std::vector<int> ranks = config.contributingRanks();
-    for (int rank : ranks) {
+    for (int rank : config.ranksRead()) {
         checkShard(config, group, shards.k, rank, KvPart::K, ctx);
         checkShard(config, group, shards.v, rank, KvPart::V, ctx);
     }
@@ -117,28 +123,31 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
     const int heads = headsPerRank * int(ranks.size());
     const HeadDims dims = headDimsOf(group);
     const int blockSize = group.blockSize;
-    const std::int64_t neededBlocks = (writtenLen + blockSize - 1) / blockSize;
-    if (neededBlocks > table.cols)  // before allocating: the table bounds what can be real
+    const std::int64_t span = config.positionsPerEntry(group);
+    const std::int64_t neededEntries = (writtenLen + span - 1) / span;
+    if (neededEntries > table.cols)  // before allocating: the table bounds what can be real
         ctx.fail("block table of group " + std::to_string(config.groupOf(layer)) + " has " +
                  std::to_string(table.cols) + " entries per row, " + std::to_string(writtenLen) +
-                 " positions need " + std::to_string(neededBlocks));
+                 " positions need " + std::to_string(neededEntries));
     if (length < writtenLen)
         length = writtenLen;
     LayerSource out = LayerSource::absent(heads, length, dims, int(ranks.size()));
     if (writtenLen == 0)
         return out;
 
-    std::vector<std::unordered_map<std::int64_t, std::int64_t>> kSlots, vSlots;
-    for (int rank : ranks) {
-        kSlots.push_back(slotsOf(shards.k[std::size_t(rank)]));
-        vSlots.push_back(slotsOf(shards.v[std::size_t(rank)]));
+    // Per TP rank read: where each physical block sits in its shard.
+    std::vector<std::unordered_map<std::int64_t, std::int64_t>> kSlots(shards.k.size()), vSlots(shards.v.size());
+    for (int rank : config.ranksRead()) {
+        kSlots[std::size_t(rank)] = slotsOf(shards.k[std::size_t(rank)]);
+        vSlots[std::size_t(rank)] = slotsOf(shards.v[std::size_t(rank)]);
     }
 
     const std::int64_t firstHeld = firstHeldPosition(group, writtenLen);
+    const int first = ranks.front();
 
-    for (std::int64_t b = firstHeld / blockSize; b < neededBlocks; ++b) {
-        const std::int64_t begin = std::max(b * blockSize, firstHeld);
-        const std::int64_t end = std::min((b + 1) * blockSize, writtenLen);
+    for (std::int64_t b = firstHeld / span; b < neededEntries; ++b) {
+        const std::int64_t begin = std::max(b * span, firstHeld);
+        const std::int64_t end = std::min((b + 1) * span, writtenLen);
         const std::int32_t id = table.at(row, b);
         std::string problem;
         if (id == -1)
@@ -146,7 +155,7 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
         else if (id < 0 || id >= config.numBlocks)
             problem = "is physical block " + std::to_string(id) + ", outside [0, num_blocks=" +
                       std::to_string(config.numBlocks) + ")";
-        else if (!kSlots.front().count(id) || !vSlots.front().count(id))
+        else if (!kSlots[std::size_t(first)].count(id) || !vSlots[std::size_t(first)].count(id))
             problem = "is physical block " + std::to_string(id) + ", which the bundle does not store";
         if (!problem.empty()) {
             const std::string message = "row " + std::to_string(row) + ", logical block " + std::to_string(b) +
@@ -158,19 +167,23 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
                 problems->push_back(options.file + ": " + options.object + ", layer '" + layer + "': " + message);
             continue;
         }
-        for (std::size_t i = 0; i < ranks.size(); ++i) {
-            const PagedShard& ks = shards.k[std::size_t(ranks[i])];
-            const PagedShard& vs = shards.v[std::size_t(ranks[i])];
-            const auto kSlot = kSlots[i].find(id);
-            const auto vSlot = vSlots[i].find(id);
-            if (kSlot == kSlots[i].end() || vSlot == vSlots[i].end())
-                ctx.fail("physical block " + std::to_string(id) + " is missing from TP rank " +
-                         std::to_string(ranks[i]) + "'s shard");
-            // The rank's heads of a position: blocks[slot, h, pos % blockSize, :].
-            for (std::int64_t pos = begin; pos < end; ++pos) {
-                out.runs(KvPart::K, pos)[i] = {&ks.blocks, (kSlot->second * headsPerRank * blockSize + pos % blockSize) * dims.k,
+        for (std::int64_t pos = begin; pos < end; ++pos) {
+            const TokenSlot slot = config.slotOf(group, pos);
+            for (std::size_t i = 0; i < ranks.size(); ++i) {
+                const int rank = ranks[i] + slot.dcpRank;  // the DCP group member holding the position
+                const auto kSlot = kSlots[std::size_t(rank)].find(id);
+                const auto vSlot = vSlots[std::size_t(rank)].find(id);
+                if (kSlot == kSlots[std::size_t(rank)].end() || vSlot == vSlots[std::size_t(rank)].end())
+                    ctx.fail("physical block " + std::to_string(id) + " is missing from TP rank " + std::to_string(rank) +
+                             "'s shard" + (config.dcpSize > 1 ? " (DCP rank " + std::to_string(slot.dcpRank) +
+                                                                    ", which holds position " + std::to_string(pos) + ")"
+                                                              : std::string()));
+                // The rank's heads of a position: blocks[slot, h, offset, :].
+                out.runs(KvPart::K, pos)[i] = {&shards.k[std::size_t(rank)].blocks,
+                                               (kSlot->second * headsPerRank * blockSize + slot.offset) * dims.k,
                                                std::int64_t(blockSize) * dims.k};
-                out.runs(KvPart::V, pos)[i] = {&vs.blocks, (vSlot->second * headsPerRank * blockSize + pos % blockSize) * dims.v,
+                out.runs(KvPart::V, pos)[i] = {&shards.v[std::size_t(rank)].blocks,
+                                               (vSlot->second * headsPerRank * blockSize + slot.offset) * dims.v,
                                                std::int64_t(blockSize) * dims.v};
             }
         }

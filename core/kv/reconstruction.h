@@ -1,6 +1,7 @@
 #pragma once
 // Paged to contiguous: one layer of one sequence (or every sequence of a batch), through
-// its group's block table and block size, with the TP shards merged on the head axis.
+// its group's block table and block size, with the TP shards merged on the head axis and,
+// under decode context parallelism, each position taken from the DCP rank that holds it.
 
 #include "format/kv_cache_config.h"
 #include "kv/layer_kv.h"

@@ -78,33 +78,47 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
         if (ids.empty())
             continue;
         const std::int64_t firstHeld = firstHeldPosition(group, written);
-        for (int reads : config.contributingRanks()) {
+        const std::int64_t span = config.positionsPerEntry(group);
+        for (int reads : config.ranksRead()) {
+            const int dcpRank = config.dcpRankOf(reads);
             std::array<PagedShard, 2> read;
             for (KvPart part : {KvPart::K, KvPart::V})
                 read[std::size_t(part)] = loader.engineShard(promptId, s, reads, layer, part, ids);
-            for (int rank : config.ranksHolding(config.headOnRank(reads, 0))) {
+            // Its copies: the other ranks holding its heads and the same DCP rank's positions.
+            for (int rank : config.ranksHolding(config.headOnRank(reads, 0), dcpRank)) {
                 if (rank == reads)
                     continue;
                 std::array<PagedShard, 2> copy;
                 for (KvPart part : {KvPart::K, KvPart::V})
                     copy[std::size_t(part)] = loader.engineShard(promptId, s, rank, layer, part, ids);
                 ReplicaDifference d{layer, s, rank, reads, {}, -1, -1, 0, 0, 0};
-                for (std::int64_t b = firstHeld / group.blockSize; b * group.blockSize < written && b < table.cols; ++b) {
+                for (std::int64_t b = firstHeld / span; b * span < written && b < table.cols; ++b) {
                     const std::int32_t id = table.at(snap.batchRow, b);
                     if (id < 0 || id >= config.numBlocks)
                         continue;
-                    const std::int64_t first = std::max(b * group.blockSize, firstHeld);
-                    const std::int64_t end = std::min((b + 1) * group.blockSize, written);
+                    // The written positions of this entry that this DCP rank holds, and their slots
+                    // (consecutive positions of one rank have consecutive slots).
+                    std::int64_t first = -1, last = -1;
+                    int from = 0, to = 0;
+                    for (std::int64_t pos = std::max(b * span, firstHeld); pos < std::min((b + 1) * span, written); ++pos) {
+                        const TokenSlot slot = config.slotOf(group, pos);
+                        if (slot.dcpRank != dcpRank)
+                            continue;
+                        if (first < 0)
+                            first = pos, from = slot.offset;
+                        last = pos, to = slot.offset + 1;
+                    }
+                    if (first < 0)
+                        continue;
                     for (KvPart part : {KvPart::K, KvPart::V}) {
-                        if (!blockDiffers(read[std::size_t(part)], copy[std::size_t(part)], id,
-                                          first - b * group.blockSize, end - b * group.blockSize))
+                        if (!blockDiffers(read[std::size_t(part)], copy[std::size_t(part)], id, from, to))
                             continue;
                         if (d.blocks++ == 0) {
                             d.part = partLabel(group, part);
                             d.physicalBlock = id;
                             d.logicalBlock = b;
                             d.firstPosition = first;
-                            d.lastPosition = end - 1;
+                            d.lastPosition = last;
                         }
                         break;
                     }

@@ -20,8 +20,8 @@ struct ReplicaDifference {
     std::string part;       // "k", "v", or an MLA latent's "c_kv", "k_pe" (the first that differs)
     std::int64_t physicalBlock = -1;  // the first differing block, in logical order
     std::int64_t logicalBlock = -1;
-    std::int64_t firstPosition = 0;   // the positions that block holds
-    std::int64_t lastPosition = 0;
+    std::int64_t firstPosition = 0;   // the first and last position that block holds on this rank
+    std::int64_t lastPosition = 0;    // (with DCP, this rank's share of the positions between them)
     int blocks = 0;         // differing blocks of this rank in this snapshot
 
     // "TP rank 1's copy of c_kv of model.layers.2.self_attn differs from rank 0's from physical block 7 (logical 3,

@@ -238,6 +238,8 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
         f.truth["layers"] = "every layer";
         f.truth["rank"] = f.rank;
         f.truth["factor"] = 1.25;
+        if (o.dcpSize > 1)
+            f.truth["dcp_rank"] = f.rank % o.dcpSize;
         break;
     case FaultKind::GlobalVScale:
         f.truth["layers"] = "every layer";
@@ -285,16 +287,19 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
                                         std::to_string(o.tpSize));
         f.truth["layer"] = layerName(f.layer);
         f.truth["rank"] = f.rank;
+        if (o.dcpSize > 1)
+            f.truth["dcp_rank"] = f.rank % o.dcpSize;
         break;
     case FaultKind::KNegated:
         f.truth["layer"] = layerName(f.layer);
         break;
     case FaultKind::ReplicaDiff:
-        // The ranks whose copy the analysis reads: 0, and every tp / kv_heads-th (replicated heads).
-        if (f.rank < 1 || f.rank >= o.tpSize || f.rank % (o.shape.mla() ? o.tpSize : o.tpSize / o.shape.kvHeads) == 0)
+        // The ranks whose copy the analysis reads: the first DCP group of each head's ranks.
+        if (f.rank < 1 || f.rank >= o.tpSize ||
+            f.rank % (o.shape.mla() ? o.tpSize : o.tpSize / std::min(o.tpSize, o.shape.kvHeads)) < o.dcpSize)
             throw std::invalid_argument("replica_diff needs a rank that holds a replica, not the copy the analysis "
                                         "reads (rank " + std::to_string(f.rank) + " of tp_size " +
-                                        std::to_string(o.tpSize) + ")");
+                                        std::to_string(o.tpSize) + ", dcp_size " + std::to_string(o.dcpSize) + ")");
         f.truth["layer"] = layerName(f.layer);
         f.truth["rank"] = f.rank;
         f.truth["from_decode_step"] = f.step;
@@ -320,7 +325,8 @@ KvCacheConfig makeMlaConfig(const ModelCaptureOptions& o, std::int64_t longest, 
                             {"head_size", o.shape.kvLoraRank + o.shape.ropeHeadDim},
                             {"kv_lora_rank", o.shape.kvLoraRank}, {"qk_rope_head_dim", o.shape.ropeHeadDim}};
     nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.shape.queryHeads},
-                          {"dcp_size", 1}, {"pcp_size", 1}, {"groups", {group}}};
+                          {"dcp_size", o.dcpSize}, {"cp_kv_cache_interleave_size", o.cpInterleave}, {"pcp_size", 1},
+                          {"groups", {group}}};
     return KvCacheConfig::fromJson(jsonText(cfg), {}, "synthetic config");
 }
 
@@ -361,18 +367,21 @@ KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DTy
     // Slack: freed sliding-window blocks and other sequences' blocks.
     blocks += blocks / 2 + 4;
     nlohmann::json cfg = {{"num_blocks", blocks}, {"tp_size", o.tpSize}, {"total_num_kv_heads", o.shape.kvHeads},
-                          {"dcp_size", 1}, {"pcp_size", 1}, {"groups", groups}};
+                          {"dcp_size", o.dcpSize}, {"cp_kv_cache_interleave_size", o.cpInterleave}, {"pcp_size", 1},
+                          {"groups", groups}};
     return KvCacheConfig::fromJson(jsonText(cfg), {}, "synthetic config");
 }
 
 // The faults that mean something for an MLA cache, whose one latent (c_kv, k_pe) per token
-// every TP rank holds whole.
-bool mlaFaultSupported(FaultKind kind)
+// every TP rank holds whole (under DCP, a rank holds its DCP rank's share of the positions).
+bool mlaFaultSupported(FaultKind kind, int dcpSize)
 {
     switch (kind) {
+    case FaultKind::RankVScale: case FaultKind::RankUnwritten:
+        return dcpSize > 1;
     case FaultKind::DeadHead: case FaultKind::WindowOffByOne: case FaultKind::ShardSwap: case FaultKind::Fp8Scale:
-    case FaultKind::ScaleGranularity: case FaultKind::ScaleOtherLayer: case FaultKind::RankVScale:
-    case FaultKind::HeadSwap: case FaultKind::KvSwap: case FaultKind::RankUnwritten:
+    case FaultKind::ScaleGranularity: case FaultKind::ScaleOtherLayer:
+    case FaultKind::HeadSwap: case FaultKind::KvSwap:
         return false;
     default:
         return true;
@@ -394,6 +403,14 @@ void checkOptions(const ModelCaptureOptions& o)
     require(o.tpSize >= 1 && (o.shape.kvHeads >= o.tpSize ? o.shape.kvHeads % o.tpSize == 0 : o.tpSize % o.shape.kvHeads == 0),
             "KV heads must divide evenly over TP ranks (or ranks over heads)");
     require(o.fullBlockSize >= 1 && o.slidingBlockSize >= 1, "block sizes must be positive");
+    const int copies = o.shape.mla() ? o.tpSize : o.tpSize / std::min(o.tpSize, o.shape.kvHeads);
+    require(o.dcpSize >= 1 && copies % o.dcpSize == 0,
+            "--dcp must divide the ranks that hold one KV head (tp_size / kv_heads, every rank for MLA): " +
+                std::to_string(copies));
+    require(o.cpInterleave >= 1 && o.fullBlockSize % o.cpInterleave == 0 && o.slidingBlockSize % o.cpInterleave == 0,
+            "--cp-interleave must divide the block sizes");
+    require(o.dcpSize == 1 || o.fault != FaultKind::ShardSwap,
+            "shard_swap under DCP would exchange two DCP ranks' shares of the positions, not two ranks' heads");
     require(!o.promptLens.empty(), "at least one prompt");
     for (int len : o.promptLens)
         require(len >= 2, "prompts need at least 2 tokens");
@@ -408,7 +425,7 @@ void checkOptions(const ModelCaptureOptions& o)
         require(stateSpace.empty() && !o.shape.chunked && o.shape.quietHeadLayers.empty(),
                 "an MLA model has neither state-space, chunked nor quiet-head layers");
         require(!isQuantised(o.kvDtype), "MLA captures are synthesised with a bf16 cache");
-        require(mlaFaultSupported(o.fault), "fault " + faultName(o.fault) + " does not apply to an MLA cache (one latent "
+        require(mlaFaultSupported(o.fault, o.dcpSize), "fault " + faultName(o.fault) + " does not apply to an MLA cache (one latent "
                                             "per token, replicated over TP ranks)");
     } else
         require(o.fault != FaultKind::ReplicaDiff || o.shape.kvHeads < o.tpSize,
@@ -507,8 +524,25 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
             if (kv.present[std::size_t(pos)])
                 fn(pos);
     };
-    const auto scaleV = [&](LayerKv& kv, int head, float factor) {
+    // The fault's rank: whether it holds head `h` of layer `l`, and which positions (under DCP
+    // its DCP rank's share; every one otherwise).
+    const auto rankHolds = [&](int l, int h) {
+        const std::vector<int> ranks = config.ranksHolding(h);
+        return config.isCompared(layerName(l)) && std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end();
+    };
+    const auto heldByRank = [&](int l) -> std::function<bool(std::int64_t)> {
+        const int g = config.groupOf(layerName(l));
+        if (g < 0 || config.dcpSize == 1)
+            return [](std::int64_t) { return true; };
+        const KvCacheGroup& group = config.groups[std::size_t(g)];
+        return [&config, &group, rank = config.dcpRankOf(f.rank)](std::int64_t pos) {
+            return config.slotOf(group, pos).dcpRank == rank;
+        };
+    };
+    const auto scaleV = [&](LayerKv& kv, int head, float factor, const std::function<bool(std::int64_t)>& held) {
         forPositions(kv, [&](std::int64_t pos) {
+            if (!held(pos))
+                return;
             float* v = kv.v.data() + kv.index(KvPart::V, head, pos);
             for (int i = 0; i < dims.v; ++i)
                 v[i] = detmath::roundToBf16(v[i] * factor);
@@ -526,17 +560,15 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
     const std::int64_t at = promptLen + f.step;
     switch (f.kind) {
     case FaultKind::RankVScale:
-        for (LayerKv& kv : layers)
-            for (int h = 0; h < heads; ++h) {
-                const std::vector<int> ranks = config.ranksHolding(h);
-                if (std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end())
-                    scaleV(kv, h, 1.25f);
-            }
+        for (int l = 0; l < int(layers.size()); ++l)
+            for (int h = 0; h < heads; ++h)
+                if (rankHolds(l, h))
+                    scaleV(layers[std::size_t(l)], h, 1.25f, heldByRank(l));
         break;
     case FaultKind::GlobalVScale:
         for (LayerKv& kv : layers)
             for (int h = 0; h < heads; ++h)
-                scaleV(kv, h, 0.8f);
+                scaleV(kv, h, 0.8f, [](std::int64_t) { return true; });
         break;
     case FaultKind::HeadSwap: {
         LayerKv& kv = layers[std::size_t(f.layer)];
@@ -572,7 +604,7 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
     case FaultKind::PrefixReuse:
         if (p == 0) {
             const int g = config.groupOf(layerName(f.layer));
-            const int blockSize = config.groups[std::size_t(g)].blockSize;
+            const std::int64_t blockSize = config.positionsPerEntry(config.groups[std::size_t(g)]);  // one table entry
             const std::int64_t begin = at / blockSize * blockSize;
             for (int l = 0; l < int(layers.size()); ++l)
                 if (config.groupOf(layerName(l)) == g)
@@ -604,14 +636,15 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
     }
     case FaultKind::RankUnwritten: {
         LayerKv& kv = layers[std::size_t(f.layer)];
-        for (int h = 0; h < heads; ++h) {
-            const std::vector<int> ranks = config.ranksHolding(h);
-            if (std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end())
+        const auto held = heldByRank(f.layer);
+        for (int h = 0; h < heads; ++h)
+            if (rankHolds(f.layer, h))
                 forPositions(kv, [&](std::int64_t pos) {
+                    if (!held(pos))
+                        return;
                     std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, h, pos)), dims.k, 0.0f);
                     std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, h, pos)), dims.v, 0.0f);
                 });
-        }
         break;
     }
     case FaultKind::KNegated:
@@ -831,7 +864,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         if (fault.kind == FaultKind::StaleBlock && p == 0 && holdsStale) {
             // One table entry points at a block that holds another sequence's data.
             const int g = config.groupOf(faulty);
-            const int blockSize = config.groups[std::size_t(g)].blockSize;
+            const std::int64_t blockSize = config.positionsPerEntry(config.groups[std::size_t(g)]);  // one table entry
             const std::int64_t logical = stalePosition / blockSize;
             std::set<std::int32_t> used;
             for (const BlockTable& t : snap.blockTables)
@@ -852,7 +885,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
             // From the block of the fault position on, each entry points one logical block
             // earlier (a table read one entry off).
             const int g = config.groupOf(faulty);
-            const int blockSize = config.groups[std::size_t(g)].blockSize;
+            const std::int64_t blockSize = config.positionsPerEntry(config.groups[std::size_t(g)]);  // one table entry
             BlockTable& table = snap.blockTables[std::size_t(g)];
             const std::int64_t used = (snapshots[s].seqLen + blockSize - 1) / blockSize;
             const std::int64_t from = std::max<std::int64_t>(1, (promptLen + fault.step) / blockSize);
@@ -866,7 +899,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
             // One rank's copy of the block holding the fault position differs in the last bit.
             const int g = config.groupOf(faulty);
             const KvCacheGroup& group = config.groups[std::size_t(g)];
-            const std::int64_t logical = stalePosition / group.blockSize;
+            const std::int64_t logical = stalePosition / config.positionsPerEntry(group);
             const std::int32_t block = snap.blockTables[std::size_t(g)].entries[std::size_t(logical)];
             RawTensor& copy = snap.ranks[std::size_t(fault.rank)][faulty].first;
             const std::size_t rowBytes = std::size_t(copy.stride(0)) * dtypeSize(copy.dtype);
@@ -932,7 +965,8 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
                                   {"chunked", o.shape.chunked}, {"state_space_layers", o.stateSpaceLayers},
                                   {"seed", o.seed}, {"tp_size", o.tpSize}, {"full_block_size", o.fullBlockSize},
                                   {"sliding_block_size", o.slidingBlockSize}, {"kv_dtype", dtypeName(kvDtype)},
-                                  {"kv_scale", granularityName(o.kvScale)},
+                                  {"kv_scale", granularityName(o.kvScale)}, {"dcp_size", o.dcpSize},
+                                  {"cp_kv_cache_interleave_size", o.cpInterleave},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
     if (o.shape.mla()) {
         optionsJson["kv_lora_rank"] = o.shape.kvLoraRank;

@@ -95,6 +95,10 @@ struct ModelCaptureOptions {
     std::uint64_t seed = 1;
     // The engine's cache.
     int tpSize = 2;
+    // Decode context parallelism: consecutive groups of dcpSize ranks holding one head split its
+    // positions, dealt in runs of cpInterleave (vLLM's cp_kv_cache_interleave_size).
+    int dcpSize = 1;
+    int cpInterleave = 1;
     int fullBlockSize = 8;
     int slidingBlockSize = 4;
     // The cache's dtype, and for a quantised one how finely it is scaled (scales from the

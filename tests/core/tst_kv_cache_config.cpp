@@ -24,6 +24,8 @@ private slots:
     void hybridAndChunked();
     void mla_data();
     void mla();
+    void dcpSlots_data();
+    void dcpSlots();
 };
 
 void TestKvCacheConfig::parsesEngineDict()
@@ -108,7 +110,16 @@ void TestKvCacheConfig::rejects_data()
     QTest::newRow("slash in name") << edit("\"l1\"", "\"a/b\"") << "cfg.groups[0].layer_names" << "cannot be an HDF5 name";
     QTest::newRow("sliding without window") << edit("FullAttentionSpec", "SlidingWindowSpec") << "cfg.groups[0].sliding_window"
                                             << "needs a sliding_window";
-    QTest::newRow("context parallel") << edit("\"dcp_size\": 1", "\"dcp_size\": 2") << "cfg.dcp_size" << "not supported";
+    QTest::newRow("prefill context parallel") << edit("\"pcp_size\": 1", "\"pcp_size\": 2") << "cfg.pcp_size" << "not supported";
+    QTest::newRow("dcp not dividing tp") << edit("\"dcp_size\": 1", "\"dcp_size\": 3") << "cfg.dcp_size"
+                                         << "3 does not divide tp_size 2";
+    // vLLM bounds dcp_size by tp_size / heads: DCP splits the ranks that would hold copies of a head.
+    QTest::newRow("dcp over partitioned heads") << edit("\"dcp_size\": 1", "\"dcp_size\": 2") << "cfg.dcp_size"
+                                                << "needs each KV head on a multiple of 2 TP ranks; each of the 4 heads is on 1";
+    const QString replicated = QString::fromStdString(configJson(8, 4, 2, 4, {{{"l0", "l1"}}}))
+                                   .replace("\"dcp_size\": 1", "\"dcp_size\": 2, \"cp_kv_cache_interleave_size\": 3");
+    QTest::newRow("interleave not dividing the block") << replicated << "cfg.cp_kv_cache_interleave_size"
+                                                       << "3 does not divide groups[0].block_size 4";
     QTest::newRow("no groups") << edit("\"groups\": [", "\"groups\": [], \"x\": [") << "cfg.groups" << "non-empty list";
 }
 
@@ -241,6 +252,59 @@ void TestKvCacheConfig::mla()
     QCOMPARE(again.groups[0].qkRopeHeadDim, 64);
     QCOMPARE(again.groups[0].dsMla, ds);
     QVERIFY(describeGroup(g).find("kv_lora_rank 512 + qk_rope_head_dim 64") != std::string::npos || ds);
+}
+
+// Where decode context parallelism puts a position, worked by hand from vLLM's slot mapping
+// (vllm/v1/worker/block_table.py): a table entry covers block_size x dcp positions; inside it,
+// runs of `interleave` positions go to DCP ranks in turn, and each rank fills its block in order.
+void TestKvCacheConfig::dcpSlots_data()
+{
+    QTest::addColumn<int>("dcp");
+    QTest::addColumn<int>("interleave");
+    QTest::addColumn<qint64>("pos");
+    QTest::addColumn<qint64>("entry");
+    QTest::addColumn<int>("offset");
+    QTest::addColumn<int>("dcpRank");
+    // block_size 4 throughout.
+    QTest::newRow("no DCP") << 1 << 1 << qint64(9) << qint64(2) << 1 << 0;
+    QTest::newRow("dcp 2: 0") << 2 << 1 << qint64(0) << qint64(0) << 0 << 0;
+    QTest::newRow("dcp 2: 1 on rank 1") << 2 << 1 << qint64(1) << qint64(0) << 0 << 1;
+    QTest::newRow("dcp 2: 2") << 2 << 1 << qint64(2) << qint64(0) << 1 << 0;
+    QTest::newRow("dcp 2: 7, last of entry 0") << 2 << 1 << qint64(7) << qint64(0) << 3 << 1;
+    QTest::newRow("dcp 2: 8, next entry") << 2 << 1 << qint64(8) << qint64(1) << 0 << 0;
+    QTest::newRow("dcp 4: 13") << 4 << 1 << qint64(13) << qint64(0) << 3 << 1;
+    QTest::newRow("dcp 4: 21") << 4 << 1 << qint64(21) << qint64(1) << 1 << 1;
+    // interleave 2: positions 0,1 -> rank 0 slots 0,1; 2,3 -> rank 1 slots 0,1; 4,5 -> rank 0 slots 2,3.
+    QTest::newRow("dcp 2, runs of 2: 3") << 2 << 2 << qint64(3) << qint64(0) << 1 << 1;
+    QTest::newRow("dcp 2, runs of 2: 4") << 2 << 2 << qint64(4) << qint64(0) << 2 << 0;
+    QTest::newRow("dcp 2, runs of 2: 7") << 2 << 2 << qint64(7) << qint64(0) << 3 << 1;
+    QTest::newRow("dcp 2, runs of 2: 9") << 2 << 2 << qint64(9) << qint64(1) << 1 << 0;
+    // interleave = block_size: whole blocks alternate.
+    QTest::newRow("dcp 2, runs of 4: 5") << 2 << 4 << qint64(5) << qint64(0) << 1 << 1;
+}
+
+void TestKvCacheConfig::dcpSlots()
+{
+    QFETCH(int, dcp);
+    QFETCH(int, interleave);
+    QFETCH(qint64, pos);
+    std::string json = configJson(64, 4, 1, 8, {{{"l0"}}});
+    json.replace(json.find("\"dcp_size\": 1"), 13,
+                 "\"dcp_size\": " + std::to_string(dcp) + ", \"cp_kv_cache_interleave_size\": " + std::to_string(interleave));
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(json);
+    QCOMPARE(cfg.dcpSize, dcp);
+    QCOMPARE(cfg.positionsPerEntry(cfg.groups[0]), std::int64_t(4 * dcp));
+    const TokenSlot slot = cfg.slotOf(cfg.groups[0], pos);
+    QTEST(qint64(slot.entry), "entry");
+    QTEST(slot.offset, "offset");
+    QTEST(slot.dcpRank, "dcpRank");
+    // One head on 4 ranks: DCP groups are consecutive ranks; the analysis reads the first group.
+    std::vector<int> firstGroup(std::size_t(dcp), 0);
+    std::iota(firstGroup.begin(), firstGroup.end(), 0);
+    QCOMPARE(cfg.ranksRead(), firstGroup);
+    QCOMPARE(cfg.ranksHolding(0, dcp - 1), (dcp == 4 ? std::vector<int>{3} : dcp == 2 ? std::vector<int>{1, 3} : std::vector<int>{0, 1, 2, 3}));
+    // The engine's dict form keeps it.
+    QCOMPARE(KvCacheConfig::fromJson(cfg.toJson()).cpInterleave, interleave);
 }
 
 QTEST_APPLESS_MAIN(TestKvCacheConfig)

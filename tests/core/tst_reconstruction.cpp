@@ -18,6 +18,9 @@ private slots:
     void tpMerge_data();
     void tpMerge();
     void replicatedIgnoresOtherReplicas();
+    void decodeContextParallel_data();
+    void decodeContextParallel();
+    void missingDcpShareIsAnError();
     void twoGroupsWithDifferentBlockSizes();
     void slidingWindowSpecHidesFreedPositions();
     void chunkedLocalHidesEarlierChunks();
@@ -65,6 +68,101 @@ void TestReconstruction::replicatedIgnoresOtherReplicas()
     const std::vector<std::vector<std::int32_t>> rows{{3, 1, 5}};
     const LayerShards shards = handPagedLayer(cfg, 0, 0, rows, {5}, {1, 2, 3, 5, 6, 7});
     verifyLayer(reconstructLayer(cfg, "l0", shards, table(rows, 3), 0, 5), 0, std::vector<bool>(5, true));
+}
+
+namespace {
+
+// A layer of one sequence as vLLM lays it under decode context parallelism, written from its
+// slot mapping (vllm/v1/worker/block_table.py), not from kvscope's: the table maps virtual
+// blocks of block_size * dcp positions; position p with off = p % virtual is local to DCP rank
+// (off / interleave) % dcp, at block offset off / (dcp * interleave) * interleave + off % interleave.
+// Every rank's other slots, and every rank outside the first DCP group of each head, hold garbage.
+LayerShards dcpPagedLayer(const KvCacheConfig& cfg, const std::vector<std::int32_t>& row, std::int64_t length,
+                          int dcp, int interleave)
+{
+    const KvCacheGroup& g = cfg.groups[0];
+    const int hpr = cfg.headsPerRank(), bs = g.blockSize, dim = g.headSize;
+    const int copies = cfg.tpSize / cfg.totalNumKvHeads;
+    LayerShards shards;
+    for (int r = 0; r < cfg.tpSize; ++r)
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            std::vector<float> data(std::size_t(cfg.numBlocks) * hpr * bs * dim);
+            for (std::int64_t b = 0; b < cfg.numBlocks; ++b)
+                for (int o = 0; o < bs; ++o)
+                    for (int d = 0; d < dim; ++d)
+                        data[std::size_t((b * bs + o) * dim + d)] = garbage(b, r, o, d);
+            const int head = r / copies, dcpRank = r % dcp;
+            if (r % copies < dcp)  // the first DCP group of this head's ranks
+                for (std::int64_t p = 0; p < length; ++p) {
+                    const std::int64_t virtualBlock = std::int64_t(bs) * dcp, off = p % virtualBlock;
+                    if ((off / interleave) % dcp != dcpRank)
+                        continue;
+                    const std::int64_t phys = row[std::size_t(p / virtualBlock)];
+                    const std::int64_t local = off / (std::int64_t(dcp) * interleave) * interleave + off % interleave;
+                    for (int d = 0; d < dim; ++d)
+                        data[std::size_t((phys * bs + local) * dim + d)] = trueValue(0, head, p, d, part);
+                }
+            PagedShard shard;
+            shard.blocks = RawTensor::fromFloat(DType::Float32, {cfg.numBlocks, hpr, bs, dim}, data);
+            for (std::int64_t b = 0; b < cfg.numBlocks; ++b)
+                shard.physicalIds.push_back(b);
+            (part == KvPart::K ? shards.k : shards.v).push_back(std::move(shard));
+        }
+    return shards;
+}
+
+KvCacheConfig dcpConfig(int tp, int heads, int dcp, int interleave)
+{
+    std::string json = configJson(12, tp, heads, 2, {{{"l0"}, "FullAttentionSpec", 4}});
+    json.replace(json.find("\"dcp_size\": 1"), 13,
+                 "\"dcp_size\": " + std::to_string(dcp) + ", \"cp_kv_cache_interleave_size\": " + std::to_string(interleave));
+    return KvCacheConfig::fromJson(json);
+}
+
+}  // namespace
+
+void TestReconstruction::decodeContextParallel_data()
+{
+    QTest::addColumn<int>("tp");
+    QTest::addColumn<int>("heads");
+    QTest::addColumn<int>("dcp");
+    QTest::addColumn<int>("interleave");
+    QTest::newRow("1 head, tp 4, dcp 2") << 4 << 1 << 2 << 1;
+    QTest::newRow("1 head, tp 4, dcp 4") << 4 << 1 << 4 << 1;
+    QTest::newRow("2 heads, tp 4, dcp 2") << 4 << 2 << 2 << 1;
+    QTest::newRow("2 heads, tp 8, dcp 2, runs of 2") << 8 << 2 << 2 << 2;
+    QTest::newRow("1 head, tp 2, dcp 2, runs of 4 (whole blocks)") << 2 << 1 << 2 << 4;
+}
+
+void TestReconstruction::decodeContextParallel()
+{
+    QFETCH(int, tp);
+    QFETCH(int, heads);
+    QFETCH(int, dcp);
+    QFETCH(int, interleave);
+    const KvCacheConfig cfg = dcpConfig(tp, heads, dcp, interleave);
+    const std::int64_t length = 4 * dcp * 2 + 3;  // two whole entries and part of a third
+    const std::vector<std::int32_t> row{7, 2, 9};
+    const LayerShards shards = dcpPagedLayer(cfg, row, length, dcp, interleave);
+    verifyLayer(reconstructLayer(cfg, "l0", shards, table({row}, 3), 0, length), 0,
+                std::vector<bool>(std::size_t(length), true));
+    // The table bounds the positions: three entries of 4 * dcp.
+    expectBundleError([&] { reconstructLayer(cfg, "l0", shards, table({row}, 3), 0, 4 * dcp * 3 + 1); },
+                      {"3 entries per row", "need 4"});
+}
+
+void TestReconstruction::missingDcpShareIsAnError()
+{
+    const KvCacheConfig cfg = dcpConfig(4, 1, 2, 1);
+    LayerShards shards = dcpPagedLayer(cfg, {3, 5}, 12, 2, 1);
+    shards.k[1] = PagedShard{};  // DCP rank 1's share of K
+    expectBundleError([&] { reconstructLayer(cfg, "l0", shards, table({{3, 5}}, 2), 0, 12); },
+                      {"k shard of TP rank 1 is missing", "DCP rank 1 of 2"});
+    // A share without a block the table names.
+    shards = dcpPagedLayer(cfg, {3, 5}, 12, 2, 1);
+    shards.v[1].physicalIds[5] = 11;
+    expectBundleError([&] { reconstructLayer(cfg, "l0", shards, table({{3, 5}}, 2), 0, 12); },
+                      {"physical block 5 is missing from TP rank 1's shard", "DCP rank 1, which holds position 9"});
 }
 
 void TestReconstruction::twoGroupsWithDifferentBlockSizes()

@@ -336,6 +336,9 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         layerIs(0);
         expect(s.prompts == std::vector<std::string>{"prompt_0"}, "prompts");
         break;
+    case FaultKind::ReplicaDiff:  // a capture-level finding (replica_check.h), never a suspect
+        expect(false, "replica_diff has no suspect to check");
+        break;
     }
     return wrong;
 }
@@ -537,7 +540,7 @@ void TestSuspects::jsonCarriesTheSuspects()
     writeAnalysisJson(r.result, text);
     const nlohmann::json json = nlohmann::json::parse(text.str());
     const char* fields[] = {"pattern", "score", "evidence", "hypothesis", "tried", "prompts", "first_layer", "layers", "kv",
-                            "heads", "tp_ranks", "tokens", "phase", "blocks", "worst_cell"};
+                            "heads", "tp_ranks", "dcp_ranks", "tokens", "phase", "blocks", "worst_cell"};
     QCOMPARE(json.at("suspects").size(), std::size_t(1));
     const nlohmann::json& top = json.at("suspects")[0];
     for (const char* field : fields)

@@ -95,6 +95,7 @@ class RankCaches:
             "total_num_kv_heads": int(vllm_config.model_config.get_total_num_kv_heads()),
             "dcp_size": int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
             "pcp_size": int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
+            "cp_kv_cache_interleave_size": int(getattr(parallel, "cp_kv_cache_interleave_size", 1) or 1),
             "cache_dtype": cache_dtype,
             "groups": groups,
         }

@@ -197,6 +197,14 @@ def _(f):
     set_config(f, cfg)
 
 
+# Decode context parallelism that cannot hold: DCP over heads TP does not copy, and runs of positions
+# that do not fit a block.
+file_kind("config_dcp_over_partitioned_heads", "error", "/kv_cache_config", "needs each KV head on a multiple of 2")(
+    edit_config(dcp_size=2))
+file_kind("config_dcp_interleave_not_dividing", "error", "/kv_cache_config",
+          "cp_kv_cache_interleave_size: 3 does not divide groups[0].block_size 4")(
+    edit_config(tp_size=4, total_num_kv_heads=1, group_0__num_kv_heads=1, group_1__num_kv_heads=1, dcp_size=2,
+                cp_kv_cache_interleave_size=3))
 file_kind("config_tp_size_disagrees", "partial", f"{SNAP}/rank_2/{L0}/k", "missing")(
     edit_config(tp_size=4, group_0__num_kv_heads=1, group_1__num_kv_heads=1, total_num_kv_heads=4))
 
