@@ -89,7 +89,7 @@ double roofline(const std::string& path, int threads, std::uint64_t& bytes)
             for (const PromptInfo& p : reader.prompts()) {
                 for (std::size_t s = 0; s < p.snapshots.size(); ++s) {
                     const std::vector<std::int64_t> ids = referencedBlocks(reader, p, s, layer);
-                    for (int r : reader.config().ranksRead())
+                    for (int r : reader.config().layoutOf(layer).ranksRead())
                         for (KvPart part : {KvPart::K, KvPart::V})
                             add(reader.readEngineShard(p.id, s, r, layer, part, &ids).blocks);
                 }

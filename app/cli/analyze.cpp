@@ -26,6 +26,15 @@ std::string fixed(float v, int digits = 4)
     return s.str();
 }
 
+// Whether every layer has the prompt's head count and widths (groups may differ in both).
+bool uniformLayers(const PromptAnalysis& p)
+{
+    for (std::size_t l = 0; l < p.layers.size(); ++l)
+        if (p.headsOf(int(l)) != p.heads || (l < p.layerDims.size() && !(p.layerDims[l] == p.dims)))
+            return false;
+    return true;
+}
+
 void printPrompt(const PromptAnalysis& p, std::ostream& out)
 {
     out << "\nprompt " << p.id << " (" << (p.threeWay ? "three-way" : "two-way") << "): prompt_len " << p.promptLen
@@ -33,7 +42,7 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         << (p.heads == 1 && partName(p, KvPart::K) != "k"
                 ? "one MLA latent (" + partName(p, KvPart::K) + " " + std::to_string(p.dims.k) + " + " +
                       partName(p, KvPart::V) + " " + std::to_string(p.dims.v) + ")"
-                : std::to_string(p.heads) + " heads")
+                : (uniformLayers(p) ? "" : "up to ") + std::to_string(p.heads) + " heads")
         << "\n";
     out << "  divergences:";
     if (p.divergences.empty())
@@ -95,12 +104,10 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         out << "\n";
     }
     if (p.threeWay && !tokenBc)
-        out << "    (no per-token BC: a token has "
-            << (std::all_of(p.layerDims.begin(), p.layerDims.end(), [&](const HeadDims& d) { return d == p.dims; }) ? ""
-                                                                                                                    : "as few as ")
-            << smallestTokenValues(p) << " values ("
-            << p.heads << " heads x " << smallestTokenValues(p) / std::max(1, p.heads)
-            << "), too few for one to mean anything; the combined BC below pools every token)\n";
+        out << "    (no per-token BC: a token has " << (uniformLayers(p) ? "" : "as few as ") << smallestTokenValues(p)
+            << " values" << (uniformLayers(p) ? " (" + std::to_string(p.heads) + " heads x " +
+                                                    std::to_string(std::min(p.dims.k, p.dims.v)) + ")" : "")
+            << ", too few for one to mean anything; the combined BC below pools every token)\n";
     for (const std::string& problem : p.problems)
         out << "  problem: " << problem << "\n";
     if (!p.nonFinite.empty())

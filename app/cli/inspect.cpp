@@ -33,12 +33,15 @@ void printConfig(const KvCacheConfig& c, std::ostream& out)
     if (c.isMla())
         out << " (the MLA latent on every rank), head_size " << c.firstCompared().headSize << "\n";
     else
-        out << " (" << (c.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated") << ", " << c.headsPerRank()
-            << " head(s) per rank), " << c.totalNumKvHeads << " KV heads, head_size " << c.firstCompared().headSize << "\n";
+        out << " (" << describeHeads(c.layout(c.firstCompared())) << "), head_size " << c.firstCompared().headSize << "\n";
     if (c.dcpSize > 1)
         out << "  " << describeContextParallel(c) << "\n";
     for (std::size_t g = 0; g < c.groups.size(); ++g) {
-        out << "    group " << g << ": " << describeGroup(c.groups[g]) << "\n";
+        out << "    group " << g << ": " << describeGroup(c.groups[g]);
+        const KvCacheGroup& group = c.groups[g];
+        if (group.specType != SpecType::NotCompared && group.totalKvHeads != c.firstCompared().totalKvHeads)
+            out << " (" << describeHeads(c.layout(group)) << ")";  // groups that differ in head count
+        out << "\n";
     }
 }
 

@@ -113,6 +113,7 @@ void DrillDownPanel::showCell(std::shared_ptr<const AnalysisResult> result, int 
         if (head < 0)
             head = 0;
     }
+    head = std::min(head, p.headsOf(layer) - 1);  // a layer of fewer heads than the last one
     m_headModel->setCell(result, promptIndex, layer, token);
     m_result = std::move(result);
     m_spec = spec;
@@ -163,7 +164,7 @@ void DrillDownPanel::showPartColumns()
 
 void DrillDownPanel::showHead(int head)
 {
-    if (!m_result || m_layer < 0 || head < 0 || head >= m_result->prompts[std::size_t(m_prompt)].heads || head == m_head)
+    if (!m_result || m_layer < 0 || head < 0 || head >= m_result->prompts[std::size_t(m_prompt)].headsOf(m_layer) || head == m_head)
         return;
     m_head = head;
     m_selectingRow = true;

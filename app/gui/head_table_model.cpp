@@ -97,7 +97,8 @@ int HeadTableModel::rowCount(const QModelIndex& parent) const
 {
     if (parent.isValid() || !m_result || m_prompt < 0)
         return 0;
-    return m_result->prompts[std::size_t(m_prompt)].heads;
+    const PromptAnalysis& p = m_result->prompts[std::size_t(m_prompt)];
+    return m_layer >= 0 ? p.headsOf(m_layer) : p.heads;  // the layer's own heads (groups may differ)
 }
 
 int HeadTableModel::columnCount(const QModelIndex& parent) const

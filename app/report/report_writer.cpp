@@ -277,8 +277,10 @@ void writeCapture(QTextStream& out, const CaptureLoader& loader)
     else if (cfg.isMla())
         out << "the MLA latent on every rank";
     else
-        out << cfg.totalNumKvHeads << " KV heads, " << (cfg.tpMode() == TpMode::Partitioned ? "partitioned" : "replicated")
-            << " (" << cfg.headsPerRank() << " per rank)";
+        out << html(describeHeads(cfg.layout(cfg.firstCompared())));
+    for (std::size_t g = 0; g < cfg.groups.size(); ++g)  // groups that differ in head count
+        if (cfg.groups[g].specType != SpecType::NotCompared && cfg.groups[g].totalKvHeads != cfg.firstCompared().totalKvHeads)
+            out << "<br>group " << g << ": " << html(describeHeads(cfg.layout(cfg.groups[g])));
     if (cfg.dcpSize > 1)
         out << "<br>" << html(describeContextParallel(cfg));
     out << "</td></tr><tr><th>KV cache</th><td>" << cfg.numBlocks << " blocks<br>";

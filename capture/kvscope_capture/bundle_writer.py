@@ -467,7 +467,7 @@ class BundleWriter:
         if not isinstance(kv, (tuple, list)) or len(kv) != 2:
             raise ValueError(f"{where}: expected (k, v), {{'k': k, 'v': v}} or torch.save bytes of that")
         out = []
-        expected = (rows, cfg.heads_per_rank, group["block_size"], group["head_size"])
+        expected = (rows, group["heads_per_rank"], group["block_size"], group["head_size"])
         quantised = group["dtype"] in QUANTISED
         if quantised and (scales[0] is None or scales[1] is None):
             raise ValueError(f"{where}: a {group['dtype']} cache needs its dequantisation scales: pass "
@@ -521,9 +521,9 @@ class BundleWriter:
             arrays[name] = []
             for part, value, width in zip(group["part_names"], pair[:2], group["part_widths"]):
                 array, dtype = to_array(value, f"prompt {pid}, {role}, layer {name}, {part}")
-                if array.ndim != 4 or array.shape[1] != cfg.total_num_kv_heads or array.shape[3] != width:
+                if array.ndim != 4 or array.shape[1] != group["total_kv_heads"] or array.shape[3] != width:
                     raise ValueError(f"prompt {pid}, {role}, layer {name}, {part}: shape {tuple(array.shape)}, expected "
-                                     f"[batch, {cfg.total_num_kv_heads}, seq, {width}]")
+                                     f"[batch, {group['total_kv_heads']}, seq, {width}]")
                 if not 0 <= batch_row < array.shape[0]:
                     raise ValueError(f"prompt {pid}, {role}, layer {name}: batch_row {batch_row} outside the batch")
                 arrays[name].append((array, dtype))

@@ -54,15 +54,7 @@ class KvCacheConfig:
         if self.tp_size % self.dcp_size:
             raise ValueError(f"kv_cache_config.dcp_size: {self.dcp_size} does not divide tp_size {self.tp_size} "
                              "(DCP groups are made of TP ranks)")
-        total, tp = self.total_num_kv_heads, self.tp_size
-        # An MLA config's total_num_kv_heads is the model's, which its latent ignores.
-        mla_config = any(isinstance(g, dict) and g.get("spec_type") == "MLAAttentionSpec"
-                         for g in (cfg.get("groups") if isinstance(cfg.get("groups"), list) else []))
-        if total >= tp and total % tp and not mla_config:
-            raise ValueError(f"kv_cache_config.total_num_kv_heads: {total} heads cannot be partitioned over tp_size {tp}")
-        if total < tp and tp % total and not mla_config:
-            raise ValueError(f"kv_cache_config.total_num_kv_heads: {total} heads cannot be replicated over tp_size {tp}")
-        self.heads_per_rank = max(1, total // tp)
+        tp = self.tp_size
 
         groups = cfg.get("groups")
         if not isinstance(groups, list) or not groups:
@@ -141,7 +133,7 @@ class KvCacheConfig:
                 entry.update(kv_lora_rank=rank, qk_rope_head_dim=rope, part_widths=(rank, rope),
                              part_names=("c_kv", "k_pe"), part_dtypes=(dtype, "bfloat16" if ds_mla else dtype))
                 # The latent is one vector per token on every rank (TP replicates it).
-                self.total_num_kv_heads, self.heads_per_rank = 1, 1
+                self.total_num_kv_heads = 1
             for g in self.groups:
                 if g["compared"] and g["mla"] and mla and (g["kv_lora_rank"], g["qk_rope_head_dim"], g["ds_mla"]) != \
                         (entry["kv_lora_rank"], entry["qk_rope_head_dim"], ds_mla):
@@ -151,20 +143,29 @@ class KvCacheConfig:
             if any(g["compared"] and g["mla"] != mla for g in self.groups):
                 raise ValueError(f"kv_cache_config.{where}spec_type: {spec} beside other attention: a config mixing "
                                  "MLA and other attention is not supported")
-            if entry["num_kv_heads"] != self.heads_per_rank:
+            # The group's heads over all ranks: its own total_num_kv_heads (layers of another KV head
+            # count than the model's), else the config's; one latent for MLA.
+            own = group.get("total_num_kv_heads") is not None and not mla
+            total = 1 if mla else integer(group, "total_num_kv_heads", where, hi=4096) if own else self.total_num_kv_heads
+            field = f"{where}total_num_kv_heads" if own else "total_num_kv_heads"
+            if total >= tp and total % tp:
+                raise ValueError(f"kv_cache_config.{field}: {total} heads cannot be partitioned over tp_size {tp}")
+            if total < tp and tp % total:
+                raise ValueError(f"kv_cache_config.{field}: {total} heads cannot be replicated over tp_size {tp}")
+            entry["total_kv_heads"], entry["heads_per_rank"] = total, max(1, total // tp)
+            if entry["num_kv_heads"] != entry["heads_per_rank"]:
                 raise ValueError(f"kv_cache_config.{where}num_kv_heads: {entry['num_kv_heads']} per rank disagrees with "
-                                 f"total_num_kv_heads {self.total_num_kv_heads} over tp_size {tp} (expected {self.heads_per_rank})")
-            self.groups.append(entry)
-        if self.dcp_size > 1:
-            # vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits a head's copies.
-            copies = tp // self.total_num_kv_heads if self.total_num_kv_heads < tp else 1
-            if copies % self.dcp_size:
-                raise ValueError(f"kv_cache_config.dcp_size: {self.dcp_size} needs each KV head on a multiple of "
-                                 f"{self.dcp_size} TP ranks; they are on {copies} of tp_size {tp}")
-            for g, group in enumerate(self.groups):
-                if group["compared"] and group["block_size"] % self.cp_interleave:
+                                 f"total_num_kv_heads {total} over tp_size {tp} (expected {entry['heads_per_rank']})")
+            if self.dcp_size > 1:
+                # vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits a head's copies.
+                copies = tp // total if total < tp else 1
+                if copies % self.dcp_size:
+                    raise ValueError(f"kv_cache_config.dcp_size: {self.dcp_size} needs each KV head on a multiple of "
+                                     f"{self.dcp_size} TP ranks; they are on {copies} of tp_size {tp}")
+                if entry["block_size"] % self.cp_interleave:
                     raise ValueError(f"kv_cache_config.cp_kv_cache_interleave_size: {self.cp_interleave} does not "
-                                     f"divide groups[{g}].block_size {group['block_size']}")
+                                     f"divide {where}block_size {entry['block_size']}")
+            self.groups.append(entry)
         self.layer_to_group = {name: g for g, group in enumerate(self.groups) for name in group["layer_names"]}
         if not self.layer_names():
             raise ValueError("kv_cache_config.groups: no group kvscope compares (only "

@@ -24,8 +24,10 @@ class PagedEngine:
         self.config = config
         self.rng = np.random.default_rng(seed)
 
-    def heads_of_rank(self, rank):
-        total, tp = self.config["total_num_kv_heads"], self.config["tp_size"]
+    def heads_of_rank(self, rank, group):
+        # A group of another KV head count than the model's carries its own total.
+        total = group.get("total_num_kv_heads") or self.config["total_num_kv_heads"]
+        tp = self.config["tp_size"]
         if total >= tp:
             per = total // tp
             return list(range(rank * per, (rank + 1) * per))
@@ -63,9 +65,9 @@ class PagedEngine:
             tables.append(np.array([row], dtype=np.int32))
         per_rank = []
         for rank in range(cfg["tp_size"]):
-            heads = self.heads_of_rank(rank)
             caches = {}
             for g, group in enumerate(cfg["groups"]):
+                heads = self.heads_of_rank(rank, group)
                 bs = group["block_size"]
                 if group["spec_type"] == "MambaSpec":
                     continue

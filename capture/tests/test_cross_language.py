@@ -199,12 +199,20 @@ class CrossLanguage(unittest.TestCase):
         torch.manual_seed(5)
         truth = {n: (torch.randn(2, total, g["head_size"]).to(torch.bfloat16), torch.randn(2, total, g["head_size"]).to(torch.bfloat16))
                  for g in cfg["groups"] for n in g["layer_names"]}
+        prompt = self.round_trip_exact(cfg, truth, total, seed=4)
+        self.assertEqual(prompt["layer_head_dims"], [[6, 6], [4, 4], [6, 6]])
+        self.assertEqual(prompt["suspects"], [])
+
+    def round_trip_exact(self, cfg, truth, total, seed):
+        """Writes one clean prompt of `truth` ({layer: (k, v)} [heads, total, dim] bf16) through the
+        paged stand-in, checks that kvscope exports exactly those heads and values, and returns the
+        prompt of its analysis JSON."""
         with tempfile.TemporaryDirectory() as tmp:
-            bundle = os.path.join(tmp, "sizes.h5")
+            bundle = os.path.join(tmp, "capture.h5")
             with BundleWriter(bundle, model="cross-language", engine="stand-in") as w:
                 w.set_kv_cache_config(cfg)
                 w.add_prompt("p", list(range(total)), 8)
-                rpc, tables = PagedEngine(cfg, seed=4).snapshot(truth, total)
+                rpc, tables = PagedEngine(cfg, seed=seed).snapshot(truth, total)
                 w.add_engine_snapshot("p", rpc, tables, total, keep_only_referenced=True)
                 w.add_reference_kv("p", "expected", tuple((truth[n][0][None], truth[n][1][None]) for n in sorted(truth)))
             out = os.path.join(tmp, "export.h5")
@@ -213,15 +221,36 @@ class CrossLanguage(unittest.TestCase):
             with h5py.File(out, "r") as f:
                 for name, (k, v) in truth.items():
                     got = f[f"prompts/p/engine/{name}"]
+                    self.assertEqual(got["k"].shape[0], k.shape[0], name)
                     present = got["present"][()].astype(bool)
                     np.testing.assert_array_equal(got["k"][()][:, present], k.float().numpy()[:, present], err_msg=name)
                     np.testing.assert_array_equal(got["v"][()][:, present], v.float().numpy()[:, present], err_msg=name)
             result = subprocess.run([BINARY, "analyze", bundle, "--json", out + ".json"], capture_output=True, text=True)
             self.assertEqual(result.returncode, 0, result.stderr)
             with open(out + ".json") as f:
-                prompt = json.load(f)["prompts"][0]
-            self.assertEqual(prompt["layer_head_dims"], [[6, 6], [4, 4], [6, 6]])
-            self.assertEqual(prompt["suspects"], [])
+                return json.load(f)["prompts"][0]
+
+    def test_groups_of_different_head_counts(self):
+        """A model whose sliding layers have 1 KV head and full layers 4 (per-layer GQA), at TP 2:
+        the sliding group's head is replicated on both ranks, the full group's partitioned. Each
+        layer goes through with its own heads and is analysed at them."""
+        cfg = config(4, 2, "SlidingWindowSpec")
+        cfg["groups"][0].update(num_kv_heads=1, total_num_kv_heads=1)
+        total = 14
+        torch.manual_seed(6)
+        heads = {n: g.get("total_num_kv_heads", 4) for g in cfg["groups"] for n in g["layer_names"]}
+        truth = {n: (torch.randn(h, total, 4).to(torch.bfloat16), torch.randn(h, total, 4).to(torch.bfloat16))
+                 for n, h in heads.items()}
+        prompt = self.round_trip_exact(cfg, truth, total, seed=3)
+        self.assertEqual(prompt["layer_heads"], [1, 4, 1])
+        self.assertEqual(prompt["suspects"], [])
+
+        # The per-rank count must agree with the group's total over TP.
+        cfg["groups"][0]["num_kv_heads"] = 2
+        with self.assertRaisesRegex(ValueError, r"groups\[0\]\.num_kv_heads: 2 per rank disagrees"):
+            with tempfile.TemporaryDirectory() as tmp:
+                with BundleWriter(os.path.join(tmp, "bad.h5"), model="m", engine="e") as w:
+                    w.set_kv_cache_config(cfg)
 
     def test_prefix_caching(self):
         """Two prompts whose engine shared the blocks of a common 8-token prefix (the second's

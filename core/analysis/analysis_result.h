@@ -64,7 +64,9 @@ struct PromptAnalysis {
     std::string id;
     std::int64_t promptLen = 0;
     std::int64_t tokens = 0;
-    int heads = 0;
+    int heads = 0;  // the head axis: the most any analysed layer has
+    // Per analysed layer: its own KV heads (groups may differ); the cells of heads past them are absent.
+    std::vector<int> layerHeads;
     HeadDims dims;  // of K and V (MLA: c_kv and k_pe) in the first analysed layer
     std::vector<HeadDims> layerDims;  // per analysed layer (groups may differ in head size)
     // What K and V are called: "k", "v", or an MLA cache's "c_kv", "k_pe".
@@ -92,6 +94,7 @@ struct PromptAnalysis {
     std::vector<Suspect> suspects;      // best first (analysis/suspect_search.h)
 
     void allocate();
+    int headsOf(int layer) const { return layerHeads.empty() ? heads : layerHeads[std::size_t(layer)]; }
     std::size_t cell(int layer, std::int64_t token, int head) const
     {
         return (std::size_t(layer) * std::size_t(tokens) + std::size_t(token)) * std::size_t(heads) + std::size_t(head);
@@ -183,10 +186,10 @@ inline constexpr std::int64_t kMinValuesForTokenBc = 1000;
 // The fewest values a token of `p` has in one part, over its layers.
 inline std::int64_t smallestTokenValues(const PromptAnalysis& p)
 {
-    int dim = std::min(p.dims.k, p.dims.v);
-    for (const HeadDims& d : p.layerDims)
-        dim = std::min({dim, d.k, d.v});
-    return std::int64_t(p.heads) * dim;
+    std::int64_t fewest = std::int64_t(p.heads) * std::min(p.dims.k, p.dims.v);
+    for (std::size_t l = 0; l < p.layerDims.size(); ++l)
+        fewest = std::min(fewest, std::int64_t(p.headsOf(int(l))) * std::min(p.layerDims[l].k, p.layerDims[l].v));
+    return fewest;
 }
 inline bool tokenBcMeaningful(const PromptAnalysis& p)
 {

@@ -55,7 +55,6 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     p.id = info.id;
     p.promptLen = info.promptLen;
     p.tokens = info.snapshots.back().seqLen();
-    p.heads = config.totalNumKvHeads;
     const KvCacheGroup& group = layers.empty() ? config.firstCompared() : config.groups[std::size_t(config.groupOf(layers.front()))];
     p.dims = headDimsOf(group);
     for (KvPart part : {KvPart::K, KvPart::V})
@@ -66,7 +65,9 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
         p.layerGroups.push_back(config.groupOf(layer));
         p.layerDims.push_back(headDimsOf(config.groups[std::size_t(p.layerGroups.back())]));
         p.layerDtypes.push_back(config.groups[std::size_t(p.layerGroups.back())].dtype);
+        p.layerHeads.push_back(config.groups[std::size_t(p.layerGroups.back())].totalKvHeads);
     }
+    p.heads = p.layerHeads.empty() ? group.totalKvHeads : *std::max_element(p.layerHeads.begin(), p.layerHeads.end());
     try {
         p.divergences = findDivergences(loader, info);
     } catch (const BundleError& e) {

@@ -178,7 +178,7 @@ void tryTokenShift(const Tester& t, const HypothesisInput& in, std::vector<Tried
 
 void tryHeadMap(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
-    const int heads = in.prompt.heads;
+    const int heads = in.prompt.headsOf(in.layer);
     if (heads < 2)
         return;
     std::map<int, int> mapping;  // actual head -> reference head
@@ -216,9 +216,9 @@ void tryHeadMap(const Tester& t, const HypothesisInput& in, std::vector<Tried>& 
         text += std::string(text.empty() ? "" : "; ") + "actual head " + std::to_string(i) + " holds reference head " + std::to_string(j);
     }
     // A whole rank's heads holding another rank's, in order: a shard swap.
-    const KvCacheConfig& cfg = in.config;
-    if (cfg.tpSize > 1 && cfg.totalNumKvHeads >= cfg.tpSize) {
-        const int per = cfg.totalNumKvHeads / cfg.tpSize;
+    const TpLayout layout = in.config.layoutOf(in.prompt.layers[std::size_t(in.layer)]);
+    if (layout.tpSize > 1 && layout.mode() == TpMode::Partitioned) {
+        const int per = layout.headsPerRank();
         std::map<int, int> rankMap;
         bool ranks = true;
         for (const auto& [i, j] : mapping) {
@@ -293,12 +293,12 @@ void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& ou
     const double lo = *std::min_element(all.begin(), all.end()), hi = *std::max_element(all.begin(), all.end());
     const double typical = median(all);
     std::vector<int> heads(t.heads().begin(), t.heads().end());
-    std::string who = partsText(t) + (in.prompt.heads == 1 ? std::string()  // one latent: no heads to name
-                                      : int(heads.size()) == in.prompt.heads ? std::string(" of every head")
+    std::string who = partsText(t) + (in.prompt.headsOf(in.layer) == 1 ? std::string()  // one latent: no heads to name
+                                      : int(heads.size()) == in.prompt.headsOf(in.layer) ? std::string(" of every head")
                                                                              : " of head(s) " + joinInts(heads));
     std::set<int> ranks;
     for (int h : heads)
-        for (int rank : in.config.ranksHolding(h))
+        for (int rank : in.config.layoutOf(in.prompt.layers[std::size_t(in.layer)]).ranksHolding(h))
             ranks.insert(rank);
     if (in.config.tpSize > 1 && int(ranks.size()) < in.config.tpSize && !ranks.empty())
         who += " (TP rank(s) " + joinInts(std::vector<int>(ranks.begin(), ranks.end())) + ")";
@@ -319,7 +319,8 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
     if (layer >= p.cacheScales.size() || !isQuantised(p.layerDtypes[layer]))
         return;
     const CacheScales& declared = p.cacheScales[layer];
-    if (declared.heads[0].size() != std::size_t(p.heads) || declared.heads[1].size() != std::size_t(p.heads))
+    const std::size_t heads = std::size_t(p.headsOf(in.layer));
+    if (declared.heads[0].size() != heads || declared.heads[1].size() != heads)
         return;  // per token and head: a factor is all the generic scale can say
     const DType dtype = p.layerDtypes[layer];
     const auto scaleOf = [&](int head, KvPart part) { return double(declared.heads[std::size_t(part)][std::size_t(head)]); };

@@ -226,7 +226,7 @@ void compareLayer(const LayerRows& reference, const LayerRows& actual, const Lay
     };
     if (!sameShape(reference, actual) || (base && !sameShape(reference, *base)))
         throw std::invalid_argument("compareLayer: reference, actual and base differ in shape");
-    if (reference.heads() != out.heads || reference.seq() != out.tokens)
+    if (reference.heads() != out.headsOf(layer) || reference.seq() != out.tokens)
         throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
     const std::int64_t tokens = reference.seq();
     if (stats)

@@ -168,8 +168,8 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
         for (const OffCell& c : off[std::size_t(l)])
             tokens[std::size_t(l)].insert(c.token);
     // (No more cells than one token holds: an MLA latent has two, c_kv and k_pe.)
-    const std::size_t minCells = std::min<std::size_t>(std::size_t(th.minCells), std::size_t(2 * p.heads));
     for (int l = 0; l < layers; ++l) {
+        const std::size_t minCells = std::min<std::size_t>(std::size_t(th.minCells), std::size_t(2 * p.headsOf(l)));
         if (off[std::size_t(l)].size() < minCells)
             continue;
         bool persists = tokens[std::size_t(l)].size() >= 2;

@@ -29,7 +29,7 @@ Onset::Onset(const PromptAnalysis& p, const KvCacheConfig& config, const OffFloo
         if (perHead[std::size_t(h)] > 0 && perHead[std::size_t(h)] * 5 >= top)
             heads.push_back(h);
     oneHead = top * 10 >= offCount * 9;
-    allHeads = int(heads.size()) == p.heads;
+    allHeads = int(heads.size()) == p.headsOf(layer);
 }
 
 bool Onset::ready(int l) const
@@ -139,13 +139,14 @@ std::vector<int> ranksOfHeads(const Onset& o)
 {
     if (o.config.tpSize < 2 || o.allHeads || o.heads.size() < 2)
         return {};
+    const TpLayout layout = o.config.layout(o.config.groups[std::size_t(o.group)]);
     std::set<int> ranks;
     for (int h : o.heads)
-        for (int r : o.config.ranksHolding(h))
+        for (int r : layout.ranksHolding(h))
             ranks.insert(r);
     std::set<int> held;
-    for (int h = 0; h < o.prompt.heads; ++h)
-        for (int r : o.config.ranksHolding(h))
+    for (int h = 0; h < layout.totalHeads; ++h)
+        for (int r : layout.ranksHolding(h))
             if (ranks.count(r))
                 held.insert(h);
     if (held != std::set<int>(o.heads.begin(), o.heads.end()))

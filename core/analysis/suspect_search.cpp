@@ -110,9 +110,10 @@ void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset
         return s.dcpRanks.empty() ||
                std::find(s.dcpRanks.begin(), s.dcpRanks.end(), onset.config.dcpRankOf(r)) != s.dcpRanks.end();
     };
+    const TpLayout layout = onset.config.layout(onset.config.groups[std::size_t(onset.group)]);
     if (s.tpRanks.empty())
         for (int h : s.heads)
-            for (int r : onset.config.ranksHolding(h))
+            for (int r : layout.ranksHolding(h))
                 if (holdsShare(r) && std::find(s.tpRanks.begin(), s.tpRanks.end(), r) == s.tpRanks.end())
                     s.tpRanks.push_back(r);
     std::sort(s.tpRanks.begin(), s.tpRanks.end());
@@ -129,7 +130,8 @@ std::vector<Hypothesis> explain(const CaptureLoader& loader, const PromptAnalysi
         const std::string& layer = p.layers[std::size_t(onset.layer)];
         const LayerKv engine = loader.engineLayer(p.id, layer);
         const LayerKv reference = loader.referenceLayer(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, layer);
-        if (engine.heads != p.heads || reference.heads != p.heads || engine.seq != p.tokens || reference.seq != p.tokens)
+        const int heads = p.headsOf(onset.layer);
+        if (engine.heads != heads || reference.heads != heads || engine.seq != p.tokens || reference.seq != p.tokens)
             return {};
         const HypothesisInput input{p, loader.config(), floor.ratios, onset.layer, onset.cells(), engine, reference,
                                     ropeSettingsOf(loader.metadata(), loader.path()), explainedBound};
@@ -225,7 +227,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     const std::string kvText = s.kv == "kv" ? kTitle + " and " + vTitle : s.kv == "k" ? kTitle : vTitle;
     const std::string kvVerb = s.kv == "kv" ? " are" : " is";
     // " of every head", " of heads 1, 2", or nothing where a layer has one (an MLA latent).
-    const std::string ofHeads = p.heads == 1 ? "" : onset.allHeads ? " of every head"
+    const std::string ofHeads = p.headsOf(L0) == 1 ? "" : onset.allHeads ? " of every head"
                                 : onset.heads.size() == 1 ? " of head " + joinInts(onset.heads)
                                                           : " of heads " + joinInts(onset.heads);
     const std::vector<int> ranks = ranksOfHeads(onset);
@@ -238,7 +240,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         std::vector<int> logical, physical;
         for (const SuspectBlock& b : s.blocks)
             logical.push_back(int(b.logical)), physical.push_back(int(b.physical));
-        why << kvText << (p.heads == 1 ? "" : " of every head") << kvVerb << " off the noise floor only at positions " << s.firstToken << "-"
+        why << kvText << (p.headsOf(L0) == 1 ? "" : " of every head") << kvVerb << " off the noise floor only at positions " << s.firstToken << "-"
             << s.lastToken << ", group " << onset.group << "'s logical block(s) " << joinInts(logical) << " (physical "
             << joinInts(physical) << "), in " << s.layers.size() << " layer(s) of that group and in no other layer";
     } else if (!explained && window > 0) {
@@ -255,7 +257,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         s.dcpRanks = dcpShare;
         for (int h : onset.heads)
             for (int d : dcpShare)
-                for (int r : config.ranksHolding(h, d))
+                for (int r : config.layout(config.groups[std::size_t(onset.group)]).ranksHolding(h, d))
                     if (std::find(s.tpRanks.begin(), s.tpRanks.end(), r) == s.tpRanks.end())
                         s.tpRanks.push_back(r);
         std::sort(s.tpRanks.begin(), s.tpRanks.end());
@@ -263,7 +265,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
             << joinInts(dcpShare) << " of " << config.dcpSize << " hold (TP rank(s) " << joinInts(s.tpRanks)
             << "; runs of " << config.cpInterleave << " position(s) dealt in turn), tokens " << s.firstToken << "-"
             << s.lastToken << spread();
-    } else if (p.heads > 1 && (onset.oneHead || onset.heads.size() == 1)) {
+    } else if (p.headsOf(L0) > 1 && (onset.oneHead || onset.heads.size() == 1)) {
         s.pattern = SuspectPattern::Head;
         const int h = int(std::max_element(onset.perHead.begin(), onset.perHead.end()) - onset.perHead.begin());
         s.heads = {h};
@@ -285,7 +287,7 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at tokens "
             << s.firstToken << "-" << s.lastToken << spread();
     }
-    if (p.heads == 1)
+    if (p.headsOf(L0) == 1)
         s.heads.clear();  // an MLA latent: one vector a token, no head to name
     if (hypotheses.empty())
         why << ". No explanation could be tested (the layer could not be read again).";

@@ -280,7 +280,7 @@ std::vector<std::int64_t> BundleReader::engineShardShape(const PromptInfo& promp
     const KvCacheGroup& group = m_config.groups[std::size_t(g)];
     const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
     const std::int64_t stored = snap.subsetStored ? std::int64_t(snap.storedBlockIds.size()) : m_config.numBlocks;
-    return {stored, m_config.headsPerRank(), group.blockSize, group.partWidth(part)};
+    return {stored, group.numKvHeads, group.blockSize, group.partWidth(part)};
 }
 
 BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const
@@ -417,10 +417,10 @@ std::vector<std::int64_t> BundleReader::referenceShape(const std::string& datase
     if (info.shape.size() != 4)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " must be [batch, heads, seq, head_dim]");
     const int width = m_config.groups[std::size_t(g)].partWidth(part);
-    const std::vector<std::int64_t> expected{info.shape[0], m_config.totalNumKvHeads, info.shape[2], width};
+    const std::vector<std::int64_t> expected{info.shape[0], m_config.groups[std::size_t(g)].totalKvHeads, info.shape[2], width};
     if (info.shape != expected || info.shape[0] < 1 || info.shape[0] > kMaxBatch || info.shape[2] > kMaxSeq)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " disagrees with the config: expected [batch, " +
-                                 std::to_string(m_config.totalNumKvHeads) + ", seq, " + std::to_string(width) + "] (" +
+                                 std::to_string(m_config.groups[std::size_t(g)].totalKvHeads) + ", seq, " + std::to_string(width) + "] (" +
                                  widthMeaning(m_config.groups[std::size_t(g)], part) + ")");
     return info.shape;
 }

@@ -212,7 +212,7 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
                 for (KvPart part : {KvPart::K, KvPart::V}) {
                     const RawTensor& t = part == KvPart::K ? it->second.first : it->second.second;
                     const std::string dataset = bundle_path::engineKv(promptId, index, r, layer, kvPartName(part));
-                    const std::vector<std::int64_t> expected{inputRows, m_config.headsPerRank(), group.blockSize,
+                    const std::vector<std::int64_t> expected{inputRows, group.numKvHeads, group.blockSize,
                                                              group.partWidth(part)};
                     if (t.shape != expected)
                         fail(dataset, std::string(partLabel(group, part)) + " shape " + shapeToString(t.shape) +
@@ -250,7 +250,7 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
             const KvCacheGroup& group = m_config.groups[std::size_t(m_config.groupOf(layer))];
             // One block per chunk (several only when blocks are under 4 KiB): a checksum covers a
             // whole chunk, so one block can be read and verified alone.
-            const std::int64_t blockBytes = std::int64_t(m_config.headsPerRank()) * group.blockSize *
+            const std::int64_t blockBytes = std::int64_t(group.numKvHeads) * group.blockSize *
                                             group.partWidth(KvPart::K) * std::int64_t(dtypeSize(group.dtype));
             const std::int64_t chunkRows = std::max<std::int64_t>(1, 4096 / blockBytes);
             const bool select = snap.keepOnlyReferencedBlocks;
@@ -279,10 +279,10 @@ void BundleWriter::addReference(const std::string& promptId, ReferenceRole role,
     if (k.shape.size() != 4 || v.shape.size() != 4 || !std::equal(k.shape.begin(), k.shape.end() - 1, v.shape.begin()))
         fail(kPath, kName + " " + shapeToString(k.shape) + " and " + vName + " " + shapeToString(v.shape) +
                         " must each be [batch, heads, seq, width] and share batch, heads and seq");
-    if (k.shape[1] != m_config.totalNumKvHeads || k.shape[3] != group.partWidth(KvPart::K) ||
+    if (k.shape[1] != group.totalKvHeads || k.shape[3] != group.partWidth(KvPart::K) ||
         v.shape[3] != group.partWidth(KvPart::V))
         fail(kPath, kName + " " + shapeToString(k.shape) + " and " + vName + " " + shapeToString(v.shape) +
-                        " disagree with total_num_kv_heads " + std::to_string(m_config.totalNumKvHeads) + " / widths " +
+                        " disagree with total_num_kv_heads " + std::to_string(group.totalKvHeads) + " / widths " +
                         std::to_string(group.partWidth(KvPart::K)) + ", " + std::to_string(group.partWidth(KvPart::V)));
     if (batchRow < 0 || batchRow >= k.shape[0])
         fail(kPath, "batch row " + std::to_string(batchRow) + " outside the batch");

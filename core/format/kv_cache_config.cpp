@@ -68,16 +68,19 @@ std::string specTypeName(SpecType type)
     return "NotCompared";
 }
 
+std::string describeHeads(const TpLayout& layout)
+{
+    return std::string(layout.mode() == TpMode::Partitioned ? "partitioned" : "replicated") + ", " +
+           std::to_string(layout.headsPerRank()) + " head(s) per rank, " + std::to_string(layout.totalHeads) + " KV heads";
+}
+
 std::string describeContextParallel(const KvCacheConfig& config)
 {
     if (config.dcpSize == 1)
         return {};
-    std::string read;
-    for (int r : config.ranksRead())
-        read += (read.empty() ? "" : ", ") + std::to_string(r);
     return "DCP " + std::to_string(config.dcpSize) + ": each group of " + std::to_string(config.dcpSize) +
            " ranks holding a head splits its positions, in runs of " + std::to_string(config.cpInterleave) +
-           "; ranks " + read + " analysed";
+           " (each head's first such group analysed, the others checked as replicas)";
 }
 
 std::string describeGroup(const KvCacheGroup& group)
@@ -208,14 +211,8 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
     const bool mlaConfig = std::any_of(listed.begin(), listed.end(), [](const Json& g) {
         return g.is_object() && g.contains("spec_type") && g["spec_type"] == "MLAAttentionSpec";
     });
-    if (!mlaConfig && cfg.totalNumKvHeads >= cfg.tpSize && cfg.totalNumKvHeads % cfg.tpSize != 0)
-        ctx.fail("total_num_kv_heads", std::to_string(cfg.totalNumKvHeads) +
-                                           " heads cannot be partitioned over tp_size " +
-                                           std::to_string(cfg.tpSize));
-    if (!mlaConfig && cfg.totalNumKvHeads < cfg.tpSize && cfg.tpSize % cfg.totalNumKvHeads != 0)
-        ctx.fail("total_num_kv_heads", std::to_string(cfg.totalNumKvHeads) +
-                                           " heads cannot be replicated evenly over tp_size " +
-                                           std::to_string(cfg.tpSize));
+    if (mlaConfig)
+        cfg.totalNumKvHeads = 1;  // the latent is one vector per token on every rank (TP replicates it)
 
     if (!root.contains("groups") || !root["groups"].is_array() || root["groups"].empty())
         ctx.fail("groups", "must be a non-empty list");
@@ -301,14 +298,40 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
                 (earlier.specType == SpecType::Mla) != (group.specType == SpecType::Mla))
                 ctx.fail(where + ".spec_type", spec + " beside " + earlier.specName +
                                                    ": a config mixing MLA and other attention is not supported");
-        if (group.specType == SpecType::Mla)
-            cfg.totalNumKvHeads = 1;  // the latent is one vector per token on every rank (TP replicates it)
-        if (group.numKvHeads != cfg.headsPerRank())
+        // The group's heads over all ranks: its own total_num_kv_heads (layers of another KV head
+        // count than the model's), else the config's.
+        const bool ownTotal = jg.contains("total_num_kv_heads") && !jg["total_num_kv_heads"].is_null();
+        const std::string totalField = ownTotal ? where + ".total_num_kv_heads" : std::string("total_num_kv_heads");
+        group.totalKvHeads = group.specType == SpecType::Mla ? 1
+                             : ownTotal ? requireInt(jg, "total_num_kv_heads", 1, kMaxHeads, ctx, where)
+                                        : cfg.totalNumKvHeads;
+        const int total = group.totalKvHeads;
+        if (total >= cfg.tpSize && total % cfg.tpSize != 0)
+            ctx.fail(totalField, std::to_string(total) + " heads cannot be partitioned over tp_size " + std::to_string(cfg.tpSize));
+        if (total < cfg.tpSize && cfg.tpSize % total != 0)
+            ctx.fail(totalField, std::to_string(total) + " heads cannot be replicated evenly over tp_size " +
+                                     std::to_string(cfg.tpSize));
+        const int perRank = cfg.layout(group).headsPerRank();
+        if (group.numKvHeads != perRank)
             ctx.fail(where + ".num_kv_heads",
                      std::to_string(group.numKvHeads) + " per rank disagrees with total_num_kv_heads " +
-                         std::to_string(cfg.totalNumKvHeads) + " over tp_size " +
-                         std::to_string(cfg.tpSize) + " (expected " +
-                         std::to_string(cfg.headsPerRank()) + ")");
+                         std::to_string(total) + " over tp_size " + std::to_string(cfg.tpSize) + " (expected " +
+                         std::to_string(perRank) + ")");
+        if (cfg.dcpSize > 1) {
+            // vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits the ranks that
+            // would otherwise hold copies of one head.
+            const int copies = total < cfg.tpSize ? cfg.tpSize / total : 1;
+            if (copies % cfg.dcpSize != 0)
+                ctx.fail("dcp_size", std::to_string(cfg.dcpSize) + " needs each KV head on a multiple of " +
+                                         std::to_string(cfg.dcpSize) + " TP ranks; " +
+                                         (group.specType == SpecType::Mla ? std::string("the latent")
+                                                                          : "each of the " + std::to_string(total) + " heads") +
+                                         (ownTotal ? " of " + where : std::string()) + " is on " + std::to_string(copies) +
+                                         " of tp_size " + std::to_string(cfg.tpSize));
+            if (group.blockSize % cfg.cpInterleave != 0)
+                ctx.fail("cp_kv_cache_interleave_size", std::to_string(cfg.cpInterleave) + " does not divide " + where +
+                                                            ".block_size " + std::to_string(group.blockSize));
+        }
         // Attention groups may differ in head size (a layer's own widths go with it); MLA groups
         // share one split.
         for (const KvCacheGroup& earlier : cfg.groups)
@@ -320,21 +343,6 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
                                                       ") differs from another MLA group's (kv_lora_rank " +
                                                       std::to_string(earlier.kvLoraRank) + (earlier.dsMla ? ", fp8_ds_mla" : "") + ")");
         cfg.groups.push_back(std::move(group));
-    }
-    if (cfg.dcpSize > 1) {
-        // vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits the ranks that
-        // would otherwise hold copies of one head.
-        const int copies = cfg.tpMode() == TpMode::Replicated ? cfg.tpSize / cfg.totalNumKvHeads : 1;
-        if (copies % cfg.dcpSize != 0)
-            ctx.fail("dcp_size", std::to_string(cfg.dcpSize) + " needs each KV head on a multiple of " +
-                                     std::to_string(cfg.dcpSize) + " TP ranks; " +
-                                     (mlaConfig ? std::string("the latent") : "each of the " + std::to_string(cfg.totalNumKvHeads) + " heads") +
-                                     " is on " + std::to_string(copies) + " of tp_size " + std::to_string(cfg.tpSize));
-        for (std::size_t g = 0; g < cfg.groups.size(); ++g)
-            if (cfg.groups[g].specType != SpecType::NotCompared && cfg.groups[g].blockSize % cfg.cpInterleave != 0)
-                ctx.fail("cp_kv_cache_interleave_size",
-                         std::to_string(cfg.cpInterleave) + " does not divide groups[" + std::to_string(g) +
-                             "].block_size " + std::to_string(cfg.groups[g].blockSize));
     }
     if (cfg.layerNames().empty()) {
         std::string specs;
@@ -373,6 +381,9 @@ std::string KvCacheConfig::toJson() const
         jg["sliding_window"] = g.slidingWindow ? Json(*g.slidingWindow) : Json(nullptr);
         jg["dtype"] = g.dsMla ? "fp8_ds_mla" : "torch." + dtypeName(g.dtype);
         jg["num_kv_heads"] = g.numKvHeads;
+        if (g.specType != SpecType::Mla && g.specType != SpecType::NotCompared && g.totalKvHeads > 0 &&
+            g.totalKvHeads != totalNumKvHeads)
+            jg["total_num_kv_heads"] = g.totalKvHeads;
         jg["head_size"] = g.headSize;
         if (g.specType == SpecType::Mla) {
             jg["kv_lora_rank"] = g.kvLoraRank;
@@ -383,26 +394,21 @@ std::string KvCacheConfig::toJson() const
     return jsonText(root);
 }
 
-TpMode KvCacheConfig::tpMode() const
+int TpLayout::headsPerRank() const
 {
-    return totalNumKvHeads >= tpSize ? TpMode::Partitioned : TpMode::Replicated;
+    return std::max(1, totalHeads / tpSize);
 }
 
-int KvCacheConfig::headsPerRank() const
-{
-    return std::max(1, totalNumKvHeads / tpSize);
-}
-
-std::vector<int> KvCacheConfig::contributingRanks() const
+std::vector<int> TpLayout::contributingRanks() const
 {
     std::vector<int> ranks;
-    const int stride = tpMode() == TpMode::Partitioned ? 1 : tpSize / totalNumKvHeads;
+    const int stride = mode() == TpMode::Partitioned ? 1 : tpSize / totalHeads;
     for (int r = 0; r < tpSize; r += stride)
         ranks.push_back(r);
     return ranks;
 }
 
-std::vector<int> KvCacheConfig::ranksRead() const
+std::vector<int> TpLayout::ranksRead() const
 {
     std::vector<int> ranks;
     for (int leader : contributingRanks())
@@ -411,13 +417,44 @@ std::vector<int> KvCacheConfig::ranksRead() const
     return ranks;
 }
 
-std::vector<int> KvCacheConfig::ranksHolding(int head, int dcpRank) const
+std::vector<int> TpLayout::ranksHolding(int head) const
+{
+    if (mode() == TpMode::Partitioned)
+        return {head / headsPerRank()};
+    const int stride = tpSize / totalHeads;
+    std::vector<int> ranks;
+    for (int r = head * stride; r < (head + 1) * stride; ++r)
+        ranks.push_back(r);
+    return ranks;
+}
+
+std::vector<int> TpLayout::ranksHolding(int head, int dcpRank) const
 {
     std::vector<int> ranks;
     for (int r : ranksHolding(head))
-        if (dcpRankOf(r) == dcpRank)
+        if (r % dcpSize == dcpRank)
             ranks.push_back(r);
     return ranks;
+}
+
+int TpLayout::headOnRank(int rank, int j) const
+{
+    return mode() == TpMode::Partitioned ? rank * headsPerRank() + j : rank / (tpSize / totalHeads);
+}
+
+TpLayout KvCacheConfig::layoutOf(const std::string& layer) const
+{
+    const int g = groupOf(layer);
+    return layout(g >= 0 && groups[std::size_t(g)].specType != SpecType::NotCompared ? groups[std::size_t(g)] : firstCompared());
+}
+
+int KvCacheConfig::maxKvHeads() const
+{
+    int most = 1;
+    for (const KvCacheGroup& g : groups)
+        if (g.specType != SpecType::NotCompared)
+            most = std::max(most, g.totalKvHeads);
+    return most;
 }
 
 TokenSlot KvCacheConfig::slotOf(const KvCacheGroup& group, std::int64_t pos) const
@@ -429,22 +466,6 @@ TokenSlot KvCacheConfig::slotOf(const KvCacheGroup& group, std::int64_t pos) con
     const std::int64_t run = within / cpInterleave;
     return {pos / span, int(within / (std::int64_t(dcpSize) * cpInterleave) * cpInterleave + within % cpInterleave),
             int(run % dcpSize)};
-}
-
-std::vector<int> KvCacheConfig::ranksHolding(int head) const
-{
-    if (tpMode() == TpMode::Partitioned)
-        return {head / headsPerRank()};
-    const int stride = tpSize / totalNumKvHeads;
-    std::vector<int> ranks;
-    for (int r = head * stride; r < (head + 1) * stride; ++r)
-        ranks.push_back(r);
-    return ranks;
-}
-
-int KvCacheConfig::headOnRank(int rank, int j) const
-{
-    return tpMode() == TpMode::Partitioned ? rank * headsPerRank() + j : rank / (tpSize / totalNumKvHeads);
 }
 
 int KvCacheConfig::groupOf(const std::string& layer) const

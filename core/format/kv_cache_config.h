@@ -32,6 +32,9 @@ struct KvCacheGroup {
     std::optional<int> attentionChunkSize;
     DType dtype = DType::BFloat16;
     int numKvHeads = 0;  // per TP rank, as vLLM's spec reports it
+    // Over all ranks: the group's own `total_num_kv_heads` (kvscope's field, for models whose
+    // layers differ in KV head count), else the config's; 1 for MLA.
+    int totalKvHeads = 0;
     int headSize = 0;
     // Mla: head_size = kv_lora_rank + qk_rope_head_dim. A bundle keeps c_kv as the layer's K and
     // k_pe as its V; `fp8_ds_mla` stores c_kv as e4m3 with a scale per 128 values, k_pe as bf16.
@@ -69,11 +72,34 @@ enum class TpMode {
     Replicated,   // total_num_kv_heads < tp_size: groups of ranks hold the same head
 };
 
+// How one group's KV heads lie on the TP ranks (and, under DCP, which ranks share a head's
+// positions). Groups may differ in head count, so each has its own.
+struct TpLayout {
+    int tpSize = 1;
+    int totalHeads = 1;
+    int dcpSize = 1;
+
+    TpMode mode() const { return totalHeads >= tpSize ? TpMode::Partitioned : TpMode::Replicated; }
+    int headsPerRank() const;
+    // The ranks whose shards together hold every head once, in head order (with DCP: the
+    // first rank of each head's first DCP group, which holds DCP rank 0's positions).
+    std::vector<int> contributingRanks() const;
+    // Every shard the analysis reads: each contributing rank and the rest of its DCP group.
+    std::vector<int> ranksRead() const;
+    // Every rank that holds head `head` (one when partitioned, its copies when replicated), at
+    // any position.
+    std::vector<int> ranksHolding(int head) const;
+    // Those of them that hold its positions of DCP rank `dcpRank`.
+    std::vector<int> ranksHolding(int head, int dcpRank) const;
+    // The total head held as head j (0 <= j < headsPerRank()) of `rank`.
+    int headOnRank(int rank, int j) const;
+};
+
 struct KvCacheConfig {
     int numBlocks = 0;
     std::vector<KvCacheGroup> groups;
     int tpSize = 1;
-    int totalNumKvHeads = 0;  // an MLA config's cache holds one "head", replicated: 1
+    int totalNumKvHeads = 0;  // the model's, as the config gives it; each group's is KvCacheGroup::totalKvHeads
     // Decode context parallelism: the ranks holding one head (its TP replicas) split its
     // positions in consecutive groups of dcpSize ranks (vLLM's DCP groups: ranks 0..dcp-1, ...).
     int dcpSize = 1;
@@ -86,18 +112,12 @@ struct KvCacheConfig {
     // The engine's dict form (as get_kv_cache_config returns it).
     std::string toJson() const;
 
-    TpMode tpMode() const;
-    int headsPerRank() const;
-    // The ranks whose shards together hold every head once, in head order (with DCP: the
-    // first rank of each head's first DCP group, which holds DCP rank 0's positions).
-    std::vector<int> contributingRanks() const;
-    // Every shard the analysis reads: each contributing rank and the rest of its DCP group.
-    std::vector<int> ranksRead() const;
-    // Every rank that holds head `head` (one when partitioned, its copies when replicated), at
-    // any position.
-    std::vector<int> ranksHolding(int head) const;
-    // Those of them that hold its positions of DCP rank `dcpRank`.
-    std::vector<int> ranksHolding(int head, int dcpRank) const;
+    // How `group`'s heads lie on the ranks; layoutOf(layer) for a layer's group (the first
+    // compared group's for a layer of none).
+    TpLayout layout(const KvCacheGroup& group) const { return {tpSize, group.totalKvHeads, dcpSize}; }
+    TpLayout layoutOf(const std::string& layer) const;
+    // The most KV heads any compared group has: the head axis of an analysis.
+    int maxKvHeads() const;
     int dcpRankOf(int tpRank) const { return tpRank % dcpSize; }
     // The positions one block-table entry of `group` covers: block_size x dcp_size.
     std::int64_t positionsPerEntry(const KvCacheGroup& group) const
@@ -105,8 +125,6 @@ struct KvCacheConfig {
         return std::int64_t(group.blockSize) * dcpSize;
     }
     TokenSlot slotOf(const KvCacheGroup& group, std::int64_t pos) const;
-    // The total head held as head j (0 <= j < headsPerRank()) of `rank`.
-    int headOnRank(int rank, int j) const;
 
     // Index of the group holding `layer`, or -1.
     int groupOf(const std::string& layer) const;
@@ -127,8 +145,10 @@ struct KvCacheConfig {
 std::string specTypeName(SpecType type);
 // The first number in a layer's name (model.layers.12.self_attn: 12), or -1.
 long long layerNumber(const std::string& layer);
+// How a group's heads lie on the ranks, for people: "partitioned, 2 head(s) per rank, 8 KV heads".
+std::string describeHeads(const TpLayout& layout);
 // Decode context parallelism for people: "DCP 2: each group of 2 ranks holding a head splits its
-// positions, in runs of 1; ranks 0-1 analysed", or empty without it.
+// positions, in runs of 1 (...)", or empty without it.
 std::string describeContextParallel(const KvCacheConfig& config);
 // One line for people: "SlidingWindowSpec (sliding_window 4096), block_size 16, bfloat16, 24 layers,
 // head_size 128", or "MambaSpec, 24 layers, not compared (state-space layers)".

@@ -25,7 +25,7 @@ LayerShards CaptureLoader::readShards(const std::string& promptId, std::size_t s
     LayerShards shards;
     shards.k.resize(std::size_t(config.tpSize));
     shards.v.resize(std::size_t(config.tpSize));
-    for (int rank : config.ranksRead()) {
+    for (int rank : config.layoutOf(layer).ranksRead()) {
         shards.k[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::K, blockIds);
         shards.v[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::V, blockIds);
     }
@@ -84,8 +84,9 @@ LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::
         contributedRanges(spans, m_reader->path(), bundle_path::prompt(promptId) + "/engine");
     const KvCacheConfig& config = m_reader->config();
     const int group = groupOf(layer);
-    SnapshotMerger merger(config.totalNumKvHeads, sequenceLength(promptId), headDimsOf(config.groups[std::size_t(group)]),
-                          int(config.contributingRanks().size()));
+    const KvCacheGroup& g = config.groups[std::size_t(group)];
+    SnapshotMerger merger(g.totalKvHeads, sequenceLength(promptId), headDimsOf(g),
+                          int(config.layout(g).contributingRanks().size()));
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
         if (ranges[s].end > ranges[s].begin)
             merger.add(snapshotSource(promptId, s, layer, problems, sequenceLength(promptId)), ranges[s]);

@@ -99,7 +99,7 @@ void PagedLayout::pin(std::size_t group, std::int64_t logical, std::int32_t phys
 }
 
 RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values,
-                              const CacheScaling& scaling, KvPart part, int rank) const
+                              const CacheScaling& scaling, KvPart part, const TpLayout& layout, int rank) const
 {
     switch (scaling.granularity) {
     case ScaleGranularity::Tensor:
@@ -108,7 +108,7 @@ RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shap
         const std::vector<float>& all = part == KvPart::K ? scaling.kHeads : scaling.vHeads;
         std::vector<float> scales;
         for (int j = 0; j < shape[1]; ++j)
-            scales.push_back(all.at(std::size_t(m_config.headOnRank(rank, j))));
+            scales.push_back(all.at(std::size_t(layout.headOnRank(rank, j))));
         return RawTensor::fromFloat(dtype, shape, values, ScaleGranularity::Head, std::move(scales));
     }
     case ScaleGranularity::TokenGroup:  // fp8_ds_mla: the synth writes no such cache
@@ -137,11 +137,12 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
     snap.blockTables = m_tables;
     snap.keepOnlyReferencedBlocks = keepOnlyReferencedBlocks;
     snap.ranks.resize(std::size_t(m_config.tpSize));
-    const int hpr = m_config.headsPerRank();
     for (std::size_t g = 0; g < m_config.groups.size(); ++g) {
         const KvCacheGroup& group = m_config.groups[g];
         if (group.specType == SpecType::NotCompared)
             continue;
+        const TpLayout layout = m_config.layout(group);
+        const int hpr = layout.headsPerRank();
         for (const std::string& layer : group.layerNames) {
             const LayerKv kv = layerKv(layer);
             const CacheScaling scaling = scalingOf && isQuantised(group.dtype) ? scalingOf(layer) : CacheScaling{};
@@ -172,13 +173,13 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
                             for (int j = 0; j < hpr; ++j) {
                                 const std::size_t dst =
                                     std::size_t(((std::int64_t(phys) * hpr + j) * group.blockSize + slot.offset) * width);
-                                std::copy_n(kv.at(part, m_config.headOnRank(r, j), pos), width,
+                                std::copy_n(kv.at(part, layout.headOnRank(r, j), pos), width,
                                             x[std::size_t(part)].begin() + std::ptrdiff_t(dst));
                             }
                         }
                     }
                     const std::vector<std::int64_t> shape{m_config.numBlocks, hpr, group.blockSize, width};
-                    parts[std::size_t(part)] = encode(group.partDType(part), shape, x[std::size_t(part)], scaling, part, r);
+                    parts[std::size_t(part)] = encode(group.partDType(part), shape, x[std::size_t(part)], scaling, part, layout, r);
                 }
                 snap.ranks[std::size_t(r)][layer] = {std::move(parts[0]), std::move(parts[1])};
             }

@@ -51,7 +51,7 @@ public:
 
 private:
     RawTensor encode(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values,
-                     const CacheScaling& scaling, KvPart part, int rank) const;
+                     const CacheScaling& scaling, KvPart part, const TpLayout& layout, int rank) const;
 
     KvCacheConfig m_config;
     std::int64_t m_seqLen;

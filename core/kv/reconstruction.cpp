@@ -40,7 +40,7 @@ void checkShard(const KvCacheConfig& config, const KvCacheGroup& group, const st
                                            " position(s) has no KV)"
                                      : std::string()));
     const PagedShard& shard = shards[std::size_t(rank)];
-    const std::vector<std::int64_t> expected{std::int64_t(shard.physicalIds.size()), config.headsPerRank(),
+    const std::vector<std::int64_t> expected{std::int64_t(shard.physicalIds.size()), group.numKvHeads,
                                              group.blockSize, group.partWidth(part)};
     if (shard.blocks.shape != expected)
         ctx.fail(what + " has shape " + shapeToString(shard.blocks.shape) + ", the config implies " +
@@ -108,8 +108,9 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
 {
     const ErrorContext ctx{options, layer};
     const KvCacheGroup& group = groupOfLayer(config, layer, ctx);
-    const std::vector<int> ranks = config.contributingRanks();
-    for (int rank : config.ranksRead()) {
+    const TpLayout layout = config.layout(group);
+    const std::vector<int> ranks = layout.contributingRanks();
+    for (int rank : layout.ranksRead()) {
         checkShard(config, group, shards.k, rank, KvPart::K, ctx);
         checkShard(config, group, shards.v, rank, KvPart::V, ctx);
     }
@@ -119,7 +120,7 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
     if (writtenLen < 0)
         ctx.fail("negative sequence length " + std::to_string(writtenLen));
 
-    const int headsPerRank = config.headsPerRank();
+    const int headsPerRank = group.numKvHeads;
     const int heads = headsPerRank * int(ranks.size());
     const HeadDims dims = headDimsOf(group);
     const int blockSize = group.blockSize;
@@ -137,7 +138,7 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
 
     // Per TP rank read: where each physical block sits in its shard.
     std::vector<std::unordered_map<std::int64_t, std::int64_t>> kSlots(shards.k.size()), vSlots(shards.v.size());
-    for (int rank : config.ranksRead()) {
+    for (int rank : layout.ranksRead()) {
         kSlots[std::size_t(rank)] = slotsOf(shards.k[std::size_t(rank)]);
         vSlots[std::size_t(rank)] = slotsOf(shards.v[std::size_t(rank)]);
     }

@@ -19,9 +19,9 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
     const HeadDims dims = headDimsOf(group);
     if (batchRow < 0 || batchRow >= batch)
         fail("batch row " + std::to_string(batchRow) + " outside a batch of " + std::to_string(batch));
-    if (heads != config.totalNumKvHeads)
-        fail(std::to_string(heads) + " heads, the config has total_num_kv_heads " +
-             std::to_string(config.totalNumKvHeads));
+    if (heads != group.totalKvHeads)
+        fail(std::to_string(heads) + " heads, the config has total_num_kv_heads " + std::to_string(group.totalKvHeads) +
+             (group.totalKvHeads != config.totalNumKvHeads ? " for this layer's group" : ""));
     for (KvPart part : {KvPart::K, KvPart::V}) {
         const std::int64_t dim = (part == KvPart::K ? k : v).shape[3];
         if (dim != dims.of(part))

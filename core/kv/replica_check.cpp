@@ -66,9 +66,10 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
     const KvCacheConfig& config = loader.config();
     std::vector<ReplicaDifference> found;
     const int g = config.groupOf(layer);
-    if (config.tpMode() != TpMode::Replicated || g < 0 || !config.isCompared(layer))
+    if (g < 0 || !config.isCompared(layer) || config.layoutOf(layer).mode() != TpMode::Replicated)
         return found;
     const KvCacheGroup& group = config.groups[std::size_t(g)];
+    const TpLayout layout = config.layout(group);
     const PromptInfo& prompt = loader.prompt(promptId);
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s) {
         const SnapshotInfo& snap = prompt.snapshots[s];
@@ -79,13 +80,13 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
             continue;
         const std::int64_t firstHeld = firstHeldPosition(group, written);
         const std::int64_t span = config.positionsPerEntry(group);
-        for (int reads : config.ranksRead()) {
+        for (int reads : layout.ranksRead()) {
             const int dcpRank = config.dcpRankOf(reads);
             std::array<PagedShard, 2> read;
             for (KvPart part : {KvPart::K, KvPart::V})
                 read[std::size_t(part)] = loader.engineShard(promptId, s, reads, layer, part, ids);
             // Its copies: the other ranks holding its heads and the same DCP rank's positions.
-            for (int rank : config.ranksHolding(config.headOnRank(reads, 0), dcpRank)) {
+            for (int rank : layout.ranksHolding(layout.headOnRank(reads, 0), dcpRank)) {
                 if (rank == reads)
                     continue;
                 std::array<PagedShard, 2> copy;

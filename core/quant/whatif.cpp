@@ -120,10 +120,10 @@ WhatIfResult runWhatIf(const CaptureLoader& loader, const WhatIfOptions& options
                 v.assign(schemes, {});
         for (auto& v : w.stats)
             v.assign(schemes, {});
-        for (auto& v : w.headRelL2)
-            v.assign(schemes, std::vector<std::vector<double>>(std::size_t(loader.config().totalNumKvHeads)));
-        w.worst.assign(schemes, {});
         const std::string& layer = result.layers[std::size_t(l)];
+        for (auto& v : w.headRelL2)
+            v.assign(schemes, std::vector<std::vector<double>>(std::size_t(loader.config().layoutOf(layer).totalHeads)));
+        w.worst.assign(schemes, {});
         std::array<float, 2> warmupAmax{0, 0};
         std::vector<double> channelAmax;
         std::vector<float> quantised;

@@ -527,8 +527,10 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
     // The fault's rank: whether it holds head `h` of layer `l`, and which positions (under DCP
     // its DCP rank's share; every one otherwise).
     const auto rankHolds = [&](int l, int h) {
-        const std::vector<int> ranks = config.ranksHolding(h);
-        return config.isCompared(layerName(l)) && std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end();
+        if (!config.isCompared(layerName(l)))
+            return false;
+        const std::vector<int> ranks = config.layoutOf(layerName(l)).ranksHolding(h);
+        return std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end();
     };
     const auto heldByRank = [&](int l) -> std::function<bool(std::int64_t)> {
         const int g = config.groupOf(layerName(l));
@@ -837,7 +839,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
                                                         ? scalings.at(faulty).kHeads : scalings.at(faulty).vHeads;
                     std::vector<float> scales;
                     for (int j = 0; j < part->shape[1]; ++j)
-                        scales.push_back(all[std::size_t(config.headOnRank(r, j))]);
+                        scales.push_back(all[std::size_t(config.layoutOf(faulty).headOnRank(r, j))]);
                     part->setScales(ScaleGranularity::Head, std::move(scales));
                 }
         if (fault.kind == FaultKind::ScaleOtherLayer)  // recorded with its own scale

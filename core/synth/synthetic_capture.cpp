@@ -27,6 +27,11 @@ int headDimOf(const SyntheticCaptureOptions& o, int layer)
     return isSliding(o, layer) && o.slidingHeadDim > 0 ? o.slidingHeadDim : o.headDim;
 }
 
+int kvHeadsOf(const SyntheticCaptureOptions& o, int layer)
+{
+    return isSliding(o, layer) && o.slidingKvHeads > 0 ? o.slidingKvHeads : o.kvHeads;
+}
+
 KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t longest)
 {
     KvCacheGroup sliding, full;
@@ -35,7 +40,8 @@ KvCacheConfig syntheticConfig(const SyntheticCaptureOptions& o, std::int64_t lon
     for (KvCacheGroup* g : {&sliding, &full}) {
         g->slidingWindow = o.alternateSliding ? std::optional<int>(o.slidingWindow) : std::nullopt;
         g->dtype = DType::BFloat16;
-        g->numKvHeads = std::max(1, o.kvHeads / o.tpSize);
+        g->totalKvHeads = g == &sliding && o.slidingKvHeads > 0 ? o.slidingKvHeads : o.kvHeads;
+        g->numKvHeads = std::max(1, g->totalKvHeads / o.tpSize);
         g->headSize = g == &sliding && o.slidingHeadDim > 0 ? o.slidingHeadDim : o.headDim;
     }
     sliding.specType = SpecType::SlidingWindow;
@@ -72,7 +78,8 @@ LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, in
 {
     detmath::NormalSampler n01(o.seed * 1000003 + prompt * 7919 + std::uint64_t(layer) * 104729);
     const int dim = headDimOf(o, layer);
-    LayerData d{LayerKv::absent(o.kvHeads, seqLen, dim), LayerKv::absent(o.kvHeads, seqLen, dim)};
+    const int heads = kvHeadsOf(o, layer);
+    LayerData d{LayerKv::absent(heads, seqLen, dim), LayerKv::absent(heads, seqLen, dim)};
     std::fill(d.baseline.present.begin(), d.baseline.present.end(), 1);
     std::fill(d.engine.present.begin(), d.engine.present.end(), 1);
     for (std::size_t i = 0; i < d.baseline.k.size(); ++i) {
@@ -220,15 +227,15 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
             // HF keeps only window - 1 positions of sliding-window layers.
             const std::int64_t keep = isSliding(o, l) ? std::min<std::int64_t>(seqLen, o.slidingWindow - 1) : seqLen;
             std::vector<float> k, v;
-            const int dim = headDimOf(o, l);
-            k.reserve(std::size_t(o.kvHeads * keep * dim));
+            const int dim = headDimOf(o, l), heads = kvHeadsOf(o, l);
+            k.reserve(std::size_t(heads * keep * dim));
             v.reserve(k.capacity());
-            for (int h = 0; h < o.kvHeads; ++h)
+            for (int h = 0; h < heads; ++h)
                 for (std::int64_t pos = seqLen - keep; pos < seqLen; ++pos) {
                     k.insert(k.end(), base.kAt(h, pos), base.kAt(h, pos) + dim);
                     v.insert(v.end(), base.vAt(h, pos), base.vAt(h, pos) + dim);
                 }
-            const std::vector<std::int64_t> shape{1, o.kvHeads, keep, dim};
+            const std::vector<std::int64_t> shape{1, heads, keep, dim};
             if (o.baseline)
                 writer.addReference(id, ReferenceRole::Baseline, layerName(l), RawTensor::fromFloat(DType::Float32, shape, k),
                                     RawTensor::fromFloat(DType::Float32, shape, v));

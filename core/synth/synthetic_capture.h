@@ -20,6 +20,7 @@ struct SyntheticCaptureOptions {
     int kvHeads = 4;
     int headDim = 32;
     int slidingHeadDim = 0;  // the sliding layers' own head size (0: headDim), as some models have
+    int slidingKvHeads = 0;  // the sliding layers' own KV head count (0: kvHeads), as some models have
     int tpSize = 2;
     int fullBlockSize = 16;
     int slidingBlockSize = 8;

@@ -33,6 +33,7 @@ private:
     QTemporaryDir m_dir;
     std::string m_demo;
     std::string m_mixed;  // the same, its sliding layers with head size 16 (the full ones 32)
+    std::string m_mixedHeads;  // the same, its sliding layers with 1 KV head (replicated on TP 2; the full ones 4)
 };
 
 void TestAnalyzer::initTestCase()
@@ -41,33 +42,49 @@ void TestAnalyzer::initTestCase()
     writeSmallCapture(m_demo);
     m_mixed = m_dir.filePath("mixed.h5").toStdString();
     writeSmallCapture(m_mixed, 16);
+    m_mixedHeads = m_dir.filePath("mixed_heads.h5").toStdString();
+    writeSmallCapture(m_mixedHeads, 0, 1);
 }
 
 void TestAnalyzer::aggregationEqualsPooledErrors_data()
 {
     QTest::addColumn<QStringList>("prompts");
-    QTest::addColumn<bool>("mixedHeadSizes");
-    QTest::newRow("three prompts") << QStringList() << false;
+    QTest::addColumn<int>("mixed");  // 0, 1: groups of different head sizes, 2: of different head counts
+    QTest::newRow("three prompts") << QStringList() << 0;
     // One prompt takes a shorter path (its tokens' own BCs); it must agree all the same.
-    QTest::newRow("one prompt") << QStringList{"prompt_1"} << false;
+    QTest::newRow("one prompt") << QStringList{"prompt_1"} << 0;
     // Groups of different head sizes: each layer compared at its own.
-    QTest::newRow("head sizes 16 and 32") << QStringList() << true;
+    QTest::newRow("head sizes 16 and 32") << QStringList() << 1;
+    // Groups of different KV head counts (one replicated, one partitioned over TP 2): each
+    // layer compared over its own heads, the others absent.
+    QTest::newRow("1 and 4 KV heads") << QStringList() << 2;
 }
 
 void TestAnalyzer::aggregationEqualsPooledErrors()
 {
     QFETCH(QStringList, prompts);
-    QFETCH(bool, mixedHeadSizes);
-    auto reader = std::make_shared<BundleReader>(mixedHeadSizes ? m_mixed : m_demo);
+    QFETCH(int, mixed);
+    auto reader = std::make_shared<BundleReader>(mixed == 2 ? m_mixedHeads : mixed == 1 ? m_mixed : m_demo);
     AnalysisOptions options;
     for (const QString& id : prompts)
         options.prompts.push_back(id.toStdString());
     const AnalysisResult result = analyzeBundle(reader, options);
-    if (mixedHeadSizes)
+    if (mixed == 1)
         for (const PromptAnalysis& p : result.prompts) {
             QCOMPARE(p.layerDims.size(), std::size_t(4));
             QCOMPARE(p.layerDims[0], HeadDims(16));  // sliding
             QCOMPARE(p.layerDims[1], HeadDims(32));  // full
+        }
+    if (mixed == 2)
+        for (const PromptAnalysis& p : result.prompts) {
+            QCOMPARE(p.heads, 4);
+            QCOMPARE(p.layerHeads, (std::vector<int>{1, 4, 1, 4}));
+            for (std::int64_t t = 0; t < p.tokens; ++t)
+                for (int h = 1; h < 4; ++h)  // a sliding layer's heads past its one: absent
+                    QVERIFY(std::isnan(p.value(Metric::KLinf, 2, t, h)) && std::isnan(p.value(Metric::VCos, 0, t, h)));
+            QVERIFY(!p.suspects.empty());  // the fault: layer 3, head 1
+            QCOMPARE(p.suspects.front().firstLayer, std::string("model.layers.3.self_attn"));
+            QCOMPARE(p.suspects.front().heads, std::vector<int>{1});
         }
     const int pooled = prompts.isEmpty() ? 3 : int(prompts.size());
     QVERIFY(result.aggregate);

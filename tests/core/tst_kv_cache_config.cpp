@@ -76,9 +76,9 @@ void TestKvCacheConfig::tpLayout()
     QFETCH(bool, replicated);
     QFETCH(std::vector<int>, ranks);
     const KvCacheConfig cfg = KvCacheConfig::fromJson(configJson(8, tp, total, 4, {{{"l0"}}}));
-    QCOMPARE(cfg.headsPerRank(), perRank);
-    QCOMPARE(cfg.tpMode() == TpMode::Replicated, replicated);
-    QCOMPARE(cfg.contributingRanks(), ranks);
+    QCOMPARE(cfg.layout(cfg.groups[0]).headsPerRank(), perRank);
+    QCOMPARE(cfg.layout(cfg.groups[0]).mode() == TpMode::Replicated, replicated);
+    QCOMPARE(cfg.layout(cfg.groups[0]).contributingRanks(), ranks);
 }
 
 void TestKvCacheConfig::rejects_data()
@@ -232,11 +232,11 @@ void TestKvCacheConfig::mla()
     QCOMPARE(std::string(partLabel(g, KvPart::V)), std::string("k_pe"));
     // TP replicates the latent: one head, on every rank, rank 0's copy read.
     QCOMPARE(cfg.totalNumKvHeads, 1);
-    QCOMPARE(cfg.tpMode(), TpMode::Replicated);
+    QCOMPARE(cfg.layout(cfg.groups[0]).mode(), TpMode::Replicated);
     std::vector<int> every(std::size_t(cfg.tpSize));
     std::iota(every.begin(), every.end(), 0);
-    QCOMPARE(cfg.ranksHolding(0), every);
-    QCOMPARE(cfg.contributingRanks(), std::vector<int>{0});
+    QCOMPARE(cfg.layout(cfg.groups[0]).ranksHolding(0), every);
+    QCOMPARE(cfg.layout(cfg.groups[0]).contributingRanks(), std::vector<int>{0});
     const bool ds = edit.contains("fp8_ds_mla");
     QCOMPARE(g.dsMla, ds);
     QCOMPARE(g.partDType(KvPart::K), ds ? DType::Float8E4M3 : DType::BFloat16);
@@ -301,8 +301,8 @@ void TestKvCacheConfig::dcpSlots()
     // One head on 4 ranks: DCP groups are consecutive ranks; the analysis reads the first group.
     std::vector<int> firstGroup(std::size_t(dcp), 0);
     std::iota(firstGroup.begin(), firstGroup.end(), 0);
-    QCOMPARE(cfg.ranksRead(), firstGroup);
-    QCOMPARE(cfg.ranksHolding(0, dcp - 1), (dcp == 4 ? std::vector<int>{3} : dcp == 2 ? std::vector<int>{1, 3} : std::vector<int>{0, 1, 2, 3}));
+    QCOMPARE(cfg.layout(cfg.groups[0]).ranksRead(), firstGroup);
+    QCOMPARE(cfg.layout(cfg.groups[0]).ranksHolding(0, dcp - 1), (dcp == 4 ? std::vector<int>{3} : dcp == 2 ? std::vector<int>{1, 3} : std::vector<int>{0, 1, 2, 3}));
     // The engine's dict form keeps it.
     QCOMPARE(KvCacheConfig::fromJson(cfg.toJson()).cpInterleave, interleave);
 }

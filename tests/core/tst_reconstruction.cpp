@@ -22,6 +22,7 @@ private slots:
     void decodeContextParallel();
     void missingDcpShareIsAnError();
     void twoGroupsWithDifferentBlockSizes();
+    void groupsWithDifferentHeadCounts();
     void slidingWindowSpecHidesFreedPositions();
     void chunkedLocalHidesEarlierChunks();
     void fullAttentionWithSlidingWindowKeepsAll();
@@ -64,7 +65,7 @@ void TestReconstruction::replicatedIgnoresOtherReplicas()
 {
     // 2 heads over 8 ranks: stride 4, ranks 0 and 4 hold heads 0 and 1. Others are garbage.
     const auto cfg = KvCacheConfig::fromJson(configJson(6, 8, 2, 2, {{{"l0"}, "FullAttentionSpec", 2}}));
-    QCOMPARE(cfg.contributingRanks(), (std::vector<int>{0, 4}));
+    QCOMPARE(cfg.layout(cfg.groups[0]).contributingRanks(), (std::vector<int>{0, 4}));
     const std::vector<std::vector<std::int32_t>> rows{{3, 1, 5}};
     const LayerShards shards = handPagedLayer(cfg, 0, 0, rows, {5}, {1, 2, 3, 5, 6, 7});
     verifyLayer(reconstructLayer(cfg, "l0", shards, table(rows, 3), 0, 5), 0, std::vector<bool>(5, true));
@@ -81,7 +82,7 @@ LayerShards dcpPagedLayer(const KvCacheConfig& cfg, const std::vector<std::int32
                           int dcp, int interleave)
 {
     const KvCacheGroup& g = cfg.groups[0];
-    const int hpr = cfg.headsPerRank(), bs = g.blockSize, dim = g.headSize;
+    const int hpr = cfg.layout(cfg.groups[0]).headsPerRank(), bs = g.blockSize, dim = g.headSize;
     const int copies = cfg.tpSize / cfg.totalNumKvHeads;
     LayerShards shards;
     for (int r = 0; r < cfg.tpSize; ++r)
@@ -163,6 +164,33 @@ void TestReconstruction::missingDcpShareIsAnError()
     shards.v[1].physicalIds[5] = 11;
     expectBundleError([&] { reconstructLayer(cfg, "l0", shards, table({{3, 5}}, 2), 0, 12); },
                       {"physical block 5 is missing from TP rank 1's shard", "DCP rank 1, which holds position 9"});
+}
+
+void TestReconstruction::groupsWithDifferentHeadCounts()
+{
+    // TP 4: group 0 has the model's 8 KV heads (2 per rank), group 1 its own 2 (each on two ranks).
+    std::string json = configJson(8, 4, 8, 2, {{{"l0"}, "FullAttentionSpec", 4}, {{"l1"}, "FullAttentionSpec", 2}});
+    const std::string second = "\"num_kv_heads\": 2, \"head_size\": 2, \"attention_chunk_size\": null}]";
+    json.replace(json.find(second), second.size(),
+                 "\"num_kv_heads\": 1, \"total_num_kv_heads\": 2, \"head_size\": 2, \"attention_chunk_size\": null}]");
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(json);
+    QCOMPARE(cfg.groups[1].totalKvHeads, 2);
+    QCOMPARE(cfg.layout(cfg.groups[1]).contributingRanks(), (std::vector<int>{0, 2}));
+    QCOMPARE(cfg.maxKvHeads(), 8);
+    const std::vector<std::vector<std::int32_t>> rows0{{3, 5}}, rows1{{6, 1, 7}};
+    const LayerKv l0 = reconstructLayer(cfg, "l0", handPagedLayer(cfg, 0, 0, rows0, {6}), table(rows0, 2), 0, 6);
+    QCOMPARE(l0.heads, 8);
+    verifyLayer(l0, 0, std::vector<bool>(6, true));
+    // Ranks 1 and 3 (copies) hold garbage: never read.
+    const LayerKv l1 = reconstructLayer(cfg, "l1", handPagedLayer(cfg, 1, 1, rows1, {6}, {1, 3}), table(rows1, 3), 0, 6);
+    QCOMPARE(l1.heads, 2);
+    verifyLayer(l1, 1, std::vector<bool>(6, true));
+    // The engine's dict form keeps the group's own count.
+    QCOMPARE(KvCacheConfig::fromJson(cfg.toJson()).groups[1].totalKvHeads, 2);
+    // A group whose heads per rank disagree with its own total is refused, naming the group.
+    json.replace(json.find("\"num_kv_heads\": 1, \"total"), 17, "\"num_kv_heads\": 2");
+    expectBundleError([&] { KvCacheConfig::fromJson(json, "b.h5"); },
+                      {"groups[1].num_kv_heads", "disagrees with total_num_kv_heads 2 over tp_size 4"});
 }
 
 void TestReconstruction::twoGroupsWithDifferentBlockSizes()

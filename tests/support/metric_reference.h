@@ -149,11 +149,13 @@ inline double referenceBcVsNoise(const std::vector<double>& base, const std::vec
 }
 
 // A small model-free capture: 4 layers, three prompts, a fault in layer 3, a divergence;
-// `slidingHeadDim`: the sliding layers' own head size (0: the full layers').
-inline void writeSmallCapture(const std::string& path, int slidingHeadDim = 0)
+// `slidingHeadDim`, `slidingKvHeads`: the sliding layers' own head size and KV head count (0:
+// the full layers').
+inline void writeSmallCapture(const std::string& path, int slidingHeadDim = 0, int slidingKvHeads = 0)
 {
     SyntheticCaptureOptions o = demoCaptureOptions();
     o.slidingHeadDim = slidingHeadDim;
+    o.slidingKvHeads = slidingKvHeads;
     o.layers = 4;
     o.promptLens = {20, 31, 26};
     o.decodeTokens = 12;

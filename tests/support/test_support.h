@@ -66,7 +66,7 @@ inline kvscope::LayerShards handPagedLayer(const kvscope::KvCacheConfig& cfg, in
                                            const std::vector<std::int64_t>* layoutFrom = nullptr)
 {
     const kvscope::KvCacheGroup& g = cfg.groups[std::size_t(group)];
-    const int hpr = cfg.headsPerRank();
+    const int hpr = cfg.layout(g).headsPerRank();
     kvscope::LayerShards shards;
     for (int r = 0; r < cfg.tpSize; ++r) {
         for (kvscope::KvPart part : {kvscope::KvPart::K, kvscope::KvPart::V}) {
@@ -91,9 +91,9 @@ inline kvscope::LayerShards handPagedLayer(const kvscope::KvCacheConfig& cfg, in
                         if (pos >= lengths[row] || pos < from)
                             continue;
                         for (int j = 0; j < hpr; ++j) {
-                            const int head = cfg.tpMode() == kvscope::TpMode::Partitioned
+                            const int head = cfg.layout(g).mode() == kvscope::TpMode::Partitioned
                                                  ? r * hpr + j
-                                                 : r / (cfg.tpSize / cfg.totalNumKvHeads);
+                                                 : r / (cfg.tpSize / g.totalKvHeads);
                             for (int d = 0; d < g.headSize; ++d)
                                 at(phys, j, o, d) = trueValue(layerIndex, head, pos, d, part);
                         }

@@ -88,11 +88,19 @@ class RankCaches:
             for entry in _group_entries(group, cache_dtype, _mla_widths(vllm_config.model_config)):
                 entry["vllm_group"] = g  # the block table this group reads
                 groups.append(entry)
+        total = int(vllm_config.model_config.get_total_num_kv_heads())
+        tp = int(parallel.tensor_parallel_size)
+        for entry in groups:
+            # Layers of another KV head count than the model's (per-layer GQA, e.g. DeciLM / Nemotron-NAS):
+            # vLLM's spec gives heads per rank; over TP they are partitioned unless one per rank.
+            if (entry["num_kv_heads"] and not entry["spec_type"].startswith("MLA")
+                    and entry["num_kv_heads"] != max(1, total // tp)):
+                entry["total_num_kv_heads"] = entry["num_kv_heads"] * tp
         self.config = {
             "num_blocks": int(kv_cache_config.num_blocks),
-            "tp_size": int(parallel.tensor_parallel_size),
+            "tp_size": tp,
             "pp_size": int(getattr(parallel, "pipeline_parallel_size", 1)),
-            "total_num_kv_heads": int(vllm_config.model_config.get_total_num_kv_heads()),
+            "total_num_kv_heads": total,
             "dcp_size": int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
             "pcp_size": int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
             "cp_kv_cache_interleave_size": int(getattr(parallel, "cp_kv_cache_interleave_size", 1) or 1),
