@@ -26,6 +26,7 @@ private slots:
     void mla();
     void dcpSlots_data();
     void dcpSlots();
+    void groupHeadCounts();
 };
 
 void TestKvCacheConfig::parsesEngineDict()
@@ -120,6 +121,12 @@ void TestKvCacheConfig::rejects_data()
                                    .replace("\"dcp_size\": 1", "\"dcp_size\": 2, \"cp_kv_cache_interleave_size\": 3");
     QTest::newRow("interleave not dividing the block") << replicated << "cfg.cp_kv_cache_interleave_size"
                                                        << "3 does not divide groups[0].block_size 4";
+    // A group with its own head count: checked against its own total, named by its own field.
+    QTest::newRow("group total not partitioning") << edit("\"num_kv_heads\": 2", "\"num_kv_heads\": 2, \"total_num_kv_heads\": 3")
+                                                  << "cfg.groups[0].total_num_kv_heads" << "3 heads cannot be partitioned over tp_size 2";
+    QTest::newRow("heads per rank against the group's total")
+        << edit("\"num_kv_heads\": 2", "\"num_kv_heads\": 2, \"total_num_kv_heads\": 2") << "cfg.groups[0].num_kv_heads"
+        << "2 per rank disagrees with total_num_kv_heads 2 over tp_size 2";
     QTest::newRow("no groups") << edit("\"groups\": [", "\"groups\": [], \"x\": [") << "cfg.groups" << "non-empty list";
 }
 
@@ -309,3 +316,32 @@ void TestKvCacheConfig::dcpSlots()
 
 QTEST_APPLESS_MAIN(TestKvCacheConfig)
 #include "tst_kv_cache_config.moc"
+
+void TestKvCacheConfig::groupHeadCounts()
+{
+    // Layers of 1 KV head (replicated over TP 4) beside layers of 8 (2 per rank, partitioned).
+    const std::string text = R"({"num_blocks": 8, "tp_size": 4, "total_num_kv_heads": 8, "dcp_size": 1, "pcp_size": 1,
+      "groups": [
+        {"layer_names": ["l0", "l2"], "spec_type": "SlidingWindowSpec", "sliding_window": 8, "block_size": 4,
+         "num_kv_heads": 1, "total_num_kv_heads": 1, "head_size": 4, "dtype": "torch.bfloat16"},
+        {"layer_names": ["l1"], "spec_type": "FullAttentionSpec", "block_size": 4,
+         "num_kv_heads": 2, "head_size": 4, "dtype": "torch.bfloat16"}]})";
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(text);
+    QCOMPARE(cfg.groups[0].totalKvHeads, 1);
+    QCOMPARE(cfg.groups[1].totalKvHeads, 8);
+    QCOMPARE(cfg.maxKvHeads(), 8);
+    const TpLayout sliding = cfg.layoutOf("l2");
+    QCOMPARE(sliding.mode(), TpMode::Replicated);
+    QCOMPARE(sliding.contributingRanks(), std::vector<int>{0});
+    QCOMPARE(sliding.ranksHolding(0), (std::vector<int>{0, 1, 2, 3}));
+    const TpLayout full = cfg.layoutOf("l1");
+    QCOMPARE(full.mode(), TpMode::Partitioned);
+    QCOMPARE(full.headsPerRank(), 2);
+    QCOMPARE(full.ranksHolding(5), std::vector<int>{2});
+    // Written back with the group's own count only where it differs from the config's.
+    const KvCacheConfig again = KvCacheConfig::fromJson(cfg.toJson());
+    QCOMPARE(again.groups[0].totalKvHeads, 1);
+    QCOMPARE(again.groups[1].totalKvHeads, 8);
+    QVERIFY(cfg.toJson().find("\"total_num_kv_heads\":1") != std::string::npos ||
+            cfg.toJson().find("\"total_num_kv_heads\": 1") != std::string::npos);
+}
