@@ -10,6 +10,7 @@ declare -A allowed=(
   [kv]="util format kv"
   [metrics]="util metrics"
   [analysis]="util format kv metrics analysis"
+  [diff]="util format kv metrics analysis diff"
   [synth]="util format kv synth"
   [import]="util format import"
   [quant]="util format kv quant"

@@ -2,6 +2,8 @@
 
 #include "analysis/analyzer.h"
 #include "analysis/suspect_search.h"
+#include "analysis/threshold_check.h"
+#include "diff/capture_diff.h"
 #include "kv/capture_loader.h"
 #include "util/work_team.h"
 #include "gui/main_window.h"
@@ -219,8 +221,8 @@ double bestOf(int runs, const std::vector<std::string>& args, long& peakRssKb, s
 
 int benchRun(const Args& args, std::ostream& out, std::ostream& err)
 {
-    if (args.size() != 3) {
-        err << "kvscope: bench's measuring process takes KIND FILE THREADS\n";
+    if (args.size() != 3 && !(args.size() == 4 && args[0] == "diff")) {
+        err << "kvscope: bench's measuring process takes KIND FILE THREADS (diff: KIND A THREADS B)\n";
         return 2;
     }
     const int threads = std::max(1, std::atoi(args[2].c_str()));
@@ -289,6 +291,19 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         options.team = &team;
         const WhatIfResult result = runWhatIf(loader, options);
         out << seconds(start) << " 0 " << peakRssKb() << " " << result.schemes.size() << "\n";
+        return 0;
+    }
+    if (args[0] == "diff") {
+        // kvscope diff A B as the command runs it: A reduced to its cell ratios, then B, then
+        // the comparison and the change's suspects.
+        AnalysisOptions options;
+        options.threads = threads;
+        options.searchSuspects = false;
+        const DiffSide a = diffSideOf(analyzeForVerdict(std::make_shared<BundleReader>(args[1]), options));
+        const auto reader = std::make_shared<BundleReader>(args[3]);
+        const AnalysisResult b = analyzeForVerdict(reader, options);
+        const DiffResult d = diffAnalyses(a, b, CaptureLoader(reader, UnreadableBlockPolicy::Error), {});
+        out << seconds(start) << " 0 " << peakRssKb() << " " << changeName(d.verdict()) << "\n";
         return 0;
     }
     if (args[0] == "analyze") {
@@ -446,6 +461,19 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
         out << "whatif, four schemes (" << layers << " layers x " << tokens << " tokens): " << std::setprecision(3)
             << whatIf << " s against analyze " << analyzed << " s = " << std::setprecision(2) << whatIf / analyzed
             << "x (goal: at most 2x); RSS " << whatIfRss / 1024 << " MB against " << analyzeRss / 1024 << " MB\n";
+        // kvscope diff of a clean capture (A) against this faulty one (B), against one analyze of B.
+        const std::string clean = (dir / ("bench-clean-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
+        o.faultLayer = -1;
+        writeSyntheticCapture(clean, o);
+        long diffRss = 0;
+        double diffed = 1e300;
+        for (int i = 0; i < runs; ++i)
+            diffed = std::min(diffed, bestOf(1, {"kvscope", "bench-run", "diff", clean, t, path}, diffRss, nullptr));
+        out << "diff, clean A against the faulty B: " << std::setprecision(3) << diffed << " s against analyze of B "
+            << analyzed << " s = " << std::setprecision(2) << diffed / analyzed << "x (goal: at most 2.2x); RSS "
+            << diffRss / 1024 << " MB against " << analyzeRss / 1024 << " MB\n";
+        if (!keep)
+            std::filesystem::remove(clean);
         if (!keep)
             std::filesystem::remove(path);
     }

@@ -34,6 +34,13 @@ const std::vector<Command>& commands()
                   "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
                   "  noise floor; --seed-bc: the reference tool's BC instead\n",
          "pass/fail against thresholds, for CI", check},
+        {"diff", "diff A B [--json OUT] [--max-worse 1.5] [--stat max|p99|median] [--threads N] [--suspect-floor 6]\n"
+                 "  did B get worse than A? Two captures of the same prompts against the same reference (A may\n"
+                 "  be A's analysis JSON), compared cell by cell in noise floors (docs/diff.md): per layer the\n"
+                 "  statistic for A and B, the regressions first, where B is first worse, and the suspects of\n"
+                 "  the change. Exit 0 when B is no worse, 1 with regressions, 2 on unreadable input or captures\n"
+                 "  that do not match\n",
+         "did an engine change make the KV cache worse? A/B in noise floors, for CI", diff},
         {"whatif", "whatif BUNDLE [--schemes fp8_e4m3/tensor,fp8_e4m3/head,int8/token_head,int4/g32 | all] [--json OUT]\n"
                    "       [--maps] [--threads N]\n"
                    "  what storing the reference KV (expected) in fp8, int8, int4 or NVFP4 would cost: per scheme and\n"

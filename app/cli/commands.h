@@ -40,6 +40,7 @@ void addThresholdOptions(OptionParser& parser, Thresholds& thresholds);
 // The commands without Qt, one file each in this folder.
 int analyze(const Args& args, std::ostream& out, std::ostream& err);
 int check(const Args& args, std::ostream& out, std::ostream& err);
+int diff(const Args& args, std::ostream& out, std::ostream& err);
 int inspect(const Args& args, std::ostream& out, std::ostream& err);
 int importDumps(const Args& args, std::ostream& out, std::ostream& err);
 int exportKv(const Args& args, std::ostream& out, std::ostream& err);

@@ -1,6 +1,8 @@
 #include "analysis/analysis_json.h"
 
+#include "analysis/off_floor.h"
 #include "analysis/suspect.h"
+#include "util/content_hash.h"
 #include "util/json_writer.h"
 
 namespace kvscope {
@@ -25,7 +27,9 @@ void writeHypothesis(JsonWriter& w, const Hypothesis& h)
         .endObject();
 }
 
-void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
+}  // namespace
+
+void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects)
 {
     w.array(suspects.size(), [&](std::size_t i) {
         const Suspect& s = suspects[i];
@@ -79,6 +83,8 @@ void writeSuspects(JsonWriter& w, const std::vector<Suspect>& suspects)
     });
 }
 
+namespace {
+
 // Per (layer, token) arrays of `[layer][token]` values, one array per layer.
 void writeLayerRows(JsonWriter& w, const float* data, std::size_t layers, std::size_t perLayer)
 {
@@ -89,6 +95,17 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
 {
     w.beginObject()
         .field("id", p.id)
+        .key("input_ids")
+        .numbers(p.inputIds)
+        .key("reference_fingerprints")
+        .beginObject()
+        .field("expected", hexFingerprint(p.referenceHashes[0]))
+        .key("baseline");
+    if (p.threeWay)
+        w.value(hexFingerprint(p.referenceHashes[1]));
+    else
+        w.null();
+    w.endObject()
         .field("mode", p.threeWay ? "three-way" : "two-way")
         .field("prompt_len", p.promptLen)
         .field("num_tokens", p.tokens)
@@ -132,6 +149,12 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         });
     }
     w.endObject();
+    // What kvscope diff compares: each cell's ratio in floors, the largest over its heads.
+    const CellRatioMaxima ratios = cellRatioMaxima(p);
+    w.key("error_ratios").beginObject();
+    writeLayerRows(w.key("k"), ratios[0].data(), layers, tokens);
+    writeLayerRows(w.key("v"), ratios[1].data(), layers, tokens);
+    w.endObject();
     if (p.threeWay) {
         w.key("bc").beginObject();
         writeLayerRows(w.key("k_bc"), p.bc[0].data(), layers, tokens);
@@ -141,7 +164,7 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         writeLayerRows(w.key("v"), p.bcVsNoise[1].data(), layers, tokens);
         w.endObject();
     }
-    writeSuspects(w.key("suspects"), p.suspects);
+    writeSuspectsJson(w.key("suspects"), p.suspects);
     w.key("replica_differences").array(p.replicaDifferences.size(), [&](std::size_t i) {
         const ReplicaDifference& d = p.replicaDifferences[i];
         w.beginObject()
@@ -217,7 +240,7 @@ void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
                 .field("what", result.notCompared[i].second)
                 .endObject();
         });
-    writeSuspects(w.key("suspects"), result.suspects);
+    writeSuspectsJson(w.key("suspects"), result.suspects);
     w.key("prompts").array(result.prompts.size(), [&](std::size_t i) { writePrompt(w, result.prompts[i]); });
     w.key("aggregate");
     if (result.aggregate)

@@ -9,6 +9,10 @@
 
 namespace kvscope {
 
+class JsonWriter;
+
 void writeAnalysisJson(const AnalysisResult& result, std::ostream& out);
+// Suspects as the analysis writes them (`suspects`), for the documents that list some too.
+void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects);
 
 }  // namespace kvscope

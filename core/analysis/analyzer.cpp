@@ -7,6 +7,7 @@
 #include "format/bundle_error.h"
 #include "kv/block_sharing.h"
 #include "util/buffer_allocator.h"
+#include "util/content_hash.h"
 #include "util/work_team.h"
 
 #include <algorithm>
@@ -53,6 +54,7 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     const KvCacheConfig& config = loader.config();
     PromptAnalysis p;
     p.id = info.id;
+    p.inputIds = info.inputIds;
     p.promptLen = info.promptLen;
     p.tokens = info.snapshots.back().seqLen();
     const KvCacheGroup& group = layers.empty() ? config.firstCompared() : config.groups[std::size_t(config.groupOf(layers.front()))];
@@ -121,6 +123,8 @@ struct LayerInputs {
     // Per prompt, the error reading each side (engine, reference, base); the first is
     // reported, as if the sides were read in that order and the rest then left.
     std::vector<std::array<std::string, 3>> errors;
+    // Per prompt, the fingerprints of the reference sides read: [expected, baseline].
+    std::vector<std::array<std::uint64_t, 2>> referenceHashes;
 
     auto firstError(std::size_t prompt) const
     {
@@ -138,6 +142,7 @@ public:
         , m_result(result)
         , m_sharing(loader, promptIds(result))
         , m_stats(result.prompts.size())
+        , m_referenceHashes(result.prompts.size())
         , m_layerCount(result.prompts.empty() ? 0 : int(result.prompts.front().layers.size()))
     {
         for (std::size_t i = 0; i < result.prompts.size(); ++i) {
@@ -183,6 +188,7 @@ private:
     std::vector<int> m_pooled;                // the three-way prompts
     std::vector<char> m_counted;              // [prompt]: pooled
     std::vector<TokenErrorStats> m_stats;     // per prompt, kept from layer to layer for its buffers
+    std::vector<std::array<ContentHash, 2>> m_referenceHashes;  // per prompt: expected, baseline
     const int m_layerCount;
     int m_layersDone = 0;
     std::atomic<bool> m_failed{false};        // the reads still posted then do nothing
@@ -205,10 +211,13 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
                 in.problems[prompt].push_back(std::string("replicas: ") + e.what());
             }
         }
-        else if (side == 1)
+        else if (side == 1) {
             s.reference = m_loader.referenceSource(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, name);
-        else if (p.threeWay)
+            in.referenceHashes[prompt][p.threeWay ? 1 : 0] = s.reference.contentHash();
+        } else if (p.threeWay) {
             s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name);
+            in.referenceHashes[prompt][0] = s.base.contentHash();
+        }
     } catch (const BundleError& e) {
         in.errors[prompt][std::size_t(side)] = e.what();
     }
@@ -222,6 +231,7 @@ void AnalysisRun::read(LayerInputs& in, int layer, WorkTeam* team)
     in.problems.resize(prompts);
     in.replicas.resize(prompts);
     in.errors.resize(prompts);
+    in.referenceHashes.resize(prompts);
     if (team)
         team->run(int(prompts) * 3, [&](int task, int) { readSide(in, std::size_t(task / 3), task % 3, false); });
     else
@@ -283,6 +293,8 @@ void AnalysisRun::compare(LayerInputs& in)
         p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
         p.replicaDifferences.insert(p.replicaDifferences.end(), in.replicas[pi].begin(), in.replicas[pi].end());
         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
+        for (std::size_t role = 0; role < 2; ++role)  // layer by layer, in order
+            m_referenceHashes[pi][role].add(in.referenceHashes[pi][role]);
     }
     if (cancelled())
         return;
@@ -330,6 +342,10 @@ void AnalysisRun::streamLayers()
     releaseKeptBuffers();
     if (failure)
         std::rethrow_exception(failure);
+    for (std::size_t pi = 0; pi < m_result.prompts.size(); ++pi) {
+        PromptAnalysis& p = m_result.prompts[pi];
+        p.referenceHashes = {m_referenceHashes[pi][0].value(), p.threeWay ? m_referenceHashes[pi][1].value() : 0};
+    }
     if (m_options.cancel && m_options.cancel->load())
         throw AnalysisCancelled();
 }
@@ -402,7 +418,8 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
     AnalysisRun run(loader, options, result);
     run.streamLayers();
     sortFindings(result);
-    run.findAllSuspects();
+    if (options.searchSuspects)
+        run.findAllSuspects();
 }
 
 AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options)

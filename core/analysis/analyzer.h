@@ -33,6 +33,8 @@ struct AnalysisOptions {
     const std::atomic<bool>* cancel = nullptr;
     // When a cell, a layer and so a suspect count as off the noise floor (analysis/suspect_search.h).
     SuspectThresholds suspects;
+    // Whether to look for suspects at all (kvscope diff looks for those of the change instead).
+    bool searchSuspects = true;
 };
 
 class AnalysisCancelled : public std::runtime_error {

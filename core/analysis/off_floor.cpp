@@ -112,8 +112,27 @@ double cleanLevel(const OffFloor& floor, const PromptAnalysis& p, int layer)
     return 1.0;
 }
 
+CellRatioMaxima cellRatioMaxima(const PromptAnalysis& p, WorkTeam* team)
+{
+    const CellRatios ratios(p, team);
+    CellRatioMaxima maxima;
+    for (std::vector<float>& part : maxima)
+        part.assign(p.layers.size() * std::size_t(p.tokens), std::nanf(""));
+    forEachLayer(team, int(p.layers.size()), [&](int l) {
+        for (KvPart part : {KvPart::K, KvPart::V})
+            for (std::int64_t t = 0; t < p.tokens; ++t) {
+                float most = std::nanf("");
+                for (int h = 0; h < p.headsOf(l); ++h)
+                    if (const float r = ratios.at(l, t, h, part); std::isfinite(r) && !(r <= most))
+                        most = r;
+                maxima[std::size_t(part)][std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] = most;
+            }
+    });
+    return maxima;
+}
+
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
-                      WorkTeam* team)
+                      WorkTeam* team, const EarlierRun* earlier)
 {
     OffFloor result{CellRatios(p, team), 0, {}, {}, {}};
     const CellRatios& ratios = result.ratios;
@@ -157,7 +176,7 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
                     const float r = ratios.at(l, t, h, part);
                     if (!std::isfinite(r))
                         continue;
-                    if (r > result.threshold[std::size_t(l)])
+                    if (r > result.threshold[std::size_t(l)] && (!earlier || earlier->allows(p, l, t, part, r)))
                         off[std::size_t(l)].push_back({t, h, part, r});
                 }
     });

@@ -22,6 +22,8 @@
 #include "analysis/suspect.h"
 #include "util/median.h"
 
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -67,6 +69,25 @@ struct OffFloor {
     std::vector<int> affected;                 // the affected layers, in model order
 };
 
+// Every (layer, token) cell's ratio, the largest over its heads: [K/V][layer * tokens + token]
+// (NaN: no data). What kvscope diff compares between two runs, and the analysis JSON's
+// `error_ratios`.
+using CellRatioMaxima = std::array<std::vector<float>, 2>;
+CellRatioMaxima cellRatioMaxima(const PromptAnalysis& p, WorkTeam* team = nullptr);
+
+// kvscope diff: an earlier run of the same prompt (its cellRatioMaxima over this prompt's
+// layers and tokens). A cell then counts as off only where it is also more than `factor`
+// times the earlier run's ratio of that cell; a cell the earlier run has no data for is not.
+struct EarlierRun {
+    const CellRatioMaxima* ratios = nullptr;
+    double factor = 1.5;
+    bool allows(const PromptAnalysis& p, int layer, std::int64_t token, KvPart part, float ratio) const
+    {
+        const float before = (*ratios)[std::size_t(part)][std::size_t(layer) * std::size_t(p.tokens) + std::size_t(token)];
+        return std::isfinite(before) && double(ratio) > factor * double(before);
+    }
+};
+
 // The threshold for `cells` tested: floor + perDecade * log10(cells / 1000), at least floor.
 double offThreshold(double floor, double perDecade, std::int64_t cells);
 
@@ -76,8 +97,10 @@ double cleanLevel(const OffFloor& floor, const PromptAnalysis& p, int layer);
 
 // `layersReady` (optional) limits it to finished layers; with a `team`, its threads share
 // the layers.
+// `earlier` (optional): only cells worse than in that run count (EarlierRun).
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& thresholds,
-                      const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr);
+                      const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr,
+                      const EarlierRun* earlier = nullptr);
 
 // Whether `layer` is finished (`layersReady` null: every layer is).
 inline bool layerIsReady(const std::vector<char>* layersReady, int layer)

@@ -161,10 +161,10 @@ std::string floorsText(double x)
 }  // namespace
 
 std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
-                                  const std::vector<char>* layersReady, WorkTeam* team)
+                                  const std::vector<char>* layersReady, WorkTeam* team, const EarlierRun* earlier)
 {
     const KvCacheConfig& config = loader.config();
-    const OffFloor floor = findOffFloor(p, th, layersReady, team);
+    const OffFloor floor = findOffFloor(p, th, layersReady, team, earlier);
     if (floor.affected.empty())
         return {};
     const Onset onset(p, config, floor, layersReady);

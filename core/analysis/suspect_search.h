@@ -8,6 +8,7 @@
 // evidence of the first that holds, and the attribution (heads, TP ranks, blocks).
 
 #include "analysis/analysis_result.h"
+#include "analysis/off_floor.h"
 #include "analysis/suspect.h"
 
 #include <cstdint>
@@ -21,10 +22,11 @@ class WorkTeam;
 
 // The suspects of one analysed prompt, best first (at most one: its onset). `layersReady`
 // (optional) limits the search to finished layers. With a `team`, its threads share the
-// layers.
+// layers. With `earlier` (kvscope diff), the suspects of what got worse since that run.
 std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& prompt,
                                   const SuspectThresholds& thresholds = {},
-                                  const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr);
+                                  const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr,
+                                  const EarlierRun* earlier = nullptr);
 
 // The bundle's suspects: the prompts' suspects of the same pattern and onset layer pooled
 // (heads, ranks, layers, blocks united; the score the highest), best first.

@@ -1,5 +1,9 @@
 #include "kv/layer_source.h"
 
+#include "util/content_hash.h"
+
+#include <cstring>
+
 namespace kvscope {
 
 LayerSource LayerSource::absent(int heads, std::int64_t seq, HeadDims dims, int runsPerRow)
@@ -91,6 +95,27 @@ LayerSource::Storage LayerSource::storedAs(KvPart part, std::int64_t pos, int he
     const HeadRun& run = runs(part, pos)[head / perRun];
     const std::int64_t first = run.offset + std::int64_t(head % perRun) * run.headStride;
     return {run.tensor->dtype, run.tensor->scaleAt(first), run.tensor->granularity(), run.tensor, first};
+}
+
+std::uint64_t LayerSource::contentHash() const
+{
+    ContentHash hash;
+    hash.add(present.data(), present.size());
+    for (KvPart part : {KvPart::K, KvPart::V}) {
+        const std::size_t dim = std::size_t(headDim(part));
+        hash.add(std::uint64_t(heads) << 32 | dim);
+        forEachSpan(*this, part, 0, seq,
+                    [&](int r, int h, std::int64_t pos, std::int64_t count, const RawTensor& tensor, std::int64_t first) {
+                        const std::size_t size = dtypeSize(tensor.dtype);
+                        hash.add(std::uint64_t(tensor.dtype) << 48 ^ std::uint64_t(r) << 32 ^ std::uint64_t(h) << 24 ^ std::uint64_t(pos));
+                        hash.add(tensor.bytes.data() + std::size_t(first) * size, std::size_t(count) * dim * size);
+                        std::uint32_t scaleBits;
+                        const float scale = tensor.scaleAt(first);
+                        std::memcpy(&scaleBits, &scale, 4);
+                        hash.add(scaleBits);
+                    });
+    }
+    return hash.value();
 }
 
 LayerKv LayerSource::materialize() const

@@ -66,6 +66,9 @@ struct LayerSource {
     void prefetchHeads(KvPart part, std::int64_t begin, std::int64_t end) const;
     // Every position decoded (absent ones NaN).
     LayerKv materialize() const;
+    // A fingerprint of the present positions' values as stored (bytes, dtype, scales, and which
+    // positions are present): equal for two references holding the same data the same way.
+    std::uint64_t contentHash() const;
     // How head `head` of present position `pos` is stored: its dtype and dequantisation scale,
     // one per head row in every granularity but TokenGroup (fp8_ds_mla: one per 128 values),
     // whose value i has scaleOf(i).

@@ -1,0 +1,252 @@
+#include "diff/capture_diff.h"
+
+#include "analysis/off_floor.h"
+#include "analysis/suspect_search.h"
+#include "kv/capture_loader.h"
+#include "util/content_hash.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+namespace kvscope {
+
+namespace {
+
+// What run-to-run noise keeps a layer's p99 and median below, in floors (three-way): the
+// level up to which the suspects call an error explained (SuspectThresholds::explained).
+constexpr double kNoiseStatFloors = 2.0;
+constexpr std::size_t kWorstMoves = 20;
+
+// The statistic of `values` (reordered); NaN for none. Order statistics as median.h takes them
+// (the upper one, no averaging).
+float statistic(std::vector<float>& values, DiffStat stat)
+{
+    if (values.empty())
+        return std::nanf("");
+    std::size_t rank = values.size() - 1;
+    if (stat == DiffStat::Median)
+        rank = values.size() / 2;
+    else if (stat == DiffStat::P99)
+        rank = std::min(values.size() - 1, std::size_t(std::ceil(0.99 * double(values.size()))) - 1);
+    std::nth_element(values.begin(), values.begin() + std::ptrdiff_t(rank), values.end());
+    return values[rank];
+}
+
+std::string describeIds(const std::vector<std::int64_t>& ids)
+{
+    std::string text;
+    for (std::size_t i = 0; i < ids.size() && i < 6; ++i)
+        text += (i ? ", " : "") + std::to_string(ids[i]);
+    return "[" + text + (ids.size() > 6 ? ", ..." : "") + "] (" + std::to_string(ids.size()) + " tokens)";
+}
+
+// A and B must have compared against the same reference, in the same floors.
+void checkComparable(const DiffPrompt& a, const DiffPrompt& b, const std::string& pathA, const std::string& pathB)
+{
+    const std::string names = "prompt " + a.id + " of " + pathA + " and prompt " + b.id + " of " + pathB;
+    if (a.threeWay != b.threeWay)
+        throw DiffMismatch(names + " have the same tokens but one is three-way and the other two-way: their ratios are in "
+                                   "different floors (give both a baseline, or neither)");
+    if (a.tokens != b.tokens)
+        throw DiffMismatch(names + " have the same tokens but " + std::to_string(a.tokens) + " and " +
+                           std::to_string(b.tokens) + " positions");
+    if (a.referenceHashes[0] != b.referenceHashes[0])
+        throw DiffMismatch(names + " were compared against different expected references (fingerprints " +
+                           hexFingerprint(a.referenceHashes[0]) + " and " + hexFingerprint(b.referenceHashes[0]) + ")");
+    if (a.threeWay && a.referenceHashes[1] != b.referenceHashes[1])
+        throw DiffMismatch(names + " were compared against different baselines (fingerprints " +
+                           hexFingerprint(a.referenceHashes[1]) + " and " + hexFingerprint(b.referenceHashes[1]) + ")");
+}
+
+// A's ratios laid over B's layers (NaN where A lacks the layer).
+CellRatioMaxima alignedRatios(const DiffPrompt& a, const DiffPrompt& b)
+{
+    CellRatioMaxima out;
+    for (std::size_t part = 0; part < 2; ++part) {
+        out[part].assign(b.layers.size() * std::size_t(b.tokens), std::nanf(""));
+        for (std::size_t lb = 0; lb < b.layers.size(); ++lb) {
+            const auto found = std::find(a.layers.begin(), a.layers.end(), b.layers[lb]);
+            if (found == a.layers.end())
+                continue;
+            const std::size_t la = std::size_t(found - a.layers.begin());
+            std::copy_n(a.ratios[part].begin() + std::ptrdiff_t(la * std::size_t(a.tokens)), std::size_t(b.tokens),
+                        out[part].begin() + std::ptrdiff_t(lb * std::size_t(b.tokens)));
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+const char* diffStatName(DiffStat stat)
+{
+    switch (stat) {
+    case DiffStat::Max: return "max";
+    case DiffStat::P99: return "p99";
+    case DiffStat::Median: return "median";
+    }
+    return "?";
+}
+
+bool parseDiffStat(const std::string& name, DiffStat& stat)
+{
+    for (DiffStat s : {DiffStat::Max, DiffStat::P99, DiffStat::Median})
+        if (name == diffStatName(s)) {
+            stat = s;
+            return true;
+        }
+    return false;
+}
+
+const char* changeName(Change change)
+{
+    switch (change) {
+    case Change::Same: return "same";
+    case Change::Worse: return "worse";
+    case Change::Better: return "better";
+    }
+    return "?";
+}
+
+Change LayerDiff::verdict() const
+{
+    if (change[0] == Change::Worse || change[1] == Change::Worse)
+        return Change::Worse;
+    if (change[0] == Change::Better || change[1] == Change::Better)
+        return Change::Better;
+    return Change::Same;
+}
+
+int DiffResult::count(Change change) const
+{
+    return int(std::count_if(layers.begin(), layers.end(), [&](const LayerDiff& l) { return l.verdict() == change; }));
+}
+
+DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const CaptureLoader& loaderB, const DiffOptions& options)
+{
+    DiffResult result;
+    result.pathA = a.path;
+    result.pathB = b.bundle;
+    result.aFromAnalysisJson = a.fromAnalysisJson;
+    result.options = options;
+    const DiffSide sideB = diffSideOf(b);
+
+    // Prompts matched by their tokens, in B's order; each A prompt used once.
+    std::vector<char> used(a.prompts.size(), 0);
+    std::vector<std::pair<std::size_t, std::size_t>> pairs;  // (A, B)
+    for (std::size_t ib = 0; ib < sideB.prompts.size(); ++ib) {
+        const DiffPrompt& pb = sideB.prompts[ib];
+        std::size_t ia = 0;
+        while (ia < a.prompts.size() && (used[ia] || a.prompts[ia].inputIds != pb.inputIds || pb.inputIds.empty()))
+            ++ia;
+        if (ia == a.prompts.size()) {
+            result.onlyB.push_back(pb.id);
+            continue;
+        }
+        used[ia] = 1;
+        checkComparable(a.prompts[ia], pb, a.path, b.bundle);
+        pairs.emplace_back(ia, ib);
+        result.matched.emplace_back(a.prompts[ia].id, pb.id);
+    }
+    for (std::size_t ia = 0; ia < a.prompts.size(); ++ia)
+        if (!used[ia])
+            result.onlyA.push_back(a.prompts[ia].id);
+    if (pairs.empty()) {
+        std::string what = "no prompt of " + b.bundle + " has the tokens of a prompt of " + a.path;
+        if (!sideB.prompts.empty() && !a.prompts.empty())
+            what += " (B's " + sideB.prompts.front().id + ": " + describeIds(sideB.prompts.front().inputIds) + "; A's " +
+                    a.prompts.front().id + ": " + describeIds(a.prompts.front().inputIds) + ")";
+        throw DiffMismatch(what + ": they are captures of different prompts");
+    }
+
+    const DiffPrompt& firstB = sideB.prompts[pairs.front().second];
+    result.threeWay = firstB.threeWay;
+    result.layerNamesB = firstB.layers;
+    result.partNames = b.prompts[pairs.front().second].partNames;
+    for (const std::string& name : firstB.layers)
+        if (std::find(a.prompts[pairs.front().first].layers.begin(), a.prompts[pairs.front().first].layers.end(), name) ==
+            a.prompts[pairs.front().first].layers.end())
+            result.layersOnlyB.push_back(name);
+    for (const std::string& name : a.prompts[pairs.front().first].layers)
+        if (std::find(firstB.layers.begin(), firstB.layers.end(), name) == firstB.layers.end())
+            result.layersOnlyA.push_back(name);
+
+    // Per matched prompt: A over B's layers, and B's off-floor thresholds.
+    std::vector<CellRatioMaxima> aligned;
+    std::vector<std::vector<double>> thresholds;
+    for (const auto& [ia, ib] : pairs) {
+        aligned.push_back(alignedRatios(a.prompts[ia], sideB.prompts[ib]));
+        thresholds.push_back(findOffFloor(b.prompts[ib], options.suspects).threshold);
+    }
+
+    std::vector<CellMove> worse;
+    for (std::size_t lb = 0; lb < firstB.layers.size(); ++lb) {
+        if (std::find(result.layersOnlyB.begin(), result.layersOnlyB.end(), firstB.layers[lb]) != result.layersOnlyB.end())
+            continue;
+        LayerDiff layer;
+        layer.name = firstB.layers[lb];
+        layer.layer = int(lb);
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            const std::size_t pi = std::size_t(part);
+            std::vector<float> valuesA, valuesB;
+            double noise = 0;
+            for (std::size_t m = 0; m < pairs.size(); ++m) {
+                const DiffPrompt& pb = sideB.prompts[pairs[m].second];
+                const double threshold = thresholds[m][lb];
+                noise = std::max(noise, threshold);
+                for (std::int64_t t = 0; t < pb.tokens; ++t) {
+                    const std::size_t at = lb * std::size_t(pb.tokens) + std::size_t(t);
+                    const float ra = aligned[m][pi][at], rb = pb.ratios[pi][at];
+                    if (!std::isfinite(ra) || !std::isfinite(rb))
+                        continue;
+                    valuesA.push_back(ra);
+                    valuesB.push_back(rb);
+                    if (rb > threshold && double(rb) > options.maxWorse * double(ra)) {
+                        ++layer.worseCells[pi];
+                        const CellMove move{pb.id, int(lb), t, part, ra, rb};
+                        worse.push_back(move);
+                        if (!layer.firstWorse || t < layer.firstWorse->token)
+                            layer.firstWorse = move;
+                    } else if (ra > threshold && double(ra) > options.maxWorse * double(rb)) {
+                        ++layer.betterCells[pi];
+                    }
+                }
+            }
+            layer.cells[pi] = std::int64_t(valuesA.size());
+            layer.statA[pi] = statistic(valuesA, options.stat);
+            layer.statB[pi] = statistic(valuesB, options.stat);
+            layer.noise[pi] = options.stat == DiffStat::Max || !result.threeWay ? noise : kNoiseStatFloors;
+            const double sa = layer.statA[pi], sb = layer.statB[pi];
+            if (sb > layer.noise[pi] && sb > options.maxWorse * sa)
+                layer.change[pi] = Change::Worse;
+            else if (sa > layer.noise[pi] && sa > options.maxWorse * sb)
+                layer.change[pi] = Change::Better;
+        }
+        result.layers.push_back(std::move(layer));
+    }
+
+    for (const LayerDiff& layer : result.layers)
+        if (layer.verdict() == Change::Worse) {
+            result.firstWorse = layer.firstWorse;
+            if (!result.firstWorse)
+                result.firstWorse = CellMove{{}, layer.layer, -1, KvPart::K, 0, 0};  // a broad shift, no cell beyond noise
+            break;
+        }
+    std::sort(worse.begin(), worse.end(), [](const CellMove& x, const CellMove& y) {
+        return std::make_tuple(-x.b, x.layer, x.token, int(x.part)) < std::make_tuple(-y.b, y.layer, y.token, int(y.part));
+    });
+    worse.resize(std::min(worse.size(), kWorstMoves));
+    result.worstMoves = std::move(worse);
+
+    // The suspects of the change: B's, among the cells that got worse.
+    std::vector<std::vector<Suspect>> perPrompt;
+    for (std::size_t m = 0; m < pairs.size(); ++m) {
+        const EarlierRun earlier{&aligned[m], options.maxWorse};
+        perPrompt.push_back(findSuspects(loaderB, b.prompts[pairs[m].second], options.suspects, nullptr, nullptr, &earlier));
+    }
+    result.suspects = poolSuspects(perPrompt);
+    return result;
+}
+
+}  // namespace kvscope

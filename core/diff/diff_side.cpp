@@ -1,0 +1,162 @@
+#include "diff/diff_side.h"
+
+#include "format/bundle_error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace kvscope {
+
+namespace {
+
+using Json = nlohmann::json;
+
+DiffPrompt diffPromptOf(const PromptAnalysis& p)
+{
+    DiffPrompt d;
+    d.id = p.id;
+    d.inputIds = p.inputIds;
+    d.promptLen = p.promptLen;
+    d.tokens = p.tokens;
+    d.threeWay = p.threeWay;
+    d.referenceHashes = p.referenceHashes;
+    d.layers = p.layers;
+    d.ratios = cellRatioMaxima(p);
+    return d;
+}
+
+// Reads the analysis JSON's fields, naming the one that is wrong.
+class JsonFields {
+public:
+    JsonFields(std::string path) : m_path(std::move(path)) {}
+
+    const Json& at(const Json& object, const char* key, const std::string& where) const
+    {
+        if (!object.is_object() || !object.contains(key))
+            fail(where + key, "missing");
+        return object[key];
+    }
+    std::int64_t integer(const Json& object, const char* key, const std::string& where) const
+    {
+        const Json& v = at(object, key, where);
+        if (!v.is_number_integer())
+            fail(where + key, "must be an integer");
+        return v.get<std::int64_t>();
+    }
+    std::string text(const Json& object, const char* key, const std::string& where) const
+    {
+        const Json& v = at(object, key, where);
+        if (!v.is_string())
+            fail(where + key, "must be a string");
+        return v.get<std::string>();
+    }
+    std::uint64_t fingerprint(const Json& v, const std::string& where) const
+    {
+        if (v.is_null())
+            return 0;
+        const std::string text = v.is_string() ? v.get<std::string>() : std::string();
+        if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
+            fail(where, "must be 16 hex digits");
+        return std::stoull(text, nullptr, 16);
+    }
+    // [layer][token] numbers or nulls (NaN), `layers` x `tokens`.
+    std::vector<float> layerRows(const Json& v, std::size_t layers, std::int64_t tokens, const std::string& where) const
+    {
+        if (!v.is_array() || v.size() != layers)
+            fail(where, "must hold " + std::to_string(layers) + " layers");
+        std::vector<float> out;
+        out.reserve(layers * std::size_t(tokens));
+        for (std::size_t l = 0; l < layers; ++l) {
+            const Json& row = v[l];
+            if (!row.is_array() || row.size() != std::size_t(tokens))
+                fail(where + "[" + std::to_string(l) + "]", "must hold " + std::to_string(tokens) + " tokens");
+            for (const Json& x : row) {
+                if (!x.is_null() && !x.is_number())
+                    fail(where + "[" + std::to_string(l) + "]", "holds something that is neither a number nor null");
+                out.push_back(x.is_null() ? std::nanf("") : x.get<float>());
+            }
+        }
+        return out;
+    }
+    [[noreturn]] void fail(const std::string& object, const std::string& problem) const
+    {
+        throw BundleError(m_path, object, problem);
+    }
+
+private:
+    std::string m_path;
+};
+
+}  // namespace
+
+DiffSide diffSideOf(const AnalysisResult& result)
+{
+    DiffSide side;
+    side.path = result.bundle;
+    side.problems = result.problems;
+    for (const PromptAnalysis& p : result.prompts)
+        side.prompts.push_back(diffPromptOf(p));
+    return side;
+}
+
+DiffSide readDiffSide(const std::string& jsonPath)
+{
+    const JsonFields f(jsonPath);
+    std::ifstream file(jsonPath, std::ios::binary);
+    if (!file)
+        f.fail("", "cannot be opened");
+    Json doc = Json::parse(file, nullptr, false);
+    if (doc.is_discarded())
+        f.fail("", "is not valid JSON");
+    if (!doc.is_object() || !doc.contains("format") || doc["format"] != "kvscope-analysis")
+        f.fail("format", "is not \"kvscope-analysis\": not an analysis written by kvscope analyze --json");
+    DiffSide side;
+    side.path = jsonPath;
+    side.fromAnalysisJson = true;
+    if (doc.contains("problems") && doc["problems"].is_array())
+        for (const Json& p : doc["problems"])
+            if (p.is_string())
+                side.problems.push_back(p.get<std::string>());
+    const Json& prompts = f.at(doc, "prompts", "");
+    if (!prompts.is_array())
+        f.fail("prompts", "must be an array");
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+        const Json& p = prompts[i];
+        const std::string where = "prompts[" + std::to_string(i) + "].";
+        DiffPrompt d;
+        d.id = f.text(p, "id", where);
+        if (!p.contains("error_ratios") || !p.contains("input_ids"))
+            f.fail(where + "error_ratios",
+                   "missing: this analysis was written by a kvscope older than diff; run kvscope analyze --json again");
+        for (const Json& id : f.at(p, "input_ids", where)) {
+            if (!id.is_number_integer())
+                f.fail(where + "input_ids", "must hold integers");
+            d.inputIds.push_back(id.get<std::int64_t>());
+        }
+        d.promptLen = f.integer(p, "prompt_len", where);
+        d.tokens = f.integer(p, "num_tokens", where);
+        if (d.tokens < 0 || d.tokens > (std::int64_t(1) << 24))
+            f.fail(where + "num_tokens", "outside 0..2^24");
+        d.threeWay = f.text(p, "mode", where) == "three-way";
+        const Json& fingerprints = f.at(p, "reference_fingerprints", where);
+        d.referenceHashes[0] = f.fingerprint(f.at(fingerprints, "expected", where + "reference_fingerprints."),
+                                             where + "reference_fingerprints.expected");
+        d.referenceHashes[1] = f.fingerprint(f.at(fingerprints, "baseline", where + "reference_fingerprints."),
+                                             where + "reference_fingerprints.baseline");
+        for (const Json& name : f.at(p, "layer_names", where)) {
+            if (!name.is_string())
+                f.fail(where + "layer_names", "must hold strings");
+            d.layers.push_back(name.get<std::string>());
+        }
+        const Json& ratios = f.at(p, "error_ratios", where);
+        d.ratios[0] = f.layerRows(f.at(ratios, "k", where + "error_ratios."), d.layers.size(), d.tokens, where + "error_ratios.k");
+        d.ratios[1] = f.layerRows(f.at(ratios, "v", where + "error_ratios."), d.layers.size(), d.tokens, where + "error_ratios.v");
+        side.prompts.push_back(std::move(d));
+    }
+    return side;
+}
+
+}  // namespace kvscope

@@ -1,0 +1,45 @@
+#pragma once
+// One side of kvscope diff: per prompt what the comparison needs (its tokens, the fingerprints
+// of its reference, and each cell's ratio in floors), from an analysis just run or read back
+// from its JSON (kvscope analyze --json), so that a CI job can keep last week's analysis
+// instead of last week's capture.
+
+#include "analysis/analysis_result.h"
+#include "analysis/off_floor.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct DiffPrompt {
+    std::string id;
+    std::vector<std::int64_t> inputIds;
+    std::int64_t promptLen = 0;
+    std::int64_t tokens = 0;
+    bool threeWay = false;
+    std::array<std::uint64_t, 2> referenceHashes{};  // [expected, baseline] (util/content_hash.h)
+    std::vector<std::string> layers;
+    CellRatioMaxima ratios;  // [K/V][layer * tokens + token], in floors
+
+    float ratio(KvPart part, int layer, std::int64_t token) const
+    {
+        return ratios[std::size_t(part)][std::size_t(layer) * std::size_t(tokens) + std::size_t(token)];
+    }
+};
+
+struct DiffSide {
+    std::string path;
+    bool fromAnalysisJson = false;
+    std::vector<DiffPrompt> prompts;
+    std::vector<std::string> problems;  // prompts the analysis could not analyse at all
+};
+
+DiffSide diffSideOf(const AnalysisResult& result);
+// An analysis JSON document (docs/analysis-json.md); BundleError naming the file and the field
+// when it is not one, or predates what diff needs.
+DiffSide readDiffSide(const std::string& jsonPath);
+
+}  // namespace kvscope
