@@ -299,6 +299,7 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         AnalysisOptions options;
         options.threads = threads;
         options.searchSuspects = false;
+        options.bc = false;
         const DiffSide a = diffSideOf(analyzeForVerdict(std::make_shared<BundleReader>(args[1]), options));
         const auto reader = std::make_shared<BundleReader>(args[3]);
         const AnalysisResult b = analyzeForVerdict(reader, options);

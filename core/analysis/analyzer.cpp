@@ -286,7 +286,8 @@ void AnalysisRun::compare(LayerInputs& in)
             m_stats[pi].pooledElsewhere =
                 m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.layer)], p.tokens, m_counted);
             const LayerRows base(s.base);
-            compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, &m_stats[pi], team());
+            compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, m_options.bc ? &m_stats[pi] : nullptr, team(),
+                         m_options.bc);
         } else if (s.ok) {
             compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, team());
         }
@@ -409,7 +410,8 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
         else
             result.problems.insert(result.problems.end(), info->problems.begin(), info->problems.end());
     }
-    result.aggregate = emptyAggregate(result.prompts, layers);
+    if (options.bc)
+        result.aggregate = emptyAggregate(result.prompts, layers);
     return result;
 }
 

@@ -35,6 +35,9 @@ struct AnalysisOptions {
     SuspectThresholds suspects;
     // Whether to look for suspects at all (kvscope diff looks for those of the change instead).
     bool searchSuspects = true;
+    // Whether to compute the BCs, per token and pooled (kvscope diff needs only the metrics):
+    // without, they stay NaN and the result has no aggregate.
+    bool bc = true;
 };
 
 class AnalysisCancelled : public std::runtime_error {

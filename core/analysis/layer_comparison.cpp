@@ -129,7 +129,7 @@ void storeQuantisationFloor(const RowView& reference, const RowView& quantised, 
 // only, and to the stats' stores of `member` (the team member running it).
 void compareTokens(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer, PromptAnalysis& out,
                    std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int member, std::int64_t begin,
-                   std::int64_t end)
+                   std::int64_t end, bool withBc)
 {
     std::uint64_t scratch[2][kBcBins];
     LayerRows::Tile tiles[3][2];  // [reference, actual, base][part]
@@ -173,7 +173,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             const RowView quantisedRow = quantised ? quantiseRow(base ? baseRow : referenceRow, actual, part, t) : RowView{};
             if (quantisedRow.data)
                 storeQuantisationFloor(referenceRow, quantisedRow, reference.heads(), dim, part, t, layer, out);
-            if (!base || !finite)
+            if (!base || !finite || !withBc)
                 continue;  // the token's BC stays NaN, its range empty: aggregates leave it out
             // BC between |baseline - expected| (as a quantised cache stores it) and
             // |baseline - actual| over all heads.
@@ -219,7 +219,8 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
 }  // namespace
 
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
-                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, WorkTeam* team)
+                  PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, WorkTeam* team,
+                  bool withBc)
 {
     auto sameShape = [](const LayerRows& a, const LayerRows& b) {
         return a.heads() == b.heads() && a.seq() == b.seq() && a.dims() == b.dims();
@@ -237,7 +238,7 @@ void compareLayer(const LayerRows& reference, const LayerRows& actual, const Lay
     std::vector<std::vector<NonFiniteCell>> found(static_cast<std::size_t>(chunks));
     auto compareChunk = [&](int chunk, int member) {
         const std::int64_t begin = chunk * kCompareChunk, end = std::min(tokens, begin + kCompareChunk);
-        compareTokens(reference, actual, base, layer, out, found[std::size_t(chunk)], stats, member, begin, end);
+        compareTokens(reference, actual, base, layer, out, found[std::size_t(chunk)], stats, member, begin, end, withBc);
     };
     if (team)
         team->run(chunks, compareChunk);

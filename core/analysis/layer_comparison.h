@@ -75,12 +75,13 @@ struct TokenErrorStats {
 // only that layer's cells are touched, so layers may be compared concurrently. Cells whose
 // input holds NaN or infinity stay NaN and are listed in `nonFinite`, in token order; such a
 // token has no BC for that part (NaN), and aggregates leave it out.
-// With a `team`, its threads compare chunks of kCompareChunk tokens.
+// With a `team`, its threads compare chunks of kCompareChunk tokens. Without `withBc`, the
+// BCs stay NaN (kvscope diff needs only the metrics).
 // Throws std::invalid_argument when the shapes of the sides differ.
 inline constexpr std::int64_t kCompareChunk = 64;
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
-                  WorkTeam* team = nullptr);
+                  WorkTeam* team = nullptr, bool withBc = true);
 inline void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
                          PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
                          WorkTeam* team = nullptr)

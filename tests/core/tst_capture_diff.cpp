@@ -18,7 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 using namespace kvscope;
@@ -77,6 +79,7 @@ private slots:
     void analysisJsonStandsForA();
     void capturesThatDoNotMatchAreRefused();
     void exitCodes();
+    void metricsWithoutBcAreTheSame();
 
 private:
     std::string path(const std::string& name) const { return m_dir.filePath(QString::fromStdString(name)).toStdString(); }
@@ -288,6 +291,27 @@ void TestCaptureDiff::exitCodes()
     QCOMPARE(run({a, b, "--stat", "mean"}, &text), 2);
     QCOMPARE(run({a, b, "--max-worse", "0.5"}), 2);
     QCOMPARE(run({a, b, "--stat", "median"}), 0);
+}
+
+void TestCaptureDiff::metricsWithoutBcAreTheSame()
+{
+    // diff analyses without the BCs: the metrics must be the very same bits.
+    const auto reader = std::make_shared<BundleReader>(path("json_b.h5"));
+    AnalysisOptions without;
+    without.bc = false;
+    const AnalysisResult full = analyzeBundle(reader), lean = analyzeBundle(reader, without);
+    QVERIFY(full.aggregate && !lean.aggregate);
+    for (std::size_t p = 0; p < full.prompts.size(); ++p) {
+        for (int m = 0; m < kMetricCount; ++m) {
+            const FloatBuffer& x = full.prompts[p].metrics[std::size_t(m)];
+            const FloatBuffer& y = lean.prompts[p].metrics[std::size_t(m)];
+            QCOMPARE(x.size(), y.size());
+            QVERIFY(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+        }
+        for (const FloatBuffer& bc : lean.prompts[p].bc)
+            QVERIFY(std::all_of(bc.begin(), bc.end(), [](float v) { return std::isnan(v); }));
+        QVERIFY(full.prompts[p].referenceHashes == lean.prompts[p].referenceHashes);
+    }
 }
 
 QTEST_GUILESS_MAIN(TestCaptureDiff)
