@@ -300,7 +300,7 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         options.threads = threads;
         options.searchSuspects = false;
         options.bc = false;
-        const DiffSide a = diffSideOf(analyzeForVerdict(std::make_shared<BundleReader>(args[1]), options));
+        const DiffSide a = loadDiffSide(args[1], options);
         const auto reader = std::make_shared<BundleReader>(args[3]);
         const AnalysisResult b = analyzeForVerdict(reader, options);
         const DiffResult d = diffAnalyses(a, b, CaptureLoader(reader, UnreadableBlockPolicy::Error), {});

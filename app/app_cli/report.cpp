@@ -3,6 +3,7 @@
 #include "analysis/threshold_check.h"
 #include "report/drawing_application.h"
 #include "report/report_writer.h"
+#include "diff/diff_side.h"
 
 #include "util/work_team.h"
 
@@ -20,6 +21,8 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
     parser.operand("BUNDLE", bundle);
     parser.requiredText({"-o", "--output"}, "DIR", dir);
     addThresholdOptions(parser, t);
+    std::string against;
+    parser.text({"--against"}, against);
     bool withWhatIf = true;
     parser.flag("--no-whatif", [&withWhatIf] { withWhatIf = false; });
     if (!parser.parse(args, err))
@@ -38,7 +41,17 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
             whatIfOptions.team = &team;
             whatIf = runWhatIf(loader, whatIfOptions);
         }
-        const ReportFiles files = writeReport(loader, result, t, QString::fromStdString(dir), whatIf ? &*whatIf : nullptr);
+        std::optional<DiffResult> comparison;
+        if (!against.empty()) {  // A's side as kvscope diff takes it
+            AnalysisOptions lean = options;
+            lean.searchSuspects = false;
+            lean.bc = false;
+            DiffOptions diffOptions;
+            diffOptions.suspects = t.suspects;
+            comparison = diffAnalyses(loadDiffSide(against, lean), result, loader, diffOptions);
+        }
+        const ReportFiles files = writeReport(loader, result, t, QString::fromStdString(dir), whatIf ? &*whatIf : nullptr,
+                                              comparison ? &*comparison : nullptr);
         out << "wrote " << files.html.toStdString() << " (" << files.htmlBytes / 1024 << " KiB) and "
                   << files.images.size() << " PNG images\n";
     } catch (const std::exception& e) {

@@ -24,9 +24,11 @@ const std::vector<Command>& commands()
                     "  --strict       an unreadable block is an error instead of absent positions\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
         {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
-                   "       [--no-whatif]\n"
+                   "       [--no-whatif] [--against A]\n"
                    "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md),\n"
-                   "  and what fp8 / int8 / int4 caches would cost (kvscope whatif's default schemes)\n",
+                   "  and what fp8 / int8 / int4 caches would cost (kvscope whatif's default schemes)\n"
+                   "  --against A  BUNDLE compared with A (a capture, or its analysis JSON) first, as kvscope diff\n"
+                   "               does: the regressions, the suspects of the change, B - A and both maps\n",
          "a self-contained HTML report with PNG maps", nullptr},
         {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
                   "      [--suspect-drift-two-way 20] [--json OUT]\n"

@@ -16,16 +16,6 @@ namespace kvscope::cli {
 
 namespace {
 
-// An analysis JSON stands for A when the file starts with '{' (a bundle starts with HDF5's signature).
-bool isAnalysisJson(const std::string& path)
-{
-    std::ifstream file(path, std::ios::binary);
-    char c = 0;
-    while (file.get(c) && (c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
-    }
-    return file && c == '{';
-}
-
 std::string floors(double x)
 {
     std::ostringstream s;
@@ -141,8 +131,7 @@ int diff(const Args& args, std::ostream& out, std::ostream& err)
     try {
         // A first, reduced to what the comparison needs, so that only one analysis is held at a time.
         // Strict, as check is: a part of either capture that cannot be read is not a pass.
-        const DiffSide a = isAnalysisJson(pathA) ? readDiffSide(pathA)
-                                                 : diffSideOf(analyzeForVerdict(std::make_shared<BundleReader>(pathA), options));
+        const DiffSide a = loadDiffSide(pathA, options);
         const auto reader = std::make_shared<BundleReader>(pathB);
         const AnalysisResult b = analyzeForVerdict(reader, options);
         const DiffResult d = diffAnalyses(a, b, CaptureLoader(reader, UnreadableBlockPolicy::Error), diffOptions);

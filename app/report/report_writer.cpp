@@ -5,6 +5,7 @@
 #include "analysis/suspect.h"
 #include "widgets/heatmap_view.h"
 #include "analysis/worst_cells.h"
+#include "diff/diff_maps.h"
 #include "util/json_writer.h"
 #include "util/version.h"
 
@@ -103,7 +104,7 @@ void writeScalesJson(JsonWriter& w)
 {
     const auto rgb = [&](Rgb c) { w.beginArray().value(c.r).value(c.g).value(c.b).endArray(); };
     w.beginObject();
-    for (ScaleKind kind : {ScaleKind::Error, ScaleKind::Ratio, ScaleKind::Bc}) {
+    for (ScaleKind kind : {ScaleKind::Error, ScaleKind::Ratio, ScaleKind::Bc, ScaleKind::Change}) {
         const std::vector<ColorStop>& stops = colorStops(kind);
         w.key(scaleName(kind)).array(stops.size(), [&](std::size_t i) {
             w.beginArray().value(stops[i].at);
@@ -134,10 +135,24 @@ void renderPng(const ReportMap& m, const QString& path)
 }
 
 // Every map of the report: per prompt its metrics for K and V, and the across-prompt BCs.
-std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisResult& result)
+std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisResult& result, const DiffResult* against)
 {
     const KvCacheConfig& cfg = loader.config();
     std::vector<ReportMap> maps;
+    if (against)  // per matched prompt: B - A, then A's and B's ratios, K and V
+        for (std::size_t m = 0; m < against->maps.size(); ++m) {
+            const std::string& id = against->maps[m].b;
+            const auto prompt = std::find_if(result.prompts.begin(), result.prompts.end(),
+                                             [&](const PromptAnalysis& p) { return p.id == id; });
+            for (const auto& [kind, key] : {std::pair{DiffMapKind::Change, "change"}, std::pair{DiffMapKind::A, "a"},
+                                            std::pair{DiffMapKind::B, "b"}})
+                for (KvPart part : {KvPart::K, KvPart::V}) {
+                    const HeatmapGrid full = diffHeatmap(*against, m, part, kind);
+                    maps.push_back({"against_" + id + "_" + against->partNames[std::size_t(part)] + "_" + key,
+                                    diffMapSpec(cfg, *against, m, part, kind, *prompt, loader.prompt(id)),
+                                    poolColumns(full, 0, full.columns, kMaxReportColumns, false)});
+                }
+        }
 
     for (const PromptAnalysis& p : result.prompts) {
         std::vector<std::pair<HeatmapMetric, const char*>> metrics{{HeatmapMetric::RelLinf, "linf"}, {HeatmapMetric::RelL2, "l2"}};
@@ -185,15 +200,12 @@ void writeMapBlocks(QTextStream& out, const std::vector<ReportMap>& maps, const 
 }
 
 // The report opens with where the bug is and what kind it is (docs/suspects.md).
-void writeSuspects(QTextStream& out, const AnalysisResult& result)
+void writeSuspectTable(QTextStream& out, const std::vector<Suspect>& suspects, const AnalysisResult& result)
 {
-    out << "<h2>Suspects</h2>";
-    if (result.suspects.empty())
-        out << "<p>None: nothing leaves the noise floor of its dtype.</p>";
-    else {
+    {
         out << "<table><tr><th>pattern</th><th>explanation (residual, floors)</th><th>score</th><th>first layer</th>"
                "<th>tokens</th><th>heads</th><th>TP ranks</th><th>prompts</th><th>evidence</th></tr>";
-        for (const Suspect& s : result.suspects) {
+        for (const Suspect& s : suspects) {
             QStringList heads, ranks, prompts;
             for (const std::string& id : s.prompts)
                 prompts << QString::fromStdString(id);
@@ -224,6 +236,59 @@ void writeSuspects(QTextStream& out, const AnalysisResult& result)
         }
         out << "</table>";
     }
+}
+
+void writeSuspects(QTextStream& out, const AnalysisResult& result)
+{
+    out << "<h2>Suspects</h2>";
+    if (result.suspects.empty())
+        out << "<p>None: nothing leaves the noise floor of its dtype.</p>";
+    else
+        writeSuspectTable(out, result.suspects, result);
+}
+
+QString floorsText(double x)
+{
+    return std::isfinite(x) ? QString::number(x, 'g', x < 10 ? 2 : 3) : QStringLiteral("no data");
+}
+
+// kvscope report --against: the comparison with A first (docs/diff.md), with its maps.
+void writeComparison(QTextStream& out, const DiffResult& d, const AnalysisResult& result, const std::vector<ReportMap>& maps)
+{
+    const int worse = d.count(Change::Worse), better = d.count(Change::Better);
+    out << "<h2>Against A</h2><div>A: " << html(d.pathA) << (d.aFromAnalysisJson ? " (analysis)" : "") << "</div><p>"
+        << d.matched.size() << " prompt(s) matched by their tokens, the same reference (fingerprints). Per layer the "
+        << diffStatName(d.options.stat) << " of the cells' error ratio in floors; worse: above what noise reaches and more than "
+        << d.options.maxWorse << "x A's. Result: <span class=" << (worse ? "fail>B is worse in " + QString::number(worse) + " layer(s)"
+                                                                   : better ? "pass>B is no worse, and better in " + QString::number(better) + " layer(s)"
+                                                                            : "pass>B is no worse")
+        << "</span></p>";
+    if (!d.onlyA.empty() || !d.onlyB.empty())
+        out << "<p>Not matched (left out): " << d.onlyA.size() << " prompt(s) of A, " << d.onlyB.size() << " of B.</p>";
+    if (worse) {
+        out << "<h3>Regressions</h3><table><tr><th>layer</th><th>part</th><th>A</th><th>B</th><th>B / A</th><th>cells worse</th></tr>";
+        for (const LayerDiff& l : d.layers)
+            for (std::size_t p = 0; p < 2; ++p)
+                if (l.change[p] == Change::Worse)
+                    out << "<tr class=fail><td>" << html(l.name) << "</td><td>" << html(d.partNames[p]) << "</td><td>"
+                        << floorsText(l.statA[p]) << "</td><td>" << floorsText(l.statB[p]) << "</td><td>"
+                        << floorsText(l.statB[p] / l.statA[p]) << "</td><td>" << l.worseCells[p] << " of " << l.cells[p] << "</td></tr>";
+        out << "</table>";
+        if (d.firstWorse) {
+            const CellMove& c = *d.firstWorse;
+            out << "<p>First worse: " << html(d.layerNamesB[std::size_t(c.layer)]);
+            if (c.token >= 0)
+                out << ", token " << c.token << " of prompt " << html(c.prompt) << " (" << html(d.partNames[std::size_t(c.part)])
+                    << ": " << floorsText(c.a) << " &rarr; " << floorsText(c.b) << " floors)";
+            out << "</p>";
+        }
+        out << "<h3>Suspects of the change</h3>";
+        if (d.suspects.empty())
+            out << "<p>None: no cell got worse beyond noise (the statistic moved broadly).</p>";
+        else
+            writeSuspectTable(out, d.suspects, result);
+    }
+    writeMapBlocks(out, maps, "against_");
 }
 
 // The what-if: a verdict per scheme, and the layer x scheme table of median errors in floors.
@@ -404,12 +469,12 @@ QColor whatIfColour(double floorRatio)
 }
 
 ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
-                        const QString& directory, const WhatIfResult* whatIf)
+                        const QString& directory, const WhatIfResult* whatIf, const DiffResult* against)
 {
     QDir dir(directory);
     if (!dir.exists() && !QDir().mkpath(directory))
         throw std::runtime_error(("cannot create " + directory).toStdString());
-    const std::vector<ReportMap> maps = reportMaps(loader, result);
+    const std::vector<ReportMap> maps = reportMaps(loader, result, against);
     ReportFiles files;
     for (const ReportMap& m : maps) {
         const QString png = QString::fromStdString(m.id) + ".png";
@@ -421,6 +486,8 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     QTextStream out(&body);
     out << "<h1>kvscope report</h1><div>" << html(loader.path()) << "</div><div class=legend>written by kvscope "
         << kVersion << "</div>";
+    if (against)
+        writeComparison(out, *against, result, maps);
     writeSuspects(out, result);
     writeCapture(out, loader);
     writeVerdict(out, result, thresholds);

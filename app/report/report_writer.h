@@ -6,6 +6,7 @@
 #include "analysis/analysis_result.h"
 #include "kv/capture_loader.h"
 #include "analysis/threshold_check.h"
+#include "diff/capture_diff.h"
 #include "quant/whatif.h"
 
 #include <QColor>
@@ -20,10 +21,11 @@ struct ReportFiles {
     qint64 htmlBytes = 0;
 };
 
-// Writes DIR/report.html and DIR/*.png, with a what-if section when `whatIf` is given. Throws
+// Writes DIR/report.html and DIR/*.png, with a what-if section when `whatIf` is given, and the
+// comparison with A first when `against` is (kvscope report B --against A). Throws
 // std::runtime_error when DIR cannot be written.
 ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
-                        const QString& directory, const WhatIfResult* whatIf = nullptr);
+                        const QString& directory, const WhatIfResult* whatIf = nullptr, const DiffResult* against = nullptr);
 
 // The colour of a what-if cell: its error in bf16 noise floors, from green (within 2) to red (10
 // and beyond); grey without data.

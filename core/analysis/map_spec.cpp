@@ -13,7 +13,7 @@ ScaleKind scaleOf(HeatmapMetric metric)
 
 const char* scaleName(ScaleKind kind)
 {
-    return kind == ScaleKind::Bc ? "bc" : kind == ScaleKind::Ratio ? "ratio" : "error";
+    return kind == ScaleKind::Bc ? "bc" : kind == ScaleKind::Ratio ? "ratio" : kind == ScaleKind::Change ? "change" : "error";
 }
 
 const std::vector<ColorStop>& colorStops(ScaleKind kind)
@@ -25,7 +25,10 @@ const std::vector<ColorStop>& colorStops(ScaleKind kind)
         {0.0, {0, 104, 55}}, {0.25, {102, 189, 99}}, {0.5, {255, 255, 191}}, {0.75, {244, 109, 67}}, {1.0, {165, 0, 38}}};
     static const std::vector<ColorStop> bc{{0.0, {215, 25, 28}},   {0.8, {215, 25, 28}},    {0.85, {253, 174, 97}},
                                            {0.90, {255, 255, 191}}, {0.95, {166, 217, 106}}, {1.0, {26, 150, 65}}};
-    return kind == ScaleKind::Bc ? bc : kind == ScaleKind::Ratio ? ratio : error;
+    // Change: RdBu reversed, white at 0 (the middle of a range symmetric about 0).
+    static const std::vector<ColorStop> change{
+        {0.0, {33, 102, 172}}, {0.25, {146, 197, 222}}, {0.5, {247, 247, 247}}, {0.75, {244, 165, 130}}, {1.0, {178, 24, 43}}};
+    return kind == ScaleKind::Bc ? bc : kind == ScaleKind::Ratio ? ratio : kind == ScaleKind::Change ? change : error;
 }
 
 ValueRange defaultRange(ScaleKind kind)
@@ -37,6 +40,8 @@ ValueRange defaultRange(ScaleKind kind)
         return {0.0, 3.0};
     case ScaleKind::Bc:
         return {0.0, 1.0};
+    case ScaleKind::Change:
+        return {-10.0, 10.0};
     }
     return {0.0, 1.0};
 }

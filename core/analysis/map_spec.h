@@ -19,6 +19,7 @@ enum class ScaleKind {
     Error,  // yellow (low) to red (high), range from the data (dataRange)
     Ratio,  // green (like dtype noise) to red (far worse), 0..3
     Bc,     // the reference tool's BC stops, 0..1
+    Change, // kvscope diff's B minus A in floors: blue (better) through white (0) to red (worse), -10..10
 };
 
 struct Rgb {

@@ -239,6 +239,11 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
     worse.resize(std::min(worse.size(), kWorstMoves));
     result.worstMoves = std::move(worse);
 
+    for (std::size_t m = 0; m < pairs.size(); ++m) {
+        const DiffPrompt& pb = sideB.prompts[pairs[m].second];
+        result.maps.push_back({a.prompts[pairs[m].first].id, pb.id, pb.tokens, aligned[m], pb.ratios});
+    }
+
     // The suspects of the change: B's, among the cells that got worse.
     std::vector<std::vector<Suspect>> perPrompt;
     for (std::size_t m = 0; m < pairs.size(); ++m) {

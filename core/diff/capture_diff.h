@@ -67,6 +67,13 @@ struct LayerDiff {
     Change verdict() const;  // worse if either part is, else better if either is
 };
 
+// One matched prompt's cells on both sides, over B's layers: what the maps show.
+struct DiffPromptMaps {
+    std::string a, b;  // the prompts' ids
+    std::int64_t tokens = 0;
+    CellRatioMaxima ratiosA, ratiosB;  // [K/V][layer * tokens + token], floors
+};
+
 struct DiffResult {
     std::string pathA, pathB;
     bool aFromAnalysisJson = false;
@@ -81,6 +88,7 @@ struct DiffResult {
     std::vector<CellMove> worstMoves;  // the worse cells, highest in B first (at most 20)
     std::optional<CellMove> firstWorse;  // in the first worse layer
     std::vector<Suspect> suspects;   // of the change, pooled, best first
+    std::vector<DiffPromptMaps> maps;  // per matched pair, in B's order
 
     int count(Change change) const;
     Change verdict() const { return count(Change::Worse) ? Change::Worse : count(Change::Better) ? Change::Better : Change::Same; }

@@ -1,5 +1,6 @@
 #include "diff/diff_side.h"
 
+#include "analysis/threshold_check.h"
 #include "format/bundle_error.h"
 
 #include <nlohmann/json.hpp>
@@ -100,6 +101,17 @@ DiffSide diffSideOf(const AnalysisResult& result)
     for (const PromptAnalysis& p : result.prompts)
         side.prompts.push_back(diffPromptOf(p));
     return side;
+}
+
+DiffSide loadDiffSide(const std::string& path, const AnalysisOptions& options)
+{
+    std::ifstream file(path, std::ios::binary);
+    char c = 0;
+    while (file.get(c) && (c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
+    }
+    if (file && c == '{')
+        return readDiffSide(path);
+    return diffSideOf(analyzeForVerdict(std::make_shared<BundleReader>(path), options));
 }
 
 DiffSide readDiffSide(const std::string& jsonPath)

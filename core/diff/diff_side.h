@@ -5,6 +5,7 @@
 // instead of last week's capture.
 
 #include "analysis/analysis_result.h"
+#include "analysis/analyzer.h"
 #include "analysis/off_floor.h"
 
 #include <array>
@@ -41,5 +42,8 @@ DiffSide diffSideOf(const AnalysisResult& result);
 // An analysis JSON document (docs/analysis-json.md); BundleError naming the file and the field
 // when it is not one, or predates what diff needs.
 DiffSide readDiffSide(const std::string& jsonPath);
+// A's side as kvscope diff and report --against take it: an analysis JSON (a file starting with
+// '{'), or a bundle analysed strictly (as check does) with `options`.
+DiffSide loadDiffSide(const std::string& path, const AnalysisOptions& options);
 
 }  // namespace kvscope

@@ -10,6 +10,7 @@
 #include "diff/diff_json.h"
 #include "format/bundle_error.h"
 #include "kv/capture_loader.h"
+#include "metric_reference.h"
 #include "small_model.h"
 
 #include <QProcess>
@@ -47,22 +48,6 @@ Capture capture(const std::string& path, const ModelCaptureOptions& o)
 DiffResult diffOf(const Capture& a, const Capture& b, DiffOptions options = {})
 {
     return diffAnalyses(diffSideOf(a.result), b.result, CaptureLoader(b.reader), options);
-}
-
-// A cell's ratio from the analysis's metrics, in double: the largest head's actual L-inf over
-// the largest head's base L-inf (three-way, bf16 cache: no quantisation floor).
-double cellRatio(const PromptAnalysis& p, int layer, std::int64_t token, KvPart part)
-{
-    const Metric actual = metricFor(part, MetricKind::Linf);
-    double most = std::nan(""), floor = std::nan("");
-    for (int h = 0; h < p.headsOf(layer); ++h) {
-        const double a = p.value(actual, layer, token, h), b = p.value(baseOf(actual), layer, token, h);
-        if (std::isfinite(a) && !(a <= most))
-            most = a;
-        if (std::isfinite(b) && !(b <= floor))
-            floor = b;
-    }
-    return most / std::max(floor, 1e-10);
 }
 
 }  // namespace
@@ -157,8 +142,8 @@ void TestCaptureDiff::faultAtLayerIsReportedThere()
             double maxA = -1, maxB = -1;
             for (std::size_t p = 0; p < b.result.prompts.size(); ++p)
                 for (std::int64_t t = 0; t < b.result.prompts[p].tokens; ++t) {
-                    const double ra = cellRatio(a.result.prompts[p], l.layer, t, part);
-                    const double rb = cellRatio(b.result.prompts[p], l.layer, t, part);
+                    const double ra = referenceCellRatio(a.result.prompts[p], l.layer, t, part);
+                    const double rb = referenceCellRatio(b.result.prompts[p], l.layer, t, part);
                     if (std::isfinite(ra) && std::isfinite(rb))
                         maxA = std::max(maxA, ra), maxB = std::max(maxB, rb);
                 }

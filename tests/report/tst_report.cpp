@@ -5,6 +5,8 @@
 #include "analysis/analyzer.h"
 #include "synth/model_capture.h"
 #include "report/report_writer.h"
+#include "diff/diff_side.h"
+#include "metric_reference.h"
 #include "small_model.h"
 #include "synth/synthetic_capture.h"
 
@@ -40,6 +42,7 @@ private slots:
     void checkExitCodes();
     void reportAndCheckAgree();
     void bundleIsNeverModified();
+    void againstComparesWithA();
 
 private:
     QTemporaryDir m_dir;
@@ -255,6 +258,59 @@ void TestReport::bundleIsNeverModified()
         QCOMPARE(QFileInfo(bundle).lastModified(), modified);
         QCOMPARE(digest(), before);
     }
+}
+
+void TestReport::againstComparesWithA()
+{
+    // kvscope report B --against A: the comparison first, its B - A maps equal to B's cell
+    // ratios minus A's, recomputed in double from both analyses.
+    const std::string pathA = m_dir.filePath("against_a.h5").toStdString(), pathB = m_dir.filePath("against_b.h5").toStdString();
+    kvscope::synth::ModelCaptureOptions o = kvtest::smallModel();
+    const AnalysisResult a = kvtest::analyseModelCapture(pathA, o);
+    o.fault = kvscope::synth::FaultKind::HeadKScale;
+    o.faultLayer = 3;
+    const AnalysisResult b = kvtest::analyseModelCapture(pathB, o);
+    const auto reader = std::make_shared<BundleReader>(pathB);
+    const CaptureLoader loader(reader);
+    const DiffResult diff = diffAnalyses(diffSideOf(a), b, loader, {});
+    const ReportFiles files = writeReport(loader, b, Thresholds{}, m_dir.filePath("report-against"), nullptr, &diff);
+    QFile f(files.html);
+    QVERIFY(f.open(QIODevice::ReadOnly));
+    const std::string html = f.readAll().toStdString();
+    QVERIFY(html.find("Against A") < html.find("<h2>Suspects</h2>"));
+    QVERIFY(html.find("B is worse in 1 layer(s)") != std::string::npos);
+    QVERIFY(html.find("<h3>Regressions</h3>") != std::string::npos);
+    const std::string open = "id=\"kvscope-data\">";
+    const std::size_t begin = html.find(open) + open.size(), end = html.find("</script>", begin);
+    const nlohmann::json data = nlohmann::json::parse(html.substr(begin, end - begin));
+    int checked = 0;
+    for (const nlohmann::json& map : data["maps"]) {
+        const std::string id = map["id"];
+        if (id.rfind("against_", 0) != 0 || id.find("_change") == std::string::npos)
+            continue;
+        QCOMPARE(map["scale"]["kind"].get<std::string>(), std::string("change"));
+        const std::size_t p = id.find("prompt_1") != std::string::npos ? 1 : 0;
+        const KvPart part = id.find("_k_change") != std::string::npos ? KvPart::K : KvPart::V;
+        const std::int64_t columns = map["columns"];
+        QCOMPARE(columns, b.prompts[p].tokens);
+        for (int l = 0; l < int(b.prompts[p].layers.size()); ++l)
+            for (std::int64_t t = 0; t < columns; ++t) {
+                const double expected = kvtest::referenceCellRatio(b.prompts[p], l, t, part) -
+                                        kvtest::referenceCellRatio(a.prompts[p], l, t, part);
+                const nlohmann::json& v = map["values"][std::size_t(l * columns + t)];
+                if (!std::isfinite(expected)) {
+                    QVERIFY(v.is_null());
+                    continue;
+                }
+                QVERIFY2(std::fabs(v.get<double>() - expected) <= 1e-3 * std::fabs(expected) + 1e-4,
+                         qPrintable(QString("%1 layer %2 token %3: %4 against %5").arg(QString::fromStdString(id)).arg(l).arg(t)
+                                        .arg(v.get<double>()).arg(expected)));
+                ++checked;
+            }
+    }
+    QVERIFY(checked > 100);
+    QVERIFY(QFileInfo::exists(m_dir.filePath("report-against/against_prompt_0_k_change.png")));
+    QVERIFY(QFileInfo::exists(m_dir.filePath("report-against/against_prompt_0_k_a.png")));
 }
 
 QTEST_MAIN(TestReport)

@@ -108,6 +108,22 @@ inline PromptAnalysis emptyPrompt(int layers, std::int64_t tokens, int heads, bo
     return p;
 }
 
+// A three-way cell's error ratio from an analysis's metrics, in double: the largest head's
+// actual L-inf over the largest head's base L-inf (a bf16 cache: no quantisation floor).
+inline double referenceCellRatio(const PromptAnalysis& p, int layer, std::int64_t token, KvPart part)
+{
+    const Metric actual = metricFor(part, MetricKind::Linf);
+    double most = std::nan(""), floor = std::nan("");
+    for (int h = 0; h < p.headsOf(layer); ++h) {
+        const double a = p.value(actual, layer, token, h), b = p.value(baseOf(actual), layer, token, h);
+        if (std::isfinite(a) && !(a <= most))
+            most = a;
+        if (std::isfinite(b) && !(b <= floor))
+            floor = b;
+    }
+    return most / std::max(floor, 1e-10);
+}
+
 inline bool close(double a, double b, double rel = 2e-6)
 {
     return std::abs(a - b) <= rel * std::max(1.0, std::abs(b));
