@@ -25,6 +25,12 @@ TokenLineView::TokenLineView(QWidget* parent)
     axisRect()->setRangeDrag(Qt::Horizontal);
 }
 
+void TokenLineView::setSeriesNames(const QString& actual, const QString& base)
+{
+    m_actual->setName(actual);
+    m_base->setName(base);
+}
+
 void TokenLineView::setSeries(const QVector<double>& actual, const QVector<double>& base, const QString& title,
                               const QString& valueLabel, double prefillBoundary, const QVector<double>& divergences,
                               qint64 selected)

@@ -13,6 +13,8 @@ public:
     // NaN values (no data) leave gaps. `base` may be empty.
     void setSeries(const QVector<double>& actual, const QVector<double>& base, const QString& title,
                    const QString& valueLabel, double prefillBoundary, const QVector<double>& divergences, qint64 selected);
+    // What the legend calls the two series (default "actual" and "base").
+    void setSeriesNames(const QString& actual, const QString& base);
     // No cell selected: empty, with `message` as the title.
     void clearSeries(const QString& message);
 

@@ -2,6 +2,7 @@
 
 #include "analysis/worst_prompt.h"
 #include "gui/across_prompts_page.h"
+#include "gui/compare_page.h"
 #include "gui/whatif_page.h"
 #include "gui/drill_down_panel.h"
 #include "gui/help_menu.h"
@@ -35,6 +36,7 @@ MainWindow::MainWindow(QWidget* parent)
     , m_promptPage(new PromptPage(m_controller))
     , m_acrossPage(new AcrossPromptsPage(m_controller))
     , m_whatIfPage(new WhatIfPage(m_controller))
+    , m_comparePage(new ComparePage(m_controller))
     , m_tabs(new QTabWidget)
     , m_recent(new RecentFilesMenu(this))
     , m_status(new QLabel(tr("Open a capture bundle (File > Open, or drop it here)")))
@@ -47,6 +49,7 @@ MainWindow::MainWindow(QWidget* parent)
     m_tabs->addTab(m_promptPage, tr("Per prompt"));
     m_tabs->addTab(m_acrossPage, tr("Across prompts"));
     m_tabs->addTab(m_whatIfPage, tr("What if"));
+    m_tabs->addTab(m_comparePage, tr("Compare"));
     setCentralWidget(m_tabs);
     m_progress->setMaximumWidth(240);
     statusBar()->addWidget(m_status, 1);
@@ -56,6 +59,7 @@ MainWindow::MainWindow(QWidget* parent)
     m_cancel->hide();
     m_tabs->setTabEnabled(1, false);
     m_tabs->setTabEnabled(2, false);
+    m_tabs->setTabEnabled(3, false);
     m_toolbar->setEnabled(false);  // nothing to view yet
     buildMenus();
     m_settings = m_toolbar->settings();
@@ -132,7 +136,12 @@ void MainWindow::restoreLayout()
 
 HeatmapView& MainWindow::currentMap()
 {
-    return m_tabs->currentIndex() == 1 ? m_acrossPage->heatmap() : m_promptPage->heatmap();
+    switch (m_tabs->currentIndex()) {
+    case 1: return m_acrossPage->heatmap();
+    case 2: return m_whatIfPage->heatmap();
+    case 3: return m_comparePage->heatmap();
+    default: return m_promptPage->heatmap();
+    }
 }
 
 void MainWindow::buildMenus()
@@ -144,6 +153,13 @@ void MainWindow::buildMenus()
         if (!path.isEmpty())
             openPath(path);
     });
+    m_compareAction = file->addAction(tr("&Compare with..."), this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"), {},
+                                                          tr("Captures and analyses (*.h5 *.hdf5 *.json);;All files (*)"));
+        if (!path.isEmpty())
+            compareWith(path);
+    });
+    m_compareAction->setEnabled(false);  // once the open bundle is analysed
     file->addAction(tr("Open &folder of dumps..."), this, [this] {
         const QString dir = QFileDialog::getExistingDirectory(this, tr("Open a folder of .pt / .safetensors dumps"));
         if (!dir.isEmpty())
@@ -235,6 +251,9 @@ void MainWindow::onOpened()
     m_tabs->setCurrentIndex(0);
     m_whatIfPage->reset();
     m_tabs->setTabEnabled(2, true);
+    m_comparePage->reset();
+    m_tabs->setTabEnabled(3, false);
+    m_compareAction->setEnabled(false);
     m_toolbar->setEnabled(true);
     setWindowTitle("kvscope - " + QFileInfo(m_controller->path()).fileName());
     m_recent->add(m_controller->path());  // only what opened
@@ -270,6 +289,15 @@ void MainWindow::onFinished()
     m_status->setText(m_summary);
     m_tabs->setTabEnabled(1, m_acrossPage->refresh());
     m_promptPage->onFinished();
+    m_comparePage->reset();
+    m_tabs->setTabEnabled(3, true);
+    m_compareAction->setEnabled(true);
+}
+
+void MainWindow::compareWith(const QString& pathA)
+{
+    m_tabs->setCurrentIndex(3);
+    m_comparePage->compareWith(pathA);
 }
 
 void MainWindow::onFailed(const QString& message)

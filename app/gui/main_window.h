@@ -10,6 +10,7 @@
 
 #include <QMainWindow>
 
+class QAction;
 class QLabel;
 class QProgressBar;
 class QPushButton;
@@ -19,6 +20,7 @@ class QTabWidget;
 namespace kvscope {
 
 class AcrossPromptsPage;
+class ComparePage;
 class WhatIfPage;
 class HeatmapView;
 
@@ -33,6 +35,10 @@ public:
     void openPath(const QString& path);
     AnalysisController& controller() { return *m_controller; }
     void showAcrossPrompts(bool across);
+    // File > Compare with...: the open, analysed bundle is B, `pathA` is A (a capture or its
+    // analysis JSON); shown on the Compare page.
+    void compareWith(const QString& pathA);
+    ComparePage& comparePage() { return *m_comparePage; }
 
 protected:
     void dragEnterEvent(QDragEnterEvent* event) override;
@@ -61,6 +67,8 @@ private:
     PromptPage* m_promptPage;
     AcrossPromptsPage* m_acrossPage;
     WhatIfPage* m_whatIfPage;
+    ComparePage* m_comparePage;
+    QAction* m_compareAction = nullptr;
     QTabWidget* m_tabs;
     RecentFilesMenu* m_recent;
     QLabel* m_status;

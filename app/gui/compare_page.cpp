@@ -1,0 +1,369 @@
+#include "gui/compare_page.h"
+
+#include "diff/diff_maps.h"
+#include "diff/diff_side.h"
+#include "gui/analysis_controller.h"
+#include "widgets/heatmap_view.h"
+#include "widgets/token_line_view.h"
+
+#include <QComboBox>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QLabel>
+#include <QProgressBar>
+#include <QPushButton>
+#include <QSplitter>
+#include <QTableWidget>
+#include <QToolTip>
+#include <QVBoxLayout>
+
+#include <cmath>
+
+namespace kvscope {
+
+namespace {
+
+QString floorsText(double x)
+{
+    return std::isfinite(x) ? QString::number(x, 'g', x < 10 ? 2 : 3) : QObject::tr("no data");
+}
+
+}  // namespace
+
+ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
+    : QWidget(parent)
+    , m_controller(controller)
+    , m_choose(new QPushButton(tr("Compare with...")))
+    , m_cancel(new QPushButton(tr("Cancel")))
+    , m_progress(new QProgressBar)
+    , m_summary(new QLabel)
+    , m_table(new QTableWidget)
+    , m_prompt(new QComboBox)
+    , m_part(new QComboBox)
+    , m_kind(new QComboBox)
+    , m_map(new HeatmapView)
+    , m_cell(new QLabel)
+    , m_line(new TokenLineView)
+{
+    setObjectName("compare");
+    m_choose->setObjectName("compareChoose");
+    m_table->setObjectName("compareTable");
+    m_summary->setWordWrap(true);
+    m_summary->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_cell->setWordWrap(true);
+    m_cell->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_table->setEditTriggers(QAbstractItemView::NoEditTriggers);
+    m_table->setSelectionBehavior(QAbstractItemView::SelectRows);
+    m_table->setSelectionMode(QAbstractItemView::SingleSelection);
+    m_table->verticalHeader()->hide();
+    m_kind->addItems({tr("B - A"), tr("A"), tr("B")});
+    m_part->addItems({"K", "V"});
+    m_line->setSeriesNames("B", "A");
+    m_cancel->hide();
+    m_progress->hide();
+
+    auto* top = new QHBoxLayout;
+    top->addWidget(m_choose);
+    top->addWidget(m_progress, 1);
+    top->addWidget(m_cancel);
+    auto* mapBar = new QHBoxLayout;
+    mapBar->addWidget(new QLabel(tr("Map:")));
+    mapBar->addWidget(m_kind);
+    mapBar->addWidget(m_prompt, 1);
+    mapBar->addWidget(m_part);
+    auto* mapBox = new QWidget;
+    auto* mapLayout = new QVBoxLayout(mapBox);
+    mapLayout->setContentsMargins(0, 0, 0, 0);
+    mapLayout->addLayout(mapBar);
+    mapLayout->addWidget(m_map, 1);
+    // The cell, A and B side by side: the numbers, then the layer across the tokens.
+    auto* cellBox = new QWidget;
+    auto* cellLayout = new QVBoxLayout(cellBox);
+    cellLayout->setContentsMargins(0, 0, 0, 0);
+    cellLayout->addWidget(m_cell);
+    cellLayout->addWidget(m_line, 1);
+    auto* lower = new QSplitter(Qt::Horizontal);
+    lower->addWidget(m_table);
+    lower->addWidget(cellBox);
+    lower->setStretchFactor(0, 2);
+    lower->setStretchFactor(1, 3);
+    auto* split = new QSplitter(Qt::Vertical);
+    split->addWidget(mapBox);
+    split->addWidget(lower);
+    split->setStretchFactor(0, 1);
+    split->setStretchFactor(1, 1);
+    auto* layout = new QVBoxLayout(this);
+    layout->addLayout(top);
+    layout->addWidget(m_summary);
+    layout->addWidget(split, 1);
+    reset();
+
+    connect(m_choose, &QPushButton::clicked, this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"), {},
+                                                          tr("Captures and analyses (*.h5 *.hdf5 *.json);;All files (*)"));
+        if (!path.isEmpty())
+            compareWith(path);
+    });
+    connect(m_cancel, &QPushButton::clicked, this, &ComparePage::cancel);
+    for (QComboBox* box : {m_kind, m_prompt, m_part})
+        connect(box, &QComboBox::currentIndexChanged, this, &ComparePage::showMap);
+    connect(m_map, &HeatmapView::cellClicked, this, &ComparePage::showCell);
+    connect(m_map, &HeatmapView::cellHovered, this, [this](int row, qint64 token, const QPoint& at) {
+        if (!m_result || m_prompt->currentIndex() < 0 || row < 0)
+            return QToolTip::hideText();
+        const DiffPromptMaps& maps = m_result->maps[std::size_t(m_prompt->currentIndex())];
+        const std::size_t part = m_part->currentIndex() == 1 ? 1 : 0;
+        if (token < 0 || token >= maps.tokens || std::size_t(row) >= m_result->layerNamesB.size())
+            return QToolTip::hideText();
+        const std::size_t i = std::size_t(row) * std::size_t(maps.tokens) + std::size_t(token);
+        const double a = maps.ratiosA[part][i], b = maps.ratiosB[part][i];
+        QToolTip::showText(at, tr("%1, token %2<br>A %3 | B %4 | B - A %5 floors")
+                                   .arg(QString::fromStdString(m_result->layerNamesB[std::size_t(row)]))
+                                   .arg(token)
+                                   .arg(floorsText(a), floorsText(b),
+                                        floorsText(std::isfinite(a) && std::isfinite(b) ? b - a : std::nan(""))),
+                           m_map);
+    });
+    // A layer of the table: its first worse cell, or the layer's first token.
+    connect(m_table, &QTableWidget::cellClicked, this, [this](int row, int) {
+        if (!m_result)
+            return;
+        const int layer = m_table->item(row, 0)->data(Qt::UserRole).toInt();
+        const LayerDiff* diff = nullptr;
+        for (const LayerDiff& l : m_result->layers)
+            if (l.layer == layer)
+                diff = &l;
+        qint64 token = 0;
+        if (diff && diff->firstWorse) {
+            for (std::size_t m = 0; m < m_result->maps.size(); ++m)
+                if (m_result->maps[m].b == diff->firstWorse->prompt)
+                    m_prompt->setCurrentIndex(int(m));
+            m_part->setCurrentIndex(int(diff->firstWorse->part));
+            token = diff->firstWorse->token;
+        }
+        m_map->setSelection(layer, token);
+        m_map->ensureVisible(layer, token);
+        showCell(layer, token);
+    });
+}
+
+ComparePage::~ComparePage()
+{
+    if (m_cancelFlag)
+        m_cancelFlag->store(true);
+}
+
+void ComparePage::reset()
+{
+    cancel();
+    m_result.reset();
+    m_table->clear();
+    m_table->setRowCount(0);
+    m_table->setColumnCount(0);
+    m_prompt->clear();
+    m_map->showEmpty(tr("File > Compare with... to see B - A"));
+    m_line->clearSeries(tr("Click a cell to see A and B side by side"));
+    m_cell->clear();
+    m_summary->setText(tr("Is the open capture (B) worse than another capture of the same prompts (A: before an engine "
+                          "change, or another engine)? Compare with A's bundle, or with its analysis JSON."));
+    m_choose->setEnabled(bool(m_controller->result()) && !m_controller->isRunning());
+}
+
+void ComparePage::compareWith(const QString& pathA)
+{
+    const auto loader = m_controller->loader();
+    const auto b = m_controller->result();
+    if (!loader || !b || m_controller->isRunning())
+        return;
+    cancel();
+    m_cancelFlag = std::make_shared<std::atomic<bool>>(false);
+    const int generation = ++m_generation;
+    m_choose->setEnabled(false);
+    m_cancel->show();
+    m_progress->setRange(0, 0);  // busy until A reports its layers
+    m_progress->show();
+    m_summary->setText(tr("Comparing with %1 ...").arg(QFileInfo(pathA).fileName()));
+    const auto flag = m_cancelFlag;
+    const std::string path = pathA.toStdString();
+    m_tasks.run([this, loader, b, flag, generation, path] {
+        std::shared_ptr<const DiffResult> result;
+        QString error;
+        try {
+            AnalysisOptions options;  // as kvscope diff analyses A
+            options.searchSuspects = false;
+            options.bc = false;
+            options.cancel = flag.get();
+            options.layerDone = [this, generation](int, int done, int total) {
+                m_tasks.post([this, generation, done, total] {
+                    if (generation == m_generation)
+                        m_progress->setRange(0, total), m_progress->setValue(done);
+                });
+            };
+            const DiffSide a = loadDiffSide(path, options);
+            if (!flag->load())
+                result = std::make_shared<const DiffResult>(diffAnalyses(a, *b, *loader, {}));
+        } catch (const std::exception& e) {
+            error = QString::fromStdString(e.what());
+        }
+        const bool cancelled = flag->load();
+        m_tasks.post([this, result, error, generation, cancelled] {
+            if (generation == m_generation)
+                finished(cancelled ? nullptr : result, cancelled ? tr("Cancelled.") : error);
+        });
+    });
+}
+
+void ComparePage::cancel()
+{
+    if (m_cancelFlag)
+        m_cancelFlag->store(true);
+    ++m_generation;
+    m_cancel->hide();
+    m_progress->hide();
+    m_choose->setEnabled(bool(m_controller->result()) && !m_controller->isRunning());
+}
+
+void ComparePage::finished(std::shared_ptr<const DiffResult> result, const QString& error)
+{
+    m_cancel->hide();
+    m_progress->hide();
+    m_choose->setEnabled(true);
+    m_result = std::move(result);
+    if (!m_result) {
+        m_summary->setText(tr("Could not compare: %1").arg(error.toHtmlEscaped()));
+        emit comparisonFinished();
+        return;
+    }
+    const DiffResult& d = *m_result;
+    const int worse = d.count(Change::Worse), better = d.count(Change::Better);
+    QString text = tr("A: %1%2. %3 prompt(s) matched by their tokens, the same reference (fingerprints)")
+                       .arg(QString::fromStdString(d.pathA).toHtmlEscaped(), d.aFromAnalysisJson ? tr(" (analysis)") : QString())
+                       .arg(d.matched.size());
+    if (!d.onlyA.empty() || !d.onlyB.empty())
+        text += tr("; not matched: %1 of A, %2 of B").arg(d.onlyA.size()).arg(d.onlyB.size());
+    text += tr(". Per layer the %1 of the cells' error ratio in floors; worse: above noise and more than %2x A's.<br>")
+                .arg(diffStatName(d.options.stat))
+                .arg(d.options.maxWorse);
+    text += worse ? tr("<b style='color:#b2182b'>B is worse in %1 layer(s)</b>").arg(worse)
+                  : better ? tr("<b>B is no worse, and better in %1 layer(s)</b>").arg(better) : tr("<b>B is no worse</b>");
+    if (d.firstWorse && d.firstWorse->token >= 0)
+        text += tr("; first at %1, token %2 of %3 (%4: %5 -> %6 floors)")
+                    .arg(QString::fromStdString(d.layerNamesB[std::size_t(d.firstWorse->layer)]))
+                    .arg(d.firstWorse->token)
+                    .arg(QString::fromStdString(d.firstWorse->prompt))
+                    .arg(QString::fromStdString(d.partNames[std::size_t(d.firstWorse->part)]))
+                    .arg(floorsText(d.firstWorse->a), floorsText(d.firstWorse->b));
+    for (const Suspect& s : d.suspects)
+        text += tr("<br>Suspect of the change: <b>%1</b> (%2 floors): %3")
+                    .arg(suspectPatternName(s.pattern))
+                    .arg(floorsText(s.score), QString::fromStdString(s.evidence).toHtmlEscaped());
+    m_summary->setText(text);
+    const QSignalBlocker blockPrompt(m_prompt), blockPart(m_part);
+    m_prompt->clear();
+    for (const DiffPromptMaps& m : d.maps)
+        m_prompt->addItem(QString::fromStdString(m.b == m.a ? m.b : m.b + " = A's " + m.a));
+    m_part->setItemText(0, QString::fromStdString(d.partNames[0]));
+    m_part->setItemText(1, QString::fromStdString(d.partNames[1]));
+    fillTable();
+    showMap();
+    if (m_table->rowCount() > 0 && d.verdict() == Change::Worse)
+        emit m_table->cellClicked(0, 0);  // the first regression's first worse cell
+    emit comparisonFinished();
+}
+
+void ComparePage::fillTable()
+{
+    const DiffResult& d = *m_result;
+    m_table->clear();
+    m_table->setColumnCount(5);
+    m_table->setHorizontalHeaderLabels({tr("layer"), tr("change"), QString::fromStdString(d.partNames[0]) + tr(": A -> B"),
+                                        QString::fromStdString(d.partNames[1]) + tr(": A -> B"), tr("cells worse")});
+    // The regressions first, then what got better, then the rest; model order within each.
+    std::vector<const LayerDiff*> rows;
+    for (Change change : {Change::Worse, Change::Better, Change::Same})
+        for (const LayerDiff& l : d.layers)
+            if (l.verdict() == change)
+                rows.push_back(&l);
+    m_table->setRowCount(int(rows.size()));
+    for (int r = 0; r < int(rows.size()); ++r) {
+        const LayerDiff& l = *rows[std::size_t(r)];
+        auto* name = new QTableWidgetItem(QString::fromStdString(l.name));
+        name->setData(Qt::UserRole, l.layer);
+        m_table->setItem(r, 0, name);
+        m_table->setItem(r, 1, new QTableWidgetItem(changeName(l.verdict())));
+        for (int p = 0; p < 2; ++p)
+            m_table->setItem(r, 2 + p, new QTableWidgetItem(floorsText(l.statA[std::size_t(p)]) + " -> " +
+                                                            floorsText(l.statB[std::size_t(p)])));
+        m_table->setItem(r, 4, new QTableWidgetItem(QString::number(l.worseCells[0] + l.worseCells[1])));
+        const QColor tint = l.verdict() == Change::Worse ? QColor(244, 165, 130) : l.verdict() == Change::Better ? QColor(146, 197, 222) : QColor();
+        if (tint.isValid())
+            for (int c = 0; c < 5; ++c) {
+                m_table->item(r, c)->setBackground(tint);
+                m_table->item(r, c)->setForeground(Qt::black);
+            }
+    }
+    m_table->resizeColumnsToContents();
+}
+
+void ComparePage::showMap()
+{
+    if (!m_result || m_prompt->currentIndex() < 0)
+        return;
+    const DiffResult& d = *m_result;
+    const std::size_t m = std::size_t(m_prompt->currentIndex());
+    const KvPart part = m_part->currentIndex() == 1 ? KvPart::V : KvPart::K;
+    const DiffMapKind kind = m_kind->currentIndex() == 1 ? DiffMapKind::A : m_kind->currentIndex() == 2 ? DiffMapKind::B
+                                                                                                          : DiffMapKind::Change;
+    const auto b = m_controller->result();
+    const auto loader = m_controller->loader();
+    const std::string& id = d.maps[m].b;
+    const PromptAnalysis* prompt = nullptr;
+    for (const PromptAnalysis& p : b->prompts)
+        if (p.id == id)
+            prompt = &p;
+    if (!prompt)
+        return;
+    const HeatmapGrid grid = diffHeatmap(d, m, part, kind);
+    m_map->setGrid(grid);
+    m_map->showMap(diffMapSpec(loader->config(), d, m, part, kind, *prompt, loader->prompt(id)));
+    m_map->resetView(grid.columns, grid.rows);
+}
+
+void ComparePage::showCell(int row, qint64 token)
+{
+    if (!m_result || m_prompt->currentIndex() < 0 || row < 0)
+        return;
+    const DiffResult& d = *m_result;
+    const DiffPromptMaps& maps = d.maps[std::size_t(m_prompt->currentIndex())];
+    const std::size_t part = m_part->currentIndex() == 1 ? 1 : 0;
+    if (token < 0 || token >= maps.tokens || std::size_t(row) >= d.layerNamesB.size())
+        return;
+    m_map->setSelection(row, token);
+    const std::size_t at = std::size_t(row) * std::size_t(maps.tokens) + std::size_t(token);
+    const double a = maps.ratiosA[part][at], b = maps.ratiosB[part][at];
+    const QString layer = QString::fromStdString(d.layerNamesB[std::size_t(row)]);
+    const QString partName = QString::fromStdString(d.partNames[part]);
+    m_cell->setText(tr("<b>%1, token %2</b> of %3, %4 (error ratio in floors, largest head):<br>"
+                       "A <b>%5</b> &nbsp;|&nbsp; B <b>%6</b> &nbsp;|&nbsp; B - A <b>%7</b>")
+                        .arg(layer.toHtmlEscaped())
+                        .arg(token)
+                        .arg(QString::fromStdString(maps.b).toHtmlEscaped(), partName)
+                        .arg(floorsText(a), floorsText(b), floorsText(std::isfinite(a) && std::isfinite(b) ? b - a : std::nan(""))));
+    QVector<double> seriesA, seriesB;
+    for (qint64 t = 0; t < maps.tokens; ++t) {
+        const std::size_t i = std::size_t(row) * std::size_t(maps.tokens) + std::size_t(t);
+        seriesA.append(maps.ratiosA[part][i]);
+        seriesB.append(maps.ratiosB[part][i]);
+    }
+    const auto result = m_controller->result();
+    double prefill = std::nan("");
+    for (const PromptAnalysis& p : result->prompts)
+        if (p.id == maps.b)
+            prefill = double(p.promptLen) - 0.5;
+    m_line->setSeries(seriesB, seriesA, layer + ", " + partName + ": A and B across the tokens", tr("floors"), prefill, {},
+                      token);
+}
+
+}  // namespace kvscope

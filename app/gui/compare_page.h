@@ -1,0 +1,71 @@
+#pragma once
+// The "Compare" page (File > Compare with...): the open bundle is B, another capture of the
+// same prompts (or its analysis JSON) is A, compared as kvscope diff does (diff/capture_diff.h),
+// off the GUI thread with a cancel button. Then the result, the layers with the regressions
+// first, the B - A map in floors on a diverging scale centred on 0 (or A's or B's map), and for
+// a clicked cell A and B side by side: the cell's ratio in each, and the layer's ratios across
+// the tokens of both.
+
+#include "diff/capture_diff.h"
+#include "gui/background_tasks.h"
+
+#include <QWidget>
+
+#include <atomic>
+#include <memory>
+
+class QComboBox;
+class QLabel;
+class QProgressBar;
+class QPushButton;
+class QTableWidget;
+
+namespace kvscope {
+
+class AnalysisController;
+class HeatmapView;
+class TokenLineView;
+
+class ComparePage : public QWidget {
+    Q_OBJECT
+
+public:
+    explicit ComparePage(AnalysisController* controller, QWidget* parent = nullptr);
+    ~ComparePage() override;
+
+    // A bundle opened: nothing compared yet (a comparison still running is cancelled).
+    void reset();
+    // Compares the open, analysed bundle (B) with `pathA`; the result arrives later.
+    void compareWith(const QString& pathA);
+    void cancel();
+    std::shared_ptr<const DiffResult> result() const { return m_result; }
+    HeatmapView& heatmap() { return *m_map; }
+
+signals:
+    void comparisonFinished();
+
+private:
+    void finished(std::shared_ptr<const DiffResult> result, const QString& error);
+    void fillTable();
+    void showMap();
+    void showCell(int row, qint64 token);
+
+    AnalysisController* m_controller;
+    QPushButton* m_choose;
+    QPushButton* m_cancel;
+    QProgressBar* m_progress;
+    QLabel* m_summary;
+    QTableWidget* m_table;
+    QComboBox* m_prompt;
+    QComboBox* m_part;
+    QComboBox* m_kind;
+    HeatmapView* m_map;
+    QLabel* m_cell;
+    TokenLineView* m_line;
+    std::shared_ptr<const DiffResult> m_result;
+    std::shared_ptr<std::atomic<bool>> m_cancelFlag;
+    int m_generation = 0;  // results of an older run are dropped
+    BackgroundTasks m_tasks{this};
+};
+
+}  // namespace kvscope

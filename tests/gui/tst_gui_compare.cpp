@@ -1,0 +1,132 @@
+// The Compare page (File > Compare with...) under QT_QPA_PLATFORM=offscreen: the open bundle
+// (B, the demo with its RoPE fault) against a clean capture of the same prompts (A), off the
+// GUI thread; the regressions first in the table, the B - A map equal to the cell ratios
+// recomputed here from both analyses, A and B side by side for a clicked cell; a capture of
+// other prompts is a message, and a comparison left running when another bundle opens is
+// dropped.
+
+#include "gui_test_support.h"
+
+#include "gui/compare_page.h"
+#include "widgets/heatmap_view.h"
+
+#include <QLabel>
+#include <QSignalSpy>
+#include <QTableWidget>
+
+using namespace kvscope;
+using namespace kvtest;
+
+class TestCompare : public GuiSuite {
+    Q_OBJECT
+
+private slots:
+    void initTestCase()
+    {
+        initDemo();
+        SyntheticCaptureOptions clean = demoCaptureOptions();
+        m_faultLayer = clean.faultLayer;
+        clean.faultLayer = -1;
+        m_clean = m_dir.filePath("clean.h5");
+        writeSyntheticCapture(m_clean.toStdString(), clean);
+        m_cleanResult = analyzeBundle(std::make_shared<BundleReader>(m_clean.toStdString()));
+    }
+    void regressionsFirstAndTheMapIsBMinusA();
+    void aCellShowsAAndBSideBySide();
+    void otherPromptsAreAMessage();
+
+private:
+    ComparePage& page() { return m_window->comparePage(); }
+    void compare(const QString& path)
+    {
+        ensureDemoOpen();
+        QSignalSpy done(&page(), &ComparePage::comparisonFinished);
+        m_window->compareWith(path);
+        QVERIFY(done.wait(60000));
+    }
+
+    int m_faultLayer = 0;
+    QString m_clean;
+    AnalysisResult m_cleanResult;
+};
+
+void TestCompare::regressionsFirstAndTheMapIsBMinusA()
+{
+    compare(m_clean);
+    QVERIFY(page().result());
+    QCOMPARE(page().result()->verdict(), Change::Worse);
+    auto* table = page().findChild<QTableWidget*>("compareTable");
+    QVERIFY(table && table->rowCount() > 0);
+    const std::string faulty = "model.layers." + std::to_string(m_faultLayer) + ".self_attn";
+    QCOMPARE(table->item(0, 0)->text().toStdString(), faulty);
+    QCOMPARE(table->item(0, 1)->text(), QString("worse"));
+    // The map shown: B - A of the first regression's part, in every cell.
+    const HeatmapGrid& grid = page().heatmap().grid();
+    const PromptAnalysis& b = m_reference.prompts.front();
+    const PromptAnalysis& a = m_cleanResult.prompts.front();
+    const KvPart part = page().result()->firstWorse->part;
+    QCOMPARE(grid.columns, b.tokens);
+    int checked = 0;
+    for (int l = 0; l < grid.rows; ++l)
+        for (qint64 t = 0; t < grid.columns; ++t) {
+            const double expected = referenceRatio(b, part, l, t) - referenceRatio(a, part, l, t);
+            const float shown = grid.at(l, t);
+            if (std::isnan(expected)) {
+                QVERIFY(std::isnan(shown));
+                continue;
+            }
+            QVERIFY2(std::fabs(shown - expected) <= 1e-4 * std::max(1.0, std::fabs(expected)),
+                     qPrintable(QString("layer %1 token %2: %3 against %4").arg(l).arg(t).arg(shown).arg(expected)));
+            ++checked;
+        }
+    QVERIFY(checked > 100);
+    // Everything before the fault's layer is unchanged, in the map too.
+    for (int l = 0; l < m_faultLayer; ++l)
+        for (qint64 t = 0; t < grid.columns; ++t)
+            QVERIFY(std::isnan(grid.at(l, t)) || grid.at(l, t) == 0.0f);
+}
+
+void TestCompare::aCellShowsAAndBSideBySide()
+{
+    compare(m_clean);
+    const CellMove first = *page().result()->firstWorse;
+    auto* table = page().findChild<QTableWidget*>("compareTable");
+    emit table->cellClicked(0, 0);  // the first regression: its first worse cell
+    QLabel* cell = nullptr;
+    for (QLabel* label : page().findChildren<QLabel*>())
+        if (label->text().contains("B - A"))
+            cell = label;
+    QVERIFY(cell);
+    const PromptAnalysis& b = m_reference.prompts.front();
+    const PromptAnalysis& a = m_cleanResult.prompts.front();
+    QCOMPARE(first.layer, m_faultLayer);
+    const double ra = referenceRatio(a, first.part, first.layer, first.token);
+    const double rb = referenceRatio(b, first.part, first.layer, first.token);
+    QVERIFY2(std::fabs(numberAfter(cell->text(), "<br>A ") - ra) <= 0.05 * ra + 0.01, qPrintable(cell->text()));
+    QVERIFY2(std::fabs(numberAfter(cell->text(), "&nbsp; B ") - rb) <= 0.05 * rb, qPrintable(cell->text()));
+    QVERIFY(cell->text().contains(QString("token %1").arg(first.token)));
+}
+
+void TestCompare::otherPromptsAreAMessage()
+{
+    SyntheticCaptureOptions other = demoCaptureOptions();
+    other.seed += 17;
+    const QString path = m_dir.filePath("other.h5");
+    writeSyntheticCapture(path.toStdString(), other);
+    compare(path);
+    QVERIFY(!page().result());
+    QString text;
+    for (QLabel* label : page().findChildren<QLabel*>())
+        text += label->text();
+    QVERIFY2(text.contains("Could not compare") && text.contains("different prompts"), qPrintable(text));
+
+    // A comparison still running when another bundle opens is dropped with the old bundle.
+    ensureDemoOpen();
+    m_window->compareWith(m_clean);
+    openDemo();
+    QTest::qWait(300);
+    QVERIFY(!page().result());
+}
+
+QTEST_MAIN(TestCompare)
+#include "tst_gui_compare.moc"
