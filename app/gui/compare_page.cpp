@@ -3,16 +3,15 @@
 #include "diff/diff_maps.h"
 #include "diff/diff_side.h"
 #include "gui/analysis_controller.h"
+#include "gui/map_box.h"
 #include "widgets/heatmap_view.h"
 #include "widgets/token_line_view.h"
 
 #include <QComboBox>
 #include <QFileDialog>
 #include <QFileInfo>
-#include <QHBoxLayout>
 #include <QHeaderView>
 #include <QLabel>
-#include <QProgressBar>
 #include <QPushButton>
 #include <QSplitter>
 #include <QTableWidget>
@@ -35,9 +34,7 @@ QString floorsText(double x)
 ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     : QWidget(parent)
     , m_controller(controller)
-    , m_choose(new QPushButton(tr("Compare with...")))
-    , m_cancel(new QPushButton(tr("Cancel")))
-    , m_progress(new QProgressBar)
+    , m_run(new RunBar(tr("Compare with...")))
     , m_summary(new QLabel)
     , m_table(new QTableWidget)
     , m_prompt(new QComboBox)
@@ -48,7 +45,7 @@ ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     , m_line(new TokenLineView)
 {
     setObjectName("compare");
-    m_choose->setObjectName("compareChoose");
+    m_run->button()->setObjectName("compareChoose");
     m_table->setObjectName("compareTable");
     m_summary->setWordWrap(true);
     m_summary->setTextInteractionFlags(Qt::TextSelectableByMouse);
@@ -61,23 +58,6 @@ ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     m_kind->addItems({tr("B - A"), tr("A"), tr("B")});
     m_part->addItems({"K", "V"});
     m_line->setSeriesNames("B", "A");
-    m_cancel->hide();
-    m_progress->hide();
-
-    auto* top = new QHBoxLayout;
-    top->addWidget(m_choose);
-    top->addWidget(m_progress, 1);
-    top->addWidget(m_cancel);
-    auto* mapBar = new QHBoxLayout;
-    mapBar->addWidget(new QLabel(tr("Map:")));
-    mapBar->addWidget(m_kind);
-    mapBar->addWidget(m_prompt, 1);
-    mapBar->addWidget(m_part);
-    auto* mapBox = new QWidget;
-    auto* mapLayout = new QVBoxLayout(mapBox);
-    mapLayout->setContentsMargins(0, 0, 0, 0);
-    mapLayout->addLayout(mapBar);
-    mapLayout->addWidget(m_map, 1);
     // The cell, A and B side by side: the numbers, then the layer across the tokens.
     auto* cellBox = new QWidget;
     auto* cellLayout = new QVBoxLayout(cellBox);
@@ -90,23 +70,23 @@ ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     lower->setStretchFactor(0, 2);
     lower->setStretchFactor(1, 3);
     auto* split = new QSplitter(Qt::Vertical);
-    split->addWidget(mapBox);
+    split->addWidget(mapBox({{m_kind, 0}, {m_prompt, 1}, {m_part, 0}}, m_map));
     split->addWidget(lower);
     split->setStretchFactor(0, 1);
     split->setStretchFactor(1, 1);
     auto* layout = new QVBoxLayout(this);
-    layout->addLayout(top);
+    layout->addWidget(m_run);
     layout->addWidget(m_summary);
     layout->addWidget(split, 1);
     reset();
 
-    connect(m_choose, &QPushButton::clicked, this, [this] {
+    connect(m_run, &RunBar::cancelledByUser, this, [this] { m_summary->setText(tr("Cancelled.")); });
+    connect(m_run->button(), &QPushButton::clicked, this, [this] {
         const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"), {},
                                                           tr("Captures and analyses (*.h5 *.hdf5 *.json);;All files (*)"));
         if (!path.isEmpty())
             compareWith(path);
     });
-    connect(m_cancel, &QPushButton::clicked, this, &ComparePage::cancel);
     for (QComboBox* box : {m_kind, m_prompt, m_part})
         connect(box, &QComboBox::currentIndexChanged, this, &ComparePage::showMap);
     connect(m_map, &HeatmapView::cellClicked, this, &ComparePage::showCell);
@@ -149,12 +129,6 @@ ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     });
 }
 
-ComparePage::~ComparePage()
-{
-    if (m_cancelFlag)
-        m_cancelFlag->store(true);
-}
-
 void ComparePage::reset()
 {
     cancel();
@@ -168,7 +142,6 @@ void ComparePage::reset()
     m_cell->clear();
     m_summary->setText(tr("Is the open capture (B) worse than another capture of the same prompts (A: before an engine "
                           "change, or another engine)? Compare with A's bundle, or with its analysis JSON."));
-    m_choose->setEnabled(bool(m_controller->result()) && !m_controller->isRunning());
 }
 
 void ComparePage::compareWith(const QString& pathA)
@@ -177,15 +150,9 @@ void ComparePage::compareWith(const QString& pathA)
     const auto b = m_controller->result();
     if (!loader || !b || m_controller->isRunning())
         return;
-    cancel();
-    m_cancelFlag = std::make_shared<std::atomic<bool>>(false);
-    const int generation = ++m_generation;
-    m_choose->setEnabled(false);
-    m_cancel->show();
-    m_progress->setRange(0, 0);  // busy until A reports its layers
-    m_progress->show();
+    const auto flag = m_run->begin(0);  // busy until A reports its layers
+    const int generation = m_run->generation();
     m_summary->setText(tr("Comparing with %1 ...").arg(QFileInfo(pathA).fileName()));
-    const auto flag = m_cancelFlag;
     const std::string path = pathA.toStdString();
     m_tasks.run([this, loader, b, flag, generation, path] {
         std::shared_ptr<const DiffResult> result;
@@ -197,8 +164,8 @@ void ComparePage::compareWith(const QString& pathA)
             options.cancel = flag.get();
             options.layerDone = [this, generation](int, int done, int total) {
                 m_tasks.post([this, generation, done, total] {
-                    if (generation == m_generation)
-                        m_progress->setRange(0, total), m_progress->setValue(done);
+                    if (m_run->isCurrent(generation))
+                        m_run->setProgress(done, total);
                 });
             };
             const DiffSide a = loadDiffSide(path, options);
@@ -209,7 +176,7 @@ void ComparePage::compareWith(const QString& pathA)
         }
         const bool cancelled = flag->load();
         m_tasks.post([this, result, error, generation, cancelled] {
-            if (generation == m_generation)
+            if (m_run->isCurrent(generation))
                 finished(cancelled ? nullptr : result, cancelled ? tr("Cancelled.") : error);
         });
     });
@@ -217,19 +184,12 @@ void ComparePage::compareWith(const QString& pathA)
 
 void ComparePage::cancel()
 {
-    if (m_cancelFlag)
-        m_cancelFlag->store(true);
-    ++m_generation;
-    m_cancel->hide();
-    m_progress->hide();
-    m_choose->setEnabled(bool(m_controller->result()) && !m_controller->isRunning());
+    m_run->cancel(bool(m_controller->result()) && !m_controller->isRunning());
 }
 
 void ComparePage::finished(std::shared_ptr<const DiffResult> result, const QString& error)
 {
-    m_cancel->hide();
-    m_progress->hide();
-    m_choose->setEnabled(true);
+    m_run->end(true);
     m_result = std::move(result);
     if (!m_result) {
         m_summary->setText(tr("Could not compare: %1").arg(error.toHtmlEscaped()));

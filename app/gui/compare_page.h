@@ -8,16 +8,14 @@
 
 #include "diff/capture_diff.h"
 #include "gui/background_tasks.h"
+#include "gui/run_bar.h"
 
 #include <QWidget>
 
-#include <atomic>
 #include <memory>
 
 class QComboBox;
 class QLabel;
-class QProgressBar;
-class QPushButton;
 class QTableWidget;
 
 namespace kvscope {
@@ -31,7 +29,6 @@ class ComparePage : public QWidget {
 
 public:
     explicit ComparePage(AnalysisController* controller, QWidget* parent = nullptr);
-    ~ComparePage() override;
 
     // A bundle opened: nothing compared yet (a comparison still running is cancelled).
     void reset();
@@ -51,9 +48,7 @@ private:
     void showCell(int row, qint64 token);
 
     AnalysisController* m_controller;
-    QPushButton* m_choose;
-    QPushButton* m_cancel;
-    QProgressBar* m_progress;
+    RunBar* m_run;
     QLabel* m_summary;
     QTableWidget* m_table;
     QComboBox* m_prompt;
@@ -63,8 +58,6 @@ private:
     QLabel* m_cell;
     TokenLineView* m_line;
     std::shared_ptr<const DiffResult> m_result;
-    std::shared_ptr<std::atomic<bool>> m_cancelFlag;
-    int m_generation = 0;  // results of an older run are dropped
     BackgroundTasks m_tasks{this};
 };
 

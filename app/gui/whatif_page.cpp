@@ -3,6 +3,7 @@
 #include "analysis/heatmap_grid.h"
 #include "analysis/map_spec.h"
 #include "gui/analysis_controller.h"
+#include "gui/map_box.h"
 #include "report/report_writer.h"
 #include "util/work_team.h"
 #include "widgets/heatmap_view.h"
@@ -11,7 +12,6 @@
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QLabel>
-#include <QProgressBar>
 #include <QPushButton>
 #include <QScrollArea>
 #include <QSplitter>
@@ -46,9 +46,7 @@ public:
 WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
     : QWidget(parent)
     , m_controller(controller)
-    , m_run(new QPushButton(tr("Run the what-if")))
-    , m_cancel(new QPushButton(tr("Cancel")))
-    , m_progress(new QProgressBar)
+    , m_run(new RunBar(tr("Run the what-if")))
     , m_verdicts(new QLabel)
     , m_table(new QTableWidget)
     , m_scheme(new QComboBox)
@@ -57,7 +55,7 @@ WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
     , m_map(new HeatmapView)
 {
     setObjectName("whatIf");
-    m_run->setObjectName("whatIfRun");
+    m_run->button()->setObjectName("whatIfRun");
     m_table->setObjectName("whatIfTable");
     m_verdicts->setWordWrap(true);
     m_verdicts->setAlignment(Qt::AlignTop | Qt::AlignLeft);
@@ -68,23 +66,6 @@ WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
     m_table->setSelectionBehavior(QAbstractItemView::SelectItems);
     m_table->verticalHeader()->hide();
     m_part->addItems({"K", "V"});
-    m_cancel->hide();
-    m_progress->hide();
-
-    auto* top = new QHBoxLayout;
-    top->addWidget(m_run);
-    top->addWidget(m_progress, 1);
-    top->addWidget(m_cancel);
-    auto* mapBar = new QHBoxLayout;
-    mapBar->addWidget(new QLabel(tr("Map:")));
-    mapBar->addWidget(m_scheme, 1);
-    mapBar->addWidget(m_prompt, 1);
-    mapBar->addWidget(m_part);
-    auto* mapBox = new QWidget;
-    auto* mapLayout = new QVBoxLayout(mapBox);
-    mapLayout->setContentsMargins(0, 0, 0, 0);
-    mapLayout->addLayout(mapBar);
-    mapLayout->addWidget(m_map, 1);
     // Verdicts, table and map share the height; the verdicts scroll when they do not fit.
     auto* verdicts = new QScrollArea;
     verdicts->setWidget(m_verdicts);
@@ -93,17 +74,17 @@ WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
     auto* split = new QSplitter(Qt::Vertical);
     split->addWidget(verdicts);
     split->addWidget(m_table);
-    split->addWidget(mapBox);
+    split->addWidget(mapBox({{m_scheme, 1}, {m_prompt, 1}, {m_part, 0}}, m_map));
     split->setStretchFactor(0, 1);
     split->setStretchFactor(1, 2);
     split->setStretchFactor(2, 2);
     auto* layout = new QVBoxLayout(this);
-    layout->addLayout(top);
+    layout->addWidget(m_run);
     layout->addWidget(split, 1);
     m_map->showEmpty(tr("Run the what-if to see a scheme's map"));
 
-    connect(m_run, &QPushButton::clicked, this, &WhatIfPage::start);
-    connect(m_cancel, &QPushButton::clicked, this, &WhatIfPage::cancel);
+    connect(m_run->button(), &QPushButton::clicked, this, &WhatIfPage::start);
+    connect(m_run, &RunBar::cancelledByUser, this, [this] { m_verdicts->setText(tr("Cancelled.")); });
     for (QComboBox* box : {m_scheme, m_prompt, m_part})
         connect(box, &QComboBox::currentIndexChanged, this, &WhatIfPage::showMap);
     // A click on a table cell shows that scheme's map.
@@ -111,12 +92,6 @@ WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
         if (column >= 1 && column - 1 < m_scheme->count())
             m_scheme->setCurrentIndex(column - 1);
     });
-}
-
-WhatIfPage::~WhatIfPage()
-{
-    if (m_cancelFlag)
-        m_cancelFlag->store(true);
 }
 
 void WhatIfPage::reset()
@@ -130,7 +105,6 @@ void WhatIfPage::reset()
     m_prompt->clear();
     m_map->showEmpty(tr("Run the what-if to see a scheme's map"));
     m_verdicts->setText(tr("What would an fp8, int8 or int4 KV cache cost this model? Run the what-if."));
-    m_run->setEnabled(bool(m_controller->loader()));
 }
 
 void WhatIfPage::start()
@@ -138,16 +112,9 @@ void WhatIfPage::start()
     const auto loader = m_controller->loader();
     if (!loader)
         return;
-    cancel();
-    m_cancelFlag = std::make_shared<std::atomic<bool>>(false);
-    const int generation = ++m_generation;
-    m_run->setEnabled(false);
-    m_cancel->show();
-    m_progress->setRange(0, int(loader->config().layerNames().size()));
-    m_progress->setValue(0);
-    m_progress->show();
+    const auto flag = m_run->begin(int(loader->config().layerNames().size()));
+    const int generation = m_run->generation();
     m_verdicts->setText(tr("Quantising the reference KV with %1 schemes ...").arg(allSchemes().size()));
-    const auto flag = m_cancelFlag;
     m_tasks.run([this, loader, flag, generation] {
         std::shared_ptr<const WhatIfResult> result;
         QString error;
@@ -157,10 +124,10 @@ void WhatIfPage::start()
             options.schemes = allSchemes();
             options.team = &team;
             options.cancel = flag.get();
-            options.progress = [this, generation](int done, int) {
-                m_tasks.post([this, generation, done] {
-                    if (generation == m_generation)
-                        m_progress->setValue(done);
+            options.progress = [this, generation](int done, int total) {
+                m_tasks.post([this, generation, done, total] {
+                    if (m_run->isCurrent(generation))
+                        m_run->setProgress(done, total);
                 });
             };
             result = std::make_shared<const WhatIfResult>(runWhatIf(*loader, options));
@@ -169,7 +136,7 @@ void WhatIfPage::start()
         }
         const bool cancelled = flag->load();
         m_tasks.post([this, result, error, generation, cancelled] {
-            if (generation != m_generation)
+            if (!m_run->isCurrent(generation))
                 return;
             finished(cancelled ? nullptr : result, cancelled ? tr("Cancelled.") : error);
         });
@@ -178,19 +145,12 @@ void WhatIfPage::start()
 
 void WhatIfPage::cancel()
 {
-    if (m_cancelFlag)
-        m_cancelFlag->store(true);
-    ++m_generation;
-    m_cancel->hide();
-    m_progress->hide();
-    m_run->setEnabled(bool(m_controller->loader()));
+    m_run->cancel(bool(m_controller->loader()));
 }
 
 void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QString& error)
 {
-    m_cancel->hide();
-    m_progress->hide();
-    m_run->setEnabled(true);
+    m_run->end(true);
     m_result = std::move(result);
     if (!m_result) {
         m_verdicts->setText(error);

@@ -6,17 +6,15 @@
 // and part (the largest floor ratio over heads).
 
 #include "gui/background_tasks.h"
+#include "gui/run_bar.h"
 #include "quant/whatif.h"
 
 #include <QWidget>
 
-#include <atomic>
 #include <memory>
 
 class QComboBox;
 class QLabel;
-class QProgressBar;
-class QPushButton;
 class QTableWidget;
 
 namespace kvscope {
@@ -29,7 +27,6 @@ class WhatIfPage : public QWidget {
 
 public:
     explicit WhatIfPage(AnalysisController* controller, QWidget* parent = nullptr);
-    ~WhatIfPage() override;
 
     // A bundle opened: its what-if is not known yet (a run still going is cancelled).
     void reset();
@@ -46,9 +43,7 @@ private:
     void showMap();
 
     AnalysisController* m_controller;
-    QPushButton* m_run;
-    QPushButton* m_cancel;
-    QProgressBar* m_progress;
+    RunBar* m_run;
     QLabel* m_verdicts;
     QTableWidget* m_table;
     QComboBox* m_scheme;
@@ -56,8 +51,6 @@ private:
     QComboBox* m_part;
     HeatmapView* m_map;
     std::shared_ptr<const WhatIfResult> m_result;
-    std::shared_ptr<std::atomic<bool>> m_cancelFlag;
-    int m_generation = 0;  // results of an older run are dropped
     BackgroundTasks m_tasks{this};
 };
 
