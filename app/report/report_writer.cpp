@@ -341,8 +341,18 @@ void writeCapture(QTextStream& out, const CaptureLoader& loader)
         out << "the MLA latent on every rank (rank 0's copy analysed, the others compared with it)";
     else if (cfg.isMla())
         out << "the MLA latent on every rank";
-    else
-        out << html(describeHeads(cfg.layout(cfg.firstCompared())));
+    else {
+        // Groups that differ in head count are each named, the first compared one first.
+        std::size_t first = 0;
+        bool differ = false;
+        for (std::size_t g = 0; g < cfg.groups.size(); ++g) {
+            if (&cfg.groups[g] == &cfg.firstCompared())
+                first = g;
+            differ = differ || (cfg.groups[g].specType != SpecType::NotCompared &&
+                                cfg.groups[g].totalKvHeads != cfg.firstCompared().totalKvHeads);
+        }
+        out << (differ ? "group " + QString::number(first) + ": " : QString()) << html(describeHeads(cfg.layout(cfg.firstCompared())));
+    }
     for (std::size_t g = 0; g < cfg.groups.size(); ++g)  // groups that differ in head count
         if (cfg.groups[g].specType != SpecType::NotCompared && cfg.groups[g].totalKvHeads != cfg.firstCompared().totalKvHeads)
             out << "<br>group " << g << ": " << html(describeHeads(cfg.layout(cfg.groups[g])));
