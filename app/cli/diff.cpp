@@ -72,11 +72,16 @@ void printDiff(const DiffResult& d, std::ostream& out)
         }
         if (d.firstWorse)
             out << "  first worse: " << cellText(d, *d.firstWorse) << "\n";
-        if (!d.suspects.empty()) {
-            out << "  suspects of the change:\n";
-            for (const Suspect& s : d.suspects)
-                out << "    " << suspectPatternName(s.pattern) << " (score " << floors(s.score) << "): " << s.evidence << "\n";
-        }
+    } else if (!d.worstMoves.empty()) {
+        // Cells beyond noise that the chosen statistic does not move: said, though not a regression.
+        out << "\nno layer's " << diffStatName(d.options.stat) << " is worse, but cells are (not a regression by --stat "
+            << diffStatName(d.options.stat) << "); the worst: " << cellText(d, d.worstMoves.front()) << "\n";
+    }
+    if (!d.suspects.empty()) {
+        out << "  suspects of the change:\n";
+        for (const Suspect& s : d.suspects)
+            out << "    " << suspectPatternName(s.pattern) << " (score " << floors(s.score) << "): "
+                << (s.prompts.size() > 1 ? "in " + s.evidencePrompt + ": " : std::string()) << s.evidence << "\n";
     }
     if (better) {
         out << "\nbetter: " << better << " layer(s)\n";
@@ -86,12 +91,14 @@ void printDiff(const DiffResult& d, std::ostream& out)
                     << floors(l.statB[0]) << ", " << d.partNames[1] << " A " << floors(l.statA[1]) << " -> B "
                     << floors(l.statB[1]) << "\n";
     }
-    out << "\nper layer (" << diffStatName(d.options.stat) << ", floors)   " << d.partNames[0] << ": A -> B      "
-        << d.partNames[1] << ": A -> B\n";
+    out << "\nper layer (" << diffStatName(d.options.stat) << ", floors)\n  " << std::left << std::setw(32) << "layer"
+        << std::setw(18) << d.partNames[0] + ": A -> B" << std::setw(18) << d.partNames[1] + ": A -> B" << std::setw(8)
+        << "change" << "noise reaches\n";
     for (const LayerDiff& l : d.layers)
         out << "  " << std::left << std::setw(32) << l.name << std::setw(18)
             << floors(l.statA[0]) + " -> " + floors(l.statB[0]) << std::setw(18)
-            << floors(l.statA[1]) + " -> " + floors(l.statB[1]) << changeName(l.verdict()) << "\n";
+            << floors(l.statA[1]) + " -> " + floors(l.statB[1]) << std::setw(8) << changeName(l.verdict())
+            << floors(std::max(l.noise[0], l.noise[1])) << "\n";
     if (worse)
         out << "\nB is worse than A in " << worse << " layer(s)\n";
     else if (better)
@@ -123,6 +130,10 @@ int diff(const Args& args, std::ostream& out, std::ostream& err)
     }
     if (!(diffOptions.maxWorse >= 1.0) || !std::isfinite(diffOptions.maxWorse)) {
         err << "kvscope diff: --max-worse must be a number of at least 1 (B's statistic over A's)\n";
+        return 2;
+    }
+    if (options.threads < 0 || !(diffOptions.suspects.offFloor > 0) || !std::isfinite(diffOptions.suspects.offFloor)) {
+        err << "kvscope diff: --threads must be 0 (one per core) or more, --suspect-floor a positive number of floors\n";
         return 2;
     }
     options.suspects = diffOptions.suspects;

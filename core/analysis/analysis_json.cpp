@@ -99,10 +99,11 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         .numbers(p.inputIds)
         .key("reference_fingerprints")
         .beginObject()
-        .field("expected", hexFingerprint(p.referenceHashes[0]))
+        .key("expected")
+        .array(p.referenceHashes[0].size(), [&](std::size_t l) { w.value(hexFingerprint(p.referenceHashes[0][l])); })
         .key("baseline");
     if (p.threeWay)
-        w.value(hexFingerprint(p.referenceHashes[1]));
+        w.array(p.referenceHashes[1].size(), [&](std::size_t l) { w.value(hexFingerprint(p.referenceHashes[1][l])); });
     else
         w.null();
     w.endObject()

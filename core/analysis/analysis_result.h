@@ -63,9 +63,9 @@ struct CacheScales {
 struct PromptAnalysis {
     std::string id;
     std::vector<std::int64_t> inputIds;  // the prompt's tokens as the bundle holds them
-    // Fingerprints of the reference compared against (util/content_hash.h), over the analysed
-    // layers in order: [expected, baseline]; baseline 0 for a two-way prompt.
-    std::array<std::uint64_t, 2> referenceHashes{};
+    // Fingerprints of the reference compared against (util/content_hash.h), per analysed layer:
+    // [expected, baseline][layer]; 0 where not read (and baseline for a two-way prompt).
+    std::array<std::vector<std::uint64_t>, 2> referenceHashes;
     std::int64_t promptLen = 0;
     std::int64_t tokens = 0;
     int heads = 0;  // the head axis: the most any analysed layer has

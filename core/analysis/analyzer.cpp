@@ -7,7 +7,6 @@
 #include "format/bundle_error.h"
 #include "kv/block_sharing.h"
 #include "util/buffer_allocator.h"
-#include "util/content_hash.h"
 #include "util/work_team.h"
 
 #include <algorithm>
@@ -69,6 +68,8 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
         p.layerDtypes.push_back(config.groups[std::size_t(p.layerGroups.back())].dtype);
         p.layerHeads.push_back(config.groups[std::size_t(p.layerGroups.back())].totalKvHeads);
     }
+    for (std::vector<std::uint64_t>& hashes : p.referenceHashes)
+        hashes.assign(layers.size(), 0);
     p.heads = p.layerHeads.empty() ? group.totalKvHeads : *std::max_element(p.layerHeads.begin(), p.layerHeads.end());
     try {
         p.divergences = findDivergences(loader, info);
@@ -142,7 +143,6 @@ public:
         , m_result(result)
         , m_sharing(loader, promptIds(result))
         , m_stats(result.prompts.size())
-        , m_referenceHashes(result.prompts.size())
         , m_layerCount(result.prompts.empty() ? 0 : int(result.prompts.front().layers.size()))
     {
         for (std::size_t i = 0; i < result.prompts.size(); ++i) {
@@ -188,7 +188,6 @@ private:
     std::vector<int> m_pooled;                // the three-way prompts
     std::vector<char> m_counted;              // [prompt]: pooled
     std::vector<TokenErrorStats> m_stats;     // per prompt, kept from layer to layer for its buffers
-    std::vector<std::array<ContentHash, 2>> m_referenceHashes;  // per prompt: expected, baseline
     const int m_layerCount;
     int m_layersDone = 0;
     std::atomic<bool> m_failed{false};        // the reads still posted then do nothing
@@ -294,8 +293,8 @@ void AnalysisRun::compare(LayerInputs& in)
         p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
         p.replicaDifferences.insert(p.replicaDifferences.end(), in.replicas[pi].begin(), in.replicas[pi].end());
         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
-        for (std::size_t role = 0; role < 2; ++role)  // layer by layer, in order
-            m_referenceHashes[pi][role].add(in.referenceHashes[pi][role]);
+        for (std::size_t role = 0; role < 2; ++role)
+            p.referenceHashes[role][std::size_t(in.layer)] = in.referenceHashes[pi][role];
     }
     if (cancelled())
         return;
@@ -343,10 +342,6 @@ void AnalysisRun::streamLayers()
     releaseKeptBuffers();
     if (failure)
         std::rethrow_exception(failure);
-    for (std::size_t pi = 0; pi < m_result.prompts.size(); ++pi) {
-        PromptAnalysis& p = m_result.prompts[pi];
-        p.referenceHashes = {m_referenceHashes[pi][0].value(), p.threeWay ? m_referenceHashes[pi][1].value() : 0};
-    }
     if (m_options.cancel && m_options.cancel->load())
         throw AnalysisCancelled();
 }

@@ -13,8 +13,9 @@ namespace kvscope {
 
 namespace {
 
-// What run-to-run noise keeps a layer's p99 and median below, in floors (three-way): the
-// level up to which the suspects call an error explained (SuspectThresholds::explained).
+// What run-to-run noise keeps a layer's median below, in floors (three-way): the level up to
+// which the suspects call an error explained (SuspectThresholds::explained). A p99 of few cells
+// is their max: it gets the max's threshold.
 constexpr double kNoiseStatFloors = 2.0;
 constexpr std::size_t kWorstMoves = 20;
 
@@ -51,12 +52,18 @@ void checkComparable(const DiffPrompt& a, const DiffPrompt& b, const std::string
     if (a.tokens != b.tokens)
         throw DiffMismatch(names + " have the same tokens but " + std::to_string(a.tokens) + " and " +
                            std::to_string(b.tokens) + " positions");
-    if (a.referenceHashes[0] != b.referenceHashes[0])
-        throw DiffMismatch(names + " were compared against different expected references (fingerprints " +
-                           hexFingerprint(a.referenceHashes[0]) + " and " + hexFingerprint(b.referenceHashes[0]) + ")");
-    if (a.threeWay && a.referenceHashes[1] != b.referenceHashes[1])
-        throw DiffMismatch(names + " were compared against different baselines (fingerprints " +
-                           hexFingerprint(a.referenceHashes[1]) + " and " + hexFingerprint(b.referenceHashes[1]) + ")");
+    // Layer by layer, over the layers both analysed (either may be a subset: --layers).
+    for (std::size_t lb = 0; lb < b.layers.size(); ++lb) {
+        const auto found = std::find(a.layers.begin(), a.layers.end(), b.layers[lb]);
+        if (found == a.layers.end())
+            continue;
+        const std::size_t la = std::size_t(found - a.layers.begin());
+        for (std::size_t role = 0; role < (a.threeWay ? 2u : 1u); ++role)
+            if (a.referenceHashes[role][la] != b.referenceHashes[role][lb])
+                throw DiffMismatch(names + " were compared against different " + (role ? "baselines" : "expected references") +
+                                   " at " + b.layers[lb] + " (fingerprints " + hexFingerprint(a.referenceHashes[role][la]) +
+                                   " and " + hexFingerprint(b.referenceHashes[role][lb]) + ")");
+    }
 }
 
 // A's ratios laid over B's layers (NaN where A lacks the layer).
@@ -216,7 +223,7 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
             layer.cells[pi] = std::int64_t(valuesA.size());
             layer.statA[pi] = statistic(valuesA, options.stat);
             layer.statB[pi] = statistic(valuesB, options.stat);
-            layer.noise[pi] = options.stat == DiffStat::Max || !result.threeWay ? noise : kNoiseStatFloors;
+            layer.noise[pi] = options.stat == DiffStat::Median && result.threeWay ? kNoiseStatFloors : noise;
             const double sa = layer.statA[pi], sb = layer.statB[pi];
             if (sb > layer.noise[pi] && sb > options.maxWorse * sa)
                 layer.change[pi] = Change::Worse;

@@ -7,7 +7,7 @@
 //   the suspects' own) and more than `maxWorse` times A's; better the other way round;
 // - a layer is worse when its statistic (max, p99 or median over its cells, K and V apart, the
 //   matched prompts pooled) is above what run-to-run noise reaches and more than `maxWorse`
-//   times A's: noise reaches the off-floor threshold for the max, and 2 floors for p99 and
+//   times A's: noise reaches the off-floor threshold for the max and p99, and 2 floors for
 //   the median (three-way; two-way the drift-allowing threshold for all three);
 // - the suspects of the change are B's suspects found among the cells that got worse only.
 //

@@ -9,15 +9,17 @@ namespace {
 
 void writeCell(JsonWriter& w, const CellMove& c, const DiffResult& d)
 {
-    w.beginObject()
-        .field("prompt", c.prompt)
-        .field("layer", d.layerNamesB[std::size_t(c.layer)])
-        .key("token");
-    if (c.token < 0)
-        w.null();
-    else
-        w.value(c.token);
-    w.field("part", d.partNames[std::size_t(c.part)]).field("a", c.a).field("b", c.b).endObject();
+    w.beginObject().field("layer", d.layerNamesB[std::size_t(c.layer)]);
+    if (c.token < 0) {  // a broad shift: the layer only
+        w.key("prompt").null().key("token").null().key("part").null().key("a").null().key("b").null().endObject();
+        return;
+    }
+    w.field("prompt", c.prompt)
+        .field("token", c.token)
+        .field("part", d.partNames[std::size_t(c.part)])
+        .field("a", c.a)
+        .field("b", c.b)
+        .endObject();
 }
 
 void writePart(JsonWriter& w, const LayerDiff& l, KvPart part)

@@ -97,7 +97,6 @@ DiffSide diffSideOf(const AnalysisResult& result)
 {
     DiffSide side;
     side.path = result.bundle;
-    side.problems = result.problems;
     for (const PromptAnalysis& p : result.prompts)
         side.prompts.push_back(diffPromptOf(p));
     return side;
@@ -128,10 +127,9 @@ DiffSide readDiffSide(const std::string& jsonPath)
     DiffSide side;
     side.path = jsonPath;
     side.fromAnalysisJson = true;
-    if (doc.contains("problems") && doc["problems"].is_array())
-        for (const Json& p : doc["problems"])
-            if (p.is_string())
-                side.problems.push_back(p.get<std::string>());
+    if (doc.contains("problems") && doc["problems"].is_array() && !doc["problems"].empty())
+        f.fail("problems", "the analysis could not analyse every prompt (" + doc["problems"][0].dump() +
+                               "): it cannot stand for A");
     const Json& prompts = f.at(doc, "prompts", "");
     if (!prompts.is_array())
         f.fail("prompts", "must be an array");
@@ -140,9 +138,14 @@ DiffSide readDiffSide(const std::string& jsonPath)
         const std::string where = "prompts[" + std::to_string(i) + "].";
         DiffPrompt d;
         d.id = f.text(p, "id", where);
-        if (!p.contains("error_ratios") || !p.contains("input_ids"))
-            f.fail(where + "error_ratios",
-                   "missing: this analysis was written by a kvscope older than diff; run kvscope analyze --json again");
+        for (const char* needed : {"input_ids", "reference_fingerprints", "error_ratios"})
+            if (!p.contains(needed))
+                f.fail(where + needed, "missing: this analysis was written by a kvscope older than diff; run kvscope "
+                                       "analyze --json again");
+        // Strict, as a bundle given for A is analysed: what the analysis could not read is not a pass.
+        if (p.contains("problems") && p["problems"].is_array() && !p["problems"].empty())
+            f.fail(where + "problems", "the analysis could not read everything of this prompt (" +
+                                           p["problems"][0].dump() + "): it cannot stand for A");
         for (const Json& id : f.at(p, "input_ids", where)) {
             if (!id.is_number_integer())
                 f.fail(where + "input_ids", "must hold integers");
@@ -153,15 +156,24 @@ DiffSide readDiffSide(const std::string& jsonPath)
         if (d.tokens < 0 || d.tokens > (std::int64_t(1) << 24))
             f.fail(where + "num_tokens", "outside 0..2^24");
         d.threeWay = f.text(p, "mode", where) == "three-way";
-        const Json& fingerprints = f.at(p, "reference_fingerprints", where);
-        d.referenceHashes[0] = f.fingerprint(f.at(fingerprints, "expected", where + "reference_fingerprints."),
-                                             where + "reference_fingerprints.expected");
-        d.referenceHashes[1] = f.fingerprint(f.at(fingerprints, "baseline", where + "reference_fingerprints."),
-                                             where + "reference_fingerprints.baseline");
         for (const Json& name : f.at(p, "layer_names", where)) {
             if (!name.is_string())
                 f.fail(where + "layer_names", "must hold strings");
             d.layers.push_back(name.get<std::string>());
+        }
+        const Json& fingerprints = f.at(p, "reference_fingerprints", where);
+        for (std::size_t role = 0; role < 2; ++role) {
+            const char* name = role ? "baseline" : "expected";
+            const std::string field = where + "reference_fingerprints." + name;
+            const Json& list = f.at(fingerprints, name, where + "reference_fingerprints.");
+            if (list.is_null() && (role == 1 && !d.threeWay)) {
+                d.referenceHashes[role].assign(d.layers.size(), 0);
+                continue;
+            }
+            if (!list.is_array() || list.size() != d.layers.size())
+                f.fail(field, "must hold one fingerprint per layer (" + std::to_string(d.layers.size()) + ")");
+            for (std::size_t l = 0; l < list.size(); ++l)
+                d.referenceHashes[role].push_back(f.fingerprint(list[l], field + "[" + std::to_string(l) + "]"));
         }
         const Json& ratios = f.at(p, "error_ratios", where);
         d.ratios[0] = f.layerRows(f.at(ratios, "k", where + "error_ratios."), d.layers.size(), d.tokens, where + "error_ratios.k");

@@ -21,7 +21,7 @@ struct DiffPrompt {
     std::int64_t promptLen = 0;
     std::int64_t tokens = 0;
     bool threeWay = false;
-    std::array<std::uint64_t, 2> referenceHashes{};  // [expected, baseline] (util/content_hash.h)
+    std::array<std::vector<std::uint64_t>, 2> referenceHashes;  // [expected, baseline][layer] (util/content_hash.h)
     std::vector<std::string> layers;
     CellRatioMaxima ratios;  // [K/V][layer * tokens + token], in floors
 
@@ -35,7 +35,6 @@ struct DiffSide {
     std::string path;
     bool fromAnalysisJson = false;
     std::vector<DiffPrompt> prompts;
-    std::vector<std::string> problems;  // prompts the analysis could not analyse at all
 };
 
 DiffSide diffSideOf(const AnalysisResult& result);

@@ -65,6 +65,7 @@ private slots:
     void capturesThatDoNotMatchAreRefused();
     void exitCodes();
     void metricsWithoutBcAreTheSame();
+    void aSubsetOfLayersStandsForA();
 
 private:
     std::string path(const std::string& name) const { return m_dir.filePath(QString::fromStdString(name)).toStdString(); }
@@ -297,6 +298,23 @@ void TestCaptureDiff::metricsWithoutBcAreTheSame()
             QVERIFY(std::all_of(bc.begin(), bc.end(), [](float v) { return std::isnan(v); }));
         QVERIFY(full.prompts[p].referenceHashes == lean.prompts[p].referenceHashes);
     }
+}
+
+void TestCaptureDiff::aSubsetOfLayersStandsForA()
+{
+    // A analysed over layers 0-2 only (kvscope analyze --layers 0-2): the reference is checked
+    // over the layers both have, the others are listed, and the fault at layer 2 is found.
+    const auto readerA = std::make_shared<BundleReader>(path("json_a.h5"));
+    AnalysisOptions some;
+    some.layers = {"model.layers.0.self_attn", "model.layers.1.self_attn", "model.layers.2.self_attn"};
+    const AnalysisResult a = analyzeBundle(readerA, some);
+    const auto readerB = std::make_shared<BundleReader>(path("json_b.h5"));
+    const AnalysisResult b = analyzeBundle(readerB);
+    const DiffResult d = diffAnalyses(diffSideOf(a), b, CaptureLoader(readerB), {});
+    QCOMPARE(d.layersOnlyB.size(), b.prompts.front().layers.size() - 3);
+    QCOMPARE(d.layers.size(), std::size_t(3));
+    QCOMPARE(d.verdict(), Change::Worse);
+    QCOMPARE(d.layerNamesB[std::size_t(d.firstWorse->layer)], std::string("model.layers.2.self_attn"));
 }
 
 QTEST_GUILESS_MAIN(TestCaptureDiff)
