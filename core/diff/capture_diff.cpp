@@ -34,6 +34,13 @@ float statistic(std::vector<float>& values, DiffStat stat)
     return values[rank];
 }
 
+// Where `name` is in `names`, or -1.
+int indexOf(const std::vector<std::string>& names, const std::string& name)
+{
+    const auto found = std::find(names.begin(), names.end(), name);
+    return found == names.end() ? -1 : int(found - names.begin());
+}
+
 std::string describeIds(const std::vector<std::int64_t>& ids)
 {
     std::string text;
@@ -54,10 +61,10 @@ void checkComparable(const DiffPrompt& a, const DiffPrompt& b, const std::string
                            std::to_string(b.tokens) + " positions");
     // Layer by layer, over the layers both analysed (either may be a subset: --layers).
     for (std::size_t lb = 0; lb < b.layers.size(); ++lb) {
-        const auto found = std::find(a.layers.begin(), a.layers.end(), b.layers[lb]);
-        if (found == a.layers.end())
+        const int found = indexOf(a.layers, b.layers[lb]);
+        if (found < 0)
             continue;
-        const std::size_t la = std::size_t(found - a.layers.begin());
+        const std::size_t la = std::size_t(found);
         for (std::size_t role = 0; role < (a.threeWay ? 2u : 1u); ++role)
             if (a.referenceHashes[role][la] != b.referenceHashes[role][lb])
                 throw DiffMismatch(names + " were compared against different " + (role ? "baselines" : "expected references") +
@@ -73,11 +80,10 @@ CellRatioMaxima alignedRatios(const DiffPrompt& a, const DiffPrompt& b)
     for (std::size_t part = 0; part < 2; ++part) {
         out[part].assign(b.layers.size() * std::size_t(b.tokens), std::nanf(""));
         for (std::size_t lb = 0; lb < b.layers.size(); ++lb) {
-            const auto found = std::find(a.layers.begin(), a.layers.end(), b.layers[lb]);
-            if (found == a.layers.end())
+            const int la = indexOf(a.layers, b.layers[lb]);
+            if (la < 0)
                 continue;
-            const std::size_t la = std::size_t(found - a.layers.begin());
-            std::copy_n(a.ratios[part].begin() + std::ptrdiff_t(la * std::size_t(a.tokens)), std::size_t(b.tokens),
+            std::copy_n(a.ratios[part].begin() + std::ptrdiff_t(std::size_t(la) * std::size_t(a.tokens)), std::size_t(b.tokens),
                         out[part].begin() + std::ptrdiff_t(lb * std::size_t(b.tokens)));
         }
     }
@@ -171,12 +177,15 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
     result.threeWay = firstB.threeWay;
     result.layerNamesB = firstB.layers;
     result.partNames = b.prompts[pairs.front().second].partNames;
-    for (const std::string& name : firstB.layers)
-        if (std::find(a.prompts[pairs.front().first].layers.begin(), a.prompts[pairs.front().first].layers.end(), name) ==
-            a.prompts[pairs.front().first].layers.end())
-            result.layersOnlyB.push_back(name);
-    for (const std::string& name : a.prompts[pairs.front().first].layers)
-        if (std::find(firstB.layers.begin(), firstB.layers.end(), name) == firstB.layers.end())
+    const std::vector<std::string>& layersA = a.prompts[pairs.front().first].layers;
+    std::vector<char> inA(firstB.layers.size(), 0);
+    for (std::size_t lb = 0; lb < firstB.layers.size(); ++lb) {
+        inA[lb] = indexOf(layersA, firstB.layers[lb]) >= 0;
+        if (!inA[lb])
+            result.layersOnlyB.push_back(firstB.layers[lb]);
+    }
+    for (const std::string& name : layersA)
+        if (indexOf(firstB.layers, name) < 0)
             result.layersOnlyA.push_back(name);
 
     // Per matched prompt: A over B's layers, and B's off-floor thresholds.
@@ -189,7 +198,7 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
 
     std::vector<CellMove> worse;
     for (std::size_t lb = 0; lb < firstB.layers.size(); ++lb) {
-        if (std::find(result.layersOnlyB.begin(), result.layersOnlyB.end(), firstB.layers[lb]) != result.layersOnlyB.end())
+        if (!inA[lb])
             continue;
         LayerDiff layer;
         layer.name = firstB.layers[lb];
