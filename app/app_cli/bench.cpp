@@ -10,6 +10,7 @@
 #include "report/drawing_application.h"
 #include "format/bundle_reader.h"
 #include "quant/whatif.h"
+#include "results/results_writer.h"
 #include "synth/synthetic_capture.h"
 #include "util/helper_path.h"
 
@@ -282,6 +283,18 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         out << analysis << " " << seconds(found) << " " << named << "\n";
         return 0;
     }
+    if (args[0] == "save") {
+        // kvscope analyze --save: the analysis writing its results file as it streams.
+        AnalysisOptions options;
+        options.threads = threads;
+        const std::string saved = args[1] + ".bench.kvres";
+        analyzeAndSave(std::make_shared<BundleReader>(args[1]), options, saved);
+        const double elapsed = seconds(start);
+        const std::uintmax_t bytes = std::filesystem::file_size(saved);
+        std::filesystem::remove(saved);
+        out << elapsed << " " << bytes << " " << peakRssKb() << " 0\n";
+        return 0;
+    }
     if (args[0] == "whatif") {
         // kvscope whatif's four default schemes (fp8 e4m3 per tensor and per head, int8 per
         // token and head, int4 in groups of 32), as the command runs them.
@@ -452,13 +465,20 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
         out << "\nsuspects, with a RoPE fault to explain (" << layers << " layers, referenced): analysis "
             << std::setprecision(3) << analysis << " s, suspects found again " << suspects << " s = "
             << std::setprecision(1) << 100 * suspects / analysis << "% of the analysis (top: " << named << ")\n";
-        // The what-if's four default schemes against one analyze of the same capture, alternated.
-        long whatIfRss = 0, analyzeRss = 0;
-        double whatIf = 1e300, analyzed = 1e300;
+        // The what-if's four default schemes, and analyze --save, against one analyze of the
+        // same capture, alternated.
+        long whatIfRss = 0, analyzeRss = 0, saveRss = 0;
+        double whatIf = 1e300, analyzed = 1e300, saved = 1e300;
+        std::uint64_t savedBytes = 0;
         for (int i = 0; i < runs; ++i) {
             analyzed = std::min(analyzed, bestOf(1, {"kvscope", "bench-run", "analyze", path, t}, analyzeRss, nullptr));
             whatIf = std::min(whatIf, bestOf(1, {"kvscope", "bench-run", "whatif", path, t}, whatIfRss, nullptr));
+            saved = std::min(saved, bestOf(1, {"kvscope", "bench-run", "save", path, t}, saveRss, &savedBytes));
         }
+        out << "analyze --save (" << layers << " layers x " << tokens << " tokens): " << std::setprecision(3) << saved
+            << " s against analyze " << analyzed << " s = " << std::setprecision(2) << saved / analyzed
+            << "x; results file " << std::setprecision(3) << savedBytes / 1e6 << " MB; RSS " << saveRss / 1024
+            << " MB against " << analyzeRss / 1024 << " MB\n";
         out << "whatif, four schemes (" << layers << " layers x " << tokens << " tokens): " << std::setprecision(3)
             << whatIf << " s against analyze " << analyzed << " s = " << std::setprecision(2) << whatIf / analyzed
             << "x (goal: at most 2x); RSS " << whatIfRss / 1024 << " MB against " << analyzeRss / 1024 << " MB\n";

@@ -4,6 +4,7 @@
 #include "report/drawing_application.h"
 #include "report/report_writer.h"
 #include "diff/diff_side.h"
+#include "results/analysis_input.h"
 
 #include "util/work_team.h"
 
@@ -29,13 +30,20 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
         return 2;
     try {
         const auto app = applicationForDrawing();  // the PNGs are drawn by the app's widgets
-        auto reader = std::make_shared<BundleReader>(bundle);
         AnalysisOptions options;
         options.suspects = t.suspects;
-        const AnalysisResult result = analyzeForVerdict(reader, options);  // the same verdict as `check`
-        const CaptureLoader loader(reader);
+        // The same verdict as `check`; from a results file, its bundle only when it is at hand.
+        const AnalysisInput input = analysisForVerdict(bundle, options);
+        const AnalysisResult& result = input.result;
+        const CaptureLoader loader(input.reader);
+        if (!input.bundleMissing.empty())
+            err << "kvscope report: " << input.bundleMissing << ": no what-if section (it needs the KV)\n";
+        if (!input.bundleMissing.empty() && !against.empty())
+            throw std::runtime_error("--against needs the KV of " + bundle + "'s bundle for the suspects of the change: " +
+                                     input.bundleMissing);
         std::optional<WhatIfResult> whatIf;
-        if (withWhatIf && !loader.config().isMla()) {  // (per-head schemes: an MLA latent has no heads)
+        // (per-head schemes: an MLA latent has no heads)
+        if (withWhatIf && input.reader->holdsData() && !loader.config().isMla()) {
             WorkTeam team(int(std::max(1u, std::thread::hardware_concurrency())));
             WhatIfOptions whatIfOptions;
             whatIfOptions.team = &team;

@@ -6,6 +6,8 @@
 #include "format/bundle_error.h"
 #include "analysis/suspect.h"
 #include "analysis/worst_cells.h"
+#include "results/results_file.h"
+#include "results/results_writer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -118,11 +120,12 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
 
 int analyze(const Args& args, std::ostream& out, std::ostream& err)
 {
-    std::string bundle, jsonPath, layerSpec;
+    std::string bundle, jsonPath, layerSpec, savePath;
     AnalysisOptions options;
     OptionParser parser("analyze");
     parser.operand("BUNDLE", bundle);
     parser.text({"--json"}, jsonPath);
+    parser.text({"--save"}, savePath);
     parser.repeated("--prompt", options.prompts);
     parser.text({"--layers"}, layerSpec);
     parser.integer("--threads", options.threads);
@@ -130,10 +133,22 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     if (!parser.parse(args, err))
         return 2;
     try {
-        auto reader = std::make_shared<BundleReader>(bundle);
-        if (!layerSpec.empty())
-            options.layers = parseLayerSelection(layerSpec, reader->config().layerNames());
-        const AnalysisResult result = analyzeBundle(reader, options);
+        AnalysisResult result;
+        if (isResultsFile(bundle)) {  // a saved analysis: read, not analysed again
+            if (!savePath.empty() || !layerSpec.empty() || !options.prompts.empty() || options.unreadableBlocks == UnreadableBlockPolicy::Error) {
+                err << "kvscope analyze: " << bundle << " is a results file: --save, --layers, --prompt and --strict "
+                    << "apply to analysing a bundle\n";
+                return 2;
+            }
+            result = readResultsFile(bundle).result;
+        } else {
+            auto reader = std::make_shared<BundleReader>(bundle);
+            if (!layerSpec.empty())
+                options.layers = parseLayerSelection(layerSpec, reader->config().layerNames());
+            result = savePath.empty() ? analyzeBundle(reader, options) : analyzeAndSave(reader, options, savePath);
+            if (!savePath.empty())
+                out << "wrote " << savePath << "\n";
+        }
         if (!jsonPath.empty()) {
             std::ofstream file(jsonPath, std::ios::binary);
             if (!file)

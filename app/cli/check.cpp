@@ -2,6 +2,7 @@
 
 #include "analysis/analyzer.h"
 #include "analysis/threshold_check.h"
+#include "results/analysis_input.h"
 
 #include <fstream>
 
@@ -21,7 +22,7 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
     try {
         AnalysisOptions options;
         options.suspects = t.suspects;
-        result = analyzeForVerdict(std::make_shared<BundleReader>(bundle), options);
+        result = analysisForVerdict(bundle, options).result;  // a bundle, or a results file
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";
         return 2;

@@ -15,8 +15,11 @@ const std::vector<Command>& commands()
                  "  --mla  the MLA demo instead: 16 layers of DeepSeek-style latent attention (c_kv 256,\n"
                  "         k_pe 32) over TP 4, with a RoPE fault in k_pe of layer 9 (report: DIR/report-mla)\n",
          "open the app on the built-in demo capture (headless: write its report)", nullptr},
-        {"analyze", "analyze BUNDLE [--json OUT.json] [--prompt ID]... [--layers SPEC] [--threads N] [--strict]\n"
+        {"analyze", "analyze BUNDLE|RESULTS.kvres [--json OUT.json] [--save RESULTS.kvres] [--prompt ID]... [--layers SPEC]\n"
+                    "        [--threads N] [--strict]\n"
                     "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
+                    "  --save FILE    keep the analysis in a results file, written as it streams (docs/results-files.md);\n"
+                    "                 analyze, check, report, diff and the app read it instead of the bundle\n"
                     "  --prompt ID    analyse this prompt only (repeatable)\n"
                     "  --layers SPEC  layers by index among the compared layers in model order, or by name,\n"
                     "                 e.g. 0-3,7\n"

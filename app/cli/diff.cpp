@@ -6,6 +6,7 @@
 #include "diff/diff_json.h"
 #include "format/bundle_error.h"
 #include "kv/capture_loader.h"
+#include "results/analysis_input.h"
 
 #include <cmath>
 #include <fstream>
@@ -143,9 +144,11 @@ int diff(const Args& args, std::ostream& out, std::ostream& err)
         // A first, reduced to what the comparison needs, so that only one analysis is held at a time.
         // Strict, as check is: a part of either capture that cannot be read is not a pass.
         const DiffSide a = loadDiffSide(pathA, options);
-        const auto reader = std::make_shared<BundleReader>(pathB);
-        const AnalysisResult b = analyzeForVerdict(reader, options);
-        const DiffResult d = diffAnalyses(a, b, CaptureLoader(reader, UnreadableBlockPolicy::Error), diffOptions);
+        // B a bundle, or a results file whose bundle is at hand (the change's suspects read its KV).
+        const AnalysisInput b = analysisForVerdict(pathB, options);
+        if (!b.bundleMissing.empty())
+            throw BundleError(pathB, {}, "B's suspects need its KV, and " + b.bundleMissing);
+        const DiffResult d = diffAnalyses(a, b.result, CaptureLoader(b.reader, UnreadableBlockPolicy::Error), diffOptions);
         if (!jsonPath.empty()) {
             std::ofstream file(jsonPath, std::ios::binary);
             if (file)

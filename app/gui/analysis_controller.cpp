@@ -3,6 +3,8 @@
 #include "analysis/head_error_histogram.h"
 
 #include "import/import_process.h"
+#include "results/results_file.h"
+#include "results/results_writer.h"
 
 #include <QDir>
 #include <QFileInfo>
@@ -80,17 +82,39 @@ void AnalysisController::open(const QString& path)
             }
             if (BundleReader::kProbeFromThreads)  // a libhdf5 crash on this file must not take the app down
                 BundleReader::probeInChild(bundle, probeHook);
+            if (isResultsFile(bundle)) {  // a saved analysis: read, every layer ready at once
+                auto results = std::make_shared<ResultsFile>(readResultsFile(bundle));
+                auto loader = std::make_shared<const CaptureLoader>(results->bundle, results->options.unreadableBlocks);
+                auto result = std::make_shared<AnalysisResult>(std::move(results->result));
+                const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
+                const QString missing = QString::fromStdString(results->bundleMissing);
+                post([this, loader, result, layers, path, importDir, missing, recorded = results->options] {
+                    m_recorded = recorded;
+                    m_keptPath.clear();
+                    m_loader = loader;
+                    m_result = result;
+                    m_ready.assign(std::size_t(layers), 1);
+                    m_importDir = importDir;
+                    m_bundleMissing = missing;
+                    emit opened(path);
+                    m_running = false;
+                    emit finished();
+                }, generation);
+                return;
+            }
             AnalysisOptions options;
             auto loader = std::make_shared<const CaptureLoader>(std::make_shared<BundleReader>(bundle), options.unreadableBlocks);
             auto result = std::make_shared<AnalysisResult>(prepareAnalysis(*loader, options));
             const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
             wasOpened = true;
-            post([this, loader, result, layers, path, importDir] {
+            post([this, loader, result, layers, path, importDir, options] {
                 m_keptPath.clear();
                 m_loader = loader;
                 m_result = result;
                 m_ready.assign(std::size_t(layers), 0);
                 m_importDir = importDir;  // the previous import's folder can go
+                m_bundleMissing.clear();
+                m_recorded = recordedOptions(options);
                 emit opened(path);
                 emit progress(0, layers, tr("analysing"));
             }, generation);
@@ -131,6 +155,23 @@ void AnalysisController::open(const QString& path)
                 emit failed(message);
             }, generation);
         }
+    });
+}
+
+void AnalysisController::saveResults(const QString& file, std::function<void(const QString& error)> done)
+{
+    if (!m_loader || !m_result || m_running) {
+        done(tr("no finished analysis to save"));
+        return;
+    }
+    m_tasks.run([this, loader = m_loader, result = m_result, recorded = m_recorded, file, done = std::move(done)] {
+        QString error;
+        try {
+            kvscope::saveResults(file.toStdString(), loader->outline(), *result, recorded);
+        } catch (const std::exception& e) {
+            error = QString::fromStdString(e.what());
+        }
+        m_tasks.post([error, done] { done(error); });
     });
 }
 

@@ -4,6 +4,7 @@
 
 #include "analysis/analyzer.h"
 #include "kv/capture_loader.h"
+#include "results/analysis_record.h"
 
 #include "gui/background_tasks.h"
 
@@ -25,7 +26,8 @@ public:
     explicit AnalysisController(QObject* parent = nullptr);
     ~AnalysisController() override;
 
-    // A bundle file, or a folder of dumps (imported into a temporary bundle first). A finished
+    // A bundle file, a results file (read, not analysed: every layer is ready with opened()), or
+    // a folder of dumps (imported into a temporary bundle first). A finished
     // (or cancelled) analysis stays until the new one opens, and stays if it fails to open or
     // is cancelled before: then result() and path() are the kept one's.
     void open(const QString& path);
@@ -37,6 +39,8 @@ public:
     std::shared_ptr<const CaptureLoader> loader() const { return m_loader; }
     // Valid from opened(); a layer's cells are final once layerReady(layer).
     std::shared_ptr<const AnalysisResult> result() const { return m_result; }
+    // A results file whose bundle is not at hand: why (its KV views cannot be shown); else empty.
+    QString bundleMissing() const { return m_bundleMissing; }
     bool layerReady(int layer) const { return layer >= 0 && std::size_t(layer) < m_ready.size() && m_ready[std::size_t(layer)]; }
     const std::vector<char>& readyLayers() const { return m_ready; }
     // Called on the worker thread after each finished layer, with the count so far: lets a
@@ -51,6 +55,10 @@ public:
     using HistogramDone = std::function<void(std::shared_ptr<const HeadErrorHistogram> histogram, const QString& error)>;
     void requestHeadHistogram(const std::string& promptId, const std::string& layer, int head, KvPart part,
                               qint64 begin, qint64 end, HistogramDone done);
+
+    // Writes the finished analysis to a results file off the GUI thread; `done` gets, on the GUI
+    // thread, an empty string or why it could not be written.
+    void saveResults(const QString& file, std::function<void(const QString& error)> done);
 
 signals:
     void opened(const QString& path);
@@ -67,6 +75,8 @@ private:
 
     QString m_path;
     QString m_keptPath;  // the analysis shown while another opens
+    QString m_bundleMissing;
+    RecordedOptions m_recorded;  // what the open analysis ran with, for saving it
     std::shared_ptr<const CaptureLoader> m_loader;
     std::shared_ptr<AnalysisResult> m_result;
     std::vector<char> m_ready;

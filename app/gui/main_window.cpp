@@ -148,18 +148,20 @@ void MainWindow::buildMenus()
 {
     QMenu* file = menuBar()->addMenu(tr("&File"));
     file->addAction(tr("&Open bundle..."), QKeySequence::Open, this, [this] {
-        const QString path = QFileDialog::getOpenFileName(this, tr("Open capture bundle"), {},
-                                                          tr("Capture bundles (*.h5 *.hdf5);;All files (*)"));
+        const QString path = QFileDialog::getOpenFileName(this, tr("Open capture bundle or results file"), {},
+                                                          tr("Capture bundles and results (*.h5 *.hdf5 *.kvres);;All files (*)"));
         if (!path.isEmpty())
             openPath(path);
     });
     m_compareAction = file->addAction(tr("&Compare with..."), this, [this] {
         const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"), {},
-                                                          tr("Captures and analyses (*.h5 *.hdf5 *.json);;All files (*)"));
+                                                          tr("Captures and analyses (*.h5 *.hdf5 *.kvres *.json);;All files (*)"));
         if (!path.isEmpty())
             compareWith(path);
     });
     m_compareAction->setEnabled(false);  // once the open bundle is analysed
+    m_saveAction = file->addAction(tr("&Save results..."), QKeySequence::Save, this, &MainWindow::saveResults);
+    m_saveAction->setEnabled(false);  // once analysed
     file->addAction(tr("Open &folder of dumps..."), this, [this] {
         const QString dir = QFileDialog::getExistingDirectory(this, tr("Open a folder of .pt / .safetensors dumps"));
         if (!dir.isEmpty())
@@ -254,6 +256,7 @@ void MainWindow::onOpened()
     m_comparePage->reset();
     m_tabs->setTabEnabled(3, false);
     m_compareAction->setEnabled(false);
+    m_saveAction->setEnabled(false);
     m_toolbar->setEnabled(true);
     setWindowTitle("kvscope - " + QFileInfo(m_controller->path()).fileName());
     m_recent->add(m_controller->path());  // only what opened
@@ -290,8 +293,32 @@ void MainWindow::onFinished()
     m_tabs->setTabEnabled(1, m_acrossPage->refresh());
     m_promptPage->onFinished();
     m_comparePage->reset();
-    m_tabs->setTabEnabled(3, true);
-    m_compareAction->setEnabled(true);
+    // A results file without its bundle: what needs the KV (the what-if, B's side of a
+    // comparison, the drill-down's histograms) cannot be shown, and the status says why.
+    const QString missing = m_controller->bundleMissing();
+    m_tabs->setTabEnabled(2, missing.isEmpty());
+    m_tabs->setTabEnabled(3, missing.isEmpty());
+    m_compareAction->setEnabled(missing.isEmpty());
+    m_saveAction->setEnabled(true);
+    if (!missing.isEmpty()) {
+        m_summary += tr(" (from results; %1: views that need the KV are off)").arg(missing);
+        m_status->setText(m_summary);
+    }
+}
+
+void MainWindow::saveResults()
+{
+    QString path = QFileDialog::getSaveFileName(this, tr("Save results"),
+                                                QFileInfo(m_controller->path()).completeBaseName() + ".kvres",
+                                                tr("kvscope results (*.kvres)"));
+    if (path.isEmpty())
+        return;
+    m_status->setText(tr("saving %1").arg(path));
+    m_controller->saveResults(path, [this, path](const QString& error) {
+        if (!error.isEmpty())
+            QMessageBox::warning(this, tr("Save results"), error);
+        m_status->setText(error.isEmpty() ? tr("saved %1").arg(path) : m_summary);
+    });
 }
 
 void MainWindow::compareWith(const QString& pathA)

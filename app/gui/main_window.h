@@ -38,6 +38,7 @@ public:
     // File > Compare with...: the open, analysed bundle is B, `pathA` is A (a capture or its
     // analysis JSON); shown on the Compare page.
     void compareWith(const QString& pathA);
+    void saveResults();
     ComparePage& comparePage() { return *m_comparePage; }
 
 protected:
@@ -68,6 +69,7 @@ private:
     AcrossPromptsPage* m_acrossPage;
     WhatIfPage* m_whatIfPage;
     ComparePage* m_comparePage;
+    QAction* m_saveAction = nullptr;
     QAction* m_compareAction = nullptr;
     QTabWidget* m_tabs;
     RecentFilesMenu* m_recent;

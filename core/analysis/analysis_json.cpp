@@ -83,6 +83,56 @@ void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects)
     });
 }
 
+void writeDivergencesJson(JsonWriter& w, const std::vector<Divergence>& divergences)
+{
+    w.array(divergences.size(), [&](std::size_t i) {
+        const Divergence& d = divergences[i];
+        w.beginObject()
+            .field("position", d.position)
+            .field("derived", d.derived)
+            .field("engine_token", d.engineToken)
+            .field("teacher_token", d.teacherToken)
+            .field("logit_gap", d.logitGap)
+            .field("ulp_bound", d.ulpBound)
+            .field("in_bounds", d.inBounds)
+            .endObject();
+    });
+}
+
+void writeNonFiniteJson(JsonWriter& w, const std::vector<NonFiniteCell>& cells)
+{
+    w.array(cells.size(), [&](std::size_t i) {
+        const NonFiniteCell& c = cells[i];
+        w.beginObject()
+            .field("layer", c.layer)
+            .field("token", c.token)
+            .field("head", c.head)
+            .field("part", kvPartName(c.part))
+            .field("side", c.side)
+            .endObject();
+    });
+}
+
+void writeReplicaDifferencesJson(JsonWriter& w, const std::vector<ReplicaDifference>& differences)
+{
+    w.array(differences.size(), [&](std::size_t i) {
+        const ReplicaDifference& d = differences[i];
+        w.beginObject()
+            .field("layer", d.layer)
+            .field("snapshot", std::int64_t(d.snapshot))
+            .field("rank", d.rank)
+            .field("against_rank", d.againstRank)
+            .field("part", d.part)
+            .field("physical_block", d.physicalBlock)
+            .field("logical_block", d.logicalBlock)
+            .key("positions")
+            .numbers(std::vector<std::int64_t>{d.firstPosition, d.lastPosition})
+            .field("blocks", d.blocks)
+            .field("text", d.describe())
+            .endObject();
+    });
+}
+
 namespace {
 
 // Per (layer, token) arrays of `[layer][token]` values, one array per layer.
@@ -125,19 +175,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         .numbers(p.layerGroups)
         .key("divergence_positions")
         .array(p.divergences.size(), [&](std::size_t i) { w.value(p.divergences[i].position); })
-        .key("divergences")
-        .array(p.divergences.size(), [&](std::size_t i) {
-            const Divergence& d = p.divergences[i];
-            w.beginObject()
-                .field("position", d.position)
-                .field("derived", d.derived)
-                .field("engine_token", d.engineToken)
-                .field("teacher_token", d.teacherToken)
-                .field("logit_gap", d.logitGap)
-                .field("ulp_bound", d.ulpBound)
-                .field("in_bounds", d.inBounds)
-                .endObject();
-        });
+        .key("divergences");
+    writeDivergencesJson(w, p.divergences);
 
     const std::size_t layers = p.layers.size(), tokens = std::size_t(p.tokens), heads = std::size_t(p.heads);
     w.key("metrics").beginObject();
@@ -166,32 +205,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         w.endObject();
     }
     writeSuspectsJson(w.key("suspects"), p.suspects);
-    w.key("replica_differences").array(p.replicaDifferences.size(), [&](std::size_t i) {
-        const ReplicaDifference& d = p.replicaDifferences[i];
-        w.beginObject()
-            .field("layer", d.layer)
-            .field("snapshot", std::int64_t(d.snapshot))
-            .field("rank", d.rank)
-            .field("against_rank", d.againstRank)
-            .field("part", d.part)
-            .field("physical_block", d.physicalBlock)
-            .field("logical_block", d.logicalBlock)
-            .key("positions")
-            .numbers(std::vector<std::int64_t>{d.firstPosition, d.lastPosition})
-            .field("blocks", d.blocks)
-            .field("text", d.describe())
-            .endObject();
-    });
-    w.key("problems").strings(p.problems).key("non_finite").array(p.nonFinite.size(), [&](std::size_t i) {
-        const NonFiniteCell& c = p.nonFinite[i];
-        w.beginObject()
-            .field("layer", c.layer)
-            .field("token", c.token)
-            .field("head", c.head)
-            .field("part", kvPartName(c.part))
-            .field("side", c.side)
-            .endObject();
-    });
+    writeReplicaDifferencesJson(w.key("replica_differences"), p.replicaDifferences);
+    writeNonFiniteJson(w.key("problems").strings(p.problems).key("non_finite"), p.nonFinite);
     w.endObject();
 }
 

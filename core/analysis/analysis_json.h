@@ -14,5 +14,9 @@ class JsonWriter;
 void writeAnalysisJson(const AnalysisResult& result, std::ostream& out);
 // Suspects as the analysis writes them (`suspects`), for the documents that list some too.
 void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects);
+// The prompt's divergences, non-finite cells and replica differences, as the analysis writes them.
+void writeDivergencesJson(JsonWriter& w, const std::vector<Divergence>& divergences);
+void writeNonFiniteJson(JsonWriter& w, const std::vector<NonFiniteCell>& cells);
+void writeReplicaDifferencesJson(JsonWriter& w, const std::vector<ReplicaDifference>& differences);
 
 }  // namespace kvscope

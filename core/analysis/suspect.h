@@ -30,6 +30,7 @@ struct SuspectThresholds {
     int minCells = 3;               // an affected layer has at least this many off cells
     double explained = 2.0;         // a hypothesis explains the error when its residual is at most this
                                     // times the layer's clean level (at least 1 floor)
+    bool operator==(const SuspectThresholds&) const = default;
 };
 
 // A transformation of the reference that reproduces the engine's KV at the onset's off

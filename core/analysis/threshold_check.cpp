@@ -76,12 +76,17 @@ AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, An
 {
     options.unreadableBlocks = UnreadableBlockPolicy::Error;
     AnalysisResult result = analyzeBundle(reader, options);
+    requireNoProblems(result);
+    return result;
+}
+
+void requireNoProblems(const AnalysisResult& result)
+{
     if (!result.problems.empty())
         throw std::runtime_error(result.problems.front());
     for (const PromptAnalysis& p : result.prompts)
         if (!p.problems.empty())
             throw std::runtime_error(p.problems.front());
-    return result;
 }
 
 void writeVerdictJson(const std::string& bundle, const Thresholds& t, const std::vector<Violation>& violations,

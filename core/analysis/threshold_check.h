@@ -51,5 +51,8 @@ void writeVerdictJson(const std::string& bundle, const Thresholds& thresholds,
 // broken capture is not a pass. An unreadable block, a prompt or layer that cannot be
 // analysed throws (BundleError or std::runtime_error naming it).
 AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, AnalysisOptions options = {});
+// Throws the first of the analysis's problems, as analyzeForVerdict does (a results file read
+// for a verdict).
+void requireNoProblems(const AnalysisResult& result);
 
 }  // namespace kvscope

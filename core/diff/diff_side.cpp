@@ -2,6 +2,9 @@
 
 #include "analysis/threshold_check.h"
 #include "format/bundle_error.h"
+#include "format/json_fields.h"
+#include "results/analysis_input.h"
+#include "results/results_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -13,7 +16,7 @@ namespace kvscope {
 
 namespace {
 
-using Json = nlohmann::json;
+using Json = JsonFields::Json;
 
 DiffPrompt diffPromptOf(const PromptAnalysis& p)
 {
@@ -28,68 +31,6 @@ DiffPrompt diffPromptOf(const PromptAnalysis& p)
     d.ratios = cellRatioMaxima(p);
     return d;
 }
-
-// Reads the analysis JSON's fields, naming the one that is wrong.
-class JsonFields {
-public:
-    JsonFields(std::string path) : m_path(std::move(path)) {}
-
-    const Json& at(const Json& object, const char* key, const std::string& where) const
-    {
-        if (!object.is_object() || !object.contains(key))
-            fail(where + key, "missing");
-        return object[key];
-    }
-    std::int64_t integer(const Json& object, const char* key, const std::string& where) const
-    {
-        const Json& v = at(object, key, where);
-        if (!v.is_number_integer())
-            fail(where + key, "must be an integer");
-        return v.get<std::int64_t>();
-    }
-    std::string text(const Json& object, const char* key, const std::string& where) const
-    {
-        const Json& v = at(object, key, where);
-        if (!v.is_string())
-            fail(where + key, "must be a string");
-        return v.get<std::string>();
-    }
-    std::uint64_t fingerprint(const Json& v, const std::string& where) const
-    {
-        if (v.is_null())
-            return 0;
-        const std::string text = v.is_string() ? v.get<std::string>() : std::string();
-        if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
-            fail(where, "must be 16 hex digits");
-        return std::stoull(text, nullptr, 16);
-    }
-    // [layer][token] numbers or nulls (NaN), `layers` x `tokens`.
-    std::vector<float> layerRows(const Json& v, std::size_t layers, std::int64_t tokens, const std::string& where) const
-    {
-        if (!v.is_array() || v.size() != layers)
-            fail(where, "must hold " + std::to_string(layers) + " layers");
-        std::vector<float> out;
-        out.reserve(layers * std::size_t(tokens));
-        for (std::size_t l = 0; l < layers; ++l) {
-            const Json& row = v[l];
-            if (!row.is_array() || row.size() != std::size_t(tokens))
-                fail(where + "[" + std::to_string(l) + "]", "must hold " + std::to_string(tokens) + " tokens");
-            for (const Json& x : row) {
-                if (!x.is_null() && !x.is_number())
-                    fail(where + "[" + std::to_string(l) + "]", "holds something that is neither a number nor null");
-                out.push_back(x.is_null() ? std::nanf("") : x.get<float>());
-            }
-        }
-        return out;
-    }
-    [[noreturn]] void fail(const std::string& object, const std::string& problem) const
-    {
-        throw BundleError(m_path, object, problem);
-    }
-
-private:
-    std::string m_path;
-};
 
 }  // namespace
 
@@ -110,7 +51,10 @@ DiffSide loadDiffSide(const std::string& path, const AnalysisOptions& options)
     }
     if (file && c == '{')
         return readDiffSide(path);
-    return diffSideOf(analyzeForVerdict(std::make_shared<BundleReader>(path), options));
+    DiffSide side = diffSideOf(analysisForVerdict(path, options).result);  // a bundle, or a results file
+    if ((side.fromAnalysisJson = isResultsFile(path)))
+        side.path = path;
+    return side;
 }
 
 DiffSide readDiffSide(const std::string& jsonPath)

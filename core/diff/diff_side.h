@@ -33,7 +33,7 @@ struct DiffPrompt {
 
 struct DiffSide {
     std::string path;
-    bool fromAnalysisJson = false;
+    bool fromAnalysisJson = false;  // an analysis (JSON or results file), not a capture
     std::vector<DiffPrompt> prompts;
 };
 
@@ -42,7 +42,7 @@ DiffSide diffSideOf(const AnalysisResult& result);
 // when it is not one, or predates what diff needs.
 DiffSide readDiffSide(const std::string& jsonPath);
 // A's side as kvscope diff and report --against take it: an analysis JSON (a file starting with
-// '{'), or a bundle analysed strictly (as check does) with `options`.
+// '{'), a results file, or a bundle analysed strictly (as check does) with `options`.
 DiffSide loadDiffSide(const std::string& path, const AnalysisOptions& options);
 
 }  // namespace kvscope

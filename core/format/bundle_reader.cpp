@@ -3,6 +3,7 @@
 #include "format/bundle_error.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cerrno>
 #include <csignal>
 #include <cmath>
@@ -31,12 +32,6 @@ std::string describe(std::chrono::milliseconds duration)
     return text;
 }
 }  // namespace
-
-std::mutex& BundleReader::hdf5Mutex()
-{
-    static std::mutex mutex;
-    return mutex;
-}
 
 void BundleReader::probeInChild(const std::string& path, const std::function<void()>& inChild,
                                 std::chrono::milliseconds limit)
@@ -101,6 +96,8 @@ BundleReader::BundleReader(const std::string& path)
 {
     const std::lock_guard lock(hdf5Mutex());
     m_file = Hdf5File::openReadOnly(path);
+    std::error_code sizeError;
+    m_bytes = std::filesystem::file_size(path, sizeError);
     if (!m_file.hasAttribute("/", "format") || !m_file.hasAttribute("/", "format_version"))
         m_file.fail("/", "attributes 'format' and 'format_version' are missing: not a kvscope capture bundle");
     // The version first (an integer): it says how the rest, strings included, may be read.
@@ -137,6 +134,28 @@ BundleReader::BundleReader(const std::string& path)
         m_file.fail(bundle_path::kPrompts, "holds no prompt");
     for (const std::string& id : ids)
         m_prompts.push_back(readPrompt(id));
+}
+
+BundleReader::BundleReader(BundleOutline outline)
+    : m_path(std::move(outline.path)),
+      m_metadata(std::move(outline.metadata)),
+      m_config(std::move(outline.config)),
+      m_prompts(std::move(outline.prompts)),
+      m_bytes(outline.bytes)
+{
+}
+
+BundleOutline BundleReader::outline() const
+{
+    return {m_path, m_bytes, m_metadata, m_config, m_prompts};
+}
+
+void BundleReader::requireData(const std::string& object) const
+{
+    if (!holdsData())
+        throw BundleError(m_path, object,
+                          "not at hand: the analysis was opened from a results file, which keeps no KV, and the bundle "
+                          "it came from is not there");
 }
 
 const PromptInfo& BundleReader::prompt(const std::string& id) const
@@ -287,6 +306,7 @@ BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t
 {
     const PromptInfo& p = prompt(promptId);
     const std::string dataset = bundle_path::blockTable(promptId, snapshot, group);
+    requireData(dataset);
     std::lock_guard lock(hdf5Mutex());
     if (snapshot >= p.snapshots.size())
         m_file.fail(bundle_path::snapshot(promptId, snapshot), "no such snapshot");
@@ -311,6 +331,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
                                          const std::vector<std::int64_t>* blockIds) const
 {
     const PromptInfo& p = prompt(promptId);
+    requireData(bundle_path::prompt(promptId));
     if (snapshot >= p.snapshots.size())
         throw BundleError(m_path, bundle_path::snapshot(promptId, snapshot), "no such snapshot");
     if (rank < 0 || rank >= m_config.tpSize)
@@ -429,6 +450,7 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
                                                     const std::string& layer) const
 {
     prompt(promptId);
+    requireData(bundle_path::referenceRole(promptId, role));
     Reference ref;
     std::vector<ChunkRowRead> reads;
     {
@@ -451,6 +473,7 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
 Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) const
 {
     prompt(promptId);
+    requireData(bundle_path::logits(promptId, role));
     std::lock_guard lock(hdf5Mutex());
     const std::string dataset = bundle_path::logits(promptId, role);
     const DatasetInfo info = m_file.datasetInfo(dataset);
@@ -468,6 +491,7 @@ Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) co
 
 std::vector<std::string> BundleReader::validate() const
 {
+    requireData("/");
     std::vector<std::string> problems;
     auto check = [&](auto&& fn) {
         try {

@@ -4,6 +4,7 @@
 // lazily, one layer's K or V of one rank at a time, and only the blocks asked for.
 // Thread-safe: HDF5 calls are serialised internally.
 
+#include "format/bundle_outline.h"
 #include "format/capture_bundle.h"
 #include "format/hdf5_file.h"
 #include "format/kv_cache_config.h"
@@ -23,6 +24,10 @@ public:
     // Throws BundleError when the file is not a v1 bundle or its config is invalid.
     // Problems confined to one prompt are recorded in that prompt's `problems` instead.
     explicit BundleReader(const std::string& path);
+    // Stands in for a bundle that is not at hand (a results file keeps its outline): metadata,
+    // config and prompts as the bundle had them; every read of data throws a BundleError
+    // saying that the bundle itself is needed.
+    explicit BundleReader(BundleOutline outline);
     ~BundleReader();
     BundleReader(const BundleReader&) = delete;
     BundleReader& operator=(const BundleReader&) = delete;
@@ -32,6 +37,9 @@ public:
     const KvCacheConfig& config() const { return m_config; }
     const std::vector<PromptInfo>& prompts() const { return m_prompts; }
     const PromptInfo& prompt(const std::string& id) const;  // throws if unknown
+    // Whether tensors and block tables can be read (false for a reader made from an outline).
+    bool holdsData() const { return m_file.isOpen(); }
+    BundleOutline outline() const;
 
     BlockTable readBlockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const;
     // One rank's K or V of one layer. With `blockIds`, only those physical blocks (the ones
@@ -69,6 +77,8 @@ public:
                              std::chrono::milliseconds limit = std::chrono::minutes(1));
 
 private:
+    // Throws, naming `object`, when this reader stands for a bundle that is not at hand.
+    void requireData(const std::string& object) const;
     PromptInfo readPrompt(const std::string& id) const;
     // Reads straight from the file are left in `deferred`, for the caller to run without the lock.
     // The scales beside a quantised engine cache (`<dataset>_scale`), if any, into `cache`;
@@ -84,11 +94,10 @@ private:
 
     std::string m_path;
     Hdf5File m_file;
-    // HDF5 is not thread-safe in every build: one lock for every reader of the process.
-    static std::mutex& hdf5Mutex();
     BundleMetadata m_metadata;
     KvCacheConfig m_config;
     std::vector<PromptInfo> m_prompts;
+    std::uint64_t m_bytes = 0;  // the file's size
 };
 
 }  // namespace kvscope

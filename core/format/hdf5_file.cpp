@@ -6,11 +6,18 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace kvscope {
+
+std::mutex& hdf5Mutex()
+{
+    static std::mutex mutex;
+    return mutex;
+}
 
 namespace {
 
@@ -771,6 +778,51 @@ void Hdf5File::writeRaw(const std::string& dataset, hid_t fileType, const std::v
         fail(dataset, "cannot be created");
     if (nonEmpty && H5Dwrite(d.id(), fileType, H5S_ALL, H5S_ALL, H5P_DEFAULT, src) < 0)
         fail(dataset, "cannot be written");
+}
+
+void Hdf5File::createCompressedFloats(const std::string& dataset, const std::vector<std::int64_t>& shape,
+                                      const std::vector<std::int64_t>& chunk)
+{
+    createGroup(parentOf(dataset));
+    const std::vector<hsize_t> dims(shape.begin(), shape.end());
+    std::vector<hsize_t> chunkDims(dims.size());
+    for (std::size_t i = 0; i < dims.size(); ++i)
+        chunkDims[i] = std::clamp<hsize_t>(hsize_t(chunk.at(i)), 1, std::max<hsize_t>(1, dims[i]));
+    Hdf5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), closeSpace);
+    Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), closePlist);
+    H5Pset_chunk(dcpl.id(), int(chunkDims.size()), chunkDims.data());
+    // Shuffling the bytes of floats first lets deflate find their repeated exponents; level 1
+    // because the analysis waits on it. The checksum comes last, over the stored bytes.
+    H5Pset_shuffle(dcpl.id());
+    H5Pset_deflate(dcpl.id(), 1);
+    H5Pset_fletcher32(dcpl.id());
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    H5Pset_fill_value(dcpl.id(), H5T_NATIVE_FLOAT, &nan);
+    Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), H5T_IEEE_F32LE, space.id(), H5P_DEFAULT, dcpl.id(),
+                            H5P_DEFAULT),
+                 closeDataset);
+    if (!d.valid())
+        fail(dataset, "cannot be created" + hdf5Detail());
+}
+
+void Hdf5File::writeFloatRows(const std::string& dataset, std::int64_t first, std::int64_t count, const float* src)
+{
+    Hdf5Handle d = openDataset(dataset);
+    Hdf5Handle space(H5Dget_space(d.id()), closeSpace);
+    const int rank = H5Sget_simple_extent_ndims(space.id());
+    std::vector<hsize_t> dims(std::size_t(std::max(rank, 1)));
+    H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
+    if (rank < 1 || first < 0 || count < 0 || hsize_t(first + count) > dims[0])
+        fail(dataset, "rows " + std::to_string(first) + "+" + std::to_string(count) + " are outside it");
+    if (count == 0)
+        return;
+    std::vector<hsize_t> start(dims.size(), 0), extent = dims;
+    start[0] = hsize_t(first);
+    extent[0] = hsize_t(count);
+    H5Sselect_hyperslab(space.id(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr);
+    Hdf5Handle memory(H5Screate_simple(int(extent.size()), extent.data(), nullptr), closeSpace);
+    if (H5Dwrite(d.id(), H5T_NATIVE_FLOAT, memory.id(), space.id(), H5P_DEFAULT, src) < 0)
+        fail(dataset, "cannot be written" + hdf5Detail());
 }
 
 }  // namespace kvscope

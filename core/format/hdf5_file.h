@@ -10,10 +10,15 @@
 #include <cstdint>
 #include <optional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace kvscope {
+
+// HDF5 is not thread-safe in every build: one lock for every reader and writer of the process
+// (bundles read while a results file is written).
+std::mutex& hdf5Mutex();
 
 // Owns one HDF5 identifier and closes it with the matching H5*close function.
 class Hdf5Handle {
@@ -48,6 +53,7 @@ public:
     static Hdf5File create(const std::string& path);  // truncates
 
     const std::string& path() const { return m_path; }
+    bool isOpen() const { return m_file.valid(); }
     // Format v2's promise, enforced on every read once set: each dataset with data is chunked
     // with a Fletcher32 checksum, and strings are fixed-length (no global-heap reads).
     void setChecksumsRequired(bool required) { m_checksumsRequired = required; }
@@ -90,6 +96,14 @@ public:
     // in checksummed chunks of `chunkRows` rows of dimension 0 (when > 0; else ~1 MiB).
     void writeRaw(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
                   const void* src, std::int64_t chunkRows = 0);
+
+    // A float32 dataset of `shape` (all NaN until written), for results written piece by piece:
+    // chunks of `chunk`, shuffled and deflated, each with its checksum, so that one window reads
+    // without the rest.
+    void createCompressedFloats(const std::string& dataset, const std::vector<std::int64_t>& shape,
+                                const std::vector<std::int64_t>& chunk);
+    // Rows [first, first + count) of dimension 0 of a float32 dataset, from `src` (C order).
+    void writeFloatRows(const std::string& dataset, std::int64_t first, std::int64_t count, const float* src);
 
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 

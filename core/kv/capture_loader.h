@@ -27,6 +27,8 @@ public:
     const std::vector<PromptInfo>& prompts() const { return m_reader->prompts(); }
     const PromptInfo& prompt(const std::string& id) const { return m_reader->prompt(id); }  // throws if unknown
     UnreadableBlockPolicy unreadableBlocks() const { return m_policy; }
+    BundleOutline outline() const { return m_reader->outline(); }
+    bool holdsData() const { return m_reader->holdsData(); }  // false: only an outline (a results file's)
 
     BlockTable blockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const
     {

@@ -4,6 +4,7 @@
 
 #include "gui_test_support.h"
 
+#include "analysis/analysis_json.h"
 #include "gui/head_table_model.h"
 #include "gui/worst_cells_model.h"
 #include "widgets/histogram_view.h"
@@ -33,6 +34,8 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <sstream>
+#include <algorithm>
 
 using namespace kvscope;
 using namespace kvtest;
@@ -53,6 +56,7 @@ private slots:
     void hdf5CrashIsAMessage();
     void brokenFileKeepsTheOpenAnalysis();
     void aFolderGivenByMistakeSaysSo();
+    void resultsFileOpensAtOnce();
 };
 
 void TestOpening::opensAndAnalysesInTheBackground()
@@ -350,6 +354,56 @@ void TestOpening::hdf5CrashIsAMessage()
 }
 
 // NEWBODIES
+
+void TestOpening::resultsFileOpensAtOnce()
+{
+    // File > Save results, then the results file opened: no analysis runs (every layer is ready
+    // when it opens), the analysis is the bundle's; without the bundle, the views that need its
+    // KV are off and say why.
+    const QString bundle = m_dir.filePath("saved.h5"), results = m_dir.filePath("saved.kvres");
+    QFile::copy(m_path, bundle);
+    QSignalSpy finished(&m_window->controller(), &AnalysisController::finished);
+    m_window->openPath(bundle);
+    QVERIFY(finished.wait(60000));
+    std::promise<QString> saved;
+    m_window->controller().saveResults(results, [&saved](const QString& error) { saved.set_value(error); });
+    auto done = saved.get_future();
+    QTRY_VERIFY_WITH_TIMEOUT(done.wait_for(std::chrono::seconds(0)) == std::future_status::ready, 30000);
+    QCOMPARE(done.get(), QString());
+    const auto json = [](const AnalysisResult& r) {
+        std::ostringstream out;
+        writeAnalysisJson(r, out);
+        return out.str();
+    };
+    for (bool bundleThere : {true, false}) {
+        if (!bundleThere)
+            QVERIFY(QFile::remove(bundle));
+        QSignalSpy layers(&m_window->controller(), &AnalysisController::layerFinished);
+        QSignalSpy opened(&m_window->controller(), &AnalysisController::opened);
+        m_window->openPath(results);
+        QVERIFY(finished.wait(30000));
+        QCOMPARE(opened.count(), 1);
+        QCOMPARE(layers.count(), 0);  // nothing analysed
+        QVERIFY(std::all_of(m_window->controller().readyLayers().begin(), m_window->controller().readyLayers().end(),
+                            [](char ready) { return ready; }));
+        AnalysisResult expected = m_reference;
+        expected.bundle = bundle.toStdString();
+        QCOMPARE(json(*m_window->controller().result()), json(expected));
+        QTabWidget& tabs = *m_window->findChild<QTabWidget*>();
+        QCOMPARE(tabs.isTabEnabled(2), bundleThere);  // What if
+        QCOMPARE(tabs.isTabEnabled(3), bundleThere);  // Compare
+        const QString status = m_window->statusBar()->findChild<QLabel*>()->text();
+        QVERIFY2(status.contains("views that need the KV are off") != bundleThere, qPrintable(status));
+        const PromptAnalysis& p = m_window->controller().result()->prompts.front();
+        QString error = "pending";
+        m_window->controller().requestHeadHistogram(p.id, p.layers.front(), 0, KvPart::K, 0, p.tokens,
+                                                    [&error](auto, const QString& e) { error = e; });
+        QTRY_VERIFY_WITH_TIMEOUT(error != "pending", 30000);
+        QVERIFY2(error.isEmpty() == bundleThere, qPrintable(error));
+        if (!bundleThere)
+            QVERIFY2(error.contains("not at hand"), qPrintable(error));
+    }
+}
 
 QTEST_MAIN(TestOpening)
 #include "tst_gui_opening.moc"

@@ -1,0 +1,45 @@
+#include "results/analysis_input.h"
+
+#include "analysis/threshold_check.h"
+#include "format/bundle_error.h"
+#include "results/results_file.h"
+
+#include <sstream>
+
+namespace kvscope {
+
+void requireAnalysedAs(const ResultsFile& results, const AnalysisOptions& options)
+{
+    const RecordedOptions& saved = results.options;
+    if (!saved.bc || !saved.searchSuspects)
+        throw BundleError(results.path, results_path::kRecord,
+                          "holds an analysis without BCs or suspects, which this command needs: analyse the bundle");
+    if (!(saved.suspects == options.suspects)) {
+        std::ostringstream why;
+        why << "was analysed with suspect thresholds off-floor " << saved.suspects.offFloor << ", two-way drift "
+            << saved.suspects.twoWayDrift << "; this command asks for " << options.suspects.offFloor << ", "
+            << options.suspects.twoWayDrift << ": analyse the bundle with them (kvscope analyze BUNDLE --save)";
+        throw BundleError(results.path, {}, why.str());
+    }
+}
+
+AnalysisInput analysisForVerdict(const std::string& path, const AnalysisOptions& options)
+{
+    AnalysisInput input;
+    if (!isResultsFile(path)) {
+        auto reader = std::make_shared<BundleReader>(path);
+        input.result = analyzeForVerdict(reader, options);
+        input.reader = std::move(reader);
+        return input;
+    }
+    ResultsFile results = readResultsFile(path);
+    requireAnalysedAs(results, options);
+    requireNoProblems(results.result);
+    input.result = std::move(results.result);
+    input.reader = std::move(results.bundle);
+    input.fromResultsFile = true;
+    input.bundleMissing = std::move(results.bundleMissing);
+    return input;
+}
+
+}  // namespace kvscope

@@ -1,0 +1,31 @@
+#pragma once
+// The analysis a command works on, whichever file it is given: a bundle is analysed, a
+// results file is read (and checked to hold what was asked for, so that a saved analysis
+// gives the verdict the bundle would).
+
+#include "analysis/analyzer.h"
+#include "format/bundle_reader.h"
+
+#include <memory>
+#include <string>
+
+namespace kvscope {
+
+struct AnalysisInput {
+    AnalysisResult result;
+    std::shared_ptr<const BundleReader> reader;  // the bundle, or only its outline (holdsData() false)
+    bool fromResultsFile = false;
+    std::string bundleMissing;  // a results file's bundle not at hand: why (results/results_file.h)
+};
+
+// check's and the report's: strict, as analyzeForVerdict. A results file must have been
+// analysed with the same suspect thresholds, with BCs and suspects; anything it could not
+// analyse is thrown, as a bundle's would be.
+AnalysisInput analysisForVerdict(const std::string& path, const AnalysisOptions& options);
+
+// A results file's analysis checked against `options` (its suspect thresholds, BCs, suspects);
+// throws BundleError naming the file and what differs.
+struct ResultsFile;
+void requireAnalysedAs(const ResultsFile& results, const AnalysisOptions& options);
+
+}  // namespace kvscope

@@ -1,0 +1,51 @@
+#pragma once
+// A results file: one analysis of one bundle, kept (docs/results-files.md). HDF5, versioned
+// and checksummed like bundles: every dataset in chunks with a Fletcher32 checksum, the
+// per-cell arrays compressed in chunks of one layer and a few thousand tokens.
+
+#include "analysis/analysis_result.h"
+#include "format/bundle_reader.h"
+#include "results/analysis_record.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kvscope {
+
+inline constexpr const char* kResultsFormatName = "kvscope-results";
+inline constexpr int kResultsFormatVersion = 1;
+
+namespace results_path {
+inline constexpr const char* kOutline = "/bundle_outline";  // JSON text, as uint8
+inline constexpr const char* kRecord = "/analysis_record";  // JSON text, as uint8
+std::string prompt(std::size_t index);                       // "/prompts/<index>"
+std::string metric(std::size_t prompt, Metric metric);       // ".../metrics/k_cos"
+// The [layer][token] arrays: "bc", "bc_vs_noise", "quant_linf", "quant_l2", each "k" and "v".
+std::string tokenArray(std::size_t prompt, const char* name, KvPart part);
+}  // namespace results_path
+
+struct ResultsFile {
+    std::string path;
+    AnalysisResult result;
+    RecordedOptions options;       // what the analysis ran with
+    std::string writer;            // "kvscope 0.9.0"
+    std::string bundlePath;        // where the bundle was when it was analysed
+    std::uint64_t bundleFingerprint = 0;  // format/bundle_outline.h
+    // The bundle's reader: the bundle itself when it is at hand (at its recorded path, or
+    // beside the results file under its own name) and still the one analysed; otherwise
+    // one made from the outline, which reads no data (holdsData() false).
+    std::shared_ptr<const BundleReader> bundle;
+    // Why the bundle is not at hand (empty when it is): "not found at PATH", "PATH is not the
+    // bundle analysed (its fingerprint differs)".
+    std::string bundleMissing;
+};
+
+// Whether `path` is a results file (by its format attribute); false for anything else,
+// bundles included, and for files that cannot be opened.
+bool isResultsFile(const std::string& path);
+// Reads everything (the arrays into memory). Throws BundleError naming the file and the
+// object when it is not a results file, is of another version, or is damaged.
+ResultsFile readResultsFile(const std::string& path);
+
+}  // namespace kvscope

@@ -1,0 +1,154 @@
+#include "results/results_writer.h"
+
+#include "format/bundle_error.h"
+#include "results/results_file.h"
+#include "util/content_hash.h"
+#include "util/json_writer.h"
+#include "util/version.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+namespace kvscope {
+
+namespace {
+
+// A layer of a few thousand tokens per chunk: a window of the map reads a few chunks, and
+// one chunk of 8 heads is 128 KiB before compression.
+constexpr std::int64_t kChunkTokens = 4096;
+
+void writeJsonBytes(Hdf5File& file, const char* dataset, const std::string& text)
+{
+    file.writeRaw(dataset, H5T_NATIVE_UINT8, {std::int64_t(text.size())}, text.data());
+}
+
+// The [layer][token] arrays a prompt has: BC for three-way prompts when computed, the
+// quantisation floors when a layer is quantised.
+std::vector<std::pair<const char*, const std::array<FloatBuffer, 2>*>> tokenArrays(const PromptAnalysis& p,
+                                                                                   const RecordedOptions& options)
+{
+    std::vector<std::pair<const char*, const std::array<FloatBuffer, 2>*>> arrays;
+    if (p.threeWay && options.bc) {
+        arrays.emplace_back("bc", &p.bc);
+        arrays.emplace_back("bc_vs_noise", &p.bcVsNoise);
+    }
+    if (p.hasQuantisedLayers()) {
+        arrays.emplace_back("quant_linf", &p.quantLinf);
+        arrays.emplace_back("quant_l2", &p.quantL2);
+    }
+    return arrays;
+}
+
+bool stored(const PromptAnalysis& p, Metric m)
+{
+    return p.threeWay || !isBaseMetric(m);
+}
+
+}  // namespace
+
+ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, const AnalysisResult& prepared,
+                             const RecordedOptions& options)
+    : m_path(std::move(path))
+    , m_partialPath(m_path + ".partial")
+    , m_options(options)
+{
+    std::ostringstream outline;
+    JsonWriter w(outline);
+    writeOutlineJson(w, bundle);
+    const std::lock_guard lock(hdf5Mutex());
+    m_file = std::make_unique<Hdf5File>(Hdf5File::create(m_partialPath));
+    m_file->writeStringAttribute("/", "format", kResultsFormatName);
+    m_file->writeIntAttribute("/", "format_version", kResultsFormatVersion);
+    m_file->writeStringAttribute("/", "writer", std::string("kvscope ") + kVersion);
+    std::error_code error;  // an absolute path, to find the bundle from anywhere
+    const std::filesystem::path absolute = std::filesystem::absolute(bundle.path, error);
+    m_file->writeStringAttribute("/", "bundle_path", error ? bundle.path : absolute.lexically_normal().string());
+    m_file->writeStringAttribute("/", "bundle_fingerprint", hexFingerprint(outlineFingerprint(bundle)));
+    writeJsonBytes(*m_file, results_path::kOutline, outline.str());
+    for (std::size_t i = 0; i < prepared.prompts.size(); ++i) {
+        const PromptAnalysis& p = prepared.prompts[i];
+        const std::int64_t layers = std::int64_t(p.layers.size()), tokens = p.tokens, heads = p.heads;
+        m_file->createGroup(results_path::prompt(i));
+        for (int m = 0; m < kMetricCount; ++m)
+            if (stored(p, Metric(m)))
+                m_file->createCompressedFloats(results_path::metric(i, Metric(m)), {layers, tokens, heads},
+                                               {1, kChunkTokens, heads});
+        for (const auto& [name, pair] : tokenArrays(p, m_options))
+            for (KvPart part : {KvPart::K, KvPart::V})
+                m_file->createCompressedFloats(results_path::tokenArray(i, name, part), {layers, tokens},
+                                               {1, kChunkTokens * 4});
+    }
+}
+
+ResultsWriter::~ResultsWriter()
+{
+    if (!m_finished) {
+        const std::lock_guard lock(hdf5Mutex());
+        m_file.reset();
+        std::remove(m_partialPath.c_str());
+    }
+}
+
+void ResultsWriter::writeLayer(const AnalysisResult& result, int layer)
+{
+    const std::lock_guard lock(hdf5Mutex());
+    for (std::size_t i = 0; i < result.prompts.size(); ++i) {
+        const PromptAnalysis& p = result.prompts[i];
+        if (layer < 0 || std::size_t(layer) >= p.layers.size())
+            continue;
+        const std::size_t layerCells = std::size_t(p.tokens) * std::size_t(p.heads);
+        for (int m = 0; m < kMetricCount; ++m)
+            if (stored(p, Metric(m)))
+                m_file->writeFloatRows(results_path::metric(i, Metric(m)), layer, 1,
+                                       p.metrics[std::size_t(m)].data() + std::size_t(layer) * layerCells);
+        for (const auto& [name, pair] : tokenArrays(p, m_options))
+            for (KvPart part : {KvPart::K, KvPart::V})
+                m_file->writeFloatRows(results_path::tokenArray(i, name, part), layer, 1,
+                                       (*pair)[std::size_t(part)].data() + std::size_t(layer) * std::size_t(p.tokens));
+    }
+}
+
+void ResultsWriter::finish(const AnalysisResult& result)
+{
+    std::ostringstream record;
+    JsonWriter w(record);
+    writeAnalysisRecord(w, result, m_options);
+    const std::lock_guard lock(hdf5Mutex());
+    writeJsonBytes(*m_file, results_path::kRecord, record.str());
+    m_file.reset();
+    if (std::rename(m_partialPath.c_str(), m_path.c_str()) != 0)
+        throw BundleError(m_path, {}, std::string("cannot move the finished results file into place: ") +
+                                          std::strerror(errno));
+    m_finished = true;
+}
+
+AnalysisResult analyzeAndSave(std::shared_ptr<const BundleReader> reader, AnalysisOptions options,
+                              const std::string& path)
+{
+    const CaptureLoader loader(reader, options.unreadableBlocks);
+    AnalysisResult result = prepareAnalysis(loader, options);
+    ResultsWriter writer(path, reader->outline(), result, recordedOptions(options));
+    options.layerDone = [&writer, &result, done = options.layerDone](int layer, int layersDone, int total) {
+        writer.writeLayer(result, layer);
+        if (done)
+            done(layer, layersDone, total);
+    };
+    runAnalysis(loader, options, result);
+    writer.finish(result);
+    return result;
+}
+
+void saveResults(const std::string& path, const BundleOutline& bundle, const AnalysisResult& result,
+                 const RecordedOptions& options)
+{
+    ResultsWriter writer(path, bundle, result, options);
+    const std::size_t layers = result.prompts.empty() ? 0 : result.prompts.front().layers.size();
+    for (std::size_t l = 0; l < layers; ++l)
+        writer.writeLayer(result, int(l));
+    writer.finish(result);
+}
+
+}  // namespace kvscope
