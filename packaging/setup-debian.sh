@@ -7,7 +7,7 @@ packages=(
   build-essential cmake
   qt6-base-dev qt6-base-dev-tools qt6-svg-dev
   libqcustomplot-dev libqcustomplot2.1-qt6
-  libtorch-dev libhdf5-dev nlohmann-json3-dev liburing-dev
+  libtorch-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev liburing-dev
   # a fast BLAS for libtorch's fp32 matmuls (the default reference BLAS is 10x slower)
   libopenblas0-pthread
   # looking at the GUI headless, and the tests that do

@@ -98,10 +98,13 @@ const std::vector<Command>& commands()
                   "                         position - prompt_len, negative in the prefill)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
         {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
+                  "      | bench --end-to-end BUNDLE [--threads N] [--runs 5]\n"
                   "  times the three-way analysis of a synthetic Llama-3.3-70B-shaped capture against a\n"
-                  "  read-once roofline, at L and 2L layers; the suspects' and the what-if's cost\n",
+                  "  read-once roofline, at L and 2L layers; the suspects', the what-if's, analyze --save's\n"
+                  "  and diff's cost. --end-to-end: whole kvscope processes on BUNDLE (inspect, analyze,\n"
+                  "  analyze --json) against reading the bytes it needs once, and where the time goes\n",
          "time the analysis against a read-once roofline", nullptr},
-        {"bench-run", "bench-run roofline|analyze|whatif BUNDLE THREADS\n", "one measurement of bench, in its own process",
+        {"bench-run", "bench-run roofline|analyze|whatif|save|phases|... BUNDLE THREADS\n", "one measurement of bench, in its own process",
          nullptr, false},
     };
     return table;

@@ -150,12 +150,10 @@ BundleOutline BundleReader::outline() const
     return {m_path, m_bytes, m_metadata, m_config, m_prompts};
 }
 
-void BundleReader::requireData(const std::string& object) const
+void BundleReader::requireData() const
 {
-    if (!holdsData())
-        throw BundleError(m_path, object,
-                          "not at hand: the analysis was opened from a results file, which keeps no KV, and the bundle "
-                          "it came from is not there");
+    if (!holdsData())  // (naming an object inside a file that is not there would only be noise)
+        throw BundleError(m_path, {}, "not at hand: the analysis was opened from a results file, which keeps no KV");
 }
 
 const PromptInfo& BundleReader::prompt(const std::string& id) const
@@ -306,7 +304,7 @@ BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t
 {
     const PromptInfo& p = prompt(promptId);
     const std::string dataset = bundle_path::blockTable(promptId, snapshot, group);
-    requireData(dataset);
+    requireData();
     std::lock_guard lock(hdf5Mutex());
     if (snapshot >= p.snapshots.size())
         m_file.fail(bundle_path::snapshot(promptId, snapshot), "no such snapshot");
@@ -331,7 +329,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
                                          const std::vector<std::int64_t>* blockIds) const
 {
     const PromptInfo& p = prompt(promptId);
-    requireData(bundle_path::prompt(promptId));
+    requireData();
     if (snapshot >= p.snapshots.size())
         throw BundleError(m_path, bundle_path::snapshot(promptId, snapshot), "no such snapshot");
     if (rank < 0 || rank >= m_config.tpSize)
@@ -450,7 +448,7 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
                                                     const std::string& layer) const
 {
     prompt(promptId);
-    requireData(bundle_path::referenceRole(promptId, role));
+    requireData();
     Reference ref;
     std::vector<ChunkRowRead> reads;
     {
@@ -473,7 +471,7 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
 Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) const
 {
     prompt(promptId);
-    requireData(bundle_path::logits(promptId, role));
+    requireData();
     std::lock_guard lock(hdf5Mutex());
     const std::string dataset = bundle_path::logits(promptId, role);
     const DatasetInfo info = m_file.datasetInfo(dataset);
@@ -491,7 +489,7 @@ Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) co
 
 std::vector<std::string> BundleReader::validate() const
 {
-    requireData("/");
+    requireData();
     std::vector<std::string> problems;
     auto check = [&](auto&& fn) {
         try {

@@ -77,8 +77,8 @@ public:
                              std::chrono::milliseconds limit = std::chrono::minutes(1));
 
 private:
-    // Throws, naming `object`, when this reader stands for a bundle that is not at hand.
-    void requireData(const std::string& object) const;
+    // Throws when this reader stands for a bundle that is not at hand.
+    void requireData() const;
     PromptInfo readPrompt(const std::string& id) const;
     // Reads straight from the file are left in `deferred`, for the caller to run without the lock.
     // The scales beside a quantised engine cache (`<dataset>_scale`), if any, into `cache`;

@@ -805,24 +805,13 @@ void Hdf5File::createCompressedFloats(const std::string& dataset, const std::vec
         fail(dataset, "cannot be created" + hdf5Detail());
 }
 
-void Hdf5File::writeFloatRows(const std::string& dataset, std::int64_t first, std::int64_t count, const float* src)
+void Hdf5File::writeChunk(const std::string& dataset, const std::vector<std::int64_t>& offset,
+                          const std::vector<unsigned char>& bytes)
 {
     Hdf5Handle d = openDataset(dataset);
-    Hdf5Handle space(H5Dget_space(d.id()), closeSpace);
-    const int rank = H5Sget_simple_extent_ndims(space.id());
-    std::vector<hsize_t> dims(std::size_t(std::max(rank, 1)));
-    H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
-    if (rank < 1 || first < 0 || count < 0 || hsize_t(first + count) > dims[0])
-        fail(dataset, "rows " + std::to_string(first) + "+" + std::to_string(count) + " are outside it");
-    if (count == 0)
-        return;
-    std::vector<hsize_t> start(dims.size(), 0), extent = dims;
-    start[0] = hsize_t(first);
-    extent[0] = hsize_t(count);
-    H5Sselect_hyperslab(space.id(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr);
-    Hdf5Handle memory(H5Screate_simple(int(extent.size()), extent.data(), nullptr), closeSpace);
-    if (H5Dwrite(d.id(), H5T_NATIVE_FLOAT, memory.id(), space.id(), H5P_DEFAULT, src) < 0)
-        fail(dataset, "cannot be written" + hdf5Detail());
+    const std::vector<hsize_t> at(offset.begin(), offset.end());
+    if (H5Dwrite_chunk(d.id(), H5P_DEFAULT, 0, at.data(), bytes.size(), bytes.data()) < 0)
+        fail(dataset, "a chunk cannot be written" + hdf5Detail());
 }
 
 }  // namespace kvscope

@@ -102,8 +102,10 @@ public:
     // without the rest.
     void createCompressedFloats(const std::string& dataset, const std::vector<std::int64_t>& shape,
                                 const std::vector<std::int64_t>& chunk);
-    // Rows [first, first + count) of dimension 0 of a float32 dataset, from `src` (C order).
-    void writeFloatRows(const std::string& dataset, std::int64_t first, std::int64_t count, const float* src);
+    // One chunk, its bytes already through the dataset's filters, at element `offset` (the
+    // chunk's first element, a multiple of the chunk dims).
+    void writeChunk(const std::string& dataset, const std::vector<std::int64_t>& offset,
+                    const std::vector<unsigned char>& bytes);
 
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
 

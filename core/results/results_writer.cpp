@@ -1,6 +1,7 @@
 #include "results/results_writer.h"
 
 #include "format/bundle_error.h"
+#include "results/compressed_chunk.h"
 #include "results/results_file.h"
 #include "util/content_hash.h"
 #include "util/json_writer.h"
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
+#include <limits>
 #include <sstream>
 
 namespace kvscope {
@@ -19,6 +22,7 @@ namespace {
 // A layer of a few thousand tokens per chunk: a window of the map reads a few chunks, and
 // one chunk of 8 heads is 128 KiB before compression.
 constexpr std::int64_t kChunkTokens = 4096;
+constexpr std::int64_t kTokenChunkTokens = 4 * kChunkTokens;  // the [layer][token] arrays
 
 void writeJsonBytes(Hdf5File& file, const char* dataset, const std::string& text)
 {
@@ -45,6 +49,28 @@ std::vector<std::pair<const char*, const std::array<FloatBuffer, 2>*>> tokenArra
 bool stored(const PromptAnalysis& p, Metric m)
 {
     return p.threeWay || !isBaseMetric(m);
+}
+
+// One layer of a [layer][token][width] array, chunk by chunk (chunks of `chunkTokens` tokens,
+// the last padded with NaN, as the dataset's fill value), compressed without the HDF5 lock and
+// stored with it. `heads` 0: a [layer][token] array.
+void writeLayerChunks(Hdf5File& file, const std::string& dataset, const float* layerValues, std::int64_t tokens,
+                      std::int64_t heads, std::int64_t chunkTokens, int layer)
+{
+    chunkTokens = std::clamp<std::int64_t>(chunkTokens, 1, std::max<std::int64_t>(1, tokens));
+    const std::int64_t width = std::max<std::int64_t>(1, heads);
+    std::vector<std::pair<std::int64_t, std::vector<unsigned char>>> chunks;
+    std::vector<float> padded(std::size_t(chunkTokens * width));
+    for (std::int64_t first = 0; first < tokens; first += chunkTokens) {
+        const std::int64_t n = std::min(chunkTokens, tokens - first);
+        std::copy_n(layerValues + first * width, n * width, padded.begin());
+        std::fill(padded.begin() + std::ptrdiff_t(n * width), padded.end(), std::numeric_limits<float>::quiet_NaN());
+        chunks.emplace_back(first, compressedChunk(padded.data(), padded.size()));
+    }
+    const std::lock_guard lock(hdf5Mutex());
+    for (const auto& [first, bytes] : chunks)
+        file.writeChunk(dataset, heads > 0 ? std::vector<std::int64_t>{layer, first, 0} : std::vector<std::int64_t>{layer, first},
+                        bytes);
 }
 
 }  // namespace
@@ -79,12 +105,14 @@ ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, cons
         for (const auto& [name, pair] : tokenArrays(p, m_options))
             for (KvPart part : {KvPart::K, KvPart::V})
                 m_file->createCompressedFloats(results_path::tokenArray(i, name, part), {layers, tokens},
-                                               {1, kChunkTokens * 4});
+                                               {1, kTokenChunkTokens});
     }
+    m_writer = std::thread([this] { writerLoop(); });
 }
 
 ResultsWriter::~ResultsWriter()
 {
+    stopWriter(true);  // abandoned (or finished): nothing more is wanted
     if (!m_finished) {
         const std::lock_guard lock(hdf5Mutex());
         m_file.reset();
@@ -94,25 +122,80 @@ ResultsWriter::~ResultsWriter()
 
 void ResultsWriter::writeLayer(const AnalysisResult& result, int layer)
 {
-    const std::lock_guard lock(hdf5Mutex());
+    const std::lock_guard lock(m_queueMutex);
+    if (m_failure)
+        std::rethrow_exception(m_failure);
+    m_queue.emplace_back(&result, layer);
+    m_queueChanged.notify_all();
+}
+
+void ResultsWriter::writerLoop()
+{
+    std::unique_lock lock(m_queueMutex);
+    while (true) {
+        m_queueChanged.wait(lock, [this] { return m_stop || !m_queue.empty(); });
+        if (m_queue.empty())
+            return;  // stopped, nothing left
+        const auto [result, layer] = m_queue.front();
+        m_queue.pop_front();
+        m_writing = true;
+        lock.unlock();
+        try {
+            if (!m_failure)
+                writeLayerNow(*result, layer);
+        } catch (...) {
+            lock.lock();
+            m_failure = std::current_exception();
+            lock.unlock();
+        }
+        lock.lock();
+        m_writing = false;
+        m_queueChanged.notify_all();
+    }
+}
+
+void ResultsWriter::stopWriter(bool dropQueued)
+{
+    {
+        const std::lock_guard lock(m_queueMutex);
+        m_stop = true;
+        if (dropQueued)
+            m_queue.clear();
+    }
+    m_queueChanged.notify_all();
+    if (m_writer.joinable())
+        m_writer.join();
+}
+
+void ResultsWriter::writeLayerNow(const AnalysisResult& result, int layer)
+{
     for (std::size_t i = 0; i < result.prompts.size(); ++i) {
         const PromptAnalysis& p = result.prompts[i];
         if (layer < 0 || std::size_t(layer) >= p.layers.size())
             continue;
         const std::size_t layerCells = std::size_t(p.tokens) * std::size_t(p.heads);
-        for (int m = 0; m < kMetricCount; ++m)
+        for (int m = 0; m < kMetricCount && p.heads > 0; ++m)
             if (stored(p, Metric(m)))
-                m_file->writeFloatRows(results_path::metric(i, Metric(m)), layer, 1,
-                                       p.metrics[std::size_t(m)].data() + std::size_t(layer) * layerCells);
+                writeLayerChunks(*m_file, results_path::metric(i, Metric(m)),
+                                 p.metrics[std::size_t(m)].data() + std::size_t(layer) * layerCells, p.tokens, p.heads,
+                                 kChunkTokens, layer);
         for (const auto& [name, pair] : tokenArrays(p, m_options))
             for (KvPart part : {KvPart::K, KvPart::V})
-                m_file->writeFloatRows(results_path::tokenArray(i, name, part), layer, 1,
-                                       (*pair)[std::size_t(part)].data() + std::size_t(layer) * std::size_t(p.tokens));
+                writeLayerChunks(*m_file, results_path::tokenArray(i, name, part),
+                                 (*pair)[std::size_t(part)].data() + std::size_t(layer) * std::size_t(p.tokens), p.tokens, 0,
+                                 kTokenChunkTokens, layer);
     }
 }
 
 void ResultsWriter::finish(const AnalysisResult& result)
 {
+    {
+        std::unique_lock lock(m_queueMutex);
+        m_queueChanged.wait(lock, [this] { return m_queue.empty() && !m_writing; });
+        if (m_failure)
+            std::rethrow_exception(m_failure);
+    }
+    stopWriter(false);
     std::ostringstream record;
     JsonWriter w(record);
     writeAnalysisRecord(w, result, m_options);

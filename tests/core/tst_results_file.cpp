@@ -85,6 +85,7 @@ private slots:
     void roundTrip_data();
     void roundTrip();
     void savedAtOnceEqualsStreamed();
+    void longPromptsSpanChunks();
     void bundleFoundOrNamedMissing();
     void unfinishedFileDoesNotExist();
     void damagedFilesAreRefused();
@@ -147,6 +148,40 @@ void TestResultsFile::savedAtOnceEqualsStreamed()
     const ResultsFile streamed = readResultsFile(path("k_scale.kvres"));
     saveResults(path("at_once.kvres"), BundleReader(bundle).outline(), streamed.result, streamed.options);
     compareResults(streamed.result, readResultsFile(path("at_once.kvres")).result);
+}
+
+void TestResultsFile::longPromptsSpanChunks()
+{
+    // Prompts longer than a chunk (4096 tokens of a [layer][token][head] array, 16384 of a
+    // [layer][token] one), ending inside one: every value read back, the padding never.
+    AnalysisResult result;
+    result.bundle = "long.h5";
+    for (std::int64_t tokens : {std::int64_t(4096), std::int64_t(20000)}) {
+        PromptAnalysis p;
+        p.id = "p" + std::to_string(tokens);
+        p.tokens = tokens;
+        p.heads = 3;
+        p.threeWay = true;
+        p.layers = {"a", "b"};
+        p.layerHeads = {3, 2};
+        p.layerDims = {HeadDims(16), HeadDims(16)};
+        p.layerGroups = {0, 0};
+        p.layerDtypes = {DType::Float8E4M3, DType::BFloat16};
+        p.referenceHashes = {std::vector<std::uint64_t>{1, 2}, std::vector<std::uint64_t>{3, 4}};
+        p.allocate();
+        std::uint32_t state = 12345;
+        auto next = [&state] { return float((state = state * 1664525u + 1013904223u) >> 8) / float(1 << 24); };
+        for (auto& m : p.metrics)
+            for (float& x : m)
+                x = next() < 0.1f ? std::nanf("") : next();
+        for (auto* pair : {&p.bc, &p.bcVsNoise, &p.quantLinf, &p.quantL2})
+            for (auto& b : *pair)
+                for (float& x : b)
+                    x = next();
+        result.prompts.push_back(std::move(p));
+    }
+    saveResults(path("long.kvres"), BundleReader(path("fp8.h5")).outline(), result, {});
+    compareResults(result, readResultsFile(path("long.kvres")).result);
 }
 
 void TestResultsFile::bundleFoundOrNamedMissing()
