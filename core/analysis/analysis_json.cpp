@@ -138,7 +138,7 @@ namespace {
 // Per (layer, token) arrays of `[layer][token]` values, one array per layer.
 void writeLayerRows(JsonWriter& w, const float* data, std::size_t layers, std::size_t perLayer)
 {
-    w.array(layers, [&](std::size_t l) { w.floats(data + l * perLayer, perLayer); });
+    w.floatRows(data, layers, perLayer);
 }
 
 void writePrompt(JsonWriter& w, const PromptAnalysis& p)
@@ -184,9 +184,7 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         if (isBaseMetric(Metric(m)) && !p.threeWay)
             continue;
         const float* data = p.metrics[std::size_t(m)].data();
-        w.key(metricName(Metric(m))).array(layers, [&](std::size_t l) {
-            w.array(tokens, [&](std::size_t t) { w.floats(data + (l * tokens + t) * heads, heads); });
-        });
+        w.key(metricName(Metric(m))).array(layers, [&](std::size_t l) { w.floatRows(data + l * tokens * heads, tokens, heads); });
     }
     w.endObject();
     // What kvscope diff compares: each cell's ratio in floors, the largest over its heads.

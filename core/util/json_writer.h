@@ -58,6 +58,8 @@ public:
 
     // An array of `count` numbers, and of strings.
     JsonWriter& floats(const float* values, std::size_t count);
+    // `rows` arrays of `width` numbers each, as one array ([[...], [...]]).
+    JsonWriter& floatRows(const float* values, std::size_t rows, std::size_t width);
     JsonWriter& strings(const std::vector<std::string>& texts);
     template <typename T>
     JsonWriter& numbers(const std::vector<T>& values)
@@ -86,6 +88,7 @@ public:
     }
 
 private:
+    JsonWriter& floatRows(const float* values, std::size_t rows, std::size_t width, bool nested);
     JsonWriter& integer(std::int64_t v);
     JsonWriter& unsignedInteger(std::uint64_t v);
     // Before a value: the comma after the previous one in an array (after a key, nothing).

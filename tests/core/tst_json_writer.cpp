@@ -24,6 +24,7 @@ private slots:
     void nestingAndCommas();
     void nonFiniteNumbersAreNull();
     void numbersAreShortestAndExact();
+    void longRowsOfFloatsReadBackExactly();
     void integersAtTheirLimits();
     void textIsEscapedAndAlwaysValid();
     void nlohmannDocumentsFollowTheSameRules();
@@ -105,6 +106,41 @@ void TestJsonWriter::numbersAreShortestAndExact()
     const nlohmann::json parsed = parseStrict(many.str());
     for (std::size_t i = 0; i < values.size(); ++i)
         QCOMPARE(float(parsed[i].get<double>()), values[i]);  // every float read back exactly
+}
+
+void TestJsonWriter::longRowsOfFloatsReadBackExactly()
+{
+    // Rows far longer than the writer's buffer, with NaN and infinities among them: parsed
+    // back, every number is the float written (bit for bit) and every non-finite one null.
+    std::vector<float> values(3 * 7001);
+    std::uint32_t state = 7;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        state = state * 1664525u + 1013904223u;
+        std::uint32_t bits = state;
+        std::memcpy(&values[i], &bits, sizeof bits);  // any float, subnormals and extremes included
+        if (i % 97 == 0)
+            values[i] = std::nanf("");
+        if (i % 101 == 0)
+            values[i] = -std::numeric_limits<float>::infinity();
+    }
+    std::ostringstream out;
+    JsonWriter w(out);
+    w.beginObject().key("rows").floatRows(values.data(), 3, 7001).key("flat").floats(values.data(), values.size()).endObject();
+    const nlohmann::json doc = nlohmann::json::parse(out.str());
+    QCOMPARE(doc["rows"].size(), std::size_t(3));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        const nlohmann::json& fromRows = doc["rows"][i / 7001][i % 7001];
+        const nlohmann::json& fromFlat = doc["flat"][i];
+        for (const nlohmann::json* v : {&fromRows, &fromFlat}) {
+            if (!std::isfinite(values[i])) {
+                QVERIFY2(v->is_null(), qPrintable(QString::number(i)));
+                continue;
+            }
+            const float back = v->get<float>();
+            QVERIFY2(std::memcmp(&back, &values[i], sizeof back) == 0 || (back == 0 && values[i] == 0),
+                     qPrintable(QString::number(i)));
+        }
+    }
 }
 
 void TestJsonWriter::integersAtTheirLimits()
