@@ -55,9 +55,10 @@ const std::vector<Command>& commands()
                    "  int8/token_head, int4/g32 /g64 /g128 /gN, int4/kivi, nvfp4. --maps adds the layer x token\n"
                    "  maps to the JSON\n",
          "what an fp8 / int8 / int4 KV cache would cost this model", whatif},
-        {"inspect", "inspect BUNDLE\n"
+        {"inspect", "inspect BUNDLE|RUN.kvres\n"
                     "  what a bundle holds; exit 0 when every layer of every prompt reconstructs, 1 if not,\n"
-                    "  2 when the file is not a readable bundle\n",
+                    "  2 when the file is not a readable bundle. Of a results file: what it holds, what it was\n"
+                    "  analysed with, and whether its bundle is at hand (exit 0 when it reads)\n",
          "what a bundle holds, and whether every layer reconstructs", inspect},
         {"import", "import DIR -o BUNDLE.h5\n"
                    "  a bundle from raw dumps: per-rank get_kv_caches .pt files, the config as JSON, block\n"
@@ -136,7 +137,8 @@ void addThresholdOptions(OptionParser& parser, Thresholds& thresholds)
 
 void printOverview(std::ostream& out)
 {
-    out << "usage: kvscope [BUNDLE | DIR]     the desktop app (on a capture bundle, or a folder of dumps)\n"
+    out << "usage: kvscope [BUNDLE | RUN.kvres | DIR]\n"
+           "                                  the desktop app (on a capture bundle, a saved analysis, or a folder of dumps)\n"
            "       kvscope COMMAND [ARGS]     (kvscope COMMAND --help: its options)\n"
            "       kvscope --version\n\ncommands:\n";
     for (const Command& c : commands())
@@ -145,7 +147,8 @@ void printOverview(std::ostream& out)
             name.resize(10, ' ');
             out << "  " << name << c.summary << "\n";
         }
-    out << "\nCapture bundles are HDF5 files: docs/bundle-format.md.\n";
+    out << "\nCapture bundles are HDF5 files: docs/bundle-format.md. Where a command takes a BUNDLE to analyse, a\n"
+           "results file (kvscope analyze BUNDLE --save RUN.kvres) stands for it: docs/results-files.md.\n";
 }
 
 }  // namespace kvscope::cli

@@ -1,6 +1,10 @@
 #include "cli/commands.h"
 
 #include "kv/capture_loader.h"
+#include "results/results_file.h"
+#include "util/content_hash.h"
+
+#include <filesystem>
 
 #include <iomanip>
 #include <memory>
@@ -45,6 +49,34 @@ void printConfig(const KvCacheConfig& c, std::ostream& out)
     }
 }
 
+// What a results file holds, and whether its bundle is at hand (exit 0 when the file reads).
+int inspectResults(const std::string& path, std::ostream& out)
+{
+    const ResultsFile r = readResultsFile(path);
+    const BundleMetadata& meta = r.bundle->metadata();
+    std::error_code error;
+    const std::uintmax_t bytes = std::filesystem::file_size(path, error);
+    out << "results file " << path << " (" << (error ? 0 : bytes / 1000000) << " MB, written by " << r.writer << ")\n"
+        << "  bundle: " << r.bundlePath << " (fingerprint " << hexFingerprint(r.bundleFingerprint) << "): "
+        << (r.bundleMissing.empty() ? "at hand" : "not at hand, " + r.bundleMissing) << "\n  model: " << meta.model
+        << "\n  engine: " << meta.engine << "\n  created: " << meta.created << "\n";
+    printConfig(r.bundle->config(), out);
+    const SuspectThresholds& t = r.options.suspects;
+    out << "  analysed with: suspect off-floor " << t.offFloor << ", two-way drift " << t.twoWayDrift
+        << (r.options.bc ? ", BCs" : ", no BCs") << (r.options.searchSuspects ? ", suspects" : ", no suspects")
+        << (r.options.unreadableBlocks == UnreadableBlockPolicy::Error ? ", strict" : "") << "\n";
+    std::size_t cells = 0;
+    for (const PromptAnalysis& p : r.result.prompts) {
+        out << "\n  prompt " << p.id << " (" << (p.threeWay ? "three-way" : "two-way") << "): " << p.tokens
+            << " positions, " << p.layers.size() << " layers x up to " << p.heads << " heads, " << p.suspects.size()
+            << " suspect(s), " << p.problems.size() << " problem(s)";
+        cells += p.layers.size() * std::size_t(p.tokens) * std::size_t(p.heads);
+    }
+    out << "\n\n  " << r.result.suspects.size() << " suspect(s) pooled, " << r.result.problems.size()
+        << " prompt(s) not analysed; " << cells << " cells\n";
+    return 0;
+}
+
 }  // namespace
 
 int inspect(const Args& args, std::ostream& out, std::ostream& err)
@@ -56,6 +88,8 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
         return 2;
     std::shared_ptr<BundleReader> reader;
     try {
+        if (isResultsFile(path))
+            return inspectResults(path, out);
         reader = std::make_shared<BundleReader>(path);
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";

@@ -289,6 +289,10 @@ void TestResultsFile::commandsTakeResults()
     QVERIFY2(text.contains("(analysis)") && text.contains("3 matched") == false && text.contains("2 matched"), qPrintable(text));
     QCOMPARE(run({"diff", bundle, results}), 0);
     QCOMPARE(run({"analyze", results, "--layers", "0"}, &text), 2);
+    QCOMPARE(run({"inspect", results}, &text), 0);
+    QVERIFY2(text.contains("results file") && text.contains(": at hand") && text.contains("prompt ") &&
+                 text.contains("suspect off-floor 6"),
+             qPrintable(text));
 }
 
 QTEST_GUILESS_MAIN(TestResultsFile)
