@@ -85,6 +85,8 @@ std::shared_ptr<const BundleReader> findBundle(const ResultsFile& r, const Bundl
         if (!std::filesystem::is_regular_file(candidate, error))
             continue;
         try {
+            if (BundleReader::kProbeFromThreads)  // a corrupt bundle must not crash the app (BundleReader)
+                BundleReader::probeInChild(candidate);
             auto reader = std::make_shared<BundleReader>(candidate);
             if (outlineFingerprint(reader->outline()) == r.bundleFingerprint)
                 return reader;

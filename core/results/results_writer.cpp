@@ -85,27 +85,33 @@ ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, cons
     JsonWriter w(outline);
     writeOutlineJson(w, bundle);
     const std::lock_guard lock(hdf5Mutex());
-    m_file = std::make_unique<Hdf5File>(Hdf5File::create(m_partialPath));
-    m_file->writeStringAttribute("/", "format", kResultsFormatName);
-    m_file->writeIntAttribute("/", "format_version", kResultsFormatVersion);
-    m_file->writeStringAttribute("/", "writer", std::string("kvscope ") + kVersion);
-    std::error_code error;  // an absolute path, to find the bundle from anywhere
-    const std::filesystem::path absolute = std::filesystem::absolute(bundle.path, error);
-    m_file->writeStringAttribute("/", "bundle_path", error ? bundle.path : absolute.lexically_normal().string());
-    m_file->writeStringAttribute("/", "bundle_fingerprint", hexFingerprint(outlineFingerprint(bundle)));
-    writeJsonBytes(*m_file, results_path::kOutline, outline.str());
-    for (std::size_t i = 0; i < prepared.prompts.size(); ++i) {
-        const PromptAnalysis& p = prepared.prompts[i];
-        const std::int64_t layers = std::int64_t(p.layers.size()), tokens = p.tokens, heads = p.heads;
-        m_file->createGroup(results_path::prompt(i));
-        for (int m = 0; m < kMetricCount; ++m)
-            if (stored(p, Metric(m)))
-                m_file->createCompressedFloats(results_path::metric(i, Metric(m)), {layers, tokens, heads},
-                                               {1, kChunkTokens, heads});
-        for (const auto& [name, pair] : tokenArrays(p, m_options))
-            for (KvPart part : {KvPart::K, KvPart::V})
-                m_file->createCompressedFloats(results_path::tokenArray(i, name, part), {layers, tokens},
-                                               {1, kTokenChunkTokens});
+    try {
+        m_file = std::make_unique<Hdf5File>(Hdf5File::create(m_partialPath));
+        m_file->writeStringAttribute("/", "format", kResultsFormatName);
+        m_file->writeIntAttribute("/", "format_version", kResultsFormatVersion);
+        m_file->writeStringAttribute("/", "writer", std::string("kvscope ") + kVersion);
+        std::error_code error;  // an absolute path, to find the bundle from anywhere
+        const std::filesystem::path absolute = std::filesystem::absolute(bundle.path, error);
+        m_file->writeStringAttribute("/", "bundle_path", error ? bundle.path : absolute.lexically_normal().string());
+        m_file->writeStringAttribute("/", "bundle_fingerprint", hexFingerprint(outlineFingerprint(bundle)));
+        writeJsonBytes(*m_file, results_path::kOutline, outline.str());
+        for (std::size_t i = 0; i < prepared.prompts.size(); ++i) {
+            const PromptAnalysis& p = prepared.prompts[i];
+            const std::int64_t layers = std::int64_t(p.layers.size()), tokens = p.tokens, heads = p.heads;
+            m_file->createGroup(results_path::prompt(i));
+            for (int m = 0; m < kMetricCount; ++m)
+                if (stored(p, Metric(m)))
+                    m_file->createCompressedFloats(results_path::metric(i, Metric(m)), {layers, tokens, heads},
+                                                   {1, kChunkTokens, heads});
+            for (const auto& [name, pair] : tokenArrays(p, m_options))
+                for (KvPart part : {KvPart::K, KvPart::V})
+                    m_file->createCompressedFloats(results_path::tokenArray(i, name, part), {layers, tokens},
+                                                   {1, kTokenChunkTokens});
+        }
+    } catch (...) {  // no destructor runs for a constructor that throws: leave nothing behind
+        m_file.reset();
+        std::remove(m_partialPath.c_str());
+        throw;
     }
     m_writer = std::thread([this] { writerLoop(); });
 }
