@@ -496,6 +496,9 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     QTextStream out(&body);
     out << "<h1>kvscope report</h1><div>" << html(loader.path()) << "</div><div class=legend>written by kvscope "
         << kVersion << "</div>";
+    if (!loader.holdsData())  // a results file whose bundle is elsewhere (docs/results-files.md)
+        out << "<p class=legend>Read from a saved analysis (a results file). The bundle above was not at hand, so "
+               "nothing here needed its KV: no what-if section.</p>";
     if (against)
         writeComparison(out, *against, result, maps);
     writeSuspects(out, result);

@@ -13,6 +13,7 @@
 #include "results/results_writer.h"
 #include "small_model.h"
 
+#include <QFile>
 #include <QProcess>
 #include <QTemporaryDir>
 #include <QTest>
@@ -204,6 +205,16 @@ void TestResultsFile::bundleFoundOrNamedMissing()
     } catch (const BundleError& e) {
         QVERIFY2(std::string(e.what()).find("not at hand") != std::string::npos, e.what());
     }
+    // The report from it alone: everything but what needs the KV, and it says so.
+    const QString report = QString::fromStdString(moved + "/report");
+    QString text;
+    QCOMPARE(run({"report", QString::fromStdString(moved + "/k_scale.kvres"), "-o", report}, &text), 0);
+    QFile html(report + "/report.html");
+    QVERIFY(html.open(QIODevice::ReadOnly));
+    const QString page = QString::fromUtf8(html.readAll());
+    QVERIFY(page.contains("Read from a saved analysis") && page.contains("<h2>Verdict</h2>") &&
+            page.contains("<h2>Capture</h2>") && !page.contains("What if the cache were quantised"));
+    QVERIFY2(text.contains("no what-if section"), qPrintable(text));
     // Beside the results file, under its own name.
     std::filesystem::copy_file(path("k_scale.away"), moved + "/k_scale.h5");
     QVERIFY(readResultsFile(moved + "/k_scale.kvres").bundle->holdsData());
