@@ -27,6 +27,26 @@ std::string tokenArray(std::size_t promptIndex, const char* name, KvPart part)
 
 }  // namespace results_path
 
+std::vector<StoredArray> storedArrays(std::size_t index, const PromptAnalysis& p, const RecordedOptions& options)
+{
+    std::vector<StoredArray> out;
+    const std::int64_t layers = std::int64_t(p.layers.size());
+    for (int m = 0; m < kMetricCount; ++m)
+        if (p.threeWay || !isBaseMetric(Metric(m)))
+            out.push_back({results_path::metric(index, Metric(m)), {layers, p.tokens, std::int64_t(p.heads)},
+                           &p.metrics[std::size_t(m)]});
+    // (as PromptAnalysis::allocate decides whether there are floors to keep)
+    const bool quantised = std::any_of(p.layerDtypes.begin(), p.layerDtypes.end(), isQuantised);
+    const std::pair<const char*, const std::array<FloatBuffer, 2>*> arrays[] = {
+        {"bc", &p.bc}, {"bc_vs_noise", &p.bcVsNoise}, {"quant_linf", &p.quantLinf}, {"quant_l2", &p.quantL2}};
+    for (const auto& [name, pair] : arrays)
+        if (std::string(name).starts_with("bc") ? p.threeWay && options.bc : quantised)
+            for (KvPart part : {KvPart::K, KvPart::V})
+                out.push_back({results_path::tokenArray(index, name, part), {layers, p.tokens},
+                               &(*pair)[std::size_t(part)]});
+    return out;
+}
+
 namespace {
 
 // The text of a JSON dataset, parsed; a BundleError names it when it is not JSON.
@@ -43,32 +63,6 @@ JsonFields::Json readJson(const Hdf5File& file, const char* dataset)
     if (document.is_discarded() || !document.is_object())
         file.fail(dataset, "is not a JSON object");
     return document;
-}
-
-// The arrays a prompt of the record has: (dataset, shape, where they go once allocated).
-struct StoredArray {
-    std::string dataset;
-    std::vector<std::int64_t> shape;
-    FloatBuffer* buffer;
-};
-
-std::vector<StoredArray> storedArrays(std::size_t index, PromptAnalysis& p, const RecordedOptions& options)
-{
-    std::vector<StoredArray> out;
-    const std::int64_t layers = std::int64_t(p.layers.size());
-    for (int m = 0; m < kMetricCount; ++m)
-        if (p.threeWay || !isBaseMetric(Metric(m)))
-            out.push_back({results_path::metric(index, Metric(m)), {layers, p.tokens, std::int64_t(p.heads)},
-                           &p.metrics[std::size_t(m)]});
-    const bool quantised = std::any_of(p.layerDtypes.begin(), p.layerDtypes.end(), isQuantised);
-    const std::pair<const char*, std::array<FloatBuffer, 2>*> arrays[] = {
-        {"bc", &p.bc}, {"bc_vs_noise", &p.bcVsNoise}, {"quant_linf", &p.quantLinf}, {"quant_l2", &p.quantL2}};
-    for (const auto& [name, pair] : arrays)
-        if (std::string(name).starts_with("bc") ? p.threeWay && options.bc : quantised)
-            for (KvPart part : {KvPart::K, KvPart::V})
-                out.push_back({results_path::tokenArray(index, name, part), {layers, p.tokens},
-                               &(*pair)[std::size_t(part)]});
-    return out;
 }
 
 // The bundle the results came from, if it is at hand and is still that bundle.
@@ -144,9 +138,8 @@ ResultsFile readResultsFile(const std::string& path)
 
         for (std::size_t i = 0; i < r.result.prompts.size(); ++i) {
             PromptAnalysis& p = r.result.prompts[i];
-            std::vector<StoredArray> arrays = storedArrays(i, p, r.options);
             // Every shape checked against the record before anything is allocated for it.
-            for (const StoredArray& a : arrays) {
+            for (const StoredArray& a : storedArrays(i, p, r.options)) {
                 const DatasetInfo info = file.datasetInfo(a.dataset);
                 if (info.shape != a.shape || info.typeClass != H5T_FLOAT || info.typeSize != 4)
                     file.fail(a.dataset, "must be float32 of shape " + shapeToString(a.shape) + ", as the record says");
@@ -154,9 +147,8 @@ ResultsFile readResultsFile(const std::string& path)
             std::vector<CacheScales> scales = std::move(p.cacheScales);
             p.allocate();
             p.cacheScales = std::move(scales);
-            arrays = storedArrays(i, p, r.options);
-            for (const StoredArray& a : arrays)
-                file.readRaw(a.dataset, H5T_NATIVE_FLOAT, a.buffer->data());
+            for (const StoredArray& a : storedArrays(i, p, r.options))  // (the prompt's own buffers, now sized)
+                file.readRaw(a.dataset, H5T_NATIVE_FLOAT, const_cast<float*>(a.buffer->data()));
         }
     }
     r.bundle = findBundle(r, outline, r.bundleMissing);

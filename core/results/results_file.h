@@ -25,6 +25,19 @@ std::string metric(std::size_t prompt, Metric metric);       // ".../metrics/k_c
 std::string tokenArray(std::size_t prompt, const char* name, KvPart part);
 }  // namespace results_path
 
+// An array a prompt keeps in a results file: its dataset, its shape ([layer, token, head] or
+// [layer, token]) and where it lives in the analysis.
+struct StoredArray {
+    std::string dataset;
+    std::vector<std::int64_t> shape;
+    const FloatBuffer* buffer;
+    bool perHead() const { return shape.size() == 3; }
+};
+// Every array prompt `index` keeps: its metrics (base_* only three-way), its BCs (three-way,
+// when computed), its quantisation floors (when a layer's cache is quantised). The writer and
+// the reader both go by this list.
+std::vector<StoredArray> storedArrays(std::size_t index, const PromptAnalysis& p, const RecordedOptions& options);
+
 struct ResultsFile {
     std::string path;
     AnalysisResult result;

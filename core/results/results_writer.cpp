@@ -29,28 +29,6 @@ void writeJsonBytes(Hdf5File& file, const char* dataset, const std::string& text
     file.writeRaw(dataset, H5T_NATIVE_UINT8, {std::int64_t(text.size())}, text.data());
 }
 
-// The [layer][token] arrays a prompt has: BC for three-way prompts when computed, the
-// quantisation floors when a layer is quantised.
-std::vector<std::pair<const char*, const std::array<FloatBuffer, 2>*>> tokenArrays(const PromptAnalysis& p,
-                                                                                   const RecordedOptions& options)
-{
-    std::vector<std::pair<const char*, const std::array<FloatBuffer, 2>*>> arrays;
-    if (p.threeWay && options.bc) {
-        arrays.emplace_back("bc", &p.bc);
-        arrays.emplace_back("bc_vs_noise", &p.bcVsNoise);
-    }
-    if (p.hasQuantisedLayers()) {
-        arrays.emplace_back("quant_linf", &p.quantLinf);
-        arrays.emplace_back("quant_l2", &p.quantL2);
-    }
-    return arrays;
-}
-
-bool stored(const PromptAnalysis& p, Metric m)
-{
-    return p.threeWay || !isBaseMetric(m);
-}
-
 // One layer of a [layer][token][width] array, chunk by chunk (chunks of `chunkTokens` tokens,
 // the last padded with NaN, as the dataset's fill value), compressed without the HDF5 lock and
 // stored with it. `heads` 0: a [layer][token] array.
@@ -96,17 +74,11 @@ ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, cons
         m_file->writeStringAttribute("/", "bundle_fingerprint", hexFingerprint(outlineFingerprint(bundle)));
         writeJsonBytes(*m_file, results_path::kOutline, outline.str());
         for (std::size_t i = 0; i < prepared.prompts.size(); ++i) {
-            const PromptAnalysis& p = prepared.prompts[i];
-            const std::int64_t layers = std::int64_t(p.layers.size()), tokens = p.tokens, heads = p.heads;
             m_file->createGroup(results_path::prompt(i));
-            for (int m = 0; m < kMetricCount; ++m)
-                if (stored(p, Metric(m)))
-                    m_file->createCompressedFloats(results_path::metric(i, Metric(m)), {layers, tokens, heads},
-                                                   {1, kChunkTokens, heads});
-            for (const auto& [name, pair] : tokenArrays(p, m_options))
-                for (KvPart part : {KvPart::K, KvPart::V})
-                    m_file->createCompressedFloats(results_path::tokenArray(i, name, part), {layers, tokens},
-                                                   {1, kTokenChunkTokens});
+            for (const StoredArray& a : storedArrays(i, prepared.prompts[i], m_options))
+                m_file->createCompressedFloats(a.dataset, a.shape,
+                                               a.perHead() ? std::vector<std::int64_t>{1, kChunkTokens, a.shape[2]}
+                                                           : std::vector<std::int64_t>{1, kTokenChunkTokens});
         }
     } catch (...) {  // no destructor runs for a constructor that throws: leave nothing behind
         m_file.reset();
@@ -179,17 +151,14 @@ void ResultsWriter::writeLayerNow(const AnalysisResult& result, int layer)
         const PromptAnalysis& p = result.prompts[i];
         if (layer < 0 || std::size_t(layer) >= p.layers.size())
             continue;
-        const std::size_t layerCells = std::size_t(p.tokens) * std::size_t(p.heads);
-        for (int m = 0; m < kMetricCount && p.heads > 0; ++m)
-            if (stored(p, Metric(m)))
-                writeLayerChunks(*m_file, results_path::metric(i, Metric(m)),
-                                 p.metrics[std::size_t(m)].data() + std::size_t(layer) * layerCells, p.tokens, p.heads,
-                                 kChunkTokens, layer);
-        for (const auto& [name, pair] : tokenArrays(p, m_options))
-            for (KvPart part : {KvPart::K, KvPart::V})
-                writeLayerChunks(*m_file, results_path::tokenArray(i, name, part),
-                                 (*pair)[std::size_t(part)].data() + std::size_t(layer) * std::size_t(p.tokens), p.tokens, 0,
-                                 kTokenChunkTokens, layer);
+        for (const StoredArray& a : storedArrays(i, p, m_options)) {
+            const std::int64_t heads = a.perHead() ? a.shape[2] : 0;
+            if (a.perHead() && heads == 0)
+                continue;  // nothing to store
+            writeLayerChunks(*m_file, a.dataset,
+                             a.buffer->data() + std::size_t(layer) * std::size_t(p.tokens) * std::size_t(std::max<std::int64_t>(1, heads)),
+                             p.tokens, heads, a.perHead() ? kChunkTokens : kTokenChunkTokens, layer);
+        }
     }
 }
 
