@@ -57,6 +57,7 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
             DiffOptions diffOptions;
             diffOptions.suspects = t.suspects;
             comparison = diffAnalyses(loadDiffSide(against, lean), result, loader, diffOptions);
+            comparison->pathB = bundle;  // B as given: a results file is named, not the bundle it came from
         }
         const ReportFiles files = writeReport(loader, result, t, QString::fromStdString(dir), whatIf ? &*whatIf : nullptr,
                                               comparison ? &*comparison : nullptr);

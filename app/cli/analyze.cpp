@@ -3,9 +3,10 @@
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
 #include "analysis/layer_selection.h"
-#include "format/bundle_error.h"
 #include "analysis/suspect.h"
 #include "analysis/worst_cells.h"
+#include "format/bundle_error.h"
+#include "format/output_path.h"
 #include "results/results_file.h"
 #include "results/results_writer.h"
 
@@ -130,17 +131,25 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     parser.text({"--layers"}, layerSpec);
     parser.integer("--threads", options.threads);
     parser.flag("--strict", [&options] { options.unreadableBlocks = UnreadableBlockPolicy::Error; });
+    addSuspectOptions(parser, options.suspects);
     if (!parser.parse(args, err))
         return 2;
     try {
+        for (const std::string& output : {jsonPath, savePath})
+            if (!output.empty())
+                requireWritableOutput(output, {bundle});
         AnalysisResult result;
+        std::string heading;
         if (isResultsFile(bundle)) {  // a saved analysis: read, not analysed again
             if (!savePath.empty() || !layerSpec.empty() || !options.prompts.empty() || options.unreadableBlocks == UnreadableBlockPolicy::Error) {
                 err << "kvscope analyze: " << bundle << " is a results file: --save, --layers, --prompt and --strict "
                     << "apply to analysing a bundle\n";
                 return 2;
             }
-            result = readResultsFile(bundle).result;
+            ResultsFile saved = readResultsFile(bundle);
+            heading = "results file " + bundle + " (the analysis of " + saved.bundlePath + "): " +
+                      std::to_string(saved.result.prompts.size()) + " prompt(s)";
+            result = std::move(saved.result);
         } else {
             auto reader = std::make_shared<BundleReader>(bundle);
             if (!layerSpec.empty())
@@ -159,7 +168,9 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
             out << "wrote " << jsonPath << "\n";
             return 0;
         }
-        out << "bundle " << bundle << ": " << result.prompts.size() << " prompt(s) analysed\n";
+        if (heading.empty())
+            heading = "bundle " + bundle + ": " + std::to_string(result.prompts.size()) + " prompt(s) analysed";
+        out << heading << "\n";
         for (const std::string& problem : result.problems)
             out << "cannot analyse: " << problem << "\n";
         for (const std::string& line : describeNotCompared(result.notCompared))

@@ -2,6 +2,7 @@
 
 #include "analysis/analyzer.h"
 #include "analysis/threshold_check.h"
+#include "format/output_path.h"
 #include "results/analysis_input.h"
 
 #include <fstream>
@@ -20,6 +21,8 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
         return 2;
     AnalysisResult result;
     try {
+        if (!jsonPath.empty())
+            requireWritableOutput(jsonPath, {bundle});
         AnalysisOptions options;
         options.suspects = t.suspects;
         result = analysisForVerdict(bundle, options).result;  // a bundle, or a results file

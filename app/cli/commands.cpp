@@ -16,7 +16,7 @@ const std::vector<Command>& commands()
                  "         k_pe 32) over TP 4, with a RoPE fault in k_pe of layer 9 (report: DIR/report-mla)\n",
          "open the app on the built-in demo capture (headless: write its report)", nullptr},
         {"analyze", "analyze BUNDLE|RESULTS.kvres [--json OUT.json] [--save RESULTS.kvres] [--prompt ID]... [--layers SPEC]\n"
-                    "        [--threads N] [--strict]\n"
+                    "        [--threads N] [--strict] [--suspect-floor 6] [--suspect-drift-two-way 20]\n"
                     "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
                     "  --save FILE    keep the analysis in a results file, written as it streams (docs/results-files.md);\n"
                     "                 analyze, check, report, diff and the app read it instead of the bundle\n"
@@ -24,7 +24,8 @@ const std::vector<Command>& commands()
                     "  --layers SPEC  layers by index among the compared layers in model order, or by name,\n"
                     "                 e.g. 0-3,7\n"
                     "  --threads N    threads (default: one per core); one of them reads the next layer\n"
-                    "  --strict       an unreadable block is an error instead of absent positions\n",
+                    "  --strict       an unreadable block is an error instead of absent positions\n"
+                    "  --suspect-floor, --suspect-drift-two-way  the suspects' thresholds, as for check and report\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
         {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
                    "       [--no-whatif] [--against A]\n"
@@ -131,8 +132,13 @@ void addThresholdOptions(OptionParser& parser, Thresholds& thresholds)
     parser.real("--min-bc", thresholds.minBc);
     parser.real("--max-ratio", thresholds.maxRatio);
     parser.real("--max-linf", thresholds.maxLinf);
-    parser.real("--suspect-floor", thresholds.suspects.offFloor);
-    parser.real("--suspect-drift-two-way", thresholds.suspects.twoWayDrift);
+    addSuspectOptions(parser, thresholds.suspects);
+}
+
+void addSuspectOptions(OptionParser& parser, SuspectThresholds& suspects)
+{
+    parser.real("--suspect-floor", suspects.offFloor);
+    parser.real("--suspect-drift-two-way", suspects.twoWayDrift);
 }
 
 void printOverview(std::ostream& out)

@@ -36,6 +36,8 @@ void printOverview(std::ostream& out);
 
 // --min-bc, --seed-bc, --max-ratio, --max-linf, --suspect-floor, --suspect-drift-two-way, for check and report.
 void addThresholdOptions(OptionParser& parser, Thresholds& thresholds);
+// --suspect-floor, --suspect-drift-two-way alone, for analyze (a results file records them).
+void addSuspectOptions(OptionParser& parser, SuspectThresholds& suspects);
 
 // The commands without Qt, one file each in this folder.
 int analyze(const Args& args, std::ostream& out, std::ostream& err);

@@ -5,6 +5,7 @@
 #include "diff/capture_diff.h"
 #include "diff/diff_json.h"
 #include "format/bundle_error.h"
+#include "format/output_path.h"
 #include "kv/capture_loader.h"
 #include "results/analysis_input.h"
 
@@ -143,12 +144,15 @@ int diff(const Args& args, std::ostream& out, std::ostream& err)
     try {
         // A first, reduced to what the comparison needs, so that only one analysis is held at a time.
         // Strict, as check is: a part of either capture that cannot be read is not a pass.
+        if (!jsonPath.empty())
+            requireWritableOutput(jsonPath, {pathA, pathB});
         const DiffSide a = loadDiffSide(pathA, options);
         // B a bundle, or a results file whose bundle is at hand (the change's suspects read its KV).
         const AnalysisInput b = analysisForVerdict(pathB, options);
         if (!b.bundleMissing.empty())
             throw BundleError(pathB, {}, "B's suspects need its KV, and " + b.bundleMissing);
-        const DiffResult d = diffAnalyses(a, b.result, CaptureLoader(b.reader, UnreadableBlockPolicy::Error), diffOptions);
+        DiffResult d = diffAnalyses(a, b.result, CaptureLoader(b.reader, UnreadableBlockPolicy::Error), diffOptions);
+        d.pathB = pathB;  // as given: a results file is named, not the bundle it came from
         if (!jsonPath.empty()) {
             std::ofstream file(jsonPath, std::ios::binary);
             if (file)

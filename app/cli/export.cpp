@@ -1,8 +1,9 @@
 #include "cli/commands.h"
 
 #include "analysis/layer_selection.h"
-#include "kv/capture_loader.h"
 #include "format/hdf5_file.h"
+#include "format/output_path.h"
+#include "kv/capture_loader.h"
 
 #include <algorithm>
 #include <iostream>
@@ -46,6 +47,7 @@ int exportKv(const Args& args, std::ostream& out, std::ostream& err)
     if (!parser.parse(args, err))
         return 2;
     try {
+        requireWritableOutput(outPath, {bundle});
         auto reader = std::make_shared<BundleReader>(bundle);
         const CaptureLoader loader(reader);
         const std::vector<std::string> layers = layerSpec.empty() ? reader->config().layerNames()

@@ -56,9 +56,13 @@ int inspectResults(const std::string& path, std::ostream& out)
     const BundleMetadata& meta = r.bundle->metadata();
     std::error_code error;
     const std::uintmax_t bytes = std::filesystem::file_size(path, error);
-    out << "results file " << path << " (" << (error ? 0 : bytes / 1000000) << " MB, written by " << r.writer << ")\n"
+    const std::string size = error ? "size unknown"
+                             : bytes < 1000000 ? std::to_string((bytes + 999) / 1000) + " kB"
+                                               : std::to_string(bytes / 1000000) + " MB";
+    const std::string found = r.bundle->path() == r.bundlePath ? "at hand" : "at hand as " + r.bundle->path();
+    out << "results file " << path << " (" << size << ", written by " << r.writer << ")\n"
         << "  bundle: " << r.bundlePath << " (fingerprint " << hexFingerprint(r.bundleFingerprint) << "): "
-        << (r.bundleMissing.empty() ? "at hand" : "not at hand, " + r.bundleMissing) << "\n  model: " << meta.model
+        << (r.bundleMissing.empty() ? found : "not at hand, " + r.bundleMissing) << "\n  model: " << meta.model
         << "\n  engine: " << meta.engine << "\n  created: " << meta.created << "\n";
     printConfig(r.bundle->config(), out);
     const SuspectThresholds& t = r.options.suspects;

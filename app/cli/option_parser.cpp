@@ -110,7 +110,7 @@ void OptionParser::parseOrThrow(const Args& args) const
                 option->apply({});
                 continue;
             }
-            if (i + 1 >= args.size())
+            if (i + 1 >= args.size() || find(args[i + 1]))  // `--against -o DIR`: -o is not A's path
                 throw std::invalid_argument(a + " needs a value");
             option->apply(args[++i]);
             continue;

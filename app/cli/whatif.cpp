@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include "format/bundle_error.h"
+#include "format/output_path.h"
 #include "quant/whatif.h"
 #include "quant/whatif_json.h"
 #include "util/work_team.h"
@@ -82,6 +83,8 @@ int whatif(const Args& args, std::ostream& out, std::ostream& err)
         }
     }
     try {
+        if (!jsonPath.empty())
+            requireWritableOutput(jsonPath, {bundle});
         const CaptureLoader loader(std::make_shared<BundleReader>(bundle));
         WorkTeam team(std::max(1, threads));
         options.team = &team;

@@ -2,6 +2,7 @@
 
 #include "analysis/head_error_histogram.h"
 
+#include "format/output_path.h"
 #include "import/import_process.h"
 #include "results/results_file.h"
 #include "results/results_writer.h"
@@ -164,9 +165,11 @@ void AnalysisController::saveResults(const QString& file, std::function<void(con
         done(tr("no finished analysis to save"));
         return;
     }
-    m_tasks.run([this, loader = m_loader, result = m_result, recorded = m_recorded, file, done = std::move(done)] {
+    m_tasks.run([this, loader = m_loader, result = m_result, recorded = m_recorded, file, opened = m_path,
+                 done = std::move(done)] {
         QString error;
         try {
+            kvscope::requireWritableOutput(file.toStdString(), {opened.toStdString()});
             kvscope::saveResults(file.toStdString(), loader->outline(), *result, recorded);
         } catch (const std::exception& e) {
             error = QString::fromStdString(e.what());

@@ -109,6 +109,9 @@ BundleReader::BundleReader(const std::string& path)
     m_metadata.formatVersion = int(version);
     m_file.setChecksumsRequired(version >= 2);
     const std::string format = m_file.readStringAttribute("/", "format");
+    if (format == "kvscope-results")  // results/results_file.h's kResultsFormatName
+        m_file.fail("/", "is a kvscope results file (a saved analysis), not a capture bundle; this needs the bundle "
+                         "it was analysed from, which `kvscope inspect` of the results file names");
     if (format != kBundleFormatName)
         m_file.fail("/", "format is '" + format + "', expected '" + kBundleFormatName + "'");
     std::string* fields[] = {&m_metadata.model, &m_metadata.engine, &m_metadata.created, &m_metadata.notes,

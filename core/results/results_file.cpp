@@ -103,8 +103,8 @@ bool isResultsFile(const std::string& path)
         const std::lock_guard lock(hdf5Mutex());
         const Hdf5File file = Hdf5File::openReadOnly(path);
         return file.hasAttribute("/", "format") && file.readStringAttribute("/", "format") == kResultsFormatName;
-    } catch (const std::exception&) {
-        return false;
+    } catch (const std::exception&) {  // unreadable: its name decides whose error message it gets
+        return std::filesystem::path(path).extension() == ".kvres";
     }
 }
 
@@ -140,6 +140,8 @@ ResultsFile readResultsFile(const std::string& path)
             PromptAnalysis& p = r.result.prompts[i];
             // Every shape checked against the record before anything is allocated for it.
             for (const StoredArray& a : storedArrays(i, p, r.options)) {
+                if (!file.exists(a.dataset))  // the record says it was written: its name was damaged since
+                    file.fail(a.dataset, "missing, though the analysis record lists it: the file is damaged");
                 const DatasetInfo info = file.datasetInfo(a.dataset);
                 if (info.shape != a.shape || info.typeClass != H5T_FLOAT || info.typeSize != 4)
                     file.fail(a.dataset, "must be float32 of shape " + shapeToString(a.shape) + ", as the record says");

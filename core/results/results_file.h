@@ -55,7 +55,8 @@ struct ResultsFile {
 };
 
 // Whether `path` is a results file (by its format attribute); false for anything else,
-// bundles included, and for files that cannot be opened.
+// bundles included. A file that cannot be opened is one when it is named *.kvres, so that
+// reading it says what is wrong with it as a results file.
 bool isResultsFile(const std::string& path);
 // Reads everything (the arrays into memory). Throws BundleError naming the file and the
 // object when it is not a results file, is of another version, or is damaged.

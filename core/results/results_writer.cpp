@@ -1,10 +1,12 @@
 #include "results/results_writer.h"
 
 #include "format/bundle_error.h"
+#include "format/output_path.h"
 #include "results/compressed_chunk.h"
 #include "results/results_file.h"
 #include "util/content_hash.h"
 #include "util/json_writer.h"
+#include "util/partial_files.h"
 #include "util/version.h"
 
 #include <cerrno>
@@ -59,12 +61,14 @@ ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, cons
     , m_partialPath(m_path + ".partial")
     , m_options(options)
 {
+    requireWritableOutput(m_path, {bundle.path});
     std::ostringstream outline;
     JsonWriter w(outline);
     writeOutlineJson(w, bundle);
     const std::lock_guard lock(hdf5Mutex());
     try {
         m_file = std::make_unique<Hdf5File>(Hdf5File::create(m_partialPath));
+        registerPartialFile(m_partialPath);
         m_file->writeStringAttribute("/", "format", kResultsFormatName);
         m_file->writeIntAttribute("/", "format_version", kResultsFormatVersion);
         m_file->writeStringAttribute("/", "writer", std::string("kvscope ") + kVersion);
@@ -83,6 +87,7 @@ ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, cons
     } catch (...) {  // no destructor runs for a constructor that throws: leave nothing behind
         m_file.reset();
         std::remove(m_partialPath.c_str());
+        unregisterPartialFile(m_partialPath);
         throw;
     }
     m_writer = std::thread([this] { writerLoop(); });
@@ -95,6 +100,7 @@ ResultsWriter::~ResultsWriter()
         const std::lock_guard lock(hdf5Mutex());
         m_file.reset();
         std::remove(m_partialPath.c_str());
+        unregisterPartialFile(m_partialPath);
     }
 }
 
@@ -177,6 +183,7 @@ void ResultsWriter::finish(const AnalysisResult& result)
     const std::lock_guard lock(hdf5Mutex());
     writeJsonBytes(*m_file, results_path::kRecord, record.str());
     m_file.reset();
+    unregisterPartialFile(m_partialPath);  // finished: an interruption from here on keeps it
     if (std::rename(m_partialPath.c_str(), m_path.c_str()) != 0)
         throw BundleError(m_path, {}, std::string("cannot move the finished results file into place: ") +
                                           std::strerror(errno));

@@ -95,6 +95,8 @@ void TestCommandLine::wrongCommandLinesSayWhatIsWrong_data()
     QTest::newRow("no operand") << QStringList{} << "kvscope analyze: no BUNDLE given";
     QTest::newRow("unknown option") << QStringList{"a.h5", "--jsn", "x"} << "kvscope analyze: unknown option --jsn";
     QTest::newRow("missing value") << QStringList{"a.h5", "--json"} << "kvscope analyze: --json needs a value";
+    QTest::newRow("an option for a value") << QStringList{"a.h5", "--json", "-o", "dir"}
+                                           << "kvscope analyze: --json needs a value";
     QTest::newRow("trailing text") << QStringList{"a.h5", "--threads", "2x"}
                                    << "kvscope analyze: --threads takes a whole number, not '2x'";
     QTest::newRow("empty number") << QStringList{"a.h5", "--threads", ""}

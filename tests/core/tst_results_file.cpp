@@ -91,6 +91,7 @@ private slots:
     void unfinishedFileDoesNotExist();
     void damagedFilesAreRefused();
     void commandsTakeResults();
+    void outputsAreCheckedBeforeWork();
 
 private:
     std::string path(const std::string& name) const { return m_dir.filePath(QString::fromStdString(name)).toStdString(); }
@@ -267,6 +268,10 @@ void TestResultsFile::damagedFilesAreRefused()
     // Cut short.
     std::ofstream(path("cut.kvres"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
     QVERIFY_THROWS_EXCEPTION(BundleError, readResultsFile(path("cut.kvres")));
+    // Not HDF5 at all: named .kvres, it is read as a results file and refused as one.
+    std::ofstream(path("garbage.kvres"), std::ios::binary) << std::string(4096, 'x');
+    QVERIFY(isResultsFile(path("garbage.kvres")));
+    QVERIFY_THROWS_EXCEPTION(BundleError, readResultsFile(path("garbage.kvres")));
     // A bundle is not a results file.
     QVERIFY(!isResultsFile(path("fp8.h5")));
     QVERIFY(isResultsFile(good));
@@ -298,12 +303,41 @@ void TestResultsFile::commandsTakeResults()
     // diff: a results file stands for A, and for B.
     QCOMPARE(run({"diff", results, bundle}, &text), 0);
     QVERIFY2(text.contains("(analysis)") && text.contains("3 matched") == false && text.contains("2 matched"), qPrintable(text));
-    QCOMPARE(run({"diff", bundle, results}), 0);
+    QCOMPARE(run({"diff", bundle, results}, &text), 0);
+    QVERIFY2(text.contains("-> B " + results), qPrintable(text));  // B as given, not its bundle
     QCOMPARE(run({"analyze", results, "--layers", "0"}, &text), 2);
     QCOMPARE(run({"inspect", results}, &text), 0);
     QVERIFY2(text.contains("results file") && text.contains(": at hand") && text.contains("prompt ") &&
                  text.contains("suspect off-floor 6"),
              qPrintable(text));
+    // Other suspect thresholds are chosen when analysing, and check then takes the file.
+    const QString floor5 = QString::fromStdString(path("floor5.kvres"));
+    QCOMPARE(run({"analyze", bundle, "--suspect-floor", "5", "--save", floor5}), 0);
+    QCOMPARE(run({"check", floor5, "--suspect-floor", "5"}, &text), 1);
+    QVERIFY2(text.contains("FAIL"), qPrintable(text));
+    // Commands that need the KV name the results file for what it is.
+    QCOMPARE(run({"whatif", results}, &text), 2);
+    QVERIFY2(text.contains("is a kvscope results file"), qPrintable(text));
+}
+
+void TestResultsFile::outputsAreCheckedBeforeWork()
+{
+    const QString bundle = QString::fromStdString(path("k_scale.h5")), results = QString::fromStdString(path("cli.kvres"));
+    const auto before = std::filesystem::last_write_time(results.toStdString());
+    QString text;
+    // Never onto the input.
+    QCOMPARE(run({"analyze", results, "--json", results}, &text), 2);
+    QVERIFY2(text.contains("is the input itself"), qPrintable(text));
+    QCOMPARE(run({"analyze", bundle, "--save", bundle}, &text), 2);
+    QCOMPARE(run({"export", bundle, bundle}, &text), 2);
+    QCOMPARE(std::filesystem::last_write_time(results.toStdString()), before);
+    // A folder, or a file in a folder that does not exist: refused at once, with nothing analysed.
+    QCOMPARE(run({"analyze", bundle, "--save", QString::fromStdString(m_dir.path().toStdString())}, &text), 2);
+    QVERIFY2(text.contains("is a folder") && !text.contains("prompt"), qPrintable(text));
+    QCOMPARE(run({"analyze", bundle, "--save", QString::fromStdString(path("no/such/folder.kvres"))}, &text), 2);
+    QVERIFY2(text.contains("does not exist"), qPrintable(text));
+    // Writing to a stream that exists is fine.
+    QCOMPARE(run({"analyze", results, "--json", "/dev/null"}), 0);
 }
 
 QTEST_GUILESS_MAIN(TestResultsFile)
