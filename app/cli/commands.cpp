@@ -97,7 +97,10 @@ const std::vector<Command>& commands()
                   "                         scale_other_layer replica_diff (one TP rank's copy of one block differs;\n"
                   "                         MLA or replicated heads)\n"
                   "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies (step:\n"
-                  "                         position - prompt_len, negative in the prefill)\n",
+                  "                         position - prompt_len, negative in the prefill)\n"
+                  "  --model-free           long captures in seconds: the same shape and prompts without the\n"
+                  "                         transformer, random KV with the noise its two bf16 runs show (fault:\n"
+                  "                         none or rope_offset; bf16 sliding and full layers only)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
         {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
                   "      | bench --end-to-end BUNDLE [--threads N] [--runs 5]\n"

@@ -70,7 +70,8 @@ int runGuarded(const std::function<int()>& command, const std::string& input, st
     forward.sa_handler = forwardToChild;
     const int stops[3] = {SIGINT, SIGTERM, SIGHUP};
     for (int i = 0; i < 3; ++i)
-        sigaction(stops[i], &forward, &previous[i]);
+        if (sigaction(stops[i], nullptr, &previous[i]) == 0 && previous[i].sa_handler != SIG_IGN)
+            sigaction(stops[i], &forward, nullptr);  // (one ignored on purpose, by nohup, stays so)
     int status = 0;
     while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
     }

@@ -28,6 +28,21 @@ double offThreshold(double floor, double perDecade, std::int64_t cells)
     return floor + perDecade * std::max(0.0, std::log10(double(std::max<std::int64_t>(cells, 1)) / 1000.0));
 }
 
+int noiseOffCells(std::int64_t layerCells, double threshold, const SuspectThresholds& th, double chance)
+{
+    // The clean tail: 1 cell in 1000 above offFloor, ten times fewer every perDecade floors.
+    const double expected = double(layerCells) / 1000.0 * std::pow(10.0, -(threshold - th.offFloor) / th.perDecade);
+    // The smallest k with P(Poisson(expected) >= k) < chance.
+    double term = std::exp(-expected), below = 0;  // P(X = k), P(X < k)
+    int k = 0;
+    while (1.0 - below >= chance && k < 1000) {
+        below += term;
+        ++k;
+        term *= expected / double(k);
+    }
+    return k;
+}
+
 CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
     : m_p(p)
 {
@@ -186,9 +201,17 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
     for (int l = 0; l < layers; ++l)
         for (const OffCell& c : off[std::size_t(l)])
             tokens[std::size_t(l)].insert(c.token);
-    // (No more cells than one token holds: an MLA latent has two, c_kv and k_pe.)
+    // (No more cells than one token holds: an MLA latent has two, c_kv and k_pe.) And more than
+    // noise alone would put there: a long capture of one full-attention layer holds every clean
+    // cell the threshold lets through.
+    int layersTested = 0;
+    for (int l = 0; l < layers; ++l)
+        layersTested += finite[std::size_t(l)] > 0 ? 1 : 0;
     for (int l = 0; l < layers; ++l) {
-        const std::size_t minCells = std::min<std::size_t>(std::size_t(th.minCells), std::size_t(2 * p.headsOf(l)));
+        const std::size_t minCells = std::max<std::size_t>(
+            std::min<std::size_t>(std::size_t(th.minCells), std::size_t(2 * p.headsOf(l))),
+            std::size_t(noiseOffCells(finite[std::size_t(l)], result.threshold[std::size_t(l)], th,
+                                      th.falseLayerChance / std::max(1, layersTested))));
         if (off[std::size_t(l)].size() < minCells)
             continue;
         bool persists = tokens[std::size_t(l)].size() >= 2;

@@ -90,6 +90,10 @@ struct EarlierRun {
 
 // The threshold for `cells` tested: floor + perDecade * log10(cells / 1000), at least floor.
 double offThreshold(double floor, double perDecade, std::int64_t cells);
+// The fewest off cells a layer of `layerCells` cells needs at `threshold` so that noise alone
+// reaches as many with a chance under `chance`: the clean tail lets through layerCells / 1000
+// x 10^(-(threshold - offFloor) / perDecade) cells on average (docs/suspects.md), a Poisson count.
+int noiseOffCells(std::int64_t layerCells, double threshold, const SuspectThresholds& th, double chance);
 
 // The typical ratio of a layer's cells that are not off (at least a tenth of them), else of the
 // nearest earlier layer's, else 1: the level an explained error comes back to.

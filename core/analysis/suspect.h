@@ -20,14 +20,15 @@ const char* suspectPatternName(SuspectPattern pattern);  // "block", "tp_rank", 
 // noise alone crosses it stays the same however many cells a capture has.
 struct SuspectThresholds {
     double offFloor = 6.0;          // in floors: what rounding alone stays below
-    double perDecade = 1.5;
+    double perDecade = 2.6;         // the clean tail: about 2.6 floors per tenfold cells (docs/suspects.md)
     // Two-way, added: what two bf16 runs drift apart through the layers, in bf16 unit
     // roundoffs at layer 0, times sqrt(layer + 1) deeper (independent rounding differences add
     // up like a random walk); converted to the cache dtype's floors (an fp8 cache's floor is 16
     // times bf16's).
     double twoWayDrift = 20.0;
     double twoWayDriftPerDecade = 4.0;
-    int minCells = 3;               // an affected layer has at least this many off cells
+    int minCells = 3;               // an affected layer has at least this many off cells,
+    double falseLayerChance = 0.01; // and more than noise puts in one layer with this chance (split over the layers)
     double explained = 2.0;         // a hypothesis explains the error when its residual is at most this
                                     // times the layer's clean level (at least 1 floor)
     bool operator==(const SuspectThresholds&) const = default;

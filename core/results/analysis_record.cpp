@@ -369,6 +369,7 @@ void writeAnalysisRecord(JsonWriter& w, const AnalysisResult& result, const Reco
         .field("two_way_drift", t.twoWayDrift)
         .field("two_way_drift_per_decade", t.twoWayDriftPerDecade)
         .field("min_cells", t.minCells)
+        .field("false_layer_chance", t.falseLayerChance)
         .field("explained", t.explained)
         .endObject()
         .endObject()
@@ -404,6 +405,7 @@ AnalysisResult readAnalysisRecord(const JsonFields& f, const Json& document, Rec
     options.suspects.twoWayDrift = f.number(t, "two_way_drift", at);
     options.suspects.twoWayDriftPerDecade = f.number(t, "two_way_drift_per_decade", at);
     options.suspects.minCells = int(f.integer(t, "min_cells", at));
+    options.suspects.falseLayerChance = f.number(t, "false_layer_chance", at);
     options.suspects.explained = f.number(t, "explained", at);
     result.problems = f.texts(document, "problems", "");
     const Json& notCompared = f.array(document, "not_compared", "");

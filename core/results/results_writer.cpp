@@ -67,8 +67,8 @@ ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, cons
     writeOutlineJson(w, bundle);
     const std::lock_guard lock(hdf5Mutex());
     try {
+        registerPartialFile(m_partialPath);  // first: a stop request may come as soon as it exists
         m_file = std::make_unique<Hdf5File>(Hdf5File::create(m_partialPath));
-        registerPartialFile(m_partialPath);
         m_file->writeStringAttribute("/", "format", kResultsFormatName);
         m_file->writeIntAttribute("/", "format_version", kResultsFormatVersion);
         m_file->writeStringAttribute("/", "writer", std::string("kvscope ") + kVersion);

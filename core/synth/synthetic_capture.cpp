@@ -70,7 +70,44 @@ float bf16(float x)
 struct LayerData {
     LayerKv baseline;
     LayerKv engine;
+    LayerKv expected;  // with modelNoise only; otherwise the baseline, rounded when written
 };
+
+// modelNoise, fitted to the model-based synth's clean error ratios in its full-attention
+// layers at 2,000-4,000 tokens (percentiles 50 / 90 / 99 / 99.9 / 99.99: K 0.9 / 2.0 / 4.1 /
+// 6.5 / 9.3 floors, V 0.9 / 1.4 / 2.0 / 2.6 / 3.1; this generator gives K 1.0 / 2.1 / 4.1 / 6.5
+// / 9.1, V 0.9 / 1.4 / 2.0 / 2.6 / 3.3) and to its two-way drift (a few unit roundoffs of
+// relative L2 at layer 0, about 20 at layer 79). The errors are bounded, as sums of a few
+// roundings are; their spread is the engine's log-normal factor per token and head, which the
+// ratios turned out to follow closely (a straight line on log-probability paper).
+constexpr double kNoiseUnitRoundoffs = 1.5;        // the errors' RMS, in bf16 unit roundoffs, times sqrt(layer + 1)
+constexpr double kEngineMedian = 0.82;             // the engine's factor: its median
+constexpr double kEngineSpread[2] = {0.67, 0.38};  // and the sigma of its logarithm, [K/V]
+
+// Adds model noise to `d`: expected and the engine each the baseline plus an error of their own.
+void addModelNoise(const SyntheticCaptureOptions& o, std::size_t prompt, int layer, LayerData& d)
+{
+    const std::uint64_t seed = o.seed * 2000003 + prompt * 6151 + std::uint64_t(layer) * 7907 + 1;
+    detmath::SplitMix64 bits(seed);
+    detmath::NormalSampler n01(seed + 1);
+    // Uniform on [-sqrt(3), sqrt(3)) times the RMS: bounded, with that RMS.
+    const double rms = kNoiseUnitRoundoffs * std::sqrt(double(layer) + 1.0) / 256.0;  // bf16: 2^-8
+    const auto error = [&](double size) { return float(size * 1.7320508075688772 * (2.0 * bits.uniform() - 1.0)); };
+    d.expected = d.baseline;
+    for (KvPart part : {KvPart::K, KvPart::V}) {
+        const FloatBuffer& base = d.baseline.values(part);
+        FloatBuffer& expected = d.expected.values(part);
+        FloatBuffer& engine = d.engine.values(part);
+        const std::size_t dim = std::size_t(d.baseline.headDim(part));
+        for (std::size_t row = 0; row < base.size(); row += dim) {  // one head at one position
+            const double factor = kEngineMedian * detmath::exp(kEngineSpread[std::size_t(part)] * n01());
+            for (std::size_t i = row; i < row + dim; ++i) {
+                expected[i] = bf16(base[i] + error(rms));
+                engine[i] = bf16(base[i] + error(rms * factor));
+            }
+        }
+    }
+}
 
 // One layer of one prompt, every position present, regenerated identically from its seed.
 LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, int layer, std::int64_t promptLen,
@@ -79,7 +116,7 @@ LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, in
     detmath::NormalSampler n01(o.seed * 1000003 + prompt * 7919 + std::uint64_t(layer) * 104729);
     const int dim = headDimOf(o, layer);
     const int heads = kvHeadsOf(o, layer);
-    LayerData d{LayerKv::absent(heads, seqLen, dim), LayerKv::absent(heads, seqLen, dim)};
+    LayerData d{LayerKv::absent(heads, seqLen, dim), LayerKv::absent(heads, seqLen, dim), {}};
     std::fill(d.baseline.present.begin(), d.baseline.present.end(), 1);
     std::fill(d.engine.present.begin(), d.engine.present.end(), 1);
     for (std::size_t i = 0; i < d.baseline.k.size(); ++i) {
@@ -90,6 +127,8 @@ LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, in
         d.engine.k[i] = bf16(d.baseline.k[i] * (1.0f + 1e-3f * float(n01())));
         d.engine.v[i] = bf16(d.baseline.v[i] * (1.0f + 1e-3f * float(n01())));
     }
+    if (o.modelNoise)
+        addModelNoise(o, prompt, layer, d);
     if (layer == o.faultLayer)
         for (std::int64_t pos = promptLen + o.faultPosition; pos < seqLen; ++pos)
             for (int c = 0; c + 1 < dim; c += 2) {
@@ -159,8 +198,10 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
         if (p == 0 || shared == 0)
             return d;
         const LayerData first = generateLayer(o, 0, layer, o.promptLens[0], o.promptLens[0] + o.decodeTokens);
-        for (LayerKv* to : {&d.engine, &d.baseline}) {
-            const LayerKv& from = to == &d.engine ? first.engine : first.baseline;
+        for (LayerKv* to : {&d.engine, &d.baseline, &d.expected}) {
+            const LayerKv& from = to == &d.engine ? first.engine : to == &d.baseline ? first.baseline : first.expected;
+            if (to->values(KvPart::K).empty())
+                continue;  // no expected of its own
             for (KvPart part : {KvPart::K, KvPart::V})
                 std::copy_n(from.values(part).begin(), std::size_t(shared) * from.rowSize(part), to->values(part).begin());
         }
@@ -223,24 +264,29 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
         }
 
         for (int l = 0; l < o.layers; ++l) {
-            const LayerKv base = withSharedPrefix(p, l, generateLayer(o, p, l, promptLen, seqLen)).baseline;
+            const LayerData d = withSharedPrefix(p, l, generateLayer(o, p, l, promptLen, seqLen));
             // HF keeps only window - 1 positions of sliding-window layers.
             const std::int64_t keep = isSliding(o, l) ? std::min<std::int64_t>(seqLen, o.slidingWindow - 1) : seqLen;
-            std::vector<float> k, v;
             const int dim = headDimOf(o, l), heads = kvHeadsOf(o, l);
-            k.reserve(std::size_t(heads * keep * dim));
-            v.reserve(k.capacity());
-            for (int h = 0; h < heads; ++h)
-                for (std::int64_t pos = seqLen - keep; pos < seqLen; ++pos) {
-                    k.insert(k.end(), base.kAt(h, pos), base.kAt(h, pos) + dim);
-                    v.insert(v.end(), base.vAt(h, pos), base.vAt(h, pos) + dim);
-                }
+            const auto kept = [&](const LayerKv& kv, KvPart part) {
+                std::vector<float> values;
+                values.reserve(std::size_t(heads * keep * dim));
+                for (int h = 0; h < heads; ++h)
+                    for (std::int64_t pos = seqLen - keep; pos < seqLen; ++pos) {
+                        const float* row = part == KvPart::K ? kv.kAt(h, pos) : kv.vAt(h, pos);
+                        values.insert(values.end(), row, row + dim);
+                    }
+                return values;
+            };
             const std::vector<std::int64_t> shape{1, heads, keep, dim};
             if (o.baseline)
-                writer.addReference(id, ReferenceRole::Baseline, layerName(l), RawTensor::fromFloat(DType::Float32, shape, k),
-                                    RawTensor::fromFloat(DType::Float32, shape, v));
-            writer.addReference(id, ReferenceRole::Expected, layerName(l), RawTensor::fromFloat(DType::BFloat16, shape, k),
-                                RawTensor::fromFloat(DType::BFloat16, shape, v));
+                writer.addReference(id, ReferenceRole::Baseline, layerName(l),
+                                    RawTensor::fromFloat(DType::Float32, shape, kept(d.baseline, KvPart::K)),
+                                    RawTensor::fromFloat(DType::Float32, shape, kept(d.baseline, KvPart::V)));
+            const LayerKv& expected = o.modelNoise ? d.expected : d.baseline;  // rounded to bf16 here
+            writer.addReference(id, ReferenceRole::Expected, layerName(l),
+                                RawTensor::fromFloat(DType::BFloat16, shape, kept(expected, KvPart::K)),
+                                RawTensor::fromFloat(DType::BFloat16, shape, kept(expected, KvPart::V)));
         }
     }
     writer.finish();

@@ -28,6 +28,12 @@ struct SyntheticCaptureOptions {
     std::vector<int> promptLens{40, 56};
     int decodeTokens = 20;
     bool baseline = true;  // three-way
+    // The noise of two bf16 runs of a model (the model-based synth's), instead of rounding
+    // alone: expected and the engine each off the baseline by a few bf16 unit roundoffs,
+    // growing like sqrt(layer + 1), the engine's scaled per token and head by a log-normal
+    // factor. Its clean error ratios follow the model-based synth's (tst_synthetic_capture),
+    // so long captures, which a model cannot make in reasonable time, test the suspects.
+    bool modelNoise = false;
     std::uint64_t seed = 7;
     // From `faultPosition` (relative to the end of the prompt) on, one head of one layer has
     // its K rotated as RoPE one position too far would. faultLayer < 0: no fault.

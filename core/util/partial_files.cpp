@@ -57,8 +57,14 @@ void unregisterPartialFile(const std::string& path)
 
 void removePartialFilesOnTermination()
 {
-    for (int signal : {SIGINT, SIGTERM, SIGHUP})
-        std::signal(signal, removeAndDie);
+    for (int signal : {SIGINT, SIGTERM, SIGHUP}) {
+        struct sigaction current = {};
+        if (sigaction(signal, nullptr, &current) == 0 && current.sa_handler == SIG_IGN)
+            continue;  // ignored on purpose (nohup, a shell's background job): it stays so
+        struct sigaction remove = {};
+        remove.sa_handler = removeAndDie;
+        sigaction(signal, &remove, nullptr);
+    }
 }
 
 }  // namespace kvscope

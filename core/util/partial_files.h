@@ -11,7 +11,8 @@ namespace kvscope {
 void registerPartialFile(const std::string& path);
 void unregisterPartialFile(const std::string& path);
 
-// SIGINT, SIGTERM and SIGHUP remove every registered file, then end the process by that signal.
+// SIGINT, SIGTERM and SIGHUP remove every registered file, then end the process by that signal
+// (those the process was started ignoring stay ignored).
 void removePartialFilesOnTermination();
 
 }  // namespace kvscope

@@ -10,6 +10,7 @@
 
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
+#include "analysis/off_floor.h"
 #include "analysis/suspect_search.h"
 #include "analysis/threshold_check.h"
 #include "synth/model_capture.h"
@@ -101,6 +102,7 @@ private slots:
     void aFaultInEveryCellIsFound();
     void quantisedCaches();
     void jsonCarriesTheSuspects();
+    void noiseCountIsPoisson();
     void cleanupTestCase();
 
 private:
@@ -358,10 +360,19 @@ void TestSuspects::check(const ModelCaptureOptions& o, const QString& what)
     const auto ratio = [&](const char* key) { return r.truth.contains(key) ? std::fabs(std::log(r.truth.at(key).get<double>())) : 1.0; };
     const double resolvable = std::log(1.0 + 12.0 * unitRoundoff(isQuantised(o.kvDtype) ? o.kvDtype : DType::Float8E4M3) +
                                        (o.baseline ? 0.0 : 20.0 * std::sqrt(o.faultLayer + 1.0) * unitRoundoff(DType::BFloat16)));
-    if ((o.fault == FaultKind::ScaleOtherLayer || o.fault == FaultKind::ScaleGranularity) && all.empty() &&
-        std::max(ratio("k_ratio"), ratio("v_ratio")) < resolvable) {
+    const bool underFloor = (o.fault == FaultKind::ScaleOtherLayer || o.fault == FaultKind::ScaleGranularity) &&
+                            std::max(ratio("k_ratio"), ratio("v_ratio")) < resolvable;
+    if (underFloor && all.empty()) {
         qInfo("%s: scale off by %.2fx, under the format's floor, not required", qPrintable(what),
               std::exp(std::max(ratio("k_ratio"), ratio("v_ratio"))));
+        return;
+    }
+    // Found under the floor, in the few cells rounding happens to lift: the cache's scale off by
+    // the other layer's factor is as much as those cells can tell. Scored wrong, not a failure.
+    if (underFloor && o.fault == FaultKind::ScaleOtherLayer && all.front().hypothesis.kind == "cache_scale") {
+        qInfo("%s: scale off by %.2fx, under the format's floor, named a cache scale", qPrintable(what),
+              std::exp(std::max(ratio("k_ratio"), ratio("v_ratio"))));
+        ++m_score[halfOf(o.fault)].second;
         return;
     }
     const QStringList wrong = judge(o, r);
@@ -460,6 +471,15 @@ void TestSuspects::cleanCapturesHaveNone()
         longer.decodeTokens = 40;
         longer.baseline = threeWay;
         check(longer, "clean, prompts of 600 and 1000 tokens" + mode);
+        // kvscope synth's own shape, 16 layers x 2008 positions (64,000 cells a part): the clean
+        // ratio's tail at this size crossed a threshold growing 1.5 floors a decade, in three
+        // cells of layer 15 (docs/suspects.md).
+        ModelCaptureOptions synthDefault;
+        synthDefault.shape.layers = 16;
+        synthDefault.promptLens = {2000};
+        synthDefault.decodeTokens = 8;
+        synthDefault.baseline = threeWay;
+        check(synthDefault, "clean, kvscope synth's shape, 16 layers x 2000 tokens" + mode);
         ModelCaptureOptions deep = shape(Tp::Partitioned, true, 7);
         deep.shape.layers = 80;
         deep.promptLens = {60, 90};
@@ -557,6 +577,22 @@ void TestSuspects::jsonCarriesTheSuspects()
     // Per prompt: the faulty prompt has it, the other an empty list.
     QCOMPARE(json.at("prompts")[0].at("suspects").size(), std::size_t(1));
     QVERIFY(json.at("prompts")[1].at("suspects").is_array() && json.at("prompts")[1].at("suspects").empty());
+}
+
+void TestSuspects::noiseCountIsPoisson()
+{
+    // Hand-worked: 1000 cells at offFloor let through one clean cell on average; Poisson(1)
+    // reaches 3, 4, 5 cells with chances 0.0803, 0.0190, 0.00366.
+    const SuspectThresholds th;
+    QCOMPARE(noiseOffCells(1000, th.offFloor, th, 0.1), 3);
+    QCOMPARE(noiseOffCells(1000, th.offFloor, th, 0.05), 4);
+    QCOMPARE(noiseOffCells(1000, th.offFloor, th, 0.01), 5);
+    // Ten times the cells one decade higher: the same; a tenth of them: Poisson(0.1) reaches 1
+    // and 2 with chances 0.0952 and 0.00468.
+    QCOMPARE(noiseOffCells(10000, th.offFloor + th.perDecade, th, 0.01), 5);
+    QCOMPARE(noiseOffCells(100, th.offFloor, th, 0.1), 1);
+    QCOMPARE(noiseOffCells(100, th.offFloor, th, 0.01), 2);
+    QCOMPARE(noiseOffCells(0, th.offFloor, th, 0.01), 1);  // none expected: any one is more
 }
 
 void TestSuspects::cleanupTestCase()

@@ -3,13 +3,17 @@
 // read back, reconstructed and compared with the baseline in plain double precision.
 
 #include "kv/capture_loader.h"
+#include "synth/model_capture.h"
 #include "synth/synthetic_capture.h"
 
 #include <QProcess>
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <vector>
 
 using namespace kvscope;
 
@@ -26,6 +30,46 @@ double relativeLinf(const float* ref, const float* x, int dim)
     return maxDiff / std::max(maxRef, 1e-10);
 }
 
+// Every (layer, token, part) error ratio of the full-attention (odd) layers of a three-way
+// capture, as docs/suspects.md defines it, in double precision here: the largest head's
+// relative L-inf of the engine over the largest head's of expected, both against the baseline.
+std::array<std::vector<double>, 2> fullLayerRatios(const std::string& path)
+{
+    auto reader = std::make_shared<BundleReader>(path);
+    const CaptureLoader loader(reader);
+    std::array<std::vector<double>, 2> ratios;
+    for (const PromptInfo& p : reader->prompts())
+        for (const std::string& layer : reader->config().layerNames()) {
+            if (std::stoi(layer.substr(std::string("model.layers.").size())) % 2 == 0)
+                continue;
+            const LayerKv engine = loader.engineLayer(p.id, layer);
+            const LayerKv expected = loader.referenceLayer(p.id, ReferenceRole::Expected, layer);
+            const LayerKv baseline = loader.referenceLayer(p.id, ReferenceRole::Baseline, layer);
+            for (std::int64_t t = 0; t < engine.seq; ++t) {
+                if (!engine.present[std::size_t(t)])
+                    continue;
+                for (KvPart part : {KvPart::K, KvPart::V}) {
+                    double actual = 0, floor = 0;
+                    for (int h = 0; h < engine.heads; ++h) {
+                        const auto row = [&](const LayerKv& kv) { return part == KvPart::K ? kv.kAt(h, t) : kv.vAt(h, t); };
+                        const int dim = engine.headDim(part);
+                        actual = std::max(actual, relativeLinf(row(baseline), row(engine), dim));
+                        floor = std::max(floor, relativeLinf(row(baseline), row(expected), dim));
+                    }
+                    ratios[std::size_t(part)].push_back(actual / std::max(floor, 1e-10));
+                }
+            }
+        }
+    for (auto& r : ratios)
+        std::sort(r.begin(), r.end());
+    return ratios;
+}
+
+double quantile(const std::vector<double>& sorted, double q)
+{
+    return sorted[std::min(sorted.size() - 1, std::size_t(q * double(sorted.size())))];
+}
+
 }  // namespace
 
 class TestSyntheticCapture : public QObject {
@@ -37,6 +81,8 @@ private slots:
     void engineMatchesBaselineExceptTheFault();
     void cliInspect();
     void cliAnalyze();
+    void modelNoiseFollowsTheModel();
+    void longCleanCaptureHasNoSuspect();
 
 private:
     QTemporaryDir m_dir;
@@ -166,6 +212,70 @@ void TestSyntheticCapture::cliAnalyze()
     QVERIFY(run({"analyze", m_path, "--layers", "9"}, 2).contains("outside 0-7"));
     QVERIFY(run({"analyze", m_path, "--prompt", "nope"}, 2).contains("no such prompt"));
     QVERIFY(run({"analyze"}, 2).contains("usage"));
+}
+
+void TestSyntheticCapture::modelNoiseFollowsTheModel()
+{
+    // The same shape from the transformer and from the model-free generator with its noise:
+    // their clean error ratios agree in distribution (what the suspects' threshold is set on).
+    synth::ModelCaptureOptions model;
+    model.shape.layers = 8;
+    model.promptLens = {2000};
+    model.decodeTokens = 8;
+    model.seed = 5;
+    SyntheticCaptureOptions free;
+    free.layers = model.shape.layers;
+    free.kvHeads = model.shape.kvHeads;
+    free.headDim = model.shape.headDim;
+    free.tpSize = model.tpSize;
+    free.fullBlockSize = model.fullBlockSize;
+    free.slidingBlockSize = model.slidingBlockSize;
+    free.slidingWindow = model.shape.window;
+    free.promptLens = model.promptLens;
+    free.decodeTokens = model.decodeTokens;
+    free.faultLayer = -1;
+    free.divergence = -1;
+    free.seed = 5;
+    free.modelNoise = true;
+    const std::string modelPath = m_dir.filePath("model.h5").toStdString(), freePath = m_dir.filePath("free.h5").toStdString();
+    synth::writeModelCapture(modelPath, model);
+    writeSyntheticCapture(freePath, free);
+    const auto fromModel = fullLayerRatios(modelPath);
+    // Where the distributions part (empty: nowhere). 8,000 ratios a part: the 99.9th
+    // percentile rests on 8 of them.
+    const auto parting = [&](const std::array<std::vector<double>, 2>& ratios) {
+        for (int part = 0; part < 2; ++part)
+            for (const auto& [q, tolerance] : {std::pair{0.5, 0.15}, {0.9, 0.15}, {0.99, 0.15}, {0.999, 0.3}}) {
+                const double m = quantile(fromModel[std::size_t(part)], q), f = quantile(ratios[std::size_t(part)], q);
+                if (ratios[std::size_t(part)].size() != fromModel[std::size_t(part)].size() || std::fabs(f / m - 1.0) > tolerance)
+                    return QString("%1, percentile %2: model %3, model-free %4").arg(part ? "V" : "K").arg(100 * q).arg(m).arg(f);
+            }
+        return QString();
+    };
+    const QString withNoise = parting(fullLayerRatios(freePath));
+    QVERIFY2(withNoise.isEmpty(), qPrintable(withNoise));
+    // Rounding alone (the generator without the noise) is told apart: the test can fail.
+    free.modelNoise = false;
+    writeSyntheticCapture(freePath, free);
+    const QString roundingAlone = parting(fullLayerRatios(freePath));
+    QVERIFY(!roundingAlone.isEmpty());
+    qInfo("rounding alone: %s", qPrintable(roundingAlone));
+}
+
+void TestSyntheticCapture::longCleanCaptureHasNoSuspect()
+{
+    // 131,072 positions: a clean capture crosses no suspect's threshold, which grows with the
+    // cells tested as the clean tail falls (docs/suspects.md).
+    const QString path = m_dir.filePath("long.h5");
+    QProcess synth;
+    synth.start(KVSCOPE_BINARY, {"synth", path, "--model-free", "--layers", "2", "--prompts", "131064", "--decode", "8"});
+    QVERIFY(synth.waitForFinished(600000) && synth.exitCode() == 0);
+    QProcess analyze;
+    analyze.start(KVSCOPE_BINARY, {"analyze", path});
+    QVERIFY(analyze.waitForFinished(600000));
+    const QString out = analyze.readAllStandardOutput() + analyze.readAllStandardError();
+    QCOMPARE(analyze.exitCode(), 0);
+    QVERIFY2(out.contains("131072 positions") && out.contains("suspects: none"), qPrintable(out.left(2000)));
 }
 
 QTEST_GUILESS_MAIN(TestSyntheticCapture)
