@@ -29,6 +29,7 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
     m_writtenTo.resize(config.groups.size());
     m_freed.resize(config.groups.size());
     std::vector<std::int64_t> nextBlock(config.groups.size(), 0);
+    std::vector<std::int64_t> nextToFree(config.groups.size(), 0);  // blocks leave the window in order
     for (std::size_t g = 0; g < config.groups.size(); ++g) {
         if (config.groups[g].specType == SpecType::NotCompared) {  // no KV: an empty table
             m_tables[g] = BlockTable{1, 1, {-1}};
@@ -60,7 +61,7 @@ PagedLayout::PagedLayout(const KvCacheConfig& config, std::int64_t seqLen, std::
                 // table entries become the null block (-1), or, every other one, keep the
                 // stale id, as engines report both; readers must not read either.
                 const std::int64_t firstHeld = firstHeldPosition(group, std::min(pos + 1, written));
-                for (std::int64_t b = 0; b < firstHeld / span; ++b) {
+                for (std::int64_t& b = nextToFree[g]; b < firstHeld / span; ++b) {
                     std::int32_t& entry = m_tables[g].entries[std::size_t(b)];
                     if (entry >= 0 && !m_freed[g].count(b)) {
                         free.push_front(entry);
