@@ -4,10 +4,13 @@
 #include "analysis/suspect_search.h"
 #include "analysis/threshold_check.h"
 #include "analysis/analysis_json.h"
+#include "analysis/heatmap_pyramid.h"
 #include "diff/capture_diff.h"
 #include "kv/capture_loader.h"
 #include "util/work_team.h"
 #include "gui/main_window.h"
+#include "gui/prompt_page.h"
+#include "widgets/heatmap_view.h"
 #include "report/drawing_application.h"
 #include "format/bundle_reader.h"
 #include "quant/whatif.h"
@@ -219,6 +222,41 @@ double bestOf(int runs, const std::vector<std::string>& args, long& peakRssKb, s
     return best;
 }
 
+// Pan and zoom over the first prompt's map (its default view), as the app redraws them: the
+// visible tokens pooled to the view's pixel columns, then drawn. The slowest frame of a zoom in
+// from the whole map by halves and pans by a tenth of the view, from the pyramid as the app
+// pools, and (the baseline, in the same run) from the full grid, as it pooled before.
+std::pair<double, double> panAndZoomFrames(MainWindow& window)
+{
+    auto* view = window.findChild<HeatmapView*>();
+    const std::shared_ptr<const AnalysisResult> result = window.controller().result();
+    if (!view || !result || result->prompts.empty())
+        return {-1, -1};
+    const HeatmapGrid full = buildHeatmap(result->prompts.front(), HeatmapSpec{});
+    const HeatmapPyramid map(full, false);
+    const std::int64_t pixels = std::max(100, view->axisRect()->width());
+    std::vector<std::pair<std::int64_t, std::int64_t>> views;
+    for (std::int64_t width = full.columns; width >= 16; width /= 2) {
+        const std::int64_t from = (full.columns - width) / 2;
+        views.push_back({from, from + width});
+        for (int step = 1; step <= 3; ++step)
+            views.push_back({std::max<std::int64_t>(0, from - step * width / 10), std::max<std::int64_t>(1, from - step * width / 10 + width)});
+    }
+    double slowest = 0, slowestFromFull = 0;
+    for (const auto& [from, to] : views) {
+        QElapsedTimer frame;
+        frame.start();
+        view->setGrid(map.window(from, to, pixels));
+        view->replot(QCustomPlot::rpImmediateRefresh);
+        slowest = std::max(slowest, frame.nsecsElapsed() / 1e9);
+        frame.start();
+        view->setGrid(poolColumns(full, from, to, pixels, false));
+        view->replot(QCustomPlot::rpImmediateRefresh);
+        slowestFromFull = std::max(slowestFromFull, frame.nsecsElapsed() / 1e9);
+    }
+    return {slowest, slowestFromFull};
+}
+
 }  // namespace
 
 int benchRun(const Args& args, std::ostream& out, std::ostream& err)
@@ -252,19 +290,35 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         const double shownAt = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
         double firstRow = -1, whole = -1;
         QElapsedTimer timer;
-        QObject::connect(&window.controller(), &AnalysisController::layerFinished, &window, [&] {
-            if (firstRow < 0)
+        // The first row drawn: the map is built off the GUI thread once a layer is analysed.
+        PromptPage* page = window.findChild<PromptPage*>();
+        QObject::connect(page, &PromptPage::mapShown, &window, [&] {
+            const std::shared_ptr<const AnalysisResult> result = window.controller().result();
+            if (firstRow < 0 && result && !window.controller().readyLayers().empty() &&
+                std::any_of(window.controller().readyLayers().begin(), window.controller().readyLayers().end(),
+                            [](char ready) { return ready != 0; }))
                 firstRow = timer.nsecsElapsed() / 1e9;
         });
+        // The whole map: analysed, and its last build drawn.
+        bool analysed = false;
+        const auto wholeMapShown = [&] {
+            if (analysed && whole < 0 && page->mapUpToDate()) {
+                whole = timer.nsecsElapsed() / 1e9;
+                QCoreApplication::quit();
+            }
+        };
+        QObject::connect(page, &PromptPage::mapShown, &window, wholeMapShown);
         QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
-            whole = timer.nsecsElapsed() / 1e9;
-            QCoreApplication::quit();
+            analysed = true;
+            wholeMapShown();
         });
         QObject::connect(&window.controller(), &AnalysisController::failed, &window, &QCoreApplication::quit);
         timer.start();
         window.openPath(QString::fromStdString(args[1]));
         QCoreApplication::exec();
-        out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << "\n";
+        const auto [frame, fullGridFrame] = panAndZoomFrames(window);
+        out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << " " << frame << " "
+            << fullGridFrame << "\n";
         return whole < 0 ? 1 : 0;
     }
     if (args[0] == "suspects") {
@@ -501,17 +555,20 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
             const double roof = bestOf(runs, {"kvscope", "bench-run", "roofline", path, t}, rooflineRss, &bytes);
             const double full = bestOf(runs, {"kvscope", "bench-run", "analyze", path, t}, analysisRss, nullptr);
             // The app: the first heatmap row, and the whole map against `analyze`.
-            double firstRow = 1e300, wholeMap = 1e300;
+            double firstRow = 1e300, wholeMap = 1e300, frame = 1e300, fullGridFrame = 1e300;
             for (int i = 0; i < runs; ++i) {
                 std::istringstream in(runChild({"kvscope", "bench-run", "gui", path, t}).output);
-                double shownAt = 0, first = 1e300, whole = 1e300;
-                in >> shownAt >> first >> whole;
+                double shownAt = 0, first = 1e300, whole = 1e300, f = 1e300, g = 1e300;
+                in >> shownAt >> first >> whole >> f >> g;
                 firstRow = std::min(firstRow, first);
                 wholeMap = std::min(wholeMap, whole);
+                frame = std::min(frame, f);
+                fullGridFrame = std::min(fullGridFrame, g);
             }
             guiRows << std::left << std::setw(12) << (referencedOnly ? "referenced" : "whole pool") << std::setw(8) << l
                     << std::setw(16) << std::fixed << std::setprecision(3) << firstRow << std::setw(16) << wholeMap
-                    << std::setprecision(2) << wholeMap / full << "\n";
+                    << std::setw(16) << std::setprecision(2) << wholeMap / full << std::setprecision(1) << 1000 * frame
+                    << " / " << 1000 * fullGridFrame << "\n";
             double blockRatio = 1e300;
             for (int i = 0; i < runs; ++i) {
                 std::istringstream in(runChild({"kvscope", "bench-run", "blocks", path, t}).output);
@@ -584,7 +641,8 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
             std::filesystem::remove(path);
     }
     out << "\nthe app (offscreen), from opening the bundle:\n" << std::left << std::setw(12) << "stored" << std::setw(8)
-        << "layers" << std::setw(16) << "first row s" << std::setw(16) << "whole map s" << "map / analysis\n"
+        << "layers" << std::setw(16) << "first row s" << std::setw(16) << "whole map s" << std::setw(16)
+        << "map / analysis" << "pan/zoom frame ms, slowest (pooled from the full grid)\n"
         << guiRows.str();
     return 0;
 }

@@ -41,6 +41,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_replicas(new QLabel)
     , m_poolTimer(new QTimer(this))
     , m_layerTimer(new QTimer(this))
+    , m_tasks(this)
 {
     setObjectName("promptPage");
     m_vertical->setObjectName("mapAndDrillDown");
@@ -180,6 +181,7 @@ void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
 
 void PromptPage::onOpened()
 {
+    ++m_opening;
     m_layerTimer->stop();  // a pause left from the previous bundle's analysis
     m_layerPending = false;
     m_layer = -1;
@@ -204,10 +206,8 @@ void PromptPage::onLayerFinished()
 
 void PromptPage::redrawWhileAnalysing()
 {
-    QElapsedTimer took;
-    took.start();
     refreshHeatmap();
-    m_layerTimer->start(int(std::clamp<qint64>(20 * took.elapsed(), 100, 2000)));
+    m_layerTimer->start(int(std::clamp<qint64>(qint64(20000 * m_buildSeconds), 100, 2000)));
 }
 
 void PromptPage::onFinished()
@@ -299,7 +299,8 @@ void PromptPage::followWorstCell(int row)
 void PromptPage::clear(const QString& message)
 {
     m_layer = -1;
-    m_fullGrid = {};
+    m_map = {};
+    ++m_opening;  // a map still being built is of what was open
     m_heatmap->showEmpty(message);
     m_worstModel->setCells(nullptr, {});
     m_suspects->clear();
@@ -315,41 +316,77 @@ void PromptPage::clear(const QString& message)
     m_drill->clear(tr("nothing open"));
 }
 
+struct PromptPage::BuiltMap {
+    int opening = 0;  // of m_opening when asked for: a map of a bundle since closed is not shown
+    HeatmapPyramid map;
+    MapSpec spec;
+    bool logarithmic = false;
+    std::vector<char> ready;
+};
+
 void PromptPage::refreshHeatmap()
 {
     const PromptAnalysis* p = prompt();
     if (!p)
         return;
-    const CaptureLoader& loader = *m_controller->loader();
-    const std::vector<char>& ready = m_controller->readyLayers();
-    m_fullGrid = buildHeatmap(*p, m_settings.map, &ready);
-    // Only finished layers are read: the others are still being written by the analysis.
-    MapSpec spec = promptMapSpec(loader.config(), *p, loader.prompt(p->id), m_settings.map, &ready);
-    ValueRange range = m_settings.range;
-    if (m_settings.autoRange) {
-        range = dataRange(*p, m_settings.map, m_settings.logarithmic, &ready);
-        emit autoRangeChosen(range);
-    } else if (m_settings.logarithmic && !(range.lower > 0)) {
-        // A log scale cannot start at 0: from the data's smallest values instead.
-        range.lower = std::min(dataRange(*p, m_settings.map, true, &ready).lower, range.upper / 10);
+    if (m_building) {
+        m_buildAgain = true;
+        return;
     }
-    spec.range = range;
-    m_heatmap->showMap(spec);
-    m_heatmap->setScale(spec.scale, toQcpRange(range), m_settings.logarithmic);
-    m_heatmap->setPendingRows(ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."));
+    m_building = true;
+    // Only finished layers are read: the others are still being written by the analysis.
+    m_tasks.run([this, result = m_controller->result(), loader = m_controller->loader(), index = m_settings.prompt,
+                 settings = m_settings, ready = m_controller->readyLayers(), opening = m_opening] {
+        QElapsedTimer took;
+        took.start();
+        auto built = std::make_shared<BuiltMap>();
+        built->opening = opening;
+        built->logarithmic = settings.logarithmic;
+        const PromptAnalysis& p = result->prompts[std::size_t(index)];
+        built->map = HeatmapPyramid(buildHeatmap(p, settings.map, &ready), lowerIsWorse(settings.map.metric));
+        built->spec = promptMapSpec(loader->config(), p, loader->prompt(p.id), settings.map, &ready);
+        ValueRange range = settings.range;
+        if (settings.autoRange)
+            range = dataRange(p, settings.map, settings.logarithmic, &ready);
+        else if (settings.logarithmic && !(range.lower > 0))  // a log scale cannot start at 0: from the data's smallest values
+            range.lower = std::min(dataRange(p, settings.map, true, &ready).lower, range.upper / 10);
+        built->spec.range = range;
+        built->ready = ready;
+        const double seconds = took.nsecsElapsed() / 1e9;
+        m_tasks.post([this, built, seconds] {
+            m_building = false;
+            m_buildSeconds = seconds;
+            if (built->opening == m_opening)
+                showHeatmap(*built);
+            if (std::exchange(m_buildAgain, false))
+                refreshHeatmap();
+        });
+    });
+}
+
+void PromptPage::showHeatmap(BuiltMap& built)
+{
+    m_map = std::move(built.map);
+    if (m_settings.autoRange)
+        emit autoRangeChosen(built.spec.range);
+    m_heatmap->showMap(built.spec);
+    m_heatmap->setScale(built.spec.scale, toQcpRange(built.spec.range), built.logarithmic);
+    m_heatmap->setPendingRows(built.ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."));
     refreshPooling();
+    emit mapShown();
 }
 
 void PromptPage::refreshPooling()
 {
-    if (m_fullGrid.rows == 0)
+    if (m_map.empty())
         return;
-    // Downsample for display: the worst value of each run of tokens that shares a pixel column.
+    // Downsample for display: the worst value of each run of tokens that shares a pixel column,
+    // from the pyramid's copy at about this zoom (the cost is the pixels, not the tokens).
     const QCPRange r = m_heatmap->xAxis->range();
     const qint64 from = std::max<qint64>(0, qint64(std::floor(r.lower)));
-    const qint64 to = std::min<qint64>(m_fullGrid.columns, qint64(std::ceil(r.upper)) + 1);
+    const qint64 to = qint64(std::ceil(r.upper)) + 1;
     const qint64 pixels = std::max(100, m_heatmap->axisRect()->width());
-    m_heatmap->setGrid(poolColumns(m_fullGrid, from, std::max(to, from + 1), pixels, lowerIsWorse(m_settings.map.metric)));
+    m_heatmap->setGrid(m_map.window(from, to, pixels));
 }
 
 void PromptPage::selectCell(int layer, qint64 token)

@@ -4,6 +4,9 @@
 // prompt as ViewSettings say; every panel shows the selected cell or says there is none.
 
 #include "analysis/heatmap_grid.h"
+#include "analysis/heatmap_pyramid.h"
+#include "analysis/map_spec.h"
+#include "gui/background_tasks.h"
 #include "gui/view_toolbar.h"
 
 #include <QSplitter>
@@ -45,6 +48,8 @@ public:
     // What hovering a cell shows.
     QString cellTooltip(int layer, qint64 token) const;
     HeatmapView& heatmap() { return *m_heatmap; }
+    // The map shows the current settings and layers: no build running or asked for.
+    bool mapUpToDate() const { return !m_building && !m_buildAgain; }
     DrillDownPanel& drillDown() { return *m_drill; }
     WorstCellsModel& worstCells() { return *m_worstModel; }
     QTableView& worstCellsView() { return *m_worstView; }
@@ -62,10 +67,17 @@ signals:
     void autoRangeChosen(ValueRange range);
     // Another cell was selected, or none.
     void selectionChanged();
+    // The map was drawn anew (more layers, other settings).
+    void mapShown();
 
 private:
     const PromptAnalysis* prompt() const;
+    // The map of the current settings, built off the GUI thread (its grid at every zoom, its
+    // labels and colour range) and shown when ready. One build at a time: a request while one
+    // runs is made again when it ends, with what is new by then.
     void refreshHeatmap();
+    struct BuiltMap;
+    void showHeatmap(BuiltMap& built);
     // A redraw as layers finish, and the pause before the next one (see the layer timer).
     void redrawWhileAnalysing();
     void refreshPooling();
@@ -95,7 +107,12 @@ private:
     bool m_cancelled = false;
     bool m_followingList = false;
     ViewSettings m_settings;
-    HeatmapGrid m_fullGrid;
+    HeatmapPyramid m_map;  // the map at every zoom
+    bool m_building = false;      // a map is being built
+    bool m_buildAgain = false;    // and another was asked for meanwhile
+    double m_buildSeconds = 0;    // what the last build took (the redraws' pause while analysing)
+    int m_opening = 0;            // counts bundles opened and closed
+    BackgroundTasks m_tasks;      // last: joined before the rest goes
     int m_layer = -1;
     qint64 m_token = -1;
 };

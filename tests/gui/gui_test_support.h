@@ -44,6 +44,11 @@ inline AcrossPromptsPage& acrossPageOf(QWidget& w) { return partOf<AcrossPrompts
 inline ViewToolbar& toolbarOf(QWidget& w) { return partOf<ViewToolbar>(w, "view"); }
 inline DrillDownPanel& drillDownOf(QWidget& w) { return partOf<DrillDownPanel>(w, "drillDown"); }
 inline HeatmapView& heatmapOf(QWidget& w) { return promptPageOf(w).heatmap(); }
+// The map is built off the GUI thread: wait until it shows what was last asked for.
+inline void waitForMap(QWidget& w)
+{
+    QTRY_VERIFY(promptPageOf(w).mapUpToDate());
+}
 inline HeadTableModel& headTableOf(QWidget& w) { return drillDownOf(w).headTable(); }
 
 // The demo capture (8 layers, the fault at layer 5 head 1 from token 46) and one window.
@@ -144,7 +149,7 @@ inline bool showAndAnalyse(MainWindow& window, const QString& path)
     window.show();
     QSignalSpy finished(&window.controller(), &AnalysisController::finished);
     window.openPath(path);
-    return finished.wait(60000);
+    return finished.wait(60000) && QTest::qWaitFor([&] { return promptPageOf(window).mapUpToDate(); }, 10000);
 }
 
 inline bool sameTo4Digits(double a, double b)

@@ -74,6 +74,7 @@ void TestPromptPage::heatmapShowsTheEngineNumbers()
                 toolbarOf(*m_window).setMetric(metric);
                 toolbarOf(*m_window).setPart(part);
                 const PromptAnalysis& p = m_reference.prompts[std::size_t(prompt)];
+                waitForMap(*m_window);
                 QTRY_COMPARE(heatmapOf(*m_window).grid().columns, p.tokens);  // few tokens: no pooling
                 const HeatmapGrid& shown = heatmapOf(*m_window).grid();
                 QCOMPARE(shown.rows, 8);
@@ -196,6 +197,7 @@ void TestPromptPage::oneRatioInEveryView()
             int head = -1;
             const double expect = referenceRatio(p, part, layer, token, &head);
             // The heatmap
+            waitForMap(*m_window);
             QTRY_COMPARE(heatmapOf(*m_window).grid().columns, p.tokens);
             QVERIFY2(sameTo4Digits(heatmapOf(*m_window).grid().at(layer, token), expect), qPrintable(QString("%1 vs %2 layer %3 token %4").arg(heatmapOf(*m_window).grid().at(layer, token)).arg(expect).arg(layer).arg(token)));
             // the tooltip
@@ -330,6 +332,7 @@ void TestPromptPage::colourRangeComesFromTheData()
     // Default: up to twice the 99th percentile of the dtype noise (max over heads of base V L2).
     const PromptAnalysis& p = m_reference.prompts[0];
     const double expectUpper = 2 * percentile99OfCellMaxima(p, Metric::BaseVL2);
+    waitForMap(*m_window);
     const QCPRange range = heatmapOf(*m_window).colorScale()->dataRange();
     QVERIFY2(std::abs(range.upper - expectUpper) <= 1e-6 * expectUpper, qPrintable(QString("%1 vs %2").arg(range.upper).arg(expectUpper)));
     QCOMPARE(range.lower, 0.0);
@@ -340,6 +343,7 @@ void TestPromptPage::colourRangeComesFromTheData()
     s.range = {0.0, 0.2};
     s.logarithmic = true;
     promptPageOf(*m_window).apply(s, false);
+    waitForMap(*m_window);
     const QCPRange log = heatmapOf(*m_window).colorScale()->dataRange();
     QVERIFY(log.lower > 0 && log.lower < 0.2);
     QCOMPARE(heatmapOf(*m_window).colorScale()->axis()->scaleType(), QCPAxis::stLogarithmic);
@@ -391,6 +395,7 @@ void TestPromptPage::twoWayCaptureRanksByError()
     QVERIFY(std::isnan(headTableOf(window).value(0, HeadTableModel::ratioColumn(KvPart::K))));
     // The colour range: up to the 99th percentile of the shown values.
     const double expect = percentile99OfCellMaxima(p, Metric::KLinf);
+    waitForMap(window);
     QVERIFY(std::abs(heatmapOf(window).colorScale()->dataRange().upper - expect) <= 1e-6 * expect);
 }
 
