@@ -344,6 +344,13 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     PagedShard shard;
     std::vector<std::int64_t> rows;
     if (blockIds) {
+        // Where each stored id lies, by id: a long prompt asks for thousands of blocks out of as many.
+        std::vector<std::pair<std::int64_t, std::int64_t>> storedRows;  // (id, row), first row of an id first
+        if (snap.subsetStored) {
+            for (std::size_t row = 0; row < snap.storedBlockIds.size(); ++row)
+                storedRows.emplace_back(snap.storedBlockIds[row], std::int64_t(row));
+            std::sort(storedRows.begin(), storedRows.end());
+        }
         for (std::int64_t id : *blockIds) {
             if (!snap.subsetStored) {
                 if (id >= 0 && id < m_config.numBlocks) {
@@ -352,9 +359,9 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
                 }
                 continue;
             }
-            const auto it = std::find(snap.storedBlockIds.begin(), snap.storedBlockIds.end(), id);
-            if (it != snap.storedBlockIds.end()) {
-                rows.push_back(it - snap.storedBlockIds.begin());
+            const auto it = std::lower_bound(storedRows.begin(), storedRows.end(), std::pair{id, std::int64_t(0)});
+            if (it != storedRows.end() && it->first == id) {
+                rows.push_back(it->second);
                 shard.physicalIds.push_back(id);
             }
         }
