@@ -25,37 +25,6 @@ std::vector<int> parseList(const std::string& text)
     return values;
 }
 
-// --model-free: the same shape and prompts from the model-free generator with the model's
-// noise, for long captures (a model's attention over 128k positions takes hours).
-SyntheticCaptureOptions modelFree(const synth::ModelCaptureOptions& o)
-{
-    if (o.fault != synth::FaultKind::None && o.fault != synth::FaultKind::RopeOffset)
-        throw std::invalid_argument("--model-free injects none or rope_offset only");
-    if (o.kvDtype != DType::BFloat16 || o.dcpSize != 1 || o.shape.mla() || !o.stateSpaceLayers.empty() ||
-        o.shape.chunked || !o.slidingWindowSpec)
-        throw std::invalid_argument("--model-free writes bf16 caches of sliding and full layers only "
-                                    "(no --kv-dtype, --dcp, --mla, --spec or --state-space-layers)");
-    SyntheticCaptureOptions m;
-    m.model = "kvscope-synth, model-free (" + std::to_string(o.shape.layers) + " layers)";
-    m.layers = o.shape.layers;
-    m.kvHeads = o.shape.kvHeads;
-    m.headDim = o.shape.headDim;
-    m.tpSize = o.tpSize;
-    m.fullBlockSize = o.fullBlockSize;
-    m.slidingBlockSize = o.slidingBlockSize;
-    m.slidingWindow = o.shape.window;
-    m.promptLens = o.promptLens;
-    m.decodeTokens = o.decodeTokens;
-    m.baseline = o.baseline;
-    m.seed = o.seed;
-    m.modelNoise = true;
-    m.divergence = -1;
-    m.faultLayer = o.fault == synth::FaultKind::RopeOffset ? std::max(0, o.faultLayer) : -1;
-    m.faultHead = std::max(0, o.faultHead);
-    m.faultPosition = o.faultStep == synth::ModelCaptureOptions::kDefaultStep ? 0 : o.faultStep;
-    return m;
-}
-
 }  // namespace
 
 int synth(const Args& args, std::ostream& out, std::ostream& err)
@@ -126,7 +95,7 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
         return 2;
     try {
         if (modelFreeCapture)
-            writeSyntheticCapture(path, modelFree(o));
+            writeSyntheticCapture(path, modelFreeOf(o));
         else
             synth::writeModelCapture(path, o);
     } catch (const std::exception& e) {

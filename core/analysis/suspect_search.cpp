@@ -81,9 +81,9 @@ std::vector<SuspectBlock> blocksOf(const CaptureLoader& loader, const PromptInfo
     return out;
 }
 
-// The onset's tokens, phase and part from the suspect's own heads (stray noise cells in other
-// heads say nothing about it), the TP ranks that hold them, and the blocks behind its tokens.
-void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset& onset, Suspect& s)
+// The onset's tokens, phase and part from the suspect's own heads: stray noise cells in other
+// heads say nothing about it (at long contexts a clean cell above the threshold is expected).
+void narrowToOwnHeads(const PromptAnalysis& p, const Onset& onset, Suspect& s)
 {
     if (!onset.allHeads && !s.heads.empty()) {
         std::int64_t first = p.tokens, last = -1;
@@ -99,6 +99,13 @@ void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset
         s.phase = phaseOf(first, last, p.promptLen);
         s.kv = partsOf(k, v);
     }
+}
+
+// The suspect's own tokens (narrowToOwnHeads), the TP ranks that hold them, and the blocks
+// behind its tokens.
+void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset& onset, Suspect& s)
+{
+    narrowToOwnHeads(p, onset, s);
     if (s.dcpRanks.empty()) {  // the DCP ranks of the suspect's own off positions
         std::set<std::int64_t> tokens;
         for (const OffCell& c : onset.cells())
@@ -269,7 +276,9 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         s.pattern = SuspectPattern::Head;
         const int h = int(std::max_element(onset.perHead.begin(), onset.perHead.end()) - onset.perHead.begin());
         s.heads = {h};
-        why << "Only head " << h << " of " << layer << " is off the noise floor (" << kvText << "), from token "
+        narrowToOwnHeads(p, onset, s);  // the sentence tells the head's own tokens and parts, as the fields do
+        const std::string headKv = s.kv == "kv" ? kTitle + " and " + vTitle : s.kv == "k" ? kTitle : vTitle;
+        why << "Only head " << h << " of " << layer << " is off the noise floor (" << headKv << "), from token "
             << s.firstToken << " (" << s.phase << ")" << spread();
     } else if (!ranks.empty()) {
         s.pattern = SuspectPattern::TpRank;

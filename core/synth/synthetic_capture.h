@@ -7,6 +7,8 @@
 // laid into a paged cache as vLLM would (see paged_layout.h); one fault can be injected.
 // Layers are generated one at a time from their own seed, so memory stays small.
 
+#include "synth/model_capture.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,6 +67,12 @@ SyntheticCaptureOptions demoCaptureOptions();
 // laid out as the Python writer's defaults leave a vLLM cache: a pool four times what the
 // sequence uses, scattered ids, -1 padding in the tables.
 SyntheticCaptureOptions llama70bShape(int tokens, int layers = 80);
+
+// The shape and prompts of a model-based capture (synth/model_capture.h) for this generator,
+// with the model's noise: long captures that a model cannot make in reasonable time
+// (kvscope synth --model-free). Throws std::invalid_argument for what it cannot make: a fault
+// other than rope_offset, a quantised cache, DCP, MLA, chunked or state-space layers.
+SyntheticCaptureOptions modelFreeOf(const synth::ModelCaptureOptions& model);
 
 // Writes the capture to `path`. Throws BundleError on I/O failure.
 void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOptions& options);
