@@ -15,11 +15,16 @@ void requireAnalysedAs(const ResultsFile& results, const AnalysisOptions& option
         throw BundleError(results.path, results_path::kRecord,
                           "holds an analysis without BCs or suspects, which this command needs: analyse the bundle");
     if (!(saved.suspects == options.suspects)) {
-        std::ostringstream why;
-        why << "was analysed with suspect thresholds off-floor " << saved.suspects.offFloor << ", two-way drift "
-            << saved.suspects.twoWayDrift << "; this command asks for " << options.suspects.offFloor << ", "
-            << options.suspects.twoWayDrift << ": analyse the bundle with them (kvscope analyze BUNDLE --save)";
-        throw BundleError(results.path, {}, why.str());
+        const auto describe = [](const SuspectThresholds& t) {
+            std::ostringstream text;
+            text << "off-floor " << t.offFloor << " (+" << t.perDecade << " a decade), two-way drift " << t.twoWayDrift
+                 << " (+" << t.twoWayDriftPerDecade << "), at least " << t.minCells << " cells, noise chance "
+                 << t.falseLayerChance << ", explained within " << t.explained;
+            return text.str();
+        };
+        throw BundleError(results.path, {},
+                          "was analysed with suspect thresholds " + describe(saved.suspects) + "; this command asks for " +
+                              describe(options.suspects) + ": analyse the bundle with them (kvscope analyze BUNDLE --save)");
     }
 }
 

@@ -405,7 +405,8 @@ AnalysisResult readAnalysisRecord(const JsonFields& f, const Json& document, Rec
     options.suspects.twoWayDrift = f.number(t, "two_way_drift", at);
     options.suspects.twoWayDriftPerDecade = f.number(t, "two_way_drift_per_decade", at);
     options.suspects.minCells = int(f.integer(t, "min_cells", at));
-    options.suspects.falseLayerChance = f.number(t, "false_layer_chance", at);
+    // (Files from before the noise count have none: the rule was not applied, which check then names.)
+    options.suspects.falseLayerChance = t.contains("false_layer_chance") ? f.number(t, "false_layer_chance", at) : 0.0;
     options.suspects.explained = f.number(t, "explained", at);
     result.problems = f.texts(document, "problems", "");
     const Json& notCompared = f.array(document, "not_compared", "");
