@@ -154,38 +154,37 @@ HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const
     return g;
 }
 
+HeatmapGrid poolRuns(const HeatmapGrid& grid, std::int64_t first, std::int64_t last, std::int64_t run, bool lowerWorse)
+{
+    HeatmapGrid out;
+    out.rows = grid.rows;
+    out.columns = (last - first + run - 1) / run;
+    out.firstToken = grid.firstToken + first * grid.tokensPerColumn;
+    out.tokensPerColumn = grid.tokensPerColumn * run;
+    out.values.assign(std::size_t(out.rows) * std::size_t(out.columns), std::nanf(""));
+    out.heads.assign(out.values.size(), -1);
+    for (int r = 0; r < grid.rows; ++r)
+        for (std::int64_t c = 0; c < out.columns; ++c) {
+            const std::size_t at = std::size_t(r) * std::size_t(out.columns) + std::size_t(c);
+            for (std::int64_t k = first + c * run; k < std::min(last, first + (c + 1) * run); ++k) {
+                const float v = grid.at(r, k);
+                if (!std::isnan(v) && (std::isnan(out.values[at]) || (lowerWorse ? v < out.values[at] : v > out.values[at]))) {
+                    out.values[at] = v;
+                    out.heads[at] = grid.headAt(r, k);
+                }
+            }
+        }
+    return out;
+}
+
 HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t to, std::int64_t maxColumns,
                         bool lowerWorse)
 {
     from = std::clamp<std::int64_t>(from, 0, grid.columns);
     to = std::clamp<std::int64_t>(to, from, grid.columns);
-    HeatmapGrid out;
-    out.rows = grid.rows;
-    const std::int64_t span = to - from;
-    out.tokensPerColumn = std::max<std::int64_t>(1, (span + std::max<std::int64_t>(maxColumns, 1) - 1) /
-                                                        std::max<std::int64_t>(maxColumns, 1)) * grid.tokensPerColumn;
-    const std::int64_t run = out.tokensPerColumn / grid.tokensPerColumn;
-    out.columns = (span + run - 1) / run;
-    out.firstToken = grid.firstToken + from * grid.tokensPerColumn;
-    out.values.assign(std::size_t(out.rows) * std::size_t(out.columns), std::nanf(""));
-    out.heads.assign(out.values.size(), -1);
-    for (int r = 0; r < grid.rows; ++r)
-        for (std::int64_t c = 0; c < out.columns; ++c) {
-            float best = std::nanf("");
-            std::int16_t head = -1;
-            for (std::int64_t k = from + c * run; k < std::min(to, from + (c + 1) * run); ++k) {
-                const float v = grid.at(r, k);
-                if (std::isnan(v))
-                    continue;
-                if (std::isnan(best) || (lowerWorse ? v < best : v > best)) {
-                    best = v;
-                    head = grid.headAt(r, k);
-                }
-            }
-            out.values[std::size_t(r) * std::size_t(out.columns) + std::size_t(c)] = best;
-            out.heads[std::size_t(r) * std::size_t(out.columns) + std::size_t(c)] = head;
-        }
-    return out;
+    maxColumns = std::max<std::int64_t>(maxColumns, 1);
+    const std::int64_t run = std::max<std::int64_t>(1, (to - from + maxColumns - 1) / maxColumns);
+    return poolRuns(grid, from, to, run, lowerWorse);
 }
 
 HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part, bool vsNoise)

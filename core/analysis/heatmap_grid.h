@@ -60,6 +60,9 @@ float heatmapBaseValue(const PromptAnalysis& p, const HeatmapSpec& spec, int lay
 // analysis may still be writing them).
 HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const std::vector<char>* rowsReady = nullptr);
 
+// Columns [first, last) of `grid` in runs of `run` columns: the worst defined value of each run
+// (max, or min where lower is worse), with its head; NaN and head -1 where the run has no data.
+HeatmapGrid poolRuns(const HeatmapGrid& grid, std::int64_t first, std::int64_t last, std::int64_t run, bool lowerWorse);
 // Columns [from, to) of `grid` pooled into at most `maxColumns` columns, each the worst of
 // its run (max, or min where lower is worse); NaN only where the whole run has no data.
 HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t to, std::int64_t maxColumns,

@@ -5,34 +5,6 @@
 
 namespace kvscope {
 
-namespace {
-
-// Columns [first, last) of `grid` in runs of `run`: the worst defined value of each, with its head.
-HeatmapGrid poolRuns(const HeatmapGrid& grid, std::int64_t first, std::int64_t last, std::int64_t run, bool lowerWorse)
-{
-    HeatmapGrid out;
-    out.rows = grid.rows;
-    out.columns = (last - first + run - 1) / run;
-    out.firstToken = grid.firstToken + first * grid.tokensPerColumn;
-    out.tokensPerColumn = grid.tokensPerColumn * run;
-    out.values.assign(std::size_t(out.rows) * std::size_t(out.columns), std::nanf(""));
-    out.heads.assign(out.values.size(), -1);
-    for (int r = 0; r < grid.rows; ++r)
-        for (std::int64_t c = 0; c < out.columns; ++c) {
-            const std::size_t at = std::size_t(r) * std::size_t(out.columns) + std::size_t(c);
-            for (std::int64_t k = first + c * run; k < std::min(last, first + (c + 1) * run); ++k) {
-                const float v = grid.at(r, k);
-                if (!std::isnan(v) && (std::isnan(out.values[at]) || (lowerWorse ? v < out.values[at] : v > out.values[at]))) {
-                    out.values[at] = v;
-                    out.heads[at] = grid.headAt(r, k);
-                }
-            }
-        }
-    return out;
-}
-
-}  // namespace
-
 HeatmapPyramid::HeatmapPyramid(HeatmapGrid full, bool lowerWorse)
     : m_lowerWorse(lowerWorse)
 {
