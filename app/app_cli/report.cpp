@@ -32,10 +32,18 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
         const auto app = applicationForDrawing();  // the PNGs are drawn by the app's widgets
         AnalysisOptions options;
         options.suspects = t.suspects;
+        std::optional<DiffSide> sideA;
+        if (!against.empty()) {  // A's side as kvscope diff takes it, first: an engine-only B borrows its reference
+            AnalysisOptions lean = options;
+            lean.searchSuspects = false;
+            lean.bc = false;
+            sideA = loadDiffSide(against, lean);
+            options.referenceDonor = sideA->bundle;
+        }
         // The same verdict as `check`; from a results file, its bundle only when it is at hand.
         const AnalysisInput input = analysisForVerdict(bundle, options);
         const AnalysisResult& result = input.result;
-        const CaptureLoader loader(input.reader);
+        const CaptureLoader loader(input.reader, UnreadableBlockPolicy::Error, options.referenceDonor);
         if (!input.bundleMissing.empty())
             err << "kvscope report: " << input.bundleMissing << ": no what-if section (it needs the KV)\n";
         if (!input.bundleMissing.empty() && !against.empty())
@@ -50,13 +58,10 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
             whatIf = runWhatIf(loader, whatIfOptions);
         }
         std::optional<DiffResult> comparison;
-        if (!against.empty()) {  // A's side as kvscope diff takes it
-            AnalysisOptions lean = options;
-            lean.searchSuspects = false;
-            lean.bc = false;
+        if (sideA) {
             DiffOptions diffOptions;
             diffOptions.suspects = t.suspects;
-            comparison = diffAnalyses(loadDiffSide(against, lean), result, loader, diffOptions);
+            comparison = diffAnalyses(*sideA, result, loader, diffOptions);
             comparison->pathB = bundle;  // B as given: a results file is named, not the bundle it came from
         }
         const ReportFiles files = writeReport(loader, result, t, QString::fromStdString(dir), whatIf ? &*whatIf : nullptr,

@@ -88,6 +88,7 @@ const std::vector<Command>& commands()
                   "  --kv-scale G           a quantised cache's scales: tensor (default), head or token_head\n"
                   "  --prompts 100,180,260  prompt lengths         --decode N   decode steps per prompt\n"
                   "  --two-way              no fp32 baseline       --seed N\n"
+                  "  --engine-only          no reference KV at all: B of `kvscope diff A B`, borrowing A's\n"
                   "  --threads N            prompts computed in parallel (default: one per core; same result)\n"
                   "  --fault KIND           none, or one of (docs/synth.md): rope_offset dead_head window_off_by_one\n"
                   "                         rope_prefill chunked_prefill rope_scaling rope_convention partial_rotary\n"

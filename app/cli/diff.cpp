@@ -50,7 +50,10 @@ void printDiff(const DiffResult& d, std::ostream& out)
     for (const auto& [which, names] : {std::pair{"A", &d.layersOnlyA}, std::pair{"B", &d.layersOnlyB}})
         if (!names->empty())
             out << "  layers only in " << which << ": " << names->size() << " (not compared)\n";
-    out << "  reference: the same expected" << (d.threeWay ? " and baseline" : "") << " (fingerprints)\n";
+    if (d.referenceFromA)
+        out << "  reference: A's expected" << (d.threeWay ? " and baseline" : "") << " (B is an engine-only capture)\n";
+    else
+        out << "  reference: the same expected" << (d.threeWay ? " and baseline" : "") << " (fingerprints)\n";
     out << "  per layer, the " << diffStatName(d.options.stat) << " of the cells' error ratio in floors ("
         << (d.threeWay ? "L-inf over the expected-vs-baseline noise floor" : "relative L2 over the cache dtype's rounding")
         << "); worse: above what noise reaches and more than " << d.options.maxWorse << "x A's\n";
@@ -148,10 +151,11 @@ int diff(const Args& args, std::ostream& out, std::ostream& err)
             requireWritableOutput(jsonPath, {pathA, pathB});
         const DiffSide a = loadDiffSide(pathA, options);
         // B a bundle, or a results file whose bundle is at hand (the change's suspects read its KV).
+        options.referenceDonor = a.bundle;  // an engine-only B is compared against A's reference
         const AnalysisInput b = analysisForVerdict(pathB, options);
         if (!b.bundleMissing.empty())
             throw BundleError(pathB, {}, "B's suspects need its KV, and " + b.bundleMissing);
-        DiffResult d = diffAnalyses(a, b.result, CaptureLoader(b.reader, UnreadableBlockPolicy::Error), diffOptions);
+        DiffResult d = diffAnalyses(a, b.result, CaptureLoader(b.reader, UnreadableBlockPolicy::Error, a.bundle), diffOptions);
         d.pathB = pathB;  // as given: a results file is named, not the bundle it came from
         if (!jsonPath.empty()) {
             std::ofstream file(jsonPath, std::ios::binary);

@@ -104,6 +104,8 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
         << "\n  created: " << meta.created << "\n";
     if (!meta.notes.empty())
         out << "  notes: " << meta.notes << "\n";
+    if (meta.engineOnly)
+        out << "  engine-only: no reference KV; compared against another capture's (kvscope diff A.h5 THIS.h5)\n";
     printConfig(reader->config(), out);
 
     int failures = 0;

@@ -80,6 +80,7 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.custom("--prompts", [&o](const std::string& list) { o.promptLens = parseList(list); });
     parser.integer("--decode", o.decodeTokens);
     parser.flag("--two-way", [&o] { o.baseline = false; });
+    parser.flag("--engine-only", [&o] { o.engineOnly = true; });
     parser.integer("--seed", o.seed);
     parser.custom("--fault", [&o](const std::string& name) {
         if (!synth::parseFault(name, o.fault))
@@ -93,6 +94,10 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.flag("--model-free", modelFreeCapture);
     if (!parser.parse(args, err))
         return 2;
+    if (modelFreeCapture && o.engineOnly) {
+        err << "kvscope synth: --engine-only is for the model-based capture, not --model-free\n";
+        return 2;
+    }
     try {
         if (modelFreeCapture)
             writeSyntheticCapture(path, modelFreeOf(o));

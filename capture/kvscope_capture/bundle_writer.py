@@ -182,9 +182,12 @@ def _string_dataset(group, name, values):
 
 
 class BundleWriter:
-    def __init__(self, path, model="", engine="", notes="", **metadata):
+    def __init__(self, path, model="", engine="", notes="", engine_only=False, **metadata):
+        """engine_only: the engine's side alone, without reference KV (docs/bundle-format.md,
+        "Engine-only bundles"): kvscope diff A B compares it against A's reference."""
         self.path = os.fspath(path)
         self._partial = self.path + ".partial"
+        self._engine_only = bool(engine_only)
         for key in metadata:
             if key in ("format", "format_version", "writer"):
                 raise ValueError(f"metadata key {key!r} is reserved")
@@ -197,6 +200,8 @@ class BundleWriter:
         _set_string(root, "created", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
         _set_string(root, "notes", notes)
         _set_string(root, "writer", "kvscope_capture " + __version__)
+        if self._engine_only:
+            root.attrs["engine_only"] = np.int64(1)
         for key, value in metadata.items():
             _set_string(root, key, value)
         self._file.create_group("prompts", track_order=True)
@@ -489,6 +494,8 @@ class BundleWriter:
         k and v [batch, heads, seq, head_dim], torch or numpy. role: "expected" or "baseline"."""
         pid, prompt = self._prompt(prompt_id)
         cfg = self._need_config()
+        if self._engine_only:
+            raise ValueError(f"prompt {pid}: an engine-only bundle holds no reference KV")
         if role not in REFERENCE_ROLES:
             raise ValueError(f"prompt {pid}: reference role {role!r} is neither 'expected' nor 'baseline'")
         if role in prompt["references"]:
@@ -587,7 +594,7 @@ class BundleWriter:
         for pid, prompt in self._prompts.items():
             if not prompt["snapshots"]:
                 raise ValueError(f"prompt {pid}: no engine snapshot")
-            if "expected" not in prompt["references"]:
+            if "expected" not in prompt["references"] and not self._engine_only:
                 raise ValueError(f"prompt {pid}: no expected reference KV")
         for pid, prompt in self._prompts.items():
             group = self._file["prompts"][pid]

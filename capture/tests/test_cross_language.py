@@ -203,6 +203,56 @@ class CrossLanguage(unittest.TestCase):
         self.assertEqual(prompt["layer_head_dims"], [[6, 6], [4, 4], [6, 6]])
         self.assertEqual(prompt["suspects"], [])
 
+    def test_engine_only_capture_is_diffed_against_a_reference(self):
+        """An engine-only bundle (engine_only=True: no reference KV) is compared by `kvscope diff A B`
+        against A's reference: a head of layer 1 scaled by 2 in B is a regression at layer 1; the
+        same engine without the fault is no worse; on its own, or against an analysis (which holds
+        no KV), it says that it needs A's reference."""
+        cfg = config(2, 2, "SlidingWindowSpec")
+        names = [n for g in cfg["groups"] for n in g["layer_names"]]
+        total = 14
+        torch.manual_seed(8)
+        truth = {n: (torch.randn(2, total, 4).to(torch.bfloat16), torch.randn(2, total, 4).to(torch.bfloat16)) for n in names}
+        faulty = {n: (k.clone(), v.clone()) for n, (k, v) in truth.items()}
+        faulty["model.layers.1.self_attn"][0][0, 9:] *= 2
+
+        def write(path, kv, engine_only):
+            with BundleWriter(path, model="cross-language", engine="stand-in", engine_only=engine_only) as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(total)), 8)
+                rpc, tables = PagedEngine(cfg, seed=3).snapshot(kv, total)
+                w.add_engine_snapshot("p", rpc, tables, total, keep_only_referenced=True)
+                if engine_only:
+                    with self.assertRaisesRegex(ValueError, "engine-only bundle holds no reference"):
+                        w.add_reference_kv("p", "expected", ())
+                else:
+                    w.add_reference_kv("p", "expected", tuple((truth[n][0][None], truth[n][1][None]) for n in sorted(names)))
+
+        with tempfile.TemporaryDirectory() as tmp:
+            a, b, c = (os.path.join(tmp, name) for name in ("a.h5", "b.h5", "c.h5"))
+            write(a, truth, False)
+            write(b, faulty, True)
+            write(c, truth, True)
+            with h5py.File(b, "r") as f:
+                self.assertEqual(int(f.attrs["engine_only"]), 1)
+                self.assertNotIn("reference", f["prompts/p"])
+            worse = subprocess.run([BINARY, "diff", a, b], capture_output=True, text=True)
+            self.assertEqual(worse.returncode, 1, worse.stdout + worse.stderr)
+            self.assertIn("reference: A's expected (B is an engine-only capture)", worse.stdout)
+            self.assertIn("first worse: model.layers.1.self_attn, token 9 ", worse.stdout)
+            same = subprocess.run([BINARY, "diff", a, c, "--json", os.path.join(tmp, "d.json")], capture_output=True, text=True)
+            self.assertEqual(same.returncode, 0, same.stdout + same.stderr)
+            with open(os.path.join(tmp, "d.json")) as f:
+                self.assertTrue(json.load(f)["b"]["reference_from_a"])
+            alone = subprocess.run([BINARY, "check", b], capture_output=True, text=True)
+            self.assertNotEqual(alone.returncode, 0)
+            self.assertIn("engine-only capture holds no reference KV", alone.stdout + alone.stderr)
+            analysis = os.path.join(tmp, "a.json")
+            self.assertEqual(subprocess.run([BINARY, "analyze", a, "--json", analysis], capture_output=True).returncode, 0)
+            from_json = subprocess.run([BINARY, "diff", analysis, b], capture_output=True, text=True)
+            self.assertEqual(from_json.returncode, 2, from_json.stdout)
+            self.assertIn("engine-only capture holds no reference KV", from_json.stderr)
+
     def round_trip_exact(self, cfg, truth, total, seed):
         """Writes one clean prompt of `truth` ({layer: (k, v)} [heads, total, dim] bf16) through the
         paged stand-in, checks that kvscope exports exactly those heads and values, and returns the

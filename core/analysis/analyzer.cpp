@@ -421,7 +421,7 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
 
 AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options)
 {
-    const CaptureLoader loader(std::move(reader), options.unreadableBlocks);
+    const CaptureLoader loader(std::move(reader), options.unreadableBlocks, options.referenceDonor);
     AnalysisResult result = prepareAnalysis(loader, options);
     runAnalysis(loader, options, result);
     return result;

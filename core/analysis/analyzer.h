@@ -27,6 +27,9 @@ struct AnalysisOptions {
     // absent and is reported in the prompt's problems, so that a partly broken bundle still
     // shows what it can.
     UnreadableBlockPolicy unreadableBlocks = UnreadableBlockPolicy::MarkAbsent;
+    // For analyzeBundle's loader: the capture an engine-only bundle borrows its reference from
+    // (kvscope diff's A; see CaptureLoader).
+    std::shared_ptr<const BundleReader> referenceDonor;
     // Called from the comparing thread: after each finished layer (its cells in every prompt and
     // its aggregate are final and will not change), with the layers done so far.
     std::function<void(int layer, int layersDone, int layersTotal)> layerDone;

@@ -175,6 +175,7 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
 
     const DiffPrompt& firstB = sideB.prompts[pairs.front().second];
     result.threeWay = firstB.threeWay;
+    result.referenceFromA = loaderB.metadata().engineOnly;
     result.layerNamesB = firstB.layers;
     result.partNames = b.prompts[pairs.front().second].partNames;
     const std::vector<std::string>& layersA = a.prompts[pairs.front().first].layers;

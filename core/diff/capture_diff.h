@@ -82,6 +82,7 @@ struct DiffResult {
     std::vector<std::string> onlyA, onlyB;                     // prompts without a match
     std::vector<std::string> layersOnlyA, layersOnlyB;
     bool threeWay = false;
+    bool referenceFromA = false;  // B is an engine-only capture, compared against A's reference
     std::vector<std::string> layerNamesB;  // B's analysed layers (CellMove::layer indexes them)
     std::array<std::string, 2> partNames{"k", "v"};  // an MLA latent's "c_kv", "k_pe"
     std::vector<LayerDiff> layers;   // the layers both have, in B's model order

@@ -51,9 +51,12 @@ DiffSide loadDiffSide(const std::string& path, const AnalysisOptions& options)
     }
     if (file && c == '{')
         return readDiffSide(path);
-    DiffSide side = diffSideOf(analysisForVerdict(path, options).result);  // a bundle, or a results file
-    if ((side.fromAnalysisJson = isResultsFile(path)))
+    AnalysisInput input = analysisForVerdict(path, options);  // a bundle, or a results file
+    DiffSide side = diffSideOf(input.result);
+    if ((side.fromAnalysisJson = input.fromResultsFile))
         side.path = path;
+    else
+        side.bundle = std::move(input.reader);
     return side;
 }
 

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct DiffPrompt {
 struct DiffSide {
     std::string path;
     bool fromAnalysisJson = false;  // an analysis (JSON or results file), not a capture
+    // A capture's bundle (its metadata only): the reference an engine-only B borrows.
+    std::shared_ptr<const BundleReader> bundle;
     std::vector<DiffPrompt> prompts;
 };
 

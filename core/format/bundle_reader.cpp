@@ -116,11 +116,13 @@ BundleReader::BundleReader(const std::string& path)
         m_file.fail("/", "format is '" + format + "', expected '" + kBundleFormatName + "'");
     std::string* fields[] = {&m_metadata.model, &m_metadata.engine, &m_metadata.created, &m_metadata.notes,
                              &m_metadata.writer};
+    if (m_file.hasAttribute("/", "engine_only"))
+        m_metadata.engineOnly = m_file.readIntAttribute("/", "engine_only") != 0;
     for (std::size_t i = 0; i < std::size(fields); ++i)
         if (m_file.hasAttribute("/", kRootMetadata[i]))
             *fields[i] = m_file.readStringAttribute("/", kRootMetadata[i]);
     for (const std::string& name : m_file.attributeNames("/")) {
-        const bool known = name == "format" || name == "format_version" ||
+        const bool known = name == "format" || name == "format_version" || name == "engine_only" ||
                            std::find(std::begin(kRootMetadata), std::end(kRootMetadata), name) != std::end(kRootMetadata);
         if (known)
             continue;
@@ -221,11 +223,18 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
                                                                 std::to_string(seqLen) + ")");
         info.hasExpected = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Expected));
         info.hasBaseline = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Baseline));
-        if (!info.hasExpected)
-            m_file.fail(bundle_path::referenceRole(id, ReferenceRole::Expected), "missing: the expected reference KV is required");
         for (LogitsRole role : {LogitsRole::Expected, LogitsRole::Actual, LogitsRole::Baseline})
             if (m_file.exists(bundle_path::logits(id, role)))
                 info.logits.push_back(role);
+        // Last, so that a prompt whose only problem this is can borrow a reference (CaptureLoader).
+        if (!info.hasExpected) {
+            info.referenceMissing = true;
+            m_file.fail(bundle_path::referenceRole(id, ReferenceRole::Expected),
+                        m_metadata.engineOnly
+                            ? "missing: an engine-only capture holds no reference KV; `kvscope diff A.h5 THIS.h5` "
+                              "compares it against the reference of A, a capture of the same prompts"
+                            : "missing: the expected reference KV is required");
+        }
     } catch (const BundleError& e) {
         info.problems.push_back(e.what());
     }

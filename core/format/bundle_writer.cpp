@@ -64,6 +64,8 @@ BundleWriter::BundleWriter(std::string path, const BundleMetadata& metadata, con
     m_file->writeStringAttribute("/", "created", metadata.created.empty() ? utcNow() : metadata.created);
     m_file->writeStringAttribute("/", "notes", metadata.notes);
     m_file->writeStringAttribute("/", "writer", std::string("kvscope ") + kVersion);
+    if ((m_engineOnly = metadata.engineOnly))
+        m_file->writeIntAttribute("/", "engine_only", 1);
     for (const auto& [key, value] : metadata.extra)
         setMetadata(key, value);
     m_file->writeString(bundle_path::kConfig, config.json.empty() ? config.toJson() : config.json);
@@ -80,7 +82,7 @@ BundleWriter::~BundleWriter()
 
 void BundleWriter::setMetadata(const std::string& key, const std::string& value)
 {
-    if (key == "format" || key == "format_version" || key == "writer")
+    if (key == "format" || key == "format_version" || key == "writer" || key == "engine_only")
         fail("/", "metadata key '" + key + "' is reserved");
     m_file->writeStringAttribute("/", key, value);
 }
@@ -268,6 +270,8 @@ void BundleWriter::addReference(const std::string& promptId, ReferenceRole role,
 {
     prompt(promptId);
     const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
+    if (m_engineOnly)
+        fail(kPath, "an engine-only bundle holds no reference KV");
     const int g = m_config.groupOf(layer);
     if (g < 0)
         fail(kPath, "layer belongs to no group of the config");
@@ -311,8 +315,8 @@ void BundleWriter::finish()
             fail(bundle_path::prompt(id), "has no engine snapshot");
         for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
             const auto it = m_referenceLayers.find({id, role});
-            if (it == m_referenceLayers.end() && role == ReferenceRole::Baseline)
-                continue;  // the baseline is optional
+            if (m_engineOnly || (it == m_referenceLayers.end() && role == ReferenceRole::Baseline))
+                continue;  // the baseline is optional, and an engine-only bundle has neither
             for (const std::string& layer : m_config.layerNames())
                 if (it == m_referenceLayers.end() || !it->second.count(layer))
                     fail(bundle_path::referenceKv(id, role, layer, "k"), "missing: the " + referenceRoleName(role) +

@@ -64,6 +64,7 @@ private:
     std::string m_partialPath;
     KvCacheConfig m_config;
     std::unique_ptr<Hdf5File> m_file;
+    bool m_engineOnly = false;
     std::map<std::string, PromptRecord> m_prompts;
     std::map<std::string, std::size_t> m_snapshotCounts;
     std::map<std::pair<std::string, ReferenceRole>, std::set<std::string>> m_referenceLayers;

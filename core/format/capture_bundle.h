@@ -30,6 +30,10 @@ struct BundleMetadata {
     std::map<std::string, std::string> extra;
     std::string writer;  // what wrote the file ("kvscope 0.2.0"): set by the writers, not by callers
     int formatVersion = kBundleFormatVersion;  // as read from the file
+    // No reference KV in any prompt (root attribute engine_only = 1): the engine's side of an
+    // A/B comparison, compared against the reference of another capture of the same prompts
+    // (kvscope diff A B borrows A's).
+    bool engineOnly = false;
 };
 
 struct SnapshotInfo {
@@ -53,6 +57,9 @@ struct PromptInfo {
     std::vector<SnapshotInfo> snapshots;
     bool hasExpected = false;
     bool hasBaseline = false;
+    // The expected reference is missing, and that is the prompt's only problem (the last of them):
+    // an engine-only capture's prompts, which can lend another capture's reference.
+    bool referenceMissing = false;
     std::vector<LogitsRole> logits;
     // Structural problems found on open; a prompt with problems cannot be analysed.
     std::vector<std::string> problems;

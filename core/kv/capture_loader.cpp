@@ -4,13 +4,51 @@
 #include "kv/reference_alignment.h"
 #include "kv/snapshot_merge.h"
 
+#include <algorithm>
+
 
 namespace kvscope {
 
-CaptureLoader::CaptureLoader(std::shared_ptr<const BundleReader> reader, UnreadableBlockPolicy policy)
+CaptureLoader::CaptureLoader(std::shared_ptr<const BundleReader> reader, UnreadableBlockPolicy policy,
+                             std::shared_ptr<const BundleReader> referenceDonor)
     : m_reader(std::move(reader))
     , m_policy(policy)
+    , m_prompts(m_reader->prompts())
 {
+    if (!referenceDonor || !m_reader->metadata().engineOnly)
+        return;
+    m_donor = std::move(referenceDonor);
+    for (PromptInfo& p : m_prompts) {
+        if (!p.referenceMissing)
+            continue;
+        const auto& donors = m_donor->prompts();
+        const auto donor = std::find_if(donors.begin(), donors.end(), [&](const PromptInfo& d) {
+            return d.problems.empty() && d.inputIds == p.inputIds && d.teacherTokens == p.teacherTokens;
+        });
+        if (donor == donors.end()) {
+            p.problems.back() = BundleError(m_reader->path(), bundle_path::prompt(p.id),
+                                            "an engine-only capture's prompt, and no readable prompt of " +
+                                                m_donor->path() + " has its tokens to lend a reference")
+                                    .what();
+            continue;
+        }
+        p.problems.pop_back();  // the missing reference, the only problem (BundleReader puts it last)
+        p.hasExpected = donor->hasExpected;
+        p.hasBaseline = donor->hasBaseline;
+        m_donorPrompt[p.id] = donor->id;
+    }
+}
+
+const PromptInfo& CaptureLoader::prompt(const std::string& id) const
+{
+    const PromptInfo& info = m_reader->prompt(id);
+    return m_prompts[std::size_t(&info - m_reader->prompts().data())];
+}
+
+std::string CaptureLoader::referenceOrigin(const std::string& promptId) const
+{
+    const auto it = m_donorPrompt.find(promptId);
+    return it == m_donorPrompt.end() ? m_reader->path() : m_donor->path() + ", prompt " + it->second;
 }
 
 std::int64_t CaptureLoader::sequenceLength(const std::string& promptId) const
@@ -34,7 +72,7 @@ LayerShards CaptureLoader::readShards(const std::string& promptId, std::size_t s
 
 const PromptInfo& CaptureLoader::usablePrompt(const std::string& promptId) const
 {
-    const PromptInfo& prompt = m_reader->prompt(promptId);
+    const PromptInfo& prompt = this->prompt(promptId);
     if (!prompt.problems.empty())
         throw BundleError(m_reader->path(), bundle_path::prompt(promptId), "cannot be analysed: " + prompt.problems.front());
     return prompt;
@@ -104,10 +142,13 @@ LayerSource CaptureLoader::referenceSource(const std::string& promptId, Referenc
     usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
     const int group = groupOf(layer);
-    auto ref = std::make_shared<const BundleReader::Reference>(m_reader->readReference(promptId, role, layer));
+    const auto borrowed = m_donorPrompt.find(promptId);
+    const BundleReader& from = borrowed == m_donorPrompt.end() ? *m_reader : *m_donor;
+    const std::string& fromId = borrowed == m_donorPrompt.end() ? promptId : borrowed->second;
+    auto ref = std::make_shared<const BundleReader::Reference>(from.readReference(fromId, role, layer));
     LayerSource source = alignReferenceSource(ref->k, ref->v, ref->batchRow, config, config.groups[std::size_t(group)],
-                                              sequenceLength(promptId), m_reader->path(),
-                                              bundle_path::referenceKv(promptId, role, layer, "k"));
+                                              sequenceLength(promptId), from.path(),
+                                              bundle_path::referenceKv(fromId, role, layer, "k"));
     source.storage.push_back(std::move(ref));
     return source;
 }

@@ -4,12 +4,17 @@
 // layer of one prompt: the engine side (every snapshot reconstructed, TP-merged and merged)
 // and the reference side (aligned to the engine's positions). Reads only the blocks a layer
 // needs. Thread-safe (the reader serialises libhdf5).
+//
+// An engine-only capture (BundleMetadata::engineOnly) has no reference of its own; given a
+// donor, a capture of the same prompts, each prompt borrows the reference of the donor's
+// prompt with the same tokens, as kvscope diff A B does with A's.
 
 #include "format/bundle_reader.h"
 #include "kv/layer_kv.h"
 #include "kv/layer_source.h"
 #include "kv/reconstruction.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,13 +24,17 @@ namespace kvscope {
 class CaptureLoader {
 public:
     explicit CaptureLoader(std::shared_ptr<const BundleReader> reader,
-                           UnreadableBlockPolicy policy = UnreadableBlockPolicy::Error);
+                           UnreadableBlockPolicy policy = UnreadableBlockPolicy::Error,
+                           std::shared_ptr<const BundleReader> referenceDonor = nullptr);
 
     const std::string& path() const { return m_reader->path(); }
     const BundleMetadata& metadata() const { return m_reader->metadata(); }
     const KvCacheConfig& config() const { return m_reader->config(); }
-    const std::vector<PromptInfo>& prompts() const { return m_reader->prompts(); }
-    const PromptInfo& prompt(const std::string& id) const { return m_reader->prompt(id); }  // throws if unknown
+    // The bundle's, with a borrowed reference's roles (hasExpected, hasBaseline) where there is one.
+    const std::vector<PromptInfo>& prompts() const { return m_prompts; }
+    const PromptInfo& prompt(const std::string& id) const;  // throws if unknown
+    // Where a prompt's reference is read: this bundle, or the donor's file and prompt it borrows.
+    std::string referenceOrigin(const std::string& promptId) const;
     UnreadableBlockPolicy unreadableBlocks() const { return m_policy; }
     BundleOutline outline() const { return m_reader->outline(); }
     bool holdsData() const { return m_reader->holdsData(); }  // false: only an outline (a results file's)
@@ -68,6 +77,9 @@ private:
 
     std::shared_ptr<const BundleReader> m_reader;
     UnreadableBlockPolicy m_policy;
+    std::vector<PromptInfo> m_prompts;  // the reader's, in its order, with borrowed references' roles
+    std::shared_ptr<const BundleReader> m_donor;
+    std::map<std::string, std::string> m_donorPrompt;  // prompt id -> the donor's prompt of the same tokens
 };
 
 }  // namespace kvscope

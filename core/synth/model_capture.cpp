@@ -958,6 +958,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
     const TinyTransformer model(o.shape, o.seed);
 
     BundleMetadata meta;
+    meta.engineOnly = o.engineOnly;
     meta.model = o.model;
     meta.engine = "kvscope synthetic engine (bf16, split-K GEMMs, fp32 norms and RoPE, flash-style attention)";
     meta.notes = "Made by kvscope synth from a small transformer with deterministic weights.";
@@ -1031,6 +1032,8 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         for (int l = 0; l < o.shape.layers; ++l) {
             if (config.groups[std::size_t(config.groupOf(layerName(l)))].specType == SpecType::NotCompared)
                 continue;  // a state-space layer: no KV in the capture
+            if (o.engineOnly)
+                continue;
             const auto& [ek, ev] = c.expected[std::size_t(l)];
             writer.addReference(id, ReferenceRole::Expected, layerName(l), ek, ev);
             if (o.baseline) {

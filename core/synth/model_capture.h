@@ -110,6 +110,8 @@ struct ModelCaptureOptions {
     std::vector<int> promptLens{12, 20};
     int decodeTokens = 10;
     bool baseline = true;  // three-way
+    // The engine's side only, without reference KV (an engine-only bundle, for kvscope diff).
+    bool engineOnly = false;
     // The fault and where it applies (-1: a sensible default, chosen and recorded).
     FaultKind fault = FaultKind::None;
     int faultLayer = -1;

@@ -66,6 +66,7 @@ private slots:
     void exitCodes();
     void metricsWithoutBcAreTheSame();
     void aSubsetOfLayersStandsForA();
+    void engineOnlyBIsComparedAgainstAsReference();
 
 private:
     std::string path(const std::string& name) const { return m_dir.filePath(QString::fromStdString(name)).toStdString(); }
@@ -315,6 +316,63 @@ void TestCaptureDiff::aSubsetOfLayersStandsForA()
     QCOMPARE(d.layers.size(), std::size_t(3));
     QCOMPARE(d.verdict(), Change::Worse);
     QCOMPARE(d.layerNamesB[std::size_t(d.firstWorse->layer)], std::string("model.layers.2.self_attn"));
+}
+
+void TestCaptureDiff::engineOnlyBIsComparedAgainstAsReference()
+{
+    const Capture a = capture(path("own_a.h5"), smallModel());
+    ModelCaptureOptions o = smallModel(FaultKind::HeadKScale);
+    o.faultLayer = 2;
+    // The same faulty engine twice: with a reference of its own (the same bits as A's), and engine-only.
+    const Capture withOwn = capture(path("own_b.h5"), o);
+    o.engineOnly = true;
+    writeModelCapture(path("engine_only_b.h5"), o);
+    auto engineOnly = std::make_shared<BundleReader>(path("engine_only_b.h5"));
+    QVERIFY(engineOnly->metadata().engineOnly);
+
+    // On its own it cannot be analysed, and says why.
+    const AnalysisResult alone = analyzeBundle(engineOnly);
+    QVERIFY(!alone.problems.empty());
+    for (const std::string& problem : alone.problems)
+        QVERIFY2(problem.find("engine-only capture holds no reference KV") != std::string::npos, problem.c_str());
+
+    // Against A's reference: the very analysis B gets with its own.
+    AnalysisOptions options;
+    options.searchSuspects = false;
+    options.referenceDonor = a.reader;
+    const AnalysisResult borrowed = analyzeForVerdict(engineOnly, options);
+    QCOMPARE(borrowed.prompts.size(), withOwn.result.prompts.size());
+    for (std::size_t p = 0; p < borrowed.prompts.size(); ++p) {
+        QCOMPARE(borrowed.prompts[p].threeWay, true);
+        for (std::size_t m = 0; m < borrowed.prompts[p].metrics.size(); ++m) {
+            const FloatBuffer& x = borrowed.prompts[p].metrics[m];
+            const FloatBuffer& y = withOwn.result.prompts[p].metrics[m];
+            QCOMPARE(x.size(), y.size());
+            QVERIFY(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+        }
+    }
+    const DiffResult d = diffAnalyses(diffSideOf(a.result), borrowed,
+                                      CaptureLoader(engineOnly, UnreadableBlockPolicy::Error, a.reader), {});
+    QVERIFY(d.referenceFromA);
+    QCOMPARE(d.verdict(), Change::Worse);
+    QVERIFY(d.firstWorse);
+    QCOMPARE(d.layerNamesB[std::size_t(d.firstWorse->layer)], std::string("model.layers.2.self_attn"));
+    QVERIFY(!d.suspects.empty());
+    QCOMPARE(d.suspects.front().firstLayer, std::string("model.layers.2.self_attn"));
+
+    // A capture of other prompts lends nothing: each prompt names why.
+    ModelCaptureOptions other = smallModel();
+    other.seed = 99;
+    writeModelCapture(path("other_donor.h5"), other);
+    const CaptureLoader unmatched(engineOnly, UnreadableBlockPolicy::Error,
+                                  std::make_shared<BundleReader>(path("other_donor.h5")));
+    for (const PromptInfo& p : unmatched.prompts()) {
+        QCOMPARE(p.problems.size(), std::size_t(1));
+        QVERIFY2(p.problems.front().find("has its tokens to lend a reference") != std::string::npos, p.problems.front().c_str());
+    }
+    // A bundle with its own reference borrows none, even when offered one.
+    const CaptureLoader own(withOwn.reader, UnreadableBlockPolicy::Error, a.reader);
+    QCOMPARE(own.referenceOrigin(own.prompts().front().id), withOwn.reader->path());
 }
 
 QTEST_GUILESS_MAIN(TestCaptureDiff)
