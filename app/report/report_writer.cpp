@@ -257,7 +257,8 @@ void writeComparison(QTextStream& out, const DiffResult& d, const AnalysisResult
 {
     const int worse = d.count(Change::Worse), better = d.count(Change::Better);
     out << "<h2>Against A</h2><div>A: " << html(d.pathA) << (d.aFromAnalysisJson ? " (analysis)" : "") << "</div><p>"
-        << d.matched.size() << " prompt(s) matched by their tokens, the same reference (fingerprints). Per layer the "
+        << d.matched.size() << " prompt(s) matched by their tokens, "
+        << (d.referenceFromA ? "A's reference (B is an engine-only capture)" : "the same reference (fingerprints)") << ". Per layer the "
         << diffStatName(d.options.stat) << " of the cells' error ratio in floors; worse: above what noise reaches and more than "
         << d.options.maxWorse << "x A's. Result: <span class=" << (worse ? "fail>B is worse in " + QString::number(worse) + " layer(s)"
                                                                    : better ? "pass>B is no worse, and better in " + QString::number(better) + " layer(s)"

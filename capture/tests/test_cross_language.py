@@ -244,6 +244,13 @@ class CrossLanguage(unittest.TestCase):
             self.assertEqual(same.returncode, 0, same.stdout + same.stderr)
             with open(os.path.join(tmp, "d.json")) as f:
                 self.assertTrue(json.load(f)["b"]["reference_from_a"])
+            report = subprocess.run([BINARY, "report", b, "--against", a, "-o", os.path.join(tmp, "report"), "--no-whatif"],
+                                    capture_output=True, text=True, env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+            self.assertEqual(report.returncode, 0, report.stdout + report.stderr)
+            with open(os.path.join(tmp, "report", "report.html"), encoding="utf-8") as f:
+                html = f.read()
+            self.assertIn("A's reference (B is an engine-only capture)", html)
+            self.assertIn("B is worse in 1 layer(s)", html)
             alone = subprocess.run([BINARY, "check", b], capture_output=True, text=True)
             self.assertNotEqual(alone.returncode, 0)
             self.assertIn("engine-only capture holds no reference KV", alone.stdout + alone.stderr)
