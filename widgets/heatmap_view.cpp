@@ -117,7 +117,7 @@ void HeatmapView::showEmpty(const QString& message)
     axisRect()->setBackground(Qt::NoBrush);
     m_title->setText(QString());
     m_emptyMessage = message;
-    m_emptyText->setText(wrappedToWidth(message, m_emptyText->font(), width() - 40));
+    m_emptyText->setText(wrappedToWidth(message, m_emptyText->font(), emptyTextWidth()));
     m_emptyText->setVisible(true);
     replot(QCustomPlot::rpQueuedReplot);
 }
@@ -226,13 +226,21 @@ void HeatmapView::updateRowTicks()
     replot(QCustomPlot::rpQueuedReplot);
 }
 
+int HeatmapView::emptyTextWidth() const
+{
+    // The axis rect as last laid out (the hidden colour scale still takes its column), and never
+    // wider than the widget now (a resize lays it out again only at the next replot).
+    const QMargins margins = axisRect()->margins();
+    return std::max(200, std::min(axisRect()->width(), width() - margins.left() - margins.right()) - 40);
+}
+
 void HeatmapView::resizeEvent(QResizeEvent* event)
 {
     QCustomPlot::resizeEvent(event);
     updateRowTicks();
     updateTokenTicks();
     if (m_empty)
-        m_emptyText->setText(wrappedToWidth(m_emptyMessage, m_emptyText->font(), width() - 40));
+        m_emptyText->setText(wrappedToWidth(m_emptyMessage, m_emptyText->font(), emptyTextWidth()));
 }
 
 void HeatmapView::setTokenLabels(const QStringList& labels)

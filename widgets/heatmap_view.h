@@ -73,6 +73,8 @@ protected:
     void focusOutEvent(QFocusEvent* event) override;
 
 private:
+    // What the empty map's message may span: the axis rect's width.
+    int emptyTextWidth() const;
     void updateTokenTicks();
     void updateRowTicks();
     void clampRange(QCPAxis* axis, const QCPRange& full);

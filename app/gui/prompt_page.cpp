@@ -214,6 +214,14 @@ void PromptPage::onFinished()
 {
     m_layerTimer->stop();
     m_layerPending = false;
+    if (const auto result = m_controller->result(); result && result->prompts.empty()) {
+        // No map to show (every prompt broken, or an engine-only capture): why, where the map would be.
+        QStringList why;
+        for (const std::string& s : result->problems)
+            why << QString::fromStdString(s);
+        clear(tr("Nothing could be analysed.\n\n%1").arg(why.join("\n\n")));
+        return;
+    }
     refreshHeatmap();
     refreshSummary();
     if (m_layer >= 0)
