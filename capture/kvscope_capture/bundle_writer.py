@@ -44,14 +44,16 @@ def _set_string(obj, name, value):
     obj.attrs.create(name, array[0], dtype=dtype)
 
 
-def _dataset(group, name, data, dtype=None, chunk_rows=None):
-    """A dataset, in checksummed chunks of `chunk_rows` rows (default: about 1 MiB)."""
+def _dataset(group, name, data, dtype=None, chunk_rows=None, chunks=None):
+    """A dataset, in checksummed chunks of `chunk_rows` rows (default: about 1 MiB), or of `chunks`."""
     data = np.asarray(data)
     if data.size == 0:
         return group.create_dataset(name, data=data, dtype=dtype)
-    row_bytes = max(1, data[0].nbytes if data.ndim else data.nbytes)
-    rows = chunk_rows or max(1, (1 << 20) // row_bytes)
-    chunks = (min(len(data), rows),) + data.shape[1:]
+    if chunks is None:
+        row_bytes = max(1, data[0].nbytes if data.ndim else data.nbytes)
+        rows = chunk_rows or max(1, (1 << 20) // row_bytes)
+        chunks = (rows,) + data.shape[1:]
+    chunks = tuple(max(1, min(c, n)) for c, n in zip(chunks, data.shape))
     return group.create_dataset(name, data=data, dtype=dtype, chunks=chunks, fletcher32=True)
 
 
@@ -555,7 +557,11 @@ class BundleWriter:
         for name in names:
             lg = ref.create_group(name)
             for part, (array, dtype) in zip("kv", arrays[name]):
-                ds = _dataset(lg, part, array, chunk_rows=1)
+                # Chunks of about 1 MiB along the positions ([1, heads, rows, width]): a window
+                # of tokens of a long context reads only its own.
+                _, heads, _, width = array.shape
+                rows = max(1, (1 << 20) // max(1, heads * width * array.dtype.itemsize))
+                ds = _dataset(lg, part, array, chunks=(1, heads, rows, width))
                 _set_string(ds, "dtype", dtype)
                 ds.attrs["scale"] = 1.0
         prompt["references"][role] = True

@@ -47,6 +47,23 @@ Metric metricFor(KvPart part, MetricKind kind)
     return Metric(int(kind) * 2 + (part == KvPart::V ? 1 : 0));  // KCos, VCos, KLinf, ... in that order
 }
 
+void PromptAnalysis::clearLayer(int layer)
+{
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::size_t rowCells = std::size_t(tokens) * std::size_t(heads);
+    for (auto& m : metrics)
+        if (!m.empty())
+            std::fill_n(m.begin() + std::ptrdiff_t(std::size_t(layer) * rowCells), rowCells, nan);
+    for (auto* pair : {&bc, &bcVsNoise, &quantLinf, &quantL2})
+        for (auto& b : *pair)
+            if (!b.empty())
+                std::fill_n(b.begin() + std::ptrdiff_t(std::size_t(layer) * std::size_t(tokens)), std::size_t(tokens), nan);
+    nonFinite.erase(std::remove_if(nonFinite.begin(), nonFinite.end(),
+                                   [layer](const NonFiniteCell& c) { return c.layer == layer; }),
+                    nonFinite.end());
+    cacheScales[std::size_t(layer)] = {};
+}
+
 void PromptAnalysis::allocate()
 {
     const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -7,11 +7,13 @@
 #include "format/bundle_error.h"
 #include "kv/block_sharing.h"
 #include "util/buffer_allocator.h"
+#include "util/content_hash.h"
 #include "util/work_team.h"
 
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <memory>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -115,17 +117,28 @@ std::optional<AggregateBc> emptyAggregate(const std::vector<PromptAnalysis>& pro
     return agg;
 }
 
-// One layer's sides for every prompt; a prompt that could not be read has problems instead.
+// What a layer's windows of tokens carry from one to the next, per prompt.
+struct LayerProgress {
+    std::vector<char> failed;                        // a window could not be read: the layer is not analysed
+    std::vector<std::array<ContentHash, 2>> hashes;  // the references read so far: [expected, baseline]
+    std::vector<char> scalesRead;                    // the quantised cache's scales taken
+};
+
+// One window of one layer's sides for every prompt; a prompt that could not be read has
+// problems instead.
 struct LayerInputs {
     int layer = -1;
+    PositionRange window = PositionRange::all();
+    bool firstWindow = true;
+    bool lastWindow = true;
+    std::shared_ptr<LayerProgress> progress;
     std::vector<LayerSides> sides;
     std::vector<std::vector<std::string>> problems;
     std::vector<std::vector<ReplicaDifference>> replicas;  // per prompt (replicated TP only)
     // Per prompt, the error reading each side (engine, reference, base); the first is
     // reported, as if the sides were read in that order and the rest then left.
     std::vector<std::array<std::string, 3>> errors;
-    // Per prompt, the fingerprints of the reference sides read: [expected, baseline].
-    std::vector<std::array<std::uint64_t, 2>> referenceHashes;
+    std::vector<char> newlyFailed;  // per prompt: this window could not be read, earlier ones were
 
     auto firstError(std::size_t prompt) const
     {
@@ -133,8 +146,17 @@ struct LayerInputs {
     }
 };
 
-// The layers of a prepared result compared one at a time, by every thread together (chunks of
-// tokens), while one of them reads the next layer; then the suspects.
+// One step of the stream: a window of tokens of one layer.
+struct Step {
+    int layer = 0;
+    PositionRange window = PositionRange::all();
+    bool firstWindow = true;
+    bool lastWindow = true;
+};
+
+// The layers of a prepared result compared one at a time, a window of tokens at a time, by
+// every thread together (chunks of tokens), while one of them reads the next window; then
+// the suspects.
 class AnalysisRun {
 public:
     AnalysisRun(const CaptureLoader& loader, const AnalysisOptions& options, AnalysisResult& result)
@@ -154,6 +176,8 @@ public:
             std::max(1, options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency()));
         if (threads > 1)
             m_team.emplace(threads);
+        for (int layer = 0; layer < m_layerCount; ++layer)
+            addSteps(layer);
     }
 
     // Every layer compared and pooled. Throws the first failure, or AnalysisCancelled.
@@ -164,12 +188,17 @@ public:
 private:
     WorkTeam* team() { return m_team ? &*m_team : nullptr; }
     bool cancelled() const { return m_failed.load() || (m_options.cancel && m_options.cancel->load()); }
-    // The sides of every prompt; with a `team` (the first layer, which nothing else
-    // overlaps), all at once.
-    void read(LayerInputs& in, int layer, WorkTeam* team);
+    // The windows of `layer`: the whole layer, unless its sides would take more than a window's bytes.
+    void addSteps(int layer);
+    // The sides of every prompt in a step's window; with a `team` (the first step, which
+    // nothing else overlaps), all at once.
+    void read(LayerInputs& in, const Step& step, const std::shared_ptr<LayerProgress>& progress, WorkTeam* team);
     void readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother);
-    // Compares what was read, pools it, and lets it go.
+    // Compares what was read, pools it at the layer's last window, and lets it go.
     void compare(LayerInputs& in);
+    // The pooled BCs of a layer compared in several windows: its windows read again for the
+    // second pass over the shared bins.
+    void poolWindowedLayer(const LayerInputs& last);
 
     static std::vector<std::string> promptIds(const AnalysisResult& result)
     {
@@ -189,48 +218,72 @@ private:
     std::vector<char> m_counted;              // [prompt]: pooled
     std::vector<TokenErrorStats> m_stats;     // per prompt, kept from layer to layer for its buffers
     const int m_layerCount;
+    std::vector<Step> m_steps;
     int m_layersDone = 0;
     std::atomic<bool> m_failed{false};        // the reads still posted then do nothing
     std::optional<WorkTeam> m_team;
 };
+
+void AnalysisRun::addSteps(int layer)
+{
+    std::int64_t tokens = 0;
+    std::size_t bytesPerToken = 0;
+    for (const PromptAnalysis& p : m_result.prompts) {
+        tokens = std::max(tokens, p.tokens);
+        const HeadDims dims = p.layerDims[std::size_t(layer)];
+        bytesPerToken += std::size_t(p.headsOf(layer)) * std::size_t(dims.k + dims.v) * sizeof(float) * (p.threeWay ? 3 : 2);
+    }
+    const std::vector<PositionRange> windows = analysisWindows(tokens, bytesPerToken, m_options.windowTokens);
+    for (std::size_t i = 0; i < windows.size(); ++i)
+        m_steps.push_back({layer, windows[i], i == 0, i + 1 == windows.size()});
+}
 
 void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother)
 {
     const PromptAnalysis& p = m_result.prompts[prompt];
     const std::string& name = p.layers[std::size_t(in.layer)];
     LayerSides& s = in.sides[prompt];
-    if (cancelled() || (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
+    LayerProgress& progress = *in.progress;
+    if (cancelled() || progress.failed[prompt] || (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
         return;  // read one after another: the sides after a failure are left
     try {
         if (side == 0) {
-            s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt]);
-            try {  // a replica that cannot be read is a problem of its own, not the layer's
-                in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name);
-            } catch (const BundleError& e) {
-                in.problems[prompt].push_back(std::string("replicas: ") + e.what());
+            s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt], in.window);
+            if (in.firstWindow) {
+                try {  // a replica that cannot be read is a problem of its own, not the layer's
+                    in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name);
+                } catch (const BundleError& e) {
+                    in.problems[prompt].push_back(std::string("replicas: ") + e.what());
+                }
             }
-        }
-        else if (side == 1) {
-            s.reference = m_loader.referenceSource(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, name);
-            in.referenceHashes[prompt][p.threeWay ? 1 : 0] = s.reference.contentHash();
-        } else if (p.threeWay) {
-            s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name);
-            in.referenceHashes[prompt][0] = s.base.contentHash();
+        } else if (side == 1 || p.threeWay) {
+            // Three-way: the baseline is the reference, expected the base; two-way: expected the reference.
+            const ReferenceRole role = side == 1 && p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected;
+            LayerSource& source = side == 1 ? s.reference : s.base;
+            source = m_loader.referenceSource(p.id, role, name, in.window);
+            ContentHash& hash = progress.hashes[prompt][role == ReferenceRole::Baseline ? 1 : 0];
+            if (in.firstWindow)
+                hash = source.startHash();
+            source.addToHash(hash, in.window);
         }
     } catch (const BundleError& e) {
         in.errors[prompt][std::size_t(side)] = e.what();
     }
 }
 
-void AnalysisRun::read(LayerInputs& in, int layer, WorkTeam* team)
+void AnalysisRun::read(LayerInputs& in, const Step& step, const std::shared_ptr<LayerProgress>& progress, WorkTeam* team)
 {
     const std::size_t prompts = m_result.prompts.size();
-    in.layer = layer;
+    in.layer = step.layer;
+    in.window = step.window;
+    in.firstWindow = step.firstWindow;
+    in.lastWindow = step.lastWindow;
+    in.progress = progress;
     in.sides.resize(prompts);
     in.problems.resize(prompts);
     in.replicas.resize(prompts);
     in.errors.resize(prompts);
-    in.referenceHashes.resize(prompts);
+    in.newlyFailed.assign(prompts, 0);
     if (team)
         team->run(int(prompts) * 3, [&](int task, int) { readSide(in, std::size_t(task / 3), task % 3, false); });
     else
@@ -239,9 +292,11 @@ void AnalysisRun::read(LayerInputs& in, int layer, WorkTeam* team)
     for (std::size_t pi = 0; pi < prompts; ++pi) {
         const auto failed = in.firstError(pi);
         LayerSides& s = in.sides[pi];
-        s.ok = failed == in.errors[pi].end() && !cancelled();
+        s.ok = failed == in.errors[pi].end() && !progress->failed[pi] && !cancelled();
         if (failed != in.errors[pi].end()) {
             in.problems[pi].push_back(*failed);
+            in.newlyFailed[pi] = 1;
+            progress->failed[pi] = 1;
             s = {};
         }
     }
@@ -273,33 +328,54 @@ CacheScales cacheScalesOf(const LayerSource& engine)
 
 void AnalysisRun::compare(LayerInputs& in)
 {
+    LayerProgress& progress = *in.progress;
     for (std::size_t pi = 0; pi < m_result.prompts.size() && !cancelled(); ++pi) {
         PromptAnalysis& p = m_result.prompts[pi];
         LayerSides& s = in.sides[pi];
         std::vector<NonFiniteCell> nonFinite;
-        if (s.ok && isQuantised(p.layerDtypes[std::size_t(in.layer)]))
+        if (in.newlyFailed[pi] && !in.firstWindow)
+            p.clearLayer(in.layer);  // as if the whole layer had been read, and failed
+        // The scales at the layer's first present position: in the first window that has one.
+        if (s.ok && isQuantised(p.layerDtypes[std::size_t(in.layer)]) && !progress.scalesRead[pi] &&
+            std::find(s.actual.present.begin(), s.actual.present.end(), 1) != s.actual.present.end()) {
             p.cacheScales[std::size_t(in.layer)] = cacheScalesOf(s.actual);
+            progress.scalesRead[pi] = 1;
+        }
         if (s.ok && p.threeWay) {  // with what pooling needs
-            m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
-            // A block an earlier prompt holds too is pooled there (its tokens counted once).
-            m_stats[pi].pooledElsewhere =
-                m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.layer)], p.tokens, m_counted);
+            if (in.firstWindow) {
+                m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
+                // A block an earlier prompt holds too is pooled there (its tokens counted once).
+                m_stats[pi].pooledElsewhere =
+                    m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.layer)], p.tokens, m_counted);
+            }
             const LayerRows base(s.base);
             compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, m_options.bc ? &m_stats[pi] : nullptr, team(),
-                         m_options.bc);
+                         m_options.bc, in.window);
         } else if (s.ok) {
-            compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, team());
+            compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, team(), true, in.window);
         }
-        p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
+        for (const std::string& problem : in.problems[pi])  // a block's problem is found by each window it spans
+            if (std::find(p.problems.begin(), p.problems.end(), problem) == p.problems.end())
+                p.problems.push_back(problem);
         p.replicaDifferences.insert(p.replicaDifferences.end(), in.replicas[pi].begin(), in.replicas[pi].end());
         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
-        for (std::size_t role = 0; role < 2; ++role)
-            p.referenceHashes[role][std::size_t(in.layer)] = in.referenceHashes[pi][role];
+        if (in.lastWindow)
+            for (std::size_t role = 0; role < 2; ++role)
+                p.referenceHashes[role][std::size_t(in.layer)] =
+                    progress.failed[pi] || (role == 1 && !p.threeWay) ? 0 : progress.hashes[pi][role].value();
     }
     if (cancelled())
         return;
-    if (m_result.aggregate)
-        aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.layer, *m_result.aggregate, team());
+    if (m_result.aggregate && in.lastWindow) {
+        if (in.firstWindow)
+            aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.layer, *m_result.aggregate, team());
+        else
+            poolWindowedLayer(in);
+    }
+    if (!in.lastWindow) {
+        in = {};
+        return;
+    }
     const int layer = in.layer;
     in = {};
     ++m_layersDone;
@@ -307,26 +383,69 @@ void AnalysisRun::compare(LayerInputs& in)
         m_options.layerDone(layer, m_layersDone, m_layerCount);
 }
 
+void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
+{
+    std::vector<char> compared(m_result.prompts.size());
+    for (std::size_t pi = 0; pi < compared.size(); ++pi)
+        compared[pi] = !last.progress->failed[pi];
+    WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.layer, *m_result.aggregate, team());
+    for (const Step& step : m_steps) {
+        if (step.layer != last.layer || !pooling.needsSides() || cancelled())
+            continue;
+        // Only the pooled prompts' references and engine, read as the first pass read them.
+        std::vector<LayerSides> sides(m_result.prompts.size());
+        for (int pi : m_pooled) {
+            const PromptAnalysis& p = m_result.prompts[std::size_t(pi)];
+            if (!compared[std::size_t(pi)])
+                continue;
+            const std::string& name = p.layers[std::size_t(last.layer)];
+            LayerSides& s = sides[std::size_t(pi)];
+            s.actual = m_loader.engineSource(p.id, name, nullptr, step.window);
+            s.reference = m_loader.referenceSource(p.id, ReferenceRole::Baseline, name, step.window);
+            s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name, step.window);
+            s.ok = true;
+        }
+        pooling.count(sides, step.window);
+    }
+    pooling.finish();
+}
+
 void AnalysisRun::streamLayers()
 {
     WorkTeam* const working = team();
     std::exception_ptr failure;
+    const std::size_t prompts = m_result.prompts.size();
+    auto progressFor = [&](const Step& step, const std::shared_ptr<LayerProgress>& current) {
+        if (!step.firstWindow)
+            return current;
+        auto fresh = std::make_shared<LayerProgress>();
+        fresh->failed.assign(prompts, 0);
+        fresh->hashes.resize(prompts);
+        fresh->scalesRead.assign(prompts, 0);
+        return fresh;
+    };
     LayerInputs next;  // read while `in` is compared
+    std::shared_ptr<LayerProgress> progress;
     try {
-        if (m_layerCount > 0)
-            read(next, 0, working);
-        for (int layer = 0; layer < m_layerCount && !cancelled(); ++layer) {
+        if (!m_steps.empty()) {
+            progress = progressFor(m_steps[0], progress);
+            read(next, m_steps[0], progress, working);
+        }
+        for (std::size_t step = 0; step < m_steps.size() && !cancelled(); ++step) {
             if (working)
                 working->waitPosted();
             LayerInputs in = std::move(next);
             next = {};
-            // A helper reads the next layer (one task: reading mostly waits on the file and the
+            // A helper reads the next window (one task: reading mostly waits on the file and the
             // HDF5 lock) while the others compare this one.
-            if (layer + 1 < m_layerCount && working)
-                working->post([this, &next, layer] { read(next, layer + 1, nullptr); });
+            const bool more = step + 1 < m_steps.size();
+            if (more)
+                progress = progressFor(m_steps[step + 1], progress);
+            if (more && working)
+                working->post([this, &next, step, progress] { read(next, m_steps[step + 1], progress, nullptr); });
             compare(in);
-            if (layer + 1 < m_layerCount && !working)
-                read(next, layer + 1, nullptr);
+            if (more && !working)
+                read(next, m_steps[step + 1], progress, nullptr);
         }
         if (working)
             working->waitPosted();  // a read posted before a cancel
@@ -392,6 +511,21 @@ void sortFindings(AnalysisResult& result)
 }
 
 }  // namespace
+
+std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t bytesPerToken, std::int64_t windowTokens)
+{
+    std::int64_t window = windowTokens;
+    if (window <= 0) {  // whole multiples of 4,096 tokens: whole blocks and reference chunks, mostly
+        constexpr std::int64_t kGrain = 4096;
+        window = std::max<std::int64_t>(kGrain, std::int64_t(kWindowBytes / std::max<std::size_t>(1, bytesPerToken)) / kGrain * kGrain);
+    }
+    if (tokens <= window)
+        return {PositionRange::all()};
+    std::vector<PositionRange> windows;
+    for (std::int64_t begin = 0; begin < tokens; begin += window)
+        windows.push_back({begin, std::min(tokens, begin + window)});
+    return windows;
+}
 
 AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOptions& options)
 {

@@ -9,6 +9,8 @@
 #include "kv/capture_loader.h"
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -17,12 +19,20 @@
 
 namespace kvscope {
 
+// What one window of tokens of one layer may take when read, every prompt's sides together
+// (two windows are in memory: one compared, the next read).
+inline constexpr std::size_t kWindowBytes = std::size_t(256) << 20;
+
 struct AnalysisOptions {
     std::vector<std::string> prompts;  // empty: every prompt
     std::vector<std::string> layers;   // empty: every layer
     // Threads (0: one per core). They work on one layer at a time, together (chunks of
     // tokens), while one of them reads the next layer: two layers are in memory at most.
     int threads = 0;
+    // A layer longer than this many tokens is read and compared a window of tokens at a time,
+    // so that memory does not grow with the context (0: windows of about kWindowBytes of
+    // every prompt's sides). Results do not depend on it.
+    std::int64_t windowTokens = 0;
     // For analyzeBundle's loader. Lenient by default: an unreadable block makes its positions
     // absent and is reported in the prompt's problems, so that a partly broken bundle still
     // shows what it can.
@@ -42,6 +52,11 @@ struct AnalysisOptions {
     // without, they stay NaN and the result has no aggregate.
     bool bc = true;
 };
+
+// The windows of tokens a layer of `tokens` is read in, given what its sides take per token
+// (every prompt's, as float32) and AnalysisOptions::windowTokens: the whole layer (one window,
+// PositionRange::all()) when it is no longer than a window.
+std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t bytesPerToken, std::int64_t windowTokens);
 
 class AnalysisCancelled : public std::runtime_error {
 public:

@@ -47,11 +47,11 @@ void addChunks(std::vector<CountTask>& tasks, CountTask task)
 // by the team), then the BCs on those bins and against the noise floor.
 class LayerPooling {
 public:
-    LayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
+    LayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, std::vector<char> compared,
                  const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team)
         : m_result(result)
         , m_pooled(pooled)
-        , m_allSides(allSides)
+        , m_compared(std::move(compared))
         , m_allStats(allStats)
         , m_layer(layer)
         , m_aggregate(aggregate)
@@ -66,8 +66,10 @@ public:
     // Pass 1: the shared ranges of `part`, from the per-token ranges (by generation index,
     // and combined), and the second pass's tasks.
     void plan(KvPart part);
-    // Pass 2: counts on the shared bins, every token's errors computed once.
-    void count();
+    // Pass 2: counts on the shared bins, every token's errors computed once; a window of
+    // tokens at a time, from that window's sides.
+    void count(const std::vector<LayerSides>& allSides, PositionRange window);
+    bool hasTasks() const { return !m_tasks.empty(); }
     // The reference tool's BC on the shared bins, combined and by generation index.
     void writeSharedBinBc(KvPart part);
     // BC against the noise floor: fixed bins, so the counts of every token simply add up (the
@@ -75,7 +77,9 @@ public:
     void writeNoiseBc(KvPart part);
 
 private:
-    const LayerSides& sides(std::size_t i) const { return m_allSides[std::size_t(m_pooled[i])]; }
+    const LayerSides& sides(std::size_t i) const { return (*m_allSides)[std::size_t(m_pooled[i])]; }
+    bool compared(std::size_t i) const { return m_compared[std::size_t(m_pooled[i])] != 0; }
+    std::int64_t tokens(std::size_t i) const { return m_result.prompts[std::size_t(m_pooled[i])].tokens; }
     const TokenErrorStats& stats(std::size_t i) const { return m_allStats[std::size_t(m_pooled[i])]; }
     // Whether pooled prompt i counts token t: not where an earlier pooled prompt holds the same
     // block (prefix caching: one KV, counted once).
@@ -89,7 +93,9 @@ private:
 
     const AnalysisResult& m_result;
     const std::vector<int>& m_pooled;
-    const std::vector<LayerSides>& m_allSides;
+    const std::vector<char> m_compared;           // [prompt]
+    const std::vector<LayerSides>* m_allSides = nullptr;  // the window count() is counting
+    PositionRange m_window;
     const std::vector<TokenErrorStats>& m_allStats;
     const int m_layer;
     AggregateBc& m_aggregate;
@@ -106,7 +112,7 @@ void LayerPooling::plan(KvPart part)
     plan.byIndex.assign(m_gCount, ErrorRange{});
     ErrorRange combined;
     for (std::size_t i = 0; i < m_pooled.size(); ++i) {
-        if (!sides(i).ok)
+        if (!compared(i))
             continue;
         for (std::int64_t t = 0; t < stats(i).tokens; ++t) {
             if (!counts(i, t))
@@ -130,15 +136,15 @@ void LayerPooling::plan(KvPart part)
             m_aggregate.bc[std::size_t(part)][at(g)] = p.bcValue(part, m_layer, t);
             m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = p.bcVsNoiseValue(part, m_layer, t);
         }
-        if (sides(0).ok)
-            addChunks(m_tasks, {part, false, 0, 0, sides(0).reference.seq});
+        if (compared(0))
+            addChunks(m_tasks, {part, false, 0, 0, tokens(0)});
         return;
     }
     // A generation index whose every token has the pooled range itself has the same bins as
     // those tokens: their counts add up exactly.
     plan.reuse.assign(m_gCount, 1);
     for (std::size_t i = 0; i < m_pooled.size(); ++i)
-        for (std::size_t g = 0; g < m_gCount && sides(i).ok; ++g) {
+        for (std::size_t g = 0; g < m_gCount && compared(i); ++g) {
             const ErrorRange& r = stats(i).range(part, promptLen(i) + std::int64_t(g));
             if (!r.empty() && counts(i, promptLen(i) + std::int64_t(g)) &&
                 (r.lo != plan.byIndex[g].lo || r.hi != plan.byIndex[g].hi))
@@ -149,10 +155,10 @@ void LayerPooling::plan(KvPart part)
     plan.indexBase.resize(m_gCount);
     plan.indexTarget.resize(m_gCount);
     for (std::size_t i = 0; i < m_pooled.size(); ++i) {
-        if (!sides(i).ok)
+        if (!compared(i))
             continue;
         // Each prompt's tokens outside the generation indices: combined bins only.
-        const std::int64_t seq = sides(i).reference.seq;
+        const std::int64_t seq = tokens(i);
         const std::int64_t prefillEnd = std::min(seq, promptLen(i));
         addChunks(m_tasks, {part, false, i, 0, prefillEnd});
         addChunks(m_tasks, {part, false, i, std::min(seq, prefillEnd + std::int64_t(m_gCount)), seq});
@@ -171,7 +177,7 @@ void LayerPooling::countTokens(const CountTask& task, std::array<Histogram, 2>& 
     float* const baseErrors = errorScratch(n, 0);
     float* const actualErrors = errorScratch(n, 1);
     LayerRows::Tile referenceTile, actualTile, baseTile;
-    for (std::int64_t t = first; t < last; ++t) {
+    for (std::int64_t t = std::max(first, m_window.begin); t < std::min(last, m_window.end); ++t) {
         if (st.range(task.part, t).empty() || !counts(i, t))
             continue;  // not held by every side, or pooled with another prompt
         const RowView r = reference.row(task.part, t, referenceTile);
@@ -203,12 +209,14 @@ void LayerPooling::countTask(int index, int member)
         return;
     }
     for (std::size_t i = 0; i < m_pooled.size(); ++i)
-        if (sides(i).ok)
+        if (compared(i))
             countTokens(task, combined, i, promptLen(i) + task.begin, promptLen(i) + task.end, task.begin);
 }
 
-void LayerPooling::count()
+void LayerPooling::count(const std::vector<LayerSides>& allSides, PositionRange window)
 {
+    m_allSides = &allSides;
+    m_window = window;
     if (m_team)
         m_team->run(int(m_tasks.size()), [this](int index, int member) { countTask(index, member); });
     else
@@ -238,7 +246,7 @@ void LayerPooling::writeNoiseBc(KvPart part)
         return;
     LogHistogram noiseBase, noiseActual;
     for (std::size_t i = 0; i < m_pooled.size(); ++i) {
-        if (!sides(i).ok)
+        if (!compared(i))
             continue;  // not compared at this layer: its stats are another layer's
         for (const auto& member : stats(i).noiseTotals) {
             noiseBase.merge(member[std::size_t(part)][0]);
@@ -252,7 +260,7 @@ void LayerPooling::writeNoiseBc(KvPart part)
         for (std::size_t i = 0; i < m_pooled.size(); ++i) {
             const std::int64_t t = promptLen(i) + std::int64_t(g);
             const TokenErrorStats& st = stats(i);
-            if (!sides(i).ok || st.range(part, t).empty() || !counts(i, t))
+            if (!compared(i) || st.range(part, t).empty() || !counts(i, t))
                 continue;
             const auto* spans = &st.noise[std::size_t(part)][std::size_t(t) * 2];
             indexNoiseBase.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);
@@ -269,13 +277,46 @@ void LayerPooling::writeNoiseBc(KvPart part)
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
                     const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team)
 {
-    LayerPooling pooling(result, pooled, allSides, allStats, layer, aggregate, team);
+    std::vector<char> compared;
+    for (const LayerSides& sides : allSides)
+        compared.push_back(sides.ok ? 1 : 0);
+    WindowedLayerPooling pooling(result, pooled, std::move(compared), allStats, layer, aggregate, team);
+    if (pooling.needsSides())
+        pooling.count(allSides, PositionRange::all());
+    pooling.finish();
+}
+
+class WindowedLayerPooling::Steps : public LayerPooling {
+public:
+    using LayerPooling::LayerPooling;
+};
+
+WindowedLayerPooling::WindowedLayerPooling(const AnalysisResult& result, const std::vector<int>& pooled,
+                                           std::vector<char> compared, const std::vector<TokenErrorStats>& allStats,
+                                           int layer, AggregateBc& aggregate, WorkTeam* team)
+    : m_pooling(std::make_unique<Steps>(result, pooled, std::move(compared), allStats, layer, aggregate, team))
+{
     for (KvPart part : {KvPart::K, KvPart::V})
-        pooling.plan(part);
-    pooling.count();
+        m_pooling->plan(part);
+}
+
+WindowedLayerPooling::~WindowedLayerPooling() = default;
+
+bool WindowedLayerPooling::needsSides() const
+{
+    return m_pooling->hasTasks();
+}
+
+void WindowedLayerPooling::count(const std::vector<LayerSides>& allSides, PositionRange window)
+{
+    m_pooling->count(allSides, window);
+}
+
+void WindowedLayerPooling::finish()
+{
     for (KvPart part : {KvPart::K, KvPart::V}) {
-        pooling.writeSharedBinBc(part);
-        pooling.writeNoiseBc(part);
+        m_pooling->writeSharedBinBc(part);
+        m_pooling->writeNoiseBc(part);
     }
 }
 

@@ -11,6 +11,7 @@
 #include "kv/layer_source.h"
 #include "util/work_team.h"
 
+#include <memory>
 #include <vector>
 
 namespace kvscope {
@@ -30,5 +31,24 @@ struct LayerSides {
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
                     const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate,
                     WorkTeam* team = nullptr);
+
+// The same for a layer compared in windows of tokens, whose sides are not all held at once:
+// made once every window is compared (`compared`: per prompt, whether its every window was),
+// then count() with each window's sides read again (the second pass), then finish().
+class WindowedLayerPooling {
+public:
+    WindowedLayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, std::vector<char> compared,
+                         const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate,
+                         WorkTeam* team = nullptr);
+    ~WindowedLayerPooling();
+    // Whether the second pass has anything to count (else count() need not be called).
+    bool needsSides() const;
+    void count(const std::vector<LayerSides>& allSides, PositionRange window);
+    void finish();
+
+private:
+    class Steps;
+    std::unique_ptr<Steps> m_pooling;
+};
 
 }  // namespace kvscope

@@ -220,7 +220,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
 
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, WorkTeam* team,
-                  bool withBc)
+                  bool withBc, PositionRange window)
 {
     auto sameShape = [](const LayerRows& a, const LayerRows& b) {
         return a.heads() == b.heads() && a.seq() == b.seq() && a.dims() == b.dims();
@@ -230,14 +230,15 @@ void compareLayer(const LayerRows& reference, const LayerRows& actual, const Lay
     if (reference.heads() != out.headsOf(layer) || reference.seq() != out.tokens)
         throw std::invalid_argument("compareLayer: layer shape differs from the prompt's result");
     const std::int64_t tokens = reference.seq();
-    if (stats)
+    const PositionRange range = window.clippedTo({0, tokens});
+    if (stats && range.begin == 0)
         stats->reset(tokens, team ? team->size() : 1);
     // Chunks of tokens, each writing only its own cells; non-finite cells are collected per
     // chunk and appended in token order.
-    const int chunks = int((tokens + kCompareChunk - 1) / kCompareChunk);
+    const int chunks = range.empty() ? 0 : int((range.end - range.begin + kCompareChunk - 1) / kCompareChunk);
     std::vector<std::vector<NonFiniteCell>> found(static_cast<std::size_t>(chunks));
     auto compareChunk = [&](int chunk, int member) {
-        const std::int64_t begin = chunk * kCompareChunk, end = std::min(tokens, begin + kCompareChunk);
+        const std::int64_t begin = range.begin + chunk * kCompareChunk, end = std::min(range.end, begin + kCompareChunk);
         compareTokens(reference, actual, base, layer, out, found[std::size_t(chunk)], stats, member, begin, end, withBc);
     };
     if (team)

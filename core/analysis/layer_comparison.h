@@ -76,12 +76,14 @@ struct TokenErrorStats {
 // input holds NaN or infinity stay NaN and are listed in `nonFinite`, in token order; such a
 // token has no BC for that part (NaN), and aggregates leave it out.
 // With a `team`, its threads compare chunks of kCompareChunk tokens. Without `withBc`, the
-// BCs stay NaN (kvscope diff needs only the metrics).
+// BCs stay NaN (kvscope diff needs only the metrics). With a `window`, only its tokens are
+// compared (a long context, a window at a time, in order: `stats` start afresh with the
+// window at token 0 and gather the later ones).
 // Throws std::invalid_argument when the shapes of the sides differ.
 inline constexpr std::int64_t kCompareChunk = 64;
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
-                  WorkTeam* team = nullptr, bool withBc = true);
+                  WorkTeam* team = nullptr, bool withBc = true, PositionRange window = PositionRange::all());
 inline void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
                          PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
                          WorkTeam* team = nullptr)

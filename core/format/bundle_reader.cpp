@@ -263,19 +263,25 @@ DType BundleReader::checkedDType(const std::string& dataset) const
     return *dtype;
 }
 
-RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
-                                   const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const
+RawTensor BundleReader::storedAs(const std::string& dataset) const
 {
     RawTensor t;
     t.dtype = checkedDType(dataset);
-    const DatasetInfo info = m_file.datasetInfo(dataset);
-    if (info.shape != expectedShape)
-        m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", expected " + shapeToString(expectedShape));
     if (m_file.hasAttribute(dataset, "scale")) {
         t.scale = float(m_file.readDoubleAttribute(dataset, "scale"));
         if (!(t.scale > 0.0f) || !std::isfinite(t.scale))
             m_file.fail(dataset, "scale " + std::to_string(t.scale) + " must be finite and positive");
     }
+    return t;
+}
+
+RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
+                                   const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const
+{
+    RawTensor t = storedAs(dataset);
+    const DatasetInfo info = m_file.datasetInfo(dataset);
+    if (info.shape != expectedShape)
+        m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", expected " + shapeToString(expectedShape));
     t.shape = info.shape;
     if (rows)
         t.shape[0] = std::int64_t(rows->size());
@@ -485,6 +491,52 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
     for (const ChunkRowRead& read : reads)
         read.run();
     return ref;
+}
+
+BundleReader::Reference BundleReader::readReferenceRows(const std::string& promptId, ReferenceRole role,
+                                                        const std::string& layer, std::int64_t firstRow,
+                                                        std::int64_t endRow) const
+{
+    prompt(promptId);
+    requireData();
+    Reference ref;
+    std::lock_guard lock(hdf5Mutex());
+    const std::string rolePath = bundle_path::referenceRole(promptId, role);
+    ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
+    const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
+    const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
+    const std::vector<std::int64_t> kShape = referenceShape(kPath, layer, KvPart::K);
+    const std::vector<std::int64_t> vShape = referenceShape(vPath, layer, KvPart::V);
+    if (!std::equal(kShape.begin(), kShape.end() - 1, vShape.begin()))
+        m_file.fail(vPath, "shape " + shapeToString(vShape) + " differs from k's " + shapeToString(kShape) +
+                               " in batch, heads or seq");
+    const std::int64_t batch = kShape[0], seq = kShape[2];
+    firstRow = std::clamp<std::int64_t>(firstRow, 0, seq);
+    endRow = std::clamp<std::int64_t>(endRow, firstRow, seq);
+    if (ref.batchRow < 0 || ref.batchRow >= batch)  // alignment names it; nothing to read
+        endRow = firstRow;
+    ref.slab = ReferenceSlab{batch, seq, firstRow};
+    auto read = [&](const std::string& path, const std::vector<std::int64_t>& shape) {
+        RawTensor t = storedAs(path);
+        t.shape = {1, shape[1], endRow - firstRow, shape[3]};
+        t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
+        if (!t.bytes.empty())
+            m_file.readSlab(path, storageType(t.dtype), t.bytes.data(), {ref.batchRow, 0, firstRow, 0}, t.shape);
+        return t;
+    };
+    ref.k = read(kPath, kShape);
+    ref.v = read(vPath, vShape);
+    return ref;
+}
+
+std::int64_t BundleReader::referenceLength(const std::string& promptId, ReferenceRole role,
+                                           const std::string& layer) const
+{
+    prompt(promptId);
+    requireData();
+    std::lock_guard lock(hdf5Mutex());
+    const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
+    return referenceShape(kPath, layer, KvPart::K)[2];
 }
 
 Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) const

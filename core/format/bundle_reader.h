@@ -13,6 +13,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,13 +47,21 @@ public:
     // the bundle stores; others are left out for reconstruction to report).
     PagedShard readEngineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
                                KvPart part, const std::vector<std::int64_t>* blockIds = nullptr) const;
-    // The reference K and V of one layer, [batch, heads, seq, head_dim], and the batch row to use.
+    // The reference K and V of one layer, [batch, heads, seq, head_dim], and the batch row to use;
+    // or, with a slab, only positions [firstRow, firstRow + rows) of that row (see ReferenceSlab).
     struct Reference {
         RawTensor k;
         RawTensor v;
         std::int64_t batchRow = 0;
+        std::optional<ReferenceSlab> slab;
     };
     Reference readReference(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+    // The positions `rows` (clipped to those stored) of the prompt's batch row: a window of
+    // tokens reads only the chunks that hold it.
+    Reference readReferenceRows(const std::string& promptId, ReferenceRole role, const std::string& layer,
+                                std::int64_t firstRow, std::int64_t endRow) const;
+    // The positions a reference holds (its seq), read from its shape.
+    std::int64_t referenceLength(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
     Logits readLogits(const std::string& promptId, LogitsRole role) const;
 
     // Checks every dataset's presence, shape and dtype (no tensor data is read). Returns
@@ -85,6 +94,8 @@ private:
     // `rows` as for the cache.
     void readScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
                     const std::vector<std::int64_t>* rows, RawTensor& cache) const;
+    // A tensor's dtype and scale, without its data.
+    RawTensor storedAs(const std::string& dataset) const;
     RawTensor readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
                          const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const;
     DType checkedDType(const std::string& dataset) const;

@@ -128,14 +128,14 @@ void BundleWriter::addPrompt(const PromptRecord& prompt)
     m_prompts.emplace(prompt.id, prompt);
 }
 
-void BundleWriter::writeKv(const std::string& dataset, const RawTensor& tensor, std::int64_t chunkRows)
+void BundleWriter::writeKv(const std::string& dataset, const RawTensor& tensor, const std::vector<std::int64_t>& chunk)
 {
     if (tensor.bytes.size() != std::size_t(tensor.numel()) * dtypeSize(tensor.dtype))
         fail(dataset, "tensor holds " + std::to_string(tensor.bytes.size()) + " bytes for shape " +
                           shapeToString(tensor.shape));
     if (!(tensor.scale > 0.0f) || !std::isfinite(tensor.scale))
         fail(dataset, "scale must be finite and positive");
-    m_file->writeRaw(dataset, storageType(tensor.dtype), tensor.shape, tensor.bytes.data(), chunkRows);
+    m_file->writeRawChunked(dataset, storageType(tensor.dtype), tensor.shape, tensor.bytes.data(), chunk);
     m_file->writeStringAttribute(dataset, "dtype", dtypeName(tensor.dtype));
     m_file->writeDoubleAttribute(dataset, "scale", tensor.scale);
     if (tensor.scales.empty())
@@ -150,7 +150,7 @@ void BundleWriter::writeKv(const std::string& dataset, const RawTensor& tensor, 
         if (!(v >= 0.0f) || !std::isfinite(v))
             fail(dataset, "scales must be finite and not negative");
     const std::string path = dataset + "_scale";
-    m_file->writeRaw(path, H5T_IEEE_F32LE, shape, tensor.scales.data(), shape.size() == 1 ? shape[0] : chunkRows);
+    m_file->writeRaw(path, H5T_IEEE_F32LE, shape, tensor.scales.data(), shape.size() == 1 ? shape[0] : chunk.at(0));
     m_file->writeStringAttribute(path, "dtype", dtypeName(DType::Float32));
 }
 
@@ -256,10 +256,12 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
                                             group.partWidth(KvPart::K) * std::int64_t(dtypeSize(group.dtype));
             const std::int64_t chunkRows = std::max<std::int64_t>(1, 4096 / blockBytes);
             const bool select = snap.keepOnlyReferencedBlocks;
-            writeKv(bundle_path::engineKv(promptId, index, r, layer, "k"),
-                    select ? selectBlocks(kv.first, stored) : kv.first, chunkRows);
-            writeKv(bundle_path::engineKv(promptId, index, r, layer, "v"),
-                    select ? selectBlocks(kv.second, stored) : kv.second, chunkRows);
+            for (const auto& [part, tensor] : {std::pair{"k", &kv.first}, std::pair{"v", &kv.second}}) {
+                std::vector<std::int64_t> chunk = tensor->shape;
+                chunk.at(0) = chunkRows;
+                writeKv(bundle_path::engineKv(promptId, index, r, layer, part), select ? selectBlocks(*tensor, stored) : *tensor,
+                        chunk);
+            }
         }
     }
     ++m_snapshotCounts[promptId];
@@ -293,8 +295,12 @@ void BundleWriter::addReference(const std::string& promptId, ReferenceRole role,
     const std::string rolePath = bundle_path::referenceRole(promptId, role);
     m_file->createGroup(rolePath);
     m_file->writeIntAttribute(rolePath, "batch_row", batchRow);
-    writeKv(kPath, k, 1);
-    writeKv(bundle_path::referenceKv(promptId, role, layer, "v"), v, 1);
+    // Chunks of about 1 MiB along the positions ([1, heads, rows, width]): a window of tokens
+    // of a long context reads only its own.
+    for (const auto& [path, tensor] : {std::pair{kPath, &k}, std::pair{bundle_path::referenceKv(promptId, role, layer, "v"), &v}}) {
+        const std::int64_t tokenBytes = tensor->shape[1] * tensor->shape[3] * std::int64_t(dtypeSize(tensor->dtype));
+        writeKv(path, *tensor, {1, tensor->shape[1], std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, tokenBytes)), tensor->shape[3]});
+    }
     m_referenceLayers[{promptId, role}].insert(layer);
 }
 

@@ -57,7 +57,8 @@ public:
 
 private:
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
-    void writeKv(const std::string& dataset, const RawTensor& tensor, std::int64_t chunkRows);
+    // In checksummed chunks of `chunk` (finer scales beside it in chunks of its rows).
+    void writeKv(const std::string& dataset, const RawTensor& tensor, const std::vector<std::int64_t>& chunk);
     const PromptRecord& prompt(const std::string& id) const;
 
     std::string m_path;

@@ -591,6 +591,28 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst, con
     }
 }
 
+void Hdf5File::readSlab(const std::string& dataset, hid_t memType, void* dst, const std::vector<std::int64_t>& start,
+                        const std::vector<std::int64_t>& count) const
+{
+    Hdf5Handle d = openForReading(dataset);
+    Hdf5Handle fileSpace(H5Dget_space(d.id()), closeSpace);
+    const int rank = H5Sget_simple_extent_ndims(fileSpace.id());
+    std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+    H5Sget_simple_extent_dims(fileSpace.id(), dims.data(), nullptr);
+    if (start.size() != dims.size() || count.size() != dims.size())
+        fail(dataset, "read with a box of " + std::to_string(start.size()) + " dimensions, it has " + std::to_string(rank));
+    for (std::size_t i = 0; i < dims.size(); ++i)
+        if (start[i] < 0 || count[i] < 0 || hsize_t(start[i]) + hsize_t(count[i]) > dims[i])
+            fail(dataset, "the box read leaves its shape at dimension " + std::to_string(i));
+    if (Hdf5File::elementCount(count) == 0)
+        return;
+    const std::vector<hsize_t> first(start.begin(), start.end()), extent(count.begin(), count.end());
+    H5Sselect_hyperslab(fileSpace.id(), H5S_SELECT_SET, first.data(), nullptr, extent.data(), nullptr);
+    Hdf5Handle memSpace(H5Screate_simple(rank, extent.data(), nullptr), closeSpace);
+    if (H5Dread(d.id(), memType, memSpace.id(), fileSpace.id(), H5P_DEFAULT, dst) < 0)
+        fail(dataset, "cannot be read" + readProblem());
+}
+
 void Hdf5File::readWhole(hid_t dataset, hid_t memType, void* dst, const std::string& name) const
 {
     if (H5Dread(dataset, memType, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
@@ -753,23 +775,33 @@ void Hdf5File::writeStrings(const std::string& dataset, const std::vector<std::s
 void Hdf5File::writeRaw(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
                         const void* src, std::int64_t chunkRows)
 {
+    // Rows of dimension 0: `chunkRows`, or ~1 MiB.
+    std::int64_t rowBytes = std::int64_t(H5Tget_size(fileType));
+    for (std::size_t i = 1; i < shape.size(); ++i)
+        rowBytes *= std::max<std::int64_t>(1, shape[i]);
+    std::vector<std::int64_t> chunk = shape;
+    if (!chunk.empty())
+        chunk[0] = chunkRows > 0 ? chunkRows : std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, rowBytes));
+    writeRawChunked(dataset, fileType, shape, src, chunk);
+}
+
+void Hdf5File::writeRawChunked(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
+                               const void* src, const std::vector<std::int64_t>& chunk)
+{
     createGroup(parentOf(dataset));
     std::vector<hsize_t> dims(shape.begin(), shape.end());
     Hdf5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), closeSpace);
     bool nonEmpty = !dims.empty();
-    hsize_t rowBytes = H5Tget_size(fileType);
-    for (std::size_t i = 0; i < dims.size(); ++i) {
-        nonEmpty = nonEmpty && dims[i] > 0;
-        rowBytes *= i > 0 ? dims[i] : 1;
-    }
-    // Every dataset with data is chunked (rows of dimension 0: `chunkRows`, or ~1 MiB) and
-    // each chunk carries a Fletcher32 checksum, so a flipped bit is an error, not a number.
+    for (hsize_t d : dims)
+        nonEmpty = nonEmpty && d > 0;
+    // Every dataset with data is chunked and each chunk carries a Fletcher32 checksum, so a
+    // flipped bit is an error, not a number.
     Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), closePlist);
     if (nonEmpty) {
-        std::vector<hsize_t> chunk = dims;
-        const hsize_t rows = chunkRows > 0 ? hsize_t(chunkRows) : std::max<hsize_t>(1, (1 << 20) / rowBytes);
-        chunk[0] = std::min<hsize_t>(dims[0], rows);
-        dcpl = checksummedChunks(chunk);
+        std::vector<hsize_t> chunkDims(dims.size());
+        for (std::size_t i = 0; i < dims.size(); ++i)
+            chunkDims[i] = std::clamp<hsize_t>(hsize_t(std::max<std::int64_t>(1, chunk.at(i))), 1, dims[i]);
+        dcpl = checksummedChunks(chunkDims);
     }
     Hdf5Handle d(H5Dcreate2(m_file.id(), dataset.c_str(), fileType, space.id(), H5P_DEFAULT, dcpl.id(),
                             H5P_DEFAULT),

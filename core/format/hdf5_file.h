@@ -86,6 +86,12 @@ public:
     void readRaw(const std::string& dataset, hid_t memType, void* dst, const std::vector<std::int64_t>* rows = nullptr,
                  std::vector<ChunkRowRead>* deferred = nullptr) const;
 
+    // The box [start, start + count) of a dataset, into `dst` (count's elements, row-major)
+    // without conversion: what a window of tokens needs of a reference chunked along its
+    // positions (HDF5 reads and verifies only the chunks the box touches).
+    void readSlab(const std::string& dataset, hid_t memType, void* dst, const std::vector<std::int64_t>& start,
+                  const std::vector<std::int64_t>& count) const;
+
     void createGroup(const std::string& group);
     void writeStringAttribute(const std::string& object, const std::string& name, const std::string& value);
     void writeIntAttribute(const std::string& object, const std::string& name, std::int64_t value);
@@ -96,6 +102,9 @@ public:
     // in checksummed chunks of `chunkRows` rows of dimension 0 (when > 0; else ~1 MiB).
     void writeRaw(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
                   const void* src, std::int64_t chunkRows = 0);
+    // The same in checksummed chunks of `chunk` (one extent per dimension, clipped to the shape).
+    void writeRawChunked(const std::string& dataset, hid_t fileType, const std::vector<std::int64_t>& shape,
+                         const void* src, const std::vector<std::int64_t>& chunk);
 
     // A float32 dataset of `shape` (all NaN until written), for results written piece by piece:
     // chunks of `chunk`, shuffled and deflated, each with its checksum, so that one window reads

@@ -33,4 +33,13 @@ struct LayerShards {
     std::vector<PagedShard> v;
 };
 
+// Which part of a reference [batch, heads, seq, head_dim] a tensor holds when it is not the
+// whole: positions [firstRow, firstRow + rows) of one batch row, as [1, heads, rows, head_dim]
+// (a window of tokens), with the stored dataset's batch and seq.
+struct ReferenceSlab {
+    std::int64_t batch = 0;
+    std::int64_t seq = 0;
+    std::int64_t firstRow = 0;
+};
+
 }  // namespace kvscope

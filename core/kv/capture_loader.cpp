@@ -91,7 +91,8 @@ int CaptureLoader::groupOf(const std::string& layer) const
 }
 
 LayerSource CaptureLoader::snapshotSource(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                                          std::vector<std::string>* problems, std::int64_t length) const
+                                          std::vector<std::string>* problems, std::int64_t length,
+                                          PositionRange window) const
 {
     const PromptInfo& prompt = usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
@@ -99,10 +100,11 @@ LayerSource CaptureLoader::snapshotSource(const std::string& promptId, std::size
     const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
     const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
     const std::int64_t written = snap.seqLen() - 1;
-    const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written);
+    const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written, window);
     auto shards = std::make_shared<const LayerShards>(readShards(promptId, snapshot, layer, &ids));
     ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
-    return reconstructSource(config, layer, std::move(shards), table, snap.batchRow, written, options, problems, length);
+    return reconstructSource(config, layer, std::move(shards), table, snap.batchRow, written, options, problems, length,
+                             window);
 }
 
 LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::string& layer,
@@ -112,7 +114,7 @@ LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::strin
 }
 
 LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::string& layer,
-                                        std::vector<std::string>* problems) const
+                                        std::vector<std::string>* problems, PositionRange window) const
 {
     const PromptInfo& prompt = usablePrompt(promptId);
     std::vector<SnapshotSpan> spans;
@@ -126,8 +128,8 @@ LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::
     SnapshotMerger merger(g.totalKvHeads, sequenceLength(promptId), headDimsOf(g),
                           int(config.layout(g).contributingRanks().size()));
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
-        if (ranges[s].end > ranges[s].begin)
-            merger.add(snapshotSource(promptId, s, layer, problems, sequenceLength(promptId)), ranges[s]);
+        if (const PositionRange range = ranges[s].clippedTo(window); !range.empty())
+            merger.add(snapshotSource(promptId, s, layer, problems, sequenceLength(promptId), range), range);
     return merger.take();
 }
 
@@ -136,8 +138,8 @@ LayerKv CaptureLoader::referenceLayer(const std::string& promptId, ReferenceRole
     return referenceSource(promptId, role, layer).materialize();
 }
 
-LayerSource CaptureLoader::referenceSource(const std::string& promptId, ReferenceRole role,
-                                           const std::string& layer) const
+LayerSource CaptureLoader::referenceSource(const std::string& promptId, ReferenceRole role, const std::string& layer,
+                                           PositionRange window) const
 {
     usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
@@ -145,10 +147,18 @@ LayerSource CaptureLoader::referenceSource(const std::string& promptId, Referenc
     const auto borrowed = m_donorPrompt.find(promptId);
     const BundleReader& from = borrowed == m_donorPrompt.end() ? *m_reader : *m_donor;
     const std::string& fromId = borrowed == m_donorPrompt.end() ? promptId : borrowed->second;
-    auto ref = std::make_shared<const BundleReader::Reference>(from.readReference(fromId, role, layer));
+    std::shared_ptr<const BundleReader::Reference> ref;
+    if (window == PositionRange::all()) {
+        ref = std::make_shared<const BundleReader::Reference>(from.readReference(fromId, role, layer));
+    } else {
+        const PositionRange rows =
+            referenceRowsFor(window, from.referenceLength(fromId, role, layer), sequenceLength(promptId));
+        ref = std::make_shared<const BundleReader::Reference>(
+            from.readReferenceRows(fromId, role, layer, rows.begin, rows.end));
+    }
     LayerSource source = alignReferenceSource(ref->k, ref->v, ref->batchRow, config, config.groups[std::size_t(group)],
                                               sequenceLength(promptId), from.path(),
-                                              bundle_path::referenceKv(fromId, role, layer, "k"));
+                                              bundle_path::referenceKv(fromId, role, layer, "k"), ref->slab);
     source.storage.push_back(std::move(ref));
     return source;
 }

@@ -12,6 +12,7 @@
 #include "format/bundle_reader.h"
 #include "kv/layer_kv.h"
 #include "kv/layer_source.h"
+#include "kv/position_range.h"
 #include "kv/reconstruction.h"
 
 #include <map>
@@ -56,13 +57,17 @@ public:
     // All snapshots merged (see snapshot_merge.h), sequenceLength() positions.
     LayerKv engineLayer(const std::string& promptId, const std::string& layer,
                         std::vector<std::string>* problems = nullptr) const;
-    // The same, left in the blocks as read (decoded row by row).
+    // The same, left in the blocks as read (decoded row by row). With a `window`, only the
+    // blocks that hold its positions are read, and only its positions are present (a long
+    // context is compared a window of tokens at a time).
     LayerSource engineSource(const std::string& promptId, const std::string& layer,
-                             std::vector<std::string>* problems = nullptr) const;
+                             std::vector<std::string>* problems = nullptr,
+                             PositionRange window = PositionRange::all()) const;
     // The reference aligned to sequenceLength() positions.
     LayerKv referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
-    // The same, left as stored (decoded row by row).
-    LayerSource referenceSource(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+    // The same, left as stored (decoded row by row); with a `window`, only its positions read.
+    LayerSource referenceSource(const std::string& promptId, ReferenceRole role, const std::string& layer,
+                                PositionRange window = PositionRange::all()) const;
 
 private:
     // The prompt, or a BundleError when its structure was found broken on open.
@@ -71,7 +76,7 @@ private:
     // One snapshot: positions [0, seq_len - 1) (the last token is never written), in
     // `length` positions (the rest absent).
     LayerSource snapshotSource(const std::string& promptId, std::size_t snapshot, const std::string& layer,
-                               std::vector<std::string>* problems, std::int64_t length) const;
+                               std::vector<std::string>* problems, std::int64_t length, PositionRange window) const;
     LayerShards readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                            const std::vector<std::int64_t>* blockIds) const;
 

@@ -97,24 +97,46 @@ LayerSource::Storage LayerSource::storedAs(KvPart part, std::int64_t pos, int he
     return {run.tensor->dtype, run.tensor->scaleAt(first), run.tensor->granularity(), run.tensor, first};
 }
 
-std::uint64_t LayerSource::contentHash() const
+ContentHash LayerSource::startHash() const
 {
     ContentHash hash;
-    hash.add(present.data(), present.size());
-    for (KvPart part : {KvPart::K, KvPart::V}) {
-        const std::size_t dim = std::size_t(headDim(part));
-        hash.add(std::uint64_t(heads) << 32 | dim);
-        forEachSpan(*this, part, 0, seq,
-                    [&](int r, int h, std::int64_t pos, std::int64_t count, const RawTensor& tensor, std::int64_t first) {
-                        const std::size_t size = dtypeSize(tensor.dtype);
-                        hash.add(std::uint64_t(tensor.dtype) << 48 ^ std::uint64_t(r) << 32 ^ std::uint64_t(h) << 24 ^ std::uint64_t(pos));
-                        hash.add(tensor.bytes.data() + std::size_t(first) * size, std::size_t(count) * dim * size);
-                        std::uint32_t scaleBits;
-                        const float scale = tensor.scaleAt(first);
-                        std::memcpy(&scaleBits, &scale, 4);
-                        hash.add(scaleBits);
-                    });
+    hash.add(std::uint64_t(heads) << 32 | std::uint64_t(dims.k));
+    hash.add(std::uint64_t(seq) << 32 | std::uint64_t(dims.v));
+    return hash;
+}
+
+void LayerSource::addToHash(ContentHash& hash, PositionRange window) const
+{
+    // Position after position, each head's row with its dtype and scale: the same bytes in the
+    // same order whatever windows the positions are read in.
+    const int headsPerRun = heads / runsPerRow;
+    const PositionRange range = window.clippedTo({0, seq});
+    for (std::int64_t pos = range.begin; pos < range.end; ++pos) {
+        if (!present[std::size_t(pos)])
+            continue;
+        hash.add(std::uint64_t(pos));
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            const std::size_t dim = std::size_t(headDim(part));
+            const HeadRun* run = runs(part, pos);
+            for (int r = 0; r < runsPerRow; ++r)
+                for (int h = 0; h < headsPerRun; ++h) {
+                    const RawTensor& tensor = *run[r].tensor;
+                    const std::int64_t first = run[r].offset + h * run[r].headStride;
+                    const std::size_t size = dtypeSize(tensor.dtype);
+                    const float scale = tensor.scaleAt(first);
+                    std::uint32_t scaleBits;
+                    std::memcpy(&scaleBits, &scale, 4);
+                    hash.add(std::uint64_t(tensor.dtype) << 32 | scaleBits);
+                    hash.add(tensor.bytes.data() + std::size_t(first) * size, dim * size);
+                }
+        }
     }
+}
+
+std::uint64_t LayerSource::contentHash() const
+{
+    ContentHash hash = startHash();
+    addToHash(hash, PositionRange::all());
     return hash.value();
 }
 

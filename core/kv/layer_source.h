@@ -7,6 +7,8 @@
 #include "format/paged_kv.h"
 #include "format/raw_tensor.h"
 #include "kv/layer_kv.h"
+#include "kv/position_range.h"
+#include "util/content_hash.h"
 
 #include <cstdint>
 #include <memory>
@@ -69,6 +71,10 @@ struct LayerSource {
     // A fingerprint of the present positions' values as stored (bytes, dtype, scales, and which
     // positions are present): equal for two references holding the same data the same way.
     std::uint64_t contentHash() const;
+    // The same in windows of positions: startHash(), then addToHash() of each window in order,
+    // gives contentHash()'s value once every present position was added.
+    ContentHash startHash() const;
+    void addToHash(ContentHash& hash, PositionRange window) const;
     // How head `head` of present position `pos` is stored: its dtype and dequantisation scale,
     // one per head row in every granularity but TokenGroup (fp8_ds_mla: one per 128 values),
     // whose value i has scaleOf(i).

@@ -79,7 +79,8 @@ std::int64_t firstHeldPosition(const KvCacheGroup& group, std::int64_t writtenLe
 }
 
 std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std::string& layer,
-                                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen)
+                                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
+                                         PositionRange window)
 {
     std::vector<std::int64_t> ids;
     const int g = config.groupOf(layer);
@@ -87,8 +88,11 @@ std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std:
         return ids;
     const KvCacheGroup& group = config.groups[std::size_t(g)];
     const std::int64_t span = config.positionsPerEntry(group);
-    const std::int64_t first = firstHeldPosition(group, writtenLen) / span;
-    const std::int64_t last = std::min<std::int64_t>((writtenLen - 1) / span, table.cols - 1);
+    const PositionRange wanted = PositionRange{firstHeldPosition(group, writtenLen), writtenLen}.clippedTo(window);
+    if (wanted.empty())
+        return ids;
+    const std::int64_t first = wanted.begin / span;
+    const std::int64_t last = std::min<std::int64_t>((wanted.end - 1) / span, table.cols - 1);
     for (std::int64_t b = first; b <= last; ++b) {
         const std::int32_t id = table.at(row, b);
         if (id >= 0 && id < config.numBlocks)
@@ -104,7 +108,8 @@ namespace {
 // reconstructSource without ownership: the runs point into `shards`.
 LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
                      const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
-                     const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length)
+                     const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length,
+                     PositionRange window)
 {
     const ErrorContext ctx{options, layer};
     const KvCacheGroup& group = groupOfLayer(config, layer, ctx);
@@ -144,9 +149,10 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
     }
 
     const std::int64_t firstHeld = firstHeldPosition(group, writtenLen);
+    const PositionRange wanted = PositionRange{firstHeld, writtenLen}.clippedTo(window);
     const int first = ranks.front();
 
-    for (std::int64_t b = firstHeld / span; b < neededEntries; ++b) {
+    for (std::int64_t b = wanted.empty() ? neededEntries : wanted.begin / span; b < neededEntries && b * span < wanted.end; ++b) {
         const std::int64_t begin = std::max(b * span, firstHeld);
         const std::int64_t end = std::min((b + 1) * span, writtenLen);
         const std::int32_t id = table.at(row, b);
@@ -168,7 +174,8 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
                 problems->push_back(options.file + ": " + options.object + ", layer '" + layer + "': " + message);
             continue;
         }
-        for (std::int64_t pos = begin; pos < end; ++pos) {
+        const PositionRange filled = PositionRange{begin, end}.clippedTo(wanted);
+        for (std::int64_t pos = filled.begin; pos < filled.end; ++pos) {
             const TokenSlot slot = config.slotOf(group, pos);
             for (std::size_t i = 0; i < ranks.size(); ++i) {
                 const int rank = ranks[i] + slot.dcpRank;  // the DCP group member holding the position
@@ -188,7 +195,7 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
                                                std::int64_t(blockSize) * dims.v};
             }
         }
-        std::fill(out.present.begin() + begin, out.present.begin() + end, 1);
+        std::fill(out.present.begin() + filled.begin, out.present.begin() + filled.end, 1);
     }
     return out;
 }
@@ -198,18 +205,19 @@ LayerSource sourceOf(const KvCacheConfig& config, const std::string& layer, cons
 LayerSource reconstructSource(const KvCacheConfig& config, const std::string& layer,
                               std::shared_ptr<const LayerShards> shards, const BlockTable& table, std::int64_t row,
                               std::int64_t writtenLen, const ReconstructOptions& options,
-                              std::vector<std::string>* problems, std::int64_t length)
+                              std::vector<std::string>* problems, std::int64_t length, PositionRange window)
 {
-    LayerSource source = sourceOf(config, layer, *shards, table, row, writtenLen, options, problems, length);
+    LayerSource source = sourceOf(config, layer, *shards, table, row, writtenLen, options, problems, length, window);
     source.storage.push_back(std::move(shards));
     return source;
 }
 
 LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
-                         const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length)
+                         const ReconstructOptions& options, std::vector<std::string>* problems, std::int64_t length,
+                         PositionRange window)
 {
-    return sourceOf(config, layer, shards, table, row, writtenLen, options, problems, length).materialize();
+    return sourceOf(config, layer, shards, table, row, writtenLen, options, problems, length, window).materialize();
 }
 
 }  // namespace kvscope

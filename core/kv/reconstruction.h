@@ -7,6 +7,7 @@
 #include "kv/layer_kv.h"
 #include "kv/layer_source.h"
 #include "format/paged_kv.h"
+#include "kv/position_range.h"
 
 #include <memory>
 #include <string>
@@ -41,23 +42,28 @@ inline HeadDims headDimsOf(const KvCacheGroup& group)
 std::int64_t firstHeldPosition(const KvCacheGroup& group, std::int64_t writtenLen);
 
 // Physical ids (sorted, unique) of the blocks that hold row `row`'s positions
-// [firstHeldPosition, writtenLen). Null, out-of-range entries are skipped (reconstruction reports them).
+// [firstHeldPosition, writtenLen) within `window`. Null, out-of-range entries are skipped
+// (reconstruction reports them).
 std::vector<std::int64_t> requiredBlocks(const KvCacheConfig& config, const std::string& layer,
-                                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen);
+                                         const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
+                                         PositionRange window = PositionRange::all());
 
 // Reconstructs positions [0, writtenLen) of block-table row `row`, into `length` positions
 // (default: writtenLen; positions from writtenLen on are absent). Positions outside a freed
-// sliding window are absent. Throws BundleError on shards that disagree with the config, a
-// layer that belongs to no group, and (with policy Error) unreadable blocks.
+// sliding window are absent, and so are those outside `window` (a window of tokens read at a
+// time: `shards` need hold only its blocks). Throws BundleError on shards that disagree with
+// the config, a layer that belongs to no group, and (with policy Error) unreadable blocks of
+// the window; an unreadable block is named with all its positions, whatever the window.
 LayerKv reconstructLayer(const KvCacheConfig& config, const std::string& layer, const LayerShards& shards,
                          const BlockTable& table, std::int64_t row, std::int64_t writtenLen,
                          const ReconstructOptions& options = {}, std::vector<std::string>* problems = nullptr,
-                         std::int64_t length = -1);
+                         std::int64_t length = -1, PositionRange window = PositionRange::all());
 
 // The same left in the shards (kept alive by the result): where each position's heads lie.
 LayerSource reconstructSource(const KvCacheConfig& config, const std::string& layer,
                               std::shared_ptr<const LayerShards> shards, const BlockTable& table, std::int64_t row,
                               std::int64_t writtenLen, const ReconstructOptions& options = {},
-                              std::vector<std::string>* problems = nullptr, std::int64_t length = -1);
+                              std::vector<std::string>* problems = nullptr, std::int64_t length = -1,
+                              PositionRange window = PositionRange::all());
 
 }  // namespace kvscope

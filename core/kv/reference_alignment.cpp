@@ -7,7 +7,8 @@ namespace kvscope {
 
 LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::int64_t batchRow,
                                  const KvCacheConfig& config, const KvCacheGroup& group, std::int64_t targetLen,
-                                 const std::string& file, const std::string& object)
+                                 const std::string& file, const std::string& object,
+                                 const std::optional<ReferenceSlab>& slab)
 {
     auto fail = [&](const std::string& problem) { throw BundleError(file, object, problem); };
     const char* kName = partLabel(group, KvPart::K);
@@ -15,7 +16,12 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
     if (k.shape.size() != 4 || v.shape.size() != 4 || std::vector(k.shape.begin(), k.shape.end() - 1) != std::vector(v.shape.begin(), v.shape.end() - 1))
         fail(std::string(kName) + " " + shapeToString(k.shape) + " and " + vName + " " + shapeToString(v.shape) +
              " must share [batch, heads, seq] and each be [batch, heads, seq, head_dim]");
-    const std::int64_t batch = k.shape[0], heads = k.shape[1], seq = k.shape[2];
+    const std::int64_t batch = slab ? slab->batch : k.shape[0], heads = k.shape[1], seq = slab ? slab->seq : k.shape[2];
+    // Where the tensors' rows start: the whole reference, or one batch row's positions from firstRow.
+    const std::int64_t tensorRow = slab ? 0 : batchRow, tensorSeq = k.shape[2], firstRow = slab ? slab->firstRow : 0;
+    if (slab && (k.shape[0] != 1 || firstRow < 0 || firstRow + tensorSeq > seq))
+        fail("holds positions " + std::to_string(firstRow) + ".." + std::to_string(firstRow + tensorSeq - 1) +
+             " of a reference of " + std::to_string(seq));
     const HeadDims dims = headDimsOf(group);
     if (batchRow < 0 || batchRow >= batch)
         fail("batch row " + std::to_string(batchRow) + " outside a batch of " + std::to_string(batch));
@@ -53,12 +59,20 @@ LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::in
     }
 
     LayerSource out = LayerSource::absent(int(heads), targetLen, dims, 1);
-    for (std::int64_t s = 0; s < seq; ++s) {  // [batchRow, 0, s, 0]
-        out.runs(KvPart::K, offset + s)[0] = {&k, (batchRow * heads * seq + s) * dims.k, seq * dims.k};
-        out.runs(KvPart::V, offset + s)[0] = {&v, (batchRow * heads * seq + s) * dims.v, seq * dims.v};
+    for (std::int64_t s = firstRow; s < firstRow + tensorSeq; ++s) {  // [tensorRow, 0, s - firstRow, 0]
+        const std::int64_t row = tensorRow * heads * tensorSeq + s - firstRow;
+        out.runs(KvPart::K, offset + s)[0] = {&k, row * dims.k, tensorSeq * dims.k};
+        out.runs(KvPart::V, offset + s)[0] = {&v, row * dims.v, tensorSeq * dims.v};
         out.present[std::size_t(offset + s)] = 1;
     }
     return out;
+}
+
+PositionRange referenceRowsFor(PositionRange window, std::int64_t seq, std::int64_t targetLen)
+{
+    const std::int64_t offset = targetLen - seq;  // engine position of the reference's first
+    const PositionRange rows{window.begin - offset, window.end == PositionRange::all().end ? seq : window.end - offset};
+    return rows.clippedTo({0, seq});
 }
 
 LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batchRow, const KvCacheConfig& config,

@@ -4,8 +4,10 @@
 #include "format/kv_cache_config.h"
 #include "kv/layer_kv.h"
 #include "kv/layer_source.h"
+#include "kv/position_range.h"
 #include "format/raw_tensor.h"
 
+#include <optional>
 #include <string>
 
 namespace kvscope {
@@ -19,9 +21,16 @@ LayerKv alignReference(const RawTensor& k, const RawTensor& v, std::int64_t batc
                        const KvCacheGroup& group, std::int64_t targetLen, const std::string& file,
                        const std::string& object);
 
-// The same, left in `k` and `v` (which must outlive it).
+// The same, left in `k` and `v` (which must outlive it). With a `slab`, `k` and `v` hold only
+// some positions of row `batchRow` (format/paged_kv.h): those are present, the rest absent, and
+// the checks are made on the stored shape the slab gives.
 LayerSource alignReferenceSource(const RawTensor& k, const RawTensor& v, std::int64_t batchRow,
                                  const KvCacheConfig& config, const KvCacheGroup& group, std::int64_t targetLen,
-                                 const std::string& file, const std::string& object);
+                                 const std::string& file, const std::string& object,
+                                 const std::optional<ReferenceSlab>& slab = std::nullopt);
+
+// The reference positions [first, end) that hold the engine positions `window` of a sequence
+// of `targetLen`, for a reference of `seq` positions (aligned as above: at the end).
+PositionRange referenceRowsFor(PositionRange window, std::int64_t seq, std::int64_t targetLen);
 
 }  // namespace kvscope

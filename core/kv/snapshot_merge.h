@@ -9,6 +9,7 @@
 // particular the last position (the last sampled token, whose KV the engine never writes).
 
 #include "kv/layer_source.h"
+#include "kv/position_range.h"
 
 #include <cstdint>
 #include <string>
@@ -19,11 +20,6 @@ namespace kvscope {
 struct SnapshotSpan {
     std::int64_t seqLen = 0;          // sequence length when the snapshot was taken
     std::int64_t validatedUntil = 0;  // exclusive end of the positions this snapshot validates
-};
-
-struct PositionRange {
-    std::int64_t begin = 0;
-    std::int64_t end = 0;
 };
 
 // The range each snapshot contributes. Throws BundleError (naming `file`/`object`) when

@@ -1,0 +1,202 @@
+// A long context is read and compared a window of tokens at a time (AnalysisOptions::
+// windowTokens): the loader's windows hold exactly the window's positions, with the values the
+// whole layer has there, and an analysis in windows writes the same JSON, byte for byte, as one
+// that reads each layer whole, on every kind of capture (three-way with pooled BCs, two-way,
+// quantised, replicated and DCP ranks, sliding windows, prefix caching, MLA, multi-snapshot).
+
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "format/bundle_reader.h"
+#include "kv/capture_loader.h"
+#include "small_model.h"
+
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+using namespace kvscope;
+using namespace kvscope::synth;
+
+class TestTokenWindows : public QObject {
+    Q_OBJECT
+
+private slots:
+    void loaderWindowsHoldTheirPositions();
+    void referenceIsChunkedAlongPositions();
+    void windowedAnalysisWritesTheSameJson_data();
+    void windowedAnalysisWritesTheSameJson();
+    void windowsFollowTheBudget();
+
+private:
+    std::string path(const std::string& name) const { return (m_dir.path() + "/").toStdString() + name; }
+    QTemporaryDir m_dir;
+};
+
+namespace {
+
+std::string analysisJson(const std::string& bundle, std::int64_t windowTokens, int threads)
+{
+    AnalysisOptions options;
+    options.windowTokens = windowTokens;
+    options.threads = threads;
+    const AnalysisResult result = analyzeBundle(std::make_shared<BundleReader>(bundle), options);
+    std::ostringstream out;
+    writeAnalysisJson(result, out);
+    return out.str();
+}
+
+// Every value of present positions, bit for bit; NaN where absent.
+bool sameValuesAt(const LayerKv& a, const LayerKv& b, std::int64_t pos)
+{
+    for (KvPart part : {KvPart::K, KvPart::V})
+        for (int h = 0; h < a.heads; ++h)
+            if (std::memcmp(&a.values(part)[a.index(part, h, pos)], &b.values(part)[b.index(part, h, pos)],
+                            sizeof(float) * std::size_t(a.dims.of(part))) != 0)
+                return false;
+    return true;
+}
+
+}  // namespace
+
+void TestTokenWindows::loaderWindowsHoldTheirPositions()
+{
+    ModelCaptureOptions o = kvtest::smallModel(FaultKind::RopeOffset);
+    writeModelCapture(path("loader.h5"), o);
+    const CaptureLoader loader(std::make_shared<BundleReader>(path("loader.h5")));
+    for (const PromptInfo& prompt : loader.prompts())
+        for (const std::string& layer : {std::string("model.layers.0.self_attn"), std::string("model.layers.1.self_attn")}) {
+            const std::int64_t seq = loader.sequenceLength(prompt.id);
+            const LayerKv engine = loader.engineLayer(prompt.id, layer);
+            const LayerKv expected = loader.referenceLayer(prompt.id, ReferenceRole::Expected, layer);
+            // Windows that start and end inside blocks (blocks are 4 and 8 positions).
+            for (const PositionRange window : {PositionRange{0, 7}, PositionRange{7, 21}, PositionRange{21, seq}}) {
+                const LayerKv e = loader.engineSource(prompt.id, layer, nullptr, window).materialize();
+                const LayerKv r = loader.referenceSource(prompt.id, ReferenceRole::Expected, layer, window).materialize();
+                QCOMPARE(e.seq, seq);
+                QCOMPARE(r.seq, seq);
+                for (std::int64_t pos = 0; pos < seq; ++pos) {
+                    const bool inside = window.contains(pos);
+                    QCOMPARE(bool(e.present[std::size_t(pos)]), inside && engine.present[std::size_t(pos)]);
+                    QCOMPARE(bool(r.present[std::size_t(pos)]), inside && expected.present[std::size_t(pos)]);
+                    if (e.present[std::size_t(pos)])
+                        QVERIFY(sameValuesAt(e, engine, pos));
+                    if (r.present[std::size_t(pos)])
+                        QVERIFY(sameValuesAt(r, expected, pos));
+                }
+            }
+            // The fingerprint of a reference read in windows is that of the whole.
+            const LayerSource whole = loader.referenceSource(prompt.id, ReferenceRole::Baseline, layer);
+            ContentHash hash = whole.startHash();
+            for (const PositionRange window : {PositionRange{0, 5}, PositionRange{5, 6}, PositionRange{6, seq}})
+                loader.referenceSource(prompt.id, ReferenceRole::Baseline, layer, window).addToHash(hash, window);
+            QCOMPARE(hash.value(), whole.contentHash());
+        }
+}
+
+void TestTokenWindows::referenceIsChunkedAlongPositions()
+{
+    // 2 heads x 64 wide x 4 bytes = 512 bytes a position: 2,048 positions to a 1 MiB chunk.
+    ModelCaptureOptions o = kvtest::smallModel();
+    o.shape.kvHeads = 2;
+    o.shape.headDim = 64;
+    o.shape.queryHeads = 4;
+    o.tpSize = 2;
+    o.promptLens = {40};
+    o.decodeTokens = 8;
+    writeModelCapture(path("chunks.h5"), o);
+    const BundleReader reader(path("chunks.h5"));
+    const std::string layer = "model.layers.1.self_attn";  // full attention: every position
+    const BundleReader::Reference whole = reader.readReference("prompt_0", ReferenceRole::Baseline, layer);
+    const BundleReader::Reference rows = reader.readReferenceRows("prompt_0", ReferenceRole::Baseline, layer, 10, 30);
+    QVERIFY(rows.slab);
+    QCOMPARE(rows.slab->firstRow, std::int64_t(10));
+    QCOMPARE(rows.slab->seq, whole.k.shape[2]);
+    QCOMPARE(rows.k.shape, (std::vector<std::int64_t>{1, 2, 20, 64}));
+    // Head h, position s of the slab is [0, h, 10 + s] of the whole.
+    const std::size_t size = dtypeSize(whole.k.dtype);
+    for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < 20; ++s)
+            QVERIFY(std::memcmp(rows.k.bytes.data() + (std::size_t(h) * 20 + std::size_t(s)) * 64 * size,
+                                whole.k.bytes.data() + (std::size_t(h) * std::size_t(whole.k.shape[2]) + 10 + std::size_t(s)) * 64 * size,
+                                64 * size) == 0);
+    // Rows past the end are clipped; none is an empty slab.
+    QCOMPARE(reader.readReferenceRows("prompt_0", ReferenceRole::Baseline, layer, 40, 1000).k.shape[2], whole.k.shape[2] - 40);
+    QCOMPARE(reader.readReferenceRows("prompt_0", ReferenceRole::Baseline, layer, 5, 5).k.bytes.size(), std::size_t(0));
+}
+
+void TestTokenWindows::windowedAnalysisWritesTheSameJson_data()
+{
+    QTest::addColumn<int>("kind");
+    QTest::newRow("three-way, two prompts pooled, rope_offset") << 0;
+    QTest::newRow("two-way, dead_head") << 1;
+    QTest::newRow("fp8 per token and head, fp8_scale") << 2;
+    QTest::newRow("TP 4 replicated heads, rank_unwritten") << 3;
+    QTest::newRow("DCP 2") << 4;
+    QTest::newRow("prefix caching, prefix_reuse") << 5;
+    QTest::newRow("MLA") << 6;
+    QTest::newRow("rope_scaling: divergences, several snapshots") << 7;
+    QTest::newRow("full-attention spec with a sliding window, three prompts") << 8;
+}
+
+void TestTokenWindows::windowedAnalysisWritesTheSameJson()
+{
+    QFETCH(int, kind);
+    ModelCaptureOptions o = kvtest::smallModel();
+    switch (kind) {
+    case 0: o.fault = FaultKind::RopeOffset; break;
+    case 1: o.baseline = false; o.fault = FaultKind::DeadHead; break;
+    case 2: o.kvDtype = DType::Float8E4M3; o.kvScale = ScaleGranularity::TokenHead; o.fault = FaultKind::Fp8Scale; break;
+    case 3: o.shape.kvHeads = 2; o.tpSize = 4; o.fault = FaultKind::RankUnwritten; break;
+    case 4: o.shape.kvHeads = 2; o.tpSize = 4; o.dcpSize = 2; o.cpInterleave = 2; break;
+    case 5: o.fault = FaultKind::PrefixReuse; o.promptLens = {24, 24, 32}; break;
+    case 6: o = withMla(o); break;
+    case 7: o.fault = FaultKind::RopeScaling; break;
+    case 8: o.slidingWindowSpec = false; o.promptLens = {20, 28, 36}; break;
+    }
+    const std::string bundle = path("case" + std::to_string(kind) + ".h5");
+    writeModelCapture(bundle, o);
+    const std::string whole = analysisJson(bundle, 0, 2);
+    QVERIFY(whole.find("\"k_linf\"") != std::string::npos);
+    // Windows that cut blocks (7), follow them (16), or take most of the sequence (33); with
+    // threads or without (the reads then run one after another).
+    for (const auto& [window, threads] : {std::pair{7, 2}, std::pair{16, 1}, std::pair{33, 2}}) {
+        const std::string windowed = analysisJson(bundle, window, threads);
+        if (windowed != whole) {
+            std::size_t at = 0;
+            while (at < whole.size() && at < windowed.size() && whole[at] == windowed[at])
+                ++at;
+            QFAIL(qPrintable(QString("windows of %1 tokens differ at byte %2: ...%3... against ...%4...")
+                                 .arg(window)
+                                 .arg(at)
+                                 .arg(QString::fromStdString(windowed.substr(at > 80 ? at - 80 : 0, 160)))
+                                 .arg(QString::fromStdString(whole.substr(at > 80 ? at - 80 : 0, 160)))));
+        }
+    }
+}
+
+void TestTokenWindows::windowsFollowTheBudget()
+{
+    // Asked for: windows of that many tokens, the last shorter.
+    QCOMPARE(analysisWindows(48, 1000, 7).size(), std::size_t(7));
+    QCOMPARE(analysisWindows(48, 1000, 7).back(), (PositionRange{42, 48}));
+    QCOMPARE(analysisWindows(48, 1000, 16), (std::vector<PositionRange>{{0, 16}, {16, 32}, {32, 48}}));
+    // A layer no longer than a window is read whole.
+    QCOMPARE(analysisWindows(48, 1000, 48), (std::vector<PositionRange>{PositionRange::all()}));
+    // Automatic: kWindowBytes of every prompt's sides as float32, in multiples of 4,096 tokens.
+    // Llama-3-8B's layer, two-way: 8 heads x (128 + 128) x 4 bytes x 2 sides = 16 KiB a token,
+    // so 256 MiB hold 16,384 tokens: 131,072 tokens are 8 windows.
+    const std::size_t llama = 8 * 256 * 4 * 2;
+    QCOMPARE(kWindowBytes / llama, std::size_t(16384));
+    const std::vector<PositionRange> windows = analysisWindows(131072, llama, 0);
+    QCOMPARE(windows.size(), std::size_t(8));
+    QCOMPARE(windows[1], (PositionRange{16384, 32768}));
+    // Three-way, 80 prompts of it: never under 4,096 tokens; 2,048 tokens stay whole.
+    QCOMPARE(analysisWindows(131072, llama / 2 * 3 * 80, 0)[0], (PositionRange{0, 4096}));
+    QCOMPARE(analysisWindows(2048, llama, 0), (std::vector<PositionRange>{PositionRange::all()}));
+}
+
+QTEST_GUILESS_MAIN(TestTokenWindows)
+#include "tst_token_windows.moc"
