@@ -108,7 +108,9 @@ const std::vector<Command>& commands()
                   "  times the three-way analysis of a synthetic Llama-3.3-70B-shaped capture against a\n"
                   "  read-once roofline, at L and 2L layers; the suspects', the what-if's, analyze --save's\n"
                   "  and diff's cost. --end-to-end: whole kvscope processes on BUNDLE (inspect, analyze,\n"
-                  "  analyze --json) against reading the bytes it needs once, and where the time goes\n",
+                  "  analyze --json) against reading the bytes it needs once, and where the time goes.\n"
+                  "  Past 16384 tokens (a long context): one capture, its analysis against the roofline,\n"
+                  "  peak memory, analyze --save, and the app from the bundle and from the results file\n",
          "time the analysis against a read-once roofline", nullptr},
         {"bench-run", "bench-run roofline|analyze|whatif|save|phases|... BUNDLE THREADS\n", "one measurement of bench, in its own process",
          nullptr, false},

@@ -249,12 +249,10 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
     try {
         if (side == 0) {
             s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt], in.window);
-            if (in.firstWindow) {
-                try {  // a replica that cannot be read is a problem of its own, not the layer's
-                    in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name);
-                } catch (const BundleError& e) {
-                    in.problems[prompt].push_back(std::string("replicas: ") + e.what());
-                }
+            try {  // a replica that cannot be read is a problem of its own, not the layer's
+                in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name, in.window);
+            } catch (const BundleError& e) {
+                in.problems[prompt].push_back(std::string("replicas: ") + e.what());
             }
         } else if (side == 1 || p.threeWay) {
             // Three-way: the baseline is the reference, expected the base; two-way: expected the reference.
@@ -357,7 +355,7 @@ void AnalysisRun::compare(LayerInputs& in)
         for (const std::string& problem : in.problems[pi])  // a block's problem is found by each window it spans
             if (std::find(p.problems.begin(), p.problems.end(), problem) == p.problems.end())
                 p.problems.push_back(problem);
-        p.replicaDifferences.insert(p.replicaDifferences.end(), in.replicas[pi].begin(), in.replicas[pi].end());
+        mergeReplicaDifferences(p.replicaDifferences, in.replicas[pi]);
         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
         if (in.lastWindow)
             for (std::size_t role = 0; role < 2; ++role)

@@ -61,7 +61,7 @@ bool blockDiffers(const PagedShard& a, const PagedShard& b, std::int64_t id, std
 }  // namespace
 
 std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loader, const std::string& promptId,
-                                                      const std::string& layer)
+                                                      const std::string& layer, PositionRange window)
 {
     const KvCacheConfig& config = loader.config();
     std::vector<ReplicaDifference> found;
@@ -75,11 +75,23 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
         const SnapshotInfo& snap = prompt.snapshots[s];
         const BlockTable table = loader.blockTable(promptId, s, std::size_t(g));
         const std::int64_t written = snap.seqLen() - 1;
-        const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written);
-        if (ids.empty())
-            continue;
         const std::int64_t firstHeld = firstHeldPosition(group, written);
         const std::int64_t span = config.positionsPerEntry(group);
+        // The table entries whose first held position lies in the window, and their blocks.
+        auto entryStart = [&](std::int64_t b) { return std::max(b * span, firstHeld); };
+        auto inWindow = [&](std::int64_t b) { return window.contains(entryStart(b)); };
+        std::int64_t firstEntry = firstHeld / span;
+        while (firstEntry * span < written && entryStart(firstEntry) < window.begin)
+            ++firstEntry;
+        std::int64_t endEntry = firstEntry;  // exclusive
+        while (endEntry * span < written && endEntry < table.cols && inWindow(endEntry))
+            ++endEntry;
+        if (endEntry == firstEntry)
+            continue;
+        const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written,
+                                                             {entryStart(firstEntry), std::min(written, endEntry * span)});
+        if (ids.empty())
+            continue;
         for (int reads : layout.ranksRead()) {
             const int dcpRank = config.dcpRankOf(reads);
             std::array<PagedShard, 2> read;
@@ -93,7 +105,7 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
                 for (KvPart part : {KvPart::K, KvPart::V})
                     copy[std::size_t(part)] = loader.engineShard(promptId, s, rank, layer, part, ids);
                 ReplicaDifference d{layer, s, rank, reads, {}, -1, -1, 0, 0, 0};
-                for (std::int64_t b = firstHeld / span; b * span < written && b < table.cols; ++b) {
+                for (std::int64_t b = firstEntry; b < endEntry; ++b) {
                     const std::int32_t id = table.at(snap.batchRow, b);
                     if (id < 0 || id >= config.numBlocks)
                         continue;
@@ -130,6 +142,19 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
         }
     }
     return found;
+}
+
+void mergeReplicaDifferences(std::vector<ReplicaDifference>& found, const std::vector<ReplicaDifference>& later)
+{
+    for (const ReplicaDifference& d : later) {
+        const auto same = std::find_if(found.begin(), found.end(), [&](const ReplicaDifference& f) {
+            return f.layer == d.layer && f.snapshot == d.snapshot && f.rank == d.rank && f.againstRank == d.againstRank;
+        });
+        if (same == found.end())
+            found.push_back(d);
+        else
+            same->blocks += d.blocks;
+    }
 }
 
 }  // namespace kvscope

@@ -4,6 +4,8 @@
 // the same bytes in the blocks the sequence uses. A copy that differs is a finding of its own:
 // a rank whose cache write went wrong, which the one copy read cannot show.
 
+#include "kv/position_range.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,7 +34,13 @@ struct ReplicaDifference {
 // Every rank's copy of `layer` of `promptId` compared with the copy the analysis reads, block by
 // block over the blocks each snapshot's sequence uses (bytes and scales alike). Nothing when TP
 // does not replicate. Throws BundleError when a replica cannot be read or has another shape.
+// With a `window`, only the blocks whose first held position lies in it (each block in one
+// window); mergeReplicaDifferences() adds up the windows' findings, in window order.
 std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loader, const std::string& promptId,
-                                                      const std::string& layer);
+                                                      const std::string& layer,
+                                                      PositionRange window = PositionRange::all());
+// A later window's differences into `found`: a copy already found keeps its first block and
+// counts the later ones.
+void mergeReplicaDifferences(std::vector<ReplicaDifference>& found, const std::vector<ReplicaDifference>& later);
 
 }  // namespace kvscope

@@ -139,6 +139,7 @@ void TestTokenWindows::windowedAnalysisWritesTheSameJson_data()
     QTest::newRow("MLA") << 6;
     QTest::newRow("rope_scaling: divergences, several snapshots") << 7;
     QTest::newRow("full-attention spec with a sliding window, three prompts") << 8;
+    QTest::newRow("TP 4 replicated heads, replica_diff") << 9;
 }
 
 void TestTokenWindows::windowedAnalysisWritesTheSameJson()
@@ -155,11 +156,14 @@ void TestTokenWindows::windowedAnalysisWritesTheSameJson()
     case 6: o = withMla(o); break;
     case 7: o.fault = FaultKind::RopeScaling; break;
     case 8: o.slidingWindowSpec = false; o.promptLens = {20, 28, 36}; break;
+    case 9: o.shape.kvHeads = 2; o.tpSize = 4; o.fault = FaultKind::ReplicaDiff; break;
     }
     const std::string bundle = path("case" + std::to_string(kind) + ".h5");
     writeModelCapture(bundle, o);
     const std::string whole = analysisJson(bundle, 0, 2);
     QVERIFY(whole.find("\"k_linf\"") != std::string::npos);
+    if (kind == 9)  // found in one window, counted once
+        QVERIFY(whole.find("\"replica_differences\":[{") != std::string::npos);
     // Windows that cut blocks (7), follow them (16), or take most of the sequence (33); with
     // threads or without (the reads then run one after another).
     for (const auto& [window, threads] : {std::pair{7, 2}, std::pair{16, 1}, std::pair{33, 2}}) {
