@@ -188,8 +188,11 @@ public:
 private:
     WorkTeam* team() { return m_team ? &*m_team : nullptr; }
     bool cancelled() const { return m_failed.load() || (m_options.cancel && m_options.cancel->load()); }
-    // The windows of `layer`: the whole layer, unless its sides would take more than a window's bytes.
+    // The windows of `layer`: the whole layer, unless its sides would take more than a window's
+    // bytes and its references are chunked along their positions (older bundles store a
+    // reference row as one chunk, which every window would read whole: read once, as before).
     void addSteps(int layer);
+    bool referenceChunksExceed(int layer, std::int64_t windowTokens) const;
     // The sides of every prompt in a step's window; with a `team` (the first step, which
     // nothing else overlaps), all at once.
     void read(LayerInputs& in, const Step& step, const std::shared_ptr<LayerProgress>& progress, WorkTeam* team);
@@ -233,9 +236,26 @@ void AnalysisRun::addSteps(int layer)
         const HeadDims dims = p.layerDims[std::size_t(layer)];
         bytesPerToken += std::size_t(p.headsOf(layer)) * std::size_t(dims.k + dims.v) * sizeof(float) * (p.threeWay ? 3 : 2);
     }
-    const std::vector<PositionRange> windows = analysisWindows(tokens, bytesPerToken, m_options.windowTokens);
+    std::vector<PositionRange> windows = analysisWindows(tokens, bytesPerToken, m_options.windowTokens);
+    if (windows.size() > 1 && m_options.windowTokens <= 0 && referenceChunksExceed(layer, windows.front().end))
+        windows = {PositionRange::all()};  // each window would read (and verify) whole chunks again
     for (std::size_t i = 0; i < windows.size(); ++i)
         m_steps.push_back({layer, windows[i], i == 0, i + 1 == windows.size()});
+}
+
+bool AnalysisRun::referenceChunksExceed(int layer, std::int64_t windowTokens) const
+{
+    for (const PromptAnalysis& p : m_result.prompts)
+        for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
+            if (role == ReferenceRole::Baseline && !p.threeWay)
+                continue;
+            try {
+                if (m_loader.referencePositionsPerChunk(p.id, role, p.layers[std::size_t(layer)]) > windowTokens)
+                    return true;
+            } catch (const BundleError&) {  // reading the layer reports it
+            }
+        }
+    return false;
 }
 
 void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother)

@@ -529,14 +529,21 @@ BundleReader::Reference BundleReader::readReferenceRows(const std::string& promp
     return ref;
 }
 
-std::int64_t BundleReader::referenceLength(const std::string& promptId, ReferenceRole role,
-                                           const std::string& layer) const
+BundleReader::ReferenceExtent BundleReader::referenceExtent(const std::string& promptId, ReferenceRole role,
+                                                            const std::string& layer) const
 {
     prompt(promptId);
     requireData();
     std::lock_guard lock(hdf5Mutex());
-    const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
-    return referenceShape(kPath, layer, KvPart::K)[2];
+    ReferenceExtent extent;
+    for (const char* part : {"k", "v"}) {
+        const std::string path = bundle_path::referenceKv(promptId, role, layer, part);
+        extent.seq = referenceShape(path, layer, part[0] == 'k' ? KvPart::K : KvPart::V)[2];
+        const std::vector<std::int64_t> chunk = m_file.datasetInfo(path).chunk;
+        if (chunk.size() == 4)
+            extent.positionsPerChunk = std::max(extent.positionsPerChunk, std::min(chunk[2], extent.seq));
+    }
+    return extent;
 }
 
 Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) const

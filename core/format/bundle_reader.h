@@ -60,8 +60,13 @@ public:
     // tokens reads only the chunks that hold it.
     Reference readReferenceRows(const std::string& promptId, ReferenceRole role, const std::string& layer,
                                 std::int64_t firstRow, std::int64_t endRow) const;
-    // The positions a reference holds (its seq), read from its shape.
-    std::int64_t referenceLength(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+    // The positions a reference holds (its seq), and how many of them a chunk holds (the most of
+    // K's and V's; 0 when not chunked): what reading a window of them costs.
+    struct ReferenceExtent {
+        std::int64_t seq = 0;
+        std::int64_t positionsPerChunk = 0;
+    };
+    ReferenceExtent referenceExtent(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
     Logits readLogits(const std::string& promptId, LogitsRole role) const;
 
     // Checks every dataset's presence, shape and dtype (no tensor data is read). Returns

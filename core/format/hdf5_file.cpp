@@ -445,6 +445,12 @@ DatasetInfo Hdf5File::datasetInfo(const std::string& dataset) const
     info.typeClass = H5Tget_class(type.id());
     info.typeSize = H5Tget_size(type.id());
     info.isSigned = info.typeClass == H5T_INTEGER && H5Tget_sign(type.id()) == H5T_SGN_2;
+    Hdf5Handle dcpl(H5Dget_create_plist(d.id()), closePlist);
+    if (dcpl.valid() && H5Pget_layout(dcpl.id()) == H5D_CHUNKED) {
+        std::vector<hsize_t> chunk(dims.size());
+        if (H5Pget_chunk(dcpl.id(), rank, chunk.data()) == rank)
+            info.chunk.assign(chunk.begin(), chunk.end());
+    }
     return info;
 }
 

@@ -45,6 +45,7 @@ struct DatasetInfo {
     H5T_class_t typeClass = H5T_NO_CLASS;
     std::size_t typeSize = 0;
     bool isSigned = false;
+    std::vector<std::int64_t> chunk;  // the chunks' extents; empty when not chunked
 };
 
 class Hdf5File {

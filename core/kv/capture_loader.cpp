@@ -133,6 +133,22 @@ LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::
     return merger.take();
 }
 
+std::pair<const BundleReader*, std::string> CaptureLoader::referenceFrom(const std::string& promptId) const
+{
+    const auto borrowed = m_donorPrompt.find(promptId);
+    if (borrowed == m_donorPrompt.end())
+        return {m_reader.get(), promptId};
+    return {m_donor.get(), borrowed->second};
+}
+
+std::int64_t CaptureLoader::referencePositionsPerChunk(const std::string& promptId, ReferenceRole role,
+                                                       const std::string& layer) const
+{
+    usablePrompt(promptId);
+    const auto [reader, fromId] = referenceFrom(promptId);
+    return reader->referenceExtent(fromId, role, layer).positionsPerChunk;
+}
+
 LayerKv CaptureLoader::referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const
 {
     return referenceSource(promptId, role, layer).materialize();
@@ -144,15 +160,14 @@ LayerSource CaptureLoader::referenceSource(const std::string& promptId, Referenc
     usablePrompt(promptId);
     const KvCacheConfig& config = m_reader->config();
     const int group = groupOf(layer);
-    const auto borrowed = m_donorPrompt.find(promptId);
-    const BundleReader& from = borrowed == m_donorPrompt.end() ? *m_reader : *m_donor;
-    const std::string& fromId = borrowed == m_donorPrompt.end() ? promptId : borrowed->second;
+    const auto [reader, fromId] = referenceFrom(promptId);
+    const BundleReader& from = *reader;
     std::shared_ptr<const BundleReader::Reference> ref;
     if (window == PositionRange::all()) {
         ref = std::make_shared<const BundleReader::Reference>(from.readReference(fromId, role, layer));
     } else {
         const PositionRange rows =
-            referenceRowsFor(window, from.referenceLength(fromId, role, layer), sequenceLength(promptId));
+            referenceRowsFor(window, from.referenceExtent(fromId, role, layer).seq, sequenceLength(promptId));
         ref = std::make_shared<const BundleReader::Reference>(
             from.readReferenceRows(fromId, role, layer, rows.begin, rows.end));
     }

@@ -16,6 +16,7 @@
 #include "kv/reconstruction.h"
 
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,9 @@ public:
                              PositionRange window = PositionRange::all()) const;
     // The reference aligned to sequenceLength() positions.
     LayerKv referenceLayer(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+    // How many positions a chunk of the reference holds (0: not chunked): a window shorter than
+    // that reads whole chunks for a part of them.
+    std::int64_t referencePositionsPerChunk(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
     // The same, left as stored (decoded row by row); with a `window`, only its positions read.
     LayerSource referenceSource(const std::string& promptId, ReferenceRole role, const std::string& layer,
                                 PositionRange window = PositionRange::all()) const;
@@ -85,6 +89,8 @@ private:
     std::vector<PromptInfo> m_prompts;  // the reader's, in its order, with borrowed references' roles
     std::shared_ptr<const BundleReader> m_donor;
     std::map<std::string, std::string> m_donorPrompt;  // prompt id -> the donor's prompt of the same tokens
+    // Where a prompt's reference is read: this bundle's prompt, or the donor's it borrows.
+    std::pair<const BundleReader*, std::string> referenceFrom(const std::string& promptId) const;
 };
 
 }  // namespace kvscope

@@ -9,6 +9,7 @@
 #include "format/bundle_reader.h"
 #include "kv/capture_loader.h"
 #include "small_model.h"
+#include "synth/synthetic_capture.h"
 
 #include <QTemporaryDir>
 #include <QTest>
@@ -122,6 +123,20 @@ void TestTokenWindows::referenceIsChunkedAlongPositions()
             QVERIFY(std::memcmp(rows.k.bytes.data() + (std::size_t(h) * 20 + std::size_t(s)) * 64 * size,
                                 whole.k.bytes.data() + (std::size_t(h) * std::size_t(whole.k.shape[2]) + 10 + std::size_t(s)) * 64 * size,
                                 64 * size) == 0);
+    // Written in chunks of about 1 MiB along the positions: 8 heads x 128 wide is 256 positions
+    // of fp32 (the baseline), 512 of bf16 (expected, a 320-position sequence: all of it).
+    SyntheticCaptureOptions wide;
+    wide.layers = 2;
+    wide.alternateSliding = false;
+    wide.kvHeads = 8;
+    wide.headDim = 128;
+    wide.promptLens = {300};
+    wide.decodeTokens = 20;
+    wide.divergence = -1;
+    writeSyntheticCapture(path("wide.h5"), wide);
+    const CaptureLoader loader(std::make_shared<BundleReader>(path("wide.h5")));
+    QCOMPARE(loader.referencePositionsPerChunk("prompt_0", ReferenceRole::Baseline, "model.layers.1.self_attn"), std::int64_t(256));
+    QCOMPARE(loader.referencePositionsPerChunk("prompt_0", ReferenceRole::Expected, "model.layers.1.self_attn"), std::int64_t(320));
     // Rows past the end are clipped; none is an empty slab.
     QCOMPARE(reader.readReferenceRows("prompt_0", ReferenceRole::Baseline, layer, 40, 1000).k.shape[2], whole.k.shape[2] - 40);
     QCOMPARE(reader.readReferenceRows("prompt_0", ReferenceRole::Baseline, layer, 5, 5).k.bytes.size(), std::size_t(0));
