@@ -62,6 +62,9 @@ void PromptAnalysis::clearLayer(int layer)
                                    [layer](const NonFiniteCell& c) { return c.layer == layer; }),
                     nonFinite.end());
     cacheScales[std::size_t(layer)] = {};
+    replicaDifferences.erase(std::remove_if(replicaDifferences.begin(), replicaDifferences.end(),
+                                            [&](const ReplicaDifference& d) { return d.layer == layers[std::size_t(layer)]; }),
+                             replicaDifferences.end());
 }
 
 void PromptAnalysis::allocate()

@@ -98,7 +98,7 @@ struct PromptAnalysis {
     std::vector<Suspect> suspects;      // best first (analysis/suspect_search.h)
 
     void allocate();
-    // Every cell of `layer` back to NaN, its non-finite cells and cache scales forgotten (a layer
+    // Every cell of `layer` back to NaN, its non-finite cells, replica differences and cache scales forgotten (a layer
     // whose later window of tokens could not be read is not analysed at all).
     void clearLayer(int layer);
     int headsOf(int layer) const { return layerHeads.empty() ? heads : layerHeads[std::size_t(layer)]; }

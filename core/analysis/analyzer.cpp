@@ -385,11 +385,15 @@ void AnalysisRun::compare(LayerInputs& in)
     if (cancelled())
         return;
     if (m_result.aggregate && in.lastWindow) {
-        if (in.firstWindow)
+        if (in.firstWindow) {
             aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.layer, *m_result.aggregate, team());
-        else
+        } else {
+            in.sides.clear();  // the second pass reads each window again
             poolWindowedLayer(in);
+        }
     }
+    if (cancelled())  // a layer pooled in part is not done
+        return;
     if (!in.lastWindow) {
         in = {};
         return;
@@ -408,8 +412,10 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
         compared[pi] = !last.progress->failed[pi];
     WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.layer, *m_result.aggregate, team());
     for (const Step& step : m_steps) {
-        if (step.layer != last.layer || !pooling.needsSides() || cancelled())
+        if (step.layer != last.layer || !pooling.needsSides())
             continue;
+        if (cancelled())
+            return;
         // Only the pooled prompts' references and engine, read as the first pass read them.
         std::vector<LayerSides> sides(m_result.prompts.size());
         for (int pi : m_pooled) {
@@ -418,9 +424,15 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
                 continue;
             const std::string& name = p.layers[std::size_t(last.layer)];
             LayerSides& s = sides[std::size_t(pi)];
-            s.actual = m_loader.engineSource(p.id, name, nullptr, step.window);
-            s.reference = m_loader.referenceSource(p.id, ReferenceRole::Baseline, name, step.window);
-            s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name, step.window);
+            try {
+                s.actual = m_loader.engineSource(p.id, name, nullptr, step.window);
+                s.reference = m_loader.referenceSource(p.id, ReferenceRole::Baseline, name, step.window);
+                s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name, step.window);
+            } catch (const BundleError& e) {
+                // Read once, not twice (the file changed?): this layer's pooled BCs stay NaN, said so.
+                m_result.problems.push_back("pooled BC of layer '" + name + "': prompt " + p.id + ": " + e.what());
+                return;
+            }
             s.ok = true;
         }
         pooling.count(sides, step.window);
@@ -517,11 +529,18 @@ void AnalysisRun::findAllSuspects()
     m_result.suspects = poolSuspects(suspects);
 }
 
-// Problems and non-finite cells sorted, as they always were, so that output is reproducible.
+// Problems, non-finite cells and replica differences sorted, so that output is reproducible
+// (and the same whatever windows the layers were read in).
 void sortFindings(AnalysisResult& result)
 {
     for (PromptAnalysis& p : result.prompts) {
         std::sort(p.problems.begin(), p.problems.end());
+        auto layerIndex = [&p](const ReplicaDifference& d) { return std::find(p.layers.begin(), p.layers.end(), d.layer) - p.layers.begin(); };
+        std::stable_sort(p.replicaDifferences.begin(), p.replicaDifferences.end(),
+                         [&](const ReplicaDifference& a, const ReplicaDifference& b) {
+                             return std::tuple(layerIndex(a), a.snapshot, a.againstRank, a.rank) <
+                                    std::tuple(layerIndex(b), b.snapshot, b.againstRank, b.rank);
+                         });
         std::sort(p.nonFinite.begin(), p.nonFinite.end(), [](const NonFiniteCell& a, const NonFiniteCell& b) {
             return std::tie(a.layer, a.token, a.head, a.part, a.side) < std::tie(b.layer, b.token, b.head, b.part, b.side);
         });

@@ -518,6 +518,7 @@ BundleReader::Reference BundleReader::readReferenceRows(const std::string& promp
     ref.slab = ReferenceSlab{batch, seq, firstRow};
     auto read = [&](const std::string& path, const std::vector<std::int64_t>& shape) {
         RawTensor t = storedAs(path);
+        m_file.requirePlausibleSize(path, std::uint64_t(Hdf5File::elementCount(shape)) * dtypeSize(t.dtype));  // as a whole read checks
         t.shape = {1, shape[1], endRow - firstRow, shape[3]};
         t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
         if (!t.bytes.empty())

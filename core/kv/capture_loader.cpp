@@ -128,8 +128,8 @@ LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::
     SnapshotMerger merger(g.totalKvHeads, sequenceLength(promptId), headDimsOf(g),
                           int(config.layout(g).contributingRanks().size()));
     for (std::size_t s = 0; s < prompt.snapshots.size(); ++s)
-        if (const PositionRange range = ranges[s].clippedTo(window); !range.empty())
-            merger.add(snapshotSource(promptId, s, layer, problems, sequenceLength(promptId), range), range);
+        if (const PositionRange range = ranges[s].clippedTo(window); !range.empty())  // its blocks in the window read, as whole reads do
+            merger.add(snapshotSource(promptId, s, layer, problems, sequenceLength(promptId), window), range);
     return merger.take();
 }
 
