@@ -557,10 +557,12 @@ class BundleWriter:
         for name in names:
             lg = ref.create_group(name)
             for part, (array, dtype) in zip("kv", arrays[name]):
-                # Chunks of about 1 MiB along the positions ([1, heads, rows, width]): a window
-                # of tokens of a long context reads only its own.
-                _, heads, _, width = array.shape
-                rows = max(1, (1 << 20) // max(1, heads * width * array.dtype.itemsize))
+                # A batch row as one chunk up to 4,096 positions (kvscope reads it whole, straight
+                # from the file); past that, chunks of about 1 MiB along the positions
+                # ([1, heads, rows, width]), so that a window of tokens of a long context reads
+                # only its own.
+                _, heads, positions, width = array.shape
+                rows = positions if positions <= 4096 else max(1, (1 << 20) // max(1, heads * width * array.dtype.itemsize))
                 ds = _dataset(lg, part, array, chunks=(1, heads, rows, width))
                 _set_string(ds, "dtype", dtype)
                 ds.attrs["scale"] = 1.0

@@ -267,6 +267,15 @@ void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot
     ++m_snapshotCounts[promptId];
 }
 
+std::vector<std::int64_t> referenceChunk(const RawTensor& tensor)
+{
+    const std::int64_t heads = tensor.shape[1], positions = tensor.shape[2], width = tensor.shape[3];
+    if (positions <= kWholeReferenceChunk)
+        return {1, heads, positions, width};
+    const std::int64_t positionBytes = std::max<std::int64_t>(1, heads * width * std::int64_t(dtypeSize(tensor.dtype)));
+    return {1, heads, std::max<std::int64_t>(1, (std::int64_t(1) << 20) / positionBytes), width};
+}
+
 void BundleWriter::addReference(const std::string& promptId, ReferenceRole role, const std::string& layer,
                                 const RawTensor& k, const RawTensor& v, std::int64_t batchRow)
 {
@@ -295,12 +304,8 @@ void BundleWriter::addReference(const std::string& promptId, ReferenceRole role,
     const std::string rolePath = bundle_path::referenceRole(promptId, role);
     m_file->createGroup(rolePath);
     m_file->writeIntAttribute(rolePath, "batch_row", batchRow);
-    // Chunks of about 1 MiB along the positions ([1, heads, rows, width]): a window of tokens
-    // of a long context reads only its own.
-    for (const auto& [path, tensor] : {std::pair{kPath, &k}, std::pair{bundle_path::referenceKv(promptId, role, layer, "v"), &v}}) {
-        const std::int64_t tokenBytes = tensor->shape[1] * tensor->shape[3] * std::int64_t(dtypeSize(tensor->dtype));
-        writeKv(path, *tensor, {1, tensor->shape[1], std::max<std::int64_t>(1, (1 << 20) / std::max<std::int64_t>(1, tokenBytes)), tensor->shape[3]});
-    }
+    for (const auto& [path, tensor] : {std::pair{kPath, &k}, std::pair{bundle_path::referenceKv(promptId, role, layer, "v"), &v}})
+        writeKv(path, *tensor, referenceChunk(*tensor));
     m_referenceLayers[{promptId, role}].insert(layer);
 }
 

@@ -41,6 +41,13 @@ struct EngineSnapshot {
     bool keepOnlyReferencedBlocks = false;
 };
 
+// How a reference [batch, heads, positions, width] is chunked: a batch row as one chunk up to
+// kWholeReferenceChunk positions (read whole, straight from the file, by the analysis of a
+// layer that fits one window); past that, chunks of about 1 MiB along the positions, so that a
+// window of tokens of a long context reads only its own.
+inline constexpr std::int64_t kWholeReferenceChunk = 4096;
+std::vector<std::int64_t> referenceChunk(const RawTensor& tensor);
+
 class BundleWriter {
 public:
     BundleWriter(std::string path, const BundleMetadata& metadata, const KvCacheConfig& config);

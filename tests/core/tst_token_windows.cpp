@@ -123,20 +123,26 @@ void TestTokenWindows::referenceIsChunkedAlongPositions()
             QVERIFY(std::memcmp(rows.k.bytes.data() + (std::size_t(h) * 20 + std::size_t(s)) * 64 * size,
                                 whole.k.bytes.data() + (std::size_t(h) * std::size_t(whole.k.shape[2]) + 10 + std::size_t(s)) * 64 * size,
                                 64 * size) == 0);
-    // Written in chunks of about 1 MiB along the positions: 8 heads x 128 wide is 256 positions
-    // of fp32 (the baseline), 512 of bf16 (expected, a 320-position sequence: all of it).
+    // Up to 4,096 positions a batch row is one chunk; past that, chunks of about 1 MiB along the
+    // positions: 8 heads x 128 wide is 256 positions of fp32 (the baseline), 512 of bf16 (expected).
     SyntheticCaptureOptions wide;
-    wide.layers = 2;
+    wide.layers = 1;
     wide.alternateSliding = false;
     wide.kvHeads = 8;
     wide.headDim = 128;
-    wide.promptLens = {300};
-    wide.decodeTokens = 20;
     wide.divergence = -1;
-    writeSyntheticCapture(path("wide.h5"), wide);
-    const CaptureLoader loader(std::make_shared<BundleReader>(path("wide.h5")));
-    QCOMPARE(loader.referencePositionsPerChunk("prompt_0", ReferenceRole::Baseline, "model.layers.1.self_attn"), std::int64_t(256));
-    QCOMPARE(loader.referencePositionsPerChunk("prompt_0", ReferenceRole::Expected, "model.layers.1.self_attn"), std::int64_t(320));
+    wide.faultLayer = -1;
+    for (const auto& [prompt, chunks] : {std::pair{4076, std::pair{4096, 4096}}, std::pair{4077, std::pair{256, 512}}}) {
+        wide.promptLens = {prompt};
+        wide.decodeTokens = 20;
+        const std::string file = path("wide" + std::to_string(prompt) + ".h5");
+        writeSyntheticCapture(file, wide);
+        const CaptureLoader loader(std::make_shared<BundleReader>(file));
+        QCOMPARE(loader.referencePositionsPerChunk("prompt_0", ReferenceRole::Baseline, "model.layers.0.self_attn"),
+                 std::int64_t(chunks.first));
+        QCOMPARE(loader.referencePositionsPerChunk("prompt_0", ReferenceRole::Expected, "model.layers.0.self_attn"),
+                 std::int64_t(chunks.second));
+    }
     // Rows past the end are clipped; none is an empty slab.
     QCOMPARE(reader.readReferenceRows("prompt_0", ReferenceRole::Baseline, layer, 40, 1000).k.shape[2], whole.k.shape[2] - 40);
     QCOMPARE(reader.readReferenceRows("prompt_0", ReferenceRole::Baseline, layer, 5, 5).k.bytes.size(), std::size_t(0));
