@@ -124,13 +124,18 @@ struct LayerProgress {
     std::vector<char> scalesRead;                    // the quantised cache's scales taken
 };
 
-// One window of one layer's sides for every prompt; a prompt that could not be read has
-// problems instead.
-struct LayerInputs {
-    int layer = -1;
+// One step of the stream: a window of tokens of one layer.
+struct Step {
+    int layer = 0;
     PositionRange window = PositionRange::all();
     bool firstWindow = true;
     bool lastWindow = true;
+};
+
+// One window of one layer's sides for every prompt; a prompt that could not be read has
+// problems instead.
+struct LayerInputs {
+    Step step;
     std::shared_ptr<LayerProgress> progress;
     std::vector<LayerSides> sides;
     std::vector<std::vector<std::string>> problems;
@@ -144,14 +149,6 @@ struct LayerInputs {
     {
         return std::find_if(errors[prompt].begin(), errors[prompt].end(), [](const std::string& e) { return !e.empty(); });
     }
-};
-
-// One step of the stream: a window of tokens of one layer.
-struct Step {
-    int layer = 0;
-    PositionRange window = PositionRange::all();
-    bool firstWindow = true;
-    bool lastWindow = true;
 };
 
 // The layers of a prepared result compared one at a time, a window of tokens at a time, by
@@ -261,16 +258,16 @@ bool AnalysisRun::referenceChunksExceed(int layer, std::int64_t windowTokens) co
 void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother)
 {
     const PromptAnalysis& p = m_result.prompts[prompt];
-    const std::string& name = p.layers[std::size_t(in.layer)];
+    const std::string& name = p.layers[std::size_t(in.step.layer)];
     LayerSides& s = in.sides[prompt];
     LayerProgress& progress = *in.progress;
     if (cancelled() || progress.failed[prompt] || (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
         return;  // read one after another: the sides after a failure are left
     try {
         if (side == 0) {
-            s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt], in.window);
+            s.actual = m_loader.engineSource(p.id, name, &in.problems[prompt], in.step.window);
             try {  // a replica that cannot be read is a problem of its own, not the layer's
-                in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name, in.window);
+                in.replicas[prompt] = findReplicaDifferences(m_loader, p.id, name, in.step.window);
             } catch (const BundleError& e) {
                 in.problems[prompt].push_back(std::string("replicas: ") + e.what());
             }
@@ -278,11 +275,11 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
             // Three-way: the baseline is the reference, expected the base; two-way: expected the reference.
             const ReferenceRole role = side == 1 && p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected;
             LayerSource& source = side == 1 ? s.reference : s.base;
-            source = m_loader.referenceSource(p.id, role, name, in.window);
+            source = m_loader.referenceSource(p.id, role, name, in.step.window);
             ContentHash& hash = progress.hashes[prompt][role == ReferenceRole::Baseline ? 1 : 0];
-            if (in.firstWindow)
+            if (in.step.firstWindow)
                 hash = source.startHash();
-            source.addToHash(hash, in.window);
+            source.addToHash(hash, in.step.window);
         }
     } catch (const BundleError& e) {
         in.errors[prompt][std::size_t(side)] = e.what();
@@ -292,10 +289,7 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
 void AnalysisRun::read(LayerInputs& in, const Step& step, const std::shared_ptr<LayerProgress>& progress, WorkTeam* team)
 {
     const std::size_t prompts = m_result.prompts.size();
-    in.layer = step.layer;
-    in.window = step.window;
-    in.firstWindow = step.firstWindow;
-    in.lastWindow = step.lastWindow;
+    in.step = step;
     in.progress = progress;
     in.sides.resize(prompts);
     in.problems.resize(prompts);
@@ -351,58 +345,52 @@ void AnalysisRun::compare(LayerInputs& in)
         PromptAnalysis& p = m_result.prompts[pi];
         LayerSides& s = in.sides[pi];
         std::vector<NonFiniteCell> nonFinite;
-        if (in.newlyFailed[pi] && !in.firstWindow)
-            p.clearLayer(in.layer);  // as if the whole layer had been read, and failed
+        if (in.newlyFailed[pi] && !in.step.firstWindow)
+            p.clearLayer(in.step.layer);  // as if the whole layer had been read, and failed
         // The scales at the layer's first present position: in the first window that has one.
-        if (s.ok && isQuantised(p.layerDtypes[std::size_t(in.layer)]) && !progress.scalesRead[pi] &&
+        if (s.ok && isQuantised(p.layerDtypes[std::size_t(in.step.layer)]) && !progress.scalesRead[pi] &&
             std::find(s.actual.present.begin(), s.actual.present.end(), 1) != s.actual.present.end()) {
-            p.cacheScales[std::size_t(in.layer)] = cacheScalesOf(s.actual);
+            p.cacheScales[std::size_t(in.step.layer)] = cacheScalesOf(s.actual);
             progress.scalesRead[pi] = 1;
         }
         if (s.ok && p.threeWay) {  // with what pooling needs
-            if (in.firstWindow) {
+            if (in.step.firstWindow) {
                 m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
                 // A block an earlier prompt holds too is pooled there (its tokens counted once).
                 m_stats[pi].pooledElsewhere =
-                    m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.layer)], p.tokens, m_counted);
+                    m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.step.layer)], p.tokens, m_counted);
             }
             const LayerRows base(s.base);
-            compareLayer(s.reference, s.actual, &base, in.layer, p, nonFinite, m_options.bc ? &m_stats[pi] : nullptr, team(),
-                         m_options.bc, in.window);
+            compareLayer(s.reference, s.actual, &base, in.step.layer, p, nonFinite, m_options.bc ? &m_stats[pi] : nullptr, team(),
+                         m_options.bc, in.step.window);
         } else if (s.ok) {
-            compareLayer(s.reference, s.actual, nullptr, in.layer, p, nonFinite, nullptr, team(), true, in.window);
+            compareLayer(s.reference, s.actual, nullptr, in.step.layer, p, nonFinite, nullptr, team(), true, in.step.window);
         }
-        for (const std::string& problem : in.problems[pi])  // a block's problem is found by each window it spans
-            if (std::find(p.problems.begin(), p.problems.end(), problem) == p.problems.end())
-                p.problems.push_back(problem);
+        p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
         mergeReplicaDifferences(p.replicaDifferences, in.replicas[pi]);
         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
-        if (in.lastWindow)
+        if (in.step.lastWindow)
             for (std::size_t role = 0; role < 2; ++role)
-                p.referenceHashes[role][std::size_t(in.layer)] =
+                p.referenceHashes[role][std::size_t(in.step.layer)] =
                     progress.failed[pi] || (role == 1 && !p.threeWay) ? 0 : progress.hashes[pi][role].value();
     }
     if (cancelled())
         return;
-    if (m_result.aggregate && in.lastWindow) {
-        if (in.firstWindow) {
-            aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.layer, *m_result.aggregate, team());
+    if (m_result.aggregate && in.step.lastWindow) {
+        if (in.step.firstWindow) {
+            aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team());
         } else {
             in.sides.clear();  // the second pass reads each window again
             poolWindowedLayer(in);
         }
     }
-    if (cancelled())  // a layer pooled in part is not done
-        return;
-    if (!in.lastWindow) {
-        in = {};
-        return;
-    }
-    const int layer = in.layer;
+    const Step step = in.step;
     in = {};
+    if (cancelled() || !step.lastWindow)  // a layer pooled in part is not done
+        return;
     ++m_layersDone;
     if (m_options.layerDone)
-        m_options.layerDone(layer, m_layersDone, m_layerCount);
+        m_options.layerDone(step.layer, m_layersDone, m_layerCount);
 }
 
 void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
@@ -410,9 +398,9 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
     std::vector<char> compared(m_result.prompts.size());
     for (std::size_t pi = 0; pi < compared.size(); ++pi)
         compared[pi] = !last.progress->failed[pi];
-    WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.layer, *m_result.aggregate, team());
+    WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.step.layer, *m_result.aggregate, team());
     for (const Step& step : m_steps) {
-        if (step.layer != last.layer || !pooling.needsSides())
+        if (step.layer != last.step.layer || !pooling.needsSides())
             continue;
         if (cancelled())
             return;
@@ -422,7 +410,7 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
             const PromptAnalysis& p = m_result.prompts[std::size_t(pi)];
             if (!compared[std::size_t(pi)])
                 continue;
-            const std::string& name = p.layers[std::size_t(last.layer)];
+            const std::string& name = p.layers[std::size_t(last.step.layer)];
             LayerSides& s = sides[std::size_t(pi)];
             try {
                 s.actual = m_loader.engineSource(p.id, name, nullptr, step.window);
@@ -535,6 +523,8 @@ void sortFindings(AnalysisResult& result)
 {
     for (PromptAnalysis& p : result.prompts) {
         std::sort(p.problems.begin(), p.problems.end());
+        // A block's problem is found by each window it spans.
+        p.problems.erase(std::unique(p.problems.begin(), p.problems.end()), p.problems.end());
         auto layerIndex = [&p](const ReplicaDifference& d) { return std::find(p.layers.begin(), p.layers.end(), d.layer) - p.layers.begin(); };
         std::stable_sort(p.replicaDifferences.begin(), p.replicaDifferences.end(),
                          [&](const ReplicaDifference& a, const ReplicaDifference& b) {

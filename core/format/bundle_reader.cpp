@@ -469,6 +469,25 @@ std::vector<std::int64_t> BundleReader::referenceShape(const std::string& datase
     return info.shape;
 }
 
+BundleReader::ReferenceDatasets BundleReader::referenceDatasets(const std::string& promptId, ReferenceRole role,
+                                                                const std::string& layer) const
+{
+    ReferenceDatasets d;
+    const std::string rolePath = bundle_path::referenceRole(promptId, role);
+    d.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
+    for (KvPart part : {KvPart::K, KvPart::V}) {
+        const std::size_t i = std::size_t(part);
+        d.paths[i] = bundle_path::referenceKv(promptId, role, layer, kvPartName(part));
+        d.shapes[i] = referenceShape(d.paths[i], layer, part);
+        m_file.requirePlausibleSize(d.paths[i], std::uint64_t(Hdf5File::elementCount(d.shapes[i])) *
+                                                    dtypeSize(checkedDType(d.paths[i])));
+    }
+    if (!std::equal(d.shapes[0].begin(), d.shapes[0].end() - 1, d.shapes[1].begin()))
+        m_file.fail(d.paths[1], "shape " + shapeToString(d.shapes[1]) + " differs from k's " + shapeToString(d.shapes[0]) +
+                                    " in batch, heads or seq");
+    return d;
+}
+
 BundleReader::Reference BundleReader::readReference(const std::string& promptId, ReferenceRole role,
                                                     const std::string& layer) const
 {
@@ -478,15 +497,10 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
     std::vector<ChunkRowRead> reads;
     {
         std::lock_guard lock(hdf5Mutex());
-        const std::string rolePath = bundle_path::referenceRole(promptId, role);
-        ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
-        const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
-        const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
-        ref.k = readTensor(kPath, referenceShape(kPath, layer, KvPart::K), nullptr, reads);
-        ref.v = readTensor(vPath, referenceShape(vPath, layer, KvPart::V), nullptr, reads);
-        if (!std::equal(ref.k.shape.begin(), ref.k.shape.end() - 1, ref.v.shape.begin()))
-            m_file.fail(vPath, "shape " + shapeToString(ref.v.shape) + " differs from k's " + shapeToString(ref.k.shape) +
-                                   " in batch, heads or seq");
+        const ReferenceDatasets d = referenceDatasets(promptId, role, layer);
+        ref.batchRow = d.batchRow;
+        ref.k = readTensor(d.paths[0], d.shapes[0], nullptr, reads);
+        ref.v = readTensor(d.paths[1], d.shapes[1], nullptr, reads);
     }
     for (const ChunkRowRead& read : reads)
         read.run();
@@ -501,16 +515,9 @@ BundleReader::Reference BundleReader::readReferenceRows(const std::string& promp
     requireData();
     Reference ref;
     std::lock_guard lock(hdf5Mutex());
-    const std::string rolePath = bundle_path::referenceRole(promptId, role);
-    ref.batchRow = m_file.hasAttribute(rolePath, "batch_row") ? m_file.readIntAttribute(rolePath, "batch_row") : 0;
-    const std::string kPath = bundle_path::referenceKv(promptId, role, layer, "k");
-    const std::string vPath = bundle_path::referenceKv(promptId, role, layer, "v");
-    const std::vector<std::int64_t> kShape = referenceShape(kPath, layer, KvPart::K);
-    const std::vector<std::int64_t> vShape = referenceShape(vPath, layer, KvPart::V);
-    if (!std::equal(kShape.begin(), kShape.end() - 1, vShape.begin()))
-        m_file.fail(vPath, "shape " + shapeToString(vShape) + " differs from k's " + shapeToString(kShape) +
-                               " in batch, heads or seq");
-    const std::int64_t batch = kShape[0], seq = kShape[2];
+    const ReferenceDatasets d = referenceDatasets(promptId, role, layer);
+    ref.batchRow = d.batchRow;
+    const std::int64_t batch = d.shapes[0][0], seq = d.shapes[0][2];
     firstRow = std::clamp<std::int64_t>(firstRow, 0, seq);
     endRow = std::clamp<std::int64_t>(endRow, firstRow, seq);
     if (ref.batchRow < 0 || ref.batchRow >= batch)  // alignment names it; nothing to read
@@ -518,15 +525,14 @@ BundleReader::Reference BundleReader::readReferenceRows(const std::string& promp
     ref.slab = ReferenceSlab{batch, seq, firstRow};
     auto read = [&](const std::string& path, const std::vector<std::int64_t>& shape) {
         RawTensor t = storedAs(path);
-        m_file.requirePlausibleSize(path, std::uint64_t(Hdf5File::elementCount(shape)) * dtypeSize(t.dtype));  // as a whole read checks
         t.shape = {1, shape[1], endRow - firstRow, shape[3]};
         t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
         if (!t.bytes.empty())
             m_file.readSlab(path, storageType(t.dtype), t.bytes.data(), {ref.batchRow, 0, firstRow, 0}, t.shape);
         return t;
     };
-    ref.k = read(kPath, kShape);
-    ref.v = read(vPath, vShape);
+    ref.k = read(d.paths[0], d.shapes[0]);
+    ref.v = read(d.paths[1], d.shapes[1]);
     return ref;
 }
 
@@ -536,14 +542,12 @@ BundleReader::ReferenceExtent BundleReader::referenceExtent(const std::string& p
     prompt(promptId);
     requireData();
     std::lock_guard lock(hdf5Mutex());
+    const ReferenceDatasets d = referenceDatasets(promptId, role, layer);
     ReferenceExtent extent;
-    for (const char* part : {"k", "v"}) {
-        const std::string path = bundle_path::referenceKv(promptId, role, layer, part);
-        extent.seq = referenceShape(path, layer, part[0] == 'k' ? KvPart::K : KvPart::V)[2];
-        const std::vector<std::int64_t> chunk = m_file.datasetInfo(path).chunk;
-        if (chunk.size() == 4)
+    extent.seq = d.shapes[0][2];
+    for (const std::string& path : d.paths)
+        if (const std::vector<std::int64_t> chunk = m_file.datasetInfo(path).chunk; chunk.size() == 4)
             extent.positionsPerChunk = std::max(extent.positionsPerChunk, std::min(chunk[2], extent.seq));
-    }
     return extent;
 }
 

@@ -10,6 +10,7 @@
 #include "format/kv_cache_config.h"
 #include "format/paged_kv.h"
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -99,6 +100,14 @@ private:
     // `rows` as for the cache.
     void readScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
                     const std::vector<std::int64_t>* rows, RawTensor& cache) const;
+    // A reference's K and V datasets, their shapes and declared sizes checked (under the HDF5
+    // lock), and its batch row.
+    struct ReferenceDatasets {
+        std::int64_t batchRow = 0;
+        std::array<std::string, 2> paths;  // [K, V]
+        std::array<std::vector<std::int64_t>, 2> shapes;
+    };
+    ReferenceDatasets referenceDatasets(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
     // A tensor's dtype and scale, without its data.
     RawTensor storedAs(const std::string& dataset) const;
     RawTensor readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,

@@ -47,8 +47,8 @@ const PromptInfo& CaptureLoader::prompt(const std::string& id) const
 
 std::string CaptureLoader::referenceOrigin(const std::string& promptId) const
 {
-    const auto it = m_donorPrompt.find(promptId);
-    return it == m_donorPrompt.end() ? m_reader->path() : m_donor->path() + ", prompt " + it->second;
+    const auto [reader, fromId] = referenceFrom(promptId);
+    return reader == m_reader.get() ? reader->path() : reader->path() + ", prompt " + fromId;
 }
 
 std::int64_t CaptureLoader::sequenceLength(const std::string& promptId) const
