@@ -16,10 +16,13 @@ namespace kvscope::cli {
 
 int report(const Args& args, std::ostream& out, std::ostream& err)
 {
-    std::string bundle, dir;
+    std::string dir;
+    std::vector<std::string> inputs;
+    bool strict = false;
     Thresholds t;
     OptionParser parser("report");
-    parser.operand("BUNDLE", bundle);
+    parser.operands("BUNDLE", inputs);
+    parser.flag("--strict", strict);
     parser.requiredText({"-o", "--output"}, "DIR", dir);
     addThresholdOptions(parser, t);
     std::string against;
@@ -28,6 +31,11 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
     parser.flag("--no-whatif", [&withWhatIf] { withWhatIf = false; });
     if (!parser.parse(args, err))
         return 2;
+    const std::string& bundle = inputs.front();
+    if (!against.empty() && isSweep(inputs)) {
+        err << "kvscope report: --against compares one bundle with another, not a sweep\n";
+        return 2;
+    }
     try {
         const auto app = applicationForDrawing();  // the PNGs are drawn by the app's widgets
         AnalysisOptions options;
@@ -41,9 +49,13 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
             options.referenceDonor = sideA->bundle;
         }
         // The same verdict as `check`; from a results file, its bundle only when it is at hand.
-        const AnalysisInput input = analysisForVerdict(bundle, options);
+        options.share = sharedAnalysis();
+        const AnalysisInput input = analysisForVerdict(inputs, options, strict);
         const AnalysisResult& result = input.result;
-        const CaptureLoader loader(input.reader, UnreadableBlockPolicy::Error, options.referenceDonor);
+        const std::shared_ptr<const CaptureLoader> opened =
+            input.loader ? input.loader
+                         : std::make_shared<const CaptureLoader>(input.reader, UnreadableBlockPolicy::Error, options.referenceDonor);
+        const CaptureLoader& loader = *opened;
         if (!input.bundleMissing.empty())
             err << "kvscope report: " << input.bundleMissing << ": no what-if section (it needs the KV)\n";
         if (!input.bundleMissing.empty() && !against.empty())
@@ -51,7 +63,7 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
                                      input.bundleMissing);
         std::optional<WhatIfResult> whatIf;
         // (per-head schemes: an MLA latent has no heads)
-        if (withWhatIf && input.reader->holdsData() && !loader.config().isMla()) {
+        if (withWhatIf && loader.holdsData() && !loader.config().isMla()) {
             WorkTeam team(int(std::max(1u, std::thread::hardware_concurrency())));
             WhatIfOptions whatIfOptions;
             whatIfOptions.team = &team;

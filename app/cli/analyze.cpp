@@ -121,10 +121,11 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
 
 int analyze(const Args& args, std::ostream& out, std::ostream& err)
 {
-    std::string bundle, jsonPath, layerSpec, savePath;
+    std::string jsonPath, layerSpec, savePath;
+    std::vector<std::string> inputs;
     AnalysisOptions options;
     OptionParser parser("analyze");
-    parser.operand("BUNDLE", bundle);
+    parser.operands("BUNDLE", inputs);
     parser.text({"--json"}, jsonPath);
     parser.text({"--save"}, savePath);
     parser.repeated("--prompt", options.prompts);
@@ -134,13 +135,33 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     addSuspectOptions(parser, options.suspects);
     if (!parser.parse(args, err))
         return 2;
+    const std::string& bundle = inputs.front();
+    const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;
     try {
+        const bool sweep = isSweep(inputs);
         for (const std::string& output : {jsonPath, savePath})
             if (!output.empty())
-                requireWritableOutput(output, {bundle});
+                requireWritableOutput(output, sweep ? sweepBundlePaths(inputs) : inputs);
         AnalysisResult result;
         std::string heading;
-        if (isResultsFile(bundle)) {  // a saved analysis: read, not analysed again
+        if (sweep) {
+            if (!savePath.empty()) {
+                err << "kvscope analyze: --save keeps the analysis of one bundle; a sweep's is kept as --json\n";
+                return 2;
+            }
+            const Sweep opened = openSweep(inputs, options.unreadableBlocks, BundleReader::kProbeFromThreads);
+            if (strict)
+                requireEveryBundle(opened);
+            for (const SweepBundle& b : opened.bundles)
+                if (!b.problem.empty())
+                    err << "kvscope analyze: warning: left out of the sweep: " << b.problem << "\n";
+            if (!layerSpec.empty() && opened.loader)
+                options.layers = parseLayerSelection(layerSpec, opened.loader->config().layerNames());
+            options.share = sharedAnalysis();
+            result = analyzeSweep(opened, options);
+            heading = "sweep " + opened.label + ": " + std::to_string(opened.bundles.size()) + " bundle(s), " +
+                      std::to_string(result.prompts.size()) + " prompt(s) analysed";
+        } else if (isResultsFile(bundle)) {  // a saved analysis: read, not analysed again
             if (!savePath.empty() || !layerSpec.empty() || !options.prompts.empty() || options.unreadableBlocks == UnreadableBlockPolicy::Error) {
                 err << "kvscope analyze: " << bundle << " is a results file: --save, --layers, --prompt and --strict "
                     << "apply to analysing a bundle\n";
@@ -154,7 +175,15 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
             auto reader = std::make_shared<BundleReader>(bundle);
             if (!layerSpec.empty())
                 options.layers = parseLayerSelection(layerSpec, reader->config().layerNames());
-            result = savePath.empty() ? analyzeBundle(reader, options) : analyzeAndSave(reader, options, savePath);
+            options.share = sharedAnalysis();
+            if (savePath.empty()) {
+                result = analyzeBundle(reader, options);
+            } else if (options.share) {  // the layers of every process are only whole once gathered
+                result = analyzeBundle(reader, options);
+                saveResults(savePath, reader->outline(), result, recordedOptions(options));
+            } else {
+                result = analyzeAndSave(reader, options, savePath);
+            }
             if (!savePath.empty())
                 out << "wrote " << savePath << "\n";
         }
@@ -171,6 +200,8 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
         if (heading.empty())
             heading = "bundle " + bundle + ": " + std::to_string(result.prompts.size()) + " prompt(s) analysed";
         out << heading << "\n";
+        for (const SweepBundle& b : result.bundles)
+            out << "  bundle " << b.name << ": " << (b.problem.empty() ? b.path : "left out: " + b.problem) << "\n";
         for (const std::string& problem : result.problems)
             out << "cannot analyse: " << problem << "\n";
         for (const std::string& line : describeNotCompared(result.notCompared))

@@ -11,21 +11,25 @@ namespace kvscope::cli {
 
 int check(const Args& args, std::ostream& out, std::ostream& err)
 {
-    std::string bundle, jsonPath;
+    std::string jsonPath;
+    std::vector<std::string> inputs;
+    bool strict = false;
     Thresholds t;
     OptionParser parser("check");
-    parser.operand("BUNDLE", bundle);
+    parser.operands("BUNDLE", inputs);
     addThresholdOptions(parser, t);
     parser.text({"--json"}, jsonPath);
+    parser.flag("--strict", strict);
     if (!parser.parse(args, err))
         return 2;
     AnalysisResult result;
     try {
         if (!jsonPath.empty())
-            requireWritableOutput(jsonPath, {bundle});
+            requireWritableOutput(jsonPath, isSweep(inputs) ? sweepBundlePaths(inputs) : inputs);
         AnalysisOptions options;
         options.suspects = t.suspects;
-        result = analysisForVerdict(bundle, options).result;  // a bundle, or a results file
+        options.share = sharedAnalysis();
+        result = analysisForVerdict(inputs, options, strict).result;  // a bundle, a sweep, or a results file
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";
         return 2;
@@ -34,13 +38,13 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
     if (!jsonPath.empty()) {
         std::ofstream file(jsonPath, std::ios::binary);
         if (file)
-            writeVerdictJson(bundle, t, violations, file);
+            writeVerdictJson(result.bundle.empty() ? inputs.front() : result.bundle, t, violations, file);
         if (!file || !file.flush()) {
             err << "kvscope check: " << jsonPath << ": cannot be written\n";
             return 2;
         }
     }
-    out << "kvscope check " << bundle << ": min combined " << (t.bcVsNoise ? "BC vs noise " : "BC (reference tool's) ") << t.minBc << ", max L-inf multiplier " << t.maxRatio;
+    out << "kvscope check " << (result.bundles.empty() ? inputs.front() : result.bundle) << ": min combined " << (t.bcVsNoise ? "BC vs noise " : "BC (reference tool's) ") << t.minBc << ", max L-inf multiplier " << t.maxRatio;
     if (t.maxLinf)
         out << ", max relative L-inf " << *t.maxLinf;
     out << "\n";
@@ -48,6 +52,10 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
         if (!p.threeWay && !t.maxLinf)
             out << "  note: prompt " << p.id << " is two-way (no baseline): not judged without --max-linf\n";
     for (const Violation& v : violations) {
+        if (!v.bundle.empty()) {
+            out << "  FAIL bundle " << v.bundle << " cannot be read: " << v.detail << "\n";
+            continue;
+        }
         out << "  FAIL " << (v.prompt.empty() ? "all prompts" : "prompt " + v.prompt) << ", " << v.layer;
         if (v.token >= 0)
             out << ", token " << v.token;

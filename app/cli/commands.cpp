@@ -17,6 +17,9 @@ const std::vector<Command>& commands()
          "open the app on the built-in demo capture (headless: write its report)", nullptr},
         {"analyze", "analyze BUNDLE|RESULTS.kvres [--json OUT.json] [--save RESULTS.kvres] [--prompt ID]... [--layers SPEC]\n"
                     "        [--threads N] [--strict] [--suspect-floor 6] [--suspect-drift-two-way 20]\n"
+                    "        | analyze BUNDLE BUNDLE... | DIR [options]\n"
+                    "  several bundles (or a folder's *.h5) are one sweep: every prompt pooled, named BUNDLE/ID; a\n"
+                    "  bundle that cannot be read is left out with a warning (--strict: an error) (docs/scale-out.md)\n"
                     "  --json OUT     write every metric as strict JSON (docs/analysis-json.md)\n"
                     "  --save FILE    keep the analysis in a results file, written as it streams (docs/results-files.md);\n"
                     "                 analyze, check, report, diff and the app read it instead of the bundle\n"
@@ -27,18 +30,21 @@ const std::vector<Command>& commands()
                     "  --strict       an unreadable block is an error instead of absent positions\n"
                     "  --suspect-floor, --suspect-drift-two-way  the suspects' thresholds, as for check and report\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
-        {"report", "report BUNDLE -o DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
+        {"report", "report BUNDLE... | DIR -o DIR [--strict] [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
                    "       [--no-whatif] [--against A]\n"
                    "  a self-contained HTML report (opens offline) with PNG images of each map (docs/reports.md),\n"
-                   "  and what fp8 / int8 / int4 caches would cost (kvscope whatif's default schemes)\n"
+                   "  and what fp8 / int8 / int4 caches would cost (kvscope whatif's default schemes); several bundles\n"
+                   "  (or a folder's) are one sweep, as for check\n"
                    "  --against A  BUNDLE compared with A (a capture, or its analysis JSON) first, as kvscope diff\n"
                    "               does: the regressions, the suspects of the change, B - A and both maps\n",
          "a self-contained HTML report with PNG maps", nullptr},
-        {"check", "check BUNDLE [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
-                  "      [--suspect-drift-two-way 20] [--json OUT]\n"
+        {"check", "check BUNDLE... | DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
+                  "      [--suspect-drift-two-way 20] [--json OUT] [--strict]\n"
                   "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
                   "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
-                  "  noise floor; --seed-bc: the reference tool's BC instead\n",
+                  "  noise floor; --seed-bc: the reference tool's BC instead. Several bundles (or a folder's)\n"
+                  "  are one sweep: one that cannot be read fails (exit 1) and the rest are judged; --strict:\n"
+                  "  exit 2 instead, nothing judged\n",
          "pass/fail against thresholds, for CI", check},
         {"diff", "diff A B [--json OUT] [--max-worse 1.5] [--stat max|p99|median] [--threads N] [--suspect-floor 6]\n"
                  "  did B get worse than A? Two captures of the same prompts against the same reference (A may\n"
@@ -145,6 +151,20 @@ void addSuspectOptions(OptionParser& parser, SuspectThresholds& suspects)
 {
     parser.real("--suspect-floor", suspects.offFloor);
     parser.real("--suspect-drift-two-way", suspects.twoWayDrift);
+}
+
+namespace {
+AnalysisShare* processShare = nullptr;
+}
+
+AnalysisShare* sharedAnalysis()
+{
+    return processShare;
+}
+
+void setSharedAnalysis(AnalysisShare* share)
+{
+    processShare = share;
 }
 
 void printOverview(std::ostream& out)

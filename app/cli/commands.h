@@ -8,6 +8,7 @@
 // with Qt (report, demo, bench) are kvscope-app's own (app/app_cli/app_commands.h): in this
 // table they have no function, and kvscope hands them to kvscope-app (cli/entry.h).
 
+#include "analysis/analysis_share.h"
 #include "analysis/threshold_check.h"
 #include "cli/option_parser.h"
 
@@ -38,6 +39,11 @@ void printOverview(std::ostream& out);
 void addThresholdOptions(OptionParser& parser, Thresholds& thresholds);
 // --suspect-floor, --suspect-drift-two-way alone, for analyze (a results file records them).
 void addSuspectOptions(OptionParser& parser, SuspectThresholds& suspects);
+
+// The share of every analysis this process runs with others (kvscope-mpi sets it; null in
+// kvscope): analyze, check and report analyse with it (analysis/analysis_share.h).
+AnalysisShare* sharedAnalysis();
+void setSharedAnalysis(AnalysisShare* share);
 
 // The commands without Qt, one file each in this folder.
 int analyze(const Args& args, std::ostream& out, std::ostream& err);

@@ -86,6 +86,11 @@ void OptionParser::operand(const std::string& what, std::string& value, bool req
     m_operands.push_back({what, &value, required});
 }
 
+void OptionParser::operands(const std::string& what, std::vector<std::string>& values)
+{
+    m_operands.push_back({what, nullptr, true, &values});
+}
+
 const OptionParser::Option* OptionParser::find(const std::string& name) const
 {
     for (const Option& option : m_options)
@@ -113,6 +118,11 @@ void OptionParser::parseOrThrow(const Args& args) const
             if (i + 1 >= args.size() || find(args[i + 1]))  // `--against -o DIR`: -o is not A's path
                 throw std::invalid_argument(a + " needs a value");
             option->apply(args[++i]);
+            continue;
+        }
+        if (!m_operands.empty() && m_operands.back().values && operands + 1 >= m_operands.size()) {
+            m_operands.back().values->push_back(a);
+            operands = m_operands.size();
             continue;
         }
         if (operands >= m_operands.size())

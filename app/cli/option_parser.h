@@ -37,6 +37,8 @@ public:
     void custom(const std::string& name, std::function<void(const std::string&)> onValue);
     // Arguments that are not options, in order ("BUNDLE", "DIR"); an optional one may be left out.
     void operand(const std::string& what, std::string& value, bool required = true);
+    // The last operand, given one or more times ("BUNDLE..."): every remaining argument.
+    void operands(const std::string& what, std::vector<std::string>& values);
 
     // Reads `args`. On a bad command line writes "kvscope COMMAND: what is wrong" and the
     // usage to `err` and returns false.
@@ -53,6 +55,7 @@ private:
         std::string what;
         std::string* value;
         bool required;
+        std::vector<std::string>* values = nullptr;  // one or more
     };
     const Option* find(const std::string& name) const;
     void parseOrThrow(const Args& args) const;

@@ -238,8 +238,18 @@ void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
     w.beginObject()
         .field("format", "kvscope-analysis")
         .field("format_version", 1)
-        .field("bundle", result.bundle)
-        .key("layout")
+        .field("bundle", result.bundle);
+    if (!result.bundles.empty())  // a sweep: every bundle given, those left out with why
+        w.key("bundles").array(result.bundles.size(), [&](std::size_t i) {
+            const SweepBundle& b = result.bundles[i];
+            w.beginObject()
+                .field("name", b.name)
+                .field("path", b.path)
+                .field("analysed", b.problem.empty())
+                .field("problem", b.problem.empty() ? std::optional<std::string>() : b.problem)
+                .endObject();
+        });
+    w.key("layout")
         .beginObject()
         .field("metrics", "[layer][token][head]")
         .field("bc", "[layer][token]")

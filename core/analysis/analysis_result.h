@@ -10,6 +10,7 @@
 #include "format/paged_kv.h"
 #include "kv/layer_kv.h"
 #include "kv/replica_check.h"
+#include "kv/sweep.h"
 
 #include <algorithm>
 #include <array>
@@ -142,7 +143,8 @@ struct AggregateBc {
 };
 
 struct AnalysisResult {
-    std::string bundle;
+    std::string bundle;  // its path; a sweep's label
+    std::vector<SweepBundle> bundles;  // a sweep's bundles, those left out with why (empty for one bundle)
     std::vector<PromptAnalysis> prompts;
     std::optional<AggregateBc> aggregate;
     std::vector<std::string> problems;  // prompts that could not be analysed at all

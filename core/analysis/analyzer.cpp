@@ -49,8 +49,23 @@ std::vector<const PromptInfo*> selectedPrompts(const CaptureLoader& loader, cons
     return prompts;
 }
 
-// One prompt's result, all NaN, with its divergences.
-PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, const std::vector<std::string>& layers)
+// What analysing a prompt reads, in bytes: its sides of every layer, roughly.
+std::uint64_t promptBytes(const CaptureLoader& loader, const PromptInfo& info, const std::vector<std::string>& layers)
+{
+    const KvCacheConfig& config = loader.config();
+    std::uint64_t perToken = 0;
+    for (const std::string& layer : layers) {
+        const KvCacheGroup& g = config.groups[std::size_t(config.groupOf(layer))];
+        const HeadDims dims = headDimsOf(g);
+        perToken += std::uint64_t(g.totalKvHeads) * std::uint64_t(dims.k + dims.v) * (info.hasBaseline ? 3 : 2) * 2;
+    }
+    return perToken * std::uint64_t(info.snapshots.back().seqLen());
+}
+
+// One prompt's result, all NaN, with its divergences; only its shape when another process
+// analyses it (`analysed` false).
+PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, const std::vector<std::string>& layers,
+                           bool analysed)
 {
     const KvCacheConfig& config = loader.config();
     PromptAnalysis p;
@@ -73,6 +88,8 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     for (std::vector<std::uint64_t>& hashes : p.referenceHashes)
         hashes.assign(layers.size(), 0);
     p.heads = p.layerHeads.empty() ? group.totalKvHeads : *std::max_element(p.layerHeads.begin(), p.layerHeads.end());
+    if (!analysed)
+        return p;
     try {
         p.divergences = findDivergences(loader, info);
     } catch (const BundleError& e) {
@@ -82,9 +99,10 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     return p;
 }
 
-// The across-prompt BC of the three-way prompts, all NaN, with the divergence counts; none
-// without three-way prompts.
-std::optional<AggregateBc> emptyAggregate(const std::vector<PromptAnalysis>& prompts, const std::vector<std::string>& layers)
+// The across-prompt BC of the three-way prompts, all NaN, with the divergence counts (of every
+// process's prompts, with a share); none without three-way prompts.
+std::optional<AggregateBc> emptyAggregate(const std::vector<PromptAnalysis>& prompts, const std::vector<std::string>& layers,
+                                          AnalysisShare* share)
 {
     std::vector<const PromptAnalysis*> threeWay;
     for (const PromptAnalysis& p : prompts)
@@ -114,6 +132,11 @@ std::optional<AggregateBc> emptyAggregate(const std::vector<PromptAnalysis>& pro
             if (g >= 0 && g < agg.generationCount)
                 ++agg.divergenceCounts[std::size_t(g)];
         }
+    if (share) {
+        std::vector<std::uint64_t> counts(agg.divergenceCounts.begin(), agg.divergenceCounts.end());
+        share->sum(counts);
+        agg.divergenceCounts.assign(counts.begin(), counts.end());
+    }
     return agg;
 }
 
@@ -184,6 +207,8 @@ public:
 
 private:
     WorkTeam* team() { return m_team ? &*m_team : nullptr; }
+    // Whether this process analyses the prompt (all of them, without a share).
+    bool owns(std::size_t prompt) const { return !m_options.share || m_options.share->analyses(prompt); }
     bool cancelled() const { return m_failed.load() || (m_options.cancel && m_options.cancel->load()); }
     // The windows of `layer`: the whole layer, unless its sides would take more than a window's
     // bytes and its references are chunked along their positions (older bundles store a
@@ -261,7 +286,8 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
     const std::string& name = p.layers[std::size_t(in.step.layer)];
     LayerSides& s = in.sides[prompt];
     LayerProgress& progress = *in.progress;
-    if (cancelled() || progress.failed[prompt] || (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
+    if (!owns(prompt) || cancelled() || progress.failed[prompt] ||
+        (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
         return;  // read one after another: the sides after a failure are left
     try {
         if (side == 0) {
@@ -304,7 +330,7 @@ void AnalysisRun::read(LayerInputs& in, const Step& step, const std::shared_ptr<
     for (std::size_t pi = 0; pi < prompts; ++pi) {
         const auto failed = in.firstError(pi);
         LayerSides& s = in.sides[pi];
-        s.ok = failed == in.errors[pi].end() && !progress->failed[pi] && !cancelled();
+        s.ok = owns(pi) && failed == in.errors[pi].end() && !progress->failed[pi] && !cancelled();
         if (failed != in.errors[pi].end()) {
             in.problems[pi].push_back(*failed);
             in.newlyFailed[pi] = 1;
@@ -342,6 +368,8 @@ void AnalysisRun::compare(LayerInputs& in)
 {
     LayerProgress& progress = *in.progress;
     for (std::size_t pi = 0; pi < m_result.prompts.size() && !cancelled(); ++pi) {
+        if (!owns(pi))
+            continue;
         PromptAnalysis& p = m_result.prompts[pi];
         LayerSides& s = in.sides[pi];
         std::vector<NonFiniteCell> nonFinite;
@@ -378,7 +406,7 @@ void AnalysisRun::compare(LayerInputs& in)
         return;
     if (m_result.aggregate && in.step.lastWindow) {
         if (in.step.firstWindow) {
-            aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team());
+            aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team(), m_options.share);
         } else {
             in.sides.clear();  // the second pass reads each window again
             poolWindowedLayer(in);
@@ -397,10 +425,12 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
 {
     std::vector<char> compared(m_result.prompts.size());
     for (std::size_t pi = 0; pi < compared.size(); ++pi)
-        compared[pi] = !last.progress->failed[pi];
-    WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.step.layer, *m_result.aggregate, team());
+        compared[pi] = owns(pi) && !last.progress->failed[pi];
+    WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.step.layer, *m_result.aggregate, team(),
+                                 m_options.share);
+    bool unreadable = false;
     for (const Step& step : m_steps) {
-        if (step.layer != last.step.layer || !pooling.needsSides())
+        if (step.layer != last.step.layer || !pooling.needsSides() || unreadable)
             continue;
         if (cancelled())
             return;
@@ -419,13 +449,21 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
             } catch (const BundleError& e) {
                 // Read once, not twice (the file changed?): this layer's pooled BCs stay NaN, said so.
                 m_result.problems.push_back("pooled BC of layer '" + name + "': prompt " + p.id + ": " + e.what());
-                return;
+                unreadable = true;
+                break;
             }
             s.ok = true;
         }
-        pooling.count(sides, step.window);
+        if (!unreadable)
+            pooling.count(sides, step.window);
     }
-    pooling.finish();
+    if (m_options.share) {  // every process finishes the layer's pooling, or none
+        std::vector<double> any{unreadable ? 1.0 : 0.0};
+        m_options.share->maximum(any);
+        unreadable = any[0] > 0;
+    }
+    if (!unreadable)
+        pooling.finish();
 }
 
 void AnalysisRun::streamLayers()
@@ -509,12 +547,15 @@ void AnalysisRun::findAllSuspects()
 {
     std::vector<std::vector<Suspect>> suspects;
     for (std::size_t i = 0; i < m_result.prompts.size(); ++i) {
+        if (!owns(i))
+            continue;
         PromptAnalysis& p = m_result.prompts[i];
         p.suspects = findSuspects(m_loader, p, m_options.suspects, nullptr, team());
         noteSharedBlocks(i, p.suspects);
         suspects.push_back(p.suspects);
     }
-    m_result.suspects = poolSuspects(suspects);
+    if (!m_options.share)  // else pooled where the prompts are gathered
+        m_result.suspects = poolSuspects(suspects);
 }
 
 // Problems, non-finite cells and replica differences sorted, so that output is reproducible
@@ -560,14 +601,23 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
     AnalysisResult result;
     result.bundle = loader.path();
     result.notCompared = loader.config().notComparedLayers();
+    std::vector<const PromptInfo*> analysable;
     for (const PromptInfo* info : selectedPrompts(loader, options)) {
         if (info->problems.empty())
-            result.prompts.push_back(emptyPrompt(loader, *info, layers));
+            analysable.push_back(info);
         else
             result.problems.insert(result.problems.end(), info->problems.begin(), info->problems.end());
     }
+    if (options.share) {
+        std::vector<std::uint64_t> bytes;
+        for (const PromptInfo* info : analysable)
+            bytes.push_back(promptBytes(loader, *info, layers));
+        options.share->shareOut(bytes);
+    }
+    for (std::size_t i = 0; i < analysable.size(); ++i)
+        result.prompts.push_back(emptyPrompt(loader, *analysable[i], layers, !options.share || options.share->analyses(i)));
     if (options.bc)
-        result.aggregate = emptyAggregate(result.prompts, layers);
+        result.aggregate = emptyAggregate(result.prompts, layers, options.share);
     return result;
 }
 
@@ -578,6 +628,36 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
     sortFindings(result);
     if (options.searchSuspects)
         run.findAllSuspects();
+    if (!options.share)
+        return;
+    if (!options.share->gather(result, loader))
+        throw AnalysisHandedOver();
+    if (options.searchSuspects) {  // every prompt's are here now: pooled as one process pools them
+        std::vector<std::vector<Suspect>> suspects;
+        for (const PromptAnalysis& p : result.prompts)
+            suspects.push_back(p.suspects);
+        result.suspects = poolSuspects(suspects);
+    }
+}
+
+AnalysisResult prepareAnalysis(const Sweep& sweep, const AnalysisOptions& options)
+{
+    if (!sweep.loader) {
+        std::string why;
+        for (const SweepBundle& b : sweep.bundles)
+            why += "\n  " + b.problem;
+        throw BundleError(sweep.label, {}, "no bundle of the sweep can be analysed:" + why);
+    }
+    AnalysisResult result = prepareAnalysis(*sweep.loader, options);
+    result.bundles = sweep.bundles;
+    return result;
+}
+
+AnalysisResult analyzeSweep(const Sweep& sweep, const AnalysisOptions& options)
+{
+    AnalysisResult result = prepareAnalysis(sweep, options);
+    runAnalysis(*sweep.loader, options, result);
+    return result;
 }
 
 AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options)

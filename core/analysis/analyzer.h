@@ -5,8 +5,10 @@
 // are in memory whatever the number of layers. It reports progress and can be cancelled.
 
 #include "analysis/analysis_result.h"
+#include "analysis/analysis_share.h"
 #include "analysis/suspect.h"
 #include "kv/capture_loader.h"
+#include "kv/sweep.h"
 
 #include <atomic>
 #include <cstddef>
@@ -51,6 +53,10 @@ struct AnalysisOptions {
     // Whether to compute the BCs, per token and pooled (kvscope diff needs only the metrics):
     // without, they stay NaN and the result has no aggregate.
     bool bc = true;
+    // This process's share of an analysis run by several (kvscope-mpi; analysis_share.h): only
+    // its prompts are allocated, read, compared and searched for suspects, the aggregate is
+    // combined with the others', and the pooled suspects are left to whoever gathers the prompts.
+    AnalysisShare* share = nullptr;
 };
 
 // The windows of tokens a layer of `tokens` is read in, given what its sides take per token
@@ -73,5 +79,10 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
 
 // Both steps, through a loader of the bundle with options.unreadableBlocks.
 AnalysisResult analyzeBundle(std::shared_ptr<const BundleReader> reader, const AnalysisOptions& options = {});
+
+// A sweep's (kv/sweep.h): prepareAnalysis of its loader, with its bundles listed (those left
+// out with why). Throws BundleError when no bundle of it can be read.
+AnalysisResult prepareAnalysis(const Sweep& sweep, const AnalysisOptions& options);
+AnalysisResult analyzeSweep(const Sweep& sweep, const AnalysisOptions& options = {});
 
 }  // namespace kvscope

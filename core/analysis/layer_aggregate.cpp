@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cmath>
+#include <limits>
 #include <optional>
 
 namespace kvscope {
@@ -32,6 +34,70 @@ struct CountTask {
 
 constexpr std::int64_t kCountChunk = 64;
 
+// Ranges combined over every process: lows by their minimum, highs by their maximum.
+void shareRanges(AnalysisShare& share, std::vector<ErrorRange*> ranges)
+{
+    std::vector<double> lows, highs;
+    for (const ErrorRange* r : ranges) {
+        lows.push_back(r->lo);
+        highs.push_back(r->hi);
+    }
+    share.minimum(lows);
+    share.maximum(highs);
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+        *ranges[i] = {lows[i], highs[i]};
+}
+
+void shareCounts(AnalysisShare& share, std::vector<Histogram*> histograms)
+{
+    std::vector<std::uint64_t> counts;
+    for (const Histogram* h : histograms)
+        counts.insert(counts.end(), h->counts.begin(), h->counts.end());
+    share.sum(counts);
+    auto at = counts.begin();
+    for (Histogram* h : histograms) {
+        std::copy(at, at + std::ptrdiff_t(h->counts.size()), h->counts.begin());
+        at += std::ptrdiff_t(h->counts.size());
+    }
+}
+
+// Log histograms combined over every process: their touched bins first, then the counts in them.
+void shareLogCounts(AnalysisShare& share, std::vector<LogHistogram*> histograms)
+{
+    std::vector<double> firsts, lasts;
+    for (const LogHistogram* h : histograms) {
+        firsts.push_back(h->first);
+        lasts.push_back(h->last);
+    }
+    share.minimum(firsts);
+    share.maximum(lasts);
+    std::vector<std::uint32_t> counts;
+    for (std::size_t i = 0; i < histograms.size(); ++i)
+        for (int b = int(firsts[i]); b <= int(lasts[i]); ++b)
+            counts.push_back(histograms[i]->counts.empty() ? 0 : histograms[i]->counts[std::size_t(b)]);
+    share.sum(counts);
+    auto at = counts.begin();
+    for (std::size_t i = 0; i < histograms.size(); ++i) {
+        LogHistogram& h = *histograms[i];
+        h.clear();
+        const std::size_t size = std::size_t(std::max(0, int(lasts[i]) - int(firsts[i]) + 1));
+        if (size > 0)
+            h.merge(int(firsts[i]), &*at, size);
+        at += std::ptrdiff_t(size);
+    }
+}
+
+// Values one process holds (the others NaN), on every process.
+void shareOwnedValues(AnalysisShare& share, float* values, std::size_t count)
+{
+    std::vector<double> v(values, values + count);
+    for (double& x : v)
+        x = std::isnan(x) ? -std::numeric_limits<double>::infinity() : x;
+    share.maximum(v);
+    for (std::size_t i = 0; i < count; ++i)
+        values[i] = std::isinf(v[i]) && v[i] < 0 ? std::nanf("") : float(v[i]);
+}
+
 void addChunks(std::vector<CountTask>& tasks, CountTask task)
 {
     for (std::int64_t at = task.begin; at < task.end; at += kCountChunk) {
@@ -48,7 +114,8 @@ void addChunks(std::vector<CountTask>& tasks, CountTask task)
 class LayerPooling {
 public:
     LayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, std::vector<char> compared,
-                 const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team)
+                 const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team,
+                 AnalysisShare* share)
         : m_result(result)
         , m_pooled(pooled)
         , m_compared(std::move(compared))
@@ -56,6 +123,7 @@ public:
         , m_layer(layer)
         , m_aggregate(aggregate)
         , m_team(team)
+        , m_share(share)
         , m_gCount(std::size_t(aggregate.generationCount))
         // One prompt: each generation index is one token, whose counts and noise histograms
         // are those its own BCs came from; pooling them again would give the same bits.
@@ -75,6 +143,8 @@ public:
     // BC against the noise floor: fixed bins, so the counts of every token simply add up (the
     // comparison summed them per thread).
     void writeNoiseBc(KvPart part);
+    // One pooled prompt: its own BCs by generation index, from the process that analysed it.
+    void shareOnePromptBc(KvPart part);
 
 private:
     const LayerSides& sides(std::size_t i) const { return (*m_allSides)[std::size_t(m_pooled[i])]; }
@@ -100,6 +170,7 @@ private:
     const int m_layer;
     AggregateBc& m_aggregate;
     WorkTeam* const m_team;
+    AnalysisShare* const m_share;
     const std::size_t m_gCount;
     const bool m_onePrompt;
     std::array<PartPlan, 2> m_plans;
@@ -124,6 +195,12 @@ void LayerPooling::plan(KvPart part)
                 plan.byIndex[std::size_t(g)].merge(r);
         }
     }
+    if (m_share) {
+        std::vector<ErrorRange*> ranges{&combined};
+        for (ErrorRange& r : plan.byIndex)
+            ranges.push_back(&r);
+        shareRanges(*m_share, ranges);
+    }
     if (combined.empty())
         return;
     plan.empty = false;
@@ -131,7 +208,7 @@ void LayerPooling::plan(KvPart part)
     plan.combined.resize(std::size_t(m_team ? m_team->size() : 1));
     if (m_onePrompt) {
         const PromptAnalysis& p = m_result.prompts[std::size_t(m_pooled[0])];
-        for (std::size_t g = 0; g < m_gCount; ++g) {
+        for (std::size_t g = 0; g < m_gCount && compared(0); ++g) {  // (not compared: NaN, as left)
             const std::int64_t t = p.promptLen + std::int64_t(g);
             m_aggregate.bc[std::size_t(part)][at(g)] = p.bcValue(part, m_layer, t);
             m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = p.bcVsNoiseValue(part, m_layer, t);
@@ -226,13 +303,21 @@ void LayerPooling::count(const std::vector<LayerSides>& allSides, PositionRange 
 
 void LayerPooling::writeSharedBinBc(KvPart part)
 {
-    const PartPlan& plan = m_plans[std::size_t(part)];
+    PartPlan& plan = m_plans[std::size_t(part)];
     if (plan.empty)
         return;
     Histogram combinedBase, combinedTarget;
     for (const auto& [base, target] : plan.combined) {
         combinedBase.merge(base);
         combinedTarget.merge(target);
+    }
+    if (m_share) {
+        std::vector<Histogram*> histograms{&combinedBase, &combinedTarget};
+        for (std::size_t g = 0; g < m_gCount && !m_onePrompt; ++g) {
+            histograms.push_back(&m_plans[std::size_t(part)].indexBase[g]);
+            histograms.push_back(&m_plans[std::size_t(part)].indexTarget[g]);
+        }
+        shareCounts(*m_share, histograms);
     }
     m_aggregate.combined[std::size_t(part)][std::size_t(m_layer)] = float(bhattacharyya(combinedBase, combinedTarget));
     for (std::size_t g = 0; g < m_gCount && !m_onePrompt; ++g)
@@ -253,10 +338,17 @@ void LayerPooling::writeNoiseBc(KvPart part)
             noiseActual.merge(member[std::size_t(part)][1]);
         }
     }
+    if (m_share)
+        shareLogCounts(*m_share, {&noiseBase, &noiseActual});
     m_aggregate.combinedVsNoise[std::size_t(part)][std::size_t(m_layer)] = float(bcVsNoise(noiseBase, noiseActual));
-    // By generation index: the prompts' tokens at that index, one index at a time.
-    LogHistogram indexNoiseBase, indexNoiseActual;
-    for (std::size_t g = 0; g < m_gCount && !m_onePrompt; ++g) {
+    if (m_onePrompt)
+        return;
+    // By generation index: the prompts' tokens at that index, one index at a time (all of them
+    // at once when they are combined with other processes').
+    std::vector<LogHistogram> indexNoise(m_share ? 2 * m_gCount : 2);
+    for (std::size_t g = 0; g < m_gCount; ++g) {
+        LogHistogram& indexNoiseBase = indexNoise[m_share ? 2 * g : 0];
+        LogHistogram& indexNoiseActual = indexNoise[m_share ? 2 * g + 1 : 1];
         for (std::size_t i = 0; i < m_pooled.size(); ++i) {
             const std::int64_t t = promptLen(i) + std::int64_t(g);
             const TokenErrorStats& st = stats(i);
@@ -266,21 +358,40 @@ void LayerPooling::writeNoiseBc(KvPart part)
             indexNoiseBase.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);
             indexNoiseActual.merge(spans[1].first, st.noiseCounts(spans[1]), spans[1].size);
         }
+        if (m_share)
+            continue;
         m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = float(bcVsNoise(indexNoiseBase, indexNoiseActual));
         indexNoiseBase.clear();
         indexNoiseActual.clear();
     }
+    if (!m_share)
+        return;
+    std::vector<LogHistogram*> histograms;
+    for (LogHistogram& h : indexNoise)
+        histograms.push_back(&h);
+    shareLogCounts(*m_share, histograms);
+    for (std::size_t g = 0; g < m_gCount; ++g)
+        m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = float(bcVsNoise(indexNoise[2 * g], indexNoise[2 * g + 1]));
+}
+
+void LayerPooling::shareOnePromptBc(KvPart part)
+{
+    if (!m_share || !m_onePrompt || m_plans[std::size_t(part)].empty)
+        return;
+    for (auto* values : {&m_aggregate.bc[std::size_t(part)], &m_aggregate.bcVsNoise[std::size_t(part)]})
+        shareOwnedValues(*m_share, values->data() + at(0), m_gCount);
 }
 
 }  // namespace
 
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
-                    const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team)
+                    const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team,
+                    AnalysisShare* share)
 {
     std::vector<char> compared;
     for (const LayerSides& sides : allSides)
         compared.push_back(sides.ok ? 1 : 0);
-    WindowedLayerPooling pooling(result, pooled, std::move(compared), allStats, layer, aggregate, team);
+    WindowedLayerPooling pooling(result, pooled, std::move(compared), allStats, layer, aggregate, team, share);
     if (pooling.needsSides())
         pooling.count(allSides, PositionRange::all());
     pooling.finish();
@@ -293,8 +404,9 @@ public:
 
 WindowedLayerPooling::WindowedLayerPooling(const AnalysisResult& result, const std::vector<int>& pooled,
                                            std::vector<char> compared, const std::vector<TokenErrorStats>& allStats,
-                                           int layer, AggregateBc& aggregate, WorkTeam* team)
-    : m_pooling(std::make_unique<Steps>(result, pooled, std::move(compared), allStats, layer, aggregate, team))
+                                           int layer, AggregateBc& aggregate, WorkTeam* team, AnalysisShare* share)
+    : m_pooling(std::make_unique<Steps>(result, pooled, std::move(compared), allStats, layer, aggregate, team, share))
+
 {
     for (KvPart part : {KvPart::K, KvPart::V})
         m_pooling->plan(part);
@@ -317,6 +429,7 @@ void WindowedLayerPooling::finish()
     for (KvPart part : {KvPart::K, KvPart::V}) {
         m_pooling->writeSharedBinBc(part);
         m_pooling->writeNoiseBc(part);
+        m_pooling->shareOnePromptBc(part);
     }
 }
 

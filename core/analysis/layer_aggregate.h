@@ -7,6 +7,7 @@
 // ranges the comparison left), so the errors are binned in a second pass over the sides.
 
 #include "analysis/analysis_result.h"
+#include "analysis/analysis_share.h"
 #include "analysis/layer_comparison.h"
 #include "kv/layer_source.h"
 #include "util/work_team.h"
@@ -30,16 +31,18 @@ struct LayerSides {
 // its threads share the second pass.
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
                     const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate,
-                    WorkTeam* team = nullptr);
+                    WorkTeam* team = nullptr, AnalysisShare* share = nullptr);
 
 // The same for a layer compared in windows of tokens, whose sides are not all held at once:
 // made once every window is compared (`compared`: per prompt, whether its every window was),
 // then count() with each window's sides read again (the second pass), then finish().
+// With a `share` (kvscope-mpi), `compared` holds this process's prompts only: the shared ranges
+// and the counts are combined with every other process's, at construction and in finish().
 class WindowedLayerPooling {
 public:
     WindowedLayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, std::vector<char> compared,
                          const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate,
-                         WorkTeam* team = nullptr);
+                         WorkTeam* team = nullptr, AnalysisShare* share = nullptr);
     ~WindowedLayerPooling();
     // Whether the second pass has anything to count (else count() need not be called).
     bool needsSides() const;

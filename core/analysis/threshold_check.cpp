@@ -11,6 +11,10 @@ namespace kvscope {
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& t)
 {
     std::vector<Violation> out;
+    // A sweep's bundle that could not be read fails first: its prompts were not judged at all.
+    for (const SweepBundle& b : result.bundles)
+        if (!b.problem.empty())
+            out.push_back({"", "", -1, -1, "unreadable bundle", std::nan(""), 0, b.problem, b.name});
     // Any suspect fails, and comes first: something left the noise floor of its dtype.
     for (const Suspect& s : result.suspects) {
         std::string prompts;
@@ -80,6 +84,13 @@ AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, An
     return result;
 }
 
+AnalysisResult analyzeForVerdict(const Sweep& sweep, const AnalysisOptions& options)
+{
+    AnalysisResult result = analyzeSweep(sweep, options);
+    requireNoProblems(result);
+    return result;
+}
+
 void requireNoProblems(const AnalysisResult& result)
 {
     if (!result.problems.empty())
@@ -124,6 +135,8 @@ void writeVerdictJson(const std::string& bundle, const Thresholds& t, const std:
             w.field("metric", v.metric).field("value", v.value).field("threshold", v.threshold);
             if (!v.detail.empty())
                 w.field("evidence", v.detail);
+            if (!v.bundle.empty())
+                w.field("bundle", v.bundle);
             w.endObject();
         })
         .endObject();

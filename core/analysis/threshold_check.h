@@ -38,7 +38,8 @@ struct Violation {
     std::string metric;
     double value = 0;
     double threshold = 0;
-    std::string detail;  // a suspect's evidence
+    std::string detail;  // a suspect's evidence; why a bundle was left out
+    std::string bundle;  // a sweep's bundle left out (it could not be read): its name
 };
 
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& thresholds);
@@ -51,6 +52,8 @@ void writeVerdictJson(const std::string& bundle, const Thresholds& thresholds,
 // broken capture is not a pass. An unreadable block, a prompt or layer that cannot be
 // analysed throws (BundleError or std::runtime_error naming it).
 AnalysisResult analyzeForVerdict(const std::shared_ptr<BundleReader>& reader, AnalysisOptions options = {});
+// A sweep's, as strict (its loader opened with UnreadableBlockPolicy::Error).
+AnalysisResult analyzeForVerdict(const Sweep& sweep, const AnalysisOptions& options);
 // Throws the first of the analysis's problems, as analyzeForVerdict does (a results file read
 // for a verdict).
 void requireNoProblems(const AnalysisResult& result);

@@ -19,10 +19,12 @@ BlockSharing::BlockSharing(const CaptureLoader& loader, const std::vector<std::s
     // A token prefix [0, (b + 1) * block_size) by the id of the prefix before it and block b's
     // tokens: equal prefixes get one id, in memory linear in the tokens.
     std::map<std::tuple<int, std::int64_t, std::vector<std::int64_t>>, std::int64_t> prefixIds;
-    std::map<std::tuple<int, std::int64_t, std::int64_t, std::int64_t>, std::int64_t> keys;  // group, logical, physical, prefix
+    // Bundle (a sweep's bundles are separate engines), group, logical, physical, prefix.
+    std::map<std::tuple<std::size_t, int, std::int64_t, std::int64_t, std::int64_t>, std::int64_t> keys;
     for (std::size_t i = 0; i < promptIds.size(); ++i) {
         try {
             const PromptInfo& info = loader.prompt(promptIds[i]);
+            const std::size_t bundle = loader.memberOf(promptIds[i]);
             std::vector<std::int64_t> tokens = info.inputIds;
             tokens.insert(tokens.end(), info.teacherTokens.begin(), info.teacherTokens.end());
             std::vector<SnapshotSpan> spans;
@@ -59,7 +61,8 @@ BlockSharing::BlockSharing(const CaptureLoader& loader, const std::vector<std::s
                         const std::int64_t row = info.snapshots[std::size_t(s)].batchRow;
                         const std::int32_t physical = b < table.cols ? table.at(row, b) : -1;
                         if (physical >= 0) {
-                            key = keys.try_emplace({int(g), b, physical, prefix}, std::int64_t(m_holders.size())).first->second;
+                            key = keys.try_emplace({bundle, int(g), b, physical, prefix}, std::int64_t(m_holders.size()))
+                                      .first->second;
                             if (std::size_t(key) == m_holders.size()) {
                                 m_holders.emplace_back();
                                 m_physical.push_back(physical);

@@ -3,7 +3,8 @@
 // block between requests whose tokens agree up to the block's end; such a block holds one KV for
 // all of them. Two prompts share a block here when their block tables (the snapshot that wrote
 // it) point at the same physical block for the same logical block of a group, the block is full,
-// and their tokens agree from the first up to its end. Pooled statistics count a shared block's
+// and their tokens agree from the first up to its end (within one bundle of a sweep: separate
+// engines share nothing). Pooled statistics count a shared block's
 // tokens once (for the first prompt that holds it), and a finding in one names who shares it.
 
 #include "kv/capture_loader.h"

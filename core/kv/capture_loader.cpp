@@ -5,17 +5,18 @@
 #include "kv/snapshot_merge.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 
 namespace kvscope {
 
 CaptureLoader::CaptureLoader(std::shared_ptr<const BundleReader> reader, UnreadableBlockPolicy policy,
                              std::shared_ptr<const BundleReader> referenceDonor)
-    : m_reader(std::move(reader))
+    : m_members{{{}, std::move(reader)}}
     , m_policy(policy)
-    , m_prompts(m_reader->prompts())
+    , m_prompts(only().prompts())
 {
-    if (!referenceDonor || !m_reader->metadata().engineOnly)
+    if (!referenceDonor || !only().metadata().engineOnly)
         return;
     m_donor = std::move(referenceDonor);
     for (PromptInfo& p : m_prompts) {
@@ -26,7 +27,7 @@ CaptureLoader::CaptureLoader(std::shared_ptr<const BundleReader> reader, Unreada
             return d.problems.empty() && d.inputIds == p.inputIds && d.teacherTokens == p.teacherTokens;
         });
         if (donor == donors.end()) {
-            p.problems.back() = BundleError(m_reader->path(), bundle_path::prompt(p.id),
+            p.problems.back() = BundleError(only().path(), bundle_path::prompt(p.id),
                                             "an engine-only capture's prompt, and no readable prompt of " +
                                                 m_donor->path() + " has its tokens to lend a reference")
                                     .what();
@@ -39,33 +40,89 @@ CaptureLoader::CaptureLoader(std::shared_ptr<const BundleReader> reader, Unreada
     }
 }
 
+CaptureLoader::CaptureLoader(std::vector<SweepMember> members, std::string label, UnreadableBlockPolicy policy)
+    : m_members(std::move(members))
+    , m_label(std::move(label))
+    , m_policy(policy)
+{
+    if (m_members.empty() || m_label.empty())
+        throw std::invalid_argument("a sweep needs a label and at least one bundle");
+    for (std::size_t m = 0; m < m_members.size(); ++m)
+        for (const PromptInfo& info : m_members[m].reader->prompts()) {
+            PromptInfo named = info;
+            named.id = m_members[m].name + "/" + info.id;
+            if (!m_byName.emplace(named.id, m_prompts.size()).second)
+                throw std::invalid_argument("two prompts of the sweep are named " + named.id);
+            m_origin.emplace_back(m, info.id);
+            m_prompts.push_back(std::move(named));
+        }
+}
+
 const PromptInfo& CaptureLoader::prompt(const std::string& id) const
 {
-    const PromptInfo& info = m_reader->prompt(id);
-    return m_prompts[std::size_t(&info - m_reader->prompts().data())];
+    if (!isSweep()) {
+        const PromptInfo& info = only().prompt(id);
+        return m_prompts[std::size_t(&info - only().prompts().data())];
+    }
+    const auto found = m_byName.find(id);
+    if (found == m_byName.end())
+        throw BundleError(m_label, "prompt '" + id + "'", "is not a prompt of this sweep (prompts are named BUNDLE/ID)");
+    return m_prompts[found->second];
+}
+
+CaptureLoader::Located CaptureLoader::locate(const std::string& promptId) const
+{
+    if (!isSweep())
+        return {only(), promptId};
+    const std::pair<std::size_t, std::string>& origin = m_origin[std::size_t(&prompt(promptId) - m_prompts.data())];
+    return {*m_members[origin.first].reader, origin.second};
+}
+
+std::size_t CaptureLoader::memberOf(const std::string& promptId) const
+{
+    return isSweep() ? m_origin[std::size_t(&prompt(promptId) - m_prompts.data())].first : 0;
+}
+
+BlockTable CaptureLoader::blockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const
+{
+    const Located at = locate(promptId);
+    return at.reader.readBlockTable(at.id, snapshot, group);
+}
+
+Logits CaptureLoader::logits(const std::string& promptId, LogitsRole role) const
+{
+    const Located at = locate(promptId);
+    return at.reader.readLogits(at.id, role);
+}
+
+PagedShard CaptureLoader::engineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
+                                      KvPart part, const std::vector<std::int64_t>& blockIds) const
+{
+    const Located at = locate(promptId);
+    return at.reader.readEngineShard(at.id, snapshot, rank, layer, part, &blockIds);
 }
 
 std::string CaptureLoader::referenceOrigin(const std::string& promptId) const
 {
     const auto [reader, fromId] = referenceFrom(promptId);
-    return reader == m_reader.get() ? reader->path() : reader->path() + ", prompt " + fromId;
+    return reader == &locate(promptId).reader ? reader->path() : reader->path() + ", prompt " + fromId;
 }
 
 std::int64_t CaptureLoader::sequenceLength(const std::string& promptId) const
 {
-    return m_reader->prompt(promptId).snapshots.back().seqLen();
+    return prompt(promptId).snapshots.back().seqLen();
 }
 
-LayerShards CaptureLoader::readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+LayerShards CaptureLoader::readShards(const Located& at, std::size_t snapshot, const std::string& layer,
                                       const std::vector<std::int64_t>* blockIds) const
 {
-    const KvCacheConfig& config = m_reader->config();
+    const KvCacheConfig& config = at.reader.config();
     LayerShards shards;
     shards.k.resize(std::size_t(config.tpSize));
     shards.v.resize(std::size_t(config.tpSize));
     for (int rank : config.layoutOf(layer).ranksRead()) {
-        shards.k[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::K, blockIds);
-        shards.v[std::size_t(rank)] = m_reader->readEngineShard(promptId, snapshot, rank, layer, KvPart::V, blockIds);
+        shards.k[std::size_t(rank)] = at.reader.readEngineShard(at.id, snapshot, rank, layer, KvPart::K, blockIds);
+        shards.v[std::size_t(rank)] = at.reader.readEngineShard(at.id, snapshot, rank, layer, KvPart::V, blockIds);
     }
     return shards;
 }
@@ -73,19 +130,22 @@ LayerShards CaptureLoader::readShards(const std::string& promptId, std::size_t s
 const PromptInfo& CaptureLoader::usablePrompt(const std::string& promptId) const
 {
     const PromptInfo& prompt = this->prompt(promptId);
-    if (!prompt.problems.empty())
-        throw BundleError(m_reader->path(), bundle_path::prompt(promptId), "cannot be analysed: " + prompt.problems.front());
+    if (!prompt.problems.empty()) {
+        const Located at = locate(promptId);
+        throw BundleError(at.reader.path(), bundle_path::prompt(at.id), "cannot be analysed: " + prompt.problems.front());
+    }
     return prompt;
 }
 
-int CaptureLoader::groupOf(const std::string& layer) const
+int CaptureLoader::groupOf(const BundleReader& reader, const std::string& layer) const
 {
-    const int group = m_reader->config().groupOf(layer);
+    const KvCacheConfig& config = reader.config();
+    const int group = config.groupOf(layer);
     if (group < 0)
-        throw BundleError(m_reader->path(), "layer '" + layer + "'", "belongs to no group of the config");
-    if (!m_reader->config().isCompared(layer))
-        throw BundleError(m_reader->path(), "layer '" + layer + "'",
-                          "is one of the " + m_reader->config().groups[std::size_t(group)].notComparedWhy +
+        throw BundleError(reader.path(), "layer '" + layer + "'", "belongs to no group of the config");
+    if (!config.isCompared(layer))
+        throw BundleError(reader.path(), "layer '" + layer + "'",
+                          "is one of the " + config.groups[std::size_t(group)].notComparedWhy +
                               ", which kvscope does not compare");
     return group;
 }
@@ -95,14 +155,15 @@ LayerSource CaptureLoader::snapshotSource(const std::string& promptId, std::size
                                           PositionRange window) const
 {
     const PromptInfo& prompt = usablePrompt(promptId);
-    const KvCacheConfig& config = m_reader->config();
-    const int group = groupOf(layer);
+    const Located at = locate(promptId);
+    const KvCacheConfig& config = at.reader.config();  // a sweep's bundles may differ in their pool sizes
+    const int group = groupOf(at.reader, layer);
     const SnapshotInfo& snap = prompt.snapshots.at(snapshot);
-    const BlockTable table = m_reader->readBlockTable(promptId, snapshot, std::size_t(group));
+    const BlockTable table = at.reader.readBlockTable(at.id, snapshot, std::size_t(group));
     const std::int64_t written = snap.seqLen() - 1;
     const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written, window);
-    auto shards = std::make_shared<const LayerShards>(readShards(promptId, snapshot, layer, &ids));
-    ReconstructOptions options{m_policy, m_reader->path(), bundle_path::snapshot(promptId, snapshot)};
+    auto shards = std::make_shared<const LayerShards>(readShards(at, snapshot, layer, &ids));
+    ReconstructOptions options{m_policy, at.reader.path(), bundle_path::snapshot(at.id, snapshot)};
     return reconstructSource(config, layer, std::move(shards), table, snap.batchRow, written, options, problems, length,
                              window);
 }
@@ -120,10 +181,11 @@ LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::
     std::vector<SnapshotSpan> spans;
     for (const SnapshotInfo& s : prompt.snapshots)
         spans.push_back({s.seqLen(), s.validatedUntil});
+    const Located at = locate(promptId);
     const std::vector<PositionRange> ranges =
-        contributedRanges(spans, m_reader->path(), bundle_path::prompt(promptId) + "/engine");
-    const KvCacheConfig& config = m_reader->config();
-    const int group = groupOf(layer);
+        contributedRanges(spans, at.reader.path(), bundle_path::prompt(at.id) + "/engine");
+    const KvCacheConfig& config = at.reader.config();
+    const int group = groupOf(at.reader, layer);
     const KvCacheGroup& g = config.groups[std::size_t(group)];
     SnapshotMerger merger(g.totalKvHeads, sequenceLength(promptId), headDimsOf(g),
                           int(config.layout(g).contributingRanks().size()));
@@ -136,8 +198,10 @@ LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::
 std::pair<const BundleReader*, std::string> CaptureLoader::referenceFrom(const std::string& promptId) const
 {
     const auto borrowed = m_donorPrompt.find(promptId);
-    if (borrowed == m_donorPrompt.end())
-        return {m_reader.get(), promptId};
+    if (borrowed == m_donorPrompt.end()) {
+        const Located at = locate(promptId);
+        return {&at.reader, at.id};
+    }
     return {m_donor.get(), borrowed->second};
 }
 
@@ -158,8 +222,9 @@ LayerSource CaptureLoader::referenceSource(const std::string& promptId, Referenc
                                            PositionRange window) const
 {
     usablePrompt(promptId);
-    const KvCacheConfig& config = m_reader->config();
-    const int group = groupOf(layer);
+    const Located at = locate(promptId);
+    const KvCacheConfig& config = at.reader.config();
+    const int group = groupOf(at.reader, layer);
     const auto [reader, fromId] = referenceFrom(promptId);
     const BundleReader& from = *reader;
     std::shared_ptr<const BundleReader::Reference> ref;

@@ -8,6 +8,10 @@
 // An engine-only capture (BundleMetadata::engineOnly) has no reference of its own; given a
 // donor, a capture of the same prompts, each prompt borrows the reference of the donor's
 // prompt with the same tokens, as kvscope diff A B does with A's.
+//
+// A sweep (many bundles of one model, written by many engine workers) is one loader over
+// several bundles: their prompts are named "NAME/ID", and each is read from its own bundle
+// (kv/sweep.h opens one).
 
 #include "format/bundle_reader.h"
 #include "kv/layer_kv.h"
@@ -23,35 +27,45 @@
 
 namespace kvscope {
 
+// One bundle of a sweep, and the name its prompts carry ("NAME/ID").
+struct SweepMember {
+    std::string name;
+    std::shared_ptr<const BundleReader> reader;
+};
+
 class CaptureLoader {
 public:
     explicit CaptureLoader(std::shared_ptr<const BundleReader> reader,
                            UnreadableBlockPolicy policy = UnreadableBlockPolicy::Error,
                            std::shared_ptr<const BundleReader> referenceDonor = nullptr);
+    // A sweep: `members` (at least one, whose configs agree but for their pool sizes), called
+    // `label` where a bundle's path would be.
+    CaptureLoader(std::vector<SweepMember> members, std::string label, UnreadableBlockPolicy policy);
 
-    const std::string& path() const { return m_reader->path(); }
-    const BundleMetadata& metadata() const { return m_reader->metadata(); }
-    const KvCacheConfig& config() const { return m_reader->config(); }
+    // The bundle's path; a sweep's label.
+    const std::string& path() const { return m_label.empty() ? m_members.front().reader->path() : m_label; }
+    // The (first) bundle's.
+    const BundleMetadata& metadata() const { return m_members.front().reader->metadata(); }
+    const KvCacheConfig& config() const { return m_members.front().reader->config(); }
+    bool isSweep() const { return !m_label.empty(); }
+    const std::vector<SweepMember>& members() const { return m_members; }
+    // Which member holds the prompt (0 for one bundle).
+    std::size_t memberOf(const std::string& promptId) const;
     // The bundle's, with a borrowed reference's roles (hasExpected, hasBaseline) where there is one.
     const std::vector<PromptInfo>& prompts() const { return m_prompts; }
     const PromptInfo& prompt(const std::string& id) const;  // throws if unknown
     // Where a prompt's reference is read: this bundle, or the donor's file and prompt it borrows.
     std::string referenceOrigin(const std::string& promptId) const;
     UnreadableBlockPolicy unreadableBlocks() const { return m_policy; }
-    BundleOutline outline() const { return m_reader->outline(); }
-    bool holdsData() const { return m_reader->holdsData(); }  // false: only an outline (a results file's)
+    BundleOutline outline() const { return m_members.front().reader->outline(); }
+    // false: only an outline (a results file's)
+    bool holdsData() const { return m_members.front().reader->holdsData(); }
 
-    BlockTable blockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const
-    {
-        return m_reader->readBlockTable(promptId, snapshot, group);
-    }
-    Logits logits(const std::string& promptId, LogitsRole role) const { return m_reader->readLogits(promptId, role); }
+    BlockTable blockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const;
+    Logits logits(const std::string& promptId, LogitsRole role) const;
     // One rank's K or V of a layer as stored, only the blocks `blockIds` (see BundleReader).
     PagedShard engineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
-                           KvPart part, const std::vector<std::int64_t>& blockIds) const
-    {
-        return m_reader->readEngineShard(promptId, snapshot, rank, layer, part, &blockIds);
-    }
+                           KvPart part, const std::vector<std::int64_t>& blockIds) const;
 
     // Positions of the merged engine cache: the last snapshot's sequence length.
     std::int64_t sequenceLength(const std::string& promptId) const;
@@ -74,23 +88,35 @@ public:
                                 PositionRange window = PositionRange::all()) const;
 
 private:
+    // The bundle holding a prompt, and the prompt's id there.
+    struct Located {
+        const BundleReader& reader;
+        const std::string& id;
+    };
+    Located locate(const std::string& promptId) const;
     // The prompt, or a BundleError when its structure was found broken on open.
     const PromptInfo& usablePrompt(const std::string& promptId) const;
-    int groupOf(const std::string& layer) const;  // throws for a layer of no group
+    int groupOf(const BundleReader& reader, const std::string& layer) const;  // throws for a layer of no group
     // One snapshot: positions [0, seq_len - 1) (the last token is never written), in
     // `length` positions (the rest absent).
     LayerSource snapshotSource(const std::string& promptId, std::size_t snapshot, const std::string& layer,
                                std::vector<std::string>* problems, std::int64_t length, PositionRange window) const;
-    LayerShards readShards(const std::string& promptId, std::size_t snapshot, const std::string& layer,
+    LayerShards readShards(const Located& at, std::size_t snapshot, const std::string& layer,
                            const std::vector<std::int64_t>* blockIds) const;
 
-    std::shared_ptr<const BundleReader> m_reader;
+    std::vector<SweepMember> m_members;  // one, unless a sweep
+    std::string m_label;                 // a sweep's; empty for one bundle
     UnreadableBlockPolicy m_policy;
-    std::vector<PromptInfo> m_prompts;  // the reader's, in its order, with borrowed references' roles
+    // The readers', in their order, with borrowed references' roles (and a sweep's names).
+    std::vector<PromptInfo> m_prompts;
+    // A sweep's: per prompt, its member and its id there; the index of each name.
+    std::vector<std::pair<std::size_t, std::string>> m_origin;
+    std::map<std::string, std::size_t> m_byName;
     std::shared_ptr<const BundleReader> m_donor;
     std::map<std::string, std::string> m_donorPrompt;  // prompt id -> the donor's prompt of the same tokens
     // Where a prompt's reference is read: this bundle's prompt, or the donor's it borrows.
     std::pair<const BundleReader*, std::string> referenceFrom(const std::string& promptId) const;
+    const BundleReader& only() const { return *m_members.front().reader; }
 };
 
 }  // namespace kvscope

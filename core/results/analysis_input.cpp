@@ -1,6 +1,7 @@
 #include "results/analysis_input.h"
 
 #include "analysis/threshold_check.h"
+#include "kv/sweep.h"
 #include "format/bundle_error.h"
 #include "results/results_file.h"
 
@@ -44,6 +45,23 @@ AnalysisInput analysisForVerdict(const std::string& path, const AnalysisOptions&
     input.reader = std::move(results.bundle);
     input.fromResultsFile = true;
     input.bundleMissing = std::move(results.bundleMissing);
+    return input;
+}
+
+}  // namespace kvscope
+
+namespace kvscope {
+
+AnalysisInput analysisForVerdict(const std::vector<std::string>& operands, const AnalysisOptions& options, bool strict)
+{
+    if (!isSweep(operands))
+        return analysisForVerdict(operands.front(), options);
+    const Sweep sweep = openSweep(operands, UnreadableBlockPolicy::Error, BundleReader::kProbeFromThreads);
+    if (strict)
+        requireEveryBundle(sweep);
+    AnalysisInput input;
+    input.result = analyzeForVerdict(sweep, options);
+    input.loader = sweep.loader;
     return input;
 }
 

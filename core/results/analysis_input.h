@@ -14,6 +14,7 @@ namespace kvscope {
 struct AnalysisInput {
     AnalysisResult result;
     std::shared_ptr<const BundleReader> reader;  // the bundle, or only its outline (holdsData() false)
+    std::shared_ptr<const CaptureLoader> loader;  // a sweep's (no reader then)
     bool fromResultsFile = false;
     std::string bundleMissing;  // a results file's bundle not at hand: why (results/results_file.h)
 };
@@ -22,6 +23,9 @@ struct AnalysisInput {
 // analysed with the same suspect thresholds, with BCs and suspects; anything it could not
 // analyse is thrown, as a bundle's would be.
 AnalysisInput analysisForVerdict(const std::string& path, const AnalysisOptions& options);
+// The same for a command's operands: one of the above, or a sweep (kv/sweep.h) whose bundles
+// that cannot be read are left out (listed in the result), unless `strict`, where they are thrown.
+AnalysisInput analysisForVerdict(const std::vector<std::string>& operands, const AnalysisOptions& options, bool strict);
 
 // A results file's analysis checked against `options` (its suspect thresholds, BCs, suspects);
 // throws BundleError naming the file and what differs.

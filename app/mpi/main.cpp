@@ -1,0 +1,128 @@
+// kvscope-mpi: kvscope's commands in an MPI job (mpirun, Slurm's srun, a Kubernetes MPIJob).
+// analyze, check and report share the prompts of their bundles out over the ranks, pool them
+// exactly (the JSON is byte for byte kvscope's) and write on rank 0; every other command runs
+// on rank 0 alone. Only this executable links MPI (docs/scale-out.md).
+
+#include "app_cli/app_commands.h"
+#include "cli/commands.h"
+#include "format/bundle_error.h"
+#include "format/bundle_reader.h"
+#include "mpi/mpi_share.h"
+#include "util/version.h"
+
+#include <mpi.h>
+
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace kvscope;
+using namespace kvscope::cli;
+
+// The commands whose analysis the ranks share.
+const std::set<std::string> kShared{"analyze", "check", "report"};
+
+// A single bundle's metadata read first in a child process, as kvscope does (cli/crash_guard.h;
+// a sweep's bundles are each probed as it is opened): a file that crashes libhdf5 is reported
+// instead of ending the rank. Before MPI starts, where forking is safe. Empty: it reads.
+std::string probeBundle(const std::vector<std::string>& args)
+{
+    std::vector<std::string> files;
+    for (std::size_t i = 1; i < args.size(); ++i) {
+        std::error_code error;
+        if (!args[i].starts_with("-") && std::filesystem::is_regular_file(args[i], error))
+            files.push_back(args[i]);
+    }
+    if (files.empty())
+        return {};
+    try {
+        BundleReader::probeInChild(files.front());
+    } catch (const BundleError& e) {
+        return e.what();
+    }
+    return {};
+}
+
+int runCommand(const std::vector<std::string>& args, const std::string& unreadable, MpiShare& share)
+{
+    const bool root = share.rank() == 0;
+    const std::string first = args.empty() ? "" : args[0];
+    if (first.empty() || first == "--help" || first == "-h" || first == "help") {
+        if (root) {
+            std::cout << "kvscope-mpi: kvscope's commands in an MPI job; analyze, check and report share their\n"
+                         "bundles' prompts over the ranks (mpirun -np N kvscope-mpi analyze DIR --json OUT)\n\n";
+            printOverview(std::cout);
+        }
+        return first.empty() ? 2 : 0;
+    }
+    if (first == "--version") {
+        if (root)
+            std::cout << "kvscope-mpi " << kVersion << "\n";
+        return 0;
+    }
+    const Command* command = findCommand(first);
+    if (!command) {
+        if (root)
+            std::cerr << "kvscope-mpi: '" << first << "' is not a command (kvscope-mpi --help)\n";
+        return 2;
+    }
+    const Args rest(args.begin() + 1, args.end());
+    if (rest.size() == 1 && (rest[0] == "--help" || rest[0] == "-h")) {
+        if (root)
+            printUsage(first, std::cout);
+        return 0;
+    }
+    const bool shared = kShared.count(first) > 0;
+    if (!shared && !root)
+        return 0;  // one rank is enough
+    if (!unreadable.empty()) {
+        if (root)
+            std::cerr << "kvscope: " << unreadable << "\n";
+        return 2;
+    }
+    const RunCommand run = command->run ? command->run : appCommand(first);
+    if (shared)
+        setSharedAnalysis(&share);
+    // Every rank runs the command; only rank 0's output is the command's (the others would
+    // repeat it). Another rank's errors are shown when it stops the job.
+    std::ostringstream discarded, errors;
+    std::ostream& out = root ? std::cout : discarded;
+    std::ostream& err = root ? std::cerr : errors;
+    int code = 2;
+    try {
+        code = run(rest, out, err);
+    } catch (const AnalysisHandedOver&) {
+        code = 0;  // this rank's prompts are rank 0's now
+    } catch (const std::exception& e) {
+        err << "kvscope: " << e.what() << "\n";
+    }
+    if (share.inProgress()) {  // left the shared analysis early: the other ranks would wait for ever
+        std::cerr << "kvscope-mpi: rank " << share.rank() << " stopped the job: " << (root ? "" : errors.str());
+        std::cerr.flush();
+        MPI_Abort(MPI_COMM_WORLD, code == 0 ? 2 : code);
+    }
+    return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    const std::string unreadable = probeBundle(args);
+    int provided = 0;
+    // Only the thread that runs the command calls MPI (the analysis's helpers never do).
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    int code = 2;
+    {
+        MpiShare share(MPI_COMM_WORLD);
+        code = runCommand(args, unreadable, share);
+    }
+    MPI_Finalize();
+    return code;
+}

@@ -1,0 +1,198 @@
+#include "mpi/mpi_share.h"
+
+#include "analysis/analysis_result.h"
+#include "format/bundle_error.h"
+#include "kv/capture_loader.h"
+#include "results/analysis_record.h"
+#include "results/results_file.h"
+#include "results/results_writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace kvscope {
+
+namespace {
+
+constexpr int kIndicesTag = 1;
+constexpr int kBytesTag = 2;
+
+// A results file in the temporary folder, removed when done with.
+class TemporaryResults {
+public:
+    explicit TemporaryResults(int rank)
+        : m_path((std::filesystem::temp_directory_path() /
+                  ("kvscope-mpi-" + std::to_string(getpid()) + "-" + std::to_string(rank) + ".kvres"))
+                     .string())
+    {
+    }
+    ~TemporaryResults()
+    {
+        std::error_code ignored;
+        std::filesystem::remove(m_path, ignored);
+    }
+    const std::string& path() const { return m_path; }
+    std::vector<char> bytes() const
+    {
+        std::ifstream in(m_path, std::ios::binary);
+        std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+        if (!in.eof() && in.fail())
+            throw BundleError(m_path, {}, "cannot be read back");
+        return bytes;
+    }
+    void write(const std::vector<char>& bytes) const
+    {
+        std::ofstream out(m_path, std::ios::binary);
+        out.write(bytes.data(), std::streamsize(bytes.size()));
+        if (!out.flush())
+            throw BundleError(m_path, {}, "cannot be written");
+    }
+
+private:
+    std::string m_path;
+};
+
+}  // namespace
+
+MpiShare::MpiShare(MPI_Comm comm)
+    : m_comm(comm)
+{
+    MPI_Comm_rank(comm, &m_rank);
+    MPI_Comm_size(comm, &m_size);
+}
+
+void MpiShare::shareOut(const std::vector<std::uint64_t>& promptBytes)
+{
+    // Every rank must have opened the same prompts (a bundle one rank could read and another
+    // not would pair different collectives): compared before anything else is combined.
+    std::uint64_t total = 0;
+    for (std::uint64_t b : promptBytes)
+        total += b;
+    std::vector<double> seen{double(promptBytes.size()), double(total)};
+    std::vector<double> low = seen, high = seen;
+    allReduce(low.data(), low.size(), MPI_DOUBLE, MPI_MIN);
+    allReduce(high.data(), high.size(), MPI_DOUBLE, MPI_MAX);
+    if (low != high)
+        throw BundleError("kvscope-mpi", {}, "the ranks do not see the same prompts (a bundle readable on some nodes only?)");
+    m_owner = balancePrompts(promptBytes, m_size);
+    m_sharedOut = true;
+    m_gathered = false;
+}
+
+bool MpiShare::analyses(std::size_t prompt) const
+{
+    return prompt < m_owner.size() && m_owner[prompt] == m_rank;
+}
+
+void MpiShare::allReduce(void* values, std::size_t count, MPI_Datatype type, MPI_Op op)
+{
+    int typeSize = 0;
+    MPI_Type_size(type, &typeSize);
+    char* at = static_cast<char*>(values);
+    for (std::size_t done = 0; done < count;) {  // MPI counts are ints
+        const int n = int(std::min<std::size_t>(count - done, INT_MAX / 2));
+        MPI_Allreduce(MPI_IN_PLACE, at + done * std::size_t(typeSize), n, type, op, m_comm);
+        done += std::size_t(n);
+    }
+}
+
+void MpiShare::minimum(std::vector<double>& values)
+{
+    allReduce(values.data(), values.size(), MPI_DOUBLE, MPI_MIN);
+}
+
+void MpiShare::maximum(std::vector<double>& values)
+{
+    allReduce(values.data(), values.size(), MPI_DOUBLE, MPI_MAX);
+}
+
+void MpiShare::sum(std::vector<std::uint64_t>& values)
+{
+    allReduce(values.data(), values.size(), MPI_UINT64_T, MPI_SUM);
+}
+
+void MpiShare::sum(std::vector<std::uint32_t>& values)
+{
+    allReduce(values.data(), values.size(), MPI_UINT32_T, MPI_SUM);
+}
+
+void MpiShare::sendBytes(const std::vector<char>& bytes, int to)
+{
+    std::uint64_t size = bytes.size();
+    MPI_Send(&size, 1, MPI_UINT64_T, to, kBytesTag, m_comm);
+    for (std::size_t done = 0; done < bytes.size();) {
+        const int n = int(std::min<std::size_t>(bytes.size() - done, std::size_t(1) << 30));
+        MPI_Send(bytes.data() + done, n, MPI_CHAR, to, kBytesTag, m_comm);
+        done += std::size_t(n);
+    }
+}
+
+std::vector<char> MpiShare::receiveBytes(int from)
+{
+    std::uint64_t size = 0;
+    MPI_Recv(&size, 1, MPI_UINT64_T, from, kBytesTag, m_comm, MPI_STATUS_IGNORE);
+    std::vector<char> bytes(size);
+    for (std::size_t done = 0; done < bytes.size();) {
+        const int n = int(std::min<std::size_t>(bytes.size() - done, std::size_t(1) << 30));
+        MPI_Recv(bytes.data() + done, n, MPI_CHAR, from, kBytesTag, m_comm, MPI_STATUS_IGNORE);
+        done += std::size_t(n);
+    }
+    return bytes;
+}
+
+bool MpiShare::gather(AnalysisResult& result, const CaptureLoader& loader)
+{
+    if (m_rank != 0) {
+        AnalysisResult part;
+        part.bundle = result.bundle;
+        part.problems = result.problems;
+        std::vector<std::int64_t> indices;
+        for (std::size_t i = 0; i < result.prompts.size(); ++i)
+            if (analyses(i)) {
+                indices.push_back(std::int64_t(i));
+                part.prompts.push_back(std::move(result.prompts[i]));
+            }
+        std::vector<char> bytes;
+        if (!part.prompts.empty()) {
+            const TemporaryResults file(m_rank);
+            BundleOutline outline = loader.outline();
+            outline.path.clear();  // nothing to find when it is read: the prompts are all it carries
+            saveResults(file.path(), outline, part, RecordedOptions{});
+            bytes = file.bytes();
+        }
+        const int count = int(indices.size());
+        MPI_Send(&count, 1, MPI_INT, 0, kIndicesTag, m_comm);
+        MPI_Send(indices.data(), count, MPI_INT64_T, 0, kIndicesTag, m_comm);
+        sendBytes(bytes, 0);
+        m_gathered = true;
+        return false;
+    }
+    for (int from = 1; from < m_size; ++from) {
+        int count = 0;
+        MPI_Recv(&count, 1, MPI_INT, from, kIndicesTag, m_comm, MPI_STATUS_IGNORE);
+        std::vector<std::int64_t> indices(std::size_t(std::max(0, count)));
+        MPI_Recv(indices.data(), count, MPI_INT64_T, from, kIndicesTag, m_comm, MPI_STATUS_IGNORE);
+        const std::vector<char> bytes = receiveBytes(from);
+        if (indices.empty())
+            continue;
+        const TemporaryResults file(from);
+        file.write(bytes);
+        ResultsFile part = readResultsFile(file.path());
+        if (part.result.prompts.size() != indices.size())
+            throw BundleError(file.path(), {}, "rank " + std::to_string(from) + " sent a different number of prompts");
+        for (std::size_t k = 0; k < indices.size(); ++k)
+            result.prompts[std::size_t(indices[k])] = std::move(part.result.prompts[k]);
+        for (const std::string& problem : part.result.problems)  // (those found while pooling, on that rank)
+            if (std::find(result.problems.begin(), result.problems.end(), problem) == result.problems.end())
+                result.problems.push_back(problem);
+    }
+    m_gathered = true;
+    return true;
+}
+
+}  // namespace kvscope

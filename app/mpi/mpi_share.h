@@ -1,0 +1,47 @@
+#pragma once
+// An analysis shared by the ranks of an MPI job (kvscope-mpi): the prompts balanced over the
+// ranks by the bytes they read, the pooled statistics combined with MPI_Allreduce (exactly:
+// analysis/analysis_share.h), and every rank's prompts gathered on rank 0, which writes what
+// the command writes. The prompts travel as results files (results/results_file.h): one
+// format for an analysis kept on disk and one sent to another rank.
+
+#include "analysis/analysis_share.h"
+
+#include <mpi.h>
+
+#include <vector>
+
+namespace kvscope {
+
+class MpiShare final : public AnalysisShare {
+public:
+    explicit MpiShare(MPI_Comm comm);
+
+    int rank() const { return m_rank; }
+    int size() const { return m_size; }
+    // Whether an analysis has begun (its prompts shared out) and not yet ended in gather():
+    // a rank that leaves now would leave the others waiting.
+    bool inProgress() const { return m_sharedOut && !m_gathered; }
+
+    void shareOut(const std::vector<std::uint64_t>& promptBytes) override;
+    bool analyses(std::size_t prompt) const override;
+    void minimum(std::vector<double>& values) override;
+    void maximum(std::vector<double>& values) override;
+    void sum(std::vector<std::uint64_t>& values) override;
+    void sum(std::vector<std::uint32_t>& values) override;
+    bool gather(AnalysisResult& result, const CaptureLoader& loader) override;
+
+private:
+    void allReduce(void* values, std::size_t count, MPI_Datatype type, MPI_Op op);
+    void sendBytes(const std::vector<char>& bytes, int to);
+    std::vector<char> receiveBytes(int from);
+
+    MPI_Comm m_comm;
+    int m_rank = 0;
+    int m_size = 1;
+    std::vector<int> m_owner;  // per prompt, its rank
+    bool m_sharedOut = false;
+    bool m_gathered = false;
+};
+
+}  // namespace kvscope
