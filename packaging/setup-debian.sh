@@ -8,6 +8,8 @@ packages=(
   qt6-base-dev qt6-base-dev-tools qt6-svg-dev
   libqcustomplot-dev libqcustomplot2.1-qt6
   libtorch-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev liburing-dev
+  # kvscope-mpi, sweeps shared over MPI ranks, and its exactness test (mpirun)
+  openmpi-bin libopenmpi-dev
   # a fast BLAS for libtorch's fp32 matmuls (the default reference BLAS is 10x slower)
   libopenblas0-pthread
   # looking at the GUI headless, and the tests that do

@@ -78,7 +78,7 @@ int runCommandLine(int argc, char** argv, RunCommand (*appCommand)(const std::st
         return 2;
     }
     if (args.size() > 1 && !(args.size() >= 3 && args[1] == "--screenshot")) {
-        std::cerr << "kvscope: '" << first << "' is not a command, and the app takes one bundle\n";
+        std::cerr << "kvscope: '" << first << "' is not a command, and the app takes one bundle or folder (a sweep: a folder of bundles)\n";
         printOverview(std::cerr);
         return 2;
     }

@@ -49,8 +49,21 @@ void AnalysisController::cancel()
     *m_cancel = true;
 }
 
-void AnalysisController::open(const QString& path)
+namespace {
+
+// Several bundles, or a folder holding bundles (a folder without is one of dumps).
+bool isSweepOf(const QStringList& paths)
 {
+    return paths.size() > 1 ||
+           (QFileInfo(paths.front()).isDir() && !QDir(paths.front()).entryList({"*.h5"}, QDir::Files).isEmpty());
+}
+
+}  // namespace
+
+void AnalysisController::open(const QStringList& paths)
+{
+    const bool sweep = isSweepOf(paths);
+    const QString path = paths.size() > 1 ? tr("%1 and %2 more").arg(paths.front()).arg(paths.size() - 1) : paths.front();
     // The previous run stops at its next layer; its results are dropped (older generation).
     // Waiting for it here could freeze the window behind a long import.
     *m_cancel = true;
@@ -70,9 +83,13 @@ void AnalysisController::open(const QString& path)
     m_path = path;
     m_running = true;
     std::shared_ptr<QTemporaryDir> importDir;
-    if (QFileInfo(path).isDir())
+    if (QFileInfo(path).isDir() && !sweep)
         importDir = std::make_shared<QTemporaryDir>();
-    m_tasks.run([this, path, generation, importDir, cancel, hook = m_workerLayerHook, probeHook = m_probeHook] {
+    std::vector<std::string> bundles;
+    for (const QString& p : paths)
+        bundles.push_back(p.toStdString());
+    m_tasks.run([this, path, bundles, sweep, generation, importDir, cancel, hook = m_workerLayerHook,
+                 probeHook = m_probeHook] {
         bool wasOpened = false;  // failing later leaves no part of this bundle shown
         try {
             std::string bundle = path.toStdString();
@@ -81,9 +98,9 @@ void AnalysisController::open(const QString& path)
                 bundle = QDir(importDir->path()).filePath("imported.h5").toStdString();
                 runImport(path.toStdString(), bundle, cancel.get());  // a child process: cancel kills it
             }
-            if (BundleReader::kProbeFromThreads)  // a libhdf5 crash on this file must not take the app down
+            if (BundleReader::kProbeFromThreads && !sweep)  // a libhdf5 crash on this file must not take the app down
                 BundleReader::probeInChild(bundle, probeHook);
-            if (isResultsFile(bundle)) {  // a saved analysis: read, every layer ready at once
+            if (!sweep && isResultsFile(bundle)) {  // a saved analysis: read, every layer ready at once
                 auto results = std::make_shared<ResultsFile>(readResultsFile(bundle));
                 auto loader = std::make_shared<const CaptureLoader>(results->bundle, results->options.unreadableBlocks);
                 auto result = std::make_shared<AnalysisResult>(std::move(results->result));
@@ -104,8 +121,16 @@ void AnalysisController::open(const QString& path)
                 return;
             }
             AnalysisOptions options;
-            auto loader = std::make_shared<const CaptureLoader>(std::make_shared<BundleReader>(bundle), options.unreadableBlocks);
-            auto result = std::make_shared<AnalysisResult>(prepareAnalysis(*loader, options));
+            std::shared_ptr<const CaptureLoader> loader;
+            std::shared_ptr<AnalysisResult> result;
+            if (sweep) {  // each bundle probed as it is opened; those that cannot be read are listed
+                const Sweep opened = openSweep(bundles, options.unreadableBlocks, BundleReader::kProbeFromThreads);
+                result = std::make_shared<AnalysisResult>(prepareAnalysis(opened, options));
+                loader = opened.loader;
+            } else {
+                loader = std::make_shared<const CaptureLoader>(std::make_shared<BundleReader>(bundle), options.unreadableBlocks);
+                result = std::make_shared<AnalysisResult>(prepareAnalysis(*loader, options));
+            }
             const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
             wasOpened = true;
             post([this, loader, result, layers, path, importDir, options] {

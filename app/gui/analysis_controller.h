@@ -26,14 +26,17 @@ public:
     explicit AnalysisController(QObject* parent = nullptr);
     ~AnalysisController() override;
 
-    // A bundle file, a results file (read, not analysed: every layer is ready with opened()), or
-    // a folder of dumps (imported into a temporary bundle first). A finished
-    // (or cancelled) analysis stays until the new one opens, and stays if it fails to open or
-    // is cancelled before: then result() and path() are the kept one's.
-    void open(const QString& path);
+    // A bundle file, a results file (read, not analysed: every layer is ready with opened()), a
+    // folder of bundles or several bundles (a sweep, analysed as one: kv/sweep.h), or a folder
+    // of dumps (imported into a temporary bundle first). A finished (or cancelled) analysis
+    // stays until the new one opens, and stays if it fails to open or is cancelled before:
+    // then result() and path() are the kept one's.
+    void open(const QString& path) { open(QStringList{path}); }
+    void open(const QStringList& paths);
     void cancel();
     bool isRunning() const { return m_running; }
 
+    // The file or folder open; a sweep of several files: the first "and N more".
     QString path() const { return m_path; }
     // The open bundle: the one way the app reads it (null before opened()).
     std::shared_ptr<const CaptureLoader> loader() const { return m_loader; }

@@ -162,8 +162,15 @@ void MainWindow::buildMenus()
     m_compareAction->setEnabled(false);  // once the open bundle is analysed
     m_saveAction = file->addAction(tr("&Save results..."), QKeySequence::Save, this, &MainWindow::saveResults);
     m_saveAction->setEnabled(false);  // once analysed
-    file->addAction(tr("Open &folder of dumps..."), this, [this] {
-        const QString dir = QFileDialog::getExistingDirectory(this, tr("Open a folder of .pt / .safetensors dumps"));
+    file->addAction(tr("Open se&veral bundles..."), this, [this] {
+        const QStringList paths = QFileDialog::getOpenFileNames(this, tr("Open several bundles as one sweep"), {},
+                                                                tr("Capture bundles (*.h5);;All files (*)"));
+        if (!paths.isEmpty())
+            openPaths(paths);
+    });
+    file->addAction(tr("Open &folder..."), this, [this] {
+        const QString dir = QFileDialog::getExistingDirectory(
+            this, tr("Open a folder of bundles (a sweep, analysed as one) or of .pt / .safetensors dumps"));
         if (!dir.isEmpty())
             openPath(dir);
     });
@@ -225,12 +232,18 @@ void MainWindow::showSummary()
 
 void MainWindow::openPath(const QString& path)
 {
+    openPaths({path});
+}
+
+void MainWindow::openPaths(const QStringList& paths)
+{
+    const QString path = paths.size() > 1 ? tr("%1 and %2 more").arg(paths.front()).arg(paths.size() - 1) : paths.front();
     m_opening = path;
     m_status->setText(tr("opening %1").arg(path));
     m_progress->setRange(0, 0);
     m_progress->show();
     m_cancel->show();
-    m_controller->open(path);
+    m_controller->open(paths);
     // A finished analysis stays on screen until this one opens (it may fail to); one still
     // being analysed was dropped by open().
     if (!m_controller->result()) {
@@ -259,7 +272,8 @@ void MainWindow::onOpened()
     m_saveAction->setEnabled(false);
     m_toolbar->setEnabled(true);
     setWindowTitle("kvscope - " + QFileInfo(m_controller->path()).fileName());
-    m_recent->add(m_controller->path());  // only what opened
+    if (QFileInfo::exists(m_controller->path()))  // only what opened (not "A and 3 more")
+        m_recent->add(m_controller->path());
     QStringList prompts;
     for (const PromptAnalysis& p : result->prompts)
         prompts << QString("%1 (%2 tokens%3)").arg(QString::fromStdString(p.id)).arg(p.tokens).arg(p.threeWay ? "" : ", 2-way");
@@ -297,9 +311,11 @@ void MainWindow::onFinished()
     // comparison, the drill-down's histograms) cannot be shown, and the status says why.
     const QString missing = m_controller->bundleMissing();
     m_tabs->setTabEnabled(2, missing.isEmpty());
-    m_tabs->setTabEnabled(3, missing.isEmpty());
-    m_compareAction->setEnabled(missing.isEmpty());
-    m_saveAction->setEnabled(true);
+    // A sweep's analysis is kept as JSON (kvscope analyze DIR --json) and compared bundle by bundle.
+    const bool sweep = m_controller->loader() && m_controller->loader()->isSweep();
+    m_tabs->setTabEnabled(3, missing.isEmpty() && !sweep);
+    m_compareAction->setEnabled(missing.isEmpty() && !sweep);
+    m_saveAction->setEnabled(!sweep);
     if (!missing.isEmpty()) {
         m_summary += tr(" (from results; %1: views that need the KV are off)").arg(missing);
         m_status->setText(m_summary);

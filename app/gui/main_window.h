@@ -33,6 +33,8 @@ public:
 
     // Opens a bundle or a folder of dumps; what is open stays until it has opened.
     void openPath(const QString& path);
+    // Several bundles: one sweep, analysed as one.
+    void openPaths(const QStringList& paths);
     AnalysisController& controller() { return *m_controller; }
     void showAcrossPrompts(bool across);
     // File > Compare with...: the open, analysed bundle is B, `pathA` is A (a capture or its

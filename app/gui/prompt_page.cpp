@@ -477,6 +477,9 @@ void PromptPage::refreshSummary()
     }
     // Problems are appended by the workers while they run: read them once the analysis is over.
     QStringList problems;
+    for (const SweepBundle& b : m_controller->result()->bundles)  // a sweep's bundles left out
+        if (!b.problem.empty())
+            problems << tr("left out of the sweep: %1").arg(QString::fromStdString(b.problem).toHtmlEscaped());
     for (const std::string& s : m_controller->result()->problems)
         problems << QString::fromStdString(s).toHtmlEscaped();
     if (!m_controller->isRunning()) {

@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -100,6 +101,14 @@ int runCommand(const std::vector<std::string>& args, const std::string& unreadab
         code = 0;  // this rank's prompts are rank 0's now
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";
+    }
+    if (root && std::getenv("KVSCOPE_MPI_STATS") && !share.traffic().promptBytes.empty()) {
+        const MpiShare::Traffic& t = share.traffic();
+        std::cerr << "kvscope-mpi: " << share.size() << " rank(s); prompt bytes per rank:";
+        for (std::uint64_t b : t.promptBytes)
+            std::cerr << " " << b;
+        std::cerr << "; each rank reduced " << t.reduced << " bytes in " << t.reductions << " MPI_Allreduce calls; rank 0 gathered "
+                  << t.gathered << " bytes of results\n";
     }
     if (share.inProgress()) {  // left the shared analysis early: the other ranks would wait for ever
         std::cerr << "kvscope-mpi: rank " << share.rank() << " stopped the job: " << (root ? "" : errors.str());

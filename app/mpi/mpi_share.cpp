@@ -80,6 +80,10 @@ void MpiShare::shareOut(const std::vector<std::uint64_t>& promptBytes)
     if (low != high)
         throw BundleError("kvscope-mpi", {}, "the ranks do not see the same prompts (a bundle readable on some nodes only?)");
     m_owner = balancePrompts(promptBytes, m_size);
+    m_traffic = {};
+    m_traffic.promptBytes.assign(std::size_t(m_size), 0);
+    for (std::size_t i = 0; i < promptBytes.size(); ++i)
+        m_traffic.promptBytes[std::size_t(m_owner[i])] += promptBytes[i];
     m_sharedOut = true;
     m_gathered = false;
 }
@@ -93,6 +97,8 @@ void MpiShare::allReduce(void* values, std::size_t count, MPI_Datatype type, MPI
 {
     int typeSize = 0;
     MPI_Type_size(type, &typeSize);
+    m_traffic.reduced += count * std::uint64_t(typeSize);
+    ++m_traffic.reductions;
     char* at = static_cast<char*>(values);
     for (std::size_t done = 0; done < count;) {  // MPI counts are ints
         const int n = int(std::min<std::size_t>(count - done, INT_MAX / 2));
@@ -124,6 +130,7 @@ void MpiShare::sum(std::vector<std::uint32_t>& values)
 void MpiShare::sendBytes(const std::vector<char>& bytes, int to)
 {
     std::uint64_t size = bytes.size();
+    m_traffic.gathered += size;
     MPI_Send(&size, 1, MPI_UINT64_T, to, kBytesTag, m_comm);
     for (std::size_t done = 0; done < bytes.size();) {
         const int n = int(std::min<std::size_t>(bytes.size() - done, std::size_t(1) << 30));
@@ -137,6 +144,7 @@ std::vector<char> MpiShare::receiveBytes(int from)
     std::uint64_t size = 0;
     MPI_Recv(&size, 1, MPI_UINT64_T, from, kBytesTag, m_comm, MPI_STATUS_IGNORE);
     std::vector<char> bytes(size);
+    m_traffic.gathered += size;
     for (std::size_t done = 0; done < bytes.size();) {
         const int n = int(std::min<std::size_t>(bytes.size() - done, std::size_t(1) << 30));
         MPI_Recv(bytes.data() + done, n, MPI_CHAR, from, kBytesTag, m_comm, MPI_STATUS_IGNORE);

@@ -31,6 +31,15 @@ public:
     void sum(std::vector<std::uint32_t>& values) override;
     bool gather(AnalysisResult& result, const CaptureLoader& loader) override;
 
+    // What the last analysis moved, for docs/scale-out.md's model (KVSCOPE_MPI_STATS=1).
+    struct Traffic {
+        std::vector<std::uint64_t> promptBytes;  // per rank: what its prompts read (estimated)
+        std::uint64_t reduced = 0;               // bytes each rank put into MPI_Allreduce
+        std::uint64_t reductions = 0;            // how many calls
+        std::uint64_t gathered = 0;              // bytes sent to rank 0 (this rank's, or all on rank 0)
+    };
+    const Traffic& traffic() const { return m_traffic; }
+
 private:
     void allReduce(void* values, std::size_t count, MPI_Datatype type, MPI_Op op);
     void sendBytes(const std::vector<char>& bytes, int to);
@@ -42,6 +51,7 @@ private:
     std::vector<int> m_owner;  // per prompt, its rank
     bool m_sharedOut = false;
     bool m_gathered = false;
+    Traffic m_traffic;
 };
 
 }  // namespace kvscope

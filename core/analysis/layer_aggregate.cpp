@@ -254,11 +254,16 @@ void LayerPooling::countTokens(const CountTask& task, std::array<Histogram, 2>& 
     float* const baseErrors = errorScratch(n, 0);
     float* const actualErrors = errorScratch(n, 1);
     LayerRows::Tile referenceTile, actualTile, baseTile;
+    const PromptAnalysis& p = m_result.prompts[std::size_t(m_pooled[i])];
+    const bool quantised = p.hasQuantisedLayers() && isQuantised(p.layerDtypes[std::size_t(m_layer)]);
     for (std::int64_t t = std::max(first, m_window.begin); t < std::min(last, m_window.end); ++t) {
         if (st.range(task.part, t).empty() || !counts(i, t))
             continue;  // not held by every side, or pooled with another prompt
         const RowView r = reference.row(task.part, t, referenceTile);
-        rowErrors(r, base.row(task.part, t, baseTile), reference.heads(), reference.headDim(task.part), baseErrors);
+        RowView expected = base.row(task.part, t, baseTile);
+        if (const RowView stored = quantised ? quantiseRow(expected, actual, task.part, t) : RowView{}; stored.data)
+            expected = stored;  // as the comparison binned it
+        rowErrors(r, expected, reference.heads(), reference.headDim(task.part), baseErrors);
         rowErrors(r, actual.row(task.part, t, actualTile), reference.heads(), reference.headDim(task.part), actualErrors);
         plan.combinedBins->add(baseErrors, n, combined[0]);
         plan.combinedBins->add(actualErrors, n, combined[1]);

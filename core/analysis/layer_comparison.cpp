@@ -81,10 +81,6 @@ bool comparable(const LayerRows& reference, const LayerRows& actual, const Layer
     return reference.present(token) && actual.present(token) && (!base || base->present(token));
 }
 
-namespace {
-
-// `expected` stored the way the engine stored this token (its format, the scale of each head),
-// into a per-thread row; null data when `actual` does not say how it is stored.
 RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart part, std::int64_t token)
 {
     const int dim = actual.headDim(part);
@@ -104,6 +100,8 @@ RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart par
     }
     return {row.data(), std::size_t(dim)};
 }
+
+namespace {
 
 // The cell's quantisation floor: `quantised` (expected as the cache stores it) against
 // `reference`, max over heads.

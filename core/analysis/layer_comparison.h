@@ -100,5 +100,10 @@ bool comparable(const LayerRows& reference, const LayerRows& actual, const Layer
 ErrorRange rowErrors(const RowView& reference, const RowView& x, int heads, int headDim, float* out);
 // Room for one token's errors (`size` floats), per thread: `which` 0 (base) or 1 (actual).
 float* errorScratch(std::size_t size, int which);
+// `expected` stored the way the engine stored this token (its format, the scale of each head),
+// into a per-thread row; null data when `actual` does not say how it is stored. A quantised
+// cache's BCs compare |baseline - expected as stored| with |baseline - actual|, in the
+// comparison and in the pooled BCs' second pass alike.
+RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart part, std::int64_t token);
 
 }  // namespace kvscope

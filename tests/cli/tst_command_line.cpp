@@ -199,8 +199,8 @@ void TestCommandLine::aFolderGivenByMistakeSaysSo()
     QVERIFY2(err.str().find(folder + ": is a folder, not a capture bundle") != std::string::npos, err.str().c_str());
     QVERIFY(err.str().find("kv_caches_rank<R>.pt") != std::string::npos);
     std::ostringstream out2, err2;
-    QCOMPARE(analyze({folder}, out2, err2), 2);
-    QVERIFY2(err2.str().find(folder + ": is a folder, not an HDF5 file") != std::string::npos, err2.str().c_str());
+    QCOMPARE(analyze({folder}, out2, err2), 2);  // a folder is a sweep's bundles: none here
+    QVERIFY2(err2.str().find(folder + ": is a folder without bundles (*.h5 files)") != std::string::npos, err2.str().c_str());
 }
 
 void TestCommandLine::whatifWritesItsJsonAndRefusesUnknownSchemes()
