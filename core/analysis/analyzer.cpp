@@ -147,12 +147,17 @@ struct LayerProgress {
     std::vector<char> scalesRead;                    // the quantised cache's scales taken
 };
 
-// One step of the stream: a window of tokens of one layer.
+// One step of the stream: a window of tokens of one layer, for a batch of prompts (all of them,
+// unless their sides would take more than a window's bytes together: a sweep's hundreds).
 struct Step {
     int layer = 0;
     PositionRange window = PositionRange::all();
-    bool firstWindow = true;
+    std::size_t firstPrompt = 0, endPrompt = 0;  // the batch
+    bool firstWindow = true;   // of the batch's windows of this layer
     bool lastWindow = true;
+    bool firstOfLayer = true;  // the layer's first step, and its last
+    bool lastOfLayer = true;
+    bool holds(std::size_t prompt) const { return prompt >= firstPrompt && prompt < endPrompt; }
 };
 
 // One window of one layer's sides for every prompt; a prompt that could not be read has
@@ -214,7 +219,10 @@ private:
     // bytes and its references are chunked along their positions (older bundles store a
     // reference row as one chunk, which every window would read whole: read once, as before).
     void addSteps(int layer);
-    bool referenceChunksExceed(int layer, std::int64_t windowTokens) const;
+    // The batches of prompts a layer is read in (prompt index ranges), by what each prompt's
+    // sides take per token.
+    std::vector<PositionRange> promptBatches(const std::vector<std::size_t>& bytesPerToken, std::size_t budget) const;
+    bool referenceChunksExceed(int layer, PositionRange batch, std::int64_t windowTokens) const;
     // The sides of every prompt in a step's window; with a `team` (the first step, which
     // nothing else overlaps), all at once.
     void read(LayerInputs& in, const Step& step, const std::shared_ptr<LayerProgress>& progress, WorkTeam* team);
@@ -251,25 +259,59 @@ private:
 
 void AnalysisRun::addSteps(int layer)
 {
-    std::int64_t tokens = 0;
-    std::size_t bytesPerToken = 0;
-    for (const PromptAnalysis& p : m_result.prompts) {
-        tokens = std::max(tokens, p.tokens);
+    const std::size_t budget = m_options.windowBytes > 0 ? m_options.windowBytes : kWindowBytes;
+    const std::size_t prompts = m_result.prompts.size();
+    std::vector<std::size_t> bytesPerToken(prompts, 0);  // every side, as float32 (another process's: none)
+    for (std::size_t i = 0; i < prompts; ++i) {
+        const PromptAnalysis& p = m_result.prompts[i];
         const HeadDims dims = p.layerDims[std::size_t(layer)];
-        bytesPerToken += std::size_t(p.headsOf(layer)) * std::size_t(dims.k + dims.v) * sizeof(float) * (p.threeWay ? 3 : 2);
+        if (owns(i))
+            bytesPerToken[i] = std::size_t(p.headsOf(layer)) * std::size_t(dims.k + dims.v) * sizeof(float) * (p.threeWay ? 3 : 2);
     }
-    std::vector<PositionRange> windows = analysisWindows(tokens, bytesPerToken, m_options.windowTokens);
-    if (windows.size() > 1 && m_options.windowTokens <= 0 && referenceChunksExceed(layer, windows.front().end))
-        windows = {PositionRange::all()};  // each window would read (and verify) whole chunks again
-    for (std::size_t i = 0; i < windows.size(); ++i)
-        m_steps.push_back({layer, windows[i], i == 0, i + 1 == windows.size()});
+    const std::size_t firstStep = m_steps.size();
+    for (const PositionRange batch : promptBatches(bytesPerToken, budget)) {
+        std::int64_t tokens = 0;
+        std::size_t batchBytesPerToken = 0;
+        for (std::size_t i = std::size_t(batch.begin); i < std::size_t(batch.end); ++i) {
+            tokens = std::max(tokens, m_result.prompts[i].tokens);
+            batchBytesPerToken += bytesPerToken[i];
+        }
+        std::vector<PositionRange> windows = analysisWindows(tokens, batchBytesPerToken, m_options.windowTokens, budget);
+        if (windows.size() > 1 && m_options.windowTokens <= 0 && referenceChunksExceed(layer, batch, windows.front().end))
+            windows = {PositionRange::all()};  // each window would read (and verify) whole chunks again
+        for (std::size_t w = 0; w < windows.size(); ++w)
+            m_steps.push_back({layer, windows[w], std::size_t(batch.begin), std::size_t(batch.end), w == 0,
+                               w + 1 == windows.size(), false, false});
+    }
+    m_steps[firstStep].firstOfLayer = true;
+    m_steps.back().lastOfLayer = true;
 }
 
-bool AnalysisRun::referenceChunksExceed(int layer, std::int64_t windowTokens) const
+std::vector<PositionRange> AnalysisRun::promptBatches(const std::vector<std::size_t>& bytesPerToken, std::size_t budget) const
 {
-    for (const PromptAnalysis& p : m_result.prompts)
+    // Prompts in order, a batch as long as its smallest windows (4,096 tokens, or the whole
+    // prompt) fit the budget together; one prompt at least.
+    constexpr std::int64_t kGrain = 4096;
+    std::vector<PositionRange> batches;
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < bytesPerToken.size(); ++i) {
+        const std::size_t least = bytesPerToken[i] * std::size_t(std::min(kGrain, m_result.prompts[i].tokens));
+        if (batches.empty() || (bytes + least > budget && bytes > 0)) {
+            batches.push_back({std::int64_t(i), std::int64_t(i)});
+            bytes = 0;
+        }
+        batches.back().end = std::int64_t(i) + 1;
+        bytes += least;
+    }
+    return batches;
+}
+
+bool AnalysisRun::referenceChunksExceed(int layer, PositionRange batch, std::int64_t windowTokens) const
+{
+    for (std::size_t i = std::size_t(batch.begin); i < std::size_t(batch.end); ++i) {
+        const PromptAnalysis& p = m_result.prompts[i];
         for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
-            if (role == ReferenceRole::Baseline && !p.threeWay)
+            if ((role == ReferenceRole::Baseline && !p.threeWay) || !owns(i))
                 continue;
             try {
                 if (m_loader.referencePositionsPerChunk(p.id, role, p.layers[std::size_t(layer)]) > windowTokens)
@@ -277,6 +319,7 @@ bool AnalysisRun::referenceChunksExceed(int layer, std::int64_t windowTokens) co
             } catch (const BundleError&) {  // reading the layer reports it
             }
         }
+    }
     return false;
 }
 
@@ -286,7 +329,7 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
     const std::string& name = p.layers[std::size_t(in.step.layer)];
     LayerSides& s = in.sides[prompt];
     LayerProgress& progress = *in.progress;
-    if (!owns(prompt) || cancelled() || progress.failed[prompt] ||
+    if (!owns(prompt) || !in.step.holds(prompt) || cancelled() || progress.failed[prompt] ||
         (oneAfterAnother && in.firstError(prompt) != in.errors[prompt].end()))
         return;  // read one after another: the sides after a failure are left
     try {
@@ -322,15 +365,16 @@ void AnalysisRun::read(LayerInputs& in, const Step& step, const std::shared_ptr<
     in.replicas.resize(prompts);
     in.errors.resize(prompts);
     in.newlyFailed.assign(prompts, 0);
+    const std::size_t first = step.firstPrompt, batch = step.endPrompt - step.firstPrompt;
     if (team)
-        team->run(int(prompts) * 3, [&](int task, int) { readSide(in, std::size_t(task / 3), task % 3, false); });
+        team->run(int(batch) * 3, [&](int task, int) { readSide(in, first + std::size_t(task / 3), task % 3, false); });
     else
-        for (std::size_t task = 0; task < prompts * 3; ++task)
-            readSide(in, task / 3, int(task % 3), true);
+        for (std::size_t task = 0; task < batch * 3; ++task)
+            readSide(in, first + task / 3, int(task % 3), true);
     for (std::size_t pi = 0; pi < prompts; ++pi) {
         const auto failed = in.firstError(pi);
         LayerSides& s = in.sides[pi];
-        s.ok = owns(pi) && failed == in.errors[pi].end() && !progress->failed[pi] && !cancelled();
+        s.ok = owns(pi) && step.holds(pi) && failed == in.errors[pi].end() && !progress->failed[pi] && !cancelled();
         if (failed != in.errors[pi].end()) {
             in.problems[pi].push_back(*failed);
             in.newlyFailed[pi] = 1;
@@ -367,7 +411,7 @@ CacheScales cacheScalesOf(const LayerSource& engine)
 void AnalysisRun::compare(LayerInputs& in)
 {
     LayerProgress& progress = *in.progress;
-    for (std::size_t pi = 0; pi < m_result.prompts.size() && !cancelled(); ++pi) {
+    for (std::size_t pi = in.step.firstPrompt; pi < in.step.endPrompt && !cancelled(); ++pi) {
         if (!owns(pi))
             continue;
         PromptAnalysis& p = m_result.prompts[pi];
@@ -384,6 +428,8 @@ void AnalysisRun::compare(LayerInputs& in)
         if (s.ok && p.threeWay) {  // with what pooling needs
             if (in.step.firstWindow) {
                 m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
+                // (the tokens at generation indices: no other token's counts are read)
+                m_stats[pi].kept = {p.promptLen, p.promptLen + (m_result.aggregate ? m_result.aggregate->generationCount : 0)};
                 // A block an earlier prompt holds too is pooled there (its tokens counted once).
                 m_stats[pi].pooledElsewhere =
                     m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.step.layer)], p.tokens, m_counted);
@@ -404,8 +450,8 @@ void AnalysisRun::compare(LayerInputs& in)
     }
     if (cancelled())
         return;
-    if (m_result.aggregate && in.step.lastWindow) {
-        if (in.step.firstWindow) {
+    if (m_result.aggregate && in.step.lastOfLayer) {
+        if (in.step.firstOfLayer) {  // the layer in one step: its sides are all here
             aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team(), m_options.share);
         } else {
             in.sides.clear();  // the second pass reads each window again
@@ -414,7 +460,7 @@ void AnalysisRun::compare(LayerInputs& in)
     }
     const Step step = in.step;
     in = {};
-    if (cancelled() || !step.lastWindow)  // a layer pooled in part is not done
+    if (cancelled() || !step.lastOfLayer)  // a layer pooled in part is not done
         return;
     ++m_layersDone;
     if (m_options.layerDone)
@@ -438,7 +484,7 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
         std::vector<LayerSides> sides(m_result.prompts.size());
         for (int pi : m_pooled) {
             const PromptAnalysis& p = m_result.prompts[std::size_t(pi)];
-            if (!compared[std::size_t(pi)])
+            if (!compared[std::size_t(pi)] || !step.holds(std::size_t(pi)))
                 continue;
             const std::string& name = p.layers[std::size_t(last.step.layer)];
             LayerSides& s = sides[std::size_t(pi)];
@@ -457,13 +503,7 @@ void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
         if (!unreadable)
             pooling.count(sides, step.window);
     }
-    if (m_options.share) {  // every process finishes the layer's pooling, or none
-        std::vector<double> any{unreadable ? 1.0 : 0.0};
-        m_options.share->maximum(any);
-        unreadable = any[0] > 0;
-    }
-    if (!unreadable)
-        pooling.finish();
+    pooling.finish(unreadable);
 }
 
 void AnalysisRun::streamLayers()
@@ -472,7 +512,7 @@ void AnalysisRun::streamLayers()
     std::exception_ptr failure;
     const std::size_t prompts = m_result.prompts.size();
     auto progressFor = [&](const Step& step, const std::shared_ptr<LayerProgress>& current) {
-        if (!step.firstWindow)
+        if (!step.firstOfLayer)
             return current;
         auto fresh = std::make_shared<LayerProgress>();
         fresh->failed.assign(prompts, 0);
@@ -580,12 +620,13 @@ void sortFindings(AnalysisResult& result)
 
 }  // namespace
 
-std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t bytesPerToken, std::int64_t windowTokens)
+std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t bytesPerToken, std::int64_t windowTokens,
+                                          std::size_t budget)
 {
     std::int64_t window = windowTokens;
     if (window <= 0) {  // whole multiples of 4,096 tokens: whole blocks and reference chunks, mostly
         constexpr std::int64_t kGrain = 4096;
-        window = std::max<std::int64_t>(kGrain, std::int64_t(kWindowBytes / std::max<std::size_t>(1, bytesPerToken)) / kGrain * kGrain);
+        window = std::max<std::int64_t>(kGrain, std::int64_t(budget / std::max<std::size_t>(1, bytesPerToken)) / kGrain * kGrain);
     }
     if (tokens <= window)
         return {PositionRange::all()};

@@ -35,6 +35,10 @@ struct AnalysisOptions {
     // so that memory does not grow with the context (0: windows of about kWindowBytes of
     // every prompt's sides). Results do not depend on it.
     std::int64_t windowTokens = 0;
+    // What one window may take, every prompt's sides together (0: kWindowBytes). Prompts whose
+    // sides would take more together (a sweep's hundreds) are read in batches of prompts, each
+    // its own windows. Results do not depend on it.
+    std::size_t windowBytes = 0;
     // For analyzeBundle's loader. Lenient by default: an unreadable block makes its positions
     // absent and is reported in the prompt's problems, so that a partly broken bundle still
     // shows what it can.
@@ -60,9 +64,10 @@ struct AnalysisOptions {
 };
 
 // The windows of tokens a layer of `tokens` is read in, given what its sides take per token
-// (every prompt's, as float32) and AnalysisOptions::windowTokens: the whole layer (one window,
-// PositionRange::all()) when it is no longer than a window.
-std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t bytesPerToken, std::int64_t windowTokens);
+// (every prompt's of a batch, as float32), AnalysisOptions::windowTokens and the bytes a window
+// may take: the whole layer (one window, PositionRange::all()) when it is no longer than a window.
+std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t bytesPerToken, std::int64_t windowTokens,
+                                          std::size_t budget = kWindowBytes);
 
 class AnalysisCancelled : public std::runtime_error {
 public:

@@ -145,6 +145,7 @@ public:
     void writeNoiseBc(KvPart part);
     // One pooled prompt: its own BCs by generation index, from the process that analysed it.
     void shareOnePromptBc(KvPart part);
+    AnalysisShare* share() const { return m_share; }
 
 private:
     const LayerSides& sides(std::size_t i) const { return (*m_allSides)[std::size_t(m_pooled[i])]; }
@@ -287,11 +288,12 @@ void LayerPooling::countTask(int index, int member)
     const CountTask& task = m_tasks[std::size_t(index)];
     std::array<Histogram, 2>& combined = m_plans[std::size_t(task.part)].combined[std::size_t(member)];
     if (!task.byIndex) {
-        countTokens(task, combined, task.prompt, task.begin, task.end, -1);
+        if (sides(task.prompt).ok)  // (a batch of prompts at a time: this one's sides are here)
+            countTokens(task, combined, task.prompt, task.begin, task.end, -1);
         return;
     }
     for (std::size_t i = 0; i < m_pooled.size(); ++i)
-        if (compared(i))
+        if (compared(i) && sides(i).ok)
             countTokens(task, combined, i, promptLen(i) + task.begin, promptLen(i) + task.end, task.begin);
 }
 
@@ -359,9 +361,10 @@ void LayerPooling::writeNoiseBc(KvPart part)
             const TokenErrorStats& st = stats(i);
             if (!compared(i) || st.range(part, t).empty() || !counts(i, t))
                 continue;
-            const auto* spans = &st.noise[std::size_t(part)][std::size_t(t) * 2];
-            indexNoiseBase.merge(spans[0].first, st.noiseCounts(spans[0]), spans[0].size);
-            indexNoiseActual.merge(spans[1].first, st.noiseCounts(spans[1]), spans[1].size);
+            const TokenErrorStats::NoiseSpan& base = st.noiseOf(part, t, 0);
+            const TokenErrorStats::NoiseSpan& actual = st.noiseOf(part, t, 1);
+            indexNoiseBase.merge(base.first, st.noiseCounts(base), base.size);
+            indexNoiseActual.merge(actual.first, st.noiseCounts(actual), actual.size);
         }
         if (m_share)
             continue;
@@ -429,13 +432,21 @@ void WindowedLayerPooling::count(const std::vector<LayerSides>& allSides, Positi
     m_pooling->count(allSides, window);
 }
 
-void WindowedLayerPooling::finish()
+bool WindowedLayerPooling::finish(bool unreadable)
 {
+    if (AnalysisShare* share = m_pooling->share()) {  // every process writes the layer's, or none
+        std::vector<double> any{unreadable ? 1.0 : 0.0};
+        share->maximum(any);
+        unreadable = any[0] > 0;
+    }
+    if (unreadable)
+        return false;
     for (KvPart part : {KvPart::K, KvPart::V}) {
         m_pooling->writeSharedBinBc(part);
         m_pooling->writeNoiseBc(part);
         m_pooling->shareOnePromptBc(part);
     }
+    return true;
 }
 
 }  // namespace kvscope

@@ -47,7 +47,9 @@ public:
     // Whether the second pass has anything to count (else count() need not be called).
     bool needsSides() const;
     void count(const std::vector<LayerSides>& allSides, PositionRange window);
-    void finish();
+    // Writes the layer's pooled BCs, unless a window could not be read again here (`unreadable`)
+    // or, with a share, on another process: then they stay NaN. Whether they were written.
+    bool finish(bool unreadable = false);
 
 private:
     class Steps;

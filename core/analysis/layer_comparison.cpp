@@ -52,22 +52,18 @@ ErrorRange rowErrors(const RowView& reference, const RowView& x, int heads, int 
 void TokenErrorStats::reset(std::int64_t tokenCount, int rangeCount)
 {
     tokens = tokenCount;
+    kept = kept.clippedTo({0, tokenCount});
+    const std::size_t keptCount = keepCounts ? std::size_t(std::max<std::int64_t>(0, kept.end - kept.begin)) : 0;
     for (int part = 0; part < 2; ++part) {
         ranges[std::size_t(part)].assign(std::size_t(tokenCount), ErrorRange{});
-        if (keepCounts)
-            counts[std::size_t(part)].assign(std::size_t(tokenCount) * 2 * kBcBins, 0);
-        else
-            counts[std::size_t(part)].clear();
-        if (keepCounts)
-            noise[std::size_t(part)].assign(std::size_t(tokenCount) * 2, NoiseSpan{});
-        else
-            noise[std::size_t(part)].clear();
+        counts[std::size_t(part)].assign(keptCount * 2 * kBcBins, 0);
+        noise[std::size_t(part)].assign(keptCount * 2, NoiseSpan{});
     }
     noiseStores.resize(std::size_t(rangeCount));
     for (auto& store : noiseStores) {
         store.clear();
-        if (keepCounts)  // about what the touched spans of each thread's share of the tokens take
-            store.reserve(std::size_t(tokenCount) * 4 * 192 / std::size_t(rangeCount));
+        // about what the touched spans of each thread's share of the tokens take
+        store.reserve(keptCount * 4 * 192 / std::size_t(rangeCount));
     }
     noiseTotals.resize(std::size_t(rangeCount));
     for (auto& range : noiseTotals)
@@ -179,7 +175,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             float* actualErrors = errorScratch(n, 1);
             ErrorRange range = rowErrors(referenceRow, quantisedRow.data ? quantisedRow : baseRow, reference.heads(), dim, baseErrors);
             range.merge(rowErrors(referenceRow, actualRow, reference.heads(), dim, actualErrors));
-            const bool keepCounts = stats && stats->keepCounts;
+            const bool keepCounts = stats && stats->keeps(t);
             std::uint64_t* p = keepCounts ? stats->countsOf(part, t, 0) : scratch[0];
             std::uint64_t* q = keepCounts ? stats->countsOf(part, t, 1) : scratch[1];
             if (stats)
@@ -201,7 +197,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
                 std::vector<std::uint32_t>& store = stats->noiseStores[std::size_t(member)];
                 int set = 0;
                 for (const LogHistogram* h : {&noiseBase, &noiseActual}) {
-                    TokenErrorStats::NoiseSpan& span = stats->noise[std::size_t(part)][std::size_t(t) * 2 + std::size_t(set++)];
+                    TokenErrorStats::NoiseSpan& span = stats->noiseOf(part, t, set++);
                     if (h->last < 0)
                         continue;
                     span = {h->first, std::uint32_t(h->last - h->first + 1), std::uint32_t(member), store.size()};

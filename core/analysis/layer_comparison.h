@@ -8,6 +8,7 @@
 // A token is compared only where every side holds it; elsewhere its cells stay NaN.
 
 #include "analysis/analysis_result.h"
+#include "kv/position_range.h"
 #include "analysis/layer_rows.h"
 #include "metrics/bc_vs_noise.h"
 #include "metrics/bhattacharyya.h"
@@ -30,8 +31,11 @@ struct TokenErrorStats {
     std::array<std::vector<std::uint64_t>, 2> counts;  // [part][token][base, actual][bin]
     // Whether `counts` and `noise` are kept: only pooling several prompts by generation index
     // reads them (with one prompt, each generation index is one token, whose BCs the
-    // comparison itself gives).
+    // comparison itself gives), and only of the tokens at generation indices: `kept` (a
+    // sweep's hundreds of prompts would otherwise keep 3 kB of counts per token).
     bool keepCounts = true;
+    PositionRange kept = PositionRange::all();
+    bool keeps(std::int64_t token) const { return keepCounts && kept.contains(token); }
     // The sum of every token's bc_vs_noise histograms, per token range (the tokens one
     // thread compared): [range][part][base, actual].
     std::vector<std::array<std::array<LogHistogram, 2>, 2>> noiseTotals;
@@ -61,13 +65,22 @@ struct TokenErrorStats {
         return noiseStores[span.store].data() + span.offset;
     }
     const ErrorRange& range(KvPart part, std::int64_t token) const { return ranges[std::size_t(part)][std::size_t(token)]; }
+    // Of a token it keeps (keeps(token)).
     std::uint64_t* countsOf(KvPart part, std::int64_t token, int set)
     {
-        return counts[std::size_t(part)].data() + (std::size_t(token) * 2 + std::size_t(set)) * kBcBins;
+        return counts[std::size_t(part)].data() + (std::size_t(token - kept.begin) * 2 + std::size_t(set)) * kBcBins;
     }
     const std::uint64_t* countsOf(KvPart part, std::int64_t token, int set) const
     {
-        return counts[std::size_t(part)].data() + (std::size_t(token) * 2 + std::size_t(set)) * kBcBins;
+        return counts[std::size_t(part)].data() + (std::size_t(token - kept.begin) * 2 + std::size_t(set)) * kBcBins;
+    }
+    NoiseSpan& noiseOf(KvPart part, std::int64_t token, int set)
+    {
+        return noise[std::size_t(part)][std::size_t(token - kept.begin) * 2 + std::size_t(set)];
+    }
+    const NoiseSpan& noiseOf(KvPart part, std::int64_t token, int set) const
+    {
+        return noise[std::size_t(part)][std::size_t(token - kept.begin) * 2 + std::size_t(set)];
     }
 };
 

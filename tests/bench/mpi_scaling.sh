@@ -36,17 +36,19 @@ for i in $(seq 1 "$bundles"); do
 done
 echo "sweep: $bundles bundles, $(du -sh -L "$dir/whole" | cut -f1) ($(nproc) cores)"
 
-# best of `runs`: seconds and peak RSS (MB, the largest process)
+# best of `runs`: seconds and peak RSS (MB, the largest process: every rank is measured by
+# /usr/bin/time of its own, appending to one file)
 measure() {
   local label=$1 expect=$2 out=$3; shift 3
   local best="" rss=""
   for _ in $(seq 1 "$runs"); do
     local start end
+    rm -f "$dir/rss"
     start=$(date +%s.%N)
-    /usr/bin/time -f "%M" -o "$dir/rss" "$@" >/dev/null 2>"$dir/stderr" || { cat "$dir/stderr" >&2; exit 1; }
+    "$@" >/dev/null 2>"$dir/stderr" || { cat "$dir/stderr" >&2; exit 1; }
     end=$(date +%s.%N)
     local s; s=$(echo "$end - $start" | bc)
-    if [ -z "$best" ] || [ "$(echo "$s < $best" | bc)" -eq 1 ]; then best=$s; rss=$(tail -1 "$dir/rss"); fi
+    if [ -z "$best" ] || [ "$(echo "$s < $best" | bc)" -eq 1 ]; then best=$s; rss=$(sort -n "$dir/rss" | tail -1); fi
   done
   [ -z "$expect" ] || cmp -s "$expect" "$out" || { echo "FAIL: $label: JSON differs from kvscope's" >&2; exit 1; }
   printf '%-44s %7.2f s  %6d MB\n' "$label" "$best" $((rss / 1024))
@@ -54,16 +56,17 @@ measure() {
 }
 
 export KVSCOPE_MPI_STATS=1
+timed() { /usr/bin/time -a -o "$dir/rss" -f "%M" "$@"; }
 echo "strong scaling (the whole sweep):"
-measure "kvscope analyze, 1 thread" "" "$dir/one.json" "$kvscope" analyze "$dir/whole" --threads 1 --json "$dir/one.json"
-measure "kvscope analyze, 2 threads" "$dir/one.json" "$dir/two.json" "$kvscope" analyze "$dir/whole" --threads 2 --json "$dir/two.json"
+measure "kvscope analyze, 1 thread" "" "$dir/one.json" timed "$kvscope" analyze "$dir/whole" --threads 1 --json "$dir/one.json"
+measure "kvscope analyze, 2 threads" "$dir/one.json" "$dir/two.json" timed "$kvscope" analyze "$dir/whole" --threads 2 --json "$dir/two.json"
 measure "kvscope-mpi -np 1, 1 thread" "$dir/one.json" "$dir/np1.json" \
-  mpirun -np 1 "$kvscope_mpi" analyze "$dir/whole" --threads 1 --json "$dir/np1.json"
+  mpirun -np 1 /usr/bin/time -a -o "$dir/rss" -f "%M" "$kvscope_mpi" analyze "$dir/whole" --threads 1 --json "$dir/np1.json"
 measure "kvscope-mpi -np 2, 1 thread each" "$dir/one.json" "$dir/np2.json" \
-  mpirun -np 2 "$kvscope_mpi" analyze "$dir/whole" --threads 1 --json "$dir/np2.json"
+  mpirun -np 2 /usr/bin/time -a -o "$dir/rss" -f "%M" "$kvscope_mpi" analyze "$dir/whole" --threads 1 --json "$dir/np2.json"
 echo "weak scaling (bundles per rank fixed):"
 measure "kvscope-mpi -np 1, half the sweep" "" "$dir/half.json" \
-  mpirun -np 1 "$kvscope_mpi" analyze "$dir/half" --threads 1 --json "$dir/half.json"
+  mpirun -np 1 /usr/bin/time -a -o "$dir/rss" -f "%M" "$kvscope_mpi" analyze "$dir/half" --threads 1 --json "$dir/half.json"
 measure "kvscope-mpi -np 2, the whole sweep" "$dir/one.json" "$dir/np2w.json" \
-  mpirun -np 2 "$kvscope_mpi" analyze "$dir/whole" --threads 1 --json "$dir/np2w.json"
+  mpirun -np 2 /usr/bin/time -a -o "$dir/rss" -f "%M" "$kvscope_mpi" analyze "$dir/whole" --threads 1 --json "$dir/np2w.json"
 echo "every JSON of the whole sweep is kvscope's, byte for byte"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kvscope-mpi gives the JSON kvscope gives, byte for byte, at 1, 2 and 3 ranks: on a sweep of
 # bundles of one model (faults, prefix caching, a two-way capture, a corrupt file, different
-# prompt counts and lengths) and on one bundle whose prompts are shared out over the ranks.
-# check's verdict and exit code are the same too (the corrupt bundle fails: exit 1; --strict: 2).
+# prompt counts and lengths; then a bundle with a damaged chunk too) and on one bundle whose
+# prompts are shared out over the ranks. check's verdict and exit code are the same too (the
+# corrupt bundle fails: exit 1; --strict: 2; the damaged data: 2, named). Nothing hangs.
 # Usage: mpi_exactness.sh KVSCOPE KVSCOPE_MPI
 set -euo pipefail
 kvscope=$1
@@ -35,6 +36,33 @@ for np in 1 2 3; do
   [ "$(grep -c "left out" "$work/mpi$np.err")" -eq 1 ] || fail "-np $np: warned other than once: $(cat "$work/mpi$np.err")"
 done
 echo "sweep of $(ls "$sweep" | wc -l) bundles: the same JSON at 1, 2 and 3 ranks"
+
+# A bundle that opens but whose data is damaged (a chunk of one layer's reference fails its
+# checksum): the rank that analyses that prompt reports it, by file and dataset, in the result.
+cp "$sweep/e.h5" "$sweep/g-damaged.h5"
+/usr/bin/python3 - "$sweep/g-damaged.h5" <<'PY'
+import sys, h5py
+path = sys.argv[1]
+with h5py.File(path, "r") as f:
+    d = f["prompts/prompt_0/reference/expected/model.layers.2.self_attn/k"]
+    info = d.id.get_chunk_info(0)
+with open(path, "r+b") as raw:
+    raw.seek(info.byte_offset + 16)
+    raw.write(bytes(b ^ 0xFF for b in raw.read(64)))
+PY
+"$kvscope" analyze "$sweep" --json "$work/damaged.json" >/dev/null 2>&1
+grep -q "g-damaged.h5" "$work/damaged.json" || fail "the damaged bundle's problem is not in the JSON"
+for np in 2 3; do
+  mpi "$np" analyze "$sweep" --json "$work/damaged$np.json" >/dev/null 2>&1 || fail "-np $np with a damaged bundle: exit $?"
+  cmp "$work/damaged.json" "$work/damaged$np.json" || fail "-np $np: the JSON with a damaged bundle differs"
+done
+set +e
+mpi 3 check "$sweep" >/dev/null 2>"$work/check3.err"; damaged=$?
+set -e
+[ "$damaged" -eq 2 ] || fail "kvscope-mpi check of a damaged bundle exits $damaged, not 2"
+grep -q "g-damaged.h5" "$work/check3.err" || fail "check does not name the damaged bundle: $(cat "$work/check3.err")"
+echo "a damaged bundle: named in the result at 2 and 3 ranks, the same JSON; check exits 2 naming it"
+rm "$sweep/g-damaged.h5"
 
 "$kvscope" analyze "$sweep/d.h5" --json "$work/d.json" >/dev/null
 for np in 2 3; do

@@ -220,10 +220,13 @@ void TestAnalysisShare::sharedAnalysisWritesTheSameJson()
         int processes;
         std::int64_t windowTokens;
         bool uneven;
+        std::size_t windowBytes = 0;  // 1: a prompt at a time
     };
-    for (const Run run : {Run{1, 0, false}, Run{2, 0, false}, Run{3, 0, false}, Run{2, 16, false}, Run{3, 7, true}}) {
+    for (const Run run : {Run{1, 0, false}, Run{2, 0, false}, Run{3, 0, false}, Run{2, 16, false}, Run{3, 7, true},
+                          Run{2, 0, false, 1}}) {
         AnalysisOptions shared = options;
         shared.windowTokens = run.windowTokens;
+        shared.windowBytes = run.windowBytes;
         const std::string json = sharedJson(bundle, run.processes, shared, 
                                               run.uneven ? std::function<std::vector<int>(std::size_t)>(everyOtherToLast) : nullptr);
         if (json != alone)

@@ -38,10 +38,11 @@ private:
 
 namespace {
 
-std::string analysisJson(const std::string& bundle, std::int64_t windowTokens, int threads)
+std::string analysisJson(const std::string& bundle, std::int64_t windowTokens, int threads, std::size_t windowBytes = 0)
 {
     AnalysisOptions options;
     options.windowTokens = windowTokens;
+    options.windowBytes = windowBytes;
     options.threads = threads;
     const AnalysisResult result = analyzeBundle(std::make_shared<BundleReader>(bundle), options);
     std::ostringstream out;
@@ -187,17 +188,24 @@ void TestTokenWindows::windowedAnalysisWritesTheSameJson()
         QVERIFY(whole.find("\"replica_differences\":[{") != std::string::npos);
     // Windows that cut blocks (7), follow them (16), or take most of the sequence (33); with
     // threads or without (the reads then run one after another).
-    for (const auto& [window, threads] : {std::pair{7, 2}, std::pair{16, 1}, std::pair{33, 2}}) {
-        const std::string windowed = analysisJson(bundle, window, threads);
+    // Then a prompt at a time (a budget no two prompts fit: a sweep's batches of prompts), whole
+    // or in windows.
+    struct Run {
+        int window, threads;
+        std::size_t bytes;
+    };
+    for (const auto& [window, threads, bytes] : {Run{7, 2, 0}, Run{16, 1, 0}, Run{33, 2, 0}, Run{0, 2, 1}, Run{7, 1, 1}}) {
+        const std::string windowed = analysisJson(bundle, window, threads, bytes);
         if (windowed != whole) {
             std::size_t at = 0;
             while (at < whole.size() && at < windowed.size() && whole[at] == windowed[at])
                 ++at;
-            QFAIL(qPrintable(QString("windows of %1 tokens differ at byte %2: ...%3... against ...%4...")
+            QFAIL(qPrintable(QString("windows of %1 tokens (budget %5) differ at byte %2: ...%3... against ...%4...")
                                  .arg(window)
                                  .arg(at)
                                  .arg(QString::fromStdString(windowed.substr(at > 80 ? at - 80 : 0, 160)))
-                                 .arg(QString::fromStdString(whole.substr(at > 80 ? at - 80 : 0, 160)))));
+                                 .arg(QString::fromStdString(whole.substr(at > 80 ? at - 80 : 0, 160)))
+                                 .arg(bytes)));
         }
     }
 }
