@@ -134,6 +134,16 @@ void renderPng(const ReportMap& m, const QString& path)
         throw std::runtime_error(("cannot write " + path).toStdString());
 }
 
+// A prompt's name as part of a map's file name and HTML id: a sweep's "BUNDLE/ID" without the
+// slash, which would make a folder of it.
+std::string mapName(const std::string& promptId)
+{
+    std::string name = promptId;
+    for (std::size_t at = name.find('/'); at != std::string::npos; at = name.find('/', at))
+        name.replace(at, 1, "--");
+    return name;
+}
+
 // Every map of the report: per prompt its metrics for K and V, and the across-prompt BCs.
 std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisResult& result, const DiffResult* against)
 {
@@ -148,7 +158,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                                             std::pair{DiffMapKind::B, "b"}})
                 for (KvPart part : {KvPart::K, KvPart::V}) {
                     const HeatmapGrid full = diffHeatmap(*against, m, part, kind);
-                    maps.push_back({"against_" + id + "_" + against->partNames[std::size_t(part)] + "_" + key,
+                    maps.push_back({"against_" + mapName(id) + "_" + against->partNames[std::size_t(part)] + "_" + key,
                                     diffMapSpec(cfg, *against, m, part, kind, *prompt, loader.prompt(id)),
                                     poolColumns(full, 0, full.columns, kMaxReportColumns, false)});
                 }
@@ -168,7 +178,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                 spec.metric = metric;
                 spec.part = part;
                 const HeatmapGrid full = buildHeatmap(p, spec);
-                maps.push_back({p.id + "_" + partName(p, part) + "_" + key, promptMapSpec(cfg, p, info, spec),
+                maps.push_back({mapName(p.id) + "_" + partName(p, part) + "_" + key, promptMapSpec(cfg, p, info, spec),
                                 poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric))});
             }
     }
@@ -409,7 +419,7 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
         out << " ";
     }
     out << "</p>";
-    writeMapBlocks(out, maps, p.id + "_");
+    writeMapBlocks(out, maps, mapName(p.id) + "_");
     const bool heads = p.heads > 1;  // an MLA latent is one vector: no head to name
     out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>" << html(partTitle(p, KvPart::K) + "/" + partTitle(p, KvPart::V))
         << "</th>" << (heads ? "<th>head</th>" : "") << "<th>rel. L-inf</th>"

@@ -3,6 +3,7 @@
 // markers; `kvscope check` exits 0 / 1 / 2 on a clean capture, a faulty one and a broken file.
 
 #include "analysis/analyzer.h"
+#include "kv/sweep.h"
 #include "synth/model_capture.h"
 #include "report/report_writer.h"
 #include "diff/diff_side.h"
@@ -10,6 +11,7 @@
 #include "small_model.h"
 #include "synth/synthetic_capture.h"
 
+#include <QDir>
 #include <QFile>
 #include <QFileInfo>
 #include <QImage>
@@ -43,6 +45,7 @@ private slots:
     void reportAndCheckAgree();
     void bundleIsNeverModified();
     void againstComparesWithA();
+    void sweepReportNamesMapsByBundle();
 
 private:
     QTemporaryDir m_dir;
@@ -311,6 +314,41 @@ void TestReport::againstComparesWithA()
     QVERIFY(checked > 100);
     QVERIFY(QFileInfo::exists(m_dir.filePath("report-against/against_prompt_0_k_change.png")));
     QVERIFY(QFileInfo::exists(m_dir.filePath("report-against/against_prompt_0_k_a.png")));
+}
+
+void TestReport::sweepReportNamesMapsByBundle()
+{
+    // A sweep's prompts are "BUNDLE/ID": their maps are files of the report's own folder, and
+    // every one is drawn offline.
+    QDir().mkpath(m_dir.filePath("sweep"));
+    SyntheticCaptureOptions o;
+    o.layers = 3;
+    o.promptLens = {24, 32};
+    o.decodeTokens = 8;
+    o.divergence = -1;
+    o.faultLayer = -1;
+    for (const char* name : {"sweep/w1.h5", "sweep/w2.h5"}) {
+        writeSyntheticCapture(m_dir.filePath(name).toStdString(), o);
+        o.seed += 1;
+    }
+    const Sweep sweep = openSweep({m_dir.filePath("sweep").toStdString()}, UnreadableBlockPolicy::Error, false);
+    const AnalysisResult result = analyzeSweep(sweep);
+    QCOMPARE(result.prompts.size(), std::size_t(4));
+    const ReportFiles files = writeReport(*sweep.loader, result, Thresholds{}, m_dir.filePath("report-sweep"));
+    QCOMPARE(files.images.size(), qsizetype(4 * 10 + 4));  // per prompt 5 maps of K and V; 4 across prompts
+    for (const QString& image : files.images) {
+        QCOMPARE(QFileInfo(image).absolutePath(), QDir(m_dir.filePath("report-sweep")).absolutePath());
+        QVERIFY(QFileInfo::exists(image));
+    }
+    QVERIFY(QFileInfo::exists(m_dir.filePath("report-sweep/w2--prompt_1_k_ratio.png")));
+    if (!QFileInfo::exists("/usr/bin/chromium"))
+        return;
+    QProcess dom;
+    dom.start("/usr/bin/chromium", {"--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                    "--user-data-dir=" + m_dir.filePath("chromium-sweep"), "--virtual-time-budget=5000",
+                                    "--dump-dom", "file://" + files.html});
+    QVERIFY(dom.waitForFinished(120000));
+    QVERIFY2(QString(dom.readAllStandardOutput()).contains("data-maps-drawn=\"44\""), "not every map was drawn");
 }
 
 QTEST_MAIN(TestReport)
