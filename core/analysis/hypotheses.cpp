@@ -36,16 +36,47 @@ std::string number(double x, int digits = 3)
     return out.str();
 }
 
+// The off cells every hypothesis is tested on: at most kMaxCells, evenly.
+std::vector<OffCell> sampledCells(const std::vector<OffCell>& cells)
+{
+    std::vector<OffCell> sampled;
+    const std::size_t stride = std::max<std::size_t>(1, (cells.size() + kMaxCells - 1) / kMaxCells);
+    for (std::size_t i = 0; i < cells.size(); i += stride)
+        sampled.push_back(cells[i]);
+    return sampled;
+}
+
+// How far the token-shift hypothesis looks, either way.
+int shiftReach(const PromptAnalysis& prompt, const KvCacheConfig& config, int layer)
+{
+    // A table entry covers block_size positions, times dcp_size under decode context parallelism.
+    const int blockSize = int(config.positionsPerEntry(config.groups[std::size_t(prompt.layerGroups[std::size_t(layer)])]));
+    return int(std::min<std::int64_t>(std::max(16, 2 * blockSize), std::min<std::int64_t>(64, prompt.tokens - 1)));
+}
+
+// The reference vectors the nearest-vector search compares with: evenly over (token, head, part).
+struct PoolVector {
+    std::int64_t token;
+    int head;
+    KvPart part;
+};
+std::vector<PoolVector> nearestPool(std::int64_t seq, int heads)
+{
+    std::vector<PoolVector> pool;
+    const std::int64_t total = seq * heads * 2;
+    const std::int64_t stride = std::max<std::int64_t>(1, total / std::int64_t(kNearestPool));
+    for (std::int64_t i = 0; i < total; i += stride)
+        pool.push_back({i / (2 * heads), int(i / 2 % heads), i % 2 ? KvPart::V : KvPart::K});
+    return pool;
+}
+
 class Tester {
 public:
     explicit Tester(const HypothesisInput& in)
         : m_in(in)
         , m_dims(std::size_t(in.layer) < in.prompt.layerDims.size() ? in.prompt.layerDims[std::size_t(in.layer)] : in.prompt.dims)
+        , m_cells(sampledCells(in.cells))
     {
-        const std::size_t n = in.cells.size();
-        const std::size_t stride = std::max<std::size_t>(1, (n + kMaxCells - 1) / kMaxCells);
-        for (std::size_t i = 0; i < n; i += stride)
-            m_cells.push_back(in.cells[i]);
         for (const OffCell& c : m_cells) {
             m_parts.insert(c.part);
             m_heads.insert(c.head);
@@ -60,20 +91,13 @@ public:
     bool hasPart(KvPart part) const { return m_parts.count(part) > 0; }
     const std::set<int>& heads() const { return m_heads; }
 
-    const float* reference(std::int64_t t, int h, KvPart part) const
-    {
-        if (t < 0 || t >= m_in.reference.seq || h < 0 || h >= m_in.reference.heads || !m_in.reference.present[std::size_t(t)])
-            return nullptr;
-        return part == KvPart::K ? m_in.reference.kAt(h, t) : m_in.reference.vAt(h, t);
-    }
-    const float* engine(const OffCell& c) const
-    {
-        return c.part == KvPart::K ? m_in.engine.kAt(c.head, c.token) : m_in.engine.vAt(c.head, c.token);
-    }
+    const float* reference(std::int64_t t, int h, KvPart part) const { return m_in.reference.at(part, t, h); }
+    const float* engine(const OffCell& c) const { return m_in.engine.at(c.part, c.token, c.head); }
     double residual(const OffCell& c, const float* predicted) const
     {
         const float* ref = reference(c.token, c.head, c.part);
-        if (!ref || !predicted)
+        const float* stored = engine(c);
+        if (!ref || !predicted || !stored)
             return kInf;
         return m_in.ratios.between(m_in.layer, c.token, c.part, ref, predicted, engine(c), dim(c.part));
     }
@@ -135,9 +159,8 @@ void tryZeros(const Tester& t, std::vector<Tried>& out)
 
 void tryTokenShift(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
-    // A table entry covers block_size positions, times dcp_size under decode context parallelism.
     const int blockSize = int(in.config.positionsPerEntry(in.config.groups[std::size_t(in.prompt.layerGroups[std::size_t(in.layer)])]));
-    const int reach = int(std::min<std::int64_t>(std::max(16, 2 * blockSize), std::min<std::int64_t>(64, in.prompt.tokens - 1)));
+    const int reach = shiftReach(in.prompt, in.config, in.layer);
     // Every shift on a few cells, the best few on all of them.
     std::vector<OffCell> few;
     for (std::size_t i = 0; i < t.cells().size(); i += std::max<std::size_t>(1, t.cells().size() / kCoarseCells))
@@ -266,9 +289,9 @@ void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& ou
     std::map<std::pair<int, int>, std::pair<double, double>> sums;
     for (const OffCell& c : t.cells()) {
         const float* r = t.reference(c.token, c.head, c.part);
-        if (!r)
-            continue;
         const float* a = t.engine(c);
+        if (!r || !a)
+            continue;
         auto& [ar, rr] = sums[{c.head, int(c.part)}];
         for (int i = 0; i < t.dim(c.part); ++i)
             ar += double(a[i]) * r[i], rr += double(r[i]) * r[i];
@@ -328,9 +351,9 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
     std::map<std::pair<int, int>, std::vector<double>> ratios;
     for (const OffCell& c : t.cells()) {
         const float* r = t.reference(c.token, c.head, c.part);
-        if (!r)
-            continue;
         const float* a = t.engine(c);
+        if (!r || !a)
+            continue;
         float largest = 0;
         for (int i = 0; i < t.dim(c.part); ++i)
             largest = std::max(largest, std::fabs(r[i]));
@@ -535,21 +558,11 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
 
 void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
-    // The reference layer's vectors, evenly sampled.
-    struct Vec {
-        std::int64_t token;
-        int head;
-        KvPart part;
-    };
-    std::vector<Vec> pool;
-    const std::int64_t total = in.reference.seq * in.reference.heads * 2;
-    const std::int64_t stride = std::max<std::int64_t>(1, total / std::int64_t(kNearestPool));
-    for (std::int64_t i = 0; i < total; i += stride) {
-        const std::int64_t token = i / (2 * in.reference.heads);
-        const int head = int(i / 2 % in.reference.heads);
-        if (in.reference.present[std::size_t(token)])
-            pool.push_back({token, head, i % 2 ? KvPart::V : KvPart::K});
-    }
+    // The reference layer's vectors, evenly sampled (those present).
+    std::vector<PoolVector> pool;
+    for (const PoolVector& v : nearestPool(in.reference.seq, in.reference.heads))
+        if (t.reference(v.token, v.head, v.part))
+            pool.push_back(v);
     if (pool.empty())
         return;
     std::vector<double> nearest;
@@ -557,7 +570,7 @@ void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& 
     for (std::size_t i = 0; i < t.cells().size(); i += step) {
         const OffCell& c = t.cells()[i];
         double best = kInf;
-        for (const Vec& v : pool)
+        for (const PoolVector& v : pool)
             if (!(v.token == c.token && v.head == c.head && v.part == c.part) && t.dim(v.part) == t.dim(c.part))
                 best = std::min(best, t.residual(c, t.reference(v.token, v.head, v.part)));
         nearest.push_back(best);
@@ -575,6 +588,21 @@ void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& 
 }
 
 }  // namespace
+
+HypothesisPositions hypothesisPositions(const PromptAnalysis& prompt, const KvCacheConfig& config, int layer,
+                                        const std::vector<OffCell>& cells, std::int64_t seq, int heads)
+{
+    HypothesisPositions positions;
+    const int reach = shiftReach(prompt, config, layer);
+    for (const OffCell& c : sampledCells(cells)) {
+        positions.engine.push_back(c.token);
+        for (std::int64_t d = -reach; d <= reach; ++d)
+            positions.reference.push_back(c.token + d);
+    }
+    for (const PoolVector& v : nearestPool(seq, heads))
+        positions.reference.push_back(v.token);
+    return positions;
+}
 
 std::vector<Hypothesis> testHypotheses(const HypothesisInput& in)
 {

@@ -19,7 +19,7 @@
 #include "analysis/suspect.h"
 #include "format/kv_cache_config.h"
 #include "format/rope_settings.h"
-#include "kv/layer_kv.h"
+#include "kv/sampled_layer.h"
 
 #include <optional>
 #include <vector>
@@ -32,13 +32,23 @@ struct HypothesisInput {
     const CellRatios& ratios;
     int layer = 0;
     const std::vector<OffCell>& cells;  // the off cells to explain
-    const LayerKv& engine;
-    const LayerKv& reference;           // the side the analysis measures against (three-way: the baseline)
+    // At least the positions hypothesisPositions() names (SampledLayer::of: all of them).
+    const SampledLayer& engine;
+    const SampledLayer& reference;      // the side the analysis measures against (three-way: the baseline)
     std::optional<RopeSettings> rope;
     double explained = 2.0;             // a residual at most this explains the error (floors)
 };
 
 // Every hypothesis tried, best first: lowest residual, the simpler one on a near tie.
 std::vector<Hypothesis> testHypotheses(const HypothesisInput& input);
+
+// The positions the hypotheses read of a layer of `seq` positions and `heads` heads: of the
+// engine, the sampled off cells' tokens; of the reference, those and the tokens near them
+// (shifted data) and an even sample of the layer (the nearest vector of any position).
+struct HypothesisPositions {
+    std::vector<std::int64_t> engine, reference;
+};
+HypothesisPositions hypothesisPositions(const PromptAnalysis& prompt, const KvCacheConfig& config, int layer,
+                                        const std::vector<OffCell>& cells, std::int64_t seq, int heads);
 
 }  // namespace kvscope

@@ -135,9 +135,18 @@ std::vector<Hypothesis> explain(const CaptureLoader& loader, const PromptAnalysi
 {
     try {
         const std::string& layer = p.layers[std::size_t(onset.layer)];
-        const LayerKv engine = loader.engineLayer(p.id, layer);
-        const LayerKv reference = loader.referenceLayer(p.id, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected, layer);
         const int heads = p.headsOf(onset.layer);
+        // Only the positions the hypotheses look at, a window of tokens at a time: a long layer
+        // is not read whole (1 GB a side at 131,072 tokens of a 70B model).
+        const HypothesisPositions positions = hypothesisPositions(p, loader.config(), onset.layer, onset.cells(), p.tokens, heads);
+        const ReferenceRole role = p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected;
+        constexpr std::int64_t kExplainWindow = 4096;
+        const SampledLayer engine = SampledLayer::read(positions.engine, p.tokens, kExplainWindow, [&](PositionRange window) {
+            return loader.engineSource(p.id, layer, nullptr, window);
+        });
+        const SampledLayer reference = SampledLayer::read(positions.reference, p.tokens, kExplainWindow, [&](PositionRange window) {
+            return loader.referenceSource(p.id, role, layer, window);
+        });
         if (engine.heads != heads || reference.heads != heads || engine.seq != p.tokens || reference.seq != p.tokens)
             return {};
         const HypothesisInput input{p, loader.config(), floor.ratios, onset.layer, onset.cells(), engine, reference,

@@ -75,7 +75,8 @@ std::vector<Hypothesis> test(const PromptAnalysis& p, const std::vector<OffCell>
 {
     const KvCacheConfig cfg = config();
     const CellRatios ratios(p, nullptr);
-    return testHypotheses({p, cfg, ratios, 0, cells, engine, reference, rope, 2.0});
+    const SampledLayer sampledEngine = SampledLayer::of(engine), sampledReference = SampledLayer::of(reference);
+    return testHypotheses({p, cfg, ratios, 0, cells, sampledEngine, sampledReference, rope, 2.0});
 }
 
 }  // namespace

@@ -8,12 +8,14 @@
 #include "analysis/analyzer.h"
 #include "format/bundle_reader.h"
 #include "kv/capture_loader.h"
+#include "kv/sampled_layer.h"
 #include "small_model.h"
 #include "synth/synthetic_capture.h"
 
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -89,6 +91,25 @@ void TestTokenWindows::loaderWindowsHoldTheirPositions()
                         QVERIFY(sameValuesAt(r, expected, pos));
                 }
             }
+            // A layer sampled at some positions, a window of 7 at a time (what explaining a
+            // suspect reads): their values bit for bit, nothing elsewhere.
+            const std::vector<std::int64_t> chosen{seq - 1, 3, 3, 8, 20, 21, 22, -4, seq + 9};
+            const SampledLayer sampled = SampledLayer::read(chosen, seq, 7, [&](PositionRange window) {
+                return loader.engineSource(prompt.id, layer, nullptr, window);
+            });
+            QCOMPARE(sampled.sampledPositions(), std::size_t(6));
+            QCOMPARE(sampled.seq, seq);
+            QCOMPARE(sampled.heads, engine.heads);
+            for (std::int64_t pos = -1; pos <= seq; ++pos)
+                for (int h = 0; h < engine.heads; ++h)
+                    for (KvPart part : {KvPart::K, KvPart::V}) {
+                        const float* v = sampled.at(part, pos, h);
+                        const bool wanted = std::find(chosen.begin(), chosen.end(), pos) != chosen.end() && pos >= 0 && pos < seq;
+                        QCOMPARE(v != nullptr, wanted && engine.present[std::size_t(pos)]);
+                        if (v)
+                            QVERIFY(std::memcmp(v, part == KvPart::K ? engine.kAt(h, pos) : engine.vAt(h, pos),
+                                                sizeof(float) * std::size_t(engine.dims.of(part))) == 0);
+                    }
             // The fingerprint of a reference read in windows is that of the whole.
             const LayerSource whole = loader.referenceSource(prompt.id, ReferenceRole::Baseline, layer);
             ContentHash hash = whole.startHash();
