@@ -64,25 +64,25 @@ void shareCounts(AnalysisShare& share, std::vector<Histogram*> histograms)
 // Log histograms combined over every process: their touched bins first, then the counts in them.
 void shareLogCounts(AnalysisShare& share, std::vector<LogHistogram*> histograms)
 {
-    std::vector<double> firsts, lasts;
-    for (const LogHistogram* h : histograms) {
-        firsts.push_back(h->first);
-        lasts.push_back(h->last);
-    }
-    share.minimum(firsts);
-    share.maximum(lasts);
+    std::vector<ErrorRange> touched;  // [first, last] bins, as a range of bin numbers
+    for (const LogHistogram* h : histograms)
+        touched.push_back({double(h->first), double(h->last)});
+    std::vector<ErrorRange*> ranges;
+    for (ErrorRange& r : touched)
+        ranges.push_back(&r);
+    shareRanges(share, ranges);
     std::vector<std::uint32_t> counts;
     for (std::size_t i = 0; i < histograms.size(); ++i)
-        for (int b = int(firsts[i]); b <= int(lasts[i]); ++b)
+        for (int b = int(touched[i].lo); b <= int(touched[i].hi); ++b)
             counts.push_back(histograms[i]->counts.empty() ? 0 : histograms[i]->counts[std::size_t(b)]);
     share.sum(counts);
     auto at = counts.begin();
     for (std::size_t i = 0; i < histograms.size(); ++i) {
         LogHistogram& h = *histograms[i];
         h.clear();
-        const std::size_t size = std::size_t(std::max(0, int(lasts[i]) - int(firsts[i]) + 1));
+        const std::size_t size = std::size_t(std::max(0, int(touched[i].hi) - int(touched[i].lo) + 1));
         if (size > 0)
-            h.merge(int(firsts[i]), &*at, size);
+            h.merge(int(touched[i].lo), &*at, size);
         at += std::ptrdiff_t(size);
     }
 }

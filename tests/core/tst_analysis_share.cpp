@@ -8,6 +8,7 @@
 #include "analysis/analysis_share.h"
 #include "analysis/analyzer.h"
 #include "format/bundle_reader.h"
+#include "sharing_capture.h"
 #include "small_model.h"
 #include "synth/model_capture.h"
 #include "synth/synthetic_capture.h"
@@ -194,17 +195,10 @@ void TestAnalysisShare::sharedAnalysisWritesTheSameJson()
     case 6: o.baseline = false; o.fault = FaultKind::DeadHead; break;
     }
     const std::string bundle = (m_dir.path() + "/case" + QString::number(kind) + ".h5").toStdString();
-    if (kind == 7) {  // the later two start with the first's two blocks of 16
-        SyntheticCaptureOptions shared;
-        shared.layers = 3;
-        shared.alternateSliding = false;
-        shared.promptLens = {40, 56, 48};
-        shared.decodeTokens = 12;
-        shared.sharedPrefixBlocks = 2;
-        writeSyntheticCapture(bundle, shared);
-    } else {
+    if (kind == 7)
+        writeSyntheticCapture(bundle, kvtest::sharedPrefixCapture());
+    else
         writeModelCapture(bundle, o);
-    }
     AnalysisOptions options;
     options.threads = 1;
     const std::string alone = json(analyzeBundle(std::make_shared<BundleReader>(bundle), options));

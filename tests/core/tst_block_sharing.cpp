@@ -7,6 +7,7 @@
 #include "kv/block_sharing.h"
 #include "kv/capture_loader.h"
 #include "metric_reference.h"
+#include "sharing_capture.h"
 #include "synth/synthetic_capture.h"
 
 #include <QTemporaryDir>
@@ -14,24 +15,6 @@
 
 using namespace kvscope;
 using namespace kvtest;
-
-namespace {
-
-// Three prompts; the later two start with prompt 0's first two blocks of 16 (32 tokens).
-SyntheticCaptureOptions sharingCapture()
-{
-    SyntheticCaptureOptions o;
-    o.layers = 3;
-    o.alternateSliding = false;
-    o.promptLens = {40, 56, 48};
-    o.decodeTokens = 12;
-    o.divergence = -1;
-    o.faultLayer = -1;
-    o.sharedPrefixBlocks = 2;
-    return o;
-}
-
-}  // namespace
 
 class TestBlockSharing : public QObject {
     Q_OBJECT
@@ -52,7 +35,7 @@ private:
 
 void TestBlockSharing::sharedBlocksAreFound()
 {
-    const auto reader = write(sharingCapture(), "shared.h5");
+    const auto reader = write(sharedPrefixCapture(), "shared.h5");
     const CaptureLoader loader(reader);
     const BlockSharing sharing(loader, {"prompt_0", "prompt_1", "prompt_2"});
     QVERIFY(sharing.any());
@@ -69,7 +52,7 @@ void TestBlockSharing::sharedBlocksAreFound()
         QVERIFY(sharing.sharedAt(1, 0, pos).prompts.empty());
 
     // Without a common prefix, no block is shared, whatever ids the tables hold.
-    SyntheticCaptureOptions apart = sharingCapture();
+    SyntheticCaptureOptions apart = sharedPrefixCapture();
     apart.sharedPrefixBlocks = 0;
     const CaptureLoader other(write(apart, "apart.h5"));
     QVERIFY(!BlockSharing(other, {"prompt_0", "prompt_1", "prompt_2"}).any());
@@ -77,7 +60,7 @@ void TestBlockSharing::sharedBlocksAreFound()
 
 void TestBlockSharing::pooledStatisticsCountSharedTokensOnce()
 {
-    const auto reader = write(sharingCapture(), "pooled.h5");
+    const auto reader = write(sharedPrefixCapture(), "pooled.h5");
     const AnalysisResult result = analyzeBundle(reader);
     QVERIFY(result.aggregate);
     const AggregateBc& agg = *result.aggregate;
@@ -116,7 +99,7 @@ void TestBlockSharing::pooledStatisticsCountSharedTokensOnce()
 
 void TestBlockSharing::suspectInSharedBlockNamesItsPrompts()
 {
-    SyntheticCaptureOptions o = sharingCapture();
+    SyntheticCaptureOptions o = sharedPrefixCapture();
     o.faultLayer = 1;
     o.faultPosition = -30;  // from prompt 0's position 10, in its first block, which the others share
     const AnalysisResult result = analyzeBundle(write(o, "fault.h5"));

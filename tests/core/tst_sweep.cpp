@@ -8,6 +8,7 @@
 #include "format/bundle_error.h"
 #include "format/bundle_reader.h"
 #include "kv/sweep.h"
+#include "sharing_capture.h"
 #include "small_model.h"
 #include "kv/block_sharing.h"
 #include "synth/model_capture.h"
@@ -154,14 +155,8 @@ void TestSweep::sharesNoBlocksAcrossBundles()
 {
     // A capture whose later two prompts start with the first's two blocks of 16, twice: the
     // copies hold the same block ids for the same tokens, yet two engines share nothing.
-    SyntheticCaptureOptions o;
-    o.layers = 3;
-    o.alternateSliding = false;
-    o.promptLens = {40, 56, 48};
-    o.decodeTokens = 12;
-    o.sharedPrefixBlocks = 2;
     std::filesystem::create_directories(path("prefix"));
-    writeSyntheticCapture(path("prefix/x.h5"), o);
+    writeSyntheticCapture(path("prefix/x.h5"), kvtest::sharedPrefixCapture());
     copy(path("prefix/x.h5"), path("prefix/y.h5"));
     const Sweep sweep = openSweep({path("prefix")}, UnreadableBlockPolicy::MarkAbsent, false);
     std::vector<std::string> ids;
