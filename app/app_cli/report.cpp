@@ -50,7 +50,7 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
         }
         // The same verdict as `check`; from a results file, its bundle only when it is at hand.
         options.share = sharedAnalysis();
-        const AnalysisInput input = analysisForVerdict(inputs, options, strict);
+        const AnalysisInput input = analysisForVerdict(inputs, options, strict, bundleProbe());
         const AnalysisResult& result = input.result;
         const std::shared_ptr<const CaptureLoader> opened =
             input.loader ? input.loader

@@ -149,7 +149,7 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
                 err << "kvscope analyze: --save keeps the analysis of one bundle; a sweep's is kept as --json\n";
                 return 2;
             }
-            const Sweep opened = openSweep(inputs, options.unreadableBlocks, BundleReader::kProbeFromThreads);
+            const Sweep opened = openSweep(inputs, options.unreadableBlocks, bundleProbe());
             if (strict)
                 requireEveryBundle(opened);
             for (const SweepBundle& b : opened.bundles)
@@ -172,6 +172,8 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
                       std::to_string(saved.result.prompts.size()) + " prompt(s)";
             result = std::move(saved.result);
         } else {
+            if (sharedAnalysis() && bundleProbe())  // kvscope-mpi: probed before MPI started (kvscope: in its guarded child)
+                bundleProbe()(bundle);
             auto reader = std::make_shared<BundleReader>(bundle);
             if (!layerSpec.empty())
                 options.layers = parseLayerSelection(layerSpec, reader->config().layerNames());

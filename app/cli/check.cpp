@@ -29,7 +29,7 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
         AnalysisOptions options;
         options.suspects = t.suspects;
         options.share = sharedAnalysis();
-        result = analysisForVerdict(inputs, options, strict).result;  // a bundle, a sweep, or a results file
+        result = analysisForVerdict(inputs, options, strict, bundleProbe()).result;  // a bundle, a sweep, or a results file
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";
         return 2;
@@ -53,7 +53,7 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
             out << "  note: prompt " << p.id << " is two-way (no baseline): not judged without --max-linf\n";
     for (const Violation& v : violations) {
         if (!v.bundle.empty()) {
-            out << "  FAIL bundle " << v.bundle << " cannot be read: " << v.detail << "\n";
+            out << "  FAIL bundle " << v.bundle << " left out: " << v.detail << "\n";
             continue;
         }
         out << "  FAIL " << (v.prompt.empty() ? "all prompts" : "prompt " + v.prompt) << ", " << v.layer;

@@ -1,7 +1,10 @@
 #include "cli/commands.h"
 
+#include "format/bundle_reader.h"
+
 #include <ostream>
 #include <stdexcept>
+#include <utility>
 
 namespace kvscope::cli {
 
@@ -155,6 +158,19 @@ void addSuspectOptions(OptionParser& parser, SuspectThresholds& suspects)
 
 namespace {
 AnalysisShare* processShare = nullptr;
+BundleProbe processProbe = BundleReader::kProbeFromThreads ? BundleProbe([](const std::string& path) {
+    BundleReader::probeInChild(path);
+}) : BundleProbe();
+}  // namespace
+
+const BundleProbe& bundleProbe()
+{
+    return processProbe;
+}
+
+void setBundleProbe(BundleProbe probe)
+{
+    processProbe = std::move(probe);
 }
 
 AnalysisShare* sharedAnalysis()

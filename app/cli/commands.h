@@ -10,6 +10,7 @@
 
 #include "analysis/analysis_share.h"
 #include "analysis/threshold_check.h"
+#include "kv/sweep.h"
 #include "cli/option_parser.h"
 
 #include <iosfwd>
@@ -44,6 +45,11 @@ void addSuspectOptions(OptionParser& parser, SuspectThresholds& suspects);
 // kvscope): analyze, check and report analyse with it (analysis/analysis_share.h).
 AnalysisShare* sharedAnalysis();
 void setSharedAnalysis(AnalysisShare* share);
+// What is done with each bundle of a sweep before it is opened (kv/sweep.h): its metadata read in
+// a child process (BundleReader::probeInChild) by default; kvscope-mpi probes before MPI starts
+// and sets a lookup of those probes instead.
+const BundleProbe& bundleProbe();
+void setBundleProbe(BundleProbe probe);
 
 // The commands without Qt, one file each in this folder.
 int analyze(const Args& args, std::ostream& out, std::ostream& err);

@@ -124,7 +124,9 @@ void AnalysisController::open(const QStringList& paths)
             std::shared_ptr<const CaptureLoader> loader;
             std::shared_ptr<AnalysisResult> result;
             if (sweep) {  // each bundle probed as it is opened; those that cannot be read are listed
-                const Sweep opened = openSweep(bundles, options.unreadableBlocks, BundleReader::kProbeFromThreads);
+                const Sweep opened = openSweep(bundles, options.unreadableBlocks, BundleReader::kProbeFromThreads
+                                                                                    ? BundleProbe([](const std::string& p) { BundleReader::probeInChild(p); })
+                                                                                    : BundleProbe());
                 result = std::make_shared<AnalysisResult>(prepareAnalysis(opened, options));
                 loader = opened.loader;
             } else {

@@ -6,6 +6,7 @@
 #include "results/analysis_record.h"
 #include "results/results_file.h"
 #include "results/results_writer.h"
+#include "util/content_hash.h"
 
 #include <unistd.h>
 
@@ -66,25 +67,30 @@ MpiShare::MpiShare(MPI_Comm comm)
     MPI_Comm_size(comm, &m_size);
 }
 
-void MpiShare::shareOut(const std::vector<std::uint64_t>& promptBytes)
+void MpiShare::shareOut(const std::vector<std::string>& promptIds, const std::vector<std::uint64_t>& promptBytes)
 {
     // Every rank must have opened the same prompts (a bundle one rank could read and another
-    // not would pair different collectives): compared before anything else is combined.
+    // not would pair different collectives): compared before anything else is combined, by
+    // their count, bytes and names.
     std::uint64_t total = 0;
     for (std::uint64_t b : promptBytes)
         total += b;
-    std::vector<double> seen{double(promptBytes.size()), double(total)};
+    ContentHash names;
+    for (const std::string& id : promptIds)
+        names.add(id.data(), id.size() + 1);  // (with its end: "ab","c" is not "a","bc")
+    const std::uint64_t hash = names.value();
+    std::vector<double> seen{double(promptBytes.size()), double(total), double(hash >> 32), double(hash & 0xffffffffu)};
     std::vector<double> low = seen, high = seen;
     allReduce(low.data(), low.size(), MPI_DOUBLE, MPI_MIN);
     allReduce(high.data(), high.size(), MPI_DOUBLE, MPI_MAX);
     if (low != high)
         throw BundleError("kvscope-mpi", {}, "the ranks do not see the same prompts (a bundle readable on some nodes only?)");
     m_owner = balancePrompts(promptBytes, m_size);
+    m_ids = promptIds;
     m_traffic = {};
     m_traffic.promptBytes.assign(std::size_t(m_size), 0);
     for (std::size_t i = 0; i < promptBytes.size(); ++i)
         m_traffic.promptBytes[std::size_t(m_owner[i])] += promptBytes[i];
-    m_sharedOut = true;
     m_gathered = false;
 }
 
@@ -193,8 +199,13 @@ bool MpiShare::gather(AnalysisResult& result, const CaptureLoader& loader)
         ResultsFile part = readResultsFile(file.path());
         if (part.result.prompts.size() != indices.size())
             throw BundleError(file.path(), {}, "rank " + std::to_string(from) + " sent a different number of prompts");
-        for (std::size_t k = 0; k < indices.size(); ++k)
-            result.prompts[std::size_t(indices[k])] = std::move(part.result.prompts[k]);
+        for (std::size_t k = 0; k < indices.size(); ++k) {
+            const std::size_t at = std::size_t(indices[k]);
+            if (at >= result.prompts.size() || part.result.prompts[k].id != m_ids[at])
+                throw BundleError(file.path(), {}, "rank " + std::to_string(from) + " sent prompt " + part.result.prompts[k].id +
+                                                        " for another one's place");
+            result.prompts[at] = std::move(part.result.prompts[k]);
+        }
         for (const std::string& problem : part.result.problems)  // (those found while pooling, on that rank)
             if (std::find(result.problems.begin(), result.problems.end(), problem) == result.problems.end())
                 result.problems.push_back(problem);

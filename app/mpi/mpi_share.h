@@ -19,11 +19,11 @@ public:
 
     int rank() const { return m_rank; }
     int size() const { return m_size; }
-    // Whether an analysis has begun (its prompts shared out) and not yet ended in gather():
-    // a rank that leaves now would leave the others waiting.
-    bool inProgress() const { return m_sharedOut && !m_gathered; }
+    // Whether the analysis ended in gather() (this rank's part handed over, or all of them
+    // gathered on rank 0): until then, a rank that leaves would leave the others waiting.
+    bool gathered() const { return m_gathered; }
 
-    void shareOut(const std::vector<std::uint64_t>& promptBytes) override;
+    void shareOut(const std::vector<std::string>& promptIds, const std::vector<std::uint64_t>& promptBytes) override;
     bool analyses(std::size_t prompt) const override;
     void minimum(std::vector<double>& values) override;
     void maximum(std::vector<double>& values) override;
@@ -49,7 +49,7 @@ private:
     int m_rank = 0;
     int m_size = 1;
     std::vector<int> m_owner;  // per prompt, its rank
-    bool m_sharedOut = false;
+    std::vector<std::string> m_ids;  // per prompt
     bool m_gathered = false;
     Traffic m_traffic;
 };

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kvscope {
@@ -24,9 +25,10 @@ struct AnalysisHandedOver {};
 class AnalysisShare {
 public:
     virtual ~AnalysisShare() = default;
-    // Called once, by prepareAnalysis on every process, with what each prompt's analysis reads
-    // (bytes): the share decides, the same way on every process, which prompts are whose.
-    virtual void shareOut(const std::vector<std::uint64_t>& promptBytes) = 0;
+    // Called once, by prepareAnalysis on every process, with the prompts (their names, and what
+    // each one's analysis reads, in bytes): the share decides, the same way on every process,
+    // which prompts are whose. It throws when the processes do not see the same prompts.
+    virtual void shareOut(const std::vector<std::string>& promptIds, const std::vector<std::uint64_t>& promptBytes) = 0;
     // Whether this process analyses prompt `index` of the prepared result.
     virtual bool analyses(std::size_t prompt) const = 0;
     // Element by element over every process, the result on each of them.

@@ -650,10 +650,13 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
             result.problems.insert(result.problems.end(), info->problems.begin(), info->problems.end());
     }
     if (options.share) {
+        std::vector<std::string> ids;
         std::vector<std::uint64_t> bytes;
-        for (const PromptInfo* info : analysable)
+        for (const PromptInfo* info : analysable) {
+            ids.push_back(info->id);
             bytes.push_back(promptBytes(loader, *info, layers));
-        options.share->shareOut(bytes);
+        }
+        options.share->shareOut(ids, bytes);
     }
     for (std::size_t i = 0; i < analysable.size(); ++i)
         result.prompts.push_back(emptyPrompt(loader, *analysable[i], layers, !options.share || options.share->analyses(i)));

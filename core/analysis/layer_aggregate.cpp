@@ -350,12 +350,25 @@ void LayerPooling::writeNoiseBc(KvPart part)
     m_aggregate.combinedVsNoise[std::size_t(part)][std::size_t(m_layer)] = float(bcVsNoise(noiseBase, noiseActual));
     if (m_onePrompt)
         return;
-    // By generation index: the prompts' tokens at that index, one index at a time (all of them
-    // at once when they are combined with other processes').
-    std::vector<LogHistogram> indexNoise(m_share ? 2 * m_gCount : 2);
+    // By generation index: the prompts' tokens at that index, one index at a time (a chunk of
+    // indices at a time when they are combined with other processes').
+    constexpr std::size_t kSharedChunk = 1024;
+    std::vector<LogHistogram> indexNoise(m_share ? 2 * std::min(kSharedChunk, m_gCount) : 2);
+    const auto shareChunk = [&](std::size_t end) {  // indices [end - its size, end)
+        std::vector<LogHistogram*> histograms;
+        const std::size_t first = (end - 1) / kSharedChunk * kSharedChunk;
+        for (std::size_t i = 0; i < 2 * (end - first); ++i)
+            histograms.push_back(&indexNoise[i]);
+        shareLogCounts(*m_share, histograms);
+        for (std::size_t g = first; g < end; ++g)
+            m_aggregate.bcVsNoise[std::size_t(part)][at(g)] =
+                float(bcVsNoise(indexNoise[2 * (g - first)], indexNoise[2 * (g - first) + 1]));
+        for (LogHistogram& h : indexNoise)
+            h.clear();
+    };
     for (std::size_t g = 0; g < m_gCount; ++g) {
-        LogHistogram& indexNoiseBase = indexNoise[m_share ? 2 * g : 0];
-        LogHistogram& indexNoiseActual = indexNoise[m_share ? 2 * g + 1 : 1];
+        LogHistogram& indexNoiseBase = indexNoise[m_share ? 2 * (g % kSharedChunk) : 0];
+        LogHistogram& indexNoiseActual = indexNoise[m_share ? 2 * (g % kSharedChunk) + 1 : 1];
         for (std::size_t i = 0; i < m_pooled.size(); ++i) {
             const std::int64_t t = promptLen(i) + std::int64_t(g);
             const TokenErrorStats& st = stats(i);
@@ -366,20 +379,15 @@ void LayerPooling::writeNoiseBc(KvPart part)
             indexNoiseBase.merge(base.first, st.noiseCounts(base), base.size);
             indexNoiseActual.merge(actual.first, st.noiseCounts(actual), actual.size);
         }
-        if (m_share)
+        if (m_share) {
+            if ((g + 1) % kSharedChunk == 0 || g + 1 == m_gCount)
+                shareChunk(g + 1);
             continue;
+        }
         m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = float(bcVsNoise(indexNoiseBase, indexNoiseActual));
         indexNoiseBase.clear();
         indexNoiseActual.clear();
     }
-    if (!m_share)
-        return;
-    std::vector<LogHistogram*> histograms;
-    for (LogHistogram& h : indexNoise)
-        histograms.push_back(&h);
-    shareLogCounts(*m_share, histograms);
-    for (std::size_t g = 0; g < m_gCount; ++g)
-        m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = float(bcVsNoise(indexNoise[2 * g], indexNoise[2 * g + 1]));
 }
 
 void LayerPooling::shareOnePromptBc(KvPart part)

@@ -141,10 +141,13 @@ std::vector<Hypothesis> explain(const CaptureLoader& loader, const PromptAnalysi
         const HypothesisPositions positions = hypothesisPositions(p, loader.config(), onset.layer, onset.cells(), p.tokens, heads);
         const ReferenceRole role = p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected;
         constexpr std::int64_t kExplainWindow = 4096;
+        // An older bundle's reference row is one chunk: each window would read it whole again.
+        const std::int64_t referenceWindow =
+            loader.referencePositionsPerChunk(p.id, role, layer) > kExplainWindow ? p.tokens : kExplainWindow;
         const SampledLayer engine = SampledLayer::read(positions.engine, p.tokens, kExplainWindow, [&](PositionRange window) {
             return loader.engineSource(p.id, layer, nullptr, window);
         });
-        const SampledLayer reference = SampledLayer::read(positions.reference, p.tokens, kExplainWindow, [&](PositionRange window) {
+        const SampledLayer reference = SampledLayer::read(positions.reference, p.tokens, referenceWindow, [&](PositionRange window) {
             return loader.referenceSource(p.id, role, layer, window);
         });
         if (engine.heads != heads || reference.heads != heads || engine.seq != p.tokens || reference.seq != p.tokens)

@@ -11,10 +11,10 @@ namespace kvscope {
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& t)
 {
     std::vector<Violation> out;
-    // A sweep's bundle that could not be read fails first: its prompts were not judged at all.
+    // A sweep's bundle left out (unreadable, another model's) fails first: its prompts were not judged at all.
     for (const SweepBundle& b : result.bundles)
         if (!b.problem.empty())
-            out.push_back({"", "", -1, -1, "unreadable bundle", std::nan(""), 0, b.problem, b.name});
+            out.push_back({"", "", -1, -1, "bundle left out", std::nan(""), 0, b.problem, b.name});
     // Any suspect fails, and comes first: something left the noise floor of its dtype.
     for (const Suspect& s : result.suspects) {
         std::string prompts;

@@ -22,8 +22,9 @@ std::vector<std::string> sweepBundlePaths(const std::vector<std::string>& operan
         std::error_code error;
         if (fs::is_directory(operand, error)) {
             std::vector<std::string> found;
+            // Every *.h5 but folders: one that cannot be read (a broken link) is left out, named.
             for (const fs::directory_entry& entry : fs::directory_iterator(operand, error))
-                if (entry.path().extension() == ".h5" && entry.is_regular_file(error))
+                if (std::error_code kind; entry.path().extension() == ".h5" && !entry.is_directory(kind))
                     found.push_back(entry.path().string());
             if (error)
                 throw BundleError(operand, {}, "cannot be listed: " + error.message());
@@ -37,7 +38,29 @@ std::vector<std::string> sweepBundlePaths(const std::vector<std::string>& operan
             throw BundleError(operand, {}, "does not exist");
         }
     }
+    // The same file twice (a folder and a file in it, or two spellings of one path) would be
+    // pooled twice.
+    std::map<std::string, std::string> seen;  // canonical -> as given
+    for (const std::string& path : paths) {
+        std::error_code error;
+        const std::string canonical = fs::weakly_canonical(path, error).string();
+        if (const auto [at, fresh] = seen.emplace(error ? path : canonical, path); !fresh)
+            throw BundleError(path, {}, "is given twice (also as " + at->second + "): a sweep takes each bundle once");
+    }
     return paths;
+}
+
+std::string sweepMismatch(const BundleReader& first, const BundleReader& other)
+{
+    const auto rope = [](const BundleMetadata& m) {
+        const auto it = m.extra.find("rope");
+        return it == m.extra.end() ? std::string() : it->second;
+    };
+    if (first.metadata().model != other.metadata().model)
+        return "its model '" + other.metadata().model + "' is not the sweep's first bundle's ('" + first.metadata().model + "')";
+    if (rope(first.metadata()) != rope(other.metadata()))
+        return "its RoPE settings (metadata attribute 'rope') are not the sweep's first bundle's";
+    return sweepConfigMismatch(first.config(), other.config());
 }
 
 std::string sweepConfigMismatch(const KvCacheConfig& first, const KvCacheConfig& other)
@@ -65,7 +88,7 @@ void requireEveryBundle(const Sweep& sweep)
         throw BundleError(sweep.label, {}, "bundles of the sweep cannot be analysed:" + leftOut);
 }
 
-Sweep openSweep(const std::vector<std::string>& operands, UnreadableBlockPolicy policy, bool probeInChild)
+Sweep openSweep(const std::vector<std::string>& operands, UnreadableBlockPolicy policy, const BundleProbe& probe)
 {
     namespace fs = std::filesystem;
     Sweep sweep;
@@ -81,13 +104,12 @@ Sweep openSweep(const std::vector<std::string>& operands, UnreadableBlockPolicy 
         const std::string stem = fs::path(path).stem().string();
         SweepBundle bundle{stems[stem] > 1 ? fs::path(path).replace_extension().string() : stem, path, {}};
         try {
-            if (probeInChild)
-                BundleReader::probeInChild(path);
+            if (probe)
+                probe(path);
             auto reader = std::make_shared<const BundleReader>(path);
             if (!members.empty())
-                if (const std::string mismatch = sweepConfigMismatch(members.front().reader->config(), reader->config());
-                    !mismatch.empty())
-                    bundle.problem = BundleError(path, "kv_cache_config", mismatch).what();
+                if (const std::string mismatch = sweepMismatch(*members.front().reader, *reader); !mismatch.empty())
+                    bundle.problem = BundleError(path, {}, mismatch).what();
             if (bundle.problem.empty())
                 members.push_back({bundle.name, std::move(reader)});
         } catch (const std::exception& e) {

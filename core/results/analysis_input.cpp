@@ -52,11 +52,17 @@ AnalysisInput analysisForVerdict(const std::string& path, const AnalysisOptions&
 
 namespace kvscope {
 
-AnalysisInput analysisForVerdict(const std::vector<std::string>& operands, const AnalysisOptions& options, bool strict)
+AnalysisInput analysisForVerdict(const std::vector<std::string>& operands, const AnalysisOptions& options, bool strict,
+                                 const BundleProbe& probe)
 {
-    if (!isSweep(operands))
+    if (!isSweep(operands)) {
+        // A process sharing an analysis (kvscope-mpi) runs without kvscope's guarded child, which
+        // probes a bundle: the probe stands for it.
+        if (probe && options.share)
+            probe(operands.front());
         return analysisForVerdict(operands.front(), options);
-    const Sweep sweep = openSweep(operands, UnreadableBlockPolicy::Error, BundleReader::kProbeFromThreads);
+    }
+    const Sweep sweep = openSweep(operands, UnreadableBlockPolicy::Error, probe);
     if (strict)
         requireEveryBundle(sweep);
     AnalysisInput input;

@@ -5,6 +5,7 @@
 
 #include "analysis/analyzer.h"
 #include "format/bundle_reader.h"
+#include "kv/sweep.h"
 
 #include <memory>
 #include <string>
@@ -25,7 +26,9 @@ struct AnalysisInput {
 AnalysisInput analysisForVerdict(const std::string& path, const AnalysisOptions& options);
 // The same for a command's operands: one of the above, or a sweep (kv/sweep.h) whose bundles
 // that cannot be read are left out (listed in the result), unless `strict`, where they are thrown.
-AnalysisInput analysisForVerdict(const std::vector<std::string>& operands, const AnalysisOptions& options, bool strict);
+// `probe` is made on each bundle of a sweep, and on one bundle when the analysis is shared.
+AnalysisInput analysisForVerdict(const std::vector<std::string>& operands, const AnalysisOptions& options, bool strict,
+                                 const BundleProbe& probe);
 
 // A results file's analysis checked against `options` (its suspect thresholds, BCs, suspects);
 // throws BundleError naming the file and what differs.

@@ -47,7 +47,7 @@ public:
     ThreadShare(Hub& hub, int rank, int processes, std::function<std::vector<int>(std::size_t)> owners)
         : m_hub(hub), m_rank(rank), m_processes(processes), m_owners(std::move(owners)) {}
 
-    void shareOut(const std::vector<std::uint64_t>& bytes) override
+    void shareOut(const std::vector<std::string>&, const std::vector<std::uint64_t>& bytes) override
     {
         m_owner = m_owners ? m_owners(bytes.size()) : balancePrompts(bytes, m_processes);
     }

@@ -87,7 +87,7 @@ void TestSweep::poolsAsOneBundleWould()
     copy(both, path("pool/a.h5"));
     copy(both, path("pool/b.h5"));
     AnalysisResult alone = analyzeBundle(std::make_shared<BundleReader>(both));
-    const Sweep sweep = openSweep({path("pool")}, UnreadableBlockPolicy::MarkAbsent, false);
+    const Sweep sweep = openSweep({path("pool")}, UnreadableBlockPolicy::MarkAbsent, nullptr);
     QCOMPARE(sweep.label, path("pool"));
     QCOMPARE(sweep.bundles.size(), std::size_t(2));
     QCOMPARE(sweep.loader->prompts().size(), std::size_t(4));
@@ -124,13 +124,14 @@ void TestSweep::leavesOutWhatCannotBeRead()
     ModelCaptureOptions other = o;
     other.shape.kvHeads = 2;  // another model
     writeModelCapture(path("mixed/other.h5"), other);
-    const Sweep sweep = openSweep({path("mixed")}, UnreadableBlockPolicy::MarkAbsent, false);
+    const Sweep sweep = openSweep({path("mixed")}, UnreadableBlockPolicy::MarkAbsent, nullptr);
     QCOMPARE(sweep.bundles.size(), std::size_t(3));
     QCOMPARE(sweep.bundles[0].name, std::string("broken"));
     QVERIFY(sweep.bundles[0].problem.find(path("mixed/broken.h5")) != std::string::npos);
     QVERIFY(sweep.bundles[1].problem.empty());
     QVERIFY(sweep.bundles[2].problem.find(path("mixed/other.h5")) != std::string::npos);
     QVERIFY(sweep.bundles[2].problem.find("kv_cache_config") != std::string::npos);
+    std::filesystem::remove(path("mixed/broken2.h5"));
     const AnalysisResult result = analyzeSweep(sweep);
     QCOMPARE(result.prompts.size(), std::size_t(2));
     QCOMPARE(result.prompts[0].id, std::string("good/prompt_0"));
@@ -140,11 +141,12 @@ void TestSweep::leavesOutWhatCannotBeRead()
             std::string::npos);
     QVERIFY_THROWS_EXCEPTION(BundleError, requireEveryBundle(sweep));
     // Nothing readable: said, with every file's problem.
-    const Sweep none = openSweep({path("mixed/broken.h5"), path("mixed/broken.h5")}, UnreadableBlockPolicy::MarkAbsent, false);
+    std::ofstream(path("mixed/broken2.h5")) << "not a bundle either";
+    const Sweep none = openSweep({path("mixed/broken.h5"), path("mixed/broken2.h5")}, UnreadableBlockPolicy::MarkAbsent, nullptr);
     QVERIFY(!none.loader);
     QVERIFY_THROWS_EXCEPTION(BundleError, analyzeSweep(none));
     // Two bundles of one name in different folders are named by their paths.
-    const Sweep twins = openSweep({path("mixed/good.h5"), path("pool/a.h5"), path("both.h5")}, UnreadableBlockPolicy::MarkAbsent, false);
+    const Sweep twins = openSweep({path("mixed/good.h5"), path("pool/a.h5"), path("both.h5")}, UnreadableBlockPolicy::MarkAbsent, nullptr);
     QCOMPARE(twins.bundles[0].name, std::string("good"));
     QCOMPARE(twins.bundles[1].name, std::string("a"));
     // (a config mismatch against the first readable bundle)
@@ -158,7 +160,7 @@ void TestSweep::sharesNoBlocksAcrossBundles()
     std::filesystem::create_directories(path("prefix"));
     writeSyntheticCapture(path("prefix/x.h5"), kvtest::sharedPrefixCapture());
     copy(path("prefix/x.h5"), path("prefix/y.h5"));
-    const Sweep sweep = openSweep({path("prefix")}, UnreadableBlockPolicy::MarkAbsent, false);
+    const Sweep sweep = openSweep({path("prefix")}, UnreadableBlockPolicy::MarkAbsent, nullptr);
     std::vector<std::string> ids;
     for (const PromptInfo& p : sweep.loader->prompts())
         ids.push_back(p.id);

@@ -331,7 +331,7 @@ void TestReport::sweepReportNamesMapsByBundle()
         writeSyntheticCapture(m_dir.filePath(name).toStdString(), o);
         o.seed += 1;
     }
-    const Sweep sweep = openSweep({m_dir.filePath("sweep").toStdString()}, UnreadableBlockPolicy::Error, false);
+    const Sweep sweep = openSweep({m_dir.filePath("sweep").toStdString()}, UnreadableBlockPolicy::Error, nullptr);
     const AnalysisResult result = analyzeSweep(sweep);
     QCOMPARE(result.prompts.size(), std::size_t(4));
     const ReportFiles files = writeReport(*sweep.loader, result, Thresholds{}, m_dir.filePath("report-sweep"));
