@@ -23,6 +23,9 @@ namespace kvscope {
 
 namespace {
 
+// A window's smallest size and step, in tokens: whole blocks and reference chunks, mostly.
+constexpr std::int64_t kGrain = 4096;
+
 std::vector<std::string> selectedLayers(const CaptureLoader& loader, const AnalysisOptions& options)
 {
     const KvCacheConfig& config = loader.config();
@@ -160,7 +163,7 @@ struct Step {
     bool holds(std::size_t prompt) const { return prompt >= firstPrompt && prompt < endPrompt; }
 };
 
-// One window of one layer's sides for every prompt; a prompt that could not be read has
+// One window of one layer's sides for the step's batch of prompts; a prompt that could not be read has
 // problems instead.
 struct LayerInputs {
     Step step;
@@ -215,15 +218,16 @@ private:
     // Whether this process analyses the prompt (all of them, without a share).
     bool owns(std::size_t prompt) const { return !m_options.share || m_options.share->analyses(prompt); }
     bool cancelled() const { return m_failed.load() || (m_options.cancel && m_options.cancel->load()); }
-    // The windows of `layer`: the whole layer, unless its sides would take more than a window's
-    // bytes and its references are chunked along their positions (older bundles store a
-    // reference row as one chunk, which every window would read whole: read once, as before).
+    // The steps of `layer`: its prompts in batches whose sides fit a window's bytes together,
+    // each batch whole, or in windows of tokens when its sides would take more and its
+    // references are chunked along their positions (older bundles store a reference row as one
+    // chunk, which every window would read whole: read once, as before).
     void addSteps(int layer);
     // The batches of prompts a layer is read in (prompt index ranges), by what each prompt's
     // sides take per token.
     std::vector<PositionRange> promptBatches(const std::vector<std::size_t>& bytesPerToken, std::size_t budget) const;
     bool referenceChunksExceed(int layer, PositionRange batch, std::int64_t windowTokens) const;
-    // The sides of every prompt in a step's window; with a `team` (the first step, which
+    // The sides of the step's batch of prompts in its window; with a `team` (the first step, which
     // nothing else overlaps), all at once.
     void read(LayerInputs& in, const Step& step, const std::shared_ptr<LayerProgress>& progress, WorkTeam* team);
     void readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother);
@@ -291,7 +295,6 @@ std::vector<PositionRange> AnalysisRun::promptBatches(const std::vector<std::siz
 {
     // Prompts in order, a batch as long as its smallest windows (4,096 tokens, or the whole
     // prompt) fit the budget together; one prompt at least.
-    constexpr std::int64_t kGrain = 4096;
     std::vector<PositionRange> batches;
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < bytesPerToken.size(); ++i) {
@@ -625,7 +628,6 @@ std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t byte
 {
     std::int64_t window = windowTokens;
     if (window <= 0) {  // whole multiples of 4,096 tokens: whole blocks and reference chunks, mostly
-        constexpr std::int64_t kGrain = 4096;
         window = std::max<std::int64_t>(kGrain, std::int64_t(budget / std::max<std::size_t>(1, bytesPerToken)) / kGrain * kGrain);
     }
     if (tokens <= window)

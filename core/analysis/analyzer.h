@@ -32,8 +32,8 @@ struct AnalysisOptions {
     // tokens), while one of them reads the next layer: two layers are in memory at most.
     int threads = 0;
     // A layer longer than this many tokens is read and compared a window of tokens at a time,
-    // so that memory does not grow with the context (0: windows of about kWindowBytes of
-    // every prompt's sides). Results do not depend on it.
+    // so that memory does not grow with the context (0: windows of about windowBytes of a
+    // batch of prompts' sides). Results do not depend on it.
     std::int64_t windowTokens = 0;
     // What one window may take, every prompt's sides together (0: kWindowBytes). Prompts whose
     // sides would take more together (a sweep's hundreds) are read in batches of prompts, each

@@ -28,7 +28,7 @@ namespace kvscope {
 struct TokenErrorStats {
     std::int64_t tokens = 0;
     std::array<std::vector<ErrorRange>, 2> ranges;     // [part][token]
-    std::array<std::vector<std::uint64_t>, 2> counts;  // [part][token][base, actual][bin]
+    std::array<std::vector<std::uint64_t>, 2> counts;  // [part][token - kept.begin][base, actual][bin]
     // Whether `counts` and `noise` are kept: only pooling several prompts by generation index
     // reads them (with one prompt, each generation index is one token, whose BCs the
     // comparison itself gives), and only of the tokens at generation indices: `kept` (a
@@ -47,7 +47,7 @@ struct TokenErrorStats {
         std::uint32_t store = 0;
         std::size_t offset = 0;
     };
-    std::array<std::vector<NoiseSpan>, 2> noise;  // [part][token][base, actual]
+    std::array<std::vector<NoiseSpan>, 2> noise;  // [part][token - kept.begin][base, actual]
     std::vector<std::vector<std::uint32_t>> noiseStores;
     // [token]: 1 where an earlier pooled prompt holds the same block (prefix caching, see
     // kv/block_sharing.h): the pooled statistics leave the token out, having counted it there.
