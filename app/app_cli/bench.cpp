@@ -15,11 +15,14 @@
 #include "format/bundle_reader.h"
 #include "quant/whatif.h"
 #include "results/results_writer.h"
+#include "results/stored_map.h"
+#include "results/synthetic_results.h"
 #include "synth/synthetic_capture.h"
 #include "util/helper_path.h"
 
 #include <QApplication>
 #include <QElapsedTimer>
+#include <QTimer>
 
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -222,28 +225,35 @@ double bestOf(int runs, const std::vector<std::string>& args, long& peakRssKb, s
     return best;
 }
 
-// Pan and zoom over the first prompt's map (its default view), as the app redraws them: the
-// visible tokens pooled to the view's pixel columns, then drawn. The slowest frame of a zoom in
-// from the whole map by halves and pans by a tenth of the view, from the pyramid as the app
-// pools, and (the baseline, in the same run) from the full grid, as it pooled before.
-std::pair<double, double> panAndZoomFrames(MainWindow& window)
+// The views of a pan and zoom over a map of `tokens`: in from the whole map by halves, and at
+// each zoom pans by a tenth of the view.
+std::vector<std::pair<std::int64_t, std::int64_t>> panAndZoomViews(std::int64_t tokens)
 {
-    auto* view = window.findChild<HeatmapView*>();
-    const std::shared_ptr<const AnalysisResult> result = window.controller().result();
-    if (!view || !result || result->prompts.empty())
-        return {-1, -1};
-    const HeatmapGrid full = buildHeatmap(result->prompts.front(), HeatmapSpec{});
-    const HeatmapPyramid map(full, false);
-    const std::int64_t pixels = std::max(100, view->axisRect()->width());
     std::vector<std::pair<std::int64_t, std::int64_t>> views;
-    for (std::int64_t width = full.columns; width >= 16; width /= 2) {
-        const std::int64_t from = (full.columns - width) / 2;
+    for (std::int64_t width = tokens; width >= 16; width /= 2) {
+        const std::int64_t from = (tokens - width) / 2;
         views.push_back({from, from + width});
         for (int step = 1; step <= 3; ++step)
             views.push_back({std::max<std::int64_t>(0, from - step * width / 10), std::max<std::int64_t>(1, from - step * width / 10 + width)});
     }
+    return views;
+}
+
+// Pan and zoom over the first prompt's map (its default view), as the app redraws them: the
+// visible tokens pooled to the view's pixel columns, then drawn. The slowest frame of
+// panAndZoomViews from the pyramid as the app pools, and (the baseline, in the same run) from
+// the full grid, as it pooled before.
+std::pair<double, double> panAndZoomFrames(MainWindow& window)
+{
+    auto* view = &window.findChild<PromptPage*>()->heatmap();
+    const std::shared_ptr<const AnalysisResult> result = window.controller().result();
+    if (!result || result->prompts.empty())
+        return {-1, -1};
+    const HeatmapGrid full = buildHeatmap(result->prompts.front(), HeatmapSpec{});
+    const HeatmapPyramid map(full, false);
+    const std::int64_t pixels = std::max(100, view->axisRect()->width());
     double slowest = 0, slowestFromFull = 0;
-    for (const auto& [from, to] : views) {
+    for (const auto& [from, to] : panAndZoomViews(full.columns)) {
         QElapsedTimer frame;
         frame.start();
         view->setGrid(map.window(from, to, pixels));
@@ -255,6 +265,34 @@ std::pair<double, double> panAndZoomFrames(MainWindow& window)
         slowestFromFull = std::max(slowestFromFull, frame.nsecsElapsed() / 1e9);
     }
     return {slowest, slowestFromFull};
+}
+
+// The same over a results file's stored map, as the app shows it: each view's window read off
+// the GUI thread (the view keeps its pixels meanwhile), then drawn. The slowest frame (drawing)
+// and the slowest read.
+std::pair<double, double> storedPanAndZoomFrames(MainWindow& window, const std::string& resultsFile)
+{
+    auto* view = &window.findChild<PromptPage*>()->heatmap();
+    const std::shared_ptr<const AnalysisResult> result = window.controller().result();
+    if (!result || result->prompts.empty())
+        return {-1, -1};
+    const PromptAnalysis& p = result->prompts.front();
+    const std::optional<StoredMap> map = StoredMap::open(resultsFile, 0, HeatmapSpec{}, int(p.layers.size()), p.tokens);
+    if (!map)
+        return {-1, -1};
+    const std::int64_t pixels = std::max(100, view->axisRect()->width());
+    double slowestFrame = 0, slowestRead = 0;
+    for (const auto& [from, to] : panAndZoomViews(p.tokens)) {
+        QElapsedTimer timer;
+        timer.start();
+        const HeatmapGrid grid = map->window(from, to, pixels);
+        slowestRead = std::max(slowestRead, timer.nsecsElapsed() / 1e9);
+        timer.start();
+        view->setGrid(grid);
+        view->replot(QCustomPlot::rpImmediateRefresh);
+        slowestFrame = std::max(slowestFrame, timer.nsecsElapsed() / 1e9);
+    }
+    return {slowestFrame, slowestRead};
 }
 
 }  // namespace
@@ -290,16 +328,16 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         const double shownAt = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
         double firstRow = -1, whole = -1;
         QElapsedTimer timer;
-        // The first row drawn: the map is built off the GUI thread once a layer is analysed.
+        // The first row drawn: the map is built off the GUI thread once a layer is analysed (a
+        // results file's is read from the file at once).
         PromptPage* page = window.findChild<PromptPage*>();
         QObject::connect(page, &PromptPage::mapShown, &window, [&] {
-            const std::shared_ptr<const AnalysisResult> result = window.controller().result();
-            if (firstRow < 0 && result && !window.controller().readyLayers().empty() &&
-                std::any_of(window.controller().readyLayers().begin(), window.controller().readyLayers().end(),
-                            [](char ready) { return ready != 0; }))
+            const std::vector<char>& ready = window.controller().readyLayers();
+            if (firstRow < 0 && window.controller().result() &&
+                (page->showsStoredMap() || std::any_of(ready.begin(), ready.end(), [](char r) { return r != 0; })))
                 firstRow = timer.nsecsElapsed() / 1e9;
         });
-        // The whole map: analysed, and its last build drawn.
+        // The whole map: analysed (or, from a results file, every array read), and its last build drawn.
         bool analysed = false;
         const auto wholeMapShown = [&] {
             if (analysed && whole < 0 && page->mapUpToDate()) {
@@ -310,15 +348,17 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         QObject::connect(page, &PromptPage::mapShown, &window, wholeMapShown);
         QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
             analysed = true;
-            wholeMapShown();
+            // (a stored map is not drawn again when the arrays are in: it was whole from the start)
+            QTimer::singleShot(0, &window, wholeMapShown);
         });
         QObject::connect(&window.controller(), &AnalysisController::failed, &window, &QCoreApplication::quit);
         timer.start();
         window.openPath(QString::fromStdString(args[1]));
         QCoreApplication::exec();
-        const auto [frame, fullGridFrame] = panAndZoomFrames(window);
+        const bool stored = page->showsStoredMap();
+        const auto [frame, other] = stored ? storedPanAndZoomFrames(window, args[1]) : panAndZoomFrames(window);
         out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << " " << frame << " "
-            << fullGridFrame << " " << peakRssKb() << "\n";
+            << other << " " << peakRssKb() << " " << (stored ? 1 : 0) << "\n";
         return whole < 0 ? 1 : 0;
     }
     if (args[0] == "suspects") {
@@ -467,6 +507,24 @@ int benchEndToEnd(const std::string& bundle, int threads, int runs, std::ostream
 // sequence's size: a larger one would not fit a desktop's disk), and what bounded memory is about.
 constexpr int kLongContext = 16384;
 
+// The app, offscreen, opening `opened`: what bench-run gui measures, as a line.
+std::string appFigures(const std::string& opened, const std::string& threads)
+{
+    std::istringstream in(runChild({"kvscope", "bench-run", "gui", opened, threads}).output);
+    double shownAt = 0, firstRow = -1, whole = -1, frame = -1, other = -1;
+    long rss = 0;
+    int stored = 0;
+    in >> shownAt >> firstRow >> whole >> frame >> other >> rss >> stored;
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(2) << "first row " << firstRow << " s, "
+         << (stored ? "every array read " : "whole map ") << whole << " s, slowest pan/zoom frame " << std::setprecision(1)
+         << 1000 * frame << " ms";
+    if (stored)
+        line << " (window read off the GUI thread: slowest " << 1000 * other << " ms)";
+    line << "; peak RSS " << rss / 1024 << " MB";
+    return line.str();
+}
+
 int benchLongContext(int tokens, int layers, int threads, const std::filesystem::path& dir, bool keep, std::ostream& out)
 {
     const std::string t = std::to_string(threads);
@@ -500,15 +558,19 @@ int benchLongContext(int tokens, int layers, int threads, const std::filesystem:
     // The app, offscreen: from the bundle (analysing as it shows), and from its results file.
     if (runChild({"kvscope", "analyze", path, "--threads", t, "--save", saved}).status != 0)
         throw std::runtime_error("bench: analyze --save failed on " + path);
-    for (const std::string& opened : {path, saved}) {
-        std::istringstream in(runChild({"kvscope", "bench-run", "gui", opened, t}).output);
-        double shownAt = 0, firstRow = -1, whole = -1, frame = -1, fullGridFrame = -1;
-        long rss = 0;
-        in >> shownAt >> firstRow >> whole >> frame >> fullGridFrame >> rss;
-        out << "  the app from the " << (opened == path ? "bundle:      " : "results file:") << " first row "
-            << std::setprecision(2) << firstRow << " s, whole map " << whole << " s, slowest pan/zoom frame "
-            << std::setprecision(1) << 1000 * frame << " ms; peak RSS " << rss / 1024 << " MB\n";
+    for (const std::string& opened : {path, saved})
+        out << "  the app from the " << (opened == path ? "bundle:      " : "results file:") << appFigures(opened, t) << "\n";
+    // The app at full size, on a results file made without a capture (80 x 128k would not fit the disk).
+    const std::string fixture = (dir / "bench-results-80x131072.kvres").string();
+    t0 = Clock::now();
+    if (!std::filesystem::exists(fixture)) {
+        writeSyntheticResults(fixture, SyntheticResultsOptions{});
+        out << "  80 x 131072 results file made without a capture (synth --results): " << std::setprecision(1)
+            << seconds(t0) << " s, " << std::filesystem::file_size(fixture) / 1000000 << " MB\n";
     }
+    out << "  the app from that file:      " << appFigures(fixture, t) << "\n";
+    if (!keep)
+        std::filesystem::remove(fixture);
     std::filesystem::remove(saved);
     if (!keep)
         std::filesystem::remove(path);

@@ -110,7 +110,10 @@ const std::vector<Command>& commands()
                   "                         position - prompt_len, negative in the prefill)\n"
                   "  --model-free           long captures in seconds: the same shape and prompts without the\n"
                   "                         transformer, random KV with the noise its two bf16 runs show (fault:\n"
-                  "                         none or rope_offset; bf16 sliding and full layers only)\n",
+                  "                         none or rope_offset; bf16 sliding and full layers only)\n"
+                  "  --results LxT          OUT is a results file (.kvres) of L layers x T tokens, 8 KV heads,\n"
+                  "                         made without a capture: a fixture for viewers at full size, such\n"
+                  "                         as 80x131072 (--two-way and --seed apply)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
         {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
                   "      | bench --end-to-end BUNDLE [--threads N] [--runs 5]\n"

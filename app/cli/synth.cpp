@@ -1,10 +1,12 @@
 #include "cli/commands.h"
 
+#include "results/synthetic_results.h"
 #include "synth/model_capture.h"
 #include "synth/synthetic_capture.h"
 
 #include <charconv>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 namespace kvscope::cli {
@@ -92,8 +94,33 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.integer("--fault-step", o.faultStep);
     bool modelFreeCapture = false;
     parser.flag("--model-free", modelFreeCapture);
+    std::optional<SyntheticResultsOptions> results;  // a results file, no capture
+    parser.custom("--results", [&results](const std::string& shape) {
+        SyntheticResultsOptions r;
+        const std::size_t x = shape.find('x');
+        long long tokens = 0;
+        const char* end = shape.data() + shape.size();
+        if (x == std::string::npos || std::from_chars(shape.data(), shape.data() + x, r.layers).ptr != shape.data() + x ||
+            std::from_chars(shape.data() + x + 1, end, tokens).ptr != end || r.layers < 1 || tokens < 2)
+            throw std::invalid_argument("--results takes LAYERSxTOKENS, like 80x131072, not '" + shape + "'");
+        r.tokens = tokens;
+        results = r;
+    });
     if (!parser.parse(args, err))
         return 2;
+    if (results) {
+        results->threeWay = o.baseline;
+        results->seed = std::uint64_t(o.seed);
+        try {
+            writeSyntheticResults(path, *results);
+        } catch (const std::exception& e) {
+            err << "kvscope synth: " << e.what() << "\n";
+            return 2;
+        }
+        out << "wrote " << path << " (results of " << results->layers << " layers x " << results->tokens
+            << " tokens, made without a capture)\n";
+        return 0;
+    }
     if (modelFreeCapture && o.engineOnly) {
         err << "kvscope synth: --engine-only is for the model-based capture, not --model-free\n";
         return 2;

@@ -79,6 +79,7 @@ void AnalysisController::open(const QStringList& paths)
         m_loader.reset();
         m_result.reset();
         m_ready.clear();
+        m_resultsFile.clear();
     }
     m_path = path;
     m_running = true;
@@ -100,21 +101,42 @@ void AnalysisController::open(const QStringList& paths)
             }
             if (BundleReader::kProbeFromThreads && !sweep)  // a libhdf5 crash on this file must not take the app down
                 BundleReader::probeInChild(bundle, probeHook);
-            if (!sweep && isResultsFile(bundle)) {  // a saved analysis: read, every layer ready at once
-                auto results = std::make_shared<ResultsFile>(readResultsFile(bundle));
+            if (!sweep && isResultsFile(bundle)) {
+                // A saved analysis: its record and stored map at once (the map is read from the
+                // file as it is shown), then its arrays a layer at a time, as an analysis would.
+                auto results = std::make_shared<ResultsFile>(openResultsFile(bundle));
                 auto loader = std::make_shared<const CaptureLoader>(results->bundle, results->options.unreadableBlocks);
-                auto result = std::make_shared<AnalysisResult>(std::move(results->result));
+                auto result = std::shared_ptr<AnalysisResult>(results, &results->result);
                 const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
-                const QString missing = QString::fromStdString(results->bundleMissing);
-                post([this, loader, result, layers, path, importDir, missing, recorded = results->options] {
+                wasOpened = true;
+                post([this, loader, result, layers, path, bundle, importDir, recorded = results->options] {
                     m_recorded = recorded;
                     m_keptPath.clear();
-                    m_loader = loader;
+                    m_loader = loader;  // the outline's, until the bundle is found
                     m_result = result;
-                    m_ready.assign(std::size_t(layers), 1);
+                    m_ready.assign(std::size_t(layers), 0);
                     m_importDir = importDir;
-                    m_bundleMissing = missing;
+                    m_bundleMissing = tr("looking for the bundle");
+                    m_resultsFile = QString::fromStdString(bundle);
                     emit opened(path);
+                    emit progress(0, layers, tr("reading results"));
+                }, generation);
+                findResultsBundle(*results);
+                auto found = std::make_shared<const CaptureLoader>(results->bundle, results->options.unreadableBlocks);
+                post([this, found, missing = QString::fromStdString(results->bundleMissing)] {
+                    m_loader = found;
+                    m_bundleMissing = missing;
+                }, generation);
+                readResultsArrays(*results, [this, generation, layers, hook](int layer) {
+                    if (hook)
+                        hook(layer + 1);
+                    post([this, layer, layers] {
+                        m_ready[std::size_t(layer)] = 1;
+                        emit layerFinished(layer);
+                        emit progress(layer + 1, layers, tr("reading results"));
+                    }, generation);
+                }, cancel.get());
+                post([this] {
                     m_running = false;
                     emit finished();
                 }, generation);
@@ -142,6 +164,7 @@ void AnalysisController::open(const QStringList& paths)
                 m_ready.assign(std::size_t(layers), 0);
                 m_importDir = importDir;  // the previous import's folder can go
                 m_bundleMissing.clear();
+                m_resultsFile.clear();
                 m_recorded = recordedOptions(options);
                 emit opened(path);
                 emit progress(0, layers, tr("analysing"));
@@ -178,6 +201,7 @@ void AnalysisController::open(const QStringList& paths)
                     m_loader.reset();
                     m_result.reset();
                     m_ready.clear();
+                    m_resultsFile.clear();
                 }
                 stopped();
                 emit failed(message);

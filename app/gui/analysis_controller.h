@@ -44,6 +44,10 @@ public:
     std::shared_ptr<const AnalysisResult> result() const { return m_result; }
     // A results file whose bundle is not at hand: why (its KV views cannot be shown); else empty.
     QString bundleMissing() const { return m_bundleMissing; }
+    // What the open analysis ran with (a results file's: as it was saved).
+    const RecordedOptions& recorded() const { return m_recorded; }
+    // The results file open (its stored maps: results/stored_map.h), or empty for a bundle.
+    QString resultsFile() const { return m_resultsFile; }
     bool layerReady(int layer) const { return layer >= 0 && std::size_t(layer) < m_ready.size() && m_ready[std::size_t(layer)]; }
     const std::vector<char>& readyLayers() const { return m_ready; }
     // Called on the worker thread after each finished layer, with the count so far: lets a
@@ -79,6 +83,7 @@ private:
     QString m_path;
     QString m_keptPath;  // the analysis shown while another opens
     QString m_bundleMissing;
+    QString m_resultsFile;
     RecordedOptions m_recorded;  // what the open analysis ran with, for saving it
     std::shared_ptr<const CaptureLoader> m_loader;
     std::shared_ptr<AnalysisResult> m_result;

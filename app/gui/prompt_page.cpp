@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 namespace kvscope {
@@ -206,6 +207,8 @@ void PromptPage::onLayerFinished()
 
 void PromptPage::redrawWhileAnalysing()
 {
+    if (m_stored)
+        return;  // a results file's map has every row from the start
     refreshHeatmap();
     m_layerTimer->start(int(std::clamp<qint64>(qint64(20000 * m_buildSeconds), 100, 2000)));
 }
@@ -308,6 +311,7 @@ void PromptPage::clear(const QString& message)
 {
     m_layer = -1;
     m_map = {};
+    m_stored.reset();
     ++m_opening;  // a map still being built is of what was open
     m_heatmap->showEmpty(message);
     m_worstModel->setCells(nullptr, {});
@@ -327,6 +331,7 @@ void PromptPage::clear(const QString& message)
 struct PromptPage::BuiltMap {
     int opening = 0;  // of m_opening when asked for: a map of a bundle since closed is not shown
     HeatmapPyramid map;
+    std::shared_ptr<const StoredMap> stored;  // instead of `map`: the results file's, read as shown
     MapSpec spec;
     bool logarithmic = false;
     std::vector<char> ready;
@@ -342,24 +347,44 @@ void PromptPage::refreshHeatmap()
         return;
     }
     m_building = true;
-    // Only finished layers are read: the others are still being written by the analysis.
+    // Only finished layers are read: the others are still being written by the analysis. A
+    // results file's map is read from the file, a window at a time, without its arrays.
     m_tasks.run([this, result = m_controller->result(), loader = m_controller->loader(), index = m_settings.prompt,
-                 settings = m_settings, ready = m_controller->readyLayers(), opening = m_opening] {
+                 settings = m_settings, ready = m_controller->readyLayers(), opening = m_opening,
+                 resultsFile = m_controller->resultsFile().toStdString()] {
         QElapsedTimer took;
         took.start();
         auto built = std::make_shared<BuiltMap>();
         built->opening = opening;
         built->logarithmic = settings.logarithmic;
         const PromptAnalysis& p = result->prompts[std::size_t(index)];
-        built->map = HeatmapPyramid(buildHeatmap(p, settings.map, &ready), lowerIsWorse(settings.map.metric));
-        built->spec = promptMapSpec(loader->config(), p, loader->prompt(p.id), settings.map, &ready);
-        ValueRange range = settings.range;
+        std::optional<StoredMap> stored;
+        if (!resultsFile.empty()) {
+            try {
+                stored = StoredMap::open(resultsFile, std::size_t(index), settings.map, int(p.layers.size()), p.tokens);
+            } catch (const std::exception&) {  // a damaged map: built from the arrays (checked as they are read)
+            }
+        }
+        // The data's colour range: the results file keeps it for its maps (computing it reads every cell).
+        const auto range = [&](bool logarithmic) {
+            if (stored && stored->dataRange(logarithmic))
+                return *stored->dataRange(logarithmic);
+            return dataRange(p, settings.map, logarithmic, &ready);
+        };
+        if (stored) {
+            built->stored = std::make_shared<const StoredMap>(std::move(*stored));
+            built->ready.assign(p.layers.size(), 1);  // every analysed row is in the file
+        } else {
+            built->map = HeatmapPyramid(buildHeatmap(p, settings.map, &ready), lowerIsWorse(settings.map.metric));
+            built->ready = ready;
+        }
+        built->spec = promptMapSpec(loader->config(), p, loader->prompt(p.id), settings.map);
+        ValueRange shownRange = settings.range;
         if (settings.autoRange)
-            range = dataRange(p, settings.map, settings.logarithmic, &ready);
-        else if (settings.logarithmic && !(range.lower > 0))  // a log scale cannot start at 0: from the data's smallest values
-            range.lower = std::min(dataRange(p, settings.map, true, &ready).lower, range.upper / 10);
-        built->spec.range = range;
-        built->ready = ready;
+            shownRange = range(settings.logarithmic);
+        else if (settings.logarithmic && !(shownRange.lower > 0))  // a log scale cannot start at 0: from the data's smallest values
+            shownRange.lower = std::min(range(true).lower, shownRange.upper / 10);
+        built->spec.range = shownRange;
         const double seconds = took.nsecsElapsed() / 1e9;
         m_tasks.post([this, built, seconds] {
             m_building = false;
@@ -375,26 +400,74 @@ void PromptPage::refreshHeatmap()
 void PromptPage::showHeatmap(BuiltMap& built)
 {
     m_map = std::move(built.map);
+    m_stored = std::move(built.stored);
+    m_storedGridShown = false;
     if (m_settings.autoRange)
         emit autoRangeChosen(built.spec.range);
     m_heatmap->showMap(built.spec);
     m_heatmap->setScale(built.spec.scale, toQcpRange(built.spec.range), built.logarithmic);
     m_heatmap->setPendingRows(built.ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."));
     refreshPooling();
-    emit mapShown();
+    if (!m_stored)
+        emit mapShown();  // (a stored map's when its first window is drawn)
 }
 
 void PromptPage::refreshPooling()
 {
+    if (m_stored) {
+        readStoredWindow();
+        return;
+    }
     if (m_map.empty())
         return;
     // Downsample for display: the worst value of each run of tokens that shares a pixel column,
     // from the pyramid's copy at about this zoom (the cost is the pixels, not the tokens).
+    const auto [from, to, pixels] = shownTokens();
+    m_heatmap->setGrid(m_map.window(from, to, pixels));
+}
+
+std::tuple<qint64, qint64, qint64> PromptPage::shownTokens() const
+{
     const QCPRange r = m_heatmap->xAxis->range();
     const qint64 from = std::max<qint64>(0, qint64(std::floor(r.lower)));
     const qint64 to = qint64(std::ceil(r.upper)) + 1;
     const qint64 pixels = std::max(100, m_heatmap->axisRect()->width());
-    m_heatmap->setGrid(m_map.window(from, to, pixels));
+    return {from, to, pixels};
+}
+
+void PromptPage::readStoredWindow()
+{
+    if (m_readingWindow) {  // one read at a time: the newest view is read when it ends
+        m_readWindowAgain = true;
+        return;
+    }
+    m_readingWindow = true;
+    const auto [from, to, pixels] = shownTokens();
+    m_tasks.run([this, map = m_stored, from, to, pixels] {
+        auto grid = std::make_shared<HeatmapGrid>();
+        QString error;
+        try {
+            *grid = map->window(from, to, pixels);
+        } catch (const std::exception& e) {
+            error = QString::fromStdString(e.what());
+        }
+        m_tasks.post([this, map, grid, error] {
+            m_readingWindow = false;
+            if (map == m_stored) {
+                if (!error.isEmpty()) {
+                    m_heatmap->showEmpty(tr("The map cannot be read from the results file:\n%1").arg(error));
+                    m_stored.reset();
+                    m_readWindowAgain = false;
+                    return;
+                }
+                m_heatmap->setGrid(*grid);
+                if (!std::exchange(m_storedGridShown, true))
+                    emit mapShown();
+            }
+            if (std::exchange(m_readWindowAgain, false) && m_stored)
+                readStoredWindow();
+        });
+    });
 }
 
 void PromptPage::selectCell(int layer, qint64 token)
@@ -472,8 +545,9 @@ void PromptPage::refreshSummary()
             m_suspects->addItem(item);
         }
         if (suspects.empty())
-            m_evidence->setText(m_controller->isRunning() ? tr("(after the analysis)")
-                                                          : tr("None: nothing leaves the noise floor of its dtype."));
+            m_evidence->setText(m_controller->isRunning()                   ? tr("(after the analysis)")
+                                : !m_controller->recorded().searchSuspects ? tr("Not looked for: this analysis was saved without its suspect search.")
+                                                                           : tr("None: nothing leaves the noise floor of its dtype."));
     }
     // Problems are appended by the workers while they run: read them once the analysis is over.
     QStringList problems;

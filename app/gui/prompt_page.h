@@ -8,8 +8,12 @@
 #include "analysis/map_spec.h"
 #include "gui/background_tasks.h"
 #include "gui/view_toolbar.h"
+#include "results/stored_map.h"
 
 #include <QSplitter>
+
+#include <memory>
+#include <tuple>
 
 class QLabel;
 class QListWidget;
@@ -49,7 +53,9 @@ public:
     QString cellTooltip(int layer, qint64 token) const;
     HeatmapView& heatmap() { return *m_heatmap; }
     // The map shows the current settings and layers: no build running or asked for.
-    bool mapUpToDate() const { return !m_building && !m_buildAgain; }
+    bool mapUpToDate() const { return !m_building && !m_buildAgain && !m_readingWindow && !m_readWindowAgain; }
+    // Whether the map shown is a results file's, read a window at a time (results/stored_map.h).
+    bool showsStoredMap() const { return bool(m_stored); }
     DrillDownPanel& drillDown() { return *m_drill; }
     WorstCellsModel& worstCells() { return *m_worstModel; }
     QTableView& worstCellsView() { return *m_worstView; }
@@ -81,6 +87,10 @@ private:
     // A redraw as layers finish, and the pause before the next one (see the layer timer).
     void redrawWhileAnalysing();
     void refreshPooling();
+    // The tokens in view and the pixel columns they have.
+    std::tuple<qint64, qint64, qint64> shownTokens() const;
+    // A stored map's window for the view, read off the GUI thread and drawn when it comes.
+    void readStoredWindow();
     void refreshSummary();
     void refreshDrillDown();
     void followWorstCell(int row);
@@ -108,6 +118,10 @@ private:
     bool m_followingList = false;
     ViewSettings m_settings;
     HeatmapPyramid m_map;  // the map at every zoom
+    std::shared_ptr<const StoredMap> m_stored;  // or, from a results file, read as shown
+    bool m_storedGridShown = false;
+    bool m_readingWindow = false;
+    bool m_readWindowAgain = false;
     bool m_building = false;      // a map is being built
     bool m_buildAgain = false;    // and another was asked for meanwhile
     double m_buildSeconds = 0;    // what the last build took (the redraws' pause while analysing)

@@ -14,7 +14,7 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <optional>
 
 namespace kvscope {
 
@@ -38,21 +38,6 @@ public:
         std::filesystem::remove(m_path, ignored);
     }
     const std::string& path() const { return m_path; }
-    std::vector<char> bytes() const
-    {
-        std::ifstream in(m_path, std::ios::binary);
-        std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-        if (!in.eof() && in.fail())
-            throw BundleError(m_path, {}, "cannot be read back");
-        return bytes;
-    }
-    void write(const std::vector<char>& bytes) const
-    {
-        std::ofstream out(m_path, std::ios::binary);
-        out.write(bytes.data(), std::streamsize(bytes.size()));
-        if (!out.flush())
-            throw BundleError(m_path, {}, "cannot be written");
-    }
 
 private:
     std::string m_path;
@@ -133,30 +118,46 @@ void MpiShare::sum(std::vector<std::uint32_t>& values)
     allReduce(values.data(), values.size(), MPI_UINT32_T, MPI_SUM);
 }
 
-void MpiShare::sendBytes(const std::vector<char>& bytes, int to)
+// A results file crosses in pieces of 16 MB, each written out as it comes: a rank's part of a
+// large sweep is never held in memory whole, on either side.
+constexpr std::size_t kPieceBytes = std::size_t(16) << 20;
+
+void MpiShare::sendFile(const std::string& path, int to)
 {
-    std::uint64_t size = bytes.size();
+    std::uint64_t size = path.empty() ? 0 : std::uint64_t(std::filesystem::file_size(path));
     m_traffic.gathered += size;
     MPI_Send(&size, 1, MPI_UINT64_T, to, kBytesTag, m_comm);
-    for (std::size_t done = 0; done < bytes.size();) {
-        const int n = int(std::min<std::size_t>(bytes.size() - done, std::size_t(1) << 30));
-        MPI_Send(bytes.data() + done, n, MPI_CHAR, to, kBytesTag, m_comm);
-        done += std::size_t(n);
+    if (size == 0)
+        return;
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> piece(kPieceBytes);
+    for (std::uint64_t done = 0; done < size;) {
+        const std::size_t n = std::size_t(std::min<std::uint64_t>(size - done, kPieceBytes));
+        if (!in.read(piece.data(), std::streamsize(n)))
+            throw BundleError(path, {}, "cannot be read back");
+        MPI_Send(piece.data(), int(n), MPI_CHAR, to, kBytesTag, m_comm);
+        done += n;
     }
 }
 
-std::vector<char> MpiShare::receiveBytes(int from)
+std::uint64_t MpiShare::receiveFile(int from, const std::string& path)
 {
     std::uint64_t size = 0;
     MPI_Recv(&size, 1, MPI_UINT64_T, from, kBytesTag, m_comm, MPI_STATUS_IGNORE);
-    std::vector<char> bytes(size);
     m_traffic.gathered += size;
-    for (std::size_t done = 0; done < bytes.size();) {
-        const int n = int(std::min<std::size_t>(bytes.size() - done, std::size_t(1) << 30));
-        MPI_Recv(bytes.data() + done, n, MPI_CHAR, from, kBytesTag, m_comm, MPI_STATUS_IGNORE);
-        done += std::size_t(n);
+    if (size == 0)
+        return 0;
+    std::ofstream out(path, std::ios::binary);
+    std::vector<char> piece(kPieceBytes);
+    for (std::uint64_t done = 0; done < size;) {
+        const std::size_t n = std::size_t(std::min<std::uint64_t>(size - done, kPieceBytes));
+        MPI_Recv(piece.data(), int(n), MPI_CHAR, from, kBytesTag, m_comm, MPI_STATUS_IGNORE);
+        out.write(piece.data(), std::streamsize(n));  // (a failed write is found below: the rest still has to be received)
+        done += n;
     }
-    return bytes;
+    if (!out.flush())
+        throw BundleError(path, {}, "cannot be written");
+    return size;
 }
 
 bool MpiShare::gather(AnalysisResult& result, const CaptureLoader& loader)
@@ -171,18 +172,17 @@ bool MpiShare::gather(AnalysisResult& result, const CaptureLoader& loader)
                 indices.push_back(std::int64_t(i));
                 part.prompts.push_back(std::move(result.prompts[i]));
             }
-        std::vector<char> bytes;
+        std::optional<TemporaryResults> file;
         if (!part.prompts.empty()) {
-            const TemporaryResults file(m_rank);
+            file.emplace(m_rank);
             BundleOutline outline = loader.outline();
             outline.path.clear();  // nothing to find when it is read: the prompts are all it carries
-            saveResults(file.path(), outline, part, RecordedOptions{});
-            bytes = file.bytes();
+            saveResults(file->path(), outline, part, RecordedOptions{});
         }
         const int count = int(indices.size());
         MPI_Send(&count, 1, MPI_INT, 0, kIndicesTag, m_comm);
         MPI_Send(indices.data(), count, MPI_INT64_T, 0, kIndicesTag, m_comm);
-        sendBytes(bytes, 0);
+        sendFile(file ? file->path() : std::string(), 0);
         m_gathered = true;
         return false;
     }
@@ -191,11 +191,10 @@ bool MpiShare::gather(AnalysisResult& result, const CaptureLoader& loader)
         MPI_Recv(&count, 1, MPI_INT, from, kIndicesTag, m_comm, MPI_STATUS_IGNORE);
         std::vector<std::int64_t> indices(std::size_t(std::max(0, count)));
         MPI_Recv(indices.data(), count, MPI_INT64_T, from, kIndicesTag, m_comm, MPI_STATUS_IGNORE);
-        const std::vector<char> bytes = receiveBytes(from);
+        const TemporaryResults file(from);
+        receiveFile(from, file.path());
         if (indices.empty())
             continue;
-        const TemporaryResults file(from);
-        file.write(bytes);
         ResultsFile part = readResultsFile(file.path());
         if (part.result.prompts.size() != indices.size())
             throw BundleError(file.path(), {}, "rank " + std::to_string(from) + " sent a different number of prompts");

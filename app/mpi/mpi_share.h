@@ -42,8 +42,9 @@ public:
 
 private:
     void allReduce(void* values, std::size_t count, MPI_Datatype type, MPI_Op op);
-    void sendBytes(const std::vector<char>& bytes, int to);
-    std::vector<char> receiveBytes(int from);
+    // A file to rank `to` (none: an empty path), and one from rank `from` into `path`; its size.
+    void sendFile(const std::string& path, int to);
+    std::uint64_t receiveFile(int from, const std::string& path);
 
     MPI_Comm m_comm;
     int m_rank = 0;

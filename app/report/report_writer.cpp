@@ -178,7 +178,9 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                 spec.metric = metric;
                 spec.part = part;
                 const HeatmapGrid full = buildHeatmap(p, spec);
-                maps.push_back({mapName(p.id) + "_" + partName(p, part) + "_" + key, promptMapSpec(cfg, p, info, spec),
+                MapSpec shown = promptMapSpec(cfg, p, info, spec);
+                shown.range = dataRange(p, spec, false);
+                maps.push_back({mapName(p.id) + "_" + partName(p, part) + "_" + key, std::move(shown),
                                 poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric))});
             }
     }

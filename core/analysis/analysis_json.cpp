@@ -141,6 +141,14 @@ void writeLayerRows(JsonWriter& w, const float* data, std::size_t layers, std::s
     w.floatRows(data, layers, perLayer);
 }
 
+void writeLayerRows(JsonWriter& w, const SpillableArray& values, std::size_t layers, std::size_t perLayer)
+{
+    w.array(layers, [&](std::size_t l) {
+        w.floatRow(values.data() + l * perLayer, perLayer);
+        values.release(l * perLayer, perLayer);
+    });
+}
+
 void writePrompt(JsonWriter& w, const PromptAnalysis& p)
 {
     w.beginObject()
@@ -183,8 +191,11 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
     for (int m = 0; m < kMetricCount; ++m) {
         if (isBaseMetric(Metric(m)) && !p.threeWay)
             continue;
-        const float* data = p.metrics[std::size_t(m)].data();
-        w.key(metricName(Metric(m))).array(layers, [&](std::size_t l) { w.floatRows(data + l * tokens * heads, tokens, heads); });
+        const SpillableArray& values = p.metrics[std::size_t(m)];
+        w.key(metricName(Metric(m))).array(layers, [&](std::size_t l) {
+            w.floatRows(values.data() + l * tokens * heads, tokens, heads);
+            values.release(l * tokens * heads, tokens * heads);  // (spilled results: a layer in hand at a time)
+        });
     }
     w.endObject();
     // What kvscope diff compares: each cell's ratio in floors, the largest over its heads.
@@ -195,11 +206,11 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
     w.endObject();
     if (p.threeWay) {
         w.key("bc").beginObject();
-        writeLayerRows(w.key("k_bc"), p.bc[0].data(), layers, tokens);
-        writeLayerRows(w.key("v_bc"), p.bc[1].data(), layers, tokens);
+        writeLayerRows(w.key("k_bc"), p.bc[0], layers, tokens);
+        writeLayerRows(w.key("v_bc"), p.bc[1], layers, tokens);
         w.endObject().key("bc_vs_noise").beginObject();
-        writeLayerRows(w.key("k"), p.bcVsNoise[0].data(), layers, tokens);
-        writeLayerRows(w.key("v"), p.bcVsNoise[1].data(), layers, tokens);
+        writeLayerRows(w.key("k"), p.bcVsNoise[0], layers, tokens);
+        writeLayerRows(w.key("v"), p.bcVsNoise[1], layers, tokens);
         w.endObject();
     }
     writeSuspectsJson(w.key("suspects"), p.suspects);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <exception>
 #include <limits>
 #include <thread>
 
@@ -67,40 +68,76 @@ void PromptAnalysis::clearLayer(int layer)
                              replicaDifferences.end());
 }
 
-void PromptAnalysis::allocate()
+namespace {
+
+bool anyQuantised(const PromptAnalysis& p)
+{
+    return std::any_of(p.layerDtypes.begin(), p.layerDtypes.end(), isQuantised);
+}
+
+}  // namespace
+
+std::size_t PromptAnalysis::resultBytes() const
+{
+    const std::size_t rows = layers.size() * std::size_t(tokens);
+    return (std::size_t(kMetricCount) * rows * std::size_t(heads) + (anyQuantised(*this) ? 8 : 4) * rows) * sizeof(float);
+}
+
+void PromptAnalysis::allocate(const std::string& spillDirectory)
 {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const std::size_t cells = layers.size() * std::size_t(tokens) * std::size_t(heads);
-    std::vector<FloatBuffer*> arrays;
-    for (auto& m : metrics) {
-        m.resize(cells);
-        arrays.push_back(&m);
-    }
-    const bool quantised = std::any_of(layerDtypes.begin(), layerDtypes.end(), isQuantised);
+    std::vector<std::pair<SpillableArray*, std::size_t>> arrays;
+    for (auto& m : metrics)
+        arrays.emplace_back(&m, cells);
+    const bool quantised = anyQuantised(*this);
     cacheScales.assign(layers.size(), CacheScales{});
     for (auto* pair : {&quantLinf, &quantL2})
         for (auto& b : *pair)
             b.clear();
     for (auto* pair : {&bc, &bcVsNoise, &quantLinf, &quantL2})
-        for (auto& b : *pair) {
-            if (!quantised && (pair == &quantLinf || pair == &quantL2))
-                continue;
-            b.resize(layers.size() * std::size_t(tokens));
-            arrays.push_back(&b);
-        }
+        for (auto& b : *pair)
+            if (quantised || (pair != &quantLinf && pair != &quantL2))
+                arrays.emplace_back(&b, layers.size() * std::size_t(tokens));
     // Filling them is their first touch: page faults that cost a VM up to 3 ms a megabyte
     // (65 MB for 80 layers of 8 heads x 2048 tokens), so large results are filled by two threads.
     auto fill = [&](std::size_t first, std::size_t step) {
         for (std::size_t i = first; i < arrays.size(); i += step)
-            std::fill(arrays[i]->begin(), arrays[i]->end(), nan);
+            arrays[i].first->assign(arrays[i].second, nan, spillDirectory);
     };
     if (cells * sizeof(float) < kLargeBuffer) {
         fill(0, 1);
         return;
     }
-    std::thread helper(fill, 1, 2);
-    fill(0, 2);
+    std::exception_ptr helperFailed;  // (a temporary file that cannot be made)
+    std::thread helper([&] {
+        try {
+            fill(1, 2);
+        } catch (...) {
+            helperFailed = std::current_exception();
+        }
+    });
+    try {
+        fill(0, 2);
+    } catch (...) {
+        helper.join();
+        throw;
+    }
     helper.join();
+    if (helperFailed)
+        std::rethrow_exception(helperFailed);
+}
+
+void PromptAnalysis::releaseLayer(int layer) const
+{
+    const std::size_t rowCells = std::size_t(tokens) * std::size_t(heads);
+    for (const auto& m : metrics)
+        if (!m.empty())
+            m.release(std::size_t(layer) * rowCells, rowCells);
+    for (const auto* pair : {&bc, &bcVsNoise, &quantLinf, &quantL2})
+        for (const auto& b : *pair)
+            if (!b.empty())
+                b.release(std::size_t(layer) * std::size_t(tokens), std::size_t(tokens));
 }
 
 HeadReduction maxOverHeads(const PromptAnalysis& p, Metric m, int layer, std::int64_t token)

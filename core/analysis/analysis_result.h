@@ -11,6 +11,7 @@
 #include "kv/layer_kv.h"
 #include "kv/replica_check.h"
 #include "kv/sweep.h"
+#include "util/spillable_array.h"
 
 #include <algorithm>
 #include <array>
@@ -82,23 +83,31 @@ struct PromptAnalysis {
     std::vector<DType> layerDtypes;   // the engine cache's storage dtype per layer
     std::vector<CacheScales> cacheScales;  // [layer], for quantised caches
     std::vector<Divergence> divergences;
-    // Tens of megabytes for a large model (in huge pages: see util/buffer_allocator.h).
-    std::array<FloatBuffer, kMetricCount> metrics;  // [layer][token][head]
-    std::array<FloatBuffer, 2> bc;                  // [K/V][layer][token], the reference tool's
-    std::array<FloatBuffer, 2> bcVsNoise;           // [K/V][layer][token] (metrics/bc_vs_noise.h)
+    // Tens of megabytes for a large model at 2k tokens, gigabytes at 128k: then spilled to a
+    // temporary file (allocate()), and released a layer at a time by what reads them.
+    std::array<SpillableArray, kMetricCount> metrics;  // [layer][token][head]
+    std::array<SpillableArray, 2> bc;                  // [K/V][layer][token], the reference tool's
+    std::array<SpillableArray, 2> bcVsNoise;           // [K/V][layer][token] (metrics/bc_vs_noise.h)
     // Where the engine stores KV quantised: what quantising the reference the way the cache
     // stores it (its format, its own scales) costs, max over heads, in the analysis's L-inf and
     // L2 (three-way: expected quantised, against the baseline). NaN elsewhere. Empty when no
     // layer is quantised.
-    std::array<FloatBuffer, 2> quantLinf;           // [K/V][layer][token]
-    std::array<FloatBuffer, 2> quantL2;             // [K/V][layer][token]
+    std::array<SpillableArray, 2> quantLinf;           // [K/V][layer][token]
+    std::array<SpillableArray, 2> quantL2;             // [K/V][layer][token]
     std::vector<NonFiniteCell> nonFinite;
     std::vector<std::string> problems;  // what could not be analysed, and why
     // Where TP replicates KV: rank copies that differ from the one analysed (kv/replica_check.h).
     std::vector<ReplicaDifference> replicaDifferences;
     std::vector<Suspect> suspects;      // best first (analysis/suspect_search.h)
 
-    void allocate();
+    // Every array sized to the shape and NaN: in memory, or in temporary files in
+    // `spillDirectory` when it is not empty.
+    void allocate(const std::string& spillDirectory = {});
+    // What allocate() takes for this shape, in bytes.
+    std::size_t resultBytes() const;
+    // Says the cells of `layer` are done with for now: a spilled prompt's pages of that layer go
+    // back to their file (nothing happens in memory). Readers of many layers call it as they go.
+    void releaseLayer(int layer) const;
     // Every cell of `layer` back to NaN, its non-finite cells, replica differences and cache scales forgotten (a layer
     // whose later window of tokens could not be read is not analysed at all).
     void clearLayer(int layer);

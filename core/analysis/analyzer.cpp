@@ -11,6 +11,7 @@
 #include "util/work_team.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <exception>
 #include <memory>
@@ -65,8 +66,8 @@ std::uint64_t promptBytes(const CaptureLoader& loader, const PromptInfo& info, c
     return perToken * std::uint64_t(info.snapshots.back().seqLen());
 }
 
-// One prompt's result, all NaN, with its divergences; only its shape when another process
-// analyses it (`analysed` false).
+// One prompt's result, its shape and divergences, not yet allocated; only its shape when
+// another process analyses it (`analysed` false).
 PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, const std::vector<std::string>& layers,
                            bool analysed)
 {
@@ -98,7 +99,6 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     } catch (const BundleError& e) {
         p.problems.push_back(std::string("divergences: ") + e.what());
     }
-    p.allocate();
     return p;
 }
 
@@ -468,6 +468,9 @@ void AnalysisRun::compare(LayerInputs& in)
     ++m_layersDone;
     if (m_options.layerDone)
         m_options.layerDone(step.layer, m_layersDone, m_layerCount);
+    for (std::size_t pi = 0; pi < m_result.prompts.size(); ++pi)  // (spilled results: the layer goes to its file)
+        if (owns(pi))
+            m_result.prompts[pi].releaseLayer(step.layer);
 }
 
 void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
@@ -638,6 +641,25 @@ std::vector<PositionRange> analysisWindows(std::int64_t tokens, std::size_t byte
     return windows;
 }
 
+std::size_t resultsInMemoryBytes()
+{
+    const char* megabytes = std::getenv("KVSCOPE_RESULTS_IN_MEMORY_MB");
+    if (!megabytes || !*megabytes)
+        return kResultsInMemoryBytes;
+    char* end = nullptr;
+    const unsigned long long mb = std::strtoull(megabytes, &end, 10);
+    return *end ? kResultsInMemoryBytes : std::max<std::size_t>(1, std::size_t(mb) << 20);
+}
+
+std::string resultsSpillDirectory(std::size_t bytes, std::size_t budget, const std::string& directory)
+{
+    // (with what the process holds already: results read or analysed earlier, another rank's part)
+    const std::size_t held = SpillableArray::bytesInMemory();
+    if (bytes <= budget && held <= budget - bytes)
+        return {};
+    return directory.empty() ? defaultSpillDirectory() : directory;
+}
+
 AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOptions& options)
 {
     const std::vector<std::string> layers = selectedLayers(loader, options);
@@ -660,8 +682,17 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
         }
         options.share->shareOut(ids, bytes);
     }
+    std::size_t resultBytes = 0;
+    for (std::size_t i = 0; i < analysable.size(); ++i) {
+        const bool analysed = !options.share || options.share->analyses(i);
+        result.prompts.push_back(emptyPrompt(loader, *analysable[i], layers, analysed));
+        resultBytes += analysed ? result.prompts.back().resultBytes() : 0;
+    }
+    const std::string spillTo = resultsSpillDirectory(
+        resultBytes, options.resultsInMemoryBytes ? options.resultsInMemoryBytes : resultsInMemoryBytes(), options.spillDirectory);
     for (std::size_t i = 0; i < analysable.size(); ++i)
-        result.prompts.push_back(emptyPrompt(loader, *analysable[i], layers, !options.share || options.share->analyses(i)));
+        if (!options.share || options.share->analyses(i))
+            result.prompts[i].allocate(spillTo);
     if (options.bc)
         result.aggregate = emptyAggregate(result.prompts, layers, options.share);
     return result;

@@ -24,6 +24,15 @@ namespace kvscope {
 // What one window of tokens of one layer may take when read, every prompt's sides together
 // (two windows are in memory: one compared, the next read).
 inline constexpr std::size_t kWindowBytes = std::size_t(256) << 20;
+// What result arrays (every metric of every cell, every prompt's) may take in memory, all of
+// the process's together; past it they are kept in temporary files and read a layer at a time
+// (util/spillable_array.h), so that memory does not grow with layers x tokens.
+inline constexpr std::size_t kResultsInMemoryBytes = std::size_t(256) << 20;
+// kResultsInMemoryBytes, or $KVSCOPE_RESULTS_IN_MEMORY_MB megabytes when set (0: spill any results).
+std::size_t resultsInMemoryBytes();
+// Where results of `bytes` go by that budget, counting the arrays the process holds in memory
+// already: empty (memory) or the folder of their temporary files.
+std::string resultsSpillDirectory(std::size_t bytes, std::size_t budget, const std::string& directory = {});
 
 struct AnalysisOptions {
     std::vector<std::string> prompts;  // empty: every prompt
@@ -39,6 +48,11 @@ struct AnalysisOptions {
     // sides would take more together (a sweep's hundreds) are read in batches of prompts, each
     // its own windows. Results do not depend on it.
     std::size_t windowBytes = 0;
+    // Result arrays larger than this many bytes, every prompt's together, are kept in temporary
+    // files in spillDirectory (0: resultsInMemoryBytes(); empty: defaultSpillDirectory()).
+    // Results do not depend on it.
+    std::size_t resultsInMemoryBytes = 0;
+    std::string spillDirectory;
     // For analyzeBundle's loader. Lenient by default: an unreadable block makes its positions
     // absent and is reported in the prompt's problems, so that a partly broken bundle still
     // shows what it can.

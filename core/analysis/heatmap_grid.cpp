@@ -143,7 +143,7 @@ HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const
     g.columns = p.tokens;
     g.values.resize(std::size_t(g.rows) * std::size_t(g.columns));
     g.heads.resize(g.values.size());
-    for (int l = 0; l < g.rows; ++l)
+    for (int l = 0; l < g.rows; ++l) {
         for (std::int64_t t = 0; t < g.columns; ++t) {
             int head = -1;
             const std::size_t i = std::size_t(l) * std::size_t(g.columns) + std::size_t(t);
@@ -151,6 +151,8 @@ HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const
             g.values[i] = ready ? heatmapValue(p, spec, l, t, &head) : std::nanf("");
             g.heads[i] = std::int16_t(head);
         }
+        p.releaseLayer(l);
+    }
     return g;
 }
 

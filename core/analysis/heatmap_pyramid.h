@@ -12,6 +12,24 @@
 
 namespace kvscope {
 
+// Where a window of tokens [from, to), shown in at most `maxColumns` columns, comes from: the
+// coarsest level (of `levels`, level k holding 2^k tokens a column) whose columns hold no
+// more tokens than a shown column needs, and its columns [first, last) pooled in runs of
+// `run`. Runs start at multiples of their width (the view's first column may begin before
+// `from`), so that a column holds the same tokens wherever the view is panned. The in-memory
+// pyramid and the one stored in a results file (results/stored_map.h) share it.
+struct PyramidWindow {
+    int level = 0;
+    std::int64_t first = 0, last = 0, run = 1;
+};
+PyramidWindow planPyramidWindow(std::int64_t tokens, int levels, std::int64_t from, std::int64_t to,
+                                std::int64_t maxColumns);
+// The columns of level k of a `tokens`-token map.
+inline std::int64_t pyramidLevelColumns(std::int64_t tokens, int level)
+{
+    return (tokens + (std::int64_t(1) << level) - 1) >> level;
+}
+
 class HeatmapPyramid {
 public:
     HeatmapPyramid() = default;
@@ -23,10 +41,8 @@ public:
     int levels() const { return int(m_levels.size()); }
     const HeatmapGrid& level(int k) const { return m_levels[std::size_t(k)]; }
 
-    // Tokens [from, to) in at most `maxColumns` columns, each the worst of its run of tokens:
-    // poolColumns of the coarsest copy whose columns hold no more tokens than a shown column
-    // needs. Runs start at multiples of their width (the view's first column may begin before
-    // `from`), so that a column holds the same tokens wherever the view is panned.
+    // Tokens [from, to) in at most `maxColumns` columns, each the worst of its run of tokens
+    // (planPyramidWindow).
     HeatmapGrid window(std::int64_t from, std::int64_t to, std::int64_t maxColumns) const;
 
 private:

@@ -75,6 +75,7 @@ ValueRange dataRange(const PromptAnalysis& p, const HeatmapSpec& spec, bool loga
             if (const float b = heatmapBaseValue(p, spec, l, t); std::isfinite(b))
                 noise.push_back(b);
         }
+        p.releaseLayer(l);
     }
     if (values.empty())
         return logarithmic ? ValueRange{1e-4, defaultRange(scale).upper} : defaultRange(scale);
@@ -133,13 +134,13 @@ std::string mapMetricLabel(const HeatmapSpec& spec, const PromptAnalysis& prompt
 }
 
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
-                      const HeatmapSpec& spec, const std::vector<char>* rowsReady)
+                      const HeatmapSpec& spec)
 {
     MapSpec m;
     m.metricLabel = mapMetricLabel(spec, prompt);
     m.title = prompt.id + ": " + m.metricLabel;
     m.scale = scaleOf(spec.metric);
-    m.range = dataRange(prompt, spec, false, rowsReady);
+    m.range = defaultRange(m.scale);
     for (const std::string& layer : prompt.layers) {
         m.rowLabels.push_back(layerRowLabel(config, layer));
         m.layerNames.push_back(layer);

@@ -42,7 +42,8 @@ ValueRange defaultRange(ScaleKind kind);
 // noise fills the lower half and a bug saturates, or up to the 99th percentile of the values
 // (two-way). The ratio and BC keep their fixed ranges (a ratio of 1 is noise). On a log scale
 // the lower bound is positive: the 1st percentile of the positive values (errors), 0.1 (ratio:
-// 0.1..10 puts noise in the middle), 0.5 (BC).
+// 0.1..10 puts noise in the middle), 0.5 (BC). An error map's linear range is its logarithmic
+// one from 0.
 ValueRange dataRange(const PromptAnalysis& prompt, const HeatmapSpec& spec, bool logarithmic,
                      const std::vector<char>* rowsReady = nullptr);
 // The token markers: prefill | decode (solid) and divergences (dashed), in colours no scale
@@ -75,10 +76,10 @@ struct MapSpec {
     std::vector<std::pair<std::int64_t, std::string>> topLabels;  // divergence counts "c/N"
 };
 
-// A per-prompt map (layers x tokens); its data range from the rows in `rowsReady` (all when null).
+// A per-prompt map (layers x tokens), with its scale's default range (the data's is dataRange:
+// it reads every cell).
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
-                      const HeatmapSpec& spec,
-                      const std::vector<char>* rowsReady = nullptr);
+                      const HeatmapSpec& spec);
 // The across-prompts BC map (layers x generation index): against the noise floor, or the
 // reference tool's BC.
 MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise = true);

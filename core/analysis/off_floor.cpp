@@ -14,13 +14,18 @@ constexpr double kTiny = 1e-10;
 
 }  // namespace
 
-void forEachLayer(WorkTeam* team, int layers, const std::function<void(int)>& fn)
+void forEachLayer(WorkTeam* team, const PromptAnalysis& p, const std::function<void(int)>& fn)
 {
+    auto each = [&](int layer) {
+        fn(layer);
+        p.releaseLayer(layer);
+    };
+    const int layers = int(p.layers.size());
     if (team)
-        team->run(layers, [&](int layer, int) { fn(layer); });
+        team->run(layers, [&](int layer, int) { each(layer); });
     else
         for (int layer = 0; layer < layers; ++layer)
-            fn(layer);
+            each(layer);
 }
 
 double offThreshold(double floor, double perDecade, std::int64_t cells)
@@ -51,7 +56,7 @@ CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
         std::vector<double>& floors = m_floors[std::size_t(part)];
         floors.resize(std::size_t(layers) * std::size_t(p.tokens));
         const Metric m = metricFor(part, MetricKind::Linf);
-        forEachLayer(team, layers, [&](int l) {
+        forEachLayer(team, p, [&](int l) {
             const DType dtype = std::size_t(l) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(l)] : DType::BFloat16;
             for (std::int64_t t = 0; t < p.tokens; ++t) {
                 double floor;
@@ -121,6 +126,7 @@ double cleanLevel(const OffFloor& floor, const PromptAnalysis& p, int layer)
                 for (KvPart part : {KvPart::K, KvPart::V})
                     if (const float r = floor.ratios.at(l, t, h, part); std::isfinite(r) && !isOff[index(t, h, part)])
                         clean.push_back(r);
+        p.releaseLayer(l);
         if (!clean.empty() && clean.size() * 10 >= off.size() + clean.size())
             return std::max(1.0, median(clean));
     }
@@ -133,7 +139,7 @@ CellRatioMaxima cellRatioMaxima(const PromptAnalysis& p, WorkTeam* team)
     CellRatioMaxima maxima;
     for (std::vector<float>& part : maxima)
         part.assign(p.layers.size() * std::size_t(p.tokens), std::nanf(""));
-    forEachLayer(team, int(p.layers.size()), [&](int l) {
+    forEachLayer(team, p, [&](int l) {
         for (KvPart part : {KvPart::K, KvPart::V})
             for (std::int64_t t = 0; t < p.tokens; ++t) {
                 float most = std::nanf("");
@@ -156,7 +162,7 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
 
     // The cells tested: every finite cell of the finished layers.
     std::vector<std::int64_t> finite(static_cast<std::size_t>(layers), 0);
-    forEachLayer(team, layers, [&](int l) {
+    forEachLayer(team, p, [&](int l) {
         if (!ready(l))
             return;
         const Metric m = metricFor(KvPart::K, MetricKind::L2);
@@ -182,7 +188,7 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
     // Off cells per layer; affected layers.
     std::vector<std::vector<OffCell>>& off = result.cells;
     off.resize(std::size_t(layers));
-    forEachLayer(team, layers, [&](int l) {
+    forEachLayer(team, p, [&](int l) {
         if (!ready(l))
             return;
         for (std::int64_t t = 0; t < p.tokens; ++t)

@@ -112,7 +112,9 @@ inline bool layerIsReady(const std::vector<char>* layersReady, int layer)
     return !layersReady || (std::size_t(layer) < layersReady->size() && (*layersReady)[std::size_t(layer)]);
 }
 
-// fn(layer) for every layer, over the team's threads when there is one.
-void forEachLayer(WorkTeam* team, int layers, const std::function<void(int)>& fn);
+// fn(layer) for every layer of `p`, over the team's threads when there is one; each layer's
+// cells released after (PromptAnalysis::releaseLayer), so that a pass over spilled results
+// keeps only the layers in hand.
+void forEachLayer(WorkTeam* team, const PromptAnalysis& p, const std::function<void(int)>& fn);
 
 }  // namespace kvscope

@@ -54,6 +54,7 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
                     out.push_back({p.id, layer, actual.token, p.heads > 1 ? actual.head : -1, metricName(linf), actual.value,
                                    *t.maxLinf, {}});
             }
+            p.releaseLayer(l);
         }
         for (const NonFiniteCell& c : p.nonFinite)
             out.push_back({p.id, p.layers[std::size_t(c.layer)], c.token, c.head,

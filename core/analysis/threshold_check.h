@@ -39,7 +39,7 @@ struct Violation {
     double value = 0;
     double threshold = 0;
     std::string detail;  // a suspect's evidence; why a bundle was left out
-    std::string bundle;  // a sweep's bundle left out (unreadable, another model's): its name
+    std::string bundle{};  // a sweep's bundle left out (unreadable, another model's): its name
 };
 
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& thresholds);

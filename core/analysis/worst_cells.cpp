@@ -7,6 +7,11 @@ namespace kvscope {
 
 std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count, const std::vector<char>* layersReady)
 {
+    // The `count` best kept as they come (a heap whose front is the last of them), not every
+    // (layer, token): 10 million at 80 layers x 128k tokens.
+    const auto ranksBefore = [](const WorstCell& a, const WorstCell& b) {
+        return a.score != b.score ? a.score > b.score : std::tie(a.layer, a.token) < std::tie(b.layer, b.token);
+    };
     std::vector<WorstCell> cells;
     for (int l = 0; l < int(p.layers.size()); ++l) {
         if (layersReady && (std::size_t(l) >= layersReady->size() || !(*layersReady)[std::size_t(l)]))
@@ -29,16 +34,18 @@ std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count, co
                     best = c;
                 found = true;
             }
-            if (found)
-                cells.push_back(best);
+            if (!found || count == 0)
+                continue;
+            cells.push_back(best);
+            std::push_heap(cells.begin(), cells.end(), ranksBefore);
+            if (cells.size() > count) {
+                std::pop_heap(cells.begin(), cells.end(), ranksBefore);
+                cells.pop_back();
+            }
         }
+        p.releaseLayer(l);
     }
-    const std::size_t n = std::min(count, cells.size());
-    std::partial_sort(cells.begin(), cells.begin() + std::ptrdiff_t(n), cells.end(),
-                      [](const WorstCell& a, const WorstCell& b) {
-                          return a.score != b.score ? a.score > b.score : std::tie(a.layer, a.token) < std::tie(b.layer, b.token);
-                      });
-    cells.resize(n);
+    std::sort_heap(cells.begin(), cells.end(), ranksBefore);
     return cells;
 }
 

@@ -65,11 +65,15 @@ PromptInfo readPromptInfo(const JsonFields& f, const JsonFields::Json& p, const 
         snap.seqLens = f.integers(snapshots[s], "seq_lens", at);
         if (snap.batchRow < 0 || snap.batchRow >= std::int64_t(snap.seqLens.size()))
             f.fail(at + "batch_row", "outside seq_lens");
+        if (snap.seqLen() < 1)  // (as a bundle's own check: bundle_reader.cpp)
+            f.fail(at + "seq_lens", "the prompt's own row has no length");
         snap.validatedUntil = f.integer(snapshots[s], "validated_until", at);
         snap.subsetStored = f.boolean(snapshots[s], "subset_stored", at);
         snap.storedBlockIds = f.integers(snapshots[s], "stored_block_ids", at);
         info.snapshots.push_back(std::move(snap));
     }
+    if (info.snapshots.empty())
+        f.fail(where + "snapshots", "is empty: a prompt needs at least one engine snapshot");
     info.hasExpected = f.boolean(p, "has_expected", where);
     info.hasBaseline = f.boolean(p, "has_baseline", where);
     for (const std::string& name : f.texts(p, "logits", where)) {

@@ -18,6 +18,7 @@ namespace kvscope {
 struct PlainFile {
     int fd = -1;
     std::uint64_t base = 0;  // where HDF5 addresses start (after a user block)
+    std::uint64_t bytes = 0;  // its size when opened
     PlainFile() = default;
     PlainFile(const PlainFile&) = delete;
     PlainFile& operator=(const PlainFile&) = delete;

@@ -168,8 +168,10 @@ Hdf5File Hdf5File::openReadOnly(const std::string& path)
     raw->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     Hdf5Handle fcpl(H5Fget_create_plist(file.m_file.id()), closePlist);
     hsize_t userBlock = 0;
-    if (raw->fd >= 0 && fcpl.valid() && H5Pget_userblock(fcpl.id(), &userBlock) >= 0) {
+    struct stat opened {};
+    if (raw->fd >= 0 && fcpl.valid() && H5Pget_userblock(fcpl.id(), &userBlock) >= 0 && ::fstat(raw->fd, &opened) == 0) {
         raw->base = userBlock;
+        raw->bytes = std::uint64_t(opened.st_size);
         file.m_raw = std::move(raw);
     }
     return file;
@@ -593,6 +595,7 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst, con
         Hdf5Handle memSpace(H5Screate_simple(rank, count.data(), nullptr), closeSpace);
         if (H5Dread(d.id(), memType, memSpace.id(), fileSpace.id(), H5P_DEFAULT, out + first * rowBytes) < 0)
             fail(dataset, "cannot be read" + readProblem());
+        requireNotShrunk(dataset);
         first = last + 1;
     }
 }
@@ -617,12 +620,24 @@ void Hdf5File::readSlab(const std::string& dataset, hid_t memType, void* dst, co
     Hdf5Handle memSpace(H5Screate_simple(rank, extent.data(), nullptr), closeSpace);
     if (H5Dread(d.id(), memType, memSpace.id(), fileSpace.id(), H5P_DEFAULT, dst) < 0)
         fail(dataset, "cannot be read" + readProblem());
+    requireNotShrunk(dataset);
+}
+
+void Hdf5File::requireNotShrunk(const std::string& dataset) const
+{
+    // libhdf5 reads past the end of a file cut short while open as zeros, and a chunk of zeros
+    // passes its Fletcher32 checksum (the sum of zeros is zero): only the file's size tells.
+    struct stat now {};
+    if (m_raw && m_raw->bytes > 0 && ::fstat(m_raw->fd, &now) == 0 && std::uint64_t(now.st_size) < m_raw->bytes)
+        fail(dataset, "the file was cut short while open (" + std::to_string(m_raw->bytes) + " bytes when opened, " +
+                          std::to_string(now.st_size) + " now): what was read of it cannot be trusted");
 }
 
 void Hdf5File::readWhole(hid_t dataset, hid_t memType, void* dst, const std::string& name) const
 {
     if (H5Dread(dataset, memType, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
         fail(name, "cannot be read" + readProblem());
+    requireNotShrunk(name);
 }
 
 std::optional<RowChunking> Hdf5File::rowChunking(hid_t d, hid_t memType, const std::vector<hsize_t>& dims,

@@ -308,8 +308,10 @@ void writeAggregate(JsonWriter& w, const AggregateBc& a)
         .field("generation_count", a.generationCount)
         .key("divergence_counts")
         .numbers(a.divergenceCounts);
+    // (bc and bc_vs_noise, [layer][generation index], are datasets of the results file: as
+    // JSON they took seconds to parse at 128k tokens)
     const std::pair<const char*, const std::array<std::vector<float>, 2>*> arrays[] = {
-        {"bc", &a.bc}, {"combined", &a.combined}, {"bc_vs_noise", &a.bcVsNoise}, {"combined_vs_noise", &a.combinedVsNoise}};
+        {"combined", &a.combined}, {"combined_vs_noise", &a.combinedVsNoise}};
     for (const auto& [name, pair] : arrays) {
         w.key(name).beginArray();
         writeFloatsOf(w, (*pair)[0]);
@@ -330,10 +332,12 @@ AggregateBc readAggregate(const JsonFields& f, const Json& j, const std::string&
     const std::pair<const char*, std::array<std::vector<float>, 2>*> arrays[] = {
         {"bc", &a.bc}, {"combined", &a.combined}, {"bc_vs_noise", &a.bcVsNoise}, {"combined_vs_noise", &a.combinedVsNoise}};
     for (const auto& [name, pair] : arrays) {
+        const bool perGeneration = std::string(name) == "bc" || std::string(name) == "bc_vs_noise";
+        if (perGeneration && !j.contains(name))
+            continue;  // format 2: datasets of the results file (results_file.cpp reads them)
         const Json& parts = f.array(j, name, where);
         if (parts.size() != 2)
             f.fail(where + name, "must hold K and V");
-        const bool perGeneration = std::string(name) == "bc" || std::string(name) == "bc_vs_noise";
         for (std::size_t part = 0; part < 2; ++part) {
             const Json holder = Json{{"values", parts[part]}};
             (*pair)[part] = f.floats(holder, "values", where + name + "[" + std::to_string(part) + "].");

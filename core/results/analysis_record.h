@@ -1,7 +1,7 @@
 #pragma once
 // Everything of an analysis but its per-cell arrays, as JSON, and back: the prompts' shapes,
-// layers, divergences, suspects and problems, the aggregate, and the options the analysis
-// ran with. A results file stores it beside the arrays (docs/results-files.md). Numbers are
+// layers, divergences, suspects and problems, the aggregate (but its BCs per layer and
+// generation index, arrays of the results file), and the options the analysis ran with. A results file stores it beside the arrays (docs/results-files.md). Numbers are
 // written in their shortest exact form, so what is read back is bit for bit what was written.
 
 #include "analysis/analysis_result.h"

@@ -1,10 +1,14 @@
 #include "results/compressed_chunk.h"
 
 #include "format/fletcher32.h"
+#include "format/hdf5_file.h"
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <stdexcept>
 
 namespace kvscope {
@@ -29,6 +33,25 @@ std::vector<unsigned char> compressedChunk(const float* values, std::size_t coun
         out[compressed + std::size_t(b)] = static_cast<unsigned char>(sum >> (8 * b));
     out.resize(compressed + 4);
     return out;
+}
+
+void writeCompressedLayer(Hdf5File& file, const std::string& dataset, const float* layerValues, std::int64_t tokens,
+                          std::int64_t heads, std::int64_t chunkTokens, int layer)
+{
+    chunkTokens = std::clamp<std::int64_t>(chunkTokens, 1, std::max<std::int64_t>(1, tokens));
+    const std::int64_t width = std::max<std::int64_t>(1, heads);
+    std::vector<std::pair<std::int64_t, std::vector<unsigned char>>> chunks;
+    std::vector<float> padded(std::size_t(chunkTokens * width));
+    for (std::int64_t first = 0; first < tokens; first += chunkTokens) {
+        const std::int64_t n = std::min(chunkTokens, tokens - first);
+        std::copy_n(layerValues + first * width, n * width, padded.begin());
+        std::fill(padded.begin() + std::ptrdiff_t(n * width), padded.end(), std::numeric_limits<float>::quiet_NaN());
+        chunks.emplace_back(first, compressedChunk(padded.data(), padded.size()));
+    }
+    const std::lock_guard lock(hdf5Mutex());
+    for (const auto& [first, bytes] : chunks)
+        file.writeChunk(dataset, heads > 0 ? std::vector<std::int64_t>{layer, first, 0} : std::vector<std::int64_t>{layer, first},
+                        bytes);
 }
 
 }  // namespace kvscope

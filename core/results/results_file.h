@@ -7,14 +7,16 @@
 #include "format/bundle_reader.h"
 #include "results/analysis_record.h"
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 namespace kvscope {
 
 inline constexpr const char* kResultsFormatName = "kvscope-results";
-inline constexpr int kResultsFormatVersion = 1;
+inline constexpr int kResultsFormatVersion = 2;  // reads 1 too (the aggregate's BCs in its record)
 
 namespace results_path {
 inline constexpr const char* kOutline = "/bundle_outline";  // JSON text, as uint8
@@ -23,6 +25,8 @@ std::string prompt(std::size_t index);                       // "/prompts/<index
 std::string metric(std::size_t prompt, Metric metric);       // ".../metrics/k_cos"
 // The [layer][token] arrays: "bc", "bc_vs_noise", "quant_linf", "quant_l2", each "k" and "v".
 std::string tokenArray(std::size_t prompt, const char* name, KvPart part);
+// The aggregate's BCs, float32 [layer, generation index]: "/aggregate/bc/k", ".../bc_vs_noise/v".
+std::string aggregateArray(const char* name, KvPart part);
 }  // namespace results_path
 
 // An array a prompt keeps in a results file: its dataset, its shape ([layer, token, head] or
@@ -30,7 +34,7 @@ std::string tokenArray(std::size_t prompt, const char* name, KvPart part);
 struct StoredArray {
     std::string dataset;
     std::vector<std::int64_t> shape;
-    const FloatBuffer* buffer;
+    const SpillableArray* buffer;
     bool perHead() const { return shape.size() == 3; }
 };
 // Every array prompt `index` keeps: its metrics (base_* only three-way), its BCs (three-way,
@@ -58,8 +62,18 @@ struct ResultsFile {
 // bundles included. A file that cannot be opened is one when it is named *.kvres, so that
 // reading it says what is wrong with it as a results file.
 bool isResultsFile(const std::string& path);
-// Reads everything (the arrays into memory). Throws BundleError naming the file and the
-// object when it is not a results file, is of another version, or is damaged.
+// Reads everything (the arrays into memory, or temporary files beyond the results budget:
+// analyzer.h). Throws BundleError naming the file and the object when it is not a results
+// file, is of another version, or is damaged.
 ResultsFile readResultsFile(const std::string& path);
+// readResultsFile in steps, for a viewer that shows the stored map (results/stored_map.h)
+// while the rest is read: the header, outline and record, every array's shape checked (the
+// bundle: the outline's reader, the prompts' arrays not yet allocated); the bundle looked for
+// (opening a large one takes a while); then the arrays, a layer of every prompt at a time,
+// `layerRead` told after each. Throws AnalysisCancelled when `cancel` is set between layers.
+ResultsFile openResultsFile(const std::string& path);
+void findResultsBundle(ResultsFile& r);
+void readResultsArrays(ResultsFile& r, const std::function<void(int layer)>& layerRead = {},
+                       const std::atomic<bool>* cancel = nullptr);
 
 }  // namespace kvscope

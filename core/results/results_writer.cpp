@@ -4,6 +4,7 @@
 #include "format/output_path.h"
 #include "results/compressed_chunk.h"
 #include "results/results_file.h"
+#include "results/stored_map.h"
 #include "util/content_hash.h"
 #include "util/json_writer.h"
 #include "util/partial_files.h"
@@ -29,28 +30,6 @@ constexpr std::int64_t kTokenChunkTokens = 4 * kChunkTokens;  // the [layer][tok
 void writeJsonBytes(Hdf5File& file, const char* dataset, const std::string& text)
 {
     file.writeRaw(dataset, H5T_NATIVE_UINT8, {std::int64_t(text.size())}, text.data());
-}
-
-// One layer of a [layer][token][width] array, chunk by chunk (chunks of `chunkTokens` tokens,
-// the last padded with NaN, as the dataset's fill value), compressed without the HDF5 lock and
-// stored with it. `heads` 0: a [layer][token] array.
-void writeLayerChunks(Hdf5File& file, const std::string& dataset, const float* layerValues, std::int64_t tokens,
-                      std::int64_t heads, std::int64_t chunkTokens, int layer)
-{
-    chunkTokens = std::clamp<std::int64_t>(chunkTokens, 1, std::max<std::int64_t>(1, tokens));
-    const std::int64_t width = std::max<std::int64_t>(1, heads);
-    std::vector<std::pair<std::int64_t, std::vector<unsigned char>>> chunks;
-    std::vector<float> padded(std::size_t(chunkTokens * width));
-    for (std::int64_t first = 0; first < tokens; first += chunkTokens) {
-        const std::int64_t n = std::min(chunkTokens, tokens - first);
-        std::copy_n(layerValues + first * width, n * width, padded.begin());
-        std::fill(padded.begin() + std::ptrdiff_t(n * width), padded.end(), std::numeric_limits<float>::quiet_NaN());
-        chunks.emplace_back(first, compressedChunk(padded.data(), padded.size()));
-    }
-    const std::lock_guard lock(hdf5Mutex());
-    for (const auto& [first, bytes] : chunks)
-        file.writeChunk(dataset, heads > 0 ? std::vector<std::int64_t>{layer, first, 0} : std::vector<std::int64_t>{layer, first},
-                        bytes);
 }
 
 }  // namespace
@@ -83,6 +62,7 @@ ResultsWriter::ResultsWriter(std::string path, const BundleOutline& bundle, cons
                 m_file->createCompressedFloats(a.dataset, a.shape,
                                                a.perHead() ? std::vector<std::int64_t>{1, kChunkTokens, a.shape[2]}
                                                            : std::vector<std::int64_t>{1, kTokenChunkTokens});
+            createStoredMaps(*m_file, i, prepared.prompts[i], m_options);
         }
     } catch (...) {  // no destructor runs for a constructor that throws: leave nothing behind
         m_file.reset();
@@ -161,10 +141,12 @@ void ResultsWriter::writeLayerNow(const AnalysisResult& result, int layer)
             const std::int64_t heads = a.perHead() ? a.shape[2] : 0;
             if (a.perHead() && heads == 0)
                 continue;  // nothing to store
-            writeLayerChunks(*m_file, a.dataset,
+            writeCompressedLayer(*m_file, a.dataset,
                              a.buffer->data() + std::size_t(layer) * std::size_t(p.tokens) * std::size_t(std::max<std::int64_t>(1, heads)),
                              p.tokens, heads, a.perHead() ? kChunkTokens : kTokenChunkTokens, layer);
         }
+        writeStoredMapLayer(*m_file, i, p, m_options, layer);
+        p.releaseLayer(layer);
     }
 }
 
@@ -177,11 +159,23 @@ void ResultsWriter::finish(const AnalysisResult& result)
             std::rethrow_exception(m_failure);
     }
     stopWriter(false);
+    for (std::size_t i = 0; i < result.prompts.size(); ++i)
+        writeStoredMapRanges(*m_file, i, result.prompts[i], m_options);
     std::ostringstream record;
     JsonWriter w(record);
     writeAnalysisRecord(w, result, m_options);
     const std::lock_guard lock(hdf5Mutex());
     writeJsonBytes(*m_file, results_path::kRecord, record.str());
+    if (result.aggregate) {  // its BCs by layer and generation index: arrays, not JSON
+        const AggregateBc& a = *result.aggregate;
+        const std::vector<std::int64_t> shape{std::int64_t(a.layers.size()), a.generationCount};
+        const std::pair<const char*, const std::array<std::vector<float>, 2>*> arrays[] = {{"bc", &a.bc}, {"bc_vs_noise", &a.bcVsNoise}};
+        for (const auto& [name, pair] : arrays)
+            for (KvPart part : {KvPart::K, KvPart::V})
+                if (Hdf5File::elementCount(shape) > 0)
+                    m_file->writeRawChunked(results_path::aggregateArray(name, part), H5T_IEEE_F32LE, shape,
+                                            (*pair)[std::size_t(part)].data(), {1, kTokenChunkTokens});
+    }
     m_file.reset();
     unregisterPartialFile(m_partialPath);  // finished: an interruption from here on keeps it
     if (std::rename(m_partialPath.c_str(), m_path.c_str()) != 0)

@@ -60,6 +60,8 @@ public:
     JsonWriter& floats(const float* values, std::size_t count);
     // `rows` arrays of `width` numbers each, as one array ([[...], [...]]).
     JsonWriter& floatRows(const float* values, std::size_t rows, std::size_t width);
+    // One row of floatRows: [v, ...].
+    JsonWriter& floatRow(const float* values, std::size_t width) { return floatRows(values, 1, width, false); }
     JsonWriter& strings(const std::vector<std::string>& texts);
     template <typename T>
     JsonWriter& numbers(const std::vector<T>& values)

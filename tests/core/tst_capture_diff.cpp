@@ -290,12 +290,12 @@ void TestCaptureDiff::metricsWithoutBcAreTheSame()
     QVERIFY(full.aggregate && !lean.aggregate);
     for (std::size_t p = 0; p < full.prompts.size(); ++p) {
         for (int m = 0; m < kMetricCount; ++m) {
-            const FloatBuffer& x = full.prompts[p].metrics[std::size_t(m)];
-            const FloatBuffer& y = lean.prompts[p].metrics[std::size_t(m)];
+            const auto& x = full.prompts[p].metrics[std::size_t(m)];
+            const auto& y = lean.prompts[p].metrics[std::size_t(m)];
             QCOMPARE(x.size(), y.size());
             QVERIFY(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
         }
-        for (const FloatBuffer& bc : lean.prompts[p].bc)
+        for (const auto& bc : lean.prompts[p].bc)
             QVERIFY(std::all_of(bc.begin(), bc.end(), [](float v) { return std::isnan(v); }));
         QVERIFY(full.prompts[p].referenceHashes == lean.prompts[p].referenceHashes);
     }
@@ -345,8 +345,8 @@ void TestCaptureDiff::engineOnlyBIsComparedAgainstAsReference()
     for (std::size_t p = 0; p < borrowed.prompts.size(); ++p) {
         QCOMPARE(borrowed.prompts[p].threeWay, true);
         for (std::size_t m = 0; m < borrowed.prompts[p].metrics.size(); ++m) {
-            const FloatBuffer& x = borrowed.prompts[p].metrics[m];
-            const FloatBuffer& y = withOwn.result.prompts[p].metrics[m];
+            const auto& x = borrowed.prompts[p].metrics[m];
+            const auto& y = withOwn.result.prompts[p].metrics[m];
             QCOMPARE(x.size(), y.size());
             QVERIFY(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
         }

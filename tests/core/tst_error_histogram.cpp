@@ -2,6 +2,7 @@
 
 #include "analysis/head_error_histogram.h"
 #include "metric_reference.h"
+#include "synth/synthetic_capture.h"
 #include "test_support.h"
 
 #include <QTemporaryDir>
@@ -16,6 +17,7 @@ class TestErrorHistogram : public QObject {
 private slots:
     void initTestCase();
     void headHistogram();
+    void longRangesReadInWindows();
     void displayBins();
 
 private:
@@ -29,31 +31,66 @@ void TestErrorHistogram::initTestCase()
     writeSmallCapture(m_demo);
 }
 
+namespace {
+
+// The histogram of tokens [begin, end) against the errors of the whole layers, binned here;
+// the tokens it used.
+std::int64_t checkAgainstWholeLayers(const CaptureLoader& loader, const std::string& prompt, const std::string& layer,
+                                     int head, KvPart part, std::int64_t begin, std::int64_t end)
+{
+    const HeadErrorHistogram h = headErrorHistogram(loader, prompt, layer, head, part, begin, end);
+    const LayerKv base = loader.referenceLayer(prompt, ReferenceRole::Baseline, layer);
+    const LayerKv expected = loader.referenceLayer(prompt, ReferenceRole::Expected, layer);
+    const LayerKv actual = loader.engineLayer(prompt, layer);
+    std::vector<double> eb, et;
+    std::int64_t used = 0;
+    for (std::int64_t t = begin; t < end; ++t) {
+        if (!actual.present[std::size_t(t)] || !base.present[std::size_t(t)] || !expected.present[std::size_t(t)])
+            continue;
+        ++used;
+        const auto b = errors(base, expected, t, part, head), a = errors(base, actual, t, part, head);
+        eb.insert(eb.end(), b.begin(), b.end());
+        et.insert(et.end(), a.begin(), a.end());
+    }
+    [&] {
+        QCOMPARE(h.tokensUsed, used);
+        QCOMPARE(h.base->total(), std::uint64_t(eb.size()));
+        QCOMPARE(h.actual.total(), std::uint64_t(et.size()));
+        QVERIFY(std::abs(h.bc - referenceBc(eb, et)) < 1e-6);
+        QCOMPARE(h.hi, std::max(*std::max_element(eb.begin(), eb.end()), *std::max_element(et.begin(), et.end())));
+    }();
+    return used;
+}
+
+}  // namespace
+
 void TestErrorHistogram::headHistogram()
 {
     const CaptureLoader loader(std::make_shared<BundleReader>(m_demo));
     const std::string layer = "model.layers.3.self_attn";
-    const HeadErrorHistogram h = headErrorHistogram(loader, "prompt_1", layer, 1, KvPart::K, 20, 40);
-    const LayerKv base = loader.referenceLayer("prompt_1", ReferenceRole::Baseline, layer);
-    const LayerKv expected = loader.referenceLayer("prompt_1", ReferenceRole::Expected, layer);
-    const LayerKv actual = loader.engineLayer("prompt_1", layer);
-    std::vector<double> eb, et;
-    std::int64_t used = 0;
-    for (std::int64_t t = 20; t < 40; ++t) {
-        if (!actual.present[std::size_t(t)])
-            continue;
-        ++used;
-        const auto b = errors(base, expected, t, KvPart::K, 1), a = errors(base, actual, t, KvPart::K, 1);
-        eb.insert(eb.end(), b.begin(), b.end());
-        et.insert(et.end(), a.begin(), a.end());
-    }
-    QCOMPARE(h.tokensUsed, used);
-    QCOMPARE(h.base->total(), std::uint64_t(eb.size()));
-    QCOMPARE(h.actual.total(), std::uint64_t(et.size()));
-    QVERIFY(std::abs(h.bc - referenceBc(eb, et)) < 1e-6);
-    QCOMPARE(h.hi, std::max(*std::max_element(eb.begin(), eb.end()), *std::max_element(et.begin(), et.end())));
+    QVERIFY(checkAgainstWholeLayers(loader, "prompt_1", layer, 1, KvPart::K, 20, 40) > 0);
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, headErrorHistogram(loader, "prompt_1", layer, 9, KvPart::K, 0, 5));
     QVERIFY_THROWS_EXCEPTION(std::invalid_argument, headErrorHistogram(loader, "prompt_1", layer, 0, KvPart::K, 5, 500));
+}
+
+void TestErrorHistogram::longRangesReadInWindows()
+{
+    // A range of 9,000 tokens (read 4,096 at a time, blocks scattered, references chunked along
+    // their positions): the same errors as the whole layers give, in the same order.
+    SyntheticCaptureOptions o;
+    o.layers = 2;
+    o.alternateSliding = false;
+    o.kvHeads = 2;
+    o.headDim = 16;
+    o.promptLens = {9000};
+    o.decodeTokens = 8;
+    o.faultLayer = -1;
+    o.divergence = -1;
+    o.poolFactor = 3;
+    const std::string path = m_dir.filePath("long.h5").toStdString();
+    writeSyntheticCapture(path, o);
+    const CaptureLoader loader(std::make_shared<BundleReader>(path));
+    QVERIFY(checkAgainstWholeLayers(loader, "prompt_0", "model.layers.1.self_attn", 1, KvPart::V, 7, 9007) > 8990);
 }
 
 void TestErrorHistogram::displayBins()

@@ -8,10 +8,16 @@
 #include "analysis/analysis_json.h"
 #include "format/bundle_error.h"
 #include "kv/capture_loader.h"
+#include "format/bundle_outline.h"
 #include "results/analysis_input.h"
 #include "results/results_file.h"
 #include "results/results_writer.h"
+#include "results/stored_map.h"
+#include "results/synthetic_results.h"
 #include "small_model.h"
+#include "util/json_writer.h"
+
+#include <hdf5.h>
 
 #include <QFile>
 #include <QProcess>
@@ -36,7 +42,7 @@ std::string jsonOf(const AnalysisResult& result)
     return out.str();
 }
 
-bool sameBits(const FloatBuffer& a, const FloatBuffer& b)
+bool sameBits(const SpillableArray& a, const SpillableArray& b)
 {
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
@@ -87,6 +93,8 @@ private slots:
     void roundTrip();
     void savedAtOnceEqualsStreamed();
     void longPromptsSpanChunks();
+    void storedMapsHoldTheWorstOfTheirTokens();
+    void damagedMapsAreNamed();
     void bundleFoundOrNamedMissing();
     void unfinishedFileDoesNotExist();
     void damagedFilesAreRefused();
@@ -129,7 +137,11 @@ void TestResultsFile::roundTrip()
         const std::vector<std::string> names = BundleReader(bundle).config().layerNames();
         options.layers = {names[1], names[2], names[3]};
     }
+    // Some analysed with their results in temporary files (as 80 layers x 128k tokens are), written a layer at a time.
+    const bool spilled = fault == int(FaultKind::Fp8Scale) || fault == int(FaultKind::LostWrite);
+    options.resultsInMemoryBytes = spilled ? 1 : 0;
     const AnalysisResult analysed = analyzeAndSave(std::make_shared<BundleReader>(bundle), options, results);
+    QCOMPARE(analysed.prompts.front().metrics[0].spilled(), spilled);
     if (fault == int(FaultKind::Fp8Scale))
         QVERIFY(analysed.prompts.front().hasQuantisedLayers());
     if (fault == int(FaultKind::ReplicaDiff))
@@ -184,6 +196,119 @@ void TestResultsFile::longPromptsSpanChunks()
     }
     saveResults(path("long.kvres"), BundleReader(path("fp8.h5")).outline(), result, {});
     compareResults(result, readResultsFile(path("long.kvres")).result);
+    // Read into temporary files, a layer at a time, when larger than what results may take in memory.
+    qputenv("KVSCOPE_RESULTS_IN_MEMORY_MB", "0");
+    const ResultsFile spilled = readResultsFile(path("long.kvres"));
+    qunsetenv("KVSCOPE_RESULTS_IN_MEMORY_MB");
+    QVERIFY(spilled.result.prompts.front().metrics[0].spilled() && spilled.result.prompts.front().quantL2[1].spilled());
+    compareResults(result, spilled.result);
+}
+
+namespace {
+
+bool sameFloat(float a, float b)
+{
+    return (std::isnan(a) && std::isnan(b)) || a == b;
+}
+
+// Every shown column of a stored map's window against the cells themselves: the worst value of
+// its tokens (max, or min for BC; NaN only where none has data), and a head behind it.
+void checkWindow(const PromptAnalysis& p, const HeatmapSpec& spec, const HeatmapGrid& w, std::int64_t from,
+                 std::int64_t to, std::int64_t maxColumns)
+{
+    QVERIFY(w.columns <= maxColumns && w.columns > 0);
+    QCOMPARE(w.rows, int(p.layers.size()));
+    QVERIFY(w.firstToken <= from && w.firstToken + w.columns * w.tokensPerColumn >= std::min(to, p.tokens));
+    const bool lowerWorse = spec.metric == HeatmapMetric::Bc || spec.metric == HeatmapMetric::BcVsNoise;
+    for (int l = 0; l < w.rows; ++l)
+        for (std::int64_t c = 0; c < w.columns; ++c) {
+            float worst = std::nanf("");
+            std::vector<int> heads;  // of the tokens holding the worst value
+            for (std::int64_t t = w.firstToken + c * w.tokensPerColumn;
+                 t < std::min(p.tokens, w.firstToken + (c + 1) * w.tokensPerColumn); ++t) {
+                int head = -1;
+                const float v = heatmapValue(p, spec, l, t, &head);
+                if (std::isnan(v))
+                    continue;
+                if (std::isnan(worst) || (lowerWorse ? v < worst : v > worst)) {
+                    worst = v;
+                    heads.clear();
+                }
+                if (v == worst)
+                    heads.push_back(head);
+            }
+            QVERIFY2(sameFloat(w.at(l, c), worst),
+                     qPrintable(QString("layer %1 column %2: %3, the cells' worst %4").arg(l).arg(c).arg(w.at(l, c)).arg(worst)));
+            if (!std::isnan(worst))
+                QVERIFY(std::find(heads.begin(), heads.end(), int(w.headAt(l, c))) != heads.end());
+        }
+}
+
+}  // namespace
+
+void TestResultsFile::storedMapsHoldTheWorstOfTheirTokens()
+{
+    // Three-way with suspects, two-way, 20,000 tokens (levels down to 625 columns), and results
+    // made without a capture (synth --results): every map kept, windows at every zoom, against
+    // the cells.
+    writeSyntheticResults(path("synthetic.kvres"), SyntheticResultsOptions{8, 3000, 4, true, 3});
+    for (const std::string name : {"k_scale", "two_way", "long", "synthetic"}) {
+        const std::string file = path(name + ".kvres");
+        const ResultsFile r = readResultsFile(file);
+        for (std::size_t i = 0; i < r.result.prompts.size(); ++i) {
+            const PromptAnalysis& p = r.result.prompts[i];
+            const std::vector<HeatmapSpec> specs = storedMapSpecs(p, r.options);
+            QCOMPARE(specs.size(), std::size_t(p.threeWay ? 12 : 6));
+            for (const HeatmapSpec& spec : specs) {
+                const std::optional<StoredMap> map = StoredMap::open(file, i, spec, int(p.layers.size()), p.tokens);
+                QVERIFY2(map, qPrintable(QString::fromStdString(results_path::map(i, spec))));
+                const std::vector<std::array<std::int64_t, 3>> windows{
+                    {0, p.tokens, 1000}, {0, p.tokens, 7}, {0, p.tokens, p.tokens}, {p.tokens / 3, p.tokens / 3 + 50, 1000},
+                    {p.tokens / 2, p.tokens / 2 + 300, 40}, {p.tokens - 5, p.tokens + 10, 100}};
+                for (const auto& [from, to, columns] : windows)
+                    checkWindow(p, spec, map->window(from, to, columns), from, to, columns);
+                if (scaleOf(spec.metric) == ScaleKind::Error)  // the range the data gives, as the arrays give it
+                    for (const bool logarithmic : {false, true}) {
+                        const ValueRange kept = *map->dataRange(logarithmic), fromCells = dataRange(p, spec, logarithmic);
+                        QCOMPARE(kept.lower, fromCells.lower);
+                        QCOMPARE(kept.upper, fromCells.upper);
+                    }
+                else
+                    QVERIFY(!map->dataRange(false));
+            }
+            // The mean over heads and one head are not kept: built from the arrays.
+            for (const HeadReductionKind reduction : {HeadReductionKind::Mean, HeadReductionKind::OneHead})
+                QVERIFY(!StoredMap::open(file, i, HeatmapSpec{HeatmapMetric::RelLinf, KvPart::K, reduction, 0},
+                                         int(p.layers.size()), p.tokens));
+        }
+    }
+    QCOMPARE(storedMapLevels(20000), 6);  // 20000, 10000, 5000, 2500, 1250, 625 columns
+    QCOMPARE(storedMapLevels(1024), 1);
+    QCOMPARE(storedMapLevels(1025), 2);
+}
+
+void TestResultsFile::damagedMapsAreNamed()
+{
+    // A level taken out of a copy: opening the map names the dataset missing.
+    const std::string file = path("map_damaged.kvres");
+    std::filesystem::copy_file(path("long.kvres"), file, std::filesystem::copy_options::overwrite_existing);
+    const HeatmapSpec spec{HeatmapMetric::RelL2, KvPart::V, HeadReductionKind::Max, 0};
+    const std::string level = results_path::map(1, spec) + "/values_3";
+    {
+        const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        QVERIFY(f >= 0);
+        QVERIFY(H5Ldelete(f, level.c_str(), H5P_DEFAULT) >= 0);
+        H5Fclose(f);
+    }
+    try {
+        StoredMap::open(file, 1, spec, 2, 20000);
+        QFAIL("a map without one of its levels was opened");
+    } catch (const BundleError& e) {
+        QVERIFY2(std::string(e.what()).find(file) != std::string::npos && std::string(e.what()).find(level) != std::string::npos,
+                 e.what());
+    }
+    // Its other maps still open.
+    QVERIFY(StoredMap::open(file, 1, HeatmapSpec{HeatmapMetric::RelL2, KvPart::K, HeadReductionKind::Max, 0}, 2, 20000));
 }
 
 void TestResultsFile::bundleFoundOrNamedMissing()
@@ -250,7 +375,8 @@ void TestResultsFile::damagedFilesAreRefused()
     const auto size = std::filesystem::file_size(good);
     std::ifstream in(good, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    // A flipped byte anywhere: refused by name, or (in bytes nothing reads) the same analysis.
+    // A flipped byte anywhere: refused by name, or (in bytes nothing reads) the same analysis
+    // and maps.
     int refused = 0;
     for (int k = 1; k < 16; ++k) {
         std::string damaged = bytes;
@@ -258,7 +384,16 @@ void TestResultsFile::damagedFilesAreRefused()
         const std::string file = path("flipped.kvres");
         std::ofstream(file, std::ios::binary) << damaged;
         try {
-            compareResults(original, readResultsFile(file).result);
+            const ResultsFile read = readResultsFile(file);
+            compareResults(original, read.result);
+            // The maps too, at every level (their checksums are checked as windows are read).
+            for (std::size_t i = 0; i < read.result.prompts.size(); ++i) {
+                const PromptAnalysis& p = read.result.prompts[i];
+                for (const HeatmapSpec& spec : storedMapSpecs(p, read.options))
+                    if (const auto map = StoredMap::open(file, i, spec, int(p.layers.size()), p.tokens))
+                        for (std::int64_t columns = p.tokens; columns >= 1; columns /= 2)
+                            map->window(0, p.tokens, columns);
+            }
         } catch (const BundleError& e) {
             QVERIFY2(std::string(e.what()).find(file) != std::string::npos, e.what());
             ++refused;
@@ -272,6 +407,21 @@ void TestResultsFile::damagedFilesAreRefused()
     std::ofstream(path("garbage.kvres"), std::ios::binary) << std::string(4096, 'x');
     QVERIFY(isResultsFile(path("garbage.kvres")));
     QVERIFY_THROWS_EXCEPTION(BundleError, readResultsFile(path("garbage.kvres")));
+    // An outline whose prompt has no engine snapshot (nothing a bundle may hold): refused by field.
+    {
+        BundleOutline outline = BundleReader(path("fp8.h5")).outline();
+        outline.prompts.front().snapshots.clear();
+        std::ostringstream text;
+        JsonWriter w(text);
+        writeOutlineJson(w, outline);
+        const JsonFields fields("outline.json");
+        try {
+            readOutlineJson(fields, JsonFields::Json::parse(text.str()), "");
+            QFAIL("an outline without snapshots was read");
+        } catch (const BundleError& e) {
+            QVERIFY2(std::string(e.what()).find("snapshots") != std::string::npos, e.what());
+        }
+    }
     // A bundle is not a results file.
     QVERIFY(!isResultsFile(path("fp8.h5")));
     QVERIFY(isResultsFile(good));

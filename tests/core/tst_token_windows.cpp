@@ -40,13 +40,17 @@ private:
 
 namespace {
 
-std::string analysisJson(const std::string& bundle, std::int64_t windowTokens, int threads, std::size_t windowBytes = 0)
+std::string analysisJson(const std::string& bundle, std::int64_t windowTokens, int threads, std::size_t windowBytes = 0,
+                         bool spilled = false)
 {
     AnalysisOptions options;
     options.windowTokens = windowTokens;
     options.windowBytes = windowBytes;
     options.threads = threads;
+    options.resultsInMemoryBytes = spilled ? 1 : 0;
     const AnalysisResult result = analyzeBundle(std::make_shared<BundleReader>(bundle), options);
+    if (spilled && !result.prompts.empty() && !result.prompts.front().metrics[0].spilled())
+        return "the results were not spilled";
     std::ostringstream out;
     writeAnalysisJson(result, out);
     return out.str();
@@ -210,13 +214,16 @@ void TestTokenWindows::windowedAnalysisWritesTheSameJson()
     // Windows that cut blocks (7), follow them (16), or take most of the sequence (33); with
     // threads or without (the reads then run one after another).
     // Then a prompt at a time (a budget no two prompts fit: a sweep's batches of prompts), whole
-    // or in windows.
+    // or in windows. Then with the results in temporary files, released a layer at a time.
     struct Run {
         int window, threads;
         std::size_t bytes;
+        bool spilled;
     };
-    for (const auto& [window, threads, bytes] : {Run{7, 2, 0}, Run{16, 1, 0}, Run{33, 2, 0}, Run{0, 2, 1}, Run{7, 1, 1}}) {
-        const std::string windowed = analysisJson(bundle, window, threads, bytes);
+    for (const auto& [window, threads, bytes, spilled] : {Run{7, 2, 0, false}, Run{16, 1, 0, false}, Run{33, 2, 0, false},
+                                                          Run{0, 2, 1, false}, Run{7, 1, 1, false}, Run{0, 2, 0, true},
+                                                          Run{7, 2, 1, true}}) {
+        const std::string windowed = analysisJson(bundle, window, threads, bytes, spilled);
         if (windowed != whole) {
             std::size_t at = 0;
             while (at < whole.size() && at < windowed.size() && whole[at] == windowed[at])
@@ -226,7 +233,8 @@ void TestTokenWindows::windowedAnalysisWritesTheSameJson()
                                  .arg(at)
                                  .arg(QString::fromStdString(windowed.substr(at > 80 ? at - 80 : 0, 160)))
                                  .arg(QString::fromStdString(whole.substr(at > 80 ? at - 80 : 0, 160)))
-                                 .arg(bytes)));
+                                 .arg(bytes)
+                                 .arg(spilled)));
         }
     }
 }

@@ -21,6 +21,7 @@
 #include <QImage>
 #include <QLabel>
 #include <QListWidget>
+#include <QScopeGuard>
 #include <QScrollBar>
 #include <QSortFilterProxyModel>
 #include <QStatusBar>
@@ -357,9 +358,9 @@ void TestOpening::hdf5CrashIsAMessage()
 
 void TestOpening::resultsFileOpensAtOnce()
 {
-    // File > Save results, then the results file opened: no analysis runs (every layer is ready
-    // when it opens), the analysis is the bundle's; without the bundle, the views that need its
-    // KV are off and say why.
+    // File > Save results, then the results file opened: no analysis runs; its map shows every
+    // row from the file before any of its arrays is read (they follow a layer at a time); the
+    // analysis is the bundle's; without the bundle, the views that need its KV are off and say why.
     const QString bundle = m_dir.filePath("saved.h5"), results = m_dir.filePath("saved.kvres");
     QFile::copy(m_path, bundle);
     QSignalSpy finished(&m_window->controller(), &AnalysisController::finished);
@@ -380,10 +381,35 @@ void TestOpening::resultsFileOpensAtOnce()
             QVERIFY(QFile::remove(bundle));
         QSignalSpy layers(&m_window->controller(), &AnalysisController::layerFinished);
         QSignalSpy opened(&m_window->controller(), &AnalysisController::opened);
+        PromptPage& page = *m_window->findChild<PromptPage*>();
+        QSignalSpy mapShown(&page, &PromptPage::mapShown);
+        std::promise<void> release;
+        std::shared_future<void> released = release.get_future().share();
+        m_window->controller().setWorkerLayerHook([released](int) { released.wait(); });  // the arrays wait
+        auto releaseOnFailure = qScopeGuard([&release] {
+            try {
+                release.set_value();
+            } catch (const std::future_error&) {  // released already
+            }
+        });
         m_window->openPath(results);
+        QTRY_VERIFY_WITH_TIMEOUT(mapShown.count() > 0, 30000);
+        QVERIFY(page.showsStoredMap());
+        QCOMPARE(layers.count(), 0);
+        const HeatmapGrid& shown = page.heatmap().grid();
+        QCOMPARE(shown.rows, int(m_reference.prompts.front().layers.size()));
+        for (int row = 0; row < shown.rows; ++row) {
+            bool any = false;
+            for (std::int64_t c = 0; c < shown.columns; ++c)
+                any = any || std::isfinite(shown.at(row, c));
+            QVERIFY2(any, qPrintable(QString("row %1 of the stored map is empty").arg(row)));
+        }
+        releaseOnFailure.dismiss();
+        release.set_value();
         QVERIFY(finished.wait(30000));
+        m_window->controller().setWorkerLayerHook({});
         QCOMPARE(opened.count(), 1);
-        QCOMPARE(layers.count(), 0);  // nothing analysed
+        QCOMPARE(layers.count(), shown.rows);  // read, a layer at a time
         QVERIFY(std::all_of(m_window->controller().readyLayers().begin(), m_window->controller().readyLayers().end(),
                             [](char ready) { return ready; }));
         AnalysisResult expected = m_reference;

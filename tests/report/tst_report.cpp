@@ -94,7 +94,7 @@ void TestReport::embeddedDataIsStrictJsonWithNonFiniteValues()
     AnalysisResult result = analyzeBundle(m_reader);
     // Infinities and NaN where a map's values and its colour range come from.
     PromptAnalysis& p = result.prompts.front();
-    for (FloatBuffer& metric : p.metrics)
+    for (auto& metric : p.metrics)
         for (std::size_t i = 0; i < metric.size(); i += 3)
             metric[i] = i % 2 ? std::numeric_limits<float>::infinity() : std::nanf("");
     p.bcVsNoise[0][0] = -std::numeric_limits<float>::infinity();

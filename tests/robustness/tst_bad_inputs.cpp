@@ -56,7 +56,7 @@ long peakRssKb()
     return usage.ru_maxrss;
 }
 
-bool sameBits(const FloatBuffer& a, const FloatBuffer& b)
+bool sameBits(const SpillableArray& a, const SpillableArray& b)
 {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

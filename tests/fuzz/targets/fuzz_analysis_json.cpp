@@ -83,7 +83,7 @@ void flatten(const nlohmann::json& value, std::vector<nlohmann::json>& out)
         out.push_back(value);
 }
 
-void requireNumbers(const nlohmann::json& value, const kvscope::FloatBuffer& original)
+void requireNumbers(const nlohmann::json& value, const kvscope::SpillableArray& original)
 {
     std::vector<nlohmann::json> flat;
     flatten(value, flat);
