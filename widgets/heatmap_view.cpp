@@ -6,6 +6,7 @@
 #include <QTimer>
 
 #include <algorithm>
+#include <optional>
 
 #include <cmath>
 
@@ -122,29 +123,25 @@ void HeatmapView::showEmpty(const QString& message)
     replot(QCustomPlot::rpQueuedReplot);
 }
 
-void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& label)
+void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& label, int startedRow, qint64 startedTokens)
 {
     for (QCPAbstractItem* item : std::as_const(m_pending))
         removeItem(item);
     m_pending.clear();
-    // One cover per run of rows that are not ready.
-    for (std::size_t first = 0; first < ready.size();) {
-        if (ready[first]) {
-            ++first;
-            continue;
-        }
-        std::size_t last = first;
-        while (last + 1 < ready.size() && !ready[last + 1])
-            ++last;
-        auto* cover = new QCPItemRect(this);
-        for (QCPItemPosition* corner : {cover->topLeft, cover->bottomRight}) {
+    // A cover of rows [first, last] from token x on (from the left edge without), to the right
+    // edge, with the label in its middle.
+    const auto cover = [&](std::optional<double> x, std::size_t first, std::size_t last) {
+        auto* rect = new QCPItemRect(this);
+        for (QCPItemPosition* corner : {rect->topLeft, rect->bottomRight}) {
             corner->setTypeX(QCPItemPosition::ptAxisRectRatio);
             corner->setTypeY(QCPItemPosition::ptPlotCoords);
         }
-        cover->topLeft->setCoords(0, double(first) - 0.5);
-        cover->bottomRight->setCoords(1, double(last) + 0.5);
-        cover->setPen(Qt::NoPen);
-        cover->setBrush(QColor(235, 235, 240));
+        if (x)
+            rect->topLeft->setTypeX(QCPItemPosition::ptPlotCoords);  // (past the right edge it draws nothing)
+        rect->topLeft->setCoords(x.value_or(0), double(first) - 0.5);
+        rect->bottomRight->setCoords(1, double(last) + 0.5);
+        rect->setPen(Qt::NoPen);
+        rect->setBrush(QColor(235, 235, 240));
         auto* text = new QCPItemText(this);
         text->position->setTypeX(QCPItemPosition::ptAxisRectRatio);
         text->position->setTypeY(QCPItemPosition::ptPlotCoords);
@@ -152,8 +149,26 @@ void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& 
         text->setText(label);
         text->setColor(QColor(80, 80, 100));
         text->setFont(QFont(font().family(), 8, -1, true));
-        m_pending << cover << text;
+        m_pending << rect << text;
+    };
+    // One cover per run of rows that are not ready (a started row apart).
+    const auto pending = [&](std::size_t row) { return !ready[row] && int(row) != startedRow; };
+    for (std::size_t first = 0; first < ready.size();) {
+        if (!pending(first)) {
+            ++first;
+            continue;
+        }
+        std::size_t last = first;
+        while (last + 1 < ready.size() && pending(last + 1))
+            ++last;
+        cover(std::nullopt, first, last);
         first = last + 1;
+    }
+    if (startedRow >= 0 && std::size_t(startedRow) < ready.size() && !ready[std::size_t(startedRow)]) {
+        cover(double(startedTokens) - 0.5, std::size_t(startedRow), std::size_t(startedRow));
+        // (the label where the cover is, not over the cells shown)
+        m_pending.back()->positions().front()->setTypeX(QCPItemPosition::ptPlotCoords);
+        m_pending.back()->positions().front()->setCoords((double(startedTokens) - 0.5 + m_fullX.upper) / 2, double(startedRow));
     }
     replot(QCustomPlot::rpQueuedReplot);
 }

@@ -326,15 +326,20 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         window.show();
         QCoreApplication::processEvents();
         const double shownAt = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-        double firstRow = -1, whole = -1;
+        double firstCells = -1, firstRow = -1, whole = -1;
         QElapsedTimer timer;
         // The first row drawn: the map is built off the GUI thread once a layer is analysed (a
-        // results file's is read from the file at once).
+        // results file's is read from the file at once); before it, the start of a long layer's
+        // row, as its windows of tokens are analysed (the first cells).
         PromptPage* page = window.findChild<PromptPage*>();
         QObject::connect(page, &PromptPage::mapShown, &window, [&] {
             const std::vector<char>& ready = window.controller().readyLayers();
-            if (firstRow < 0 && window.controller().result() &&
-                (page->showsStoredMap() || std::any_of(ready.begin(), ready.end(), [](char r) { return r != 0; })))
+            if (!window.controller().result())
+                return;
+            const bool row = page->showsStoredMap() || std::any_of(ready.begin(), ready.end(), [](char r) { return r != 0; });
+            if (firstCells < 0 && (row || page->rowStartShown() > 0))
+                firstCells = timer.nsecsElapsed() / 1e9;
+            if (firstRow < 0 && row)
                 firstRow = timer.nsecsElapsed() / 1e9;
         });
         // The whole map: analysed (or, from a results file, every array read), and its last build drawn.
@@ -358,7 +363,7 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         const bool stored = page->showsStoredMap();
         const auto [frame, other] = stored ? storedPanAndZoomFrames(window, args[1]) : panAndZoomFrames(window);
         out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << " " << frame << " "
-            << other << " " << peakRssKb() << " " << (stored ? 1 : 0) << "\n";
+            << other << " " << peakRssKb() << " " << (stored ? 1 : 0) << " " << firstCells << "\n";
         return whole < 0 ? 1 : 0;
     }
     if (args[0] == "suspects") {
@@ -511,12 +516,15 @@ constexpr int kLongContext = 16384;
 std::string appFigures(const std::string& opened, const std::string& threads)
 {
     std::istringstream in(runChild({"kvscope", "bench-run", "gui", opened, threads}).output);
-    double shownAt = 0, firstRow = -1, whole = -1, frame = -1, other = -1;
+    double shownAt = 0, firstRow = -1, whole = -1, frame = -1, other = -1, firstCells = -1;
     long rss = 0;
     int stored = 0;
-    in >> shownAt >> firstRow >> whole >> frame >> other >> rss >> stored;
+    in >> shownAt >> firstRow >> whole >> frame >> other >> rss >> stored >> firstCells;
     std::ostringstream line;
-    line << std::fixed << std::setprecision(2) << "first row " << firstRow << " s, "
+    line << std::fixed << std::setprecision(2);
+    if (firstCells < firstRow)  // a long layer's row drawn as it fills
+        line << "first cells " << firstCells << " s, ";
+    line << "first row " << firstRow << " s, "
          << (stored ? "every array read " : "whole map ") << whole << " s, slowest pan/zoom frame " << std::setprecision(1)
          << 1000 * frame << " ms";
     if (stored)

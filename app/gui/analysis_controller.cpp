@@ -49,6 +49,12 @@ void AnalysisController::cancel()
     *m_cancel = true;
 }
 
+void AnalysisController::followMap(int prompt, const HeatmapSpec& spec)
+{
+    const std::lock_guard lock(m_followedMutex);
+    m_followed = {prompt, spec};
+}
+
 namespace {
 
 // Several bundles, or a folder holding bundles (a folder without is one of dumps).
@@ -90,7 +96,7 @@ void AnalysisController::open(const QStringList& paths)
     for (const QString& p : paths)
         bundles.push_back(p.toStdString());
     m_tasks.run([this, path, bundles, sweep, generation, importDir, cancel, hook = m_workerLayerHook,
-                 probeHook = m_probeHook] {
+                 windowHook = m_workerWindowHook, windowTokens = m_windowTokens, probeHook = m_probeHook] {
         bool wasOpened = false;  // failing later leaves no part of this bundle shown
         try {
             std::string bundle = path.toStdString();
@@ -143,6 +149,7 @@ void AnalysisController::open(const QStringList& paths)
                 return;
             }
             AnalysisOptions options;
+            options.windowTokens = windowTokens;
             std::shared_ptr<const CaptureLoader> loader;
             std::shared_ptr<AnalysisResult> result;
             if (sweep) {  // each bundle probed as it is opened; those that cannot be read are listed
@@ -178,6 +185,23 @@ void AnalysisController::open(const QStringList& paths)
                     emit layerFinished(layer);
                     emit progress(done, total, tr("analysing"));
                 }, generation);
+            };
+            options.windowDone = [this, generation, result, windowHook](int layer, std::size_t first, std::size_t end,
+                                                                        std::int64_t tokens) {
+                FollowedMap followed;
+                {
+                    const std::lock_guard lock(m_followedMutex);
+                    followed = m_followed;
+                }
+                if (followed.prompt >= 0 && std::size_t(followed.prompt) >= first && std::size_t(followed.prompt) < end) {
+                    // (read now: nothing writes the cells during the call)
+                    auto row = std::make_shared<const HeatmapGrid>(
+                        heatmapRowStart(result->prompts[std::size_t(followed.prompt)], followed.spec, layer, tokens));
+                    post([this, layer, followed, row] { emit rowStarted(layer, followed.prompt, followed.spec, row); },
+                         generation);
+                }
+                if (windowHook)
+                    windowHook(layer, tokens);
             };
             runAnalysis(*loader, options, *result);
             post([this] {

@@ -3,6 +3,7 @@
 // progress and each finished layer by signal; the GUI thread never loads or computes.
 
 #include "analysis/analyzer.h"
+#include "analysis/heatmap_grid.h"
 #include "kv/capture_loader.h"
 #include "results/analysis_record.h"
 
@@ -14,6 +15,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 namespace kvscope {
 
@@ -50,6 +52,14 @@ public:
     QString resultsFile() const { return m_resultsFile; }
     bool layerReady(int layer) const { return layer >= 0 && std::size_t(layer) < m_ready.size() && m_ready[std::size_t(layer)]; }
     const std::vector<char>& readyLayers() const { return m_ready; }
+    // The map a page shows (prompt index and what of it): while a long layer is analysed a
+    // window of tokens at a time, the start of its row in that map comes with rowStarted().
+    void followMap(int prompt, const HeatmapSpec& spec);
+    // Called on the worker thread after each window of a layer read in windows (the layer and
+    // the tokens done of it, AnalysisOptions::windowDone): lets a test hold the analysis there.
+    void setWorkerWindowHook(std::function<void(int, qint64)> hook) { m_workerWindowHook = std::move(hook); }
+    // Tests: layers longer than this many tokens are analysed in windows of it (0: by their bytes).
+    void setWindowTokens(qint64 tokens) { m_windowTokens = tokens; }
     // Called on the worker thread after each finished layer, with the count so far: lets a
     // test act at a known point of the analysis (e.g. cancel after the first layer).
     void setWorkerLayerHook(std::function<void(int)> hook) { m_workerLayerHook = std::move(hook); }
@@ -71,6 +81,9 @@ signals:
     void opened(const QString& path);
     void progress(int done, int total, const QString& what);
     void layerFinished(int layer);
+    // The start of `layer`'s row in the followed map (followMap), the layer not yet finished:
+    // one row, tokens [0, row->columns).
+    void rowStarted(int layer, int prompt, const kvscope::HeatmapSpec& spec, std::shared_ptr<const kvscope::HeatmapGrid> row);
     void finished();
     void failed(const QString& message);
     void cancelled();
@@ -93,6 +106,14 @@ private:
     bool m_running = false;
     std::shared_ptr<QTemporaryDir> m_importDir;  // holds an imported folder's bundle while it is open
     std::function<void(int)> m_workerLayerHook;
+    std::function<void(int, qint64)> m_workerWindowHook;
+    qint64 m_windowTokens = 0;
+    struct FollowedMap {
+        int prompt = -1;
+        HeatmapSpec spec;
+    };
+    mutable std::mutex m_followedMutex;  // the worker reads m_followed
+    FollowedMap m_followed;
     std::function<void()> m_probeHook;
     // The runs, last so that it goes first: a cancelled older run may still be reading its
     // last layer and posting to this object, so destruction waits for all of them.

@@ -79,6 +79,7 @@ MainWindow::MainWindow(QWidget* parent)
     connect(m_controller, &AnalysisController::opened, this, &MainWindow::onOpened);
     connect(m_controller, &AnalysisController::progress, this, &MainWindow::onProgress);
     connect(m_controller, &AnalysisController::layerFinished, m_promptPage, &PromptPage::onLayerFinished);
+    connect(m_controller, &AnalysisController::rowStarted, m_promptPage, &PromptPage::onRowStarted);
     connect(m_controller, &AnalysisController::finished, this, &MainWindow::onFinished);
     connect(m_controller, &AnalysisController::failed, this, &MainWindow::onFailed);
     connect(m_controller, &AnalysisController::cancelled, this, [this] {

@@ -166,7 +166,10 @@ const PromptAnalysis* PromptPage::prompt() const
 
 void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
 {
+    if (promptChanged || !(settings.map == m_settings.map))
+        m_rowStart = {};  // of another map
     m_settings = settings;
+    m_controller->followMap(settings.prompt, settings.map);
     if (promptChanged) {
         m_layer = -1;
         m_heatmap->setSelection(-1, 0);
@@ -183,6 +186,7 @@ void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
 void PromptPage::onOpened()
 {
     ++m_opening;
+    m_rowStart = {};
     m_layerTimer->stop();  // a pause left from the previous bundle's analysis
     m_layerPending = false;
     m_layer = -1;
@@ -203,6 +207,14 @@ void PromptPage::onLayerFinished()
         return;
     }
     redrawWhileAnalysing();
+}
+
+void PromptPage::onRowStarted(int layer, int prompt, const HeatmapSpec& spec, std::shared_ptr<const HeatmapGrid> row)
+{
+    if (prompt != m_settings.prompt || !(spec == m_settings.map) || m_controller->layerReady(layer))
+        return;
+    m_rowStart = {layer, std::move(row)};
+    onLayerFinished();
 }
 
 void PromptPage::redrawWhileAnalysing()
@@ -235,8 +247,10 @@ void PromptPage::onFinished()
 
 void PromptPage::onCancelled()
 {
-    // The layers done so far are final: show them, rank their cells, mark the rest.
+    // The layers done so far are final: show them, rank their cells, mark the rest (the
+    // start of the one cut short too: it was not analysed).
     m_cancelled = true;
+    m_rowStart = {};
     onFinished();
 }
 
@@ -312,6 +326,8 @@ void PromptPage::clear(const QString& message)
     m_layer = -1;
     m_map = {};
     m_stored.reset();
+    m_rowStart = {};
+    m_rowStartShown = 0;
     ++m_opening;  // a map still being built is of what was open
     m_heatmap->showEmpty(message);
     m_worstModel->setCells(nullptr, {});
@@ -335,6 +351,7 @@ struct PromptPage::BuiltMap {
     MapSpec spec;
     bool logarithmic = false;
     std::vector<char> ready;
+    RowStart rowStart;  // drawn over its row, which is not ready
 };
 
 void PromptPage::refreshHeatmap()
@@ -351,7 +368,7 @@ void PromptPage::refreshHeatmap()
     // results file's map is read from the file, a window at a time, without its arrays.
     m_tasks.run([this, result = m_controller->result(), loader = m_controller->loader(), index = m_settings.prompt,
                  settings = m_settings, ready = m_controller->readyLayers(), opening = m_opening,
-                 resultsFile = m_controller->resultsFile().toStdString()] {
+                 resultsFile = m_controller->resultsFile().toStdString(), rowStart = m_rowStart] {
         QElapsedTimer took;
         took.start();
         auto built = std::make_shared<BuiltMap>();
@@ -375,7 +392,14 @@ void PromptPage::refreshHeatmap()
             built->stored = std::make_shared<const StoredMap>(std::move(*stored));
             built->ready.assign(p.layers.size(), 1);  // every analysed row is in the file
         } else {
-            built->map = HeatmapPyramid(buildHeatmap(p, settings.map, &ready), lowerIsWorse(settings.map.metric));
+            HeatmapGrid grid = buildHeatmap(p, settings.map, &ready);
+            if (rowStart.row && rowStart.layer >= 0 && rowStart.layer < grid.rows && !ready[std::size_t(rowStart.layer)]) {
+                const std::size_t at = std::size_t(rowStart.layer) * std::size_t(grid.columns);
+                std::copy(rowStart.row->values.begin(), rowStart.row->values.end(), grid.values.begin() + std::ptrdiff_t(at));
+                std::copy(rowStart.row->heads.begin(), rowStart.row->heads.end(), grid.heads.begin() + std::ptrdiff_t(at));
+                built->rowStart = rowStart;
+            }
+            built->map = HeatmapPyramid(std::move(grid), lowerIsWorse(settings.map.metric));
             built->ready = ready;
         }
         built->spec = promptMapSpec(loader->config(), p, loader->prompt(p.id), settings.map);
@@ -406,7 +430,9 @@ void PromptPage::showHeatmap(BuiltMap& built)
         emit autoRangeChosen(built.spec.range);
     m_heatmap->showMap(built.spec);
     m_heatmap->setScale(built.spec.scale, toQcpRange(built.spec.range), built.logarithmic);
-    m_heatmap->setPendingRows(built.ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."));
+    m_rowStartShown = built.rowStart.row ? built.rowStart.row->columns : 0;
+    m_heatmap->setPendingRows(built.ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."),
+                              built.rowStart.layer, built.rowStart.row ? built.rowStart.row->columns : 0);
     refreshPooling();
     if (!m_stored)
         emit mapShown();  // (a stored map's when its first window is drawn)

@@ -38,6 +38,8 @@ public:
     // A bundle was opened, or more of it was analysed, or all of it, or the rest cancelled.
     void onOpened();
     void onLayerFinished();
+    // The start of a layer's row as its windows of tokens are analysed (AnalysisController::rowStarted).
+    void onRowStarted(int layer, int prompt, const HeatmapSpec& spec, std::shared_ptr<const HeatmapGrid> row);
     void onFinished();
     void onCancelled();
     // Nothing open: every panel empty, `message` on the map.
@@ -56,6 +58,8 @@ public:
     bool mapUpToDate() const { return !m_building && !m_buildAgain && !m_readingWindow && !m_readWindowAgain; }
     // Whether the map shown is a results file's, read a window at a time (results/stored_map.h).
     bool showsStoredMap() const { return bool(m_stored); }
+    // The tokens of a layer still being analysed that the map shown has (0: none).
+    qint64 rowStartShown() const { return m_rowStartShown; }
     DrillDownPanel& drillDown() { return *m_drill; }
     WorstCellsModel& worstCells() { return *m_worstModel; }
     QTableView& worstCellsView() { return *m_worstView; }
@@ -118,6 +122,13 @@ private:
     bool m_followingList = false;
     ViewSettings m_settings;
     HeatmapPyramid m_map;  // the map at every zoom
+    // The start of the row of a layer being analysed in windows, for the current settings.
+    struct RowStart {
+        int layer = -1;
+        std::shared_ptr<const HeatmapGrid> row;
+    };
+    RowStart m_rowStart;
+    qint64 m_rowStartShown = 0;
     std::shared_ptr<const StoredMap> m_stored;  // or, from a results file, read as shown
     bool m_storedGridShown = false;
     bool m_readingWindow = false;

@@ -463,6 +463,8 @@ void AnalysisRun::compare(LayerInputs& in)
     }
     const Step step = in.step;
     in = {};
+    if (!cancelled() && !step.lastOfLayer && m_options.windowDone)
+        m_options.windowDone(step.layer, step.firstPrompt, step.endPrompt, step.window.end);
     if (cancelled() || !step.lastOfLayer)  // a layer pooled in part is not done
         return;
     ++m_layersDone;

@@ -136,23 +136,47 @@ float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, 
     }
 }
 
+namespace {
+
+// Tokens [0, tokens) of one layer's row, as the heatmap shows them.
+void fillHeatmapRow(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t tokens, float* values,
+                    std::int16_t* heads)
+{
+    for (std::int64_t t = 0; t < tokens; ++t) {
+        int head = -1;
+        values[t] = heatmapValue(p, spec, layer, t, &head);
+        heads[t] = std::int16_t(head);
+    }
+}
+
+}  // namespace
+
 HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const std::vector<char>* rowsReady)
 {
     HeatmapGrid g;
     g.rows = int(p.layers.size());
     g.columns = p.tokens;
-    g.values.resize(std::size_t(g.rows) * std::size_t(g.columns));
-    g.heads.resize(g.values.size());
+    g.values.assign(std::size_t(g.rows) * std::size_t(g.columns), std::nanf(""));
+    g.heads.assign(g.values.size(), -1);
     for (int l = 0; l < g.rows; ++l) {
-        for (std::int64_t t = 0; t < g.columns; ++t) {
-            int head = -1;
-            const std::size_t i = std::size_t(l) * std::size_t(g.columns) + std::size_t(t);
-            const bool ready = !rowsReady || (std::size_t(l) < rowsReady->size() && (*rowsReady)[std::size_t(l)]);
-            g.values[i] = ready ? heatmapValue(p, spec, l, t, &head) : std::nanf("");
-            g.heads[i] = std::int16_t(head);
-        }
+        const bool ready = !rowsReady || (std::size_t(l) < rowsReady->size() && (*rowsReady)[std::size_t(l)]);
+        if (!ready)
+            continue;
+        const std::size_t row = std::size_t(l) * std::size_t(g.columns);
+        fillHeatmapRow(p, spec, l, g.columns, &g.values[row], &g.heads[row]);
         p.releaseLayer(l);
     }
+    return g;
+}
+
+HeatmapGrid heatmapRowStart(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t tokens)
+{
+    HeatmapGrid g;
+    g.rows = 1;
+    g.columns = std::clamp<std::int64_t>(tokens, 0, p.tokens);
+    g.values.resize(std::size_t(g.columns));
+    g.heads.resize(std::size_t(g.columns));
+    fillHeatmapRow(p, spec, layer, g.columns, g.values.data(), g.heads.data());
     return g;
 }
 

@@ -27,6 +27,7 @@ struct HeatmapSpec {
     KvPart part = KvPart::K;
     HeadReductionKind reduction = HeadReductionKind::Max;
     int head = 0;  // for OneHead
+    bool operator==(const HeatmapSpec&) const = default;
 };
 
 // Whether low values are the bad ones (BC): then pooling keeps the minimum.
@@ -59,6 +60,9 @@ float heatmapBaseValue(const PromptAnalysis& p, const HeatmapSpec& spec, int lay
 // `rowsReady` (optional, per layer): rows not yet analysed stay NaN and are not read (the
 // analysis may still be writing them).
 HeatmapGrid buildHeatmap(const PromptAnalysis& p, const HeatmapSpec& spec, const std::vector<char>* rowsReady = nullptr);
+// The start of one layer's row, tokens [0, tokens) (clipped to the prompt's): one row, one
+// column a token. For a layer still being analysed (AnalysisOptions::windowDone).
+HeatmapGrid heatmapRowStart(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t tokens);
 
 // Columns [first, last) of `grid` in runs of `run` columns: the worst defined value of each run
 // (max, or min where lower is worse), with its head; NaN and head -1 where the run has no data.

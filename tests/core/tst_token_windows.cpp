@@ -6,6 +6,7 @@
 
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
+#include "analysis/heatmap_grid.h"
 #include "format/bundle_reader.h"
 #include "kv/capture_loader.h"
 #include "kv/sampled_layer.h"
@@ -32,6 +33,7 @@ private slots:
     void windowedAnalysisWritesTheSameJson_data();
     void windowedAnalysisWritesTheSameJson();
     void windowsFollowTheBudget();
+    void windowDoneShowsTheRowsStart();
 
 private:
     std::string path(const std::string& name) const { return (m_dir.path() + "/").toStdString() + name; }
@@ -258,6 +260,73 @@ void TestTokenWindows::windowsFollowTheBudget()
     // Three-way, 80 prompts of it: never under 4,096 tokens; 2,048 tokens stay whole.
     QCOMPARE(analysisWindows(131072, llama / 2 * 3 * 80, 0)[0], (PositionRange{0, 4096}));
     QCOMPARE(analysisWindows(2048, llama, 0), (std::vector<PositionRange>{PositionRange::all()}));
+}
+
+
+void TestTokenWindows::windowDoneShowsTheRowsStart()
+{
+    // A viewer shows a long layer as it fills: at each window, the start of the row is what the
+    // finished analysis has there, and the rest of the row is not written yet.
+    ModelCaptureOptions o = kvtest::smallModel();
+    o.fault = FaultKind::RopeOffset;
+    o.promptLens = {24, 40};
+    const std::string bundle = path("window_done.h5");
+    writeModelCapture(bundle, o);
+    const HeatmapSpec spec{HeatmapMetric::RelLinf, KvPart::K, HeadReductionKind::Max, 0};
+    for (const std::size_t windowBytes : {std::size_t(0), std::size_t(1)}) {  // the prompts together, then one at a time
+        struct Seen {
+            int layer;
+            std::size_t prompt;
+            std::int64_t tokens;
+            HeatmapGrid row;
+        };
+        std::vector<Seen> seen;
+        std::vector<std::int64_t> lastTokens;
+        int unwrittenBeyond = 0;
+        AnalysisOptions options;
+        options.windowTokens = 7;
+        options.windowBytes = windowBytes;
+        options.threads = 2;
+        AnalysisResult* running = nullptr;
+        options.windowDone = [&](int layer, std::size_t first, std::size_t end, std::int64_t tokens) {
+            QVERIFY(first < end && end <= running->prompts.size());
+            for (std::size_t pi = first; pi < end; ++pi) {
+                const PromptAnalysis& p = running->prompts[pi];
+                seen.push_back({layer, pi, tokens, heatmapRowStart(p, spec, layer, tokens)});
+                for (std::int64_t t = tokens; t < p.tokens; ++t) {  // not compared yet
+                    QVERIFY2(std::isnan(heatmapValue(p, spec, layer, t)), qPrintable(QString("layer %1 token %2").arg(layer).arg(t)));
+                    ++unwrittenBeyond;
+                }
+            }
+        };
+        auto reader = std::make_shared<BundleReader>(bundle);
+        const CaptureLoader loader(reader, options.unreadableBlocks);
+        AnalysisResult result = prepareAnalysis(loader, options);
+        running = &result;
+        runAnalysis(loader, options, result);
+        QVERIFY(!seen.empty());
+        QVERIFY(unwrittenBeyond > 0);
+        int definedShown = 0;  // (a sliding window's layer has none at the start of a long prompt)
+        for (const Seen& s : seen) {
+            const PromptAnalysis& p = result.prompts[s.prompt];
+            QCOMPARE(s.row.columns, std::min(s.tokens, p.tokens));
+            QVERIFY(s.tokens % 7 == 0 || s.tokens >= p.tokens);  // a window's end, or the prompt's (its batch done)
+            int defined = 0;
+            for (std::int64_t t = 0; t < s.row.columns; ++t) {
+                const float shown = s.row.values[std::size_t(t)], final = heatmapValue(p, spec, s.layer, t);
+                QVERIFY2(std::memcmp(&shown, &final, sizeof(float)) == 0,
+                         qPrintable(QString("layer %1 token %2: %3 shown, %4 at the end").arg(s.layer).arg(t).arg(shown).arg(final)));
+                defined += !std::isnan(final);
+            }
+            definedShown += defined;
+        }
+        QVERIFY(definedShown > 0);
+        // Each layer of the longer prompt (40 tokens and 16 decoded): windows ending at 7, 14,
+        // ..., 49 before its last, which ends the layer (layerDone).
+        QCOMPARE(result.prompts[1].tokens, std::int64_t(56));
+        const auto calls = std::count_if(seen.begin(), seen.end(), [](const Seen& s) { return s.prompt == 1; });
+        QCOMPARE(int(calls), int(result.prompts[1].layers.size()) * 7);
+    }
 }
 
 QTEST_GUILESS_MAIN(TestTokenWindows)

@@ -58,6 +58,7 @@ private slots:
     void brokenFileKeepsTheOpenAnalysis();
     void aFolderGivenByMistakeSaysSo();
     void resultsFileOpensAtOnce();
+    void longLayerFillsAsItIsAnalysed();
 };
 
 void TestOpening::opensAndAnalysesInTheBackground()
@@ -429,6 +430,78 @@ void TestOpening::resultsFileOpensAtOnce()
         if (!bundleThere)
             QVERIFY2(error.contains("not at hand"), qPrintable(error));
     }
+}
+
+// A layer analysed in windows of tokens (a long context's) shows the start of its row as each
+// window is done, the rest covered, before the layer is: the first cells of a 128k-token bundle
+// show within a window's time, not a layer's. What it shows is what the finished layer has.
+void TestOpening::longLayerFillsAsItIsAnalysed()
+{
+    MainWindow window;
+    window.resize(1280, 800);
+    window.show();
+    AnalysisController& controller = window.controller();
+    controller.setWindowTokens(16);
+    // The worker waits after the first windows of the first layer until the page follows a map
+    // (they may be done before the opened bundle reaches the page), then after the third (the
+    // demo's first layer slides: its first tokens have left the window) until this thread has looked.
+    std::atomic<qint64> heldAt = 0;
+    std::promise<void> following, looked;
+    std::shared_future<void> followingNow = following.get_future().share(), lookedAt = looked.get_future().share();
+    controller.setWorkerWindowHook([&heldAt, followingNow, lookedAt](int layer, qint64 tokens) {
+        if (layer != 0 || heldAt != 0)
+            return;
+        if (tokens < 48) {
+            followingNow.wait();
+            return;
+        }
+        heldAt = tokens;
+        lookedAt.wait();
+    });
+    auto release = qScopeGuard([&following, &looked] {  // a failed check leaves no worker waiting
+        for (std::promise<void>* gate : {&following, &looked})
+            try {
+                gate->set_value();
+            } catch (const std::future_error&) {  // opened already
+            }
+    });
+    QSignalSpy opened(&controller, &AnalysisController::opened);
+    QSignalSpy finished(&controller, &AnalysisController::finished);
+    PromptPage& page = promptPageOf(window);
+    window.openPath(m_path);
+    QTRY_VERIFY_WITH_TIMEOUT(opened.count() == 1, 60000);
+    QCoreApplication::processEvents();  // the page follows the first prompt's map
+    following.set_value();
+    QTRY_VERIFY_WITH_TIMEOUT(heldAt > 0 && page.rowStartShown() == heldAt && page.mapUpToDate(), 60000);
+    QVERIFY(!controller.layerReady(0));
+    const HeatmapGrid during = heatmapOf(window).grid();
+    bool covered = false;
+    for (int i = 0; i < heatmapOf(window).itemCount(); ++i)
+        if (auto* text = qobject_cast<QCPItemText*>(heatmapOf(window).item(i)); text && text->text().contains("analysing"))
+            covered = true;
+    QVERIFY(covered);
+    release.dismiss();
+    looked.set_value();
+    const qint64 analysed = heldAt;
+    QTRY_VERIFY_WITH_TIMEOUT(finished.count() == 1 && page.mapUpToDate(), 60000);
+    const HeatmapGrid after = heatmapOf(window).grid();
+    QCOMPARE(after.tokensPerColumn, during.tokensPerColumn);
+    QCOMPARE(after.firstToken, during.firstToken);
+    int shown = 0, notYet = 0;
+    for (qint64 c = 0; c < during.columns; ++c) {
+        const qint64 first = during.firstToken + c * during.tokensPerColumn, end = first + during.tokensPerColumn;
+        const float value = during.at(0, c);
+        if (end <= analysed) {  // the windows done then: as the finished analysis has it
+            QVERIFY2(std::memcmp(&value, &after.values[std::size_t(c)], sizeof(float)) == 0,
+                     qPrintable(QString("column %1: %2 shown, %3 at the end").arg(c).arg(value).arg(after.at(0, c))));
+            shown += !std::isnan(value);
+        } else if (first >= analysed) {  // not analysed then
+            QVERIFY2(std::isnan(value), qPrintable(QString("column %1 shows %2 before it was analysed").arg(c).arg(value)));
+            notYet += !std::isnan(after.at(0, c));
+        }
+    }
+    QVERIFY(shown > 0);
+    QVERIFY(notYet > 0);
 }
 
 QTEST_MAIN(TestOpening)
