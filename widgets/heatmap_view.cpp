@@ -166,9 +166,8 @@ void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& 
     }
     if (startedRow >= 0 && std::size_t(startedRow) < ready.size() && !ready[std::size_t(startedRow)]) {
         cover(double(startedTokens) - 0.5, std::size_t(startedRow), std::size_t(startedRow));
-        // (the label where the cover is, not over the cells shown)
-        m_pending.back()->positions().front()->setTypeX(QCPItemPosition::ptPlotCoords);
-        m_pending.back()->positions().front()->setCoords((double(startedTokens) - 0.5 + m_fullX.upper) / 2, double(startedRow));
+        // (no label: the part left is often too narrow for it; its colour says what it is)
+        removeItem(m_pending.takeLast());
     }
     replot(QCustomPlot::rpQueuedReplot);
 }
