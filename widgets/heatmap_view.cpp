@@ -129,7 +129,8 @@ void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& 
         removeItem(item);
     m_pending.clear();
     // A cover of rows [first, last] from token x on (from the left edge without), to the right
-    // edge, with the label in its middle.
+    // edge; the label in its middle when it is whole rows (a started row's rest is often too
+    // narrow for it, and its colour says what it is).
     const auto cover = [&](std::optional<double> x, std::size_t first, std::size_t last) {
         auto* rect = new QCPItemRect(this);
         for (QCPItemPosition* corner : {rect->topLeft, rect->bottomRight}) {
@@ -142,6 +143,9 @@ void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& 
         rect->bottomRight->setCoords(1, double(last) + 0.5);
         rect->setPen(Qt::NoPen);
         rect->setBrush(QColor(235, 235, 240));
+        m_pending << rect;
+        if (x)
+            return;
         auto* text = new QCPItemText(this);
         text->position->setTypeX(QCPItemPosition::ptAxisRectRatio);
         text->position->setTypeY(QCPItemPosition::ptPlotCoords);
@@ -149,7 +153,7 @@ void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& 
         text->setText(label);
         text->setColor(QColor(80, 80, 100));
         text->setFont(QFont(font().family(), 8, -1, true));
-        m_pending << rect << text;
+        m_pending << text;
     };
     // One cover per run of rows that are not ready (a started row apart).
     const auto pending = [&](std::size_t row) { return !ready[row] && int(row) != startedRow; };
@@ -164,11 +168,8 @@ void HeatmapView::setPendingRows(const std::vector<char>& ready, const QString& 
         cover(std::nullopt, first, last);
         first = last + 1;
     }
-    if (startedRow >= 0 && std::size_t(startedRow) < ready.size() && !ready[std::size_t(startedRow)]) {
+    if (startedRow >= 0 && std::size_t(startedRow) < ready.size() && !ready[std::size_t(startedRow)])
         cover(double(startedTokens) - 0.5, std::size_t(startedRow), std::size_t(startedRow));
-        // (no label: the part left is often too narrow for it; its colour says what it is)
-        removeItem(m_pending.takeLast());
-    }
     replot(QCustomPlot::rpQueuedReplot);
 }
 

@@ -26,9 +26,9 @@ public:
     void setGrid(const HeatmapGrid& grid);
     // Nothing to show: no map, no scale, `message` in the middle.
     void showEmpty(const QString& message);
-    // Rows whose `ready` entry is 0 are covered with `label` ("analysing", "not analysed").
-    // Covers the rows not `ready` with `label`; row `startedRow` (not ready) only from token
-    // `startedTokens` on: its start is analysed and shown.
+    // Covers the rows whose `ready` entry is 0 with `label` ("analysing", "not analysed"); row
+    // `startedRow` (not ready) only from token `startedTokens` on, unlabelled: its start is
+    // analysed and shown.
     void setPendingRows(const std::vector<char>& ready, const QString& label, int startedRow = -1, qint64 startedTokens = 0);
     void setRowLabels(const QStringList& labels);
     // Rows labelled however many rows share the height (the others thin out around them).

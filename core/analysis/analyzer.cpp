@@ -26,6 +26,10 @@ namespace {
 
 // A window's smallest size and step, in tokens: whole blocks and reference chunks, mostly.
 constexpr std::int64_t kGrain = 4096;
+// The analysis's first window when its first layer is read in windows: small, so that a viewer
+// has the first cells of a long context soon (the first window is read before anything is
+// compared; the later ones while the one before is).
+constexpr std::int64_t kFirstLook = 1024;
 
 std::vector<std::string> selectedLayers(const CaptureLoader& loader, const AnalysisOptions& options)
 {
@@ -283,6 +287,11 @@ void AnalysisRun::addSteps(int layer)
         std::vector<PositionRange> windows = analysisWindows(tokens, batchBytesPerToken, m_options.windowTokens, budget);
         if (windows.size() > 1 && m_options.windowTokens <= 0 && referenceChunksExceed(layer, batch, windows.front().end))
             windows = {PositionRange::all()};  // each window would read (and verify) whole chunks again
+        if (m_steps.empty() && windows.size() > 1 && m_options.windowTokens <= 0 &&
+            !referenceChunksExceed(layer, batch, kFirstLook)) {
+            windows.front().begin = kFirstLook;
+            windows.insert(windows.begin(), PositionRange{0, kFirstLook});
+        }
         for (std::size_t w = 0; w < windows.size(); ++w)
             m_steps.push_back({layer, windows[w], std::size_t(batch.begin), std::size_t(batch.end), w == 0,
                                w + 1 == windows.size(), false, false});

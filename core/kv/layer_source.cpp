@@ -13,8 +13,8 @@ LayerSource LayerSource::absent(int heads, std::int64_t seq, HeadDims dims, int 
     s.seq = seq;
     s.dims = dims;
     s.runsPerRow = runsPerRow;
-    s.k.resize(std::size_t(seq) * std::size_t(runsPerRow));
-    s.v.resize(s.k.size());
+    s.k = std::make_unique_for_overwrite<HeadRun[]>(std::size_t(seq) * std::size_t(runsPerRow));
+    s.v = std::make_unique_for_overwrite<HeadRun[]>(std::size_t(seq) * std::size_t(runsPerRow));
     s.present.assign(std::size_t(seq), 0);
     return s;
 }
@@ -27,7 +27,7 @@ namespace {
 template <typename Span>
 void forEachSpan(const LayerSource& source, KvPart part, std::int64_t begin, std::int64_t end, Span&& span)
 {
-    const std::vector<HeadRun>& all = part == KvPart::K ? source.k : source.v;
+    const HeadRun* all = (part == KvPart::K ? source.k : source.v).get();
     const int runsPerRow = source.runsPerRow;
     const int headsPerRun = source.heads / runsPerRow;
     const std::int64_t headDim = source.headDim(part);

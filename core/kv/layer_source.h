@@ -25,11 +25,12 @@ struct RowView {
 };
 
 // Consecutive heads of one position in one tensor: head i of the run starts at element
-// offset + i * headStride and holds head_dim values.
+// offset + i * headStride and holds head_dim values. (No initialisers: a source's runs are
+// left unwritten where its positions are absent.)
 struct HeadRun {
-    const RawTensor* tensor = nullptr;
-    std::int64_t offset = 0;
-    std::int64_t headStride = 0;
+    const RawTensor* tensor;
+    std::int64_t offset;
+    std::int64_t headStride;
 };
 
 struct LayerSource {
@@ -37,7 +38,9 @@ struct LayerSource {
     std::int64_t seq = 0;
     HeadDims dims;
     int runsPerRow = 1;  // each run holds heads / runsPerRow heads, in head order
-    std::vector<HeadRun> k, v;  // [position][run]
+    // [position][run], written where present: a window of a long sequence touches (and pays
+    // for) the memory of its own positions only.
+    std::unique_ptr<HeadRun[]> k, v;
     std::vector<std::uint8_t> present;
     std::vector<std::shared_ptr<const void>> storage;  // owns what the runs point into
 
@@ -48,11 +51,11 @@ struct LayerSource {
     std::size_t rowSize(KvPart part) const { return std::size_t(heads) * std::size_t(dims.of(part)); }
     HeadRun* runs(KvPart part, std::int64_t pos)
     {
-        return (part == KvPart::K ? k : v).data() + std::size_t(pos) * std::size_t(runsPerRow);
+        return (part == KvPart::K ? k : v).get() + std::size_t(pos) * std::size_t(runsPerRow);
     }
     const HeadRun* runs(KvPart part, std::int64_t pos) const
     {
-        return (part == KvPart::K ? k : v).data() + std::size_t(pos) * std::size_t(runsPerRow);
+        return (part == KvPart::K ? k : v).get() + std::size_t(pos) * std::size_t(runsPerRow);
     }
     // The row of present position `pos` where it is float32 as stored, in one run: read in
     // place, nothing decoded. Null data otherwise.
