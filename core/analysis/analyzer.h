@@ -65,9 +65,10 @@ struct AnalysisOptions {
     std::function<void(int layer, int layersDone, int layersTotal)> layerDone;
     // Called from the comparing thread when a layer read in windows of tokens has more of it
     // compared, before the layer is done: prompts [firstPrompt, endPrompt) have their cells of
-    // tokens [0, tokensDone) of `layer` written (tokensDone may pass a prompt's length). They may be read during the call only (nothing
-    // writes meanwhile; a later window that cannot be read clears the layer), so that a viewer
-    // can show a long layer as it fills rather than when it ends.
+    // tokens [0, tokensDone) of `layer` written (tokensDone may pass a prompt's length). They
+    // may be read during the call only (nothing writes meanwhile; a later window that cannot be
+    // read clears the layer), so that a viewer can show a long layer as it fills rather than
+    // when it ends.
     std::function<void(int layer, std::size_t firstPrompt, std::size_t endPrompt, std::int64_t tokensDone)> windowDone;
     const std::atomic<bool>* cancel = nullptr;
     // When a cell, a layer and so a suspect count as off the noise floor (analysis/suspect_search.h).

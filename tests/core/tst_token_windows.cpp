@@ -262,7 +262,6 @@ void TestTokenWindows::windowsFollowTheBudget()
     QCOMPARE(analysisWindows(2048, llama, 0), (std::vector<PositionRange>{PositionRange::all()}));
 }
 
-
 void TestTokenWindows::windowDoneShowsTheRowsStart()
 {
     // A viewer shows a long layer as it fills: at each window, the start of the row is what the
@@ -281,7 +280,6 @@ void TestTokenWindows::windowDoneShowsTheRowsStart()
             HeatmapGrid row;
         };
         std::vector<Seen> seen;
-        std::vector<std::int64_t> lastTokens;
         int unwrittenBeyond = 0;
         AnalysisOptions options;
         options.windowTokens = 7;
