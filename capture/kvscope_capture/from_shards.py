@@ -8,6 +8,14 @@ from .hf_reference import extract_hf_mla_latents
 from .shards import ShardSet, safe_name
 
 
+def prompt_names(requests):
+    """{engine request id: prompt id}: the id the user gave where it names one request (vLLM makes
+    it unique inside the engine by appending "-<8 hex>"), else the engine's."""
+    given = [r.external_request_id for r in requests]
+    return {r.request_id: safe_name(r.external_request_id if r.external_request_id and given.count(
+        r.external_request_id) == 1 else r.request_id) for r in requests}
+
+
 def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None, tokenizer=None,
                        request_ids=None, model="", log=print):
     """Writes `out_path` from the shards in `shard_dir`. expected_model / baseline_model: HF models
@@ -18,7 +26,8 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
     for request_id, why in sorted(shards.incomplete.items()):
         log(f"left out: {why}")
     requests = [r for r in shards.requests
-                if request_ids is None or any(r.request_id.startswith(p) for p in request_ids)]
+                if request_ids is None or any(i and i.startswith(p) for i in (r.request_id, r.external_request_id)
+                                              for p in request_ids)]
     if not requests:
         raise ValueError(f"{shard_dir}: no complete request" + (" matches the ids given" if request_ids else ""))
     config = requests[0].config
@@ -26,11 +35,12 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
         if r.config != config:
             raise ValueError(f"request {r.request_id}: its KV cache config differs from request "
                              f"{requests[0].request_id}'s; write them to separate bundles")
+    names = prompt_names(requests)
     written = []
     with BundleWriter(out_path, model=model, engine="vLLM", notes="kvscope_capture KvscopeConnector shards") as w:
         w.set_kv_cache_config(config)
         for r in sorted(requests, key=lambda r: r.request_id):
-            pid = safe_name(r.request_id)
+            pid = names[r.request_id]
             tokens = r.all_token_ids
             if r.seq_len > len(tokens):
                 raise ValueError(f"request {r.request_id}: {r.num_computed_tokens} tokens computed but only "

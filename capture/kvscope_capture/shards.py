@@ -9,7 +9,13 @@ renamed when complete, so that a reader never sees half a shard:
     block_ids/group_<g>                        int64, the request's blocks in vLLM group g (0 = null)
     layers/<layer>/block_ids                   int64 [n], the blocks stored, in row order
     layers/<layer>/k, v                        [n, heads_per_rank, block_size, head_size], raw bits,
-                                               attribute dtype; k_scale / v_scale when quantised
+                                               attribute dtype (MLA: latent)
+    layers/<layer>/<key>                       what decodes a quantised format, as RankCaches.read
+                                               gives it (k_scale, v_scale, zero points, RHT signs,
+                                               NVFP4 global scales), raw bits, attribute dtype
+
+A request the connector could not write (its queue was full) leaves `<request>.tp<r>.pp<p>.skipped`
+instead, a line of text saying why.
 """
 
 import glob
@@ -42,6 +48,30 @@ def shard_path(directory, request_id, tp_rank, pp_rank):
     return os.path.join(directory, f"{safe_name(request_id)}.tp{tp_rank}.pp{pp_rank}.h5")
 
 
+def skipped_marker_path(shard):
+    """The marker a request leaves instead of its shard `shard` when it was not captured."""
+    return shard[:-len(".h5")] + ".skipped"
+
+
+def _stored(value, what, declared=None):
+    """A part of a layer's entry as (numpy array of its bits, dtype name). declared: the config's
+    format of K and V, whose quantised codes may come as uint8."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if declared is not None and canonical_dtype(declared) is not None:
+            return to_array(value, what, canonical_dtype(declared))
+        t = value.detach().cpu().contiguous()
+        name = str(t.dtype).replace("torch.", "")
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16), name
+        if name.startswith("float8"):
+            return t.view(torch.uint8).numpy(), name
+        return t.numpy(), name
+    array = np.asarray(value)
+    return array, str(array.dtype)
+
+
 def write_shard(path, dump, config, layers, tp_rank, pp_rank):
     """dump: KvscopeDump (ids and tokens); layers: RankCaches.read's result."""
     partial = path + ".partial"
@@ -64,17 +94,15 @@ def write_shard(path, dump, config, layers, tp_rank, pp_rank):
                     for g in config["groups"] for n in g["layer_names"]}
         for name, entry in layers.items():
             group = f.create_group(f"layers/{name}")
-            group.create_dataset("block_ids", data=np.asarray(entry["block_ids"], np.int64))
-            for part in ("k", "v", "latent", "k_scale", "v_scale"):
-                if part in entry and entry[part] is not None:
-                    value = entry[part]
-                    if part.endswith("_scale"):
-                        value = np.asarray(value.numpy() if hasattr(value, "numpy") else value, np.float32)
-                        dtype = "float32"
-                    else:
-                        value, dtype = to_array(value, f"{path}, layer {name}, {part}", canonical_dtype(declared[name]))
-                    ds = group.create_dataset(part, data=value)
-                    ds.attrs["dtype"] = dtype
+            for key, value in entry.items():
+                if value is None:
+                    continue
+                if key == "block_ids":
+                    group.create_dataset(key, data=np.asarray(value, np.int64))
+                    continue
+                array, dtype = _stored(value, f"{path}, layer {name}, {key}",
+                                       declared[name] if key in ("k", "v", "latent") else None)
+                group.create_dataset(key, data=array).attrs["dtype"] = dtype
     os.replace(partial, path)
 
 
@@ -86,7 +114,7 @@ def _read_array(ds):
     data = np.ascontiguousarray(ds[()])
     if dtype == "bfloat16":
         return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(data)
+    return torch.from_numpy(data) if data.ndim else torch.tensor(data[()])
 
 
 class ShardedRequest:
@@ -102,6 +130,8 @@ class ShardedRequest:
         self.output_token_ids = first["output_token_ids"]
         self.num_computed_tokens = first["num_computed_tokens"]
         self.block_ids = first["block_ids"]
+        # The id the user gave (vLLM appends "-<8 hex>" to it inside the engine).
+        self.external_request_id = first.get("external_request_id")
         places = sorted((s["tp_rank"], s["pp_rank"]) for s in shards)
         want = [(t, p) for t in range(self.tp_size) for p in range(self.pp_size)]
         if places != want:
@@ -131,9 +161,9 @@ class ShardedRequest:
             with h5py.File(s["path"], "r") as f:
                 for name, group in f["layers"].items():
                     entry = {"block_ids": group["block_ids"][()].tolist()}
-                    for part in ("k", "v", "latent", "k_scale", "v_scale"):
-                        if part in group:
-                            entry[part] = _read_array(group[part])
+                    for key in group:
+                        if key != "block_ids":
+                            entry[key] = _read_array(group[key])
                     if name in ranks[s["tp_rank"]]:
                         raise ValueError(f"{s['path']}: layer {name} is in two shards of TP rank {s['tp_rank']}")
                     ranks[s["tp_rank"]][name] = entry
@@ -181,6 +211,7 @@ class ShardSet:
                         "request_id": str(f.attrs["request_id"]),
                         "tp_rank": int(f.attrs["tp_rank"]),
                         "pp_rank": int(f.attrs["pp_rank"]),
+                        "external_request_id": str(f.attrs.get("external_request_id", "")) or None,
                         "num_computed_tokens": int(f.attrs["num_computed_tokens"]),
                         "config": json.loads(f.attrs["kv_cache_config"]),
                         "prompt_token_ids": f["prompt_token_ids"][()].tolist(),
@@ -191,9 +222,16 @@ class ShardSet:
             except (OSError, KeyError, ValueError) as e:
                 raise ValueError(f"{path}: not a readable kvscope shard ({e})") from e
             by_request.setdefault(shard["request_id"], []).append(shard)
+        skipped = {}
+        for path in sorted(glob.glob(os.path.join(self.directory, "*.skipped"))):
+            with open(path) as f:
+                request_id, _, why = f.read().strip().partition(": ")
+            skipped[request_id] = f"request {request_id}: not captured by every worker ({why})"
         self.requests = []
-        self.incomplete = {}
+        self.incomplete = dict(skipped)
         for request_id, shards in by_request.items():
+            if request_id in skipped:
+                continue
             try:
                 self.requests.append(ShardedRequest(request_id, shards))
             except ValueError as e:

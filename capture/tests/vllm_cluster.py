@@ -1,4 +1,6 @@
-"""A stand-in for upstream vLLM v1 serving on GPUs, as its sources define it: attention backends
+"""A stand-in for upstream vLLM v1 serving on GPUs before its specs described the cache layout (the
+first model runner, backends with get_kv_cache_shape and get_kv_cache_stride_order: vLLM 0.10 to
+the spring of 2026, before #44455 packed every backend's K and V): attention backends
 with their cache shapes and stride orders, workers that allocate caches the way
 gpu_model_runner does (raw bytes viewed in the physical order, permuted back to the logical
 shape), a scheduler that allocates blocks from a pool whose block 0 is the null block, and the
@@ -330,9 +332,14 @@ class Cluster:
                     self.free.insert(0, ids[b])
                     ids[b] = 0
         state = types.SimpleNamespace(block_ids=tuple(block_ids), num_computed_tokens=written)
+        # The step's SchedulerOutput, as the first runner's execute_model gets it (one prefill step).
+        scheduler_output = types.SimpleNamespace(
+            scheduled_new_reqs=[types.SimpleNamespace(req_id=request_id, block_ids=tuple(list(g) for g in block_ids))],
+            scheduled_cached_reqs=types.SimpleNamespace(req_ids=[], new_block_ids=[], resumed_from_preemption=[]),
+            num_scheduled_tokens={request_id: written}, finished_req_ids=set())
         for worker in self.workers:
             worker.model_runner.requests[request_id] = state
-            self.call(worker, worker.model_runner.execute_model, None)
+            self.call(worker, worker.model_runner.execute_model, scheduler_output)
         # Async scheduling has counted the last sampled token already when the request finishes.
         request = types.SimpleNamespace(request_id=request_id, prompt_token_ids=list(prompt),
                                         output_token_ids=list(output),
@@ -371,6 +378,10 @@ class Cluster:
                 connector.clear_connector_metadata()
                 return sending or set()
             reported.append(self.call(worker, run))
+        for connector in worker_connectors:  # the shards are written off the step: wait for them
+            writer = getattr(connector, "_writer", None)
+            if writer is not None:
+                writer.flush(60)
         return set.intersection(*reported) if reported else set()
 
 

@@ -10,14 +10,22 @@
         "kv_connector_extra_config": {"output_dir": "kv-shards"}}'
 
 Options (kv_connector_extra_config): output_dir (required); requests: request id prefixes to
-capture (default: every request); max_requests: stop capturing after this many.
+capture, matched against the id the user gave and the engine's (which vLLM suffixes with
+"-<8 hex>"; default: every request); max_requests: stop capturing after this many;
+max_pending_requests: requests copied to the host and not yet written, at most (default 8).
 
 How (vllm/distributed/kv_transfer/kv_connector/v1/base.py): the scheduler calls request_finished
 once a request is done, before its blocks are freed. The connector answers True (the blocks stay
 held) and hands the request's block ids and tokens to the workers in the next step's connector
-metadata. Each worker copies those blocks out in start_load_kv (called every step, with or without a
-forward pass), writes its shard, and reports the request in get_finished, which frees the blocks.
-Only the request's blocks are read; nothing is held for longer than one step.
+metadata. Each worker copies those blocks to the host in start_load_kv (called every step, with or
+without a forward pass), hands them to a background writer (shard_queue.py), and reports the
+request in get_finished, which frees the blocks. Only the request's blocks are read; nothing is
+held for longer than one step, and the step pays the device-to-host copy only. When the writer's
+queue is full the request is skipped and counted, and a marker file names it.
+
+Beside another connector (LMCache, NIXL, offloading), vLLM's MultiConnector runs both:
+kv_connector "MultiConnector" with kv_connector_extra_config {"connectors": [{...kvscope's
+KVTransferConfig...}, {...the other's...}]}; a request's blocks are freed when both are done.
 """
 
 import os
@@ -25,8 +33,9 @@ import os
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, SupportsHMA)
 
-from ..shards import shard_path, write_shard
+from ..shards import shard_path
 from .rank_caches import RankCaches
+from .shard_queue import ShardQueue
 from .worker_extension import _parallel_ranks, forward_layers
 
 
@@ -63,6 +72,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self._output_dir = os.fspath(extra["output_dir"])
         self._prefixes = [str(p) for p in extra.get("requests", [])]
         self._max_requests = extra.get("max_requests")
+        self._max_pending = int(extra.get("max_pending_requests", 8))
         self._kv_cache_config = kv_cache_config
         # Scheduler side
         self._pending = []
@@ -71,10 +81,12 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self._caches = None
         self._registered = None
         self._expected = set()  # requests handed to this worker to dump
-        self._written = set()
+        self._copied = set()
         self._reported_finished = set()
+        self._writer = None
         if role == KVConnectorRole.WORKER:
             os.makedirs(self._output_dir, exist_ok=True)
+            self._writer = ShardQueue(self._max_pending)
 
     # --- scheduler side --------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -111,9 +123,11 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
 
     # --- worker side ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches):
-        """The layouts are established here, so that one kvscope cannot read stops the engine at
-        start-up, not at the first finished request."""
+        """Every layer is checked against its spec here, so that one kvscope cannot read stops the
+        engine at start-up, not at the first finished request. A runner that registers again
+        (Model Runner V2 initialising its KV cache anew) gets its caches read anew."""
         self._registered = dict(kv_caches)
+        self._caches = None
         self._rank_caches()
 
     def _rank_caches(self):
@@ -139,10 +153,14 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         caches = self._rank_caches()
         self._expected |= {dump.request_id for dump in dumps}
         for dump in dumps:
-            ids = {b for group in dump.block_ids for b in group if b > 0}  # 0: vLLM's null block
-            write_shard(shard_path(self._output_dir, dump.request_id, caches.tp_rank, caches.pp_rank),
-                        dump, caches.config, caches.read(ids), caches.tp_rank, caches.pp_rank)
-            self._written.add(dump.request_id)
+            path = shard_path(self._output_dir, dump.request_id, caches.tp_rank, caches.pp_rank)
+            if self._writer.has_room():
+                ids = {b for group in dump.block_ids for b in group if b > 0}  # 0: vLLM's null block
+                self._writer.submit(path, dump, caches.config, caches.read(ids), caches.tp_rank, caches.pp_rank)
+            else:
+                self._writer.skip(path, dump.request_id, f"the shard writer's queue was full "
+                                                         f"(max_pending_requests {self._max_pending})")
+            self._copied.add(dump.request_id)
 
     def wait_for_layer_load(self, layer_name):
         return None
@@ -153,12 +171,17 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_save(self):
         return None
 
+    def shutdown(self):
+        """Writes what is queued before the worker goes."""
+        if self._writer is not None:
+            self._writer.flush(120.0)
+
     def get_finished(self, finished_req_ids):
-        """Requests whose shards are written: their blocks can be freed. vLLM expects only ids it
-        has announced as finished (in this call or an earlier one)."""
+        """Requests whose blocks are copied out (or skipped): their blocks can be freed. vLLM expects
+        only ids it has announced as finished (in this call or an earlier one)."""
         self._reported_finished |= set(finished_req_ids) & self._expected  # only ours: the set stays small
-        done = self._written & self._reported_finished
-        self._written -= done
+        done = self._copied & self._reported_finished
+        self._copied -= done
         self._reported_finished -= done
         self._expected -= done
         return (done or None), None

@@ -1,20 +1,20 @@
 """One vLLM worker's KV caches as kvscope reads them: the KV cache config in kvscope's form, each
-layer's layout (detected, see layout.py), its fp8 scales, and blocks read out on request.
+layer's layout and format (from its spec, see spec_layout.py; older vLLM: from its attention
+backend, backend_layout.py), its scales, and blocks read out on request.
 
-Built from what a GPU worker holds (vllm/v1/worker/gpu_model_runner.py): the KVCacheConfig
-(kv_cache_groups[g].layer_names / .kv_cache_spec, num_blocks), the per-layer cache tensors
-(`static_forward_context[name].kv_cache`, or the dict a KV connector's register_kv_caches gets),
-and the attention layer modules (their backend and `_k_scale` / `_v_scale`)."""
+Built from what a GPU worker holds (vllm/v1/worker/gpu_model_runner.py and, Model Runner V2,
+vllm/v1/worker/gpu/model_runner.py): the KVCacheConfig (kv_cache_groups[g].layer_names /
+.kv_cache_spec, num_blocks), the per-layer cache tensors (the dict a KV connector's
+register_kv_caches gets, or `static_forward_context[name].kv_cache`), and the attention layer
+modules (their backend and `_k_scale` / `_v_scale`)."""
 
 from ..kv_cache_config import model_order
-from .layout import detect_layout
+from .backend_layout import detect_layout
+from .spec_layout import FP8_FORMATS, SpecLayout, spec_describes_layout
 
-# vLLM's --kv-cache-dtype names, as kvscope's config spells the stored format. "auto" stores the
-# model's dtype (the spec's). Anything else (fp8_ds_mla, which the writer takes for MLA layers;
-# per-token-head modes, NVFP4) is passed through, and the writer refuses what it does not know by name.
 NOT_READ = ("MambaSpec", "EncoderOnlyAttentionSpec")
-CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_inc": "float8_e4m3fn",
-                "fp8_e5m2": "float8_e5m2", "int8": "int8"}
+# Formats whose per-tensor scales are the attention layer's _k_scale / _v_scale.
+PER_TENSOR_SCALED = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8")
 
 
 def _plain(value):
@@ -32,15 +32,27 @@ def _mla_widths(model_config):
     return (int(rank), int(rope)) if rank is not None and rope is not None else None
 
 
+def layer_format(spec, cache_dtype, what):
+    """How kvscope's config names `spec`'s stored format, and its SpecLayout (None for older vLLM,
+    whose layers all have the engine's --kv-cache-dtype: `auto` stores the spec's dtype)."""
+    if spec_describes_layout(spec) and getattr(spec, "head_size", 0):
+        layout = SpecLayout(spec, cache_dtype, what)
+        return layout.dtype, layout
+    if cache_dtype in (None, "auto"):
+        return str(getattr(spec, "dtype", None)), None
+    return {**FP8_FORMATS, "int8": "int8"}.get(cache_dtype, cache_dtype), None
+
+
 def _group_entries(group, cache_dtype, mla_widths=None):
-    """kvscope config groups for one vLLM KV cache group: one, or one per distinct layer spec when
-    the group holds per-layer specs (UniformTypeKVCacheSpecs: same type, other head sizes).
-    mla_widths: (kv_lora_rank, qk_rope_head_dim), which an MLAAttentionSpec does not carry."""
+    """kvscope config groups for one vLLM KV cache group, with each layer's SpecLayout (None for
+    older vLLM): one group, or one per distinct layer spec when the group holds per-layer specs
+    (UniformTypeKVCacheSpecs: same type, other head sizes or formats). mla_widths:
+    (kv_lora_rank, qk_rope_head_dim), which an MLAAttentionSpec does not carry."""
     spec = group.kv_cache_spec
     per_layer = getattr(spec, "kv_cache_specs", None)
     specs = ([(name, per_layer[name]) for name in group.layer_names] if per_layer
              else [(name, spec) for name in group.layer_names])
-    entries = []
+    entries, layouts = [], {}
     for name, layer_spec in specs:
         entry = {
             "spec_type": type(layer_spec).__name__,
@@ -48,8 +60,7 @@ def _group_entries(group, cache_dtype, mla_widths=None):
             "num_kv_heads": int(getattr(layer_spec, "num_kv_heads", 0) or 0),
             "head_size": int(getattr(layer_spec, "head_size", 0) or 0),
             "sliding_window": getattr(layer_spec, "sliding_window", None),
-            "dtype": (str(getattr(layer_spec, "dtype", None)) if cache_dtype in (None, "auto")
-                      else CACHE_DTYPES.get(cache_dtype, cache_dtype)),
+            "dtype": str(getattr(layer_spec, "dtype", None)),
         }
         chunk = getattr(layer_spec, "attention_chunk_size", None)
         if chunk is not None:
@@ -64,28 +75,76 @@ def _group_entries(group, cache_dtype, mla_widths=None):
                 entry["not_compared"] = "sparse-attention indexer keys"
             else:
                 entry["kv_lora_rank"], entry["qk_rope_head_dim"] = mla_widths
+        if entry["spec_type"] not in NOT_READ and entry["head_size"] and not entry.get("not_compared"):
+            entry["dtype"], layouts[name] = layer_format(layer_spec, cache_dtype, f"layer {name}")
         for same in entries:
             if all(same[k] == v for k, v in entry.items()):
                 same["layer_names"].append(name)
                 break
         else:
             entries.append(dict(entry, layer_names=[name]))
-    return entries
+    return entries, layouts
+
+
+def _aliases(read_layers, listed_layers, caches, modules):
+    """{layer: the layer whose cache it shares} for layers that share another's cache
+    (kv_sharing_target_layer_name). vLLM leaves them out of the config it hands connectors and
+    registers them as the target's tensor; its runner's own config lists them."""
+    aliases = {}
+    for name, tensor in caches.items():
+        target = getattr(modules.get(name), "kv_sharing_target_layer_name", None)
+        if target is None and name not in listed_layers and _tensor(tensor) is not None:
+            # Equal views mean a shared cache only for layers the config leaves out: the hybrid
+            # allocator gives layer i of every group one buffer.
+            target = next((other for other in read_layers
+                           if other in caches and _same_view(_tensor(caches[other]), _tensor(tensor))), None)
+        if target:
+            aliases[name] = target
+    return aliases
+
+
+def _tensor(value):
+    """The cache tensor registered for a layer (older vLLM: a list of one per virtual engine), or
+    None for what is not one tensor (a state-space layer's states)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if len(value) else None
+    return value if hasattr(value, "data_ptr") else None
+
+
+def _same_view(a, b):
+    return a is not None and b is not None and (a.data_ptr() == b.data_ptr() and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride()
+            and a.dtype == b.dtype)
+
+
+def _backend_of(module):
+    if module is None:
+        return None
+    backend = getattr(module, "attn_backend", None)
+    if backend is None and hasattr(module, "get_attn_backend"):
+        backend = module.get_attn_backend()
+    return backend
+
+
+def _scale_value(scale):
+    return scale.detach().float().cpu() if hasattr(scale, "detach") else scale
 
 
 class RankCaches:
     """kv_cache_config: vLLM's KVCacheConfig; vllm_config: its VllmConfig; caches: {layer: tensor};
     layers: {layer: attention module} (for the backend and the scales; may be empty);
-    tp_rank, pp_rank: this worker's place."""
+    tp_rank, pp_rank: this worker's place. Every layer's cache is checked against its spec here,
+    so that what kvscope cannot read stops the engine at start-up."""
 
     def __init__(self, kv_cache_config, vllm_config, caches, layers, tp_rank, pp_rank):
         self.vllm_config = vllm_config
         self.tp_rank, self.pp_rank = tp_rank, pp_rank
         parallel = vllm_config.parallel_config
         cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
-        groups = []
+        groups, spec_layouts = [], {}
         for g, group in enumerate(kv_cache_config.kv_cache_groups):
-            for entry in _group_entries(group, cache_dtype, _mla_widths(vllm_config.model_config)):
+            entries, layouts = _group_entries(group, cache_dtype, _mla_widths(vllm_config.model_config))
+            spec_layouts.update(layouts)
+            for entry in entries:
                 entry["vllm_group"] = g  # the block table this group reads
                 groups.append(entry)
         total = int(vllm_config.model_config.get_total_num_kv_heads())
@@ -107,71 +166,81 @@ class RankCaches:
             "cache_dtype": cache_dtype,
             "groups": groups,
         }
-        self.caches = {}
-        self.layouts = {}
-        self.scales = {}
-        self.aliases = {}
-        for entry in groups:
-            # State-space (Mamba) layers hold no KV per token; encoder-only layers no cache at all.
-            if not entry["head_size"] or entry["spec_type"] in NOT_READ or entry.get("not_compared"):
+        read = [(entry, name) for entry in groups for name in entry["layer_names"]
+                if entry["head_size"] and entry["spec_type"] not in NOT_READ and not entry.get("not_compared")]
+        self.aliases = _aliases({name for _, name in read}, {n for e in groups for n in e["layer_names"]},
+                                caches, layers)
+        self.caches, self.layouts, self.scales = {}, {}, {}
+        for entry, name in read:
+            if name in self.aliases:
                 continue
-            for name in entry["layer_names"]:
-                if name not in caches:
-                    raise ValueError(f"layer {name}: in the KV cache config but no cache tensor was registered")
-                tensor = caches[name]
-                if isinstance(tensor, (list, tuple)):  # older vLLM: one per virtual engine
-                    tensor = tensor[0]
-                module = layers.get(name)
-                backend = None
-                if module is not None:
-                    backend = getattr(module, "attn_backend", None)
-                    if backend is None and hasattr(module, "get_attn_backend"):
-                        backend = module.get_attn_backend()
-                heads = entry["num_kv_heads"] or 1
-                width = entry["head_size"]
-                if entry["dtype"] == "fp8_ds_mla":
-                    # FlashMLA's bytes a token (656 for DeepSeek): kv_lora_rank e4m3 values, an fp32
-                    # scale per 128 of them, qk_rope_head_dim bf16 values. Its backend reports that
-                    # width whatever the head size asked, so the layout comes from the tensor.
-                    rank, rope = entry["kv_lora_rank"], entry["qk_rope_head_dim"]
-                    width, backend = rank + 4 * (rank // 128) + 2 * rope, None
-                self.layouts[name] = detect_layout(tensor.shape, self.config["num_blocks"], entry["block_size"],
-                                                   heads, width, backend=backend,
-                                                   mla=entry["spec_type"].startswith("MLA"),
-                                                   cache_dtype_str=cache_dtype or "auto", what=f"layer {name}")
-                self.caches[name] = tensor
-                # Layers that share another layer's cache hold its bytes. (Equal data pointers do
-                # not tell: the hybrid allocator gives layer i of every group one buffer.)
-                target = getattr(module, "kv_sharing_target_layer_name", None) if module is not None else None
-                if target:
-                    self.aliases[name] = target
-                if entry["dtype"] in CACHE_DTYPES.values() and module is not None:
-                    self.scales[name] = (getattr(module, "_k_scale", None), getattr(module, "_v_scale", None))
+            if name not in caches:
+                raise ValueError(f"layer {name}: in the KV cache config but no cache tensor was registered")
+            tensor = _tensor(caches[name])
+            module = layers.get(name)
+            if spec_layouts.get(name) is not None:
+                self.layouts[name] = spec_layouts[name].check(tensor, self.config["num_blocks"])
+            else:
+                self.layouts[name] = self._backend_layout(entry, name, tensor, module, cache_dtype)
+            self.caches[name] = tensor
+            if module is not None and entry["dtype"] in PER_TENSOR_SCALED + ("nvfp4",) \
+                    and getattr(self.layouts[name], "kind", "") != "per_token_head":
+                self.scales[name] = (_scale_value(getattr(module, "_k_scale", None)),
+                                     _scale_value(getattr(module, "_v_scale", None)))
+        for name, target in self.aliases.items():
+            if target not in self.caches:
+                raise ValueError(f"layer {name} shares layer {target}'s cache, which is not read")
+            self.caches[name], self.layouts[name] = self.caches[target], self.layouts[target]
+            if target in self.scales:
+                self.scales[name] = self.scales[target]
         if self.aliases:
             self.config["kv_sharing"] = dict(self.aliases)
+            # Layers the connector's config leaves out are named where kvscope reads them.
+            listed = {n for entry in groups for n in entry["layer_names"]}
+            for name, target in self.aliases.items():
+                if name not in listed:
+                    entry = next(e for e in groups if target in e["layer_names"])
+                    entry["layer_names"].append(name)
+
+    def _backend_layout(self, entry, name, tensor, module, cache_dtype):
+        """Older vLLM: the layout its attention backend reports."""
+        heads = entry["num_kv_heads"] or 1
+        width = entry["head_size"]
+        backend = _backend_of(module)
+        if entry["dtype"] == "fp8_ds_mla":
+            # FlashMLA's bytes a token (656 for DeepSeek): kv_lora_rank e4m3 values, an fp32 scale
+            # per 128 of them, qk_rope_head_dim bf16 values.
+            rank, rope = entry["kv_lora_rank"], entry["qk_rope_head_dim"]
+            width = rank + 4 * (rank // 128) + 2 * rope
+        return detect_layout(tensor.shape, self.config["num_blocks"], entry["block_size"], heads, width,
+                             backend=backend, mla=entry["spec_type"].startswith("MLA"),
+                             cache_dtype_str=cache_dtype or "auto", what=f"layer {name}")
 
     def layer_names(self):
         return model_order(self.caches)
 
     def read(self, block_ids):
-        """{layer: {'k', 'v', 'block_ids'[, 'k_scale', 'v_scale']}} (MLA: {'latent', 'block_ids'}) of the
-        given KV cache blocks, on the CPU, in kvscope's order [n, heads, block_size, head_size]."""
+        """{layer: {'k', 'v', 'block_ids', scales...}} (MLA: {'latent', 'block_ids'}) of the given KV
+        cache blocks, on the CPU, in kvscope's order [n, heads, block_size, head_size]: values as
+        stored (codes of quantised formats) with what decodes them (docs/bundle-format.md)."""
         ids = sorted({int(b) for b in block_ids})
         out, done = {}, {}
         for name in self.layer_names():
-            source = self.aliases.get(name, name) if self.aliases.get(name) in self.caches else name
+            source = self.aliases.get(name, name)
             if source not in done:
                 done[source] = self.layouts[source].read_blocks(self.caches[source], ids)
             blocks = done[source]
             entry = {"block_ids": ids}
-            if self.layouts[name].is_mla:
+            if isinstance(blocks, dict):
+                entry.update(blocks)
+            elif self.layouts[name].is_mla:
                 entry["latent"] = blocks
             else:
                 entry["k"], entry["v"] = blocks
             if name in self.scales:
-                k_scale, v_scale = self.scales[name]
-                entry["k_scale"] = k_scale.detach().float().cpu() if hasattr(k_scale, "detach") else k_scale
-                entry["v_scale"] = v_scale.detach().float().cpu() if hasattr(v_scale, "detach") else v_scale
+                nvfp4 = getattr(self.layouts[name], "kind", "") == "nvfp4"
+                for part, scale in zip("kv", self.scales[name]):
+                    entry[f"{part}_global_scale" if nvfp4 else f"{part}_scale"] = scale
             out[name] = entry
         return out
 

@@ -1,24 +1,31 @@
 """A vLLM worker extension with the KV-cache RPCs of the vLLM-Neuron worker, for upstream vLLM on GPU:
 
     llm = LLM(model, worker_extension_cls="kvscope_capture.vllm.KvscopeWorkerExtension", ...)
+    llm.collective_rpc("enable_block_table_snapshots")  # before the requests: follow their blocks
     llm.collective_rpc("get_kv_cache_config")   # per worker: the config, as kvscope reads it
     llm.collective_rpc("get_kv_caches")         # per worker: {layer: torch.save({'k', 'v', ...})}
     llm.collective_rpc("get_block_tables")      # per worker: [torch.save(int32 [batch, blocks])] per group
 
 vLLM mixes the class into its Worker (vllm/v1/worker/worker_base.py), so `self` is the worker and
-`self.model_runner` its GPUModelRunner. kvscope_capture's extract_vllm_* functions, and with them
-the seed's teacher-forced validation loop (make_kv_extract_fn), work unchanged on top.
+`self.model_runner` its model runner: the first one (vllm/v1/worker/gpu_model_runner.py, which
+keeps `requests[id].block_ids`) or Model Runner V2 (vllm/v1/worker/gpu/model_runner.py, vLLM's
+default for dense models since July 2026, which keeps its block tables on the GPU only).
 
-Block tables: vLLM frees a finished request's blocks at once, and with them its row of the block
-table. Once `enable_block_table_snapshots` has run (make_kv_extract_fn calls it), each step
-records its requests' block ids, so that get_block_tables returns the last step's requests even
-after they finished. Their blocks keep their bytes until another request takes them: capture one
-request at a time, with prefix caching off (the validation loop does).
+Block ids: both runners are handed each step's SchedulerOutput. Once `enable_block_table_snapshots`
+has run (make_kv_extract_fn calls it), every step's new requests' `block_ids` and running requests'
+`new_block_ids` are followed (a request resumed after preemption gets its list anew), and the last
+step's requests are kept after they finish: vLLM frees a finished request's blocks at once, and
+with them its row of the block table. The blocks keep their bytes until another request takes
+them: capture one request at a time, with prefix caching off (the validation loop does).
 """
 
 import io
 
-from .rank_caches import RankCaches, block_tables
+from .rank_caches import RankCaches, _tensor, block_tables
+
+_V2_NEEDS_SNAPSHOTS = ("this worker's model runner (Model Runner V2) keeps no block ids per request outside the "
+                       "GPU: call llm.collective_rpc('enable_block_table_snapshots') before the requests run "
+                       "(make_kv_extract_fn does), or capture with KvscopeConnector")
 
 
 def _torch_save(obj):
@@ -42,37 +49,76 @@ def forward_layers(vllm_config):
     return {name: module for name, module in context.items() if hasattr(module, "kv_cache")}
 
 
+def _groups(block_ids):
+    return tuple(list(g) for g in block_ids)
+
+
+class BlockIdTracker:
+    """Each request's block ids per vLLM KV cache group, followed from the SchedulerOutput that
+    every step hands the model runner (vllm/v1/core/sched/output.py); works on both runners."""
+
+    def __init__(self):
+        self.block_ids = {}
+        self.last_batch = []  # [(request id, block ids)] of the last step that ran requests
+
+    def observe(self, scheduler_output):
+        if scheduler_output is None:
+            return
+        for new in getattr(scheduler_output, "scheduled_new_reqs", None) or []:
+            self.block_ids[new.req_id] = _groups(new.block_ids)
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if cached is not None:
+            resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+            # vLLM before resumed_req_ids: a flag per request.
+            for rid, flag in zip(cached.req_ids, getattr(cached, "resumed_from_preemption", None) or ()):
+                if flag:
+                    resumed.add(rid)
+            for rid, new_ids in zip(cached.req_ids, cached.new_block_ids):
+                if new_ids is None:
+                    continue
+                if rid in resumed or rid not in self.block_ids:
+                    self.block_ids[rid] = _groups(new_ids)
+                else:
+                    for group, ids in zip(self.block_ids[rid], new_ids):
+                        group.extend(ids)
+        scheduled = [rid for rid in getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+                     if rid in self.block_ids]
+        if scheduled:  # a step without requests keeps the last one's
+            self.last_batch = [(rid, _groups(self.block_ids[rid])) for rid in scheduled]
+        for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
+            self.block_ids.pop(rid, None)
+
+
 class KvscopeWorkerExtension:
     def _kvscope_caches(self):
-        if getattr(self, "_kvscope_rank_caches", None) is None:
-            runner = self.model_runner
-            layers = forward_layers(self.vllm_config)
-            caches = {name: module.kv_cache for name, module in layers.items()}
+        """This worker's caches as kvscope reads them, built anew whenever the runner registered
+        other tensors (Model Runner V2 may initialise its KV cache again)."""
+        runner = self.model_runner
+        layers = forward_layers(self.vllm_config)
+        caches = {name: module.kv_cache for name, module in layers.items()}
+        key = (id(runner.kv_cache_config),
+               tuple((name, _data_ptr(tensor)) for name, tensor in sorted(caches.items())))
+        if getattr(self, "_kvscope_key", None) != key:
             tp_rank, pp_rank = _parallel_ranks()
             self._kvscope_rank_caches = RankCaches(runner.kv_cache_config, self.vllm_config, caches, layers,
                                                    tp_rank, pp_rank)
+            self._kvscope_key = key
         return self._kvscope_rank_caches
 
-    def _kvscope_running(self):
-        """[(request id, block ids per vLLM group)] of the requests in this worker's batch now."""
-        return [(rid, tuple(list(g) for g in state.block_ids)) for rid, state in self.model_runner.requests.items()]
-
     def enable_block_table_snapshots(self):
-        """From now on, every step records its requests' block ids (see the module's note)."""
-        if getattr(self, "_kvscope_last_batch", None) is not None:
+        """From now on, every step's requests and block ids are followed (see the module's note)."""
+        if getattr(self, "_kvscope_tracker", None) is not None:
             return True
-        self._kvscope_last_batch = self._kvscope_running()
+        tracker = BlockIdTracker()
         runner = self.model_runner
         execute = runner.execute_model
 
-        def execute_and_record(*args, **kwargs):
-            result = execute(*args, **kwargs)
-            batch = self._kvscope_running()
-            if batch:  # a step without requests keeps the last one's
-                self._kvscope_last_batch = batch
-            return result
+        def execute_and_record(scheduler_output=None, *args, **kwargs):
+            tracker.observe(scheduler_output)
+            return execute(scheduler_output, *args, **kwargs)
 
         runner.execute_model = execute_and_record
+        self._kvscope_tracker = tracker
         return True
 
     def get_kv_cache_config(self):
@@ -86,9 +132,15 @@ class KvscopeWorkerExtension:
         return [rid for rid, _ in self._kvscope_batch()]
 
     def _kvscope_batch(self):
-        recorded = getattr(self, "_kvscope_last_batch", None)
-        running = self._kvscope_running()
-        return running if running or recorded is None else recorded
+        """[(request id, block ids per vLLM group)]: the last step's requests as followed, or
+        without snapshots the first runner's batch now."""
+        tracker = getattr(self, "_kvscope_tracker", None)
+        if tracker is not None and tracker.last_batch:
+            return tracker.last_batch
+        requests = getattr(self.model_runner, "requests", None)
+        if requests is None:
+            raise RuntimeError(_V2_NEEDS_SNAPSHOTS)
+        return [(rid, _groups(state.block_ids)) for rid, state in requests.items()]
 
     def get_block_tables(self):
         """[torch.save(int32 tensor [batch, max_blocks])] per group, -1 for null blocks; rows as
@@ -97,7 +149,7 @@ class KvscopeWorkerExtension:
         return [_torch_save(t) for t in block_tables(config, [ids for _, ids in self._kvscope_batch()])]
 
     def get_kv_caches(self, all_blocks=False):
-        """{layer: torch.save({'k': k, 'v': v, 'block_ids': ids[, 'k_scale', 'v_scale']})}, k and v
+        """{layer: torch.save({'k': k, 'v': v, 'block_ids': ids, scales...})}, k and v
         [len(ids), heads_per_rank, block_size, head_size]: the blocks of the batch's requests
         (all_blocks: the whole pool, as the Neuron RPC returns it; a GPU's pool is many GB)."""
         caches = self._kvscope_caches()
@@ -106,3 +158,8 @@ class KvscopeWorkerExtension:
         else:
             ids = {b for _, groups in self._kvscope_batch() for g in groups for b in g if b > 0}
         return {name: _torch_save(entry) for name, entry in caches.read(ids).items()}
+
+
+def _data_ptr(value):
+    tensor = _tensor(value)
+    return tensor.data_ptr() if tensor is not None else id(value)

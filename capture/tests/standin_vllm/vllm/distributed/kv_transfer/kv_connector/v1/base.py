@@ -1,5 +1,7 @@
 """KVConnectorBase_V1 as vllm/distributed/kv_transfer/kv_connector/v1/base.py defines it (the
-parts a connector implements or calls)."""
+parts a connector implements or calls), as of vllm-project/vllm @ 003df296 and the tree of
+2026-08-19 (c2057261): constructor (vllm_config, role, kv_cache_config), register_kv_caches(dict),
+set_host_xfer_buffer_ops, request_finished[_all_groups] returning (held, params), get_finished."""
 
 import enum
 from abc import ABC, abstractmethod
@@ -50,6 +52,12 @@ class KVConnectorBase_V1(ABC):
 
     def register_kv_caches(self, kv_caches):
         return
+
+    def set_host_xfer_buffer_ops(self, copy_operation):
+        return
+
+    def shutdown(self):
+        return None
 
     @abstractmethod
     def start_load_kv(self, forward_context, **kwargs):

@@ -1,17 +1,19 @@
-"""How one vLLM layer's KV cache tensor is laid out, found at run time, and its blocks read out.
+"""How one layer's cache is laid out in vLLM before its specs described the layout (before July
+2026: specs without num_head_slots), found from the attention backend, and its blocks read out.
 
-vLLM's per-layer tensors differ by attention backend and version (logical shapes, as
+Those versions' per-layer tensors differ by backend (logical shapes, as
 `AttentionBackend.get_kv_cache_shape` returns them; HND/NHD changes only the strides):
 
     FlashAttention, FlexAttention     (2, num_blocks, block_size, num_kv_heads, head_size)
-    FlashInfer, Triton (older)        (num_blocks, 2, block_size, num_kv_heads, head_size)
-    newer non-MLA (ROCm, Triton, CPU) (num_blocks, num_kv_heads, block_size, 2 * head_size)
+    FlashInfer, Triton                (num_blocks, 2, block_size, num_kv_heads, head_size)
+    packed K/V (ROCm, Triton, CPU)    (num_blocks, num_kv_heads, block_size, 2 * head_size)
     MLA                               (num_blocks, block_size, head_size)
 
 The layout is read from the backend, by asking it for the shape of a cache whose sizes are
-sentinels (distinct numbers, so that each axis names its role), or, without a backend, from the
-tensor's shape where exactly one known layout fits it. Anything else is refused by name: a
-guessed layout would read the wrong numbers without any error.
+sentinels (distinct numbers, so that each axis names its role), never guessed from the tensor's
+shape (with 2 KV heads several layouts share one shape). An MLA layer is the exception: its spec
+says it holds one latent per token, which leaves one way to read a 3-D tensor. Anything else is
+refused by name: a guessed layout would read the wrong numbers without any error.
 
 The axes' roles:
     "kv"      K (0) and V (1)
@@ -28,9 +30,7 @@ import inspect
 # mistaken (2 * dim is its own role). The block size is a multiple of 16, which backends require.
 _SENTINEL = {"blocks": 1009, "tokens": 32, "heads": 3, "dim": 88}
 
-# Layouts recognised from a tensor alone, in vLLM's logical order. The newest vLLM hands KV
-# connectors a standardized [blocks, heads, tokens, channels] view: packed_kv, or mla_heads with
-# one head slot.
+# The backends' layouts, in vLLM's logical order (for names and messages).
 KNOWN_LAYOUTS = {
     "flash_attn": ("kv", "blocks", "tokens", "heads", "dim"),
     "flashinfer": ("blocks", "kv", "tokens", "heads", "dim"),
@@ -42,8 +42,7 @@ KNOWN_MLA_LAYOUTS = {
 }
 
 
-class LayoutError(ValueError):
-    """A cache whose layout cannot be established; the message names the layer and the shape."""
+from .spec_layout import LayoutError
 
 
 def _roles_of_shape(shape, sizes):
@@ -137,27 +136,14 @@ def _check_fits(roles, shape, num_blocks, block_size, heads, dim, what):
     return tokens
 
 
-def _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what):
-    """The one known layout that fits `shape`, or a LayoutError naming what was tried."""
-    known = KNOWN_MLA_LAYOUTS if mla else KNOWN_LAYOUTS
-    fits = []
-    for name, roles in known.items():
-        if len(roles) != len(shape):
-            continue
-        try:
-            tokens = _check_fits(roles, shape, num_blocks, block_size, 1 if mla else num_kv_heads, head_size, what)
-        except LayoutError:
-            continue
-        fits.append((name, roles, tokens))
-    if not fits:
-        raise LayoutError(f"{what}: shape {shape} fits no known vLLM {'MLA ' if mla else ''}cache layout for "
-                          f"{num_blocks} blocks of {block_size} tokens, {1 if mla else num_kv_heads} KV heads of "
-                          f"{head_size} ({'; '.join(n + ' (' + ', '.join(r) + ')' for n, r in known.items())})")
-    if len(fits) > 1:
-        raise LayoutError(f"{what}: shape {shape} fits several layouts ({', '.join(f[0] for f in fits)}); "
-                          "pass the attention backend so that its layout is known, not guessed")
-    name, roles, tokens = fits[0]
-    return CacheLayout(roles, tokens, block_size, name)
+def _mla_from_tensor(shape, num_blocks, block_size, width, what):
+    """An MLA cache's layout: one latent of `width` per token, with or without a head slot of one."""
+    for name, roles in KNOWN_MLA_LAYOUTS.items():
+        if len(roles) == len(shape):
+            tokens = _check_fits(roles, shape, num_blocks, block_size, 1, width, what)
+            return CacheLayout(roles, tokens, block_size, name)
+    raise LayoutError(f"{what}: an MLA cache of shape {shape}, neither [blocks, tokens, {width}] nor "
+                      f"[blocks, 1, tokens, {width}]")
 
 
 # Backends whose kernels do not read the cache the way get_kv_cache_shape describes it: vLLM's
@@ -217,26 +203,21 @@ def detect_layout(tensor_shape, num_blocks, block_size, num_kv_heads, head_size,
     manager sees it (vLLM's kv_cache_config: num_blocks, spec.block_size, spec.num_kv_heads,
     spec.head_size); mla: an MLAAttentionSpec layer (one latent per token). backend: the layer's
     attention backend class (anything with vLLM's `get_kv_cache_shape(num_blocks, block_size,
-    num_kv_heads, head_size, cache_dtype_str)`), or None to recognise the layout from the tensor's
-    shape alone. A tensor that is not in its backend's layout (the standardized view newer vLLM
-    hands connectors) is recognised from its shape, when exactly one known layout fits it."""
+    num_kv_heads, head_size, cache_dtype_str)`); without one only an MLA cache can be read."""
     shape = tuple(int(s) for s in tensor_shape)
+    if mla:
+        return _mla_from_tensor(shape, num_blocks, block_size, head_size, what)
     if backend is None or not hasattr(backend, "get_kv_cache_shape"):
-        return _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what)
+        raise LayoutError(f"{what}: no attention backend that reports its cache shape, and a spec without "
+                          f"num_head_slots: kvscope does not guess a layout from the shape {shape}")
     roles, name = _backend_roles(backend, block_size, num_kv_heads, head_size, cache_dtype_str, what)
     if roles is None:
-        try:
-            return _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what)
-        except LayoutError as e:
-            raise LayoutError(f"{e} (backend {name} would not report its cache shape)") from None
+        raise LayoutError(f"{what}: backend {name} would not report its cache shape, for sentinel sizes nor for "
+                          "the layer's own")
     if len(shape) == len(roles):
         try:
             tokens = _check_fits(roles, shape, num_blocks, block_size, num_kv_heads, head_size, what)
             return CacheLayout(roles, tokens, block_size, f"{_layout_name(roles)} ({name})")
-        except LayoutError:
-            pass
-    try:
-        return _from_tensor(shape, num_blocks, block_size, num_kv_heads, head_size, mla, what)
-    except LayoutError as e:
-        raise LayoutError(f"{what}: the tensor has shape {shape}, which is neither backend {name}'s layout "
-                          f"({', '.join(roles)}) nor one known layout ({e})") from None
+        except LayoutError as e:
+            raise LayoutError(f"{e} (backend {name})") from None
+    raise LayoutError(f"{what}: the tensor has shape {shape}, not backend {name}'s layout ({', '.join(roles)})")

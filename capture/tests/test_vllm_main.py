@@ -1,0 +1,507 @@
+"""Capture from the vLLM users run today, against the stand-in of its main branch (tests/vllm_main.py):
+layouts decided from each layer's spec and read bit for bit through strided views of one shared
+buffer, every cache format (bf16, fp8 per tensor, int8 / fp8 / int4 per token-head, NVFP4), layers in
+their own formats, both model runners, re-registration, suffixed request ids, the layers that share
+a cache, MultiConnector beside an offloading connector, and shards written off the engine's step."""
+
+import os
+import tempfile
+import threading
+import unittest
+
+import numpy as np
+import torch
+
+import vllm_main as vm
+from kvscope_capture import bundle_from_shards
+from kvscope_capture.shards import ShardSet
+from kvscope_capture.vllm import KvscopeWorkerExtension, LayoutError
+from kvscope_capture.vllm.connector import KvscopeConnector
+from kvscope_capture.vllm.rank_caches import RankCaches
+from kvscope_capture.vllm.worker_extension import _V2_NEEDS_SNAPSHOTS
+
+L = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+HEADS, DIM = 4, 64
+
+
+def truth(names, fmt, seq, seed=0, heads=HEADS, dim=DIM, mla_width=None):
+    """Each layer's data for every position, as the stand-in's kernels take it (random codes and
+    scales for the quantised formats: the capture must carry the bits, whatever they mean)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def codes(high, *shape, dtype=torch.uint8):
+        return torch.randint(0, high, shape, generator=g).to(dtype)
+
+    def scales(*shape):
+        return torch.rand(shape, generator=g) * 0.1 + 1e-3
+
+    out = {}
+    for name in names:
+        if fmt == "mla":
+            out[name] = {"latent": torch.randn(seq, mla_width, generator=g).to(torch.bfloat16)}
+        elif fmt in ("packed", "kv_slots"):
+            out[name] = {p: torch.randn(heads, seq, dim, generator=g).to(torch.bfloat16) for p in "kv"}
+        elif fmt == "packed_codes":  # fp8 e4m3 codes without the NaNs
+            out[name] = {p: codes(0x7f, heads, seq, dim) | (codes(2, heads, seq, dim) << 7) for p in "kv"}
+        elif fmt == "per_token_head_int8":
+            out[name] = {"k": codes(256, heads, seq, dim, dtype=torch.int16).sub(128).to(torch.int8),
+                         "v": codes(256, heads, seq, dim, dtype=torch.int16).sub(128).to(torch.int8),
+                         "k_scale": scales(heads, seq), "v_scale": scales(heads, seq)}
+        elif fmt == "per_token_head_fp8":
+            out[name] = {"k": codes(0x7f, heads, seq, dim), "v": codes(0x7f, heads, seq, dim),
+                         "k_scale": scales(heads, seq), "v_scale": scales(heads, seq)}
+        elif fmt == "int4":
+            out[name] = {"k": codes(16, heads, seq, dim), "v": codes(16, heads, seq, dim),
+                         "k_scale": scales(heads, seq), "v_scale": scales(heads, seq),
+                         "k_zp": codes(16, heads, seq), "v_zp": codes(16, heads, seq)}
+        elif fmt == "nvfp4":  # e2m1 codes and e4m3 block scale bytes (no NaN)
+            out[name] = {"k": codes(16, heads, seq, dim), "v": codes(16, heads, seq, dim),
+                         "k_sf": codes(0x7f, heads, seq, dim // 16), "v_sf": codes(0x7f, heads, seq, dim // 16)}
+        else:
+            raise AssertionError(fmt)
+    return out
+
+
+def rows_at(entry_ids, block_ids, block_size, p):
+    """The stored row and offset of position p."""
+    return entry_ids.index(block_ids[p // block_size]), p % block_size
+
+
+class Capture(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.out = os.path.join(self.tmp.name, "shards")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def engine(self, groups, extra=None, **kwargs):
+        return vm.Engine(groups, total_heads=kwargs.pop("heads", HEADS), head_size=kwargs.pop("dim", DIM),
+                         connector=(KvscopeConnector, dict({"output_dir": self.out}, **(extra or {}))), **kwargs)
+
+    def capture(self, engine, data, prompt=20, output=11, external="cmpl-7"):
+        """One request through the engine and the connector; returns its ShardedRequest."""
+        rid = engine.add_request(external, list(range(prompt)), list(range(100, 100 + output)), data)
+        engine.run()
+        for w in engine.workers:
+            self.assertTrue(w.connector._writer.flush(30))
+        shards = ShardSet(self.out)
+        self.assertEqual(shards.incomplete, {})
+        (request,) = [r for r in shards.requests if r.request_id == rid]
+        self.assertEqual(request.external_request_id, external)
+        return request
+
+    def check_values(self, engine, request, data, expect):
+        """Every written position of every layer on every rank, as the stand-in stored it.
+        expect(entry, row, offset, heads, truth, p) asserts one position."""
+        ranks = request.per_rank_kv()
+        written = request.num_computed_tokens
+        for gi, group in enumerate(engine.groups):
+            for name in group.layer_names:
+                for rank in range(engine.tp):
+                    entry = ranks[rank][name]
+                    heads = engine.heads_of_rank(rank)
+                    for p in range(written):
+                        row, t = rows_at(entry["block_ids"], request.block_ids[gi], group.block_size, p)
+                        expect(entry, row, t, heads, data[engine.alias.get(name, name)], p)
+
+    def test_every_layout_and_kernel_block(self):
+        """bf16 K|V packed in each of the six stride orders, with kernel blocks a quarter of the
+        manager's, two groups overlaid on one buffer or following each other at offsets, TP 2."""
+        def same(entry, row, t, heads, truth_, p):
+            for part in "kv":
+                self.assertTrue(torch.equal(entry[part][row, :, t], truth_[part][heads, p]), (part, p))
+
+        for i, layout in enumerate(vm.KVCacheLayout):
+            with self.subTest(layout=layout.name):
+                self.tmp.cleanup()
+                self.tmp = tempfile.TemporaryDirectory()
+                self.out = os.path.join(self.tmp.name, "shards")
+                kernel = 16 if layout.value[:2] == (0, 1) else None  # kernel blocks need dense pages
+                groups = [vm.Group([L[0], L[2]], block_size=64, kernel_block_size=kernel, window=64),
+                          vm.Group([L[1], L[3]], block_size=64, kernel_block_size=kernel)]
+                engine = self.engine(groups, tp=2, layout=layout, overlay=i % 2 == 0, chunk=16)
+                data = truth(L, "packed", 80, seed=i)
+                request = self.capture(engine, data, prompt=50, output=31)
+                self.assertEqual([g["dtype"] for g in request.config["groups"]], ["bfloat16", "bfloat16"])
+                self.check_values(engine, request, data, same)
+
+    def test_two_kv_heads_packed_and_slots_share_a_shape(self):
+        """With 2 KV heads per rank, K|V packed per head and ROCm's K and V head slots are both
+        [B, 2, N, 2 * D]: only the spec tells them apart."""
+        for backend in (vm.FlashAttentionBackend, vm.RocmAttentionBackend):
+            with self.subTest(backend=backend.get_name()):
+                self.tmp.cleanup()
+                self.tmp = tempfile.TemporaryDirectory()
+                self.out = os.path.join(self.tmp.name, "shards")
+                engine = self.engine([vm.Group(L, backend=backend)], heads=2, dim=32)
+                shapes = {tuple(c.shape) for c in engine.workers[0].caches.values()}
+                self.assertEqual(shapes, {(40, 2, 16, 64)})
+                data = truth(L, "packed", 30, heads=2, dim=32)
+                request = self.capture(engine, data)
+
+                def same(entry, row, t, heads, truth_, p):
+                    for part in "kv":
+                        self.assertTrue(torch.equal(entry[part][row, :, t], truth_[part][heads, p]))
+                self.check_values(engine, request, data, same)
+
+    def test_skip_layers_keep_their_own_format(self):
+        """--kv-cache-dtype fp8 with layers 1 and 3 skipped: those layers' spec says bf16 (their
+        kv_quant_mode NONE), and the bundle says so, layer by layer."""
+        groups = [vm.Group([L[0], L[2]], cache_dtype="fp8"), vm.Group([L[1], L[3]], cache_dtype="auto")]
+        scales = {n: (0.5, 0.25) for n in L}
+        engine = self.engine(groups, scales=scales)
+        data = {**truth([L[0], L[2]], "packed_codes", 30), **truth([L[1], L[3]], "packed", 30)}
+        request = self.capture(engine, data)
+        formats = {n: g["dtype"] for g in request.config["groups"] for n in g["layer_names"]}
+        self.assertEqual(formats, {L[0]: "float8_e4m3fn", L[2]: "float8_e4m3fn", L[1]: "bfloat16", L[3]: "bfloat16"})
+        ranks = request.per_rank_kv()
+        self.assertEqual(float(ranks[0][L[0]]["k_scale"]), 0.5)
+        self.assertEqual(float(ranks[0][L[0]]["v_scale"]), 0.25)
+        self.assertNotIn("k_scale", ranks[0][L[1]])
+
+        def same(entry, row, t, heads, truth_, p):
+            for part in "kv":
+                got = entry[part][row, :, t]
+                want = truth_[part][heads, p]
+                self.assertTrue(torch.equal(got.view(torch.uint8) if got.dtype != torch.bfloat16 else got, want))
+        self.check_values(engine, request, data, same)
+
+    def test_per_token_head_int8_and_fp8(self):
+        for dtype, fmt, want_dtype in (("int8_per_token_head", "per_token_head_int8", "int8"),
+                                       ("fp8_per_token_head", "per_token_head_fp8", "float8_e4m3fn")):
+            with self.subTest(dtype=dtype):
+                self.tmp.cleanup()
+                self.tmp = tempfile.TemporaryDirectory()
+                self.out = os.path.join(self.tmp.name, "shards")
+                engine = self.engine([vm.Group(L, backend=vm.TritonAttentionBackend, cache_dtype=dtype)], tp=2)
+                data = truth(L, fmt, 30)
+                request = self.capture(engine, data)
+                self.assertEqual(request.config["groups"][0]["dtype"], want_dtype)
+
+                def same(entry, row, t, heads, truth_, p):
+                    for part in "kv":
+                        got = entry[part][row, :, t]
+                        want = truth_[part][heads, p]
+                        self.assertTrue(torch.equal(got.view(want.dtype), want))
+                        self.assertTrue(torch.equal(entry[part + "_scale"][row, :, t], truth_[part + "_scale"][heads, p]))
+                self.check_values(engine, request, data, same)
+
+    def test_int4_per_token_head(self):
+        engine = self.engine([vm.Group(L, backend=vm.TritonAttentionBackend, cache_dtype="int4_per_token_head")])
+        data = truth(L, "int4", 30)
+        request = self.capture(engine, data)
+        self.assertEqual(request.config["groups"][0]["dtype"], "int4_per_token_head")
+        ranks = request.per_rank_kv()
+        self.assertTrue(torch.equal(ranks[0][L[0]]["rht_signs"].float(), vm.rht_signs(DIM)))
+
+        def same(entry, row, t, heads, truth_, p):
+            for part in "kv":
+                self.assertTrue(torch.equal(entry[part][row, :, t], truth_[part][heads, p]))
+                self.assertTrue(torch.equal(entry[part + "_zero_point"][row, :, t], truth_[part + "_zp"][heads, p]))
+                # The scale as the kernel stored it, its low 4 bits (the zero point's) cleared.
+                want = (truth_[part + "_scale"][heads, p].view(torch.int32) & -16).view(torch.float32)
+                self.assertTrue(torch.equal(entry[part + "_scale"][row, :, t], want))
+        self.check_values(engine, request, data, same)
+
+    def test_nvfp4(self):
+        """FlashInfer's NVFP4 pages in the head-major layout: e2m1 codes, K's block scales in order and
+        V's swizzled for the SM100 kernels, the global scales from _k_scale / _v_scale."""
+        engine = self.engine([vm.Group(L, backend=vm.FlashInferBackend, cache_dtype="nvfp4")], tp=2,
+                             layout=vm.KVCacheLayout.LBHNC, scales={n: (2.0, 0.75) for n in L})
+        data = truth(L, "nvfp4", 30)
+        request = self.capture(engine, data)
+        self.assertEqual(request.config["groups"][0]["dtype"], "nvfp4")
+        ranks = request.per_rank_kv()
+        self.assertEqual((float(ranks[1][L[2]]["k_global_scale"]), float(ranks[1][L[2]]["v_global_scale"])),
+                         (2.0, 0.75))
+
+        def same(entry, row, t, heads, truth_, p):
+            for part in "kv":
+                self.assertTrue(torch.equal(entry[part][row, :, t], truth_[part][heads, p]))
+                self.assertTrue(torch.equal(entry[part + "_scale"][row, :, t], truth_[part + "_sf"][heads, p]), part)
+        self.check_values(engine, request, data, same)
+
+    def test_mla_latent_view(self):
+        engine = self.engine([vm.Group(L, backend=vm.FlashMLABackend, mla=True)], tp=2, mla_widths=(64, 16))
+        data = truth(L, "mla", 30, mla_width=80)
+        request = self.capture(engine, data)
+        group = request.config["groups"][0]
+        self.assertEqual((group["kv_lora_rank"], group["qk_rope_head_dim"]), (64, 16))
+
+        def same(entry, row, t, heads, truth_, p):
+            self.assertTrue(torch.equal(entry["latent"][row, t], truth_["latent"][p]))
+        self.check_values(engine, request, data, same)
+
+    def test_unknown_formats_refused_by_name_at_registration(self):
+        cases = [
+            (vm.Group(L, backend=vm.TurboQuantBackend, cache_dtype="turboquant_k8v4"), {},
+             "kv_quant_mode TURBOQUANT_K8V4 with None head slots of 64 bytes.*FullAttentionSpec"),
+            (vm.Group(L, backend=vm.FlashInferBackend, cache_dtype="nvfp4"), {"layout": vm.KVCacheLayout.LBNHC},
+             "NVFP4 pages only in a head-major layout"),
+        ]
+        for group, kwargs, message in cases:
+            with self.subTest(message=message), self.assertRaisesRegex(LayoutError, "layer model.layers.0.* " + message):
+                self.engine([group], **kwargs)
+
+    def test_view_that_is_not_its_spec_refused(self):
+        engine = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM)
+        worker = engine.workers[0]
+        caches = dict(worker.caches)
+        caches[L[1]] = caches[L[1]].float()
+        with self.assertRaisesRegex(LayoutError, r"layer model.layers.1.self_attn.attn: the cache is \(40, 4, 16, 128\) "
+                                                 r"float32, not the \[blocks, 4, tokens, 128\] bfloat16 view"):
+            RankCaches(worker.scheduler_kv_cache_config, worker.vllm_config, caches, worker.modules, 0, 0)
+        spec = worker.scheduler_kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        worker.scheduler_kv_cache_config.kv_cache_groups[0].kv_cache_spec = vm.replace(spec, tokens_per_state=4)
+        with self.assertRaisesRegex(LayoutError, "4 tokens per stored state.*tokens_per_state=4"):
+            RankCaches(worker.scheduler_kv_cache_config, worker.vllm_config, worker.caches, worker.modules, 0, 0)
+
+    def test_sharing_layers_left_out_of_the_connectors_config(self):
+        """Layer 3 shares layer 1's cache: the connector's config does not list it, vLLM registers
+        it as layer 1's tensor; the capture reads it once and names it."""
+        engine = self.engine([vm.Group(L)], alias={L[3]: L[1]})
+        self.assertNotIn(L[3], engine.workers[0].scheduler_kv_cache_config.kv_cache_groups[0].layer_names)
+        data = truth(L[:3], "packed", 30)
+        request = self.capture(engine, data)
+        self.assertEqual(request.config["kv_sharing"], {L[3]: L[1]})
+        ranks = request.per_rank_kv()
+        # Bit for bit (the slots no position wrote hold garbage, NaNs among it).
+        self.assertTrue(torch.equal(ranks[0][L[3]]["k"].view(torch.int16), ranks[0][L[1]]["k"].view(torch.int16)))
+
+    def test_registration_again_reads_the_new_caches(self):
+        """Model Runner V2 may initialise its KV cache again: the connector reads the new buffer."""
+        engine = self.engine([vm.Group(L)])
+        first = engine.workers[0].connector._rank_caches()
+        engine.initialize_kv_cache(engine.workers[0])
+        second = engine.workers[0].connector._rank_caches()
+        self.assertIsNot(first, second)
+        self.assertEqual(second.caches[L[0]].data_ptr(), engine.workers[0].caches[L[0]].data_ptr())
+        data = truth(L, "packed", 30)
+        request = self.capture(engine, data)
+
+        def same(entry, row, t, heads, truth_, p):
+            self.assertTrue(torch.equal(entry["k"][row, :, t], truth_["k"][heads, p]))
+        self.check_values(engine, request, data, same)
+
+    def test_suffixed_request_ids_name_prompts_by_the_users_id(self):
+        engine = self.engine([vm.Group(L)], extra={"requests": ["cmpl-"]})
+        data = truth(L, "packed", 31)
+        ids = [engine.add_request(ext, list(range(20)), list(range(100, 111)), data) for ext in ("cmpl-a", "other")]
+        engine.run()
+        for w in engine.workers:
+            w.connector._writer.flush(30)
+        for rid in ids:
+            self.assertRegex(rid, r"-[0-9a-f]{8}$")
+        shards = ShardSet(self.out)
+        self.assertEqual([r.request_id for r in shards.requests], [ids[0]])  # "other" not asked for
+        reference = ReferenceModel(data, L)
+        written = bundle_from_shards(self.out, os.path.join(self.tmp.name, "b.h5"), reference, log=lambda _: None)
+        self.assertEqual(written, ["cmpl-a"])
+
+
+class ReferenceModel:
+    """An HF-interface model whose cache holds the engine's KV (enough to write a bundle)."""
+
+    def __init__(self, data, names):
+        self.kv = [(data[n]["k"], data[n]["v"]) for n in names]
+
+    def __call__(self, input_ids, past_key_values=None, use_cache=True):
+        import types
+        n = input_ids.shape[1]
+        layers = [types.SimpleNamespace(keys=k[None, :, :n], values=v[None, :, :n]) for k, v in self.kv]
+        logits = torch.randn(1, n, 16, generator=torch.Generator().manual_seed(n))
+        return types.SimpleNamespace(logits=logits, past_key_values=types.SimpleNamespace(layers=layers))
+
+
+class WorkerExtensionOnBothRunners(unittest.TestCase):
+    def llm(self, engine):
+        worker_cls = type("Worker", (KvscopeWorkerExtension,), {})
+        workers = []
+        for w in engine.workers:
+            obj = worker_cls()
+            obj.vllm_config, obj.model_runner, obj.place = w.vllm_config, w.model_runner, w
+            workers.append(obj)
+        return workers
+
+    def rpc(self, engine, workers, method, *args):
+        return [engine.call(w.place, getattr(w, method), *args) for w in workers]
+
+    def test_block_ids_from_the_scheduler_output_with_preemption(self):
+        """Both runners: the blocks followed from each step's SchedulerOutput, a preempted request's
+        list replaced when it resumes, and the last step's request kept after it finished."""
+        for runner in ("v1", "v2"):
+            with self.subTest(runner=runner):
+                engine = vm.Engine([vm.Group(L[:2]), vm.Group(L[2:], window=32)], total_heads=HEADS, head_size=DIM,
+                                   runner=runner, chunk=8)
+                workers = self.llm(engine)
+                self.rpc(engine, workers, "enable_block_table_snapshots")
+                data = truth(L, "packed", 40)
+                rid = engine.add_request("r", list(range(30)), list(range(100, 111)), data)
+                for _ in range(3):
+                    engine.step()
+                engine.preempt(rid)
+                engine.run()
+                (ids,) = {tuple(x) for x in self.rpc(engine, workers, "get_request_ids")}
+                self.assertEqual(ids, (rid,))
+                final = engine.requests[rid].block_ids
+                tables = self.rpc(engine, workers, "get_block_tables")[0]
+                from kvscope_capture.tensors import load_torch_bytes
+                for g, raw in enumerate(tables):
+                    table = load_torch_bytes(raw, "table")
+                    self.assertEqual(table[0].tolist(), final[g])
+                caches = self.rpc(engine, workers, "get_kv_caches")[0]
+                entry = load_torch_bytes(caches[L[0]], "kv")
+                for p in range(40):
+                    row = entry["block_ids"].index(final[0][p // 16])
+                    self.assertTrue(torch.equal(entry["k"][row, :, p % 16], data[L[0]]["k"][:, p]))
+
+    def test_v2_without_snapshots_says_what_to_do(self):
+        engine = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM, runner="v2")
+        workers = self.llm(engine)
+        with self.assertRaisesRegex(RuntimeError, "Model Runner V2.*enable_block_table_snapshots"):
+            self.rpc(engine, workers, "get_block_tables")
+        self.assertIn("KvscopeConnector", _V2_NEEDS_SNAPSHOTS)
+
+    def test_v1_without_snapshots_reads_its_requests(self):
+        engine = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM, runner="v1")
+        workers = self.llm(engine)
+        data = truth(L, "packed", 30)
+        rid = engine.add_request("r", list(range(20)), list(range(100, 111)), data)
+        for _ in range(4):
+            engine.step()
+        self.assertEqual(self.rpc(engine, workers, "get_request_ids")[0], [rid])
+
+
+def _offloading_class():
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, SupportsHMA
+
+    class Offloading(KVConnectorBase_V1, SupportsHMA):
+        saved = []
+
+        def __init__(self, vllm_config, role, kv_cache_config):
+            super().__init__(vllm_config, role, kv_cache_config)
+            self._pending, self._saving = [], {}
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return 0, False
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            return None
+
+        def build_connector_meta(self, scheduler_output):
+            meta = KVConnectorMetadata()
+            meta.requests, self._pending = self._pending, []
+            return meta
+
+        def request_finished(self, request, block_ids):
+            return self.request_finished_all_groups(request, (block_ids,))
+
+        def request_finished_all_groups(self, request, block_ids):
+            self._pending.append(request.request_id)
+            return True, {"offloaded": True}
+
+        def start_load_kv(self, forward_context, **kwargs):
+            for rid in getattr(self._get_connector_metadata(), "requests", []):
+                self._saving[rid] = 2
+
+        def wait_for_layer_load(self, layer_name):
+            return None
+
+        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+            return None
+
+        def wait_for_save(self):
+            return None
+
+        def get_finished(self, finished_req_ids):
+            done = set()
+            for rid in list(self._saving):
+                self._saving[rid] -= 1
+                if self._saving[rid] == 0:
+                    done.add(rid)
+                    del self._saving[rid]
+                    Offloading.saved.append(rid)
+            return done or None, None
+
+    return Offloading
+
+
+Offloading = _offloading_class()  # MultiConnector builds it by module path and name
+
+
+class BesideOtherConnectors(unittest.TestCase):
+    def test_inside_multiconnector_beside_an_offloading_connector(self):
+        """kvscope's connector in vLLM's MultiConnector next to an asynchronous saver: both hold the
+        request, its blocks are freed once both report, and the shards hold its KV."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "shards")
+            extra = {"connectors": [
+                {"kv_connector": "Offloading", "kv_connector_module_path": "test_vllm_main", "kv_role": "kv_both"},
+                {"kv_connector": "KvscopeConnector", "kv_connector_module_path": "kvscope_capture.vllm.connector",
+                 "kv_role": "kv_producer", "kv_connector_extra_config": {"output_dir": out}}]}
+            engine = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM, tp=2,
+                               connector=(MultiConnector, extra))
+            data = truth(L, "packed", 30)
+            rid = engine.add_request("r", list(range(20)), list(range(100, 111)), data)
+            free_before = len(engine.free)
+            steps = engine.run()
+            self.assertEqual(engine.finished_pending, set())
+            self.assertEqual(len(engine.free), free_before)  # every block back in the pool
+            self.assertIn(rid, Offloading.saved)
+            for w in engine.workers:
+                w.connector._connectors[1]._writer.flush(30)
+            request = ShardSet(out).requests[0]
+            self.assertEqual(request.request_id, rid)
+            ranks = request.per_rank_kv()
+            p = 25
+            row = ranks[1][L[2]]["block_ids"].index(request.block_ids[0][p // 16])
+            self.assertTrue(torch.equal(ranks[1][L[2]]["v"][row, :, p % 16], data[L[2]]["v"][[2, 3], p]))
+            self.assertGreater(steps, 0)
+
+
+class OffTheEnginesStep(unittest.TestCase):
+    def test_full_queue_skips_and_counts_never_waits(self):
+        """A writer that cannot write (a stalled disk): start_load_kv still returns, the queue of
+        two fills, later requests are skipped, counted and named, and every request's blocks are
+        released to the engine."""
+        import kvscope_capture.vllm.shard_queue as sq
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "shards")
+            started, gate = threading.Event(), threading.Event()
+            real = sq.write_shard
+
+            def stalled(*args):
+                started.set()
+                gate.wait(60)
+                return real(*args)
+
+            sq.write_shard = stalled
+            try:
+                engine = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM,
+                                   connector=(KvscopeConnector, {"output_dir": out, "max_pending_requests": 2}))
+            finally:
+                sq.write_shard = real
+            data = truth(L, "packed", 31)
+            ids = [engine.add_request("r0", list(range(20)), list(range(100, 111)), data)]
+            engine.run()
+            self.assertTrue(started.wait(30))  # the first is being written, and stays so
+            ids += [engine.add_request(f"r{i}", list(range(20)), list(range(100, 111)), data) for i in range(1, 5)]
+            engine.run()
+            self.assertEqual(engine.finished_pending, set())
+            writer = engine.workers[0].connector._writer
+            self.assertEqual(writer.skipped, 2)  # two wait in the queue, two did not fit
+            gate.set()
+            self.assertTrue(writer.flush(30))
+            shards = ShardSet(out)
+            self.assertEqual(len(shards.requests), 3)
+            self.assertEqual(len(shards.incomplete), 2)
+            for why in shards.incomplete.values():
+                self.assertIn("queue was full (max_pending_requests 2)", why)
+            self.assertEqual(sorted([r.request_id for r in shards.requests] + list(shards.incomplete)), sorted(ids))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,754 @@
+"""A stand-in for vLLM's main branch of late 2026, after the KV cache layout refactor (#51718, merged
+after 2026-08-19), written from its sources:
+  vllm/v1/kv_cache_interface.py and vllm/v1/kv_cache_layout.py (vllm-project/vllm @ 14f7a27c and
+  e78684ec; the refactored interface as in the copy of @ 71bbe391): specs with num_head_slots,
+  state_content_bytes, kv_quant_mode; KVCacheTensor(size, layers, layer_stride, block_stride,
+  offset) over one int8 buffer; create_kv_cache_views' [B, H, N, C] strided views;
+  the backends' customize_spec (FlashInfer NVFP4, Triton per-token-head, ROCM_ATTN, MLA);
+  vllm/v1/core/sched/output.py (@ fc79393b): NewRequestData, CachedRequestData with
+  resumed_req_ids, SchedulerOutput;
+  both model runners: vllm/v1/worker/gpu_model_runner.py (requests[id].block_ids) and Model Runner
+  V2, vllm/v1/worker/gpu/model_runner.py (req_states and GPU block tables, no block ids per request
+  in Python; registers its caches with the connector in initialize_kv_cache);
+  request ids suffixed "-<8 hex>" (vllm/v1/engine/input_processor.py, assign_request_id);
+  layers sharing another's cache left out of the connector's config and registered as the
+  target's tensor.
+The KV is written into the caches the way the kernels write it (reshape_and_cache, the per-token-
+head, int4 and NVFP4 kernels), by code written here, independently of kvscope_capture's reading.
+TP ranks are simulated; one pipeline stage."""
+
+import copy
+import enum
+import os
+import sys
+import types
+import uuid
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_vllm"))
+
+from vllm.distributed import parallel_state  # noqa: E402  (the stand-in)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.attention.ops.triton_quant_kv._hadamard import _get_rht_signs  # noqa: E402
+
+
+# --- vllm/v1/kv_cache_interface.py ------------------------------------------------------------------
+class KVQuantMode(enum.IntEnum):
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4
+    NVFP4 = 5
+    TURBOQUANT_K8V4 = 6
+    TURBOQUANT_4BIT_NC = 7
+    TURBOQUANT_K3V4_NC = 8
+    TURBOQUANT_3BIT_NC = 9
+    NVFP4_DS_MLA = 10
+
+
+def get_kv_quant_mode(kv_cache_dtype):
+    if kv_cache_dtype in ("int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"):
+        return KVQuantMode[kv_cache_dtype.upper()]
+    if kv_cache_dtype == "nvfp4_ds_mla":
+        return KVQuantMode.NVFP4_DS_MLA
+    if kv_cache_dtype.startswith("nvfp4"):
+        return KVQuantMode.NVFP4
+    if kv_cache_dtype.startswith("turboquant_"):
+        return KVQuantMode[kv_cache_dtype.upper()]
+    if kv_cache_dtype.startswith("fp8"):
+        return KVQuantMode.FP8_PER_TENSOR
+    return KVQuantMode.NONE
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSpec:
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype
+    head_size_v: int = None
+    kv_quant_mode: KVQuantMode = KVQuantMode.NONE
+    page_size_padded: int = None
+    num_head_slots: int = None
+    state_content_bytes: int = None
+    tokens_per_state: int = 1
+
+    def __post_init__(self):
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", self.head_size)
+
+    @property
+    def num_heads(self):
+        return self.num_head_slots if self.num_head_slots is not None else self.num_kv_heads
+
+    @property
+    def state_content_size_bytes(self):
+        if self.state_content_bytes is not None:
+            return self.state_content_bytes
+        return (self.head_size + self.head_size_v) * torch.tensor([], dtype=self.dtype).element_size()
+
+    def get_num_kernel_states(self, kernel_block_size):
+        return kernel_block_size // self.tokens_per_state
+
+    @property
+    def page_size_bytes(self):
+        return self.num_heads * self.get_num_kernel_states(self.block_size) * self.state_content_size_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullAttentionSpec(AttentionSpec):
+    sliding_window: int = None
+    attention_chunk_size: int = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
+    sliding_window: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    cache_dtype_str: str = None
+
+    def __post_init__(self):
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", 0)  # one latent, no separate V
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    block_size: int
+    shapes: tuple
+    dtypes: tuple
+    num_heads: int = 1
+
+
+@dataclass
+class KVCacheTensor:
+    size: int
+    layers: list
+    layer_stride: int
+    block_stride: int
+    offset: int = 0
+
+
+@dataclass
+class KVCacheGroupSpec:
+    layer_names: list
+    kv_cache_spec: object
+
+
+@dataclass
+class KVCacheConfig:
+    num_blocks: int
+    kv_cache_tensors: list
+    kv_cache_groups: list
+    kv_cache_layout: str = None
+
+
+# --- vllm/v1/kv_cache_layout.py: stride orders of the logical [L, B, H, N, C] -------------------------
+class KVCacheLayout(enum.Enum):
+    LBHNC = (0, 1, 2, 3, 4)
+    LBNHC = (0, 1, 3, 2, 4)
+    LHBNC = (0, 2, 1, 3, 4)
+    BLHNC = (1, 0, 2, 3, 4)
+    BLNHC = (1, 0, 3, 2, 4)
+    BHLNC = (1, 2, 0, 3, 4)
+
+
+def layer_shape_bytes(spec, num_blocks, kernel_block_size):
+    """compute_layer_kv_cache_shape_bytes: (B, H, N, C) with C in bytes."""
+    return (num_blocks * (spec.block_size // kernel_block_size), spec.num_heads,
+            spec.get_num_kernel_states(kernel_block_size), spec.state_content_size_bytes)
+
+
+def layout_strides(shape, layout, fixed=(None,) * 5):
+    """compute_layout_strides: byte strides of [L, B, H, N, C], innermost physical axis first."""
+    strides, running = [0] * 5, 1
+    for dim in reversed(layout.value):
+        strides[dim] = fixed[dim] or running
+        running = strides[dim] * shape[dim]
+    return strides
+
+
+def views_of(raw, spec, num_blocks, layout, tensor, kernel_block_size):
+    """create_kv_cache_views: each layer of `tensor` as a [B, H, N, C] view of `raw` in the spec's dtype."""
+    shape = layer_shape_bytes(spec, num_blocks, kernel_block_size)
+    ratio = shape[0] // num_blocks
+    block_stride = tensor.block_stride // ratio
+    full = (len(tensor.layers),) + shape
+    strides = layout_strides(full, layout, (tensor.layer_stride, block_stride, None, None, None))
+    view = torch.as_strided(raw, full, strides, raw.storage_offset() + tensor.offset)
+    return [view[i].view(spec.dtype) for i in range(len(tensor.layers))]
+
+
+# --- attention backends' customize_spec (vllm/v1/attention/backends/*.py) ---------------------------
+class FlashAttentionBackend:
+    @staticmethod
+    def get_name():
+        return "FLASH_ATTN"
+
+    @classmethod
+    def customize_spec(cls, spec):
+        return spec
+
+
+class FlashInferBackend(FlashAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "FLASHINFER"
+
+    @classmethod
+    def customize_spec(cls, spec):
+        if spec.kv_quant_mode != KVQuantMode.NVFP4:
+            return spec
+        full_dim = spec.head_size // 2 + spec.head_size // 16  # nvfp4_kv_cache_full_dim
+        return replace(spec, num_head_slots=2 * spec.num_kv_heads, state_content_bytes=full_dim)
+
+
+class TritonAttentionBackend(FlashAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "TRITON_ATTN"
+
+    @classmethod
+    def customize_spec(cls, spec):
+        if spec.kv_quant_mode not in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD,
+                                      KVQuantMode.INT4_PER_TOKEN_HEAD):
+            return spec
+        k, v = spec.head_size, spec.head_size_v
+        if spec.kv_quant_mode == KVQuantMode.INT4_PER_TOKEN_HEAD:
+            k, v = k // 2, v // 2
+        return replace(spec, state_content_bytes=(k + v) + 2 * 4)  # inline fp32 scale after each side
+
+
+class RocmAttentionBackend(FlashAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "ROCM_ATTN"
+
+    @classmethod
+    def customize_spec(cls, spec):
+        size = torch.tensor([], dtype=spec.dtype).element_size()
+        return replace(spec, num_head_slots=2, state_content_bytes=spec.num_kv_heads * spec.head_size * size)
+
+
+class TurboQuantBackend(FlashAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "TURBOQUANT"
+
+    @classmethod
+    def customize_spec(cls, spec):
+        return replace(spec, state_content_bytes=spec.head_size)
+
+
+class FlashMLABackend(FlashAttentionBackend):
+    @staticmethod
+    def get_name():
+        return "FLASHMLA"
+
+    @classmethod
+    def customize_spec(cls, spec):
+        if spec.cache_dtype_str == "fp8_ds_mla":
+            return replace(spec, state_content_bytes=656)
+        return spec
+
+
+# --- the kernels that write a token's KV (reshape_and_cache and the quantised modes) -------------------
+def _bytes(t):
+    return t.contiguous().view(torch.uint8)
+
+
+def write_token(fmt, cache, kb, t, data, head_size):
+    """Writes one token's data into kernel block kb, slot t, of a layer's [B, H, N, C] view.
+    data: per format (see Engine._token_data): K and V of this rank's heads, codes and scales."""
+    d = head_size
+    if fmt == "packed":
+        cache[kb, :, t, :d] = data["k"].to(cache.dtype)
+        cache[kb, :, t, d:2 * d] = data["v"].to(cache.dtype)
+    elif fmt == "packed_codes":  # fp8 per tensor: the codes, as uint8
+        cache[kb, :, t, :d] = data["k"]
+        cache[kb, :, t, d:2 * d] = data["v"]
+    elif fmt == "kv_slots":  # ROCM_ATTN: slot 0 every head's K, slot 1 V
+        cache[kb, 0, t, :] = data["k"].reshape(-1).to(cache.dtype)
+        cache[kb, 1, t, :] = data["v"].reshape(-1).to(cache.dtype)
+    elif fmt == "per_token_head":  # [K | K scale f32 | V | V scale f32], the view's dtype int8 or uint8
+        raw = cache.view(torch.uint8)
+        for h in range(data["k"].shape[0]):
+            raw[kb, h, t, :d] = _bytes(data["k"][h])
+            raw[kb, h, t, d:d + 4] = _bytes(data["k_scale"][h:h + 1])
+            raw[kb, h, t, d + 4:2 * d + 4] = _bytes(data["v"][h])
+            raw[kb, h, t, 2 * d + 4:] = _bytes(data["v_scale"][h:h + 1])
+    elif fmt == "int4":  # _reshape_cache_int4_kernel: nibbles (even low), scale bits with the zero point
+        half = d // 2
+        for h in range(data["k"].shape[0]):
+            for side, start in (("k", 0), ("v", half + 4)):
+                q = data[side][h].to(torch.int32)
+                packed = (q[0::2] & 0xF) | ((q[1::2] & 0xF) << 4)
+                cache[kb, h, t, start:start + half] = packed.to(torch.uint8)
+                bits = data[side + "_scale"][h:h + 1].view(torch.int32)
+                bits = (bits & -16) | (data[side + "_zp"][h:h + 1].to(torch.int32) & 0xF)
+                cache[kb, h, t, start + half:start + half + 4] = _bytes(bits)
+    elif fmt == "nvfp4":  # reshape_and_cache_nvfp4: per page K data | K scales | V data | V scales(swizzled)
+        heads = data["k"].shape[0]
+        page = cache[kb].view(-1)  # a head-major page is contiguous
+        tokens, width = cache.shape[2], cache.shape[3]
+        groups = d // 16
+        side_bytes = heads * tokens * width
+        for i, side in enumerate("kv"):
+            base = i * side_bytes
+            for h in range(heads):
+                q = data[side][h].to(torch.int32)
+                packed = ((q[0::2] & 0xF) | ((q[1::2] & 0xF) << 4)).to(torch.uint8)
+                start = base + (h * tokens + t) * (d // 2)
+                page[start:start + d // 2] = packed
+                scales = base + heads * tokens * (d // 2) + h * tokens * groups
+                sf = data[side + "_sf"][h]
+                if side == "k":
+                    page[scales + t * groups:scales + (t + 1) * groups] = sf
+                else:
+                    # [T//4, 4, 4, S//4] permuted (0, 2, 3, 1): the SM100 trtllm-gen order
+                    linear = torch.full((tokens, groups), -1, dtype=torch.int64)
+                    linear[t] = torch.arange(groups)
+                    order = linear.reshape(tokens // 4, 4, 4, groups // 4).permute(0, 2, 3, 1).reshape(-1)
+                    for at, s in enumerate(order.tolist()):
+                        if s >= 0:
+                            page[scales + at] = sf[s]
+    elif fmt == "mla":
+        cache[kb, 0, t, :] = data["latent"].to(cache.dtype) if cache.dtype != torch.uint8 else data["latent"]
+    else:
+        raise AssertionError(fmt)
+
+
+# --- the engine's objects -----------------------------------------------------------------------------
+class AttentionLayer(torch.nn.Module):
+    """vllm's Attention layer: its cache (bind_kv_cache stores the view as is), backend and scales."""
+
+    def __init__(self, backend, k_scale=1.0, v_scale=1.0, target=None):
+        super().__init__()
+        self.attn_backend = backend
+        self.kv_sharing_target_layer_name = target
+        self.kv_cache = torch.tensor([])
+        self._k_scale = torch.tensor(k_scale, dtype=torch.float32)
+        self._v_scale = torch.tensor(v_scale, dtype=torch.float32)
+
+    def get_attn_backend(self):
+        return self.attn_backend
+
+
+@dataclass
+class Group:
+    """One KV cache group: its layers, attention backend, spec type and format."""
+    layer_names: list
+    backend: type = FlashAttentionBackend
+    block_size: int = 16
+    kernel_block_size: int = None
+    window: int = None
+    mla: bool = False
+    mamba: bool = False
+    cache_dtype: str = "auto"  # this group's --kv-cache-dtype (skip layers: "auto")
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list
+    block_ids: tuple
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    req_ids: list = field(default_factory=list)
+    resumed_req_ids: set = field(default_factory=set)
+    new_token_ids: list = field(default_factory=list)
+    all_token_ids: dict = field(default_factory=dict)
+    new_block_ids: list = field(default_factory=list)
+    num_computed_tokens: list = field(default_factory=list)
+    num_output_tokens: list = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict
+    finished_req_ids: set
+    preempted_req_ids: set = None
+    kv_connector_metadata: object = None
+
+
+class GPUModelRunner:
+    """vllm/v1/worker/gpu_model_runner.py: requests[id].block_ids, extended by new_block_ids,
+    replaced for a request resumed from preemption."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.requests = {}
+        self.kv_cache_config = None
+
+    def _update_states(self, out):
+        for rid in out.finished_req_ids:
+            self.requests.pop(rid, None)
+        for new in out.scheduled_new_reqs:
+            self.requests[new.req_id] = types.SimpleNamespace(block_ids=tuple(list(g) for g in new.block_ids))
+        cached = out.scheduled_cached_reqs
+        for rid, ids in zip(cached.req_ids, cached.new_block_ids):
+            if ids is None:
+                continue
+            if rid in cached.resumed_req_ids:
+                self.requests[rid].block_ids = tuple(list(g) for g in ids)
+            else:
+                for g, more in zip(self.requests[rid].block_ids, ids):
+                    g.extend(more)
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        self._update_states(scheduler_output)
+        self.worker.forward(scheduler_output, lambda rid: self.requests[rid].block_ids)
+
+
+class GPUModelRunnerV2:
+    """vllm/v1/worker/gpu/model_runner.py: req_states and block_tables (GPU tensors: nothing that
+    lists a request's block ids in Python)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.req_states = types.SimpleNamespace(req_id_to_index={})
+        self._gpu_block_table = {}  # stands for BlockTables' device tensors
+        self.block_tables = types.SimpleNamespace()
+        self.kv_cache_config = None
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
+                      skip_attn_for_dummy_run=False, is_profile=False, context_len=0):
+        out = scheduler_output
+        for rid in out.finished_req_ids | (out.preempted_req_ids or set()):
+            self._gpu_block_table.pop(rid, None)
+            self.req_states.req_id_to_index.pop(rid, None)
+        for new in out.scheduled_new_reqs:
+            self._gpu_block_table[new.req_id] = tuple(list(g) for g in new.block_ids)
+            self.req_states.req_id_to_index[new.req_id] = len(self.req_states.req_id_to_index)
+        cached = out.scheduled_cached_reqs
+        for rid, ids in zip(cached.req_ids, cached.new_block_ids):
+            if ids is None:
+                continue
+            if rid in cached.resumed_req_ids or rid not in self._gpu_block_table:
+                self._gpu_block_table[rid] = tuple(list(g) for g in ids)
+            else:
+                for g, more in zip(self._gpu_block_table[rid], ids):
+                    g.extend(more)
+        self.worker.forward(out, lambda rid: self._gpu_block_table[rid])
+
+
+class Engine:
+    """tp workers of one model, a scheduler with one block pool (block 0 the null block), chunked
+    prefill, preemption, and a KV connector's life cycle.
+
+    groups: [Group]; total_heads KV heads of head_size; layout: the KVCacheLayout the engine core
+    resolved; runner "v1" or "v2"; overlay: the groups' tensors share bytes (the hybrid allocator's
+    pool), else they follow each other at offsets; alias: {layer: target} sharing caches; scales:
+    {layer: (k_scale, v_scale)}; connector: (class, kv_transfer_config's extra config) or None."""
+
+    def __init__(self, groups, total_heads=4, head_size=16, tp=1, num_blocks=40, layout=KVCacheLayout.LBNHC,
+                 runner="v2", overlay=True, alias=None, scales=None, connector=None, chunk=None, seed=0,
+                 mla_widths=None, dtype=torch.bfloat16):
+        self.groups, self.total_heads, self.head_size, self.tp = groups, total_heads, head_size, tp
+        self.num_blocks, self.layout, self.runner_kind, self.overlay = num_blocks, layout, runner, overlay
+        self.alias, self.scales, self.chunk, self.dtype = alias or {}, scales or {}, chunk, dtype
+        self.mla_widths = mla_widths or (head_size - 8, 8)
+        self.rng = np.random.default_rng(seed)
+        self.free = [int(b) for b in self.rng.permutation(np.arange(1, num_blocks))]
+        self.layers = [n for g in groups for n in g.layer_names]
+        self.connector_spec = connector
+        self.requests = {}
+        self.truth = {}
+        self.step_count = 0
+        self.finished_pending = set()  # finished, held by the connector
+        self.workers = [self._worker(rank) for rank in range(tp)]
+        self.scheduler_connector = None
+        if connector is not None:
+            cls, _ = connector
+            self.scheduler_connector = cls(self.workers[0].vllm_config, KVConnectorRole.SCHEDULER,
+                                           self.workers[0].scheduler_kv_cache_config)
+        for worker in self.workers:
+            self.initialize_kv_cache(worker)
+
+    # -- specs and caches -------------------------------------------------------------------------------
+    def heads_of_rank(self, rank):
+        if self.total_heads >= self.tp:
+            per = self.total_heads // self.tp
+            return list(range(rank * per, (rank + 1) * per))
+        return [rank // (self.tp // self.total_heads)]
+
+    def spec_of(self, group):
+        heads = 1 if group.mla else max(1, self.total_heads // self.tp)
+        mode = get_kv_quant_mode(group.cache_dtype)
+        dtype = {KVQuantMode.NONE: self.dtype, KVQuantMode.INT8_PER_TOKEN_HEAD: torch.int8}.get(mode, torch.uint8)
+        if group.mamba:
+            return MambaSpec(group.block_size, ((3, 8), (4, 8, 2)), (torch.float32, torch.float32))
+        if group.mla:
+            spec = MLAAttentionSpec(block_size=group.block_size, num_kv_heads=1, head_size=sum(self.mla_widths),
+                                    dtype=dtype, kv_quant_mode=mode, cache_dtype_str=group.cache_dtype)
+        elif group.window:
+            spec = SlidingWindowSpec(block_size=group.block_size, num_kv_heads=heads, head_size=self.head_size,
+                                     dtype=dtype, kv_quant_mode=mode, sliding_window=group.window)
+        else:
+            spec = FullAttentionSpec(block_size=group.block_size, num_kv_heads=heads, head_size=self.head_size,
+                                     dtype=dtype, kv_quant_mode=mode)
+        return group.backend.customize_spec(spec)
+
+    def _worker(self, rank):
+        groups = [KVCacheGroupSpec([n for n in g.layer_names if n not in self.alias], self.spec_of(g))
+                  for g in self.groups]
+        cache_config = types.SimpleNamespace(cache_dtype=self.groups[0].cache_dtype,
+                                             block_size=self.groups[0].block_size,
+                                             kv_cache_dtype_skip_layers=[], kv_cache_layout=self.layout.name)
+        modules = {}
+        for g in self.groups:
+            for name in g.layer_names:
+                k_scale, v_scale = self.scales.get(name, (1.0, 1.0))
+                modules[name] = AttentionLayer(g.backend, k_scale, v_scale, self.alias.get(name))
+        extra = self.connector_spec[1] if self.connector_spec else {}
+        vllm_config = types.SimpleNamespace(
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=self.tp, pipeline_parallel_size=1,
+                                                  decode_context_parallel_size=1),
+            cache_config=cache_config,
+            model_config=types.SimpleNamespace(get_total_num_kv_heads=lambda: self.total_heads,
+                                               hf_text_config=types.SimpleNamespace(
+                                                   kv_lora_rank=self.mla_widths[0],
+                                                   qk_rope_head_dim=self.mla_widths[1])),
+            compilation_config=types.SimpleNamespace(static_forward_context=modules),
+            kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config=extra))
+        worker = types.SimpleNamespace(tp_rank=rank, pp_rank=0, vllm_config=vllm_config, modules=modules,
+                                       scheduler_kv_cache_config=None, connector=None, caches={})
+        worker.scheduler_kv_cache_config = self._allocation(groups)
+        worker.forward = lambda out, block_ids_of, w=worker: self._forward(w, out, block_ids_of)
+        worker.model_runner = (GPUModelRunnerV2 if self.runner_kind == "v2" else GPUModelRunner)(worker)
+        return worker
+
+    def _allocation(self, groups):
+        """The engine core's KVCacheConfig: one KVCacheTensor per group over one buffer; the groups'
+        tensors overlay (layer i of each group shares bytes) or follow each other."""
+        tensors, offset, end = [], 0 if self.overlay else 4096, 0
+        for g, group in zip(self.groups, groups):
+            spec = group.kv_cache_spec
+            if group.layer_names == [] or isinstance(spec, MambaSpec):
+                continue
+            kernel = g.kernel_block_size or g.block_size
+            shape = (len(group.layer_names),) + layer_shape_bytes(spec, self.num_blocks, kernel)
+            strides = layout_strides(shape, self.layout)
+            ratio = g.block_size // kernel
+            size = sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+            tensors.append(KVCacheTensor(size=0, layers=list(group.layer_names), layer_stride=strides[0],
+                                         block_stride=strides[1] * ratio, offset=offset))
+            end = max(end, offset + size)
+            if not self.overlay:
+                offset = -(-end // 512) * 512
+        for t in tensors:
+            t.size = end  # one backing allocation
+        return KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups,
+                             kv_cache_layout=self.layout.name)
+
+    def initialize_kv_cache(self, worker):
+        """allocate_kv_cache + bind_kv_cache + the connector's registration, as the runners do in
+        initialize_kv_cache. May run again (Model Runner V2 re-initialising)."""
+        config = worker.scheduler_kv_cache_config
+        size = config.kv_cache_tensors[0].size if config.kv_cache_tensors else 0
+        raw = torch.randint(-128, 127, (-(-size // 4096) * 4096,), dtype=torch.int8)  # others' garbage
+        caches = {}
+        for g, group in zip(self.groups, config.kv_cache_groups):
+            tensor = next((t for t in config.kv_cache_tensors if t.layers == group.layer_names), None)
+            if tensor is None:
+                continue
+            views = views_of(raw, group.kv_cache_spec, self.num_blocks, self.layout, tensor,
+                             g.kernel_block_size or g.block_size)
+            caches.update(zip(tensor.layers, views))
+        for name, target in self.alias.items():
+            caches[name] = caches[target]
+        for name, module in worker.modules.items():
+            module.kv_cache = caches.get(name, module.kv_cache)
+        runner_config = copy.deepcopy(config)  # the runner's copy lists the sharing layers too
+        for name, target in self.alias.items():
+            for group in runner_config.kv_cache_groups:
+                if target in group.layer_names:
+                    group.layer_names.append(name)
+        worker.model_runner.kv_cache_config = runner_config
+        worker.raw, worker.caches = raw, caches
+        if self.connector_spec is not None:
+            cls, _ = self.connector_spec
+            if worker.connector is None:
+                worker.connector = self.call(worker, cls, worker.vllm_config, KVConnectorRole.WORKER, config)
+            self.call(worker, worker.connector.register_kv_caches, dict(caches))
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def add_request(self, external_id, prompt, output, kv):
+        """kv: the engine's KV of every position (Engine docs: per layer, per format)."""
+        rid = f"{external_id}-{uuid.uuid4().hex[:8]}"
+        self.requests[rid] = types.SimpleNamespace(
+            request_id=rid, external_req_id=external_id, prompt_token_ids=list(prompt), output_token_ids=list(output),
+            num_computed_tokens=0, block_ids=None, new=True, resumed=False, done=False)
+        self.truth[rid] = kv
+        return rid
+
+    def _allocate(self, request, upto):
+        groups = request.block_ids or tuple([] for _ in self.groups)
+        added = []
+        for g, ids in zip(self.groups, groups):
+            need = -(-upto // g.block_size) - len(ids)
+            new = [self.free.pop() for _ in range(max(0, need))]
+            ids.extend(new)
+            added.append(new)
+        request.block_ids = groups
+        return tuple(added)
+
+    def preempt(self, rid):
+        """The request gives its blocks back and will recompute from the start (vLLM's recompute)."""
+        request = self.requests[rid]
+        self.free[:0] = [b for g in request.block_ids for b in g if b > 0]
+        request.block_ids, request.num_computed_tokens, request.resumed = None, 0, True
+        self._preempted = getattr(self, "_preempted", set()) | {rid}
+
+    def schedule(self, finished):
+        new, cached, scheduled = [], CachedRequestData(), {}
+        for rid, request in self.requests.items():
+            if request.done:
+                continue
+            total = len(request.prompt_token_ids) + len(request.output_token_ids) - 1  # written positions
+            if request.num_computed_tokens >= total:
+                continue
+            prompt = len(request.prompt_token_ids)
+            if request.num_computed_tokens < prompt:  # prefill, in chunks when chunked
+                n = min(prompt, total) - request.num_computed_tokens
+                n = min(n, self.chunk) if self.chunk else n
+            else:
+                n = 1  # decode
+            upto = request.num_computed_tokens + n
+            added = self._allocate(request, upto)
+            if request.new:
+                new.append(NewRequestData(rid, request.prompt_token_ids, tuple(list(g) for g in request.block_ids),
+                                          request.num_computed_tokens))
+                request.new = False
+            else:
+                cached.req_ids.append(rid)
+                if request.resumed:
+                    cached.resumed_req_ids.add(rid)
+                    cached.new_block_ids.append(tuple(list(g) for g in request.block_ids))
+                    request.resumed = False
+                else:
+                    cached.new_block_ids.append(added if any(added) else None)
+                cached.num_computed_tokens.append(request.num_computed_tokens)
+            scheduled[rid] = n
+        return SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), {}, set(finished),
+                               preempted_req_ids=getattr(self, "_preempted", set()))
+
+    def _forward(self, worker, out, block_ids_of):
+        """Writes the KV of every scheduled position, as the attention layers' kernels do."""
+        for rid, n in out.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            ids = block_ids_of(rid)
+            for p in range(request.num_computed_tokens, request.num_computed_tokens + n):
+                for gi, g in enumerate(self.groups):
+                    if g.mamba:
+                        continue
+                    kernel = g.kernel_block_size or g.block_size
+                    block = ids[gi][p // g.block_size]
+                    kb = block * (g.block_size // kernel) + (p % g.block_size) // kernel
+                    t = (p % g.block_size) % kernel
+                    fmt = self.format_of(g)
+                    for name in g.layer_names:
+                        if name in self.alias:
+                            continue
+                        data = self._token_data(worker.tp_rank, g, self.truth[rid][name], p)
+                        write_token(fmt, worker.caches[name], kb, t, data, self.head_size)
+
+    def format_of(self, group):
+        mode = get_kv_quant_mode(group.cache_dtype)
+        if group.mla:
+            return "mla"
+        if group.backend is RocmAttentionBackend:
+            return "kv_slots"
+        return {KVQuantMode.NONE: "packed", KVQuantMode.FP8_PER_TENSOR: "packed_codes",
+                KVQuantMode.INT8_PER_TOKEN_HEAD: "per_token_head", KVQuantMode.FP8_PER_TOKEN_HEAD: "per_token_head",
+                KVQuantMode.INT4_PER_TOKEN_HEAD: "int4", KVQuantMode.NVFP4: "nvfp4"}[mode]
+
+    def _token_data(self, rank, group, truth, p):
+        """Position p's data for this rank's heads: truth is {part: [total_heads, seq, ...]} (MLA:
+        {'latent': [seq, width]})."""
+        if group.mla:
+            return {"latent": truth["latent"][p]}
+        heads = self.heads_of_rank(rank)
+        return {part: value[heads, p] for part, value in truth.items()}
+
+    def step(self):
+        """One engine step: schedule, each worker's forward and connector calls (as Model Runner V2's
+        pre/post_forward: bind, start_load_kv, wait_for_save, get_finished, clear), then the
+        scheduler frees what is finished. Returns the request ids the workers reported finished."""
+        self.step_count += 1
+        finished_now = [rid for rid, r in self.requests.items()
+                        if not r.done and r.num_computed_tokens >= len(r.prompt_token_ids) + len(r.output_token_ids) - 1
+                        and r.block_ids is not None]
+        finished_ids = set()
+        for rid in finished_now:
+            request = self.requests[rid]
+            request.done = True
+            finished_ids.add(rid)
+            held = False
+            if self.scheduler_connector is not None:
+                held, _ = self.scheduler_connector.request_finished_all_groups(request, request.block_ids)
+            if held:
+                self.finished_pending.add(rid)
+            else:
+                self._free(rid)
+        out = self.schedule(finished_ids)
+        self._preempted = set()
+        if self.scheduler_connector is not None:
+            out.kv_connector_metadata = self.scheduler_connector.build_connector_meta(out)
+        reported = []
+        for worker in self.workers:
+            def run(w=worker):
+                c = w.connector
+                if c is not None:
+                    c.bind_connector_metadata(out.kv_connector_metadata)
+                    c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
+                w.model_runner.execute_model(out)
+                if c is None:
+                    return set()
+                c.wait_for_save()
+                sending, _ = c.get_finished(set(out.finished_req_ids))
+                c.clear_connector_metadata()
+                return set(sending or ())
+            reported.append(self.call(worker, run))
+        for rid, n in out.num_scheduled_tokens.items():
+            self.requests[rid].num_computed_tokens += n
+        done = set.intersection(*reported) if reported else set()
+        for rid in done & self.finished_pending:
+            self.finished_pending.discard(rid)
+            self._free(rid)
+        return done
+
+    def _free(self, rid):
+        request = self.requests[rid]
+        self.free[:0] = [b for g in request.block_ids for b in g if b > 0]
+
+    def run(self, max_steps=200):
+        """Steps until every request is finished and released; returns the steps taken."""
+        for n in range(max_steps):
+            self.step()
+            if all(r.done for r in self.requests.values()) and not self.finished_pending:
+                return n + 1
+        raise AssertionError("requests did not finish")
+
+    def call(self, worker, fn, *args, **kwargs):
+        parallel_state.set_ranks(worker.tp_rank, worker.pp_rank)
+        return fn(*args, **kwargs)
+
+
+def rht_signs(head_size):
+    """vLLM's signs, from the stand-in of its module (the capture reads them from vLLM too)."""
+    return _get_rht_signs(head_size, 0, "cpu")
