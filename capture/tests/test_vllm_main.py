@@ -4,7 +4,9 @@ buffer, every cache format (bf16, fp8 per tensor, int8 / fp8 / int4 per token-he
 their own formats, both model runners, re-registration, suffixed request ids, the layers that share
 a cache, MultiConnector beside an offloading connector, and shards written off the engine's step."""
 
+import json
 import os
+import subprocess
 import tempfile
 import threading
 import unittest
@@ -20,6 +22,7 @@ from kvscope_capture.vllm.connector import KvscopeConnector
 from kvscope_capture.vllm.rank_caches import RankCaches
 from kvscope_capture.vllm.worker_extension import _V2_NEEDS_SNAPSHOTS
 
+BINARY = os.environ.get("KVSCOPE_BINARY")
 L = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
 HEADS, DIM = 4, 64
 
@@ -67,7 +70,9 @@ def rows_at(entry_ids, block_ids, block_size, p):
     return entry_ids.index(block_ids[p // block_size]), p % block_size
 
 
-class Capture(unittest.TestCase):
+class CaptureCase(unittest.TestCase):
+    """What the capture tests share: an engine with kvscope's connector writing into a fresh folder."""
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.out = os.path.join(self.tmp.name, "shards")
@@ -105,6 +110,8 @@ class Capture(unittest.TestCase):
                         row, t = rows_at(entry["block_ids"], request.block_ids[gi], group.block_size, p)
                         expect(entry, row, t, heads, data[engine.alias.get(name, name)], p)
 
+
+class Capture(CaptureCase):
     def test_every_layout_and_kernel_block(self):
         """bf16 K|V packed in each of the six stride orders, with kernel blocks a quarter of the
         manager's, two groups overlaid on one buffer or following each other at offsets, TP 2."""
@@ -300,11 +307,61 @@ class Capture(unittest.TestCase):
         self.assertEqual(written, ["cmpl-a"])
 
 
-class ReferenceModel:
-    """An HF-interface model whose cache holds the engine's KV (enough to write a bundle)."""
+def kvscope(*args):
+    result = subprocess.run([BINARY, *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(result.stderr)
+    return result.stdout
 
-    def __init__(self, data, names):
-        self.kv = [(data[n]["k"], data[n]["v"]) for n in names]
+
+class ToBundle(CaptureCase):
+    """From the engine through the connector to a bundle that kvscope reads back exactly and
+    analyses as clean."""
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_bf16_and_int8_per_token_head(self):
+        import h5py
+        cases = (("auto", vm.FlashAttentionBackend, "packed"),
+                 ("int8_per_token_head", vm.TritonAttentionBackend, "per_token_head_int8"))
+        for cache_dtype, backend, fmt in cases:
+            with self.subTest(cache_dtype=cache_dtype):
+                self.tmp.cleanup()
+                self.tmp = tempfile.TemporaryDirectory()
+                self.out = os.path.join(self.tmp.name, "shards")
+                engine = self.engine([vm.Group(L[:2], backend=backend, cache_dtype=cache_dtype, window=64),
+                                      vm.Group(L[2:], backend=backend, cache_dtype=cache_dtype)],
+                                     tp=2, layout=vm.KVCacheLayout.LBHNC, chunk=16)
+                data = truth(L, fmt, 46, seed=3)
+                values = {n: {p: (d[p].float() * d[p + "_scale"][..., None]) if fmt != "packed" else d[p].float()
+                              for p in "kv"} for n, d in data.items()}
+                self.capture(engine, data, prompt=30, output=16)
+                bundle = os.path.join(self.tmp.name, "b.h5")
+                reference = ReferenceModel(values, L, noise=True)
+                bundle_from_shards(self.out, bundle, reference, log=self.fail)
+                out = os.path.join(self.tmp.name, "x.h5")
+                kvscope("export", bundle, out)
+                with h5py.File(out, "r") as f:
+                    (prompt,) = f["prompts"]
+                    for name in L:
+                        for part in "kv":
+                            got = f[f"prompts/{prompt}/engine/{name}/{part}"][()]
+                            np.testing.assert_array_equal(got[:, :45], values[name][part][:, :45].numpy())
+                kvscope("analyze", bundle, "--json", bundle + ".json")
+                with open(bundle + ".json") as f:
+                    self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
+
+
+class ReferenceModel:
+    """An HF-interface model whose cache holds the engine's KV (enough to write a bundle); with
+    noise, as a bf16 run of the reference differs from the engine's."""
+
+    def __init__(self, data, names, noise=False):
+        g = torch.Generator().manual_seed(1)
+
+        def near(t):
+            t = t.float()
+            return (t + t.abs() * 2 ** -9 * torch.randn(t.shape, generator=g)).to(torch.bfloat16) if noise else t
+        self.kv = [(near(data[n]["k"]), near(data[n]["v"])) for n in names]
 
     def __call__(self, input_ids, past_key_values=None, use_cache=True):
         import types

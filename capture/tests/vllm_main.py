@@ -569,6 +569,13 @@ class Engine:
             views = views_of(raw, group.kv_cache_spec, self.num_blocks, self.layout, tensor,
                              g.kernel_block_size or g.block_size)
             caches.update(zip(tensor.layers, views))
+            if self.format_of(g) in ("per_token_head", "int4"):
+                # TritonAttentionImpl._ensure_scale_caches: every (token, head) scale starts at 1.0.
+                d = self.head_size // (2 if self.format_of(g) == "int4" else 1)
+                for view in views:
+                    raw_view = view.view(torch.uint8)
+                    for start in (d, 2 * d + 4):
+                        raw_view[..., start:start + 4] = _bytes(torch.ones(1))
         for name, target in self.alias.items():
             caches[name] = caches[target]
         for name, module in worker.modules.items():
@@ -675,7 +682,7 @@ class Engine:
             return "kv_slots"
         return {KVQuantMode.NONE: "packed", KVQuantMode.FP8_PER_TENSOR: "packed_codes",
                 KVQuantMode.INT8_PER_TOKEN_HEAD: "per_token_head", KVQuantMode.FP8_PER_TOKEN_HEAD: "per_token_head",
-                KVQuantMode.INT4_PER_TOKEN_HEAD: "int4", KVQuantMode.NVFP4: "nvfp4"}[mode]
+                KVQuantMode.INT4_PER_TOKEN_HEAD: "int4", KVQuantMode.NVFP4: "nvfp4"}.get(mode)
 
     def _token_data(self, rank, group, truth, p):
         """Position p's data for this rank's heads: truth is {part: [total_heads, seq, ...]} (MLA:

@@ -38,8 +38,11 @@ def layer_format(spec, cache_dtype, what):
     if spec_describes_layout(spec) and getattr(spec, "head_size", 0):
         layout = SpecLayout(spec, cache_dtype, what)
         return layout.dtype, layout
-    if cache_dtype in (None, "auto"):
-        return str(getattr(spec, "dtype", None)), None
+    dtype = str(getattr(spec, "dtype", None))
+    # A float spec dtype is stored as is, whatever --kv-cache-dtype says (a skipped layer):
+    # vLLM allocates quantised caches as bytes.
+    if cache_dtype in (None, "auto") or dtype.replace("torch.", "") in ("bfloat16", "float16", "float32"):
+        return dtype, None
     return {**FP8_FORMATS, "int8": "int8"}.get(cache_dtype, cache_dtype), None
 
 
