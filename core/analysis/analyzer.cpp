@@ -90,7 +90,7 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     for (const std::string& layer : layers) {
         p.layerGroups.push_back(config.groupOf(layer));
         p.layerDims.push_back(headDimsOf(config.groups[std::size_t(p.layerGroups.back())]));
-        p.layerDtypes.push_back(config.groups[std::size_t(p.layerGroups.back())].dtype);
+        p.layerDtypes.push_back(config.groups[std::size_t(p.layerGroups.back())].layerDType());
         p.layerHeads.push_back(config.groups[std::size_t(p.layerGroups.back())].totalKvHeads);
     }
     for (std::vector<std::uint64_t>& hashes : p.referenceHashes)

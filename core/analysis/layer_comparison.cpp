@@ -1,5 +1,8 @@
 #include "analysis/layer_comparison.h"
 
+#include "format/int4_rht.h"
+#include "format/nvfp4.h"
+
 #include "util/simd_clones.h"
 #include "metrics/vector_metrics.h"
 
@@ -88,6 +91,20 @@ RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart par
             return {};
         const float* x = expected.head(h);
         float* q = row.data() + std::size_t(h) * std::size_t(dim);
+        const RawTensor* tensor = storage->tensor;
+        if (storage->dtype == DType::Int4TokenHead && tensor) {  // rotated, quantised with the row's scale and zero point
+            if (std::int64_t(tensor->rhtSigns.size()) != dim)
+                return {};
+            int4RhtRequantise(x, dim, tensor->scaleAt(storage->first), tensor->zeroPointAt(storage->first),
+                              tensor->rhtSigns.data(), q);
+            continue;
+        }
+        if (storage->dtype == DType::Float4E2M1 && tensor) {  // each block of 16 with its scale, under the global one
+            for (int i = 0; i < dim; i += kNvfp4Block)
+                nvfp4Requantise(x + i, std::min(kNvfp4Block, dim - i), tensor->scaleAt(storage->first + i), tensor->scale,
+                                q + i);
+            continue;
+        }
         for (int i = 0; i < dim; ++i)
             if (const float scale = storage->scaleOf(i); scale > 0.0f)
                 q[i] = roundToDType(storage->dtype, x[i] / scale) * scale;

@@ -250,7 +250,8 @@ DType BundleReader::checkedDType(const std::string& dataset) const
     const std::string name = m_file.readStringAttribute(dataset, "dtype");
     const auto dtype = parseDType(name);
     if (!dtype)
-        m_file.fail(dataset, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, int8)");
+        m_file.fail(dataset, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, int8, "
+                                 "float4_e2m1fn, int4_per_token_head)");
     const DatasetInfo info = m_file.datasetInfo(dataset);
     const bool isFloat = *dtype == DType::Float32 || *dtype == DType::Float16;
     if (*dtype == DType::Int8 && info.typeClass == H5T_INTEGER && !info.isSigned)  // an unsigned read would clamp negatives
@@ -412,12 +413,117 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     }
     for (const ChunkRowRead& read : reads)  // without the lock: another thread may use HDF5 meanwhile
         read.run();
+    if (shard.blocks.dtype == DType::Float4E2M1 || shard.blocks.dtype == DType::Int4TokenHead)
+        requireCodes(dataset, shard.blocks);
     return shard;
+}
+
+void BundleReader::requireCodes(const std::string& dataset, const RawTensor& cache) const
+{
+    // 4-bit codes, one per byte: a larger byte is damage (or a packed cache), not a value.
+    const auto it = std::find_if(cache.bytes.begin(), cache.bytes.end(), [](std::uint8_t b) { return b > 15; });
+    if (it == cache.bytes.end())
+        return;
+    const std::int64_t e = it - cache.bytes.begin();
+    const std::int64_t width = cache.shape[3], slots = cache.shape[2], heads = cache.shape[1];
+    throw BundleError(m_path, dataset,
+                      "code " + std::to_string(int(*it)) + " at stored block row " + std::to_string(e / (width * slots * heads)) +
+                          ", head " + std::to_string(e / (width * slots) % heads) + ", slot " + std::to_string(e / width % slots) +
+                          ", value " + std::to_string(e % width) + " is outside 0..15 (one " + dtypeName(cache.dtype) +
+                          " code per byte)");
+}
+
+std::vector<std::uint8_t> BundleReader::readBytes(const std::string& path, const std::vector<std::int64_t>& shape,
+                                                  bool isSigned, const std::vector<std::int64_t>* rows) const
+{
+    if (!m_file.exists(path))
+        m_file.fail(path, "missing");
+    const DatasetInfo info = m_file.datasetInfo(path);
+    if (info.typeClass != H5T_INTEGER || info.typeSize != 1 || info.isSigned != isSigned)
+        m_file.fail(path, std::string("must hold ") + (isSigned ? "int8" : "uint8") + " values, found a " +
+                              std::to_string(info.typeSize) + "-byte " + (info.typeClass == H5T_INTEGER ? "integer" : "non-integer") +
+                              " type" + (info.typeClass == H5T_INTEGER && info.isSigned != isSigned ? " of the other signedness" : ""));
+    if (info.shape != shape)
+        m_file.fail(path, "shape " + shapeToString(info.shape) + ", expected " + shapeToString(shape));
+    std::vector<std::int64_t> kept = shape;
+    if (rows)
+        kept[0] = std::int64_t(rows->size());
+    m_file.requirePlausibleSize(path, std::uint64_t(Hdf5File::elementCount(shape)));
+    std::vector<std::uint8_t> bytes(std::size_t(Hdf5File::elementCount(kept)));
+    std::vector<ChunkRowRead> reads;
+    if (!bytes.empty())
+        m_file.readRaw(path, isSigned ? H5T_STD_I8LE : H5T_STD_U8LE, bytes.data(), rows, &reads);
+    for (const ChunkRowRead& read : reads)
+        read.run();
+    return bytes;
+}
+
+void BundleReader::readPackedScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
+                                    const std::vector<std::int64_t>* rows, RawTensor& cache) const
+{
+    const std::string path = dataset + "_scale";
+    const std::vector<std::int64_t> perTokenHead{shape[0], shape[1], shape[2]};
+    if (!m_file.exists(path))
+        m_file.fail(path, std::string("missing: a ") + dtypeName(cache.dtype) + " cache cannot be decoded without its " +
+                              (cache.dtype == DType::Float4E2M1 ? "e4m3 block scales" : "scales per token and head"));
+    std::vector<ChunkRowRead> reads;
+    if (cache.dtype == DType::Float4E2M1) {
+        // The e4m3 bits of a scale per 16 values; the global scale is the cache's `scale`.
+        const std::vector<std::int64_t> expected{shape[0], shape[1], shape[2], shape[3] / 16};
+        const RawTensor scales = readTensor(path, expected, rows, reads);
+        for (const ChunkRowRead& read : reads)
+            read.run();
+        if (scales.dtype != DType::Float8E4M3)
+            m_file.fail(path, "nvfp4 block scales must be float8_e4m3fn bits, found " + dtypeName(scales.dtype));
+        for (std::size_t i = 0; i < scales.bytes.size(); ++i) {
+            const std::uint8_t bits = scales.bytes[i];
+            if ((bits & 0x7f) == 0x7f || ((bits & 0x80) && bits != 0x80))
+                m_file.fail(path, "block scale " + std::to_string(i) + " is " + ((bits & 0x7f) == 0x7f ? "NaN" : "negative") +
+                                      " (e4m3 bits 0x" + "0123456789abcdef"[bits >> 4] + "0123456789abcdef"[bits & 15] + ")");
+        }
+        const float global = cache.scale;
+        cache.setScales(ScaleGranularity::TokenGroup, scales.toFloat());
+        cache.scale = global;
+        return;
+    }
+    // int4 per token and head: float32 scales, uint8 zero points, the rotation's signs.
+    if (cache.scale != 1.0f)
+        m_file.fail(dataset, "an int4_per_token_head cache is scaled per token and head (k_scale / v_scale); its 'scale' "
+                             "attribute must be 1");
+    const RawTensor scales = readTensor(path, perTokenHead, rows, reads);
+    for (const ChunkRowRead& read : reads)
+        read.run();
+    if (scales.dtype != DType::Float32)
+        m_file.fail(path, "scales must be float32, found " + dtypeName(scales.dtype));
+    std::vector<float> values = scales.toFloat();
+    for (float v : values)
+        if (!(v > 0.0f) || !std::isfinite(v))
+            m_file.fail(path, "scale " + std::to_string(v) + " must be finite and positive");
+    cache.setScales(ScaleGranularity::TokenHead, std::move(values));
+    const std::string zeroPath = dataset + "_zero_point";
+    cache.zeroPoints = readBytes(zeroPath, perTokenHead, false, rows);
+    for (std::size_t i = 0; i < cache.zeroPoints.size(); ++i)
+        if (cache.zeroPoints[i] > 15)
+            m_file.fail(zeroPath, "zero point " + std::to_string(int(cache.zeroPoints[i])) + " (element " + std::to_string(i) +
+                                      ") is outside 0..15");
+    const std::string signsPath = dataset.substr(0, dataset.rfind('/')) + "/rht_signs";
+    const std::vector<std::uint8_t> signs = readBytes(signsPath, {shape[3]}, true, nullptr);
+    cache.rhtSigns.clear();
+    for (std::uint8_t b : signs) {
+        const auto sign = std::int8_t(b);
+        if (sign != 1 && sign != -1)
+            m_file.fail(signsPath, "holds " + std::to_string(int(sign)) + "; the rotation's signs are +1 or -1");
+        cache.rhtSigns.push_back(sign);
+    }
 }
 
 void BundleReader::readScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
                               const std::vector<std::int64_t>* rows, RawTensor& cache) const
 {
+    if (cache.dtype == DType::Float4E2M1 || cache.dtype == DType::Int4TokenHead) {
+        readPackedScales(dataset, shape, rows, cache);
+        return;
+    }
     const std::string path = dataset + "_scale";
     if (!m_file.exists(path))
         return;
@@ -600,13 +706,27 @@ std::vector<std::string> BundleReader::validate() const
                     for (KvPart part : {KvPart::K, KvPart::V})
                         check([&] {
                             const std::string dataset = bundle_path::engineKv(p.id, s, r, layer, kvPartName(part));
-                            checkedDType(dataset);
+                            const DType dtype = checkedDType(dataset);
                             const std::vector<std::int64_t> shape = engineShardShape(p, s, layer, part);
                             const DatasetInfo info = m_file.datasetInfo(dataset);
                             if (info.shape != shape)
                                 m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", the config implies " +
                                                          shapeToString(shape) + " ([blocks, heads_per_rank, block_size, " +
                                                          widthMeaning(m_config.groups[std::size_t(m_config.groupOf(layer))], part) + "])");
+                            // What a 4-bit cache cannot be decoded without (its values are read with the cache).
+                            std::vector<std::pair<std::string, std::vector<std::int64_t>>> needed;
+                            if (dtype == DType::Float4E2M1)
+                                needed = {{dataset + "_scale", {shape[0], shape[1], shape[2], shape[3] / 16}}};
+                            if (dtype == DType::Int4TokenHead)
+                                needed = {{dataset + "_scale", {shape[0], shape[1], shape[2]}},
+                                          {dataset + "_zero_point", {shape[0], shape[1], shape[2]}},
+                                          {dataset.substr(0, dataset.rfind('/')) + "/rht_signs", {shape[3]}}};
+                            for (const auto& [path, expected] : needed) {
+                                if (!m_file.exists(path))
+                                    m_file.fail(path, "missing: the " + dtypeName(dtype) + " cache " + dataset + " needs it");
+                                if (const DatasetInfo d = m_file.datasetInfo(path); d.shape != expected)
+                                    m_file.fail(path, "shape " + shapeToString(d.shape) + ", expected " + shapeToString(expected));
+                            }
                         });
         }
         for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {

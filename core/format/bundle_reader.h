@@ -100,6 +100,14 @@ private:
     // `rows` as for the cache.
     void readScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
                     const std::vector<std::int64_t>* rows, RawTensor& cache) const;
+    // NVFP4's e4m3 block scales, or int4 per token and head's scales, zero points and RHT signs.
+    void readPackedScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
+                          const std::vector<std::int64_t>* rows, RawTensor& cache) const;
+    // A one-byte integer dataset of `shape` (rows of it, as for the cache), read now.
+    std::vector<std::uint8_t> readBytes(const std::string& path, const std::vector<std::int64_t>& shape, bool isSigned,
+                                        const std::vector<std::int64_t>* rows) const;
+    // Throws when a 4-bit cache holds a byte above 15 (naming where).
+    void requireCodes(const std::string& dataset, const RawTensor& cache) const;
     // A reference's K and V datasets, their shapes and declared sizes checked (under the HDF5
     // lock), and its batch row.
     struct ReferenceDatasets {

@@ -41,6 +41,13 @@ RawTensor selectBlocks(const RawTensor& all, const std::vector<std::int64_t>& id
             std::copy_n(all.scales.begin() + std::ptrdiff_t(std::size_t(ids[i]) * rowScales), rowScales,
                         out.scales.begin() + std::ptrdiff_t(i * rowScales));
     }
+    if (!all.zeroPoints.empty()) {  // int4: one per token and head, like its scales
+        const std::size_t rowPoints = all.zeroPoints.size() / std::size_t(all.shape[0]);
+        out.zeroPoints.resize(ids.size() * rowPoints);
+        for (std::size_t i = 0; i < ids.size(); ++i)
+            std::copy_n(all.zeroPoints.begin() + std::ptrdiff_t(std::size_t(ids[i]) * rowPoints), rowPoints,
+                        out.zeroPoints.begin() + std::ptrdiff_t(i * rowPoints));
+    }
     return out;
 }
 
@@ -138,6 +145,8 @@ void BundleWriter::writeKv(const std::string& dataset, const RawTensor& tensor, 
     m_file->writeRawChunked(dataset, storageType(tensor.dtype), tensor.shape, tensor.bytes.data(), chunk);
     m_file->writeStringAttribute(dataset, "dtype", dtypeName(tensor.dtype));
     m_file->writeDoubleAttribute(dataset, "scale", tensor.scale);
+    if (tensor.scales.empty() && (tensor.dtype == DType::Float4E2M1 || tensor.dtype == DType::Int4TokenHead))
+        fail(dataset, "a " + dtypeName(tensor.dtype) + " cache needs its scales");
     if (tensor.scales.empty())
         return;
     // Finer scales: a float32 dataset beside the cache, chunked as it is.
@@ -150,8 +159,28 @@ void BundleWriter::writeKv(const std::string& dataset, const RawTensor& tensor, 
         if (!(v >= 0.0f) || !std::isfinite(v))
             fail(dataset, "scales must be finite and not negative");
     const std::string path = dataset + "_scale";
-    m_file->writeRaw(path, H5T_IEEE_F32LE, shape, tensor.scales.data(), shape.size() == 1 ? shape[0] : chunk.at(0));
+    const std::int64_t chunkRows = shape.size() == 1 ? shape[0] : chunk.at(0);
+    if (tensor.dtype == DType::Float4E2M1) {  // NVFP4: the block scales' e4m3 bits (decoded values re-encode exactly)
+        std::vector<std::uint8_t> bits(tensor.scales.size());
+        for (std::size_t i = 0; i < bits.size(); ++i)
+            bits[i] = floatToFp8e4m3(tensor.scales[i]);
+        m_file->writeRaw(path, H5T_STD_U8LE, shape, bits.data(), chunkRows);
+        m_file->writeStringAttribute(path, "dtype", dtypeName(DType::Float8E4M3));
+        return;
+    }
+    m_file->writeRaw(path, H5T_IEEE_F32LE, shape, tensor.scales.data(), chunkRows);
     m_file->writeStringAttribute(path, "dtype", dtypeName(DType::Float32));
+    if (tensor.dtype != DType::Int4TokenHead)
+        return;
+    // int4 per token and head: zero points beside the scales, the rotation's signs once per layer.
+    if (tensor.zeroPoints.size() != tensor.scales.size() || std::int64_t(tensor.rhtSigns.size()) != tensor.shape[3])
+        fail(dataset, std::to_string(tensor.zeroPoints.size()) + " zero points and " + std::to_string(tensor.rhtSigns.size()) +
+                          " signs for " + std::to_string(tensor.scales.size()) + " rows of " + std::to_string(tensor.shape[3]));
+    m_file->writeRaw(dataset + "_zero_point", H5T_STD_U8LE, shape, tensor.zeroPoints.data(), chunkRows);
+    const std::string signs = dataset.substr(0, dataset.rfind('/')) + "/rht_signs";
+    if (!m_file->exists(signs))
+        m_file->writeRaw(signs, H5T_STD_I8LE, {std::int64_t(tensor.rhtSigns.size())}, tensor.rhtSigns.data(),
+                         std::int64_t(tensor.rhtSigns.size()));
 }
 
 void BundleWriter::addSnapshot(const std::string& promptId, const EngineSnapshot& snap)

@@ -23,6 +23,8 @@ std::size_t dtypeSize(DType dtype)
     case DType::Float8E5M2:
     case DType::Float8E4M3Fnuz:
     case DType::Int8:
+    case DType::Float4E2M1:
+    case DType::Int4TokenHead:
         return 1;
     }
     return 0;
@@ -38,6 +40,8 @@ double unitRoundoff(DType dtype)
     case DType::Float8E4M3Fnuz: return std::ldexp(1.0, -4);
     case DType::Float8E5M2: return std::ldexp(1.0, -3);
     case DType::Int8: return std::ldexp(1.0, -8);
+    case DType::Float4E2M1: return std::ldexp(1.0, -2);
+    case DType::Int4TokenHead: return 1.0 / 30.0;
     }
     return 0;
 }
@@ -45,7 +49,7 @@ double unitRoundoff(DType dtype)
 bool isQuantised(DType dtype)
 {
     return dtype == DType::Float8E4M3 || dtype == DType::Float8E5M2 || dtype == DType::Float8E4M3Fnuz ||
-           dtype == DType::Int8;
+           dtype == DType::Int8 || dtype == DType::Float4E2M1 || dtype == DType::Int4TokenHead;
 }
 
 double maxFinite(DType dtype)
@@ -55,6 +59,8 @@ double maxFinite(DType dtype)
     case DType::Float8E5M2: return kE5M2.maxFinite();
     case DType::Float8E4M3Fnuz: return kE4M3Fnuz.maxFinite();
     case DType::Int8: return 127.0;
+    case DType::Float4E2M1: return kE2M1.maxFinite();
+    case DType::Int4TokenHead: return 15.0;
     case DType::BFloat16: return 3.3895313892515355e38;
     case DType::Float16: return 65504.0;
     case DType::Float32: return 3.4028234663852886e38;
@@ -79,6 +85,10 @@ std::string dtypeName(DType dtype)
         return "float8_e4m3fnuz";
     case DType::Int8:
         return "int8";
+    case DType::Float4E2M1:
+        return "float4_e2m1fn";
+    case DType::Int4TokenHead:
+        return "int4_per_token_head";
     }
     return "?";
 }
@@ -93,14 +103,19 @@ std::optional<DType> parseDType(std::string_view name)
         return DType::Float16;
     if (name == "float32" || name == "float")
         return DType::Float32;
-    if (name == "float8_e4m3fn" || name == "fp8_e4m3" || name == "fp8")
+    // (vLLM's per-token-head modes are these formats with a scale per token and head.)
+    if (name == "float8_e4m3fn" || name == "fp8_e4m3" || name == "fp8" || name == "fp8_per_token_head")
         return DType::Float8E4M3;
     if (name == "float8_e5m2" || name == "fp8_e5m2")
         return DType::Float8E5M2;
     if (name == "float8_e4m3fnuz" || name == "fp8_e4m3fnuz")
         return DType::Float8E4M3Fnuz;
-    if (name == "int8")
+    if (name == "int8" || name == "int8_per_token_head")
         return DType::Int8;
+    if (name == "float4_e2m1fn" || name == "nvfp4")
+        return DType::Float4E2M1;
+    if (name == "int4_per_token_head")
+        return DType::Int4TokenHead;
     return std::nullopt;
 }
 
@@ -129,6 +144,11 @@ float fp8e4m3fnuzToFloat(std::uint8_t bits)
     return decodeMinifloat(kE4M3Fnuz, bits);
 }
 
+float e2m1ToFloat(std::uint8_t code)
+{
+    return code < 16 ? decodeMinifloat(kE2M1, code) : std::numeric_limits<float>::quiet_NaN();
+}
+
 namespace {
 // Lookup tables make decoding of 8- and 16-bit formats a single load.
 struct DecodeTables {
@@ -137,6 +157,8 @@ struct DecodeTables {
     float e5m2[256];
     float e4m3fnuz[256];
     float int8[256];
+    float e2m1[256];   // codes above 15 NaN (readers refuse them first)
+    float uint4[256];  // an int4 code as its number (int4 rows decode in format/int4_rht.h)
     DecodeTables()
     {
         for (std::uint32_t i = 0; i < 65536; ++i)
@@ -146,6 +168,8 @@ struct DecodeTables {
             e5m2[i] = fp8e5m2ToFloat(std::uint8_t(i));
             e4m3fnuz[i] = fp8e4m3fnuzToFloat(std::uint8_t(i));
             int8[i] = float(std::int8_t(std::uint8_t(i)));
+            e2m1[i] = e2m1ToFloat(std::uint8_t(i));
+            uint4[i] = i < 16 ? float(i) : std::numeric_limits<float>::quiet_NaN();
         }
     }
 };
@@ -162,6 +186,8 @@ const float* byteTable(DType dtype)
     case DType::Float8E5M2: return tables().e5m2;
     case DType::Float8E4M3Fnuz: return tables().e4m3fnuz;
     case DType::Int8: return tables().int8;
+    case DType::Float4E2M1: return tables().e2m1;
+    case DType::Int4TokenHead: return tables().uint4;
     default: return nullptr;
     }
 }
@@ -193,7 +219,9 @@ void decodeToFloat(DType dtype, const void* src, std::size_t count, float* dst, 
     case DType::Float8E4M3:
     case DType::Float8E5M2:
     case DType::Float8E4M3Fnuz:
-    case DType::Int8: {
+    case DType::Int8:
+    case DType::Float4E2M1:
+    case DType::Int4TokenHead: {
         const auto* in = static_cast<const std::uint8_t*>(src);
         const float* table = byteTable(dtype);
         for (std::size_t i = 0; i < count; ++i)
@@ -247,6 +275,18 @@ std::uint8_t floatToInt8(float value)
     return std::uint8_t(std::int8_t(rounded));
 }
 
+std::uint8_t floatToE2M1(float value)
+{
+    return std::uint8_t(encodeMinifloat(kE2M1, value));
+}
+
+std::uint8_t floatToUInt4(float value)
+{
+    if (std::isnan(value))
+        return 0;
+    return std::uint8_t(std::clamp(std::round(value), 0.0f, 15.0f));
+}
+
 float roundToDType(DType dtype, float value)
 {
     switch (dtype) {
@@ -257,6 +297,8 @@ float roundToDType(DType dtype, float value)
     case DType::Float8E5M2: return roundToMinifloat(kE5M2, value);
     case DType::Float8E4M3Fnuz: return roundToMinifloat(kE4M3Fnuz, value);
     case DType::Int8: return std::isnan(value) ? 0.0f : std::nearbyint(std::clamp(value, -128.0f, 127.0f));
+    case DType::Float4E2M1: return roundToMinifloat(kE2M1, value);
+    case DType::Int4TokenHead: return float(floatToUInt4(value));
     }
     return value;
 }
@@ -284,6 +326,8 @@ void encodeFromFloat(DType dtype, const float* src, std::size_t count, void* dst
         case DType::Float8E5M2: out[i] = floatToFp8e5m2(v); break;
         case DType::Float8E4M3Fnuz: out[i] = floatToFp8e4m3fnuz(v); break;
         case DType::Int8: out[i] = floatToInt8(v); break;
+        case DType::Float4E2M1: out[i] = floatToE2M1(v); break;
+        case DType::Int4TokenHead: out[i] = floatToUInt4(v); break;
         }
     }
 }

@@ -123,6 +123,8 @@ hid_t storageType(DType dtype)
     case DType::Float8E4M3:
     case DType::Float8E5M2:
     case DType::Float8E4M3Fnuz:
+    case DType::Float4E2M1:
+    case DType::Int4TokenHead:
         return H5T_STD_U8LE;
     case DType::Int8:
         return H5T_STD_I8LE;

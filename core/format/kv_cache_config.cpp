@@ -94,7 +94,9 @@ std::string describeGroup(const KvCacheGroup& group)
         out += " (sliding_window " + std::to_string(*group.slidingWindow) + ")";
     if (group.attentionChunkSize)
         out += " (attention_chunk_size " + std::to_string(*group.attentionChunkSize) + ")";
-    const std::string dtype = group.dsMla ? "fp8_ds_mla" : dtypeName(group.dtype);
+    std::string dtype = group.dsMla ? "fp8_ds_mla" : dtypeName(group.dtype);
+    if (group.vDtype)
+        dtype = "K " + dtype + " / V " + dtypeName(*group.vDtype);
     out += ", block_size " + std::to_string(group.blockSize) + ", " + dtype + ", " + layers + ", head_size " +
            std::to_string(group.headSize);
     if (group.specType == SpecType::Mla)
@@ -112,7 +114,28 @@ int KvCacheGroup::partWidth(KvPart part) const
 
 DType KvCacheGroup::partDType(KvPart part) const
 {
-    return dsMla && part == KvPart::V ? DType::BFloat16 : dtype;
+    if (part == KvPart::V && dsMla)
+        return DType::BFloat16;
+    return part == KvPart::V && vDtype ? *vDtype : dtype;
+}
+
+bool KvCacheGroup::quantised() const
+{
+    return isQuantised(partDType(KvPart::K)) || isQuantised(partDType(KvPart::V));
+}
+
+DType KvCacheGroup::layerDType() const
+{
+    return isQuantised(partDType(KvPart::K)) ? partDType(KvPart::K) : partDType(KvPart::V);
+}
+
+std::string configDTypeName(DType dtype)
+{
+    if (dtype == DType::Float4E2M1)
+        return "nvfp4";
+    if (dtype == DType::Int4TokenHead)
+        return "int4_per_token_head";
+    return "torch." + dtypeName(dtype);
 }
 
 const char* partWidthName(const KvCacheGroup& group, KvPart part)
@@ -285,11 +308,37 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
         const std::string dtypeText = jg["dtype"].get<std::string>();
         group.dsMla = group.specType == SpecType::Mla && dtypeText == "fp8_ds_mla";
         const auto dtype = group.dsMla ? std::optional(DType::Float8E4M3) : parseDType(dtypeText);
+        const std::string supported = "bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, int8, nvfp4, "
+                                      "int4_per_token_head";
         if (!dtype)
-            ctx.fail(where + ".dtype", "unsupported dtype '" + dtypeText +
-                                           "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2" +
+            ctx.fail(where + ".dtype", "unsupported dtype '" + dtypeText + "' (supported: " + supported +
                                            (group.specType == SpecType::Mla ? ", fp8_ds_mla)" : ")"));
         group.dtype = *dtype;
+        if (jg.contains("v_dtype") && !jg["v_dtype"].is_null()) {
+            if (!jg["v_dtype"].is_string())
+                ctx.fail(where + ".v_dtype", "must be a dtype name, got " + jsonText(jg["v_dtype"]));
+            const std::string vText = jg["v_dtype"].get<std::string>();
+            const auto vDtype = parseDType(vText);
+            if (!vDtype)
+                ctx.fail(where + ".v_dtype", "unsupported dtype '" + vText + "' (supported: " + supported + ")");
+            if (group.specType == SpecType::Mla)
+                ctx.fail(where + ".v_dtype", "an MLA latent has one dtype");
+            if (*vDtype != group.dtype)
+                group.vDtype = *vDtype;
+        }
+        if (group.specType == SpecType::Mla &&
+            (group.dtype == DType::Float4E2M1 || group.dtype == DType::Int4TokenHead))
+            ctx.fail(where + ".dtype", dtypeText + " is not read for MLA latents");
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            const DType d = group.partDType(part);
+            const std::string field = where + (part == KvPart::V && group.vDtype ? ".v_dtype" : ".dtype");
+            if (d == DType::Float4E2M1 && group.headSize % 16 != 0)
+                ctx.fail(field, "nvfp4 needs head_size a multiple of 16 (a block scale per 16 values), got " +
+                                    std::to_string(group.headSize));
+            if (d == DType::Int4TokenHead && (group.headSize & (group.headSize - 1)) != 0)
+                ctx.fail(field, "int4_per_token_head needs head_size a power of two (its Hadamard rotation), got " +
+                                    std::to_string(group.headSize));
+        }
         if (group.specType == SpecType::Mla)
             readMlaWidths(jg, group, ctx, where);
 
@@ -379,7 +428,9 @@ std::string KvCacheConfig::toJson() const
             jg["attention_chunk_size"] = *g.attentionChunkSize;
         jg["block_size"] = g.blockSize;
         jg["sliding_window"] = g.slidingWindow ? Json(*g.slidingWindow) : Json(nullptr);
-        jg["dtype"] = g.dsMla ? "fp8_ds_mla" : "torch." + dtypeName(g.dtype);
+        jg["dtype"] = g.dsMla ? "fp8_ds_mla" : configDTypeName(g.dtype);
+        if (g.vDtype)
+            jg["v_dtype"] = configDTypeName(*g.vDtype);
         jg["num_kv_heads"] = g.numKvHeads;
         if (g.specType != SpecType::Mla && g.specType != SpecType::NotCompared && g.totalKvHeads > 0 &&
             g.totalKvHeads != totalNumKvHeads)

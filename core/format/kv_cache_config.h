@@ -31,6 +31,9 @@ struct KvCacheGroup {
     // then keeps every position, but the reference's cache may hold only the latest ones)
     std::optional<int> attentionChunkSize;
     DType dtype = DType::BFloat16;
+    // V's format where it differs from K's (the config's `v_dtype`: "float8_e4m3fn" K beside
+    // "nvfp4" V); unset: V is `dtype` too.
+    std::optional<DType> vDtype;
     int numKvHeads = 0;  // per TP rank, as vLLM's spec reports it
     // Over all ranks: the group's own `total_num_kv_heads` (kvscope's field, for models whose
     // layers differ in KV head count), else the config's; 1 for MLA.
@@ -44,8 +47,12 @@ struct KvCacheGroup {
 
     // The width of one head of `part` as a bundle stores it (head_size but for MLA).
     int partWidth(KvPart part) const;
-    // The dtype a bundle stores `part` in (dtype but for fp8_ds_mla's bf16 k_pe).
+    // The dtype a bundle stores `part` in (dtype but for fp8_ds_mla's bf16 k_pe and a v_dtype).
     DType partDType(KvPart part) const;
+    // Whether either part is quantised; and the dtype the analysis judges the layer by: K's, or
+    // V's when only V is quantised.
+    bool quantised() const;
+    DType layerDType() const;
 };
 
 // c_kv and k_pe for an MLA group, k and v otherwise: how people call a part of `group`'s KV.
@@ -143,6 +150,9 @@ struct KvCacheConfig {
 };
 
 std::string specTypeName(SpecType type);
+// A dtype as a config's group writes it: vLLM's "nvfp4" and "int4_per_token_head", else torch's
+// spelling ("torch.bfloat16").
+std::string configDTypeName(DType dtype);
 // The first number in a layer's name (model.layers.12.self_attn: 12), or -1.
 long long layerNumber(const std::string& layer);
 // How a group's heads lie on the ranks, for people: "partitioned, 2 head(s) per rank, 8 KV heads".

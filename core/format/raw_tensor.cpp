@@ -1,6 +1,9 @@
 #include "format/raw_tensor.h"
 
+#include "format/int4_rht.h"
+
 #include <algorithm>
+#include <limits>
 
 namespace kvscope {
 
@@ -62,6 +65,8 @@ void RawTensor::setScales(ScaleGranularity granularity, std::vector<float> value
 
 std::vector<std::int64_t> RawTensor::scalesShape() const
 {
+    if (dtype == DType::Float4E2M1 && !scales.empty() && shape.size() == 4)
+        return {shape[0], shape[1], shape[2], shape[3] / elementsPerScale};
     switch (granularity()) {
     case ScaleGranularity::Tensor: return {};
     case ScaleGranularity::Head: return {shape[1]};
@@ -74,6 +79,10 @@ std::vector<std::int64_t> RawTensor::scalesShape() const
 void RawTensor::decode(std::int64_t offset, std::int64_t count, float* dst) const
 {
     const std::int64_t size = std::int64_t(dtypeSize(dtype));
+    if (dtype == DType::Int4TokenHead) {
+        decodeInt4Rows(offset, count, dst);
+        return;
+    }
     if (scales.empty()) {
         decodeToFloat(dtype, bytes.data() + offset * size, std::size_t(count), dst, scale);
         return;
@@ -83,6 +92,29 @@ void RawTensor::decode(std::int64_t offset, std::int64_t count, float* dst) cons
         const std::int64_t e = offset + done;
         const std::int64_t run = std::min(count - done, elementsPerScale - e % elementsPerScale);
         decodeToFloat(dtype, bytes.data() + e * size, std::size_t(run), dst + done, scaleAt(e));
+        if (scale != 1.0f)  // NVFP4's global scale, after the block's (whose product is exact)
+            for (std::int64_t i = 0; i < run; ++i)
+                dst[done + i] *= scale;
+        done += run;
+    }
+}
+
+void RawTensor::decodeInt4Rows(std::int64_t offset, std::int64_t count, float* dst) const
+{
+    const std::int64_t d = shape.empty() ? 0 : shape.back();
+    if (d <= 0 || std::int64_t(rhtSigns.size()) != d || scales.empty()) {  // not decodable: NaN, never a guess
+        std::fill_n(dst, count, std::numeric_limits<float>::quiet_NaN());
+        return;
+    }
+    thread_local std::vector<float> row;
+    row.resize(std::size_t(d));
+    for (std::int64_t done = 0; done < count;) {
+        const std::int64_t e = offset + done, first = e - e % d;
+        const std::int64_t run = std::min(count - done, first + d - e);
+        float* out = run == d ? dst + done : row.data();
+        int4RhtDecode(bytes.data() + first, int(d), scaleAt(first), zeroPointAt(first), rhtSigns.data(), out);
+        if (out == row.data())
+            std::copy_n(row.data() + (e - first), run, dst + done);
         done += run;
     }
 }

@@ -127,6 +127,8 @@ void LayerSource::addToHash(ContentHash& hash, PositionRange window) const
                     std::uint32_t scaleBits;
                     std::memcpy(&scaleBits, &scale, 4);
                     hash.add(std::uint64_t(tensor.dtype) << 32 | scaleBits);
+                    if (tensor.dtype == DType::Int4TokenHead)
+                        hash.add(std::uint64_t(tensor.zeroPointAt(first)));
                     hash.add(tensor.bytes.data() + std::size_t(first) * size, dim * size);
                 }
         }

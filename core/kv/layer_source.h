@@ -87,7 +87,8 @@ struct LayerSource {
         ScaleGranularity granularity;
         const RawTensor* tensor = nullptr;
         std::int64_t first = 0;  // the row's first element in `tensor`
-        float scaleOf(int i) const { return tensor ? tensor->scaleAt(first + i) : scale; }
+        // What value i's code is multiplied by (NVFP4: its block's scale times the global one).
+        float scaleOf(int i) const { return tensor ? tensor->dequantScaleAt(first + i) : scale; }
     };
     Storage storedAs(KvPart part, std::int64_t pos, int head) const;
 };

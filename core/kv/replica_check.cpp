@@ -42,8 +42,16 @@ bool blockDiffers(const PagedShard& a, const PagedShard& b, std::int64_t id, std
                         std::size_t((to - from) * width) * size) != 0)
             return true;
     }
-    if (a.blocks.scale != b.blocks.scale || a.blocks.scales.size() != b.blocks.scales.size())
+    if (a.blocks.scale != b.blocks.scale || a.blocks.scales.size() != b.blocks.scales.size() ||
+        a.blocks.zeroPoints.size() != b.blocks.zeroPoints.size() || a.blocks.rhtSigns != b.blocks.rhtSigns)
         return true;
+    if (!a.blocks.zeroPoints.empty())  // int4: a zero point per slot, as its scale
+        for (std::int64_t h = 0; h < heads; ++h) {
+            const auto at = [&](std::size_t row) { return (std::int64_t(row) * heads + h) * blockSize + from; };
+            if (!std::equal(a.blocks.zeroPoints.begin() + at(i), a.blocks.zeroPoints.begin() + at(i) + (to - from),
+                            b.blocks.zeroPoints.begin() + at(j)))
+                return true;
+        }
     const ScaleGranularity g = a.blocks.granularity();
     if (g == ScaleGranularity::TokenHead || g == ScaleGranularity::TokenGroup) {  // per-slot scales
         const std::int64_t perSlot = std::int64_t(a.blocks.scales.size() / a.physicalIds.size()) / (heads * blockSize);
