@@ -68,8 +68,12 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.custom("--kv-dtype", [&o](const std::string& name) {
         const std::optional<DType> dtype = parseDType(name);
         if (!dtype || (*dtype != DType::BFloat16 && !isQuantised(*dtype)))
-            throw std::invalid_argument("--kv-dtype takes bfloat16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz or int8");
+            throw std::invalid_argument("--kv-dtype takes bfloat16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, int8, nvfp4, "
+                                        "int4_per_token_head, fp8_per_token_head or int8_per_token_head");
         o.kvDtype = *dtype;
+        // vLLM's per-token-head modes are fp8 / int8 with a scale per token and head.
+        if (name == "fp8_per_token_head" || name == "int8_per_token_head")
+            o.kvScale = ScaleGranularity::TokenHead;
     });
     parser.custom("--kv-scale", [&o](const std::string& name) {
         for (ScaleGranularity g : {ScaleGranularity::Tensor, ScaleGranularity::Head, ScaleGranularity::TokenHead})

@@ -1,5 +1,8 @@
 #include "kv/paged_layout.h"
 
+#include "format/int4_rht.h"
+#include "format/nvfp4.h"
+
 #include "util/deterministic_math.h"
 
 #include "kv/reconstruction.h"
@@ -102,6 +105,14 @@ void PagedLayout::pin(std::size_t group, std::int64_t logical, std::int32_t phys
 RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shape, const std::vector<float>& values,
                               const CacheScaling& scaling, KvPart part, const TpLayout& layout, int rank) const
 {
+    // vLLM's 4-bit caches, quantised as its kernels do: NVFP4 under the tensor's scale as its
+    // global one, int4 per token and head rotated with kvscope's fixed signs.
+    if (dtype == DType::Float4E2M1)
+        return nvfp4Tensor(shape, values, part == KvPart::K ? scaling.k : scaling.v);
+    if (dtype == DType::Int4TokenHead)
+        return int4RhtTensor(shape, values, kvscopeRhtSigns(int(shape[3])));
+    if (!isQuantised(dtype))  // the unquantised part of a group whose other part is (a v_dtype)
+        return RawTensor::fromFloat(dtype, shape, values);
     switch (scaling.granularity) {
     case ScaleGranularity::Tensor:
         return RawTensor::fromFloat(dtype, shape, values, part == KvPart::K ? scaling.k : scaling.v);
@@ -121,7 +132,7 @@ RawTensor PagedLayout::encode(DType dtype, const std::vector<std::int64_t>& shap
             float largest = 0;
             for (std::size_t i = 0; i < dim; ++i)
                 largest = std::max(largest, std::fabs(values[row * dim + i]));
-            scales[row] = std::max(largest, 1e-30f) / float(maxFinite(dtype));
+            scales[row] = std::max(largest / float(maxFinite(dtype)), 1e-6f);  // vLLM's floor of a scale
         }
         return RawTensor::fromFloat(dtype, shape, values, ScaleGranularity::TokenHead, std::move(scales));
     }
@@ -146,7 +157,7 @@ EngineSnapshot PagedLayout::snapshot(const std::function<LayerKv(const std::stri
         const int hpr = layout.headsPerRank();
         for (const std::string& layer : group.layerNames) {
             const LayerKv kv = layerKv(layer);
-            const CacheScaling scaling = scalingOf && isQuantised(group.dtype) ? scalingOf(layer) : CacheScaling{};
+            const CacheScaling scaling = scalingOf && group.quantised() ? scalingOf(layer) : CacheScaling{};
             detmath::NormalSampler n01(m_seed ^ std::hash<std::string>{}(layer));
             for (int r = 0; r < m_config.tpSize; ++r) {
                 // Unwritten slots hold noise, drawn K and V alternately (then the wider part's rest).

@@ -1,6 +1,7 @@
 #include "synth/model_capture.h"
 
 #include "format/bundle_writer.h"
+#include "format/nvfp4.h"
 #include "kv/paged_layout.h"
 #include "synth/tiny_transformer.h"
 #include "util/deterministic_math.h"
@@ -339,7 +340,7 @@ KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DTy
         const bool ssm = std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(), l) != o.stateSpaceLayers.end();
         (ssm ? stateSpace : l % 2 == 0 ? sliding : full).push_back(layerName(l));
     }
-    const std::string dtype = "torch." + dtypeName(kvDtype);
+    const std::string dtype = configDTypeName(kvDtype);
     const int perRank = std::max(1, o.shape.kvHeads / o.tpSize);
     nlohmann::json groups = nlohmann::json::array();
     std::int64_t blocks = 2;
@@ -427,7 +428,17 @@ void checkOptions(const ModelCaptureOptions& o)
         require(!isQuantised(o.kvDtype), "MLA captures are synthesised with a bf16 cache");
         require(mlaFaultSupported(o.fault, o.dcpSize), "fault " + faultName(o.fault) + " does not apply to an MLA cache (one latent "
                                             "per token, replicated over TP ranks)");
-    } else
+    }
+    // vLLM's 4-bit caches: NVFP4's block scales cover 16 values, int4's rotation a power of two.
+    require(o.kvDtype != DType::Float4E2M1 || o.shape.headDim % 16 == 0, "nvfp4 needs --head-dim a multiple of 16");
+    require(o.kvDtype != DType::Int4TokenHead || (o.shape.headDim & (o.shape.headDim - 1)) == 0,
+            "int4_per_token_head needs --head-dim a power of two");
+    const bool fourBit = o.kvDtype == DType::Float4E2M1 || o.kvDtype == DType::Int4TokenHead;
+    require(!fourBit || o.fault != FaultKind::ScaleGranularity, "scale_granularity needs per-tensor or per-head scales, which " +
+                                                                     dtypeName(o.kvDtype) + " has not");
+    require(o.kvDtype != DType::Int4TokenHead || o.fault != FaultKind::ScaleOtherLayer,
+            "scale_other_layer needs a per-tensor scale, which int4_per_token_head has not");
+    if (!o.shape.mla())
         require(o.fault != FaultKind::ReplicaDiff || o.shape.kvHeads < o.tpSize,
                 "replica_diff needs replicated KV heads (fewer KV heads than TP ranks) or an MLA model");
 }
@@ -787,7 +798,8 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         for (std::size_t i = 0; i < x.size(); ++i)
             if (head < 0 || int(i / dim) % shape.kvHeads == head)
                 m = std::max(m, std::fabs(x[i]));
-        return m / float(maxFinite(kvDtype));
+        // NVFP4's per-tensor scale is its global one (format/nvfp4.h); int4's are per token and head.
+        return kvDtype == DType::Float4E2M1 ? nvfp4GlobalScale(m) : m / float(maxFinite(kvDtype));
     };
     for (int l = 0; l < shape.layers; ++l) {
         const LayerCache& c = engine[std::size_t(l)];
@@ -853,8 +865,10 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         if (fault.kind == FaultKind::Fp8Scale)
             for (auto& rank : snap.ranks)
                 for (RawTensor* part : {&rank[faulty].first, &rank[faulty].second}) {
-                    if (part->scales.empty())
+                    if (part->scales.empty() || part->dtype == DType::Float4E2M1)  // NVFP4: its global scale
                         part->scale *= 2.0f;
+                    if (part->dtype == DType::Float4E2M1)
+                        continue;
                     for (float& scale : part->scales)
                         scale *= 2.0f;
                 }
