@@ -62,7 +62,8 @@ const std::vector<Command>& commands()
                    "  layer the median relative L2 error it adds, in bf16 noise floors of the same cells, the\n"
                    "  layers it hurts and why (docs/whatif.md). Schemes: fp8_e4m3|fp8_e5m2 /tensor /head\n"
                    "  /token_head, fp8_e4m3/vllm (amax/200 K, amax/100 V from the first prompt's prefill),\n"
-                   "  int8/token_head, int4/g32 /g64 /g128 /gN, int4/kivi, nvfp4. --maps adds the layer x token\n"
+                   "  int8/token_head, int4/g32 /g64 /g128 /gN, int4/kivi, int4/token_head_rht (vLLM's\n"
+                   "  int4_per_token_head), nvfp4. --maps adds the layer x token\n"
                    "  maps to the JSON\n",
          "what an fp8 / int8 / int4 KV cache would cost this model", whatif},
         {"inspect", "inspect BUNDLE|RUN.kvres\n"
@@ -93,7 +94,9 @@ const std::vector<Command>& commands()
                   "  --dcp N --cp-interleave N  decode context parallelism: N ranks of one head split its\n"
                   "                         positions, in runs of --cp-interleave (default 1)\n"
                   "  --kv-dtype D           the engine cache: bfloat16 (default), fp8_e4m3, fp8_e5m2,\n"
-                  "                         fp8_e4m3fnuz or int8, with its own scales (amax / largest value)\n"
+                  "                         fp8_e4m3fnuz or int8, with its own scales (amax / largest value);\n"
+                  "                         vLLM's nvfp4, int4_per_token_head, fp8_per_token_head or\n"
+                  "                         int8_per_token_head, quantised as vLLM does\n"
                   "  --kv-scale G           a quantised cache's scales: tensor (default), head or token_head\n"
                   "  --prompts 100,180,260  prompt lengths         --decode N   decode steps per prompt\n"
                   "  --two-way              no fp32 baseline       --seed N\n"

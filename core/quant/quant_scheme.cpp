@@ -8,7 +8,9 @@ std::string QuantScheme::name() const
     case Format::Nvfp4:
         return "nvfp4";
     case Format::Int4:
-        return scaling == Scaling::Kivi ? "int4/kivi" : "int4/g" + std::to_string(group);
+        return scaling == Scaling::Kivi           ? "int4/kivi"
+               : scaling == Scaling::TokenHeadRht ? "int4/token_head_rht"
+                                                  : "int4/g" + std::to_string(group);
     default:
         break;
     }
@@ -34,6 +36,7 @@ std::string QuantScheme::description() const
     case Scaling::Group: return f + " asymmetric, groups of " + std::to_string(group);
     case Scaling::Kivi: return f + " KIVI (K per channel, V per token, last " + std::to_string(residual) + " tokens kept)";
     case Scaling::Block16: return "NVFP4 (e2m1, an e4m3 scale per 16)";
+    case Scaling::TokenHeadRht: return "int4 per token and head after a signed Hadamard rotation (vLLM's int4_per_token_head)";
     }
     return f;
 }
@@ -58,7 +61,7 @@ std::vector<QuantScheme> allSchemes()
             {F::Fp8E4M3, S::TokenHead}, {F::Fp8E5M2, S::Tensor},     {F::Fp8E5M2, S::Head},
             {F::Fp8E5M2, S::TokenHead}, {F::Int8, S::TokenHead},     {F::Int4, S::Group, 32},
             {F::Int4, S::Group, 64},    {F::Int4, S::Group, 128},    {F::Int4, S::Kivi, 32, 32},
-            {F::Nvfp4, S::Block16, 16}};
+            {F::Int4, S::TokenHeadRht}, {F::Nvfp4, S::Block16, 16}};
 }
 
 std::vector<QuantScheme> defaultSchemes()

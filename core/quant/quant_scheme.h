@@ -19,13 +19,15 @@ struct QuantScheme {
         Kivi,        // int4, KIVI's axes: K per channel over `group` tokens, V per token in groups of
                      // `group` values; the last `residual` tokens kept in full precision
         Block16,     // NVFP4: e2m1 values, one e4m3 scale per 16 values, one fp32 scale per tensor
+        TokenHeadRht,  // int4: vLLM's int4_per_token_head, each token and head rotated by a signed
+                       // Walsh-Hadamard transform, then asymmetric over the head (format/int4_rht.h)
     };
     Format format = Format::Fp8E4M3;
     Scaling scaling = Scaling::Tensor;
     int group = 0;
     int residual = 0;
 
-    std::string name() const;         // "fp8_e4m3/tensor", "int4/g32", "int4/kivi", "nvfp4"
+    std::string name() const;         // "fp8_e4m3/tensor", "int4/g32", "int4/kivi", "int4/token_head_rht", "nvfp4"
     std::string description() const;  // "fp8 e4m3, one scale per tensor"
     int bits() const;                 // bits per value, scales left out
 };

@@ -1,6 +1,8 @@
 #include "quant/quantiser.h"
 
+#include "format/int4_rht.h"
 #include "format/minifloat.h"
+#include "format/nvfp4.h"
 #include "util/simd_clones.h"
 
 #include <algorithm>
@@ -193,29 +195,50 @@ QuantiseStats quantise(const QuantScheme& s, const QuantiseInput& in, float* out
         break;
     }
     case Scaling::Block16: {
-        // One fp32 scale per tensor so that every block's scale fits e4m3, then an e4m3 scale
-        // per 16 values, then e2m1 values.
+        // One fp32 global scale per tensor so that every block's scale fits e4m3, then an e4m3
+        // scale per 16 values of a head, then e2m1 values, as vLLM's kernel computes them
+        // (format/nvfp4.h); decoded code x block scale x global.
         float amax = 0;
         for (std::int64_t t : positions)
             amax = std::max(amax, amaxOf(in.values + rowAt(t), row));
-        const float global = amax / (float(kE4M3Fn.maxFinite()) * float(kE2M1.maxFinite()));
+        if (!(amax > 0)) {
+            for (std::int64_t t : positions)
+                std::copy_n(in.values + rowAt(t), row, out + rowAt(t));
+            break;
+        }
+        const float global = nvfp4GlobalScale(amax);
+        std::uint8_t codes[kNvfp4Block];
         for (std::int64_t t : positions)
-            for (std::size_t b = 0; b < row; b += 16) {
-                const std::size_t n = std::min<std::size_t>(16, row - b);
-                const float* x = in.values + rowAt(t) + b;
-                float* o = out + rowAt(t) + b;
-                const float blockScale =
-                    global > 0 ? roundToMinifloat(kE4M3Fn, amaxOf(x, n) / float(kE2M1.maxFinite()) / global) * global : 0;
-                for (std::size_t i = 0; i < n; ++i) {
-                    if (!(blockScale > 0)) {
-                        o[i] = blockScale == 0 && x[i] != 0 ? 0.0f : x[i];
-                        continue;
+            for (std::size_t h = 0; h < heads; ++h)
+                for (std::size_t b = 0; b < dim; b += kNvfp4Block) {
+                    const int n = int(std::min<std::size_t>(kNvfp4Block, dim - b));
+                    const float* x = in.values + rowAt(t) + h * dim + b;
+                    float* o = out + rowAt(t) + h * dim + b;
+                    const float blockScale = fp8e4m3ToFloat(nvfp4QuantiseBlock(x, n, global, codes));
+                    for (int i = 0; i < n; ++i) {
+                        if (blockScale > 0 && std::fabs(x[i] * (1.0f / global) / blockScale) > float(kE2M1.maxFinite()))
+                            ++sat;
+                        o[i] = e2m1ToFloat(codes[i]) * blockScale * global;
                     }
-                    const float v = x[i] / blockScale;
-                    if (std::fabs(v) > float(kE2M1.maxFinite()))
-                        ++sat;
-                    o[i] = roundToMinifloat(kE2M1, v) * blockScale;
                 }
+        break;
+    }
+    case Scaling::TokenHeadRht: {
+        // vLLM requires a power of two; other widths are padded with zeros (kvscope's choice).
+        int d = 1;
+        while (d < in.dim)
+            d *= 2;
+        const std::vector<std::int8_t> signs = kvscopeRhtSigns(d);
+        const auto width = static_cast<std::size_t>(d);
+        std::vector<float> x(width), decoded(width);
+        std::vector<std::uint8_t> codes(width);
+        for (std::int64_t t : positions)
+            for (std::size_t h = 0; h < heads; ++h) {
+                std::fill(x.begin(), x.end(), 0.0f);
+                std::copy_n(in.values + rowAt(t) + h * dim, dim, x.begin());
+                const Int4RhtRow r = int4RhtQuantise(x.data(), d, signs.data(), codes.data());
+                int4RhtDecode(codes.data(), d, r.scale, r.zeroPoint, signs.data(), decoded.data());
+                std::copy_n(decoded.begin(), dim, out + rowAt(t) + h * dim);
             }
         break;
     }
