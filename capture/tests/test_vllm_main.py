@@ -351,6 +351,43 @@ class ToBundle(CaptureCase):
                     self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
 
 
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_skip_layers_mixed_formats_in_one_bundle(self):
+        """fp8 with layers 1 and 3 skipped: one bundle, fp8 and bf16 layers, each read back exactly
+        and judged in its own format's floors."""
+        import h5py
+        from test_cross_language import decode_fp8
+        groups = [vm.Group([L[0], L[2]], cache_dtype="fp8"), vm.Group([L[1], L[3]], cache_dtype="auto")]
+        scales = {n: (0.5, 0.25) for n in L}
+        engine = self.engine(groups, scales=scales, tp=2, layout=vm.KVCacheLayout.LBHNC)
+        data = {**truth([L[0], L[2]], "packed_codes", 46, seed=4), **truth([L[1], L[3]], "packed", 46, seed=5)}
+        values = {}
+        for n in L:
+            if n in (L[0], L[2]):
+                values[n] = {p: torch.from_numpy((decode_fp8(data[n][p].numpy(), "float8_e4m3fn")
+                                                  * np.float32(s)).astype(np.float32))
+                             for p, s in zip("kv", scales[n])}
+            else:
+                values[n] = {p: data[n][p].float() for p in "kv"}
+        self.capture(engine, data, prompt=30, output=16)
+        bundle = os.path.join(self.tmp.name, "mixed.h5")
+        bundle_from_shards(self.out, bundle, ReferenceModel(values, L, noise=True), log=self.fail)
+        with h5py.File(bundle, "r") as f:
+            config = json.loads(f["kv_cache_config"][0])
+        self.assertEqual(sorted(g["dtype"] for g in config["groups"]), ["bfloat16", "float8_e4m3fn"])
+        out = os.path.join(self.tmp.name, "x.h5")
+        kvscope("export", bundle, out)
+        with h5py.File(out, "r") as f:
+            (prompt,) = f["prompts"]
+            for name in L:
+                for part in "kv":
+                    got = f[f"prompts/{prompt}/engine/{name}/{part}"][()]
+                    np.testing.assert_array_equal(got[:, :45], values[name][part][:, :45].numpy(), err_msg=name)
+        kvscope("analyze", bundle, "--json", bundle + ".json")
+        with open(bundle + ".json") as f:
+            self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
+
+
 class ReferenceModel:
     """An HF-interface model whose cache holds the engine's KV (enough to write a bundle); with
     noise, as a bf16 run of the reference differs from the engine's."""
