@@ -414,12 +414,13 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     for (const ChunkRowRead& read : reads)  // without the lock: another thread may use HDF5 meanwhile
         read.run();
     if (shard.blocks.dtype == DType::Float4E2M1 || shard.blocks.dtype == DType::Int4TokenHead)
-        requireCodes(dataset, shard.blocks);
+        requireCodes(dataset, shard);
     return shard;
 }
 
-void BundleReader::requireCodes(const std::string& dataset, const RawTensor& cache) const
+void BundleReader::requireCodes(const std::string& dataset, const PagedShard& shard) const
 {
+    const RawTensor& cache = shard.blocks;
     // 4-bit codes, one per byte: a larger byte is damage (or a packed cache), not a value.
     const auto it = std::find_if(cache.bytes.begin(), cache.bytes.end(), [](std::uint8_t b) { return b > 15; });
     if (it == cache.bytes.end())
@@ -427,7 +428,8 @@ void BundleReader::requireCodes(const std::string& dataset, const RawTensor& cac
     const std::int64_t e = it - cache.bytes.begin();
     const std::int64_t width = cache.shape[3], slots = cache.shape[2], heads = cache.shape[1];
     throw BundleError(m_path, dataset,
-                      "code " + std::to_string(int(*it)) + " at stored block row " + std::to_string(e / (width * slots * heads)) +
+                      "code " + std::to_string(int(*it)) + " at physical block " +
+                          std::to_string(shard.physicalIds.at(std::size_t(e / (width * slots * heads)))) +
                           ", head " + std::to_string(e / (width * slots) % heads) + ", slot " + std::to_string(e / width % slots) +
                           ", value " + std::to_string(e % width) + " is outside 0..15 (one " + dtypeName(cache.dtype) +
                           " code per byte)");

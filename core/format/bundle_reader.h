@@ -107,7 +107,7 @@ private:
     std::vector<std::uint8_t> readBytes(const std::string& path, const std::vector<std::int64_t>& shape, bool isSigned,
                                         const std::vector<std::int64_t>* rows) const;
     // Throws when a 4-bit cache holds a byte above 15 (naming where).
-    void requireCodes(const std::string& dataset, const RawTensor& cache) const;
+    void requireCodes(const std::string& dataset, const PagedShard& shard) const;
     // A reference's K and V datasets, their shapes and declared sizes checked (under the HDF5
     // lock), and its batch row.
     struct ReferenceDatasets {
