@@ -16,7 +16,7 @@ from ._version import __version__
 
 from .kv_cache_config import KvCacheConfig
 from .hf_reference import hf_cache_layers
-from .tensors import QUANTISED, load_torch_bytes, to_array, to_float32, to_int_array
+from .tensors import FOUR_BIT, INT4_TOKEN_HEAD, NVFP4, QUANTISED, load_torch_bytes, to_array, to_float32, to_int_array
 
 FORMAT_NAME = "kvscope-capture"
 FORMAT_VERSION = 2
@@ -94,6 +94,98 @@ def _scales(value, cache_shape, what):
                      f"head ({blocks}, {heads}, {block_size}) or ({blocks}, {block_size}, {heads})")
 
 
+def _plain(value, what):
+    """A tensor, array or number as a numpy array, its dtype kept."""
+    try:
+        import torch
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().contiguous().numpy()
+    except ImportError:
+        pass
+    if isinstance(value, (int, float, np.number, np.ndarray)):
+        return np.asarray(value)
+    raise ValueError(f"{what}: expected a tensor, an array or a number, got {type(value).__name__}")
+
+
+def _at(mask):
+    """The index of the first true element of `mask`, as a tuple of ints."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
+
+
+def _require_codes(array, what):
+    """4-bit codes, one per byte: a byte above 15 is damage or a packed cache, not a code."""
+    high = array > 15
+    if high.any():
+        at = _at(high)
+        raise ValueError(f"{what}: code {int(array[at])} at {at} is outside 0..15 (one 4-bit code per byte; "
+                         "unpack vLLM's two codes a byte first)")
+
+
+def _nvfp4_part(kv, part, array, shape, where):
+    """An NVFP4 part: its e2m1 codes, the uint8 bits of its e4m3 block scales [rows, heads,
+    block_size, head_size / 16] (unswizzled) and its fp32 global scale (vLLM's _k_scale / _v_scale),
+    as (codes, dtype, global scale, block scale bits, extras)."""
+    if not isinstance(kv, dict) or kv.get(f"{part}_scale") is None or kv.get(f"{part}_global_scale") is None:
+        raise ValueError(f"{where}: an nvfp4 {part} needs '{part}_scale' (the e4m3 block scales' uint8 bits) and "
+                         f"'{part}_global_scale' (vLLM's layer._{part}_scale)")
+    _require_codes(array, f"{where}, {part}")
+    what = f"{where}, {part}_scale"
+    bits = _plain(kv[f"{part}_scale"], what)
+    expected = tuple(shape[:3]) + (shape[3] // 16,)
+    if bits.dtype != np.uint8 or bits.shape != expected:
+        raise ValueError(f"{what}: must be the uint8 bits of the e4m3 block scales {expected} ([rows, heads_per_rank, "
+                         f"block_size, head_size / 16]), got {bits.dtype} {tuple(bits.shape)}")
+    nan, negative = (bits & 0x7F) == 0x7F, bits > 0x80
+    if (nan | negative).any():
+        at = _at(nan | negative)
+        raise ValueError(f"{what}: block scale at {at} is {'NaN' if nan[at] else 'negative'} "
+                         f"(e4m3 bits 0x{int(bits[at]):02x}); scales are finite and not negative")
+    what = f"{where}, {part}_global_scale"
+    value = _plain(kv[f"{part}_global_scale"], what)
+    if value.size != 1:
+        raise ValueError(f"{what}: one number per layer and part, got shape {tuple(value.shape)}")
+    scale = float(np.float32(value.reshape(())))  # fp32 as vLLM keeps it, stored exactly
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"{what}: {scale} must be finite and positive")
+    return array, NVFP4, scale, np.ascontiguousarray(bits), {}
+
+
+def _int4_part(kv, part, array, shape, where):
+    """An int4_per_token_head part: its codes (of the rotated head), float32 scales and uint8 zero
+    points [rows, heads_per_rank, block_size], and the layer's RHT signs [head_size] of +-1, as
+    (codes, dtype, 1.0, scales, extras)."""
+    names = (f"{part}_scale", f"{part}_zero_point", "rht_signs")
+    if not isinstance(kv, dict) or any(kv.get(n) is None for n in names):
+        raise ValueError(f"{where}: an int4_per_token_head {part} needs {', '.join(repr(n) for n in names)}")
+    _require_codes(array, f"{where}, {part}")
+    rows = tuple(shape[:3])
+    what = f"{where}, {part}_scale"
+    scales = _plain(kv[names[0]], what)
+    if scales.dtype != np.float32 or scales.shape != rows:
+        raise ValueError(f"{what}: must be float32 {rows} ([rows, heads_per_rank, block_size], the zero point's bits "
+                         f"cleared), got {scales.dtype} {tuple(scales.shape)}")
+    bad = ~np.isfinite(scales) | (scales <= 0)
+    if bad.any():
+        at = _at(bad)
+        raise ValueError(f"{what}: scale {float(scales[at])} at {at} must be finite and positive")
+    what = f"{where}, {part}_zero_point"
+    zero = _plain(kv[names[1]], what)
+    if zero.dtype != np.uint8 or zero.shape != rows:
+        raise ValueError(f"{what}: must be uint8 {rows}, got {zero.dtype} {tuple(zero.shape)}")
+    if (zero > 15).any():
+        at = _at(zero > 15)
+        raise ValueError(f"{what}: zero point {int(zero[at])} at {at} is outside 0..15")
+    what = f"{where}, rht_signs"
+    signs = _plain(kv[names[2]], what)
+    if signs.dtype.kind not in "iu" or signs.shape != (shape[3],):
+        raise ValueError(f"{what}: must be integers ({shape[3]},) (head_size), got {signs.dtype} {tuple(signs.shape)}")
+    if not np.all((signs == 1) | (signs == -1)):
+        raise ValueError(f"{what}: holds {int(signs[_at((signs != 1) & (signs != -1))])}; the rotation's signs are +1 or -1")
+    extras = {f"{part}_zero_point": (np.ascontiguousarray(zero), True),
+              "rht_signs": (signs.astype(np.int8), False)}
+    return array, INT4_TOKEN_HEAD, 1.0, np.ascontiguousarray(scales), extras
+
+
 def _mla_layer(group, kv, rows, subset, where):
     """An MLA layer's cache as vLLM holds it, split into what a bundle stores: c_kv as the layer's
     K [rows, 1, block_size, kv_lora_rank] and k_pe as its V [rows, 1, block_size, qk_rope_head_dim],
@@ -124,8 +216,8 @@ def _mla_layer(group, kv, rows, subset, where):
         if not np.all(np.isfinite(scales)) or np.any(scales < 0):
             raise ValueError(f"{where}: fp8_ds_mla scales must be finite and not negative")
         k_pe = array[..., rank + 4 * groups:].copy().view("<u2").reshape(rows, 1, block_size, rope)
-        return [(np.ascontiguousarray(c_kv), "float8_e4m3fn", 1.0, scales.astype(np.float32)),
-                (np.ascontiguousarray(k_pe), "bfloat16", 1.0, None)]
+        return [(np.ascontiguousarray(c_kv), "float8_e4m3fn", 1.0, scales.astype(np.float32), {}),
+                (np.ascontiguousarray(k_pe), "bfloat16", 1.0, None, {})]
     array, dtype = to_array(kv, where, group["dtype"])
     if array.shape != (rows, block_size, rank + rope):
         raise ValueError(f"{where}: an MLA latent must be [{rows_text}, block_size, head_size] = "
@@ -141,8 +233,8 @@ def _mla_layer(group, kv, rows, subset, where):
     s, finer = _scales(scale if quantised else None, shape, f"{where}, k_scale")
     if finer is not None:
         raise ValueError(f"{where}: an MLA cache has one scale (vLLM's _k_scale), got {finer.shape}")
-    return [(np.ascontiguousarray(array[..., :rank].reshape(shape)), dtype, s, None),
-            (np.ascontiguousarray(array[..., rank:].reshape(rows, 1, block_size, rope)), dtype, s, None)]
+    return [(np.ascontiguousarray(array[..., :rank].reshape(shape)), dtype, s, None, {}),
+            (np.ascontiguousarray(array[..., rank:].reshape(rows, 1, block_size, rope)), dtype, s, None, {})]
 
 
 def _mla_reference(value, group, where):
@@ -408,8 +500,9 @@ class BundleWriter:
             if keep_only_referenced:
                 rows = np.searchsorted(stored, referenced)
                 stored = referenced.astype(np.int64)
-                ranks = [{name: [(a[rows], d, sc, f[rows] if f is not None and f.ndim >= 3 else f)
-                                 for (a, d, sc, f) in parts] for name, parts in layers.items()} for layers in ranks]
+                ranks = [{name: [(a[rows], d, sc, f[rows] if f is not None and f.ndim >= 3 else f,
+                                  {n: (x[rows] if paged else x, paged) for n, (x, paged) in extras.items()})
+                                 for (a, d, sc, f, extras) in parts] for name, parts in layers.items()} for layers in ranks]
             row_of = None
         else:
             ranks = [{name: parts for name, (parts, _) in layers.items()} for layers in ranks]
@@ -433,7 +526,7 @@ class BundleWriter:
             rank_group = snap.create_group(f"rank_{r}", track_order=True)
             for layer in cfg.layer_names():
                 lg = rank_group.create_group(layer)
-                for part, (array, dtype, scale, finer) in zip("kv", layers[layer]):
+                for part, (array, dtype, scale, finer, extras) in zip("kv", layers[layer]):
                     data = array if row_of is None else array[row_of]
                     # One block per chunk (several only when blocks are under 4 KiB): a
                     # checksum covers a whole chunk, so one block can be read and verified alone.
@@ -447,7 +540,13 @@ class BundleWriter:
                         if finer.ndim >= 3 and row_of is not None:
                             finer = finer[row_of]
                         sd = _dataset(lg, part + "_scale", finer, chunk_rows=chunk_rows if finer.ndim >= 3 else None)
-                        _set_string(sd, "dtype", "float32")
+                        # (NVFP4's block scales are the bits of e4m3 values)
+                        _set_string(sd, "dtype", "float8_e4m3fn" if finer.dtype == np.uint8 else "float32")
+                    for name, (extra, paged) in extras.items():  # int4: zero points, the layer's RHT signs
+                        if name in lg:
+                            continue  # rht_signs: one for K and V
+                        _dataset(lg, name, extra if row_of is None or not paged else extra[row_of],
+                                 chunk_rows=chunk_rows if paged else None)
         prompt["snapshots"].append({"seq_len": int(seq_len), "validated_until": validated_until})
 
     def _engine_layer(self, cfg, layer, kv, where):
@@ -466,6 +565,7 @@ class BundleWriter:
         if group["mla"]:
             return _mla_layer(group, kv, rows, block_ids is not None, where), given
         scales = (None, None)
+        raw = kv  # the dict, whose other keys the 4-bit formats read
         if isinstance(kv, dict):
             if "k" not in kv or "v" not in kv:
                 raise ValueError(f"{where}: a dict needs 'k' and 'v', has {sorted(kv)}")
@@ -475,19 +575,25 @@ class BundleWriter:
             raise ValueError(f"{where}: expected (k, v), {{'k': k, 'v': v}} or torch.save bytes of that")
         out = []
         expected = (rows, group["heads_per_rank"], group["block_size"], group["head_size"])
-        quantised = group["dtype"] in QUANTISED
-        if quantised and (scales[0] is None or scales[1] is None):
-            raise ValueError(f"{where}: a {group['dtype']} cache needs its dequantisation scales: pass "
-                             "{'k': k, 'v': v, 'k_scale': s, 'v_scale': s} (vLLM: layer._k_scale, layer._v_scale)")
-        for part, value, scale in zip("kv", kv, scales):
-            array, dtype = to_array(value, f"{where}, {part}", group["dtype"])
+        for part, value, scale, declared in zip("kv", kv, scales, group["part_dtypes"]):
+            quantised = declared in QUANTISED and declared not in FOUR_BIT
+            if quantised and scale is None:
+                raise ValueError(f"{where}: a {declared} cache needs its dequantisation scales: pass "
+                                 "{'k': k, 'v': v, 'k_scale': s, 'v_scale': s} (vLLM: layer._k_scale, layer._v_scale)")
+            array, dtype = to_array(value, f"{where}, {part}", declared)
             if tuple(array.shape) != expected:
                 raise ValueError(f"{where}, {part}: shape {tuple(array.shape)}, the config implies {expected} "
                                  + ("[num_blocks, " if block_ids is None else "[len(block_ids), ")
                                  + "heads_per_rank, block_size, head_size]")
-            if dtype != group["dtype"]:
-                raise ValueError(f"{where}, {part}: {dtype} but the config says {group['dtype']}")
-            out.append((array, dtype) + _scales(scale if quantised else None, expected, f"{where}, {part}_scale"))
+            if dtype != declared:
+                raise ValueError(f"{where}, {part}: {dtype} but the config says {declared}")
+            if declared == NVFP4:
+                out.append(_nvfp4_part(raw, part, array, expected, where))
+            elif declared == INT4_TOKEN_HEAD:
+                out.append(_int4_part(raw, part, array, expected, where))
+            else:
+                out.append((array, dtype) + _scales(scale if quantised else None, expected, f"{where}, {part}_scale")
+                           + ({},))
         return out, given
 
     # --- the reference -------------------------------------------------------------------

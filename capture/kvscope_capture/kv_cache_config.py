@@ -2,7 +2,7 @@
 
 import re
 
-from .tensors import DTYPES, canonical_dtype
+from .tensors import DTYPES, FOUR_BIT, INT4_TOKEN_HEAD, NVFP4, canonical_dtype
 
 def model_order(names):
     """Layer names by the first number in the name (layers.2 before layers.10), as kvscope orders them."""
@@ -119,6 +119,25 @@ class KvCacheConfig:
             entry["part_widths"] = (entry["head_size"],) * 2
             entry["part_names"] = ("k", "v")
             entry["part_dtypes"] = (dtype, dtype)
+            if group.get("v_dtype") is not None:  # V's format where it differs from K's
+                v_dtype = canonical_dtype(group["v_dtype"])
+                if v_dtype is None:
+                    raise ValueError(f"kv_cache_config.{where}v_dtype: unsupported dtype {group['v_dtype']!r} "
+                                     f"(supported: {', '.join(DTYPES)})")
+                if mla:
+                    raise ValueError(f"kv_cache_config.{where}v_dtype: an MLA latent has one dtype")
+                entry["part_dtypes"] = (dtype, v_dtype)
+            for part, part_dtype in zip("kv", entry["part_dtypes"]):
+                field = f"{where}{'v_dtype' if part == 'v' and group.get('v_dtype') is not None else 'dtype'}"
+                if mla and part_dtype in FOUR_BIT:
+                    raise ValueError(f"kv_cache_config.{field}: {part_dtype} is not read for MLA latents")
+                if part_dtype == NVFP4 and entry["head_size"] % 16:
+                    raise ValueError(f"kv_cache_config.{field}: nvfp4 needs head_size a multiple of 16 (a block "
+                                     f"scale per 16 values), got {entry['head_size']}")
+                size = entry["head_size"]
+                if part_dtype == INT4_TOKEN_HEAD and size & (size - 1):
+                    raise ValueError(f"kv_cache_config.{field}: int4_per_token_head needs head_size a power of two "
+                                     f"(its Hadamard rotation), got {size}")
             if mla:
                 rank = integer(group, "kv_lora_rank", where, hi=1 << 14)
                 rope = integer(group, "qk_rope_head_dim", where, lo=2, hi=1 << 14)

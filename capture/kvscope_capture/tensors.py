@@ -9,9 +9,15 @@ import io
 
 import numpy as np
 
-DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8")
+DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8",
+          "float4_e2m1fn", "int4_per_token_head")
+# vLLM's 4-bit caches, one code (0..15) per byte: NVFP4 (e2m1 codes, e4m3 block scales, a global
+# scale) and int4_per_token_head (codes of the rotated head, a scale and zero point per token and head).
+NVFP4 = "float4_e2m1fn"
+INT4_TOKEN_HEAD = "int4_per_token_head"
+FOUR_BIT = (NVFP4, INT4_TOKEN_HEAD)
 # Quantised caches: engines often allocate them as uint8 (vLLM does), the format named by the config.
-QUANTISED = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8")
+QUANTISED = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8") + FOUR_BIT
 
 # numpy dtype of the stored bits of each dtype
 STORAGE = {
@@ -22,6 +28,8 @@ STORAGE = {
     "float8_e5m2": np.uint8,
     "float8_e4m3fnuz": np.uint8,
     "int8": np.int8,
+    NVFP4: np.uint8,
+    INT4_TOKEN_HEAD: np.uint8,
 }
 
 
@@ -31,7 +39,9 @@ def canonical_dtype(name):
     if name.startswith("torch."):
         name = name[len("torch."):]
     aliases = {"half": "float16", "float": "float32", "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
-               "fp8_e5m2": "float8_e5m2", "fp8_e4m3fnuz": "float8_e4m3fnuz"}
+               "fp8_e5m2": "float8_e5m2", "fp8_e4m3fnuz": "float8_e4m3fnuz", "nvfp4": NVFP4,
+               # vLLM's per-token-head modes: fp8 / int8 with a scale per token and head
+               "fp8_per_token_head": "float8_e4m3fn", "int8_per_token_head": "int8"}
     name = aliases.get(name, name)
     return name if name in DTYPES else None
 
