@@ -93,7 +93,7 @@ class CaptureCase(unittest.TestCase):
         shards = ShardSet(self.out)
         self.assertEqual(shards.incomplete, {})
         (request,) = [r for r in shards.requests if r.request_id == rid]
-        self.assertEqual(request.external_request_id, external)
+        self.assertEqual(request.external_request_id, external)  # read back from the engine's id
         return request
 
     def check_values(self, engine, request, data, expect):
@@ -114,7 +114,7 @@ class CaptureCase(unittest.TestCase):
 class Capture(CaptureCase):
     def test_every_layout_and_kernel_block(self):
         """bf16 K|V packed in each of the six stride orders, with kernel blocks a quarter of the
-        manager's, two groups overlaid on one buffer or following each other at offsets, TP 2."""
+        manager's, two groups overlaid on one region, TP 2."""
         def same(entry, row, t, heads, truth_, p):
             for part in "kv":
                 self.assertTrue(torch.equal(entry[part][row, :, t], truth_[part][heads, p]), (part, p))
@@ -127,11 +127,36 @@ class Capture(CaptureCase):
                 kernel = 16 if layout.value[:2] == (0, 1) else None  # kernel blocks need dense pages
                 groups = [vm.Group([L[0], L[2]], block_size=64, kernel_block_size=kernel, window=64),
                           vm.Group([L[1], L[3]], block_size=64, kernel_block_size=kernel)]
-                engine = self.engine(groups, tp=2, layout=layout, overlay=i % 2 == 0, chunk=16)
+                engine = self.engine(groups, tp=2, layout=layout, chunk=16)
                 data = truth(L, "packed", 80, seed=i)
                 request = self.capture(engine, data, prompt=50, output=31)
                 self.assertEqual([g["dtype"] for g in request.config["groups"]], ["bfloat16", "bfloat16"])
                 self.check_values(engine, request, data, same)
+
+    def test_layers_of_other_head_counts_at_offsets(self):
+        """A group whose layers have their own specs (per-layer GQA: 4 and 2 KV heads) holds a tensor
+        per spec, the second at an offset into the shared region, in each stride order."""
+        for i, layout in enumerate(vm.KVCacheLayout):
+            with self.subTest(layout=layout.name):
+                self.tmp.cleanup()
+                self.tmp = tempfile.TemporaryDirectory()
+                self.out = os.path.join(self.tmp.name, "shards")
+                heads = {L[1]: 2, L[3]: 2}
+                engine = self.engine([vm.Group(L, layer_heads=heads)], layout=layout)
+                offsets = sorted(t.offset for t in engine.workers[0].scheduler_kv_cache_config.kv_cache_tensors)
+                self.assertEqual(len(offsets), 2)
+                self.assertEqual(offsets[0], 0)
+                self.assertGreater(offsets[1], 0)
+                data = {**truth([L[0], L[2]], "packed", 31, seed=i),
+                        **truth([L[1], L[3]], "packed", 31, seed=10 + i, heads=2)}
+                request = self.capture(engine, data)
+                ranks = request.per_rank_kv()
+                for name in L:
+                    entry = ranks[0][name]
+                    for p in range(30):
+                        row, t = rows_at(entry["block_ids"], request.block_ids[0], 16, p)
+                        for part in "kv":
+                            self.assertTrue(torch.equal(entry[part][row, :, t], data[name][part][:, p]), (name, p))
 
     def test_two_kv_heads_packed_and_slots_share_a_shape(self):
         """With 2 KV heads per rank, K|V packed per head and ROCm's K and V head slots are both
@@ -141,7 +166,8 @@ class Capture(CaptureCase):
                 self.tmp.cleanup()
                 self.tmp = tempfile.TemporaryDirectory()
                 self.out = os.path.join(self.tmp.name, "shards")
-                engine = self.engine([vm.Group(L, backend=backend)], heads=2, dim=32)
+                # ROCm attention's layouts: LHBNC, LBHNC (supported_kv_cache_layouts)
+                engine = self.engine([vm.Group(L, backend=backend)], heads=2, dim=32, layout=vm.KVCacheLayout.LBHNC)
                 shapes = {tuple(c.shape) for c in engine.workers[0].caches.values()}
                 self.assertEqual(shapes, {(40, 2, 16, 64)})
                 data = truth(L, "packed", 30, heads=2, dim=32)
@@ -173,6 +199,37 @@ class Capture(CaptureCase):
                 want = truth_[part][heads, p]
                 self.assertTrue(torch.equal(got.view(torch.uint8) if got.dtype != torch.bfloat16 else got, want))
         self.check_values(engine, request, data, same)
+
+    def test_fp8_is_the_platforms(self):
+        """On ROCm MI300 vLLM's fp8 is e4m3fnuz (current_platform.fp8_dtype()), elsewhere e4m3fn."""
+        from vllm.platforms import current_platform
+        for platform, want in (("torch.float8_e4m3fn", "float8_e4m3fn"), ("torch.float8_e4m3fnuz", "float8_e4m3fnuz")):
+            with self.subTest(platform=platform):
+                current_platform.fp8 = platform
+                try:
+                    engine = vm.Engine([vm.Group(L, cache_dtype="fp8")], total_heads=HEADS, head_size=DIM)
+                    worker = engine.workers[0]
+                    caches = RankCaches(worker.scheduler_kv_cache_config, worker.vllm_config, worker.caches,
+                                        worker.modules, 0, 0)
+                finally:
+                    current_platform.fp8 = "torch.float8_e4m3fn"
+                self.assertEqual(caches.config["groups"][0]["dtype"], want)
+
+    def test_hidden_state_and_sliding_mla_layers_listed_not_read(self):
+        worker = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM).workers[0]
+        config = worker.scheduler_kv_cache_config
+        spec = config.kv_cache_groups[0].kv_cache_spec
+
+        @vm.dataclass(frozen=True, kw_only=True)
+        class HiddenStateCacheSpec(vm.MLAAttentionSpec):
+            pass
+
+        hidden = HiddenStateCacheSpec(block_size=16, num_kv_heads=1, head_size=4096, dtype=torch.bfloat16)
+        config.kv_cache_groups.append(vm.KVCacheGroupSpec(["model.layers.4.hidden"], hidden))
+        caches = RankCaches(config, worker.vllm_config, worker.caches, worker.modules, 0, 0)
+        self.assertEqual(caches.config["groups"][1]["not_compared"], "hidden-state cache layers (extract_hidden_states)")
+        self.assertEqual(caches.config["groups"][0]["dtype"], "bfloat16")
+        self.assertIs(config.kv_cache_groups[0].kv_cache_spec, spec)
 
     def test_per_token_head_int8_and_fp8(self):
         for dtype, fmt, want_dtype in (("int8_per_token_head", "per_token_head_int8", "int8"),
@@ -292,19 +349,23 @@ class Capture(CaptureCase):
         self.check_values(engine, request, data, same)
 
     def test_suffixed_request_ids_name_prompts_by_the_users_id(self):
+        """The scheduler's Request carries the engine's id only ("<given>-<8 hex>", parallel-sampling
+        children "<i>_<given>-<8 hex>"): the id given is read back from it for the connector's
+        filter and the prompts' names; children of one request keep the engine's ids."""
         engine = self.engine([vm.Group(L)], extra={"requests": ["cmpl-"]})
         data = truth(L, "packed", 31)
         ids = [engine.add_request(ext, list(range(20)), list(range(100, 111)), data) for ext in ("cmpl-a", "other")]
+        ids += [engine.add_request("cmpl-n", list(range(20)), list(range(100, 111)), data, child=i) for i in (0, 1)]
         engine.run()
         for w in engine.workers:
             w.connector._writer.flush(30)
         for rid in ids:
             self.assertRegex(rid, r"-[0-9a-f]{8}$")
         shards = ShardSet(self.out)
-        self.assertEqual([r.request_id for r in shards.requests], [ids[0]])  # "other" not asked for
+        self.assertEqual(sorted(r.request_id for r in shards.requests), sorted([ids[0], ids[2], ids[3]]))
         reference = ReferenceModel(data, L)
         written = bundle_from_shards(self.out, os.path.join(self.tmp.name, "b.h5"), reference, log=lambda _: None)
-        self.assertEqual(written, ["cmpl-a"])
+        self.assertEqual(sorted(written), sorted(["cmpl-a", ids[2], ids[3]]))
 
 
 def kvscope(*args):

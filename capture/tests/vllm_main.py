@@ -9,8 +9,13 @@ after 2026-08-19), written from its sources:
   resumed_req_ids, SchedulerOutput;
   both model runners: vllm/v1/worker/gpu_model_runner.py (requests[id].block_ids) and Model Runner
   V2, vllm/v1/worker/gpu/model_runner.py (req_states and GPU block tables, no block ids per request
-  in Python; registers its caches with the connector in initialize_kv_cache);
-  request ids suffixed "-<8 hex>" (vllm/v1/engine/input_processor.py, assign_request_id);
+  in Python; resumed requests sent to it as new ones; registers its caches with the connector in
+  initialize_kv_cache; its connector's start_load_kv after the forward, gpu/kv_connector.py @ 2994a1af);
+  the engine core's KVCacheTensors (v1/core/kv_cache_utils.py, get_kv_cache_config_from_groups @
+  e0698da6): one region that every group overlays from byte 0, a tensor per (group, distinct layer
+  spec) at increasing offsets;
+  request ids suffixed "-<8 hex>" (vllm/v1/engine/input_processor.py, assign_request_id), the
+  scheduler's Request keeping only that id, parallel-sampling children "<index>_<id>";
   layers sharing another's cache left out of the connector's config and registered as the
   target's tensor.
 The KV is written into the caches the way the kernels write it (reshape_and_cache, the per-token-
@@ -117,6 +122,16 @@ class MLAAttentionSpec(FullAttentionSpec):
     def __post_init__(self):
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", 0)  # one latent, no separate V
+
+
+@dataclass(frozen=True)
+class UniformTypeKVCacheSpecs:
+    """Layers of one type whose specs differ (e.g. their KV head counts): one spec per layer."""
+    block_size: int
+    kv_cache_specs: dict
+
+    def __hash__(self):
+        return id(self)
 
 
 @dataclass(frozen=True)
@@ -274,9 +289,15 @@ def write_token(fmt, cache, kb, t, data, head_size):
     elif fmt == "packed_codes":  # fp8 per tensor: the codes, as uint8
         cache[kb, :, t, :d] = data["k"]
         cache[kb, :, t, d:2 * d] = data["v"]
-    elif fmt == "kv_slots":  # ROCM_ATTN: slot 0 every head's K, slot 1 V
-        cache[kb, 0, t, :] = data["k"].reshape(-1).to(cache.dtype)
-        cache[kb, 1, t, :] = data["v"].reshape(-1).to(cache.dtype)
+    elif fmt == "kv_slots":  # ROCM_ATTN: each slot viewed as PagedAttention.split_kv_cache views it
+        heads, tokens = data["k"].shape[0], cache.shape[2]
+        x = 16 // cache.element_size()
+        key = cache[kb, 0].view(heads, d // x, tokens, x)  # a slot's tokens are one contiguous run
+        value = cache[kb, 1].view(heads, d, tokens)
+        k, v = data["k"].to(cache.dtype), data["v"].to(cache.dtype)
+        for h in range(heads):
+            key[h, :, t, :] = k[h].reshape(d // x, x)
+            value[h, :, t] = v[h]
     elif fmt == "per_token_head":  # [K | K scale f32 | V | V scale f32], the view's dtype int8 or uint8
         raw = cache.view(torch.uint8)
         for h in range(data["k"].shape[0]):
@@ -352,6 +373,7 @@ class Group:
     mla: bool = False
     mamba: bool = False
     cache_dtype: str = "auto"  # this group's --kv-cache-dtype (skip layers: "auto")
+    layer_heads: dict = None  # per-layer KV heads (UniformTypeKVCacheSpecs: one spec per layer)
 
 
 @dataclass
@@ -360,6 +382,7 @@ class NewRequestData:
     prompt_token_ids: list
     block_ids: tuple
     num_computed_tokens: int
+    prefill_token_ids: list = None  # only for Model Runner V2
 
 
 @dataclass
@@ -431,16 +454,14 @@ class GPUModelRunnerV2:
         for rid in out.finished_req_ids | (out.preempted_req_ids or set()):
             self._gpu_block_table.pop(rid, None)
             self.req_states.req_id_to_index.pop(rid, None)
-        for new in out.scheduled_new_reqs:
+        for new in out.scheduled_new_reqs:  # add_requests: written with overwrite=True
+            assert new.prefill_token_ids is not None
             self._gpu_block_table[new.req_id] = tuple(list(g) for g in new.block_ids)
             self.req_states.req_id_to_index[new.req_id] = len(self.req_states.req_id_to_index)
         cached = out.scheduled_cached_reqs
-        for rid, ids in zip(cached.req_ids, cached.new_block_ids):
-            if ids is None:
-                continue
-            if rid in cached.resumed_req_ids or rid not in self._gpu_block_table:
-                self._gpu_block_table[rid] = tuple(list(g) for g in ids)
-            else:
+        for rid, ids in zip(cached.req_ids, cached.new_block_ids):  # update_requests: appended
+            self.req_states.req_id_to_index[rid]  # a request it does not hold is a KeyError, as in vLLM
+            if ids is not None:
                 for g, more in zip(self._gpu_block_table[rid], ids):
                     g.extend(more)
         self.worker.forward(out, lambda rid: self._gpu_block_table[rid])
@@ -451,15 +472,14 @@ class Engine:
     prefill, preemption, and a KV connector's life cycle.
 
     groups: [Group]; total_heads KV heads of head_size; layout: the KVCacheLayout the engine core
-    resolved; runner "v1" or "v2"; overlay: the groups' tensors share bytes (the hybrid allocator's
-    pool), else they follow each other at offsets; alias: {layer: target} sharing caches; scales:
+    resolved; runner "v1" or "v2"; alias: {layer: target} sharing caches; scales:
     {layer: (k_scale, v_scale)}; connector: (class, kv_transfer_config's extra config) or None."""
 
     def __init__(self, groups, total_heads=4, head_size=16, tp=1, num_blocks=40, layout=KVCacheLayout.LBNHC,
-                 runner="v2", overlay=True, alias=None, scales=None, connector=None, chunk=None, seed=0,
+                 runner="v2", alias=None, scales=None, connector=None, chunk=None, seed=0,
                  mla_widths=None, dtype=torch.bfloat16):
         self.groups, self.total_heads, self.head_size, self.tp = groups, total_heads, head_size, tp
-        self.num_blocks, self.layout, self.runner_kind, self.overlay = num_blocks, layout, runner, overlay
+        self.num_blocks, self.layout, self.runner_kind = num_blocks, layout, runner
         self.alias, self.scales, self.chunk, self.dtype = alias or {}, scales or {}, chunk, dtype
         self.mla_widths = mla_widths or (head_size - 8, 8)
         self.rng = np.random.default_rng(seed)
@@ -480,14 +500,21 @@ class Engine:
             self.initialize_kv_cache(worker)
 
     # -- specs and caches -------------------------------------------------------------------------------
-    def heads_of_rank(self, rank):
-        if self.total_heads >= self.tp:
-            per = self.total_heads // self.tp
+    def heads_of_rank(self, rank, total=None):
+        total = total or self.total_heads
+        if total >= self.tp:
+            per = total // self.tp
             return list(range(rank * per, (rank + 1) * per))
-        return [rank // (self.tp // self.total_heads)]
+        return [rank // (self.tp // total)]
 
     def spec_of(self, group):
-        heads = 1 if group.mla else max(1, self.total_heads // self.tp)
+        if group.layer_heads:
+            specs = {name: self._spec(group, max(1, group.layer_heads.get(name, self.total_heads) // self.tp))
+                     for name in group.layer_names}
+            return UniformTypeKVCacheSpecs(block_size=group.block_size, kv_cache_specs=specs)
+        return self._spec(group, 1 if group.mla else max(1, self.total_heads // self.tp))
+
+    def _spec(self, group, heads):
         mode = get_kv_quant_mode(group.cache_dtype)
         dtype = {KVQuantMode.NONE: self.dtype, KVQuantMode.INT8_PER_TOKEN_HEAD: torch.int8}.get(mode, torch.uint8)
         if group.mamba:
@@ -533,25 +560,31 @@ class Engine:
         return worker
 
     def _allocation(self, groups):
-        """The engine core's KVCacheConfig: one KVCacheTensor per group over one buffer; the groups'
-        tensors overlay (layer i of each group shares bytes) or follow each other."""
-        tensors, offset, end = [], 0 if self.overlay else 4096, 0
-        for g, group in zip(self.groups, groups):
-            spec = group.kv_cache_spec
-            if group.layer_names == [] or isinstance(spec, MambaSpec):
-                continue
-            kernel = g.kernel_block_size or g.block_size
-            shape = (len(group.layer_names),) + layer_shape_bytes(spec, self.num_blocks, kernel)
-            strides = layout_strides(shape, self.layout)
-            ratio = g.block_size // kernel
-            size = sum((n - 1) * s for n, s in zip(shape, strides)) + 1
-            tensors.append(KVCacheTensor(size=0, layers=list(group.layer_names), layer_stride=strides[0],
-                                         block_stride=strides[1] * ratio, offset=offset))
-            end = max(end, offset + size)
-            if not self.overlay:
-                offset = -(-end // 512) * 512
-        for t in tensors:
-            t.size = end  # one backing allocation
+        """get_kv_cache_config_from_groups: one region of bytes_per_block x num_blocks; every group
+        starts at byte 0 (a block id belongs to one group at a time); inside a group a tensor per
+        distinct layer spec, at increasing offsets; block-outermost layouts interleave a whole
+        block of every layer."""
+        def specs_of(group):
+            per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+            return {name: (per_layer[name] if per_layer else group.kv_cache_spec) for name in group.layer_names}
+
+        attention = [g for g in groups if g.layer_names and not isinstance(g.kv_cache_spec, MambaSpec)]
+        bytes_per_block = max(sum(spec.page_size_bytes for spec in specs_of(g).values()) for g in attention)
+        outermost_block = self.layout.value[0] == 1
+        tensors = []
+        for group in attention:
+            by_spec = {}
+            for name, spec in specs_of(group).items():
+                by_spec.setdefault(spec, []).append(name)
+            byte_offset = 0
+            for spec, names in by_spec.items():
+                shape = (len(names),) + layer_shape_bytes(spec, self.num_blocks, spec.block_size)
+                fixed = (None, bytes_per_block if outermost_block else None, None, None, None)
+                layer_stride, block_stride = layout_strides(shape, self.layout, fixed)[:2]
+                offset = byte_offset * max(layer_stride, spec.page_size_bytes) // spec.page_size_bytes
+                tensors.append(KVCacheTensor(size=bytes_per_block * self.num_blocks, layers=names,
+                                             layer_stride=layer_stride, block_stride=block_stride, offset=offset))
+                byte_offset += len(names) * spec.page_size_bytes
         return KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups,
                              kv_cache_layout=self.layout.name)
 
@@ -559,16 +592,15 @@ class Engine:
         """allocate_kv_cache + bind_kv_cache + the connector's registration, as the runners do in
         initialize_kv_cache. May run again (Model Runner V2 re-initialising)."""
         config = worker.scheduler_kv_cache_config
-        size = config.kv_cache_tensors[0].size if config.kv_cache_tensors else 0
+        size = config.kv_cache_tensors[0].size
         raw = torch.randint(-128, 127, (-(-size // 4096) * 4096,), dtype=torch.int8)  # others' garbage
         caches = {}
         for g, group in zip(self.groups, config.kv_cache_groups):
-            tensor = next((t for t in config.kv_cache_tensors if t.layers == group.layer_names), None)
-            if tensor is None:
-                continue
-            views = views_of(raw, group.kv_cache_spec, self.num_blocks, self.layout, tensor,
-                             g.kernel_block_size or g.block_size)
-            caches.update(zip(tensor.layers, views))
+            per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+            for tensor in (t for t in config.kv_cache_tensors if set(t.layers) <= set(group.layer_names)):
+                spec = per_layer[tensor.layers[0]] if per_layer else group.kv_cache_spec
+                views = views_of(raw, spec, self.num_blocks, self.layout, tensor, g.kernel_block_size or g.block_size)
+                caches.update(zip(tensor.layers, views))
             if self.format_of(g) in ("per_token_head", "int4"):
                 # TritonAttentionImpl._ensure_scale_caches: every (token, head) scale starts at 1.0.
                 d = self.head_size // (2 if self.format_of(g) == "int4" else 1)
@@ -594,11 +626,15 @@ class Engine:
             self.call(worker, worker.connector.register_kv_caches, dict(caches))
 
     # -- requests -----------------------------------------------------------------------------------------
-    def add_request(self, external_id, prompt, output, kv):
-        """kv: the engine's KV of every position (Engine docs: per layer, per format)."""
+    def add_request(self, external_id, prompt, output, kv, child=None):
+        """kv: the engine's KV of every position (Engine docs: per layer, per format); child: the
+        index of a parallel-sampling child (n > 1). The scheduler's Request (vllm/v1/request.py)
+        keeps the engine's id only."""
         rid = f"{external_id}-{uuid.uuid4().hex[:8]}"
+        if child is not None:
+            rid = f"{child}_{rid}"
         self.requests[rid] = types.SimpleNamespace(
-            request_id=rid, external_req_id=external_id, prompt_token_ids=list(prompt), output_token_ids=list(output),
+            request_id=rid, prompt_token_ids=list(prompt), output_token_ids=list(output),
             num_computed_tokens=0, block_ids=None, new=True, resumed=False, done=False)
         self.truth[rid] = kv
         return rid
@@ -637,10 +673,12 @@ class Engine:
                 n = 1  # decode
             upto = request.num_computed_tokens + n
             added = self._allocate(request, upto)
-            if request.new:
+            if request.new or (request.resumed and self.runner_kind == "v2"):
+                # Model Runner V2 is sent a resumed request as a new one (scheduler.py)
                 new.append(NewRequestData(rid, request.prompt_token_ids, tuple(list(g) for g in request.block_ids),
-                                          request.num_computed_tokens))
-                request.new = False
+                                          request.num_computed_tokens,
+                                          prefill_token_ids=request.prompt_token_ids + request.output_token_ids))
+                request.new = request.resumed = False
             else:
                 cached.req_ids.append(rid)
                 if request.resumed:
@@ -671,7 +709,8 @@ class Engine:
                     for name in g.layer_names:
                         if name in self.alias:
                             continue
-                        data = self._token_data(worker.tp_rank, g, self.truth[rid][name], p)
+                        total = (g.layer_heads or {}).get(name, self.total_heads)
+                        data = self._token_data(worker.tp_rank, g, self.truth[rid][name], p, total)
                         write_token(fmt, worker.caches[name], kb, t, data, self.head_size)
 
     def format_of(self, group):
@@ -684,12 +723,12 @@ class Engine:
                 KVQuantMode.INT8_PER_TOKEN_HEAD: "per_token_head", KVQuantMode.FP8_PER_TOKEN_HEAD: "per_token_head",
                 KVQuantMode.INT4_PER_TOKEN_HEAD: "int4", KVQuantMode.NVFP4: "nvfp4"}.get(mode)
 
-    def _token_data(self, rank, group, truth, p):
-        """Position p's data for this rank's heads: truth is {part: [total_heads, seq, ...]} (MLA:
+    def _token_data(self, rank, group, truth, p, total):
+        """Position p's data for this rank's heads: truth is {part: [total heads, seq, ...]} (MLA:
         {'latent': [seq, width]})."""
         if group.mla:
             return {"latent": truth["latent"][p]}
-        heads = self.heads_of_rank(rank)
+        heads = self.heads_of_rank(rank, total)
         return {part: value[heads, p] for part, value in truth.items()}
 
     def step(self):
@@ -719,13 +758,18 @@ class Engine:
         reported = []
         for worker in self.workers:
             def run(w=worker):
+                # The first runner starts loads before the forward; Model Runner V2 after it
+                # (post_forward), unless the step has synchronous loads.
                 c = w.connector
                 if c is not None:
                     c.bind_connector_metadata(out.kv_connector_metadata)
-                    c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
+                    if self.runner_kind == "v1":
+                        c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
                 w.model_runner.execute_model(out)
                 if c is None:
                     return set()
+                if self.runner_kind == "v2":
+                    c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
                 c.wait_for_save()
                 sending, _ = c.get_finished(set(out.finished_req_ids))
                 c.clear_connector_metadata()

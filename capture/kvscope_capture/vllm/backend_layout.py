@@ -4,10 +4,11 @@
 Those versions' per-layer tensors differ by backend (logical shapes, as
 `AttentionBackend.get_kv_cache_shape` returns them; HND/NHD changes only the strides):
 
-    FlashAttention, FlexAttention     (2, num_blocks, block_size, num_kv_heads, head_size)
-    FlashInfer, Triton                (num_blocks, 2, block_size, num_kv_heads, head_size)
-    packed K/V (ROCm, Triton, CPU)    (num_blocks, num_kv_heads, block_size, 2 * head_size)
-    MLA                               (num_blocks, block_size, head_size)
+    FlashAttention (until spring 2026)  (2, num_blocks, block_size, num_kv_heads, head_size)
+    FlashAttention (June 2026), FlashInfer, Triton
+                                        (num_blocks, 2, block_size, num_kv_heads, head_size)
+    packed K/V (Triton, CPU)            (num_blocks, num_kv_heads, block_size, 2 * head_size)
+    MLA                                 (num_blocks, block_size, head_size)
 
 The layout is read from the backend, by asking it for the shape of a cache whose sizes are
 sentinels (distinct numbers, so that each axis names its role), never guessed from the tensor's

@@ -29,6 +29,7 @@ KVTransferConfig...}, {...the other's...}]}; a request's blocks are freed when b
 """
 
 import os
+import re
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, SupportsHMA)
@@ -37,6 +38,21 @@ from ..shards import shard_path
 from .rank_caches import RankCaches
 from .shard_queue import ShardQueue
 from .worker_extension import _parallel_ranks, forward_layers
+
+
+# vLLM makes a request's id unique inside the engine as "<the id given>-<8 hex>"
+# (vllm/v1/engine/input_processor.py, assign_request_id), and a parallel-sampling child's as
+# "<index>_<that>" (parallel_sampling.py); the scheduler's Request keeps only that id.
+_ENGINE_ID = re.compile(r"^(?:\d+_)?(?P<given>.+)-[0-9a-f]{8}$")
+
+
+def given_request_id(request):
+    """The id the user gave a request, as far as the engine's id tells it."""
+    given = getattr(request, "external_req_id", None)
+    if given:
+        return str(given)
+    match = _ENGINE_ID.match(str(request.request_id))
+    return match.group("given") if match else str(request.request_id)
 
 
 class KvscopeDump:
@@ -100,8 +116,8 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
             return False
         if not request.prompt_token_ids:  # prompt embeddings: no token ids to give the reference
             return False
-        ids = [request.request_id, getattr(request, "external_req_id", None)]
-        return not self._prefixes or any(i and i.startswith(p) for i in ids for p in self._prefixes)
+        ids = [request.request_id, given_request_id(request)]
+        return not self._prefixes or any(i.startswith(p) for i in ids for p in self._prefixes)
 
     def request_finished(self, request, block_ids):
         """One KV cache group: block_ids is its list."""
@@ -112,8 +128,7 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
             return False, None
         self._captured += 1
         self._pending.append(KvscopeDump(request.request_id, request.prompt_token_ids, request.output_token_ids,
-                                         request.num_computed_tokens, block_ids,
-                                         getattr(request, "external_req_id", None)))
+                                         request.num_computed_tokens, block_ids, given_request_id(request)))
         return True, None  # held until the workers report it in get_finished
 
     def build_connector_meta(self, scheduler_output):

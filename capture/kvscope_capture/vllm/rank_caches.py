@@ -10,9 +10,12 @@ modules (their backend and `_k_scale` / `_v_scale`)."""
 
 from ..kv_cache_config import model_order
 from .backend_layout import detect_layout
-from .spec_layout import FP8_FORMATS, SpecLayout, spec_describes_layout
+from .spec_layout import FP8_FORMATS, SpecLayout, is_mla_spec, platform_fp8, spec_describes_layout
 
 NOT_READ = ("MambaSpec", "EncoderOnlyAttentionSpec")
+# Spec types that hold something kvscope does not compare, listed with what they hold.
+NOT_COMPARED = {"HiddenStateCacheSpec": "hidden-state cache layers (extract_hidden_states)",
+                "SlidingWindowMLASpec": "sliding-window MLA layers"}
 # Formats whose per-tensor scales are the attention layer's _k_scale / _v_scale.
 PER_TENSOR_SCALED = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8")
 
@@ -43,7 +46,7 @@ def layer_format(spec, cache_dtype, what):
     # vLLM allocates quantised caches as bytes.
     if cache_dtype in (None, "auto") or dtype.replace("torch.", "") in ("bfloat16", "float16", "float32"):
         return dtype, None
-    return {**FP8_FORMATS, "int8": "int8"}.get(cache_dtype, cache_dtype), None
+    return platform_fp8({**FP8_FORMATS, "int8": "int8"}.get(cache_dtype, cache_dtype)), None
 
 
 def _group_entries(group, cache_dtype, mla_widths=None):
@@ -68,7 +71,9 @@ def _group_entries(group, cache_dtype, mla_widths=None):
         chunk = getattr(layer_spec, "attention_chunk_size", None)
         if chunk is not None:
             entry["attention_chunk_size"] = int(chunk)
-        if entry["spec_type"].startswith("MLA"):
+        if entry["spec_type"] in NOT_COMPARED:
+            entry["not_compared"] = NOT_COMPARED[entry["spec_type"]]
+        elif is_mla_spec(layer_spec):
             if mla_widths is None:
                 raise ValueError(f"layer {name}: an MLA cache, but the model config gives no kv_lora_rank and "
                                  "qk_rope_head_dim (the widths of c_kv and k_pe)")

@@ -10,7 +10,9 @@ indexing reads it whatever its strides. What the content holds is the spec's to 
 
     spec (AttentionSpec fields)                               H          content of one (h, t)
     kv_quant_mode NONE / FP8_PER_TENSOR                       kv heads   K[head_size] | V[head_size_v]
-    num_head_slots 2, state_content_bytes heads*head_size*e   2          slot 0 K of every head, slot 1 V
+    num_head_slots 2, state_content_bytes heads*head_size*e   2          slot 0 K, slot 1 V, each block's
+      (ROCm attention)                                                   slot as its kernels view it: K
+                                                                         [heads][D/x][N][x], V [heads][D][N]
     INT8 / FP8_PER_TOKEN_HEAD (state_content_bytes set)       kv heads   K | K scale f32 | V | V scale f32
     INT4_PER_TOKEN_HEAD                                       kv heads   K nibbles | K scale f32 (zero
                                                                          point in its low 4 bits) | V ...
@@ -32,16 +34,34 @@ INT8_PER_TOKEN_HEAD, FP8_PER_TOKEN_HEAD, INT4_PER_TOKEN_HEAD = (
     "INT8_PER_TOKEN_HEAD", "FP8_PER_TOKEN_HEAD", "INT4_PER_TOKEN_HEAD")
 NVFP4 = "NVFP4"
 
-# vLLM's --kv-cache-dtype names of per-tensor fp8, as kvscope's config spells the stored format.
+# vLLM's --kv-cache-dtype names of per-tensor fp8, as kvscope's config spells the stored format
+# ("fp8" and "fp8_e4m3" are the platform's e4m3: see platform_fp8).
 FP8_FORMATS = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_inc": "float8_e4m3fn",
                "fp8_e5m2": "float8_e5m2", "fp8_ds_mla": "fp8_ds_mla"}
-# fp8 values of the per-token-head modes (vLLM's platform fp8: e4m3fn on NVIDIA).
 _PER_TOKEN_HEAD_FORMATS = {INT8_PER_TOKEN_HEAD: "int8", FP8_PER_TOKEN_HEAD: "float8_e4m3fn"}
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "int8": 1, "float8_e4m3fn": 1,
                 "float8_e5m2": 1, "float8_e4m3fnuz": 1}
 # vLLM's random Hadamard rotation of int4 per-token-head caches: its signs' generator seed for
 # round 0 (vllm/v1/attention/ops/triton_quant_kv/_hadamard.py @ 3629cf05, _get_rht_signs).
 RHT_SEED = 0x9E3779B9
+
+
+def platform_fp8(name):
+    """The stored format of an e4m3 cache: vLLM stores the platform's fp8 (current_platform.fp8_dtype()),
+    e4m3fnuz on ROCm MI300 (vllm/platforms/rocm.py), e4m3fn elsewhere."""
+    if name != "float8_e4m3fn":
+        return name
+    try:
+        from vllm.platforms import current_platform
+        fnuz = "fnuz" in str(current_platform.fp8_dtype())
+    except Exception:  # no vLLM platform to ask (an offline reader)
+        fnuz = False
+    return "float8_e4m3fnuz" if fnuz else name
+
+
+def is_mla_spec(spec):
+    """Whether a spec is MLAAttentionSpec or one of its subclasses."""
+    return any(c.__name__ == "MLAAttentionSpec" for c in type(spec).__mro__)
 
 
 class LayoutError(ValueError):
@@ -117,7 +137,7 @@ class SpecLayout:
         self.what = what
         self.spec = spec
         self.mode = quant_mode_name(spec)
-        self.is_mla = type(spec).__name__.startswith("MLA")
+        self.is_mla = is_mla_spec(spec)
         heads = int(spec.num_kv_heads)
         self.head_size = int(spec.head_size)
         head_size_v = getattr(spec, "head_size_v", None)
@@ -134,7 +154,7 @@ class SpecLayout:
         if self.is_mla:
             self.kind = "mla"
             self.dtype = "fp8_ds_mla" if getattr(spec, "cache_dtype_str", None) == "fp8_ds_mla" else (
-                _dtype_name(spec.dtype) if self.mode == NONE else FP8_FORMATS.get(cache_dtype))
+                _dtype_name(spec.dtype) if self.mode == NONE else platform_fp8(FP8_FORMATS.get(cache_dtype)))
             if self.mode not in (NONE, FP8_PER_TENSOR) or self.dtype is None or slots not in (None, 1):
                 self._refuse("an MLA cache in a format kvscope does not read")
             width = content if content is not None else d * element
@@ -142,14 +162,16 @@ class SpecLayout:
         elif self.mode in (NONE, FP8_PER_TENSOR) and slots is None and content is None:
             self.kind, expect_slots, width = "packed", heads, 2 * d * element
             self.dtype = _dtype_name(spec.dtype) if self.mode == NONE else FP8_FORMATS.get(cache_dtype)
+            if cache_dtype != "fp8_inc":  # Gaudi's
+                self.dtype = platform_fp8(self.dtype)
             if self.dtype is None or self.dtype == "fp8_ds_mla":
                 self._refuse(f"an fp8 cache of --kv-cache-dtype {cache_dtype!r}")
-        elif self.mode == NONE and slots == 2 and content == heads * d * element:
+        elif self.mode == NONE and slots == 2 and content == heads * d * element and (d * element) % 16 == 0:
             self.kind, expect_slots, width = "kv_slots", 2, content
             self.dtype = _dtype_name(spec.dtype)
         elif self.mode in _PER_TOKEN_HEAD_FORMATS and slots is None and content == 2 * d + 8 and element == 1:
             self.kind, expect_slots, width = "per_token_head", heads, content
-            self.dtype = _PER_TOKEN_HEAD_FORMATS[self.mode]
+            self.dtype = platform_fp8(_PER_TOKEN_HEAD_FORMATS[self.mode])
         elif self.mode == INT4_PER_TOKEN_HEAD and slots is None and content == d + 8 and element == 1 and d % 2 == 0:
             self.kind, expect_slots, width = "int4_per_token_head", heads, content
             self.dtype = "int4_per_token_head"
@@ -194,6 +216,10 @@ class SpecLayout:
             if tensor.stride(2) != got_width or tensor.stride(1) != tokens * got_width:
                 raise LayoutError(f"{self.what}: an NVFP4 cache with strides {tuple(tensor.stride())}: kvscope reads "
                                   "NVFP4 pages only in a head-major layout (VLLM_KV_CACHE_LAYOUT=HND)")
+        if self.kind == "kv_slots" and tensor.stride(2) != got_width:
+            # The kernels view each slot's [N, C] as one contiguous run (PagedAttention.split_kv_cache).
+            raise LayoutError(f"{self.what}: K/V head slots with strides {tuple(tensor.stride())}: each slot's "
+                              "tokens must be one contiguous run, as ROCm attention's kernels view them")
         self.kernel_block_size = tokens
         self.kernel_blocks_per_block = block_size // tokens
         return self
@@ -234,10 +260,13 @@ class SpecLayout:
         if self.kind == "packed":
             return {"k": blocks_of(picked[..., :self.head_size]), "v": blocks_of(picked[..., self.head_size:])}
         if self.kind == "kv_slots":
-            def side(slot):
-                x = picked[:, slot].reshape(n * r, -1, self.heads, self.head_size).permute(0, 2, 1, 3)
-                return blocks_of(x)
-            return {"k": side(0), "v": side(1)}
+            # vllm/v1/attention/ops/paged_attn.py, split_kv_cache: x = 16 bytes of elements; a block's
+            # K slot is [heads][D/x][N][x], its V slot [heads][D][N].
+            tokens, d = self.kernel_block_size, self.head_size
+            x = 16 // picked.element_size()
+            k = picked[:, 0].reshape(n * r, self.heads, d // x, tokens, x).permute(0, 1, 3, 2, 4)
+            v = picked[:, 1].reshape(n * r, self.heads, d, tokens).permute(0, 1, 3, 2)
+            return {"k": blocks_of(k.reshape(n * r, self.heads, tokens, d)), "v": blocks_of(v)}
         raw = picked.view(torch.uint8)
         d = self.head_size
         if self.kind == "per_token_head":

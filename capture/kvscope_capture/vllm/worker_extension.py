@@ -8,12 +8,14 @@
 
 vLLM mixes the class into its Worker (vllm/v1/worker/worker_base.py), so `self` is the worker and
 `self.model_runner` its model runner: the first one (vllm/v1/worker/gpu_model_runner.py, which
-keeps `requests[id].block_ids`) or Model Runner V2 (vllm/v1/worker/gpu/model_runner.py, vLLM's
-default for dense models since July 2026, which keeps its block tables on the GPU only).
+keeps `requests[id].block_ids`) or Model Runner V2 (vllm/v1/worker/gpu/model_runner.py, which
+vLLM chose for dense models from May 2026, and, once connectors no longer sent it back to the
+first runner, with them too; it keeps its block tables on the GPU only).
 
 Block ids: both runners are handed each step's SchedulerOutput. Once `enable_block_table_snapshots`
 has run (make_kv_extract_fn calls it), every step's new requests' `block_ids` and running requests'
-`new_block_ids` are followed (a request resumed after preemption gets its list anew), and the last
+`new_block_ids` are followed (a request resumed after preemption gets its list anew: Model Runner
+V2 is sent it as a new request, the first runner as a resumed one), and the last
 step's requests are kept after they finish: vLLM frees a finished request's blocks at once, and
 with them its row of the block table. The blocks keep their bytes until another request takes
 them: capture one request at a time, with prefix caching off (the validation loop does).

@@ -35,6 +35,8 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):
                 kv_role=ktc.get("kv_role"), kv_connector_extra_config=ktc.get("kv_connector_extra_config", {}))
             self._connectors.append(connector_class(ktc)(temp_config, role, kv_cache_config))
         self._extra_async_saves = {}
+        self._requests_to_connector = {}
+        self._all_support_hma = all(isinstance(c, SupportsHMA) for c in self._connectors)
 
     # worker side
     def register_kv_caches(self, kv_caches):
@@ -47,12 +49,14 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):
 
     def bind_connector_metadata(self, connector_metadata):
         assert isinstance(connector_metadata, MultiKVConnectorMetadata)
+        super().bind_connector_metadata(connector_metadata)
         if connector_metadata.extra_async_saves:
             self._extra_async_saves.update(connector_metadata.extra_async_saves)
         for c, cm in zip(self._connectors, connector_metadata.metadata):
             c.bind_connector_metadata(cm)
 
     def clear_connector_metadata(self):
+        super().clear_connector_metadata()
         for c in self._connectors:
             c.clear_connector_metadata()
 
@@ -97,17 +101,20 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):
 
     # scheduler side
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        for c in self._connectors:
+        to_return = (0, False)
+        for i, c in enumerate(self._connectors):
             toks, load_async = c.get_num_new_matched_tokens(request, num_computed_tokens)
             if toks is None:
                 return None, False
-            if toks > 0:
-                return toks, load_async
-        return 0, False
+            if to_return[0] == 0 and toks > 0:
+                self._requests_to_connector[request.request_id] = i
+                to_return = (toks, load_async)
+        return to_return
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        for c in self._connectors:
-            c.update_state_after_alloc(request, blocks, 0)
+        chosen = self._requests_to_connector.get(request.request_id, -1)
+        for i, c in enumerate(self._connectors):
+            c.update_state_after_alloc(request, blocks, num_external_tokens if i == chosen else 0)
 
     def build_connector_meta(self, scheduler_output):
         metadata = MultiKVConnectorMetadata(c.build_connector_meta(scheduler_output) for c in self._connectors)
@@ -121,13 +128,20 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):
         for held, txfer in results:
             async_saves += bool(held)
             if txfer is not None:
+                if params is not None and set(params) & set(txfer):
+                    raise RuntimeError(f"Key clash in kv_transfer_params from multiple connectors: "
+                                       f"{set(params) & set(txfer)}")
                 params = {**(params or {}), **txfer}
         if async_saves > 1:
             self._extra_async_saves[request.request_id] = async_saves - 1
+        self._requests_to_connector.pop(request.request_id, None)
         return async_saves > 0, params
 
     def request_finished(self, request, block_ids):
         return self._aggregate([c.request_finished(request, block_ids) for c in self._connectors], request)
 
     def request_finished_all_groups(self, request, block_ids):
+        if not self._all_support_hma:
+            assert len(block_ids) == 1, "HMA with multiple kv_cache_groups requires all sub-connectors to support HMA"
+            return self.request_finished(request, block_ids[0])
         return self._aggregate([c.request_finished_all_groups(request, block_ids) for c in self._connectors], request)
