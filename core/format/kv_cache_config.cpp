@@ -94,9 +94,13 @@ std::string describeGroup(const KvCacheGroup& group)
         out += " (sliding_window " + std::to_string(*group.slidingWindow) + ")";
     if (group.attentionChunkSize)
         out += " (attention_chunk_size " + std::to_string(*group.attentionChunkSize) + ")";
-    std::string dtype = group.dsMla ? "fp8_ds_mla" : dtypeName(group.dtype);
+    // (vLLM's names for its 4-bit caches, which say more than their element types)
+    const auto cacheName = [](DType d) {
+        return d == DType::Float4E2M1 || d == DType::Int4TokenHead ? configDTypeName(d) : dtypeName(d);
+    };
+    std::string dtype = group.dsMla ? "fp8_ds_mla" : cacheName(group.dtype);
     if (group.vDtype)
-        dtype = "K " + dtype + " / V " + dtypeName(*group.vDtype);
+        dtype = "K " + dtype + " / V " + cacheName(*group.vDtype);
     out += ", block_size " + std::to_string(group.blockSize) + ", " + dtype + ", " + layers + ", head_size " +
            std::to_string(group.headSize);
     if (group.specType == SpecType::Mla)
