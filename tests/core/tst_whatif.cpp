@@ -4,6 +4,7 @@
 
 #include "format/bundle_reader.h"
 #include "format/dtype.h"
+#include "format/int4_rht.h"
 #include "kv/capture_loader.h"
 #include "quant/quantiser.h"
 #include "quant/whatif.h"
@@ -12,6 +13,7 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <tuple>
@@ -27,6 +29,8 @@ private slots:
     void fastGridIsTheCodecsGrid();
     void vllmStaticScalesSaturate();
     void kiviKeepsTheRecentTokens();
+    void int4TokenHeadRhtIsVllms();
+    void nvfp4IsVllmsFormula();
     void namesTheLayersAPerTensorScaleCrushes();
 };
 
@@ -159,6 +163,149 @@ void TestWhatIf::kiviKeepsTheRecentTokens()
     for (std::size_t i = 0; i < 8 * 16; ++i)
         changed += q[i] != x[i];
     QVERIFY(changed > 100);
+}
+
+namespace {
+
+// H[i][j] = (-1)^popcount(i & j): the unnormalised Walsh-Hadamard matrix, applied in O(d^2).
+std::vector<double> hadamardProduct(const std::vector<double>& x)
+{
+    std::vector<double> y(x.size(), 0.0);
+    for (std::size_t i = 0; i < x.size(); ++i)
+        for (std::size_t j = 0; j < x.size(); ++j)
+            y[i] += (std::popcount(i & j) % 2 ? -1.0 : 1.0) * x[j];
+    return y;
+}
+
+// The nearest magnitude of `grid` (codes in increasing order) to |x|, ties to the even code.
+double nearest(const std::vector<double>& grid, double x)
+{
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < grid.size(); ++c) {
+        const double d = std::fabs(grid[c] - std::fabs(x)), e = std::fabs(grid[best] - std::fabs(x));
+        if (d < e || (d == e && c % 2 == 0))
+            best = c;
+    }
+    return std::copysign(grid[best], x);
+}
+
+}  // namespace
+
+void TestWhatIf::int4TokenHeadRhtIsVllms()
+{
+    // docs/whatif.md: kvscope's signs are the bits of SplitMix64 seeded 0x9E3779B9, bit i of draw
+    // i / 64 set giving -1. Written here again.
+    const int dim = 64;
+    std::vector<double> signs;
+    std::uint64_t state = 0x9E3779B9u, draw = 0;
+    for (int i = 0; i < dim; ++i) {
+        if (i % 64 == 0) {
+            std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            draw = z ^ (z >> 31);
+        }
+        signs.push_back((draw >> (i % 64)) & 1u ? -1.0 : 1.0);
+    }
+    const std::vector<std::int8_t> kvscopes = kvscopeRhtSigns(dim);
+    for (int i = 0; i < dim; ++i)
+        QCOMPARE(double(kvscopes[std::size_t(i)]), signs[std::size_t(i)]);
+
+    std::string error;
+    const auto scheme = parseScheme("int4/token_head_rht", error);
+    QVERIFY(scheme);
+    QCOMPARE(scheme->name(), std::string("int4/token_head_rht"));
+    QCOMPARE(scheme->bits(), 4);
+    std::mt19937 rng(19);
+    std::normal_distribution<float> n01;
+    const std::int64_t seq = 6;
+    const int heads = 2;
+    std::vector<float> x(std::size_t(seq) * heads * dim), out;
+    for (float& v : x)
+        v = n01(rng) * 3.0f;
+    run(*scheme, x, seq, heads, dim, out);
+    // vLLM's int4_per_token_head in double: rotate, asymmetric over the head, decode, rotate back.
+    for (std::int64_t t = 0; t < seq; ++t)
+        for (int h = 0; h < heads; ++h) {
+            const std::size_t at = (std::size_t(t) * heads + std::size_t(h)) * dim;
+            std::vector<double> row;
+            for (int i = 0; i < dim; ++i)
+                row.push_back(double(x[at + std::size_t(i)]) * signs[std::size_t(i)]);
+            const std::vector<double> rotated = hadamardProduct(row);
+            const double lo = *std::min_element(rotated.begin(), rotated.end());
+            const double hi = *std::max_element(rotated.begin(), rotated.end());
+            const double scale = std::max((hi - lo) / 15, 1e-6);
+            const double zp = std::clamp(std::round(-lo / scale), 0.0, 15.0);
+            std::vector<double> decoded;
+            for (double r : rotated)
+                decoded.push_back((std::clamp(std::round(r / scale + zp), 0.0, 15.0) - zp) * scale);
+            const std::vector<double> back = hadamardProduct(decoded);
+            for (int i = 0; i < dim; ++i) {
+                const double expected = back[std::size_t(i)] / dim * signs[std::size_t(i)];
+                QVERIFY2(std::fabs(out[at + std::size_t(i)] - expected) <= 1e-6 * (hi - lo),
+                         qPrintable(QString("t %1 h %2 i %3: %4, expected %5").arg(t).arg(h).arg(i).arg(out[at + std::size_t(i)]).arg(expected)));
+            }
+        }
+    // A width that is not a power of two is padded with zeros: 48 values within int4's bound.
+    std::vector<float> narrow(std::size_t(seq) * 48), q48;
+    for (float& v : narrow)
+        v = n01(rng);
+    run(*scheme, narrow, seq, 1, 48, q48);
+    for (std::int64_t t = 0; t < seq; ++t) {
+        double err2 = 0, lo = 0, hi = 0;
+        for (int i = 0; i < 48; ++i) {
+            err2 += std::pow(double(q48[std::size_t(t) * 48 + std::size_t(i)]) - narrow[std::size_t(t) * 48 + std::size_t(i)], 2);
+            lo = std::min(lo, double(narrow[std::size_t(t) * 48 + std::size_t(i)]));
+            hi = std::max(hi, double(narrow[std::size_t(t) * 48 + std::size_t(i)]));
+        }
+        // ||x - x'|| <= the rotated error's ||.|| / sqrt(64) <= scale / 2, scale <= 2 x 8 x max|x| / 15
+        QVERIFY(std::sqrt(err2) <= 16.0 * std::max(-lo, hi) / 15.0 / 2.0 * 1.001);
+    }
+}
+
+void TestWhatIf::nvfp4IsVllmsFormula()
+{
+    // The grids from their definitions: e2m1 magnitudes, e4m3fn's 127 finite non-negative values.
+    std::vector<double> e2m1{0, 0.5, 1, 1.5, 2, 3, 4, 6}, e4m3;
+    for (int c = 0; c < 127; ++c) {
+        const int exponent = c >> 3, mantissa = c & 7;
+        e4m3.push_back(exponent == 0 ? mantissa / 8.0 * std::ldexp(1.0, -6) : (1 + mantissa / 8.0) * std::ldexp(1.0, exponent - 7));
+    }
+    std::string error;
+    const auto scheme = parseScheme("nvfp4", error);
+    QVERIFY(scheme);
+    std::mt19937 rng(29);
+    std::normal_distribution<float> n01;
+    const std::int64_t seq = 16;
+    const int heads = 2, dim = 32;
+    std::vector<float> x(std::size_t(seq) * heads * dim), out;
+    double amax = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        x[i] = n01(rng) * (i / dim % 2 ? 1.0f : 1.0f / 64);  // a quiet head: its blocks' scales small
+        amax = std::max(amax, std::fabs(double(x[i])));
+    }
+    run(*scheme, x, seq, heads, dim, out);
+    // docs/whatif.md: global = amax / (6 x 448); per 16 values of a head SF = e4m3(amax16 / global
+    // / 6); q = e2m1(x / global / SF), saturated; decoded q x SF x global.
+    const double global = double(float(amax / (6.0 * 448.0)));
+    int ties = 0;
+    for (std::size_t b = 0; b < x.size(); b += 16) {
+        double blockMax = 0;
+        for (std::size_t i = b; i < b + 16; ++i)
+            blockMax = std::max(blockMax, std::fabs(double(x[i])));
+        const double sf = nearest(e4m3, std::min(blockMax / global / 6.0, 448.0));
+        for (std::size_t i = b; i < b + 16; ++i) {
+            const double q = double(x[i]) / global / sf;
+            const double expected = nearest(e2m1, std::clamp(q, -6.0, 6.0)) * sf * global;
+            // (float's division may land a value at a tie the other side of double's: count them)
+            if (std::fabs(double(out[i]) - expected) > 1e-6 * std::fabs(expected)) {
+                QVERIFY2(std::fabs(std::fabs(q) * 4 - std::round(std::fabs(q) * 4)) < 1e-5,
+                         qPrintable(QString("value %1: %2, expected %3").arg(i).arg(out[i]).arg(expected)));
+                ++ties;
+            }
+        }
+    }
+    QVERIFY(ties <= 2);
 }
 
 void TestWhatIf::namesTheLayersAPerTensorScaleCrushes()
