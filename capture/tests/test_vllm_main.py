@@ -413,6 +413,49 @@ class ToBundle(CaptureCase):
 
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_nvfp4_and_int4_per_token_head(self):
+        """vLLM's 4-bit caches from the engine's pages to kvscope's values, bit for bit (decoded here
+        from the formats' definitions), and a clean capture of each analysed without a suspect."""
+        import h5py
+        from test_quantised_formats import int4_decode, nvfp4_decode
+        cases = (("nvfp4", vm.FlashInferBackend, "nvfp4"),
+                 ("int4_per_token_head", vm.TritonAttentionBackend, "int4"))
+        signs = vm.rht_signs(DIM).numpy()
+        for cache_dtype, backend, fmt in cases:
+            with self.subTest(cache_dtype=cache_dtype):
+                self.tmp.cleanup()
+                self.tmp = tempfile.TemporaryDirectory()
+                self.out = os.path.join(self.tmp.name, "shards")
+                scales = {n: (0.5, 2.0) for n in L}
+                engine = self.engine([vm.Group(L, backend=backend, cache_dtype=cache_dtype)], tp=2,
+                                     layout=vm.KVCacheLayout.LBHNC, scales=scales)
+                data = truth(L, fmt, 46, seed=6)
+                values = {}
+                for n, d in data.items():
+                    if fmt == "nvfp4":
+                        values[n] = {p: torch.from_numpy(nvfp4_decode(d[p].numpy(), d[p + "_sf"].numpy(), g))
+                                     for p, g in zip("kv", scales[n])}
+                    else:
+                        cleared = {p: (d[p + "_scale"].view(torch.int32) & -16).view(torch.float32) for p in "kv"}
+                        values[n] = {p: torch.from_numpy(int4_decode(d[p].numpy(), cleared[p].numpy(),
+                                                                     d[p + "_zp"].numpy(), signs)) for p in "kv"}
+                self.capture(engine, data, prompt=30, output=16)
+                bundle = os.path.join(self.tmp.name, "q.h5")
+                bundle_from_shards(self.out, bundle, ReferenceModel(values, L, noise=True), log=self.fail)
+                out = os.path.join(self.tmp.name, "x.h5")
+                kvscope("export", bundle, out)
+                with h5py.File(out, "r") as f:
+                    (prompt,) = f["prompts"]
+                    for name in L:
+                        for part in "kv":
+                            got = f[f"prompts/{prompt}/engine/{name}/{part}"][()]
+                            np.testing.assert_array_equal(got[:, :45], values[name][part][:, :45].numpy(),
+                                                          err_msg=f"{name} {part}")
+                kvscope("analyze", bundle, "--json", bundle + ".json")
+                with open(bundle + ".json") as f:
+                    self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_skip_layers_mixed_formats_in_one_bundle(self):
         """fp8 with layers 1 and 3 skipped: one bundle, fp8 and bf16 layers, each read back exactly
         and judged in its own format's floors."""

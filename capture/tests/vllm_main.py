@@ -346,6 +346,33 @@ def write_token(fmt, cache, kb, t, data, head_size):
         raise AssertionError(fmt)
 
 
+def random_token(fmt, heads, d, cache, g):
+    """One token's data of an earlier request, in the format `fmt` takes."""
+    def codes(high, *shape):
+        return torch.randint(0, high, shape, generator=g).to(torch.uint8)
+
+    def scales(n):
+        return torch.rand(n, generator=g) + 0.01
+
+    if fmt == "mla":
+        width = cache.shape[-1]
+        return {"latent": codes(0x70, width) if cache.dtype == torch.uint8 else torch.randn(width, generator=g)}
+    if fmt in ("packed", "kv_slots"):
+        return {p: torch.randn(heads, d, generator=g) for p in "kv"}
+    if fmt == "packed_codes":
+        return {p: codes(0x70, heads, d) for p in "kv"}
+    if fmt == "per_token_head":
+        return {"k": codes(0x70, heads, d).view(cache.dtype), "v": codes(0x70, heads, d).view(cache.dtype),
+                "k_scale": scales(heads), "v_scale": scales(heads)}
+    if fmt == "int4":
+        return {"k": codes(16, heads, d), "v": codes(16, heads, d), "k_scale": scales(heads), "v_scale": scales(heads),
+                "k_zp": codes(16, heads), "v_zp": codes(16, heads)}
+    if fmt == "nvfp4":
+        return {"k": codes(16, heads, d), "v": codes(16, heads, d), "k_sf": codes(0x70, heads, d // 16),
+                "v_sf": codes(0x70, heads, d // 16)}
+    raise AssertionError(fmt)
+
+
 # --- the engine's objects -----------------------------------------------------------------------------
 class AttentionLayer(torch.nn.Module):
     """vllm's Attention layer: its cache (bind_kv_cache stores the view as is), backend and scales."""
@@ -477,10 +504,12 @@ class Engine:
 
     def __init__(self, groups, total_heads=4, head_size=16, tp=1, num_blocks=40, layout=KVCacheLayout.LBNHC,
                  runner="v2", alias=None, scales=None, connector=None, chunk=None, seed=0,
-                 mla_widths=None, dtype=torch.bfloat16):
+                 mla_widths=None, dtype=torch.bfloat16, earlier_requests=True):
         self.groups, self.total_heads, self.head_size, self.tp = groups, total_heads, head_size, tp
         self.num_blocks, self.layout, self.runner_kind = num_blocks, layout, runner
         self.alias, self.scales, self.chunk, self.dtype = alias or {}, scales or {}, chunk, dtype
+        # Fill every block with other data first (earlier requests'), or leave the zeros of a fresh pool.
+        self.earlier_requests = earlier_requests
         self.mla_widths = mla_widths or (head_size - 8, 8)
         self.rng = np.random.default_rng(seed)
         self.free = [int(b) for b in self.rng.permutation(np.arange(1, num_blocks))]
@@ -593,7 +622,7 @@ class Engine:
         initialize_kv_cache. May run again (Model Runner V2 re-initialising)."""
         config = worker.scheduler_kv_cache_config
         size = config.kv_cache_tensors[0].size
-        raw = torch.randint(-128, 127, (-(-size // 4096) * 4096,), dtype=torch.int8)  # others' garbage
+        raw = torch.zeros(-(-size // 4096) * 4096, dtype=torch.int8)  # allocate_kv_cache
         caches = {}
         for g, group in zip(self.groups, config.kv_cache_groups):
             per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
@@ -610,6 +639,8 @@ class Engine:
                         raw_view[..., start:start + 4] = _bytes(torch.ones(1))
         for name, target in self.alias.items():
             caches[name] = caches[target]
+        if self.earlier_requests:
+            self._write_earlier_requests(worker, caches)
         for name, module in worker.modules.items():
             module.kv_cache = caches.get(name, module.kv_cache)
         runner_config = copy.deepcopy(config)  # the runner's copy lists the sharing layers too
@@ -712,6 +743,27 @@ class Engine:
                         total = (g.layer_heads or {}).get(name, self.total_heads)
                         data = self._token_data(worker.tp_rank, g, self.truth[rid][name], p, total)
                         write_token(fmt, worker.caches[name], kb, t, data, self.head_size)
+
+    def _write_earlier_requests(self, worker, caches):
+        """Every slot of every block written once with other data, as earlier requests leave it."""
+        g_ = torch.Generator().manual_seed(1000 + worker.tp_rank)
+        for g in self.groups:
+            fmt = self.format_of(g)
+            if g.mamba or fmt is None:
+                continue
+            for name in g.layer_names:
+                if name in self.alias:
+                    continue
+                cache = caches[name]
+                if fmt == "nvfp4" and not cache[0].is_contiguous():
+                    continue  # a layout the NVFP4 kernels do not write (kvscope refuses it)
+                heads = 1 if g.mla else cache.shape[1] // (2 if fmt in ("nvfp4",) else 1)
+                if fmt == "kv_slots":
+                    heads = max(1, self.total_heads // self.tp)
+                for kb in range(cache.shape[0]):
+                    for t in range(cache.shape[2]):
+                        write_token(fmt, cache, kb, t, random_token(fmt, heads, self.head_size, cache, g_),
+                                    self.head_size)
 
     def format_of(self, group):
         mode = get_kv_quant_mode(group.cache_dtype)

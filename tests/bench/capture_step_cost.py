@@ -25,7 +25,8 @@ def run(layers, tokens, requests, synchronous):
     with tempfile.TemporaryDirectory() as out:
         engine = vm.Engine([vm.Group(names)], total_heads=8, head_size=128,
                            num_blocks=blocks_per_request * (requests + 1) + 1,
-                           connector=(KvscopeConnector, {"output_dir": out, "max_pending_requests": requests}))
+                           connector=(KvscopeConnector, {"output_dir": out, "max_pending_requests": requests}),
+                           earlier_requests=False)
         connector = engine.workers[0].connector
         g = torch.Generator().manual_seed(0)
         data = {n: {p: torch.randn(8, tokens, 128, generator=g).to(torch.bfloat16) for p in "kv"} for n in names}
