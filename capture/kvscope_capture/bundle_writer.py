@@ -427,6 +427,13 @@ class BundleWriter:
             A dict may hand over only some blocks: {'k': k, 'v': v, 'block_ids': ids} with k and v
             [len(ids), ...] and ids increasing (what KvscopeWorkerExtension and the shards give);
             every layer of every rank then gives the same ids, and the tables reference only them.
+            Quantised caches come with their scales: {'k_scale': s, 'v_scale': s} (fp8 / int8: one
+            number, per head, or per token and head); vLLM's 4-bit caches one code per byte (uint8)
+            with, for nvfp4, 'k_scale' / 'v_scale' the uint8 bits of the e4m3 block scales
+            [n, heads, block_size, head_size // 16] and 'k_global_scale' / 'v_global_scale', and
+            for int4_per_token_head float32 'k_scale' / 'v_scale' and uint8 'k_zero_point' /
+            'v_zero_point' [n, heads, block_size] and int8 'rht_signs' [head_size]
+            (docs/bundle-format.md). A group's `v_dtype` gives V its own format.
         block_tables: one per KV cache group, as `collective_rpc("get_block_tables")` returns it
             for one rank (torch.save bytes), or tensors / arrays [batch, max_blocks] (-1 = null).
         seq_len: tokens in this prompt's sequence (block-table row `batch_row`), counting the
