@@ -240,6 +240,41 @@ class ReadByKvscope(unittest.TestCase):
             self.assertEqual(analysis["problems"], [])
             self.assertEqual(analysis["prompts"][0]["problems"], [])
 
+    def test_unquantised_part_keeps_its_floor(self):
+        """A bf16 K beside an nvfp4 V (v_dtype), two-way: K is judged against bf16's floor, not
+        against a quantisation floor of zero (its ratios near 1, no suspect)."""
+        import torch
+        rng = np.random.default_rng(1)
+        cfg = config()
+        cfg["groups"] = [dict(cfg["groups"][0], layer_names=LAYERS, v_dtype="nvfp4")]
+        shape = (BLOCKS, HEADS, BLOCK, HEAD_SIZE)
+        layers = {}
+        for name in LAYERS:
+            k = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(torch.bfloat16)
+            # the reference's K about a bf16 rounding away, as two bf16 runs differ
+            noise = torch.from_numpy((1 + rng.standard_normal(shape) * 2.0 ** -9).astype(np.float32))
+            k_ref = (k.float() * noise).to(torch.bfloat16).float().numpy()
+            codes = rng.integers(0, 16, shape).astype(np.uint8)
+            bits = rng.integers(0x30, 0x50, shape[:3] + (HEAD_SIZE // 16,)).astype(np.uint8)
+            kv = {"k": k, "v": codes, "v_scale": bits, "v_global_scale": np.float32(0.01)}
+            layers[name] = (kv, (k_ref, nvfp4_decode(codes, bits, np.float32(0.01))))
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle, out = os.path.join(tmp, "b.h5"), os.path.join(tmp, "a.json")
+            with BundleWriter(bundle) as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(TOTAL)), PROMPT_LEN)
+                w.add_engine_snapshot("p", [{n: kv for n, (kv, _) in layers.items()}], [np.array([TABLE], np.int64)], TOTAL)
+                w.add_reference_kv("p", "expected", {n: tuple(along_table(x, TOTAL)[None] for x in values)
+                                                     for n, (_, values) in layers.items()})
+            result = subprocess.run([BINARY, "analyze", bundle, "--json", out], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(out) as f:
+                analysis = json.load(f)
+            self.assertEqual(analysis["suspects"], [])
+            ratios = [x for row in analysis["prompts"][0]["error_ratios"]["k"] for x in row if x is not None]
+            self.assertEqual(len(ratios), len(LAYERS) * (TOTAL - 1))
+            self.assertLess(max(ratios), 4)
+
     def damaged(self, change, *words):
         """A bundle changed after writing: kvscope's export fails, naming the file, the dataset and
         what is wrong."""

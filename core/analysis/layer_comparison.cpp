@@ -87,8 +87,8 @@ RowView quantiseRow(const RowView& expected, const LayerRows& actual, KvPart par
     row.resize(actual.rowSize(part));
     for (int h = 0; h < actual.heads(); ++h) {
         const std::optional<LayerSource::Storage> storage = actual.storedAs(part, token, h);
-        if (!storage)
-            return {};
+        if (!storage || !isQuantised(storage->dtype))
+            return {};  // (a part the layer keeps unquantised, a v_dtype's other: its floor is its dtype's)
         const float* x = expected.head(h);
         float* q = row.data() + std::size_t(h) * std::size_t(dim);
         const RawTensor* tensor = storage->tensor;

@@ -62,8 +62,13 @@ CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
                 double floor;
                 if (p.threeWay)
                     floor = noiseFloor(p, m, l, t);
-                else if (p.hasQuantisedLayers() && isQuantised(dtype))
+                else if (p.hasQuantisedLayers() && isQuantised(dtype)) {
                     floor = p.quantFloor(part, MetricKind::L2, l, t);  // what storing the reference costs (NaN: no data)
+                    if (std::isnan(floor))  // the layer's other part, unquantised (a v_dtype), where it has data
+                        for (int h = 0; h < p.heads && std::isnan(floor); ++h)
+                            if (std::isfinite(p.value(metricFor(part, MetricKind::L2), l, t, h)))
+                                floor = unitRoundoff(DType::BFloat16);
+                }
                 else
                     floor = unitRoundoff(dtype);
                 floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] = std::isnan(floor) ? floor : std::max(floor, kTiny);
