@@ -129,6 +129,12 @@ void LayerSource::addToHash(ContentHash& hash, PositionRange window) const
                     hash.add(std::uint64_t(tensor.dtype) << 32 | scaleBits);
                     if (tensor.dtype == DType::Int4TokenHead)
                         hash.add(std::uint64_t(tensor.zeroPointAt(first)));
+                    if (tensor.dtype == DType::Float4E2M1 && tensor.elementsPerScale > 0)  // every block's scale
+                        for (std::size_t i = std::size_t(tensor.elementsPerScale); i < dim; i += std::size_t(tensor.elementsPerScale)) {
+                            const float block = tensor.scaleAt(first + std::int64_t(i));
+                            std::memcpy(&scaleBits, &block, 4);
+                            hash.add(std::uint64_t(scaleBits));
+                        }
                     hash.add(tensor.bytes.data() + std::size_t(first) * size, dim * size);
                 }
         }
