@@ -90,8 +90,8 @@ def write_shard(path, dump, config, layers, tp_rank, pp_rank):
         for g, ids in enumerate(dump.block_ids):
             f.create_dataset(f"block_ids/group_{g}", data=np.asarray(ids, np.int64))
         # fp8_ds_mla's mixed-format tokens travel as their uint8 bytes (the writer splits them).
-        declared = {n: "float8_e4m3fn" if g["dtype"] == "fp8_ds_mla" else g["dtype"]
-                    for g in config["groups"] for n in g["layer_names"]}
+        declared = {(n, part): "float8_e4m3fn" if g["dtype"] == "fp8_ds_mla" else g.get(f"{part}_dtype", g["dtype"])
+                    for g in config["groups"] for n in g["layer_names"] for part in ("k", "v", "latent")}
         for name, entry in layers.items():
             group = f.create_group(f"layers/{name}")
             for key, value in entry.items():
@@ -101,7 +101,7 @@ def write_shard(path, dump, config, layers, tp_rank, pp_rank):
                     group.create_dataset(key, data=np.asarray(value, np.int64))
                     continue
                 array, dtype = _stored(value, f"{path}, layer {name}, {key}",
-                                       declared[name] if key in ("k", "v", "latent") else None)
+                                       declared.get((name, key)))
                 group.create_dataset(key, data=array).attrs["dtype"] = dtype
     os.replace(partial, path)
 
