@@ -379,9 +379,30 @@ class ToBundle(CaptureCase):
     """From the engine through the connector to a bundle that kvscope reads back exactly and
     analyses as clean."""
 
+    def check_bundle(self, values, written=45):
+        """The shards to a bundle (the reference: `values` with bf16 noise); kvscope export gives
+        `values` bit for bit at every written position, and the analysis has no suspect. Returns
+        the bundle's KV cache config."""
+        import h5py
+        bundle = os.path.join(self.tmp.name, "capture.h5")
+        bundle_from_shards(self.out, bundle, ReferenceModel(values, L, noise=True), log=self.fail)
+        out = os.path.join(self.tmp.name, "export.h5")
+        kvscope("export", bundle, out)
+        with h5py.File(out, "r") as f:
+            (prompt,) = f["prompts"]
+            for name in L:
+                for part in "kv":
+                    got = f[f"prompts/{prompt}/engine/{name}/{part}"][()]
+                    np.testing.assert_array_equal(got[:, :written], values[name][part][:, :written].numpy(),
+                                                  err_msg=f"{name} {part}")
+        kvscope("analyze", bundle, "--json", bundle + ".json")
+        with open(bundle + ".json") as f:
+            self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
+        with h5py.File(bundle, "r") as f:
+            return json.loads(f["kv_cache_config"][0])
+
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_bf16_and_int8_per_token_head(self):
-        import h5py
         cases = (("auto", vm.FlashAttentionBackend, "packed"),
                  ("int8_per_token_head", vm.TritonAttentionBackend, "per_token_head_int8"))
         for cache_dtype, backend, fmt in cases:
@@ -396,27 +417,12 @@ class ToBundle(CaptureCase):
                 values = {n: {p: (d[p].float() * d[p + "_scale"][..., None]) if fmt != "packed" else d[p].float()
                               for p in "kv"} for n, d in data.items()}
                 self.capture(engine, data, prompt=30, output=16)
-                bundle = os.path.join(self.tmp.name, "b.h5")
-                reference = ReferenceModel(values, L, noise=True)
-                bundle_from_shards(self.out, bundle, reference, log=self.fail)
-                out = os.path.join(self.tmp.name, "x.h5")
-                kvscope("export", bundle, out)
-                with h5py.File(out, "r") as f:
-                    (prompt,) = f["prompts"]
-                    for name in L:
-                        for part in "kv":
-                            got = f[f"prompts/{prompt}/engine/{name}/{part}"][()]
-                            np.testing.assert_array_equal(got[:, :45], values[name][part][:, :45].numpy())
-                kvscope("analyze", bundle, "--json", bundle + ".json")
-                with open(bundle + ".json") as f:
-                    self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
-
+                self.check_bundle(values)
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_nvfp4_and_int4_per_token_head(self):
         """vLLM's 4-bit caches from the engine's pages to kvscope's values, bit for bit (decoded here
         from the formats' definitions), and a clean capture of each analysed without a suspect."""
-        import h5py
         from test_quantised_formats import int4_decode, nvfp4_decode
         cases = (("nvfp4", vm.FlashInferBackend, "nvfp4"),
                  ("int4_per_token_head", vm.TritonAttentionBackend, "int4"))
@@ -440,26 +446,12 @@ class ToBundle(CaptureCase):
                         values[n] = {p: torch.from_numpy(int4_decode(d[p].numpy(), cleared[p].numpy(),
                                                                      d[p + "_zp"].numpy(), signs)) for p in "kv"}
                 self.capture(engine, data, prompt=30, output=16)
-                bundle = os.path.join(self.tmp.name, "q.h5")
-                bundle_from_shards(self.out, bundle, ReferenceModel(values, L, noise=True), log=self.fail)
-                out = os.path.join(self.tmp.name, "x.h5")
-                kvscope("export", bundle, out)
-                with h5py.File(out, "r") as f:
-                    (prompt,) = f["prompts"]
-                    for name in L:
-                        for part in "kv":
-                            got = f[f"prompts/{prompt}/engine/{name}/{part}"][()]
-                            np.testing.assert_array_equal(got[:, :45], values[name][part][:, :45].numpy(),
-                                                          err_msg=f"{name} {part}")
-                kvscope("analyze", bundle, "--json", bundle + ".json")
-                with open(bundle + ".json") as f:
-                    self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
+                self.check_bundle(values)
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_skip_layers_mixed_formats_in_one_bundle(self):
         """fp8 with layers 1 and 3 skipped: one bundle, fp8 and bf16 layers, each read back exactly
         and judged in its own format's floors."""
-        import h5py
         from test_cross_language import decode_fp8
         groups = [vm.Group([L[0], L[2]], cache_dtype="fp8"), vm.Group([L[1], L[3]], cache_dtype="auto")]
         scales = {n: (0.5, 0.25) for n in L}
@@ -474,22 +466,8 @@ class ToBundle(CaptureCase):
             else:
                 values[n] = {p: data[n][p].float() for p in "kv"}
         self.capture(engine, data, prompt=30, output=16)
-        bundle = os.path.join(self.tmp.name, "mixed.h5")
-        bundle_from_shards(self.out, bundle, ReferenceModel(values, L, noise=True), log=self.fail)
-        with h5py.File(bundle, "r") as f:
-            config = json.loads(f["kv_cache_config"][0])
+        config = self.check_bundle(values)
         self.assertEqual(sorted(g["dtype"] for g in config["groups"]), ["bfloat16", "float8_e4m3fn"])
-        out = os.path.join(self.tmp.name, "x.h5")
-        kvscope("export", bundle, out)
-        with h5py.File(out, "r") as f:
-            (prompt,) = f["prompts"]
-            for name in L:
-                for part in "kv":
-                    got = f[f"prompts/{prompt}/engine/{name}/{part}"][()]
-                    np.testing.assert_array_equal(got[:, :45], values[name][part][:, :45].numpy(), err_msg=name)
-        kvscope("analyze", bundle, "--json", bundle + ".json")
-        with open(bundle + ".json") as f:
-            self.assertEqual(json.load(f)["prompts"][0]["suspects"], [])
 
 
 class ReferenceModel:
