@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The folders tell the truth: each folder of core/ includes only the folders below it, core/
-# and app/cli/ include no Qt, and metrics/ does no I/O. Prints each include that breaks a rule.
+# and app/commands/ include no Qt, and metrics/ does no I/O. Prints each include that breaks a rule.
 set -u
 root=${1:-$(dirname "$0")/..}
 cd "$root" || exit 2
@@ -13,7 +13,7 @@ declare -A allowed=(
   [results]="util format kv metrics analysis results"
   [diff]="util format kv metrics analysis results diff"
   [synth]="util format kv synth"
-  [import]="util format import"
+  [dumps]="util format dumps"
   [quant]="util format kv quant"
 )
 bad=0
@@ -27,7 +27,7 @@ for folder in "${!allowed[@]}"; do
   done < <(grep -Hn '#include "[a-z_]*/' core/"$folder"/*.h core/"$folder"/*.cpp 2>/dev/null)
 done
 # No Qt in the engine or in kvscope's Qt-free commands.
-if grep -Hn -E '#include <Q[A-Za-z]*>|#include <Qt' core/*/*.h core/*/*.cpp app/cli/*.h app/cli/*.cpp; then
+if grep -Hn -E '#include <Q[A-Za-z]*>|#include <Qt' core/*/*.h core/*/*.cpp app/commands/*.h app/commands/*.cpp; then
   echo "Qt included where it may not be (above)"
   bad=1
 fi

@@ -3,7 +3,7 @@
 #include "analysis/head_error_histogram.h"
 
 #include "format/output_path.h"
-#include "import/import_process.h"
+#include "dumps/import_process.h"
 #include "results/results_file.h"
 #include "results/results_writer.h"
 

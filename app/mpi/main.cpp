@@ -4,8 +4,8 @@
 // these on a results file, or report --against) runs on rank 0 alone. Only this executable
 // links MPI (docs/scale-out.md).
 
-#include "app_cli/app_commands.h"
-#include "cli/commands.h"
+#include "qt_commands/app_commands.h"
+#include "commands/commands.h"
 #include "format/bundle_error.h"
 #include "format/bundle_reader.h"
 #include "kv/sweep.h"

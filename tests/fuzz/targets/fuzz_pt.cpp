@@ -2,7 +2,7 @@
 // then the conversion to plain values. Bad input may only ever be a BundleError.
 
 #include "format/bundle_error.h"
-#include "import/pt_value.h"
+#include "dumps/pt_value.h"
 #include "fuzz_input_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size)

@@ -1,0 +1,235 @@
+#include "commands/commands.h"
+
+#include "analysis/analysis_json.h"
+#include "analysis/analyzer.h"
+#include "analysis/layer_selection.h"
+#include "analysis/suspect.h"
+#include "analysis/worst_cells.h"
+#include "format/bundle_error.h"
+#include "format/output_path.h"
+#include "results/results_file.h"
+#include "results/results_writer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+namespace kvscope::cli {
+
+namespace {
+
+std::string fixed(float v, int digits = 4)
+{
+    if (std::isnan(v))
+        return "-";
+    std::ostringstream s;
+    s << std::setprecision(digits) << v;
+    return s.str();
+}
+
+// Whether every layer has the prompt's head count and widths (groups may differ in both).
+bool uniformLayers(const PromptAnalysis& p)
+{
+    for (std::size_t l = 0; l < p.layers.size(); ++l)
+        if (p.headsOf(int(l)) != p.heads || (l < p.layerDims.size() && !(p.layerDims[l] == p.dims)))
+            return false;
+    return true;
+}
+
+void printPrompt(const PromptAnalysis& p, std::ostream& out)
+{
+    out << "\nprompt " << p.id << " (" << (p.threeWay ? "three-way" : "two-way") << "): prompt_len " << p.promptLen
+        << ", " << p.tokens << " positions, " << p.layers.size() << " layers x "
+        << (p.heads == 1 && partName(p, KvPart::K) != "k"
+                ? "one MLA latent (" + partName(p, KvPart::K) + " " + std::to_string(p.dims.k) + " + " +
+                      partName(p, KvPart::V) + " " + std::to_string(p.dims.v) + ")"
+                : (uniformLayers(p) ? "" : "up to ") + std::to_string(p.heads) + " heads")
+        << "\n";
+    out << "  divergences:";
+    if (p.divergences.empty())
+        out << " none";
+    for (const Divergence& d : p.divergences) {
+        out << " " << d.position << (d.derived ? " (from logits" : " (recorded");
+        if (d.inBounds)
+            out << ", gap " << fixed(float(*d.logitGap)) << (*d.inBounds ? " within" : " beyond") << " bf16 ulp bound "
+                << fixed(float(*d.ulpBound));
+        out << ")";
+    }
+    out << "\n";
+    for (const ReplicaDifference& d : p.replicaDifferences)
+        out << "  replicas differ: " << d.describe() << "\n";
+
+    out << "  suspects:";
+    if (p.suspects.empty())
+        out << " none (nothing leaves the noise floor)";
+    out << "\n";
+    for (const Suspect& s : p.suspects)
+        out << "    " << suspectPatternName(s.pattern) << " (score " << fixed(float(s.score), 3) << "): " << s.evidence
+            << "\n";
+
+    const std::vector<WorstCell> worst = worstCells(p, 8);
+    out << "  worst cells ("
+        << (!p.threeWay    ? "relative L-inf"
+            : p.heads > 1 ? "error ratio: the head's L-inf over the cell's noise floor"
+                          : "error ratio: the L-inf over the cell's noise floor")
+        << "):\n";
+    for (const WorstCell& c : worst) {
+        out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token;
+        if (p.heads > 1)  // (an MLA latent is one vector: no head to name)
+            out << " head " << std::setw(3) << c.head;
+        out << partName(p, c.part) << "_linf " << std::setw(9) << fixed(c.error);
+        if (p.threeWay)
+            out << " floor " << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio);
+        out << "\n";
+    }
+
+    // Per layer: the largest L-inf, and (three-way) the lowest per-token BC against the noise
+    // floor where a token has values enough for one.
+    const bool tokenBc = p.threeWay && tokenBcMeaningful(p);
+    out << (p.heads > 1 ? "  per layer: max relative L-inf over tokens and heads (token/head)"
+                        : "  per layer: max relative L-inf over tokens (token)")
+        << (tokenBc ? ", min BC vs noise floor over tokens (token)\n" : "\n");
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        out << "    " << std::left << std::setw(34) << p.layers[std::size_t(l)];
+        for (KvPart part : {KvPart::K, KvPart::V}) {
+            const Extreme e = layerMax(p, metricFor(part, MetricKind::Linf), l);
+            out << partName(p, part) << " " << std::setw(9) << fixed(e.value) << std::setw(12)
+                << (e.head < 0 ? "" : "(" + std::to_string(e.token) + (p.heads > 1 ? "/" + std::to_string(e.head) : "") + ")");
+        }
+        if (tokenBc)
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const Extreme e = layerMinBcVsNoise(p, part, l);
+                out << partName(p, part) << "_bc_vs_noise " << std::setw(7) << fixed(e.value) << std::setw(7)
+                    << (e.token < 0 ? "" : "(" + std::to_string(e.token) + ")");
+            }
+        out << "\n";
+    }
+    if (p.threeWay && !tokenBc)
+        out << "    (no per-token BC: a token has " << (uniformLayers(p) ? "" : "as few as ") << smallestTokenValues(p)
+            << " values" << (uniformLayers(p) ? " (" + std::to_string(p.heads) + " heads x " +
+                                                    std::to_string(std::min(p.dims.k, p.dims.v)) + ")" : "")
+            << ", too few for one to mean anything; the combined BC below pools every token)\n";
+    for (const std::string& problem : p.problems)
+        out << "  problem: " << problem << "\n";
+    if (!p.nonFinite.empty())
+        out << "  " << p.nonFinite.size() << " cell(s) hold NaN or infinity in their input (listed in the JSON)\n";
+}
+
+}  // namespace
+
+int analyze(const Args& args, std::ostream& out, std::ostream& err)
+{
+    std::string jsonPath, layerSpec, savePath;
+    std::vector<std::string> inputs;
+    AnalysisOptions options;
+    OptionParser parser("analyze");
+    parser.operands("BUNDLE", inputs);
+    parser.text({"--json"}, jsonPath);
+    parser.text({"--save"}, savePath);
+    parser.repeated("--prompt", options.prompts);
+    parser.text({"--layers"}, layerSpec);
+    parser.integer("--threads", options.threads);
+    parser.flag("--strict", [&options] { options.unreadableBlocks = UnreadableBlockPolicy::Error; });
+    addSuspectOptions(parser, options.suspects);
+    if (!parser.parse(args, err))
+        return 2;
+    const std::string& bundle = inputs.front();
+    const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;
+    try {
+        const bool sweep = isSweep(inputs);
+        for (const std::string& output : {jsonPath, savePath})
+            if (!output.empty())
+                requireWritableOutput(output, sweep ? sweepBundlePaths(inputs) : inputs);
+        AnalysisResult result;
+        std::string heading;
+        if (sweep) {
+            if (!savePath.empty()) {
+                err << "kvscope analyze: --save keeps the analysis of one bundle; a sweep's is kept as --json\n";
+                return 2;
+            }
+            const Sweep opened = openSweep(inputs, options.unreadableBlocks, bundleProbe());
+            if (strict)
+                requireEveryBundle(opened);
+            for (const SweepBundle& b : opened.bundles)
+                if (!b.problem.empty())
+                    err << "kvscope analyze: warning: left out of the sweep: " << b.problem << "\n";
+            if (!layerSpec.empty() && opened.loader)
+                options.layers = parseLayerSelection(layerSpec, opened.loader->config().layerNames());
+            options.share = sharedAnalysis();
+            result = analyzeSweep(opened, options);
+            heading = "sweep " + opened.label + ": " + std::to_string(opened.bundles.size()) + " bundle(s), " +
+                      std::to_string(result.prompts.size()) + " prompt(s) analysed";
+        } else if (isResultsFile(bundle)) {  // a saved analysis: read, not analysed again
+            if (!savePath.empty() || !layerSpec.empty() || !options.prompts.empty() || options.unreadableBlocks == UnreadableBlockPolicy::Error) {
+                err << "kvscope analyze: " << bundle << " is a results file: --save, --layers, --prompt and --strict "
+                    << "apply to analysing a bundle\n";
+                return 2;
+            }
+            ResultsFile saved = readResultsFile(bundle);
+            heading = "results file " + bundle + " (the analysis of " + saved.bundlePath + "): " +
+                      std::to_string(saved.result.prompts.size()) + " prompt(s)";
+            result = std::move(saved.result);
+        } else {
+            if (sharedAnalysis() && bundleProbe())  // kvscope-mpi: probed before MPI started (kvscope: in its guarded child)
+                bundleProbe()(bundle);
+            auto reader = std::make_shared<BundleReader>(bundle);
+            if (!layerSpec.empty())
+                options.layers = parseLayerSelection(layerSpec, reader->config().layerNames());
+            options.share = sharedAnalysis();
+            if (savePath.empty()) {
+                result = analyzeBundle(reader, options);
+            } else if (options.share) {  // the layers of every process are only whole once gathered
+                result = analyzeBundle(reader, options);
+                saveResults(savePath, reader->outline(), result, recordedOptions(options));
+            } else {
+                result = analyzeAndSave(reader, options, savePath);
+            }
+            if (!savePath.empty())
+                out << "wrote " << savePath << "\n";
+        }
+        if (!jsonPath.empty()) {
+            std::ofstream file(jsonPath, std::ios::binary);
+            if (!file)
+                throw BundleError(jsonPath, {}, "cannot be written");
+            writeAnalysisJson(result, file);
+            if (!file.flush())
+                throw BundleError(jsonPath, {}, "write failed");
+            out << "wrote " << jsonPath << "\n";
+            return 0;
+        }
+        if (heading.empty())
+            heading = "bundle " + bundle + ": " + std::to_string(result.prompts.size()) + " prompt(s) analysed";
+        out << heading << "\n";
+        for (const SweepBundle& b : result.bundles)
+            out << "  bundle " << b.name << ": " << (b.problem.empty() ? b.path : "left out: " + b.problem) << "\n";
+        for (const std::string& problem : result.problems)
+            out << "cannot analyse: " << problem << "\n";
+        for (const std::string& line : describeNotCompared(result.notCompared))
+            out << "not compared: " << line << "\n";
+        for (const PromptAnalysis& p : result.prompts)
+            printPrompt(p, out);
+        if (result.aggregate) {
+            const AggregateBc& a = *result.aggregate;
+            out << "\naggregate over " << a.promptIds.size() << " three-way prompt(s), " << a.generationCount
+                << " generation indices; combined BC per layer, every token pooled ("
+                << (result.prompts.empty() ? "K / V" : partTitle(result.prompts.front(), KvPart::K) + " / " +
+                                                           partTitle(result.prompts.front(), KvPart::V))
+                << "): against the noise floor, and the reference tool's:\n";
+            for (std::size_t l = 0; l < a.layers.size(); ++l)
+                out << "    " << std::left << std::setw(34) << a.layers[l] << std::setw(17)
+                    << fixed(a.combinedVsNoise[0][l]) + " / " + fixed(a.combinedVsNoise[1][l]) << "reference tool's "
+                    << fixed(a.combined[0][l]) << " / " << fixed(a.combined[1][l]) << "\n";
+        }
+        return 0;
+    } catch (const std::invalid_argument& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    } catch (const std::exception& e) {
+        err << "kvscope: " << e.what() << "\n";
+        return 2;
+    }
+}
+
+}  // namespace kvscope::cli
