@@ -333,6 +333,25 @@ class Capture(CaptureCase):
         # Bit for bit (the slots no position wrote hold garbage, NaNs among it).
         self.assertTrue(torch.equal(ranks[0][L[3]]["k"].view(torch.int16), ranks[0][L[1]]["k"].view(torch.int16)))
 
+    def test_sharing_layer_found_by_its_view_alone(self):
+        """Without the module's kv_sharing_target_layer_name, a layer the config leaves out is its
+        target's when exactly one listed layer has the very same view; two groups overlaid on one
+        region give layer i of each the same view, and then nothing is guessed."""
+        engine = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM, alias={L[3]: L[1]})
+        worker = engine.workers[0]
+        worker.modules[L[3]].kv_sharing_target_layer_name = None
+        caches = RankCaches(worker.scheduler_kv_cache_config, worker.vllm_config, worker.caches, worker.modules, 0, 0)
+        self.assertEqual(caches.aliases, {L[3]: L[1]})
+        names = [f"model.layers.{i}.self_attn.attn" for i in range(5)]
+        engine = vm.Engine([vm.Group(names[:2] + names[4:]), vm.Group(names[2:4], window=32)], total_heads=HEADS,
+                           head_size=DIM, alias={names[4]: names[0]})
+        worker = engine.workers[0]
+        self.assertEqual(worker.caches[names[0]].data_ptr(), worker.caches[names[2]].data_ptr())  # overlaid
+        worker.modules[names[4]].kv_sharing_target_layer_name = None
+        caches = RankCaches(worker.scheduler_kv_cache_config, worker.vllm_config, worker.caches, worker.modules, 0, 0)
+        self.assertEqual(caches.aliases, {})
+        self.assertNotIn(names[4], caches.layer_names())
+
     def test_registration_again_reads_the_new_caches(self):
         """Model Runner V2 may initialise its KV cache again: the connector reads the new buffer."""
         engine = self.engine([vm.Group(L)])

@@ -102,10 +102,11 @@ def _aliases(read_layers, listed_layers, caches, modules):
     for name, tensor in caches.items():
         target = getattr(modules.get(name), "kv_sharing_target_layer_name", None)
         if target is None and name not in listed_layers and _tensor(tensor) is not None:
-            # Equal views mean a shared cache only for layers the config leaves out: the hybrid
-            # allocator gives layer i of every group one buffer.
-            target = next((other for other in read_layers
-                           if other in caches and _same_view(_tensor(caches[other]), _tensor(tensor))), None)
+            # Without the module's word, the one listed layer with the very same view. (Groups
+            # overlay one region, so layer i of two groups may share a view: then it is unknown.)
+            same = [other for other in read_layers
+                    if other in caches and _same_view(_tensor(caches[other]), _tensor(tensor))]
+            target = same[0] if len(same) == 1 else None
         if target:
             aliases[name] = target
     return aliases
@@ -120,8 +121,8 @@ def _tensor(value):
 
 
 def _same_view(a, b):
-    return a is not None and b is not None and (a.data_ptr() == b.data_ptr() and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride()
-            and a.dtype == b.dtype)
+    return (a is not None and b is not None and a.data_ptr() == b.data_ptr() and tuple(a.shape) == tuple(b.shape)
+            and a.stride() == b.stride() and a.dtype == b.dtype)
 
 
 def _backend_of(module):
