@@ -16,6 +16,8 @@ packages=(
   xvfb xauth imagemagick chromium
   # the Python capture side and its tests
   python3-torch python3-h5py python3-numpy
+  # the KV cache config's schema (docs/kv-cache-config.schema.json), checked by the capture tests
+  python3-jsonschema
   # the packaging test: the .deb (dpkg-shlibdeps comes with build-essential's dpkg-dev), its
   # desktop entry, and pip-installing the capture package into a scratch virtual environment
   desktop-file-utils python3-venv python3-pip python3-setuptools python3-wheel

@@ -41,8 +41,8 @@ class KvCacheConfig:
         self.total_num_kv_heads = integer(cfg, "total_num_kv_heads", "", hi=4096)
         def optional(key):
             value = cfg.get(key)
-            if value is not None and (type(value) is not int or value < 0):
-                raise ValueError(f"kv_cache_config.{key}: must be an integer, got {value!r}")
+            if value is not None and (type(value) is not int or not 0 <= value <= 4096):
+                raise ValueError(f"kv_cache_config.{key}: must be an integer in [0, 4096], got {value!r}")
             return max(1, value or 1)
 
         if optional("pcp_size") > 1:
@@ -64,6 +64,8 @@ class KvCacheConfig:
         seen = set()
         for g, group in enumerate(groups):
             where = f"groups[{g}]."
+            if not isinstance(group, dict):
+                raise ValueError(f"kv_cache_config.groups[{g}]: must be an object")
             names = group.get("layer_names")
             if not isinstance(names, list) or not names:
                 raise ValueError(f"kv_cache_config.{where}layer_names: must be a non-empty list")
@@ -74,7 +76,9 @@ class KvCacheConfig:
                     raise ValueError(f"kv_cache_config.{where}layer_names: layer {name!r} appears in more than one place")
                 seen.add(name)
             spec = group.get("spec_type")
-            if group.get("not_compared") is not None:  # marked by the capture side: no KV to compare
+            if not isinstance(spec, str):
+                raise ValueError(f"kv_cache_config.{where}spec_type: missing or not a string")
+            if "not_compared" in group:  # marked by the capture side: no KV to compare
                 what = group["not_compared"]
                 if not isinstance(what, str) or not what:
                     raise ValueError(f"kv_cache_config.{where}not_compared: must say what the layers are, as a string")
@@ -89,8 +93,9 @@ class KvCacheConfig:
                 raise ValueError(f"kv_cache_config.{where}spec_type: {spec!r} is not supported (compared: "
                                  f"{', '.join(COMPARED)}; listed, not compared: {', '.join(NOT_COMPARED)})")
             window = group.get("sliding_window")
-            if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-                raise ValueError(f"kv_cache_config.{where}sliding_window: must be a positive integer or None, got {window!r}")
+            if window is not None and (not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= 1 << 30):
+                raise ValueError(f"kv_cache_config.{where}sliding_window: must be a positive integer up to {1 << 30}, "
+                                 f"or None, got {window!r}")
             if spec == "SlidingWindowSpec" and not window:
                 raise ValueError(f"kv_cache_config.{where}sliding_window: SlidingWindowSpec needs a sliding_window")
             chunk = None  # also on FullAttentionSpec when vLLM's hybrid manager is off

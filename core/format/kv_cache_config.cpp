@@ -233,10 +233,13 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
         ctx.fail("dcp_size", std::to_string(cfg.dcpSize) + " does not divide tp_size " + std::to_string(cfg.tpSize) +
                                  " (DCP groups are made of TP ranks)");
 
-    // An MLA config's total_num_kv_heads is the model's, which its latent ignores.
+    // An MLA config's total_num_kv_heads is the model's, which its latent ignores. (A group marked
+    // not_compared is only listed: an MLA one, such as DeepSeek-V3.2's indexer keys, leaves the
+    // heads of the groups that are read alone.)
     const Json listed = root.contains("groups") && root["groups"].is_array() ? root["groups"] : Json::array();
     const bool mlaConfig = std::any_of(listed.begin(), listed.end(), [](const Json& g) {
-        return g.is_object() && g.contains("spec_type") && g["spec_type"] == "MLAAttentionSpec";
+        return g.is_object() && g.contains("spec_type") && g["spec_type"] == "MLAAttentionSpec" &&
+               !g.contains("not_compared");
     });
     if (mlaConfig)
         cfg.totalNumKvHeads = 1;  // the latent is one vector per token on every rank (TP replicates it)

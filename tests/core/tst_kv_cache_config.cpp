@@ -1,11 +1,15 @@
 // The KV cache config: parsing as the engine reports it, TP layout, and rejection of
 // configs that are malformed or inconsistent, with messages that say where.
 
+#include "format/bundle_error.h"
 #include "format/kv_cache_config.h"
 #include "test_support.h"
 
 #include <QTest>
 
+#include <nlohmann/json.hpp>
+
+#include <fstream>
 #include <numeric>
 
 using namespace kvscope;
@@ -27,6 +31,10 @@ private slots:
     void dcpSlots_data();
     void dcpSlots();
     void groupHeadCounts();
+    // tests/data/kv_cache_configs.json, the table of good and bad configs the Python reader and the
+    // schema (docs/kv-cache-config.schema.json) read too (capture/tests/test_kv_cache_config_table.py).
+    void sharedTable_data();
+    void sharedTable();
 };
 
 void TestKvCacheConfig::parsesEngineDict()
@@ -344,4 +352,64 @@ void TestKvCacheConfig::groupHeadCounts()
     QCOMPARE(again.groups[1].totalKvHeads, 8);
     QVERIFY(cfg.toJson().find("\"total_num_kv_heads\":1") != std::string::npos ||
             cfg.toJson().find("\"total_num_kv_heads\": 1") != std::string::npos);
+}
+
+void TestKvCacheConfig::sharedTable_data()
+{
+    QTest::addColumn<QString>("config");
+    QTest::addColumn<bool>("valid");
+    std::ifstream in(KVSCOPE_CONFIG_TABLE);
+    QVERIFY2(in, KVSCOPE_CONFIG_TABLE);
+    const nlohmann::json table = nlohmann::json::parse(in);
+    QVERIFY(table.is_array());
+    int good = 0, bad = 0;
+    for (const nlohmann::json& entry : table) {
+        const std::string name = entry.at("name").get<std::string>();
+        const bool valid = entry.at("valid").get<bool>();
+        (valid ? good : bad)++;
+        QTest::newRow(name.c_str()) << QString::fromStdString(entry.at("config").dump()) << valid;
+    }
+    QVERIFY(good >= 15);
+    QVERIFY(bad >= 25);
+}
+
+void TestKvCacheConfig::sharedTable()
+{
+    QFETCH(QString, config);
+    QFETCH(bool, valid);
+    const std::string text = config.toStdString();
+    if (!valid) {
+        try {
+            KvCacheConfig::fromJson(text, "table.h5");
+        } catch (const BundleError& e) {
+            QVERIFY2(std::string(e.what()).find("table.h5") != std::string::npos, e.what());
+            return;
+        }
+        QFAIL("a bad config was accepted");
+    }
+    KvCacheConfig cfg;
+    try {
+        cfg = KvCacheConfig::fromJson(text, "table.h5");
+    } catch (const BundleError& e) {
+        QFAIL(e.what());
+    }
+    // A few values against the table's JSON.
+    const nlohmann::json json = nlohmann::json::parse(text);
+    QCOMPARE(cfg.numBlocks, json.at("num_blocks").get<int>());
+    QCOMPARE(cfg.tpSize, json.at("tp_size").get<int>());
+    const nlohmann::json dcp = json.value("dcp_size", nlohmann::json());
+    QCOMPARE(cfg.dcpSize, dcp.is_null() || dcp.get<int>() == 0 ? 1 : dcp.get<int>());
+    const nlohmann::json& groups = json.at("groups");
+    QCOMPARE(cfg.groups.size(), groups.size());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+        const nlohmann::json& listed = groups[g];
+        const KvCacheGroup& group = cfg.groups[g];
+        QCOMPARE(group.layerNames, listed.at("layer_names").get<std::vector<std::string>>());
+        QCOMPARE(group.specName, listed.at("spec_type").get<std::string>());
+        if (group.specType == SpecType::NotCompared)
+            continue;
+        QCOMPARE(group.blockSize, listed.at("block_size").get<int>());
+        QCOMPARE(group.headSize, listed.at("head_size").get<int>());
+        QCOMPARE(group.numKvHeads, listed.at("num_kv_heads").get<int>());
+    }
 }
