@@ -678,6 +678,292 @@ struct PromptCapture {
     nlohmann::json truth;  // what the fault adds to the ground truth for this prompt
 };
 
+// The engine-side faults the forward pass itself makes (the rest corrupt its cache after).
+EngineFaults engineFaultsOf(const ResolvedFault& fault, const ModelShape& shape, std::int64_t promptLen)
+{
+    EngineFaults f;
+    switch (fault.kind) {
+    case FaultKind::RopeOffset:
+        f.ropeOffsetLayer = fault.layer;
+        break;
+    case FaultKind::WindowOffByOne:
+        f.windowOffByOne = true;
+        break;
+    case FaultKind::DeadHead:
+        f.deadLayer = fault.layer;
+        f.deadHead = fault.head;
+        f.deadFrom = promptLen + fault.step;
+        break;
+    case FaultKind::RopePrefill:
+        f.ropeLayer = fault.layer;
+        f.ropeFrom = std::max<std::int64_t>(1, promptLen / 8);
+        f.ropeTo = promptLen * 5 / 8;
+        f.ropeShift = 3;
+        break;
+    case FaultKind::ChunkedPrefill:
+        f.ropeLayer = -1;
+        f.ropeFrom = std::max<std::int64_t>(4, promptLen / 2 / 4 * 4);
+        f.ropeRestart = true;
+        break;
+    case FaultKind::RopeScaling:
+        f.ropeLayer = -1;
+        f.ropeDivide = 2.0;
+        break;
+    case FaultKind::RopeConvention:
+        f.ropeLayer = fault.layer;
+        f.ropeInterleaved = true;
+        break;
+    case FaultKind::PartialRotary:
+        f.ropeLayer = fault.layer;
+        f.ropeDims = (shape.mla() ? shape.ropeHeadDim : shape.headDim) / 2 / 2 * 2;
+        break;
+    default:
+        break;
+    }
+    return f;
+}
+
+// The teacher: the fp32 baseline decoding greedily (`tokens` grows by its tokens). Every row is
+// computed the same way whatever else is in the batch, so this incremental run is also the
+// baseline's teacher-forced pass: `cache` and the logits returned are the baseline's.
+Logits decodeTeacher(const TinyTransformer& model, std::int64_t steps, std::vector<std::int64_t>& tokens,
+                     std::vector<LayerCache>& cache)
+{
+    const std::int64_t promptLen = std::int64_t(tokens.size());
+    Logits out;
+    out.steps = steps;
+    out.vocab = model.shape().vocab;
+    Matrix logits = model.forward(tokens, 0, cache, Numerics::Baseline);
+    std::int64_t row = promptLen - 1;
+    for (std::int64_t g = 0; g < steps; ++g) {
+        out.values.insert(out.values.end(), logits.row(int(row)), logits.row(int(row)) + logits.cols);
+        tokens.push_back(argmaxRow(logits, row));
+        logits = model.forward({tokens.back()}, promptLen + g, cache, Numerics::Baseline);
+        row = 0;
+    }
+    return out;
+}
+
+// What the engine's cache holds when the capture reads it: the validation loop's snapshot at each
+// divergence (the engine's own token at it) and the last one over every position.
+struct Snapshot {
+    std::int64_t seqLen;
+    std::int64_t validatedUntil;
+    std::vector<LayerKv> layers;
+};
+
+std::vector<Snapshot> engineSnapshots(const TinyTransformer& model, const std::vector<LayerCache>& engine,
+                                      const Matrix& engineLogits, const std::vector<std::int64_t>& divergences,
+                                      const EngineFaults& faults, std::int64_t promptLen, std::int64_t total)
+{
+    const ModelShape& shape = model.shape();
+    std::vector<Snapshot> snapshots;
+    for (std::int64_t d : divergences) {
+        if (int(snapshots.size()) + 1 >= kMaxSnapshots || d + 2 > total)
+            break;
+        // This call decoded up to d, sampled its own token there and one more: its cache
+        // holds the wrong token's KV at d (never validated), the teacher's before.
+        std::vector<LayerCache> prefix;
+        for (const LayerCache& c : engine)
+            prefix.push_back(c.prefix(d));
+        model.forward({argmaxRow(engineLogits, d - 1)}, d, prefix, Numerics::Engine, faults, promptLen);
+        Snapshot s{d + 2, d, {}};
+        for (const LayerCache& c : prefix)
+            s.layers.push_back(toLayerKv(c, shape, d + 1));
+        snapshots.push_back(std::move(s));
+    }
+    Snapshot last{total, total - 1, {}};
+    for (const LayerCache& c : engine)
+        last.layers.push_back(toLayerKv(c, shape, total - 1));
+    snapshots.push_back(std::move(last));
+    return snapshots;
+}
+
+// Quantised caches: each layer's scales from the engine's own prompt KV, per layer and part,
+// and per head.
+std::map<std::string, CacheScaling> cacheScalings(const std::vector<LayerCache>& engine, const ModelShape& shape,
+                                                  DType kvDtype, ScaleGranularity granularity)
+{
+    const auto largest = [&](const std::vector<float>& x, int head) {
+        float m = 1e-6f;
+        const std::size_t dim = std::size_t(shape.headDim);
+        for (std::size_t i = 0; i < x.size(); ++i)
+            if (head < 0 || int(i / dim) % shape.kvHeads == head)
+                m = std::max(m, std::fabs(x[i]));
+        // NVFP4's per-tensor scale is its global one (format/nvfp4.h); int4's are per token and head.
+        return kvDtype == DType::Float4E2M1 ? nvfp4GlobalScale(m) : m / float(maxFinite(kvDtype));
+    };
+    std::map<std::string, CacheScaling> scalings;
+    for (int l = 0; l < shape.layers; ++l) {
+        const LayerCache& c = engine[std::size_t(l)];
+        CacheScaling scaling{granularity, largest(c.k, -1), largest(c.v, -1), {}, {}};
+        for (int h = 0; h < shape.kvHeads; ++h) {
+            scaling.kHeads.push_back(largest(c.k, h));
+            scaling.vHeads.push_back(largest(c.v, h));
+        }
+        scalings[layerName(l)] = scaling;
+    }
+    return scalings;
+}
+
+// A capture's faults on its paged snapshots: scales recorded wrong, shards swapped, table
+// entries pointing elsewhere, a replica's copy differing; what they did goes into `truth`.
+class SnapshotFaults {
+public:
+    SnapshotFaults(const ResolvedFault& fault, const KvCacheConfig& config, const std::map<std::string, CacheScaling>& scalings,
+                   std::size_t prompt, std::int64_t promptLen, std::int64_t total, nlohmann::json& truth)
+        : m_fault(fault), m_config(config), m_scalings(scalings), m_prompt(prompt), m_promptLen(promptLen), m_total(total),
+          m_truth(truth), m_faulty(layerName(fault.layer)), m_id("prompt_" + std::to_string(prompt))
+    {
+        // scale_other_layer: the layer whose K scale differs most from the faulty layer's.
+        m_other = m_faulty;
+        if (!scalings.count(m_faulty))  // no fault, or one without a layer
+            return;
+        for (const auto& [name, scaling] : scalings)
+            if (config.isCompared(name) && std::fabs(std::log(scaling.k / scalings.at(m_faulty).k)) >
+                                               std::fabs(std::log(scalings.at(m_other).k / scalings.at(m_faulty).k)))
+                m_other = name;
+        const CacheScaling& faulty = scalings.at(m_faulty);
+        if (fault.kind == FaultKind::ScaleGranularity) {  // how far the heads' own scales are from the tensor's
+            double k = 1, v = 1;
+            for (std::size_t h = 0; h < faulty.kHeads.size(); ++h) {
+                k = std::min(k, double(faulty.kHeads[h] / faulty.k));
+                v = std::min(v, double(faulty.vHeads[h] / faulty.v));
+            }
+            truth["k_ratio"] = k;
+            truth["v_ratio"] = v;
+        }
+        if (fault.kind == FaultKind::ScaleOtherLayer) {
+            truth["scale_of"] = m_other;
+            truth["k_ratio"] = faulty.k / scalings.at(m_other).k;
+            truth["v_ratio"] = faulty.v / scalings.at(m_other).v;
+        }
+    }
+
+    // How the engine scales `layer`'s cache (the scale faults quantise with the wrong ones).
+    CacheScaling scalingOf(const std::string& layer) const
+    {
+        CacheScaling scaling = m_scalings.at(layer);
+        if (layer == m_faulty && m_fault.kind == FaultKind::ScaleGranularity)
+            scaling.granularity = ScaleGranularity::Tensor;  // quantised per tensor ...
+        if (layer == m_faulty && m_fault.kind == FaultKind::ScaleOtherLayer)
+            scaling.k = m_scalings.at(m_other).k, scaling.v = m_scalings.at(m_other).v;
+        return scaling;
+    }
+
+    // Snapshot `s` of `snapshots`, as paged.
+    void apply(EngineSnapshot& snap, const std::vector<Snapshot>& snapshots, std::size_t s)
+    {
+        recordScales(snap);
+        if (m_fault.kind == FaultKind::ShardSwap)
+            std::swap(snap.ranks[std::size_t(m_fault.rank)][m_faulty], snap.ranks[std::size_t(m_fault.rank + 1)][m_faulty]);
+        if (m_fault.kind == FaultKind::Fp8Scale)
+            for (auto& rank : snap.ranks)
+                for (RawTensor* part : {&rank[m_faulty].first, &rank[m_faulty].second}) {
+                    if (part->scales.empty() || part->dtype == DType::Float4E2M1)  // NVFP4: its global scale
+                        part->scale *= 2.0f;
+                    if (part->dtype == DType::Float4E2M1)
+                        continue;
+                    for (float& scale : part->scales)
+                        scale *= 2.0f;
+                }
+        // The snapshot whose positions hold the faulty one (snapshot_merge.h): the table entry
+        // is wrong where the capture takes that position from.
+        const std::int64_t stalePosition = m_promptLen + m_fault.step;
+        const bool holdsStale = (s == 0 || stalePosition >= snapshots[s - 1].validatedUntil) &&
+                                (stalePosition < snapshots[s].validatedUntil || s + 1 == snapshots.size());
+        if (m_fault.kind == FaultKind::StaleBlock && m_prompt == 0 && holdsStale)
+            staleBlock(snap, stalePosition);
+        if (m_fault.kind == FaultKind::BlockShift && m_prompt == 0)
+            blockShift(snap, snapshots[s].seqLen);
+        if (m_fault.kind == FaultKind::ReplicaDiff && m_prompt == 0 && holdsStale)
+            replicaDiff(snap, stalePosition);
+    }
+
+private:
+    void recordScales(EngineSnapshot& snap) const
+    {
+        if (m_fault.kind == FaultKind::ScaleGranularity)  // ... recorded with the per-head scales
+            for (int r = 0; r < int(snap.ranks.size()); ++r)
+                for (auto* part : {&snap.ranks[std::size_t(r)][m_faulty].first, &snap.ranks[std::size_t(r)][m_faulty].second}) {
+                    const std::vector<float>& all = part == &snap.ranks[std::size_t(r)][m_faulty].first
+                                                        ? m_scalings.at(m_faulty).kHeads : m_scalings.at(m_faulty).vHeads;
+                    std::vector<float> scales;
+                    for (int j = 0; j < part->shape[1]; ++j)
+                        scales.push_back(all[std::size_t(m_config.layoutOf(m_faulty).headOnRank(r, j))]);
+                    part->setScales(ScaleGranularity::Head, std::move(scales));
+                }
+        if (m_fault.kind == FaultKind::ScaleOtherLayer)  // recorded with its own scale
+            for (auto& rank : snap.ranks) {
+                rank[m_faulty].first.scale = m_scalings.at(m_faulty).k;
+                rank[m_faulty].second.scale = m_scalings.at(m_faulty).v;
+            }
+    }
+
+    // One table entry points at a block that holds another sequence's data.
+    void staleBlock(EngineSnapshot& snap, std::int64_t stalePosition)
+    {
+        const int g = m_config.groupOf(m_faulty);
+        const std::int64_t blockSize = m_config.positionsPerEntry(m_config.groups[std::size_t(g)]);  // one table entry
+        const std::int64_t logical = stalePosition / blockSize;
+        std::set<std::int32_t> used;
+        for (const BlockTable& t : snap.blockTables)
+            used.insert(t.entries.begin(), t.entries.end());
+        std::int32_t stale = m_config.numBlocks - 1;
+        while (stale > 0 && used.count(stale))
+            --stale;
+        BlockTable& table = snap.blockTables[std::size_t(g)];
+        m_truth["group"] = g;
+        m_truth["logical_block"] = logical;
+        m_truth["positions"] = {logical * blockSize, std::min<std::int64_t>((logical + 1) * blockSize, m_total - 1) - 1};
+        m_truth["original_block"] = table.entries[std::size_t(logical)];
+        m_truth["stale_block"] = stale;
+        m_truth["prompt"] = m_id;
+        table.entries[std::size_t(logical)] = stale;
+    }
+
+    // From the block of the fault position on, each entry points one logical block earlier (a
+    // table read one entry off).
+    void blockShift(EngineSnapshot& snap, std::int64_t seqLen)
+    {
+        const int g = m_config.groupOf(m_faulty);
+        const std::int64_t blockSize = m_config.positionsPerEntry(m_config.groups[std::size_t(g)]);  // one table entry
+        BlockTable& table = snap.blockTables[std::size_t(g)];
+        const std::int64_t used = (seqLen + blockSize - 1) / blockSize;
+        const std::int64_t from = std::max<std::int64_t>(1, (m_promptLen + m_fault.step) / blockSize);
+        for (std::int64_t logical = std::min<std::int64_t>(used, std::int64_t(table.entries.size())) - 1; logical >= from;
+             --logical)
+            table.entries[std::size_t(logical)] = table.entries[std::size_t(logical - 1)];
+        m_truth["group"] = g;
+        m_truth["from_logical_block"] = from;
+    }
+
+    // One rank's copy of the block holding the fault position differs in the last bit.
+    void replicaDiff(EngineSnapshot& snap, std::int64_t stalePosition)
+    {
+        const int g = m_config.groupOf(m_faulty);
+        const KvCacheGroup& group = m_config.groups[std::size_t(g)];
+        const std::int64_t logical = stalePosition / m_config.positionsPerEntry(group);
+        const std::int32_t block = snap.blockTables[std::size_t(g)].entries[std::size_t(logical)];
+        RawTensor& copy = snap.ranks[std::size_t(m_fault.rank)][m_faulty].first;
+        const std::size_t rowBytes = std::size_t(copy.stride(0)) * dtypeSize(copy.dtype);
+        for (std::size_t i = 0; i < rowBytes; i += dtypeSize(copy.dtype))
+            copy.bytes[std::size_t(block) * rowBytes + i] ^= 1;  // little-endian: the lowest mantissa bit
+        m_truth["prompt"] = m_id;
+        m_truth["block"] = block;
+        m_truth["logical_block"] = logical;
+    }
+
+    const ResolvedFault& m_fault;
+    const KvCacheConfig& m_config;
+    const std::map<std::string, CacheScaling>& m_scalings;
+    const std::size_t m_prompt;
+    const std::int64_t m_promptLen, m_total;
+    nlohmann::json& m_truth;
+    const std::string m_faulty, m_id;
+    std::string m_other;
+};
+
 PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOptions& o, const KvCacheConfig& config,
                             const ResolvedFault& fault, std::size_t p, std::vector<std::int64_t> tokens)
 {
@@ -685,62 +971,11 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     const std::int64_t promptLen = std::int64_t(tokens.size());
     const std::int64_t steps = o.decodeTokens;
     const std::int64_t total = promptLen + steps;
-    EngineFaults engineFaults;
-    if (fault.kind == FaultKind::RopeOffset)
-        engineFaults.ropeOffsetLayer = fault.layer;
-    if (fault.kind == FaultKind::WindowOffByOne)
-        engineFaults.windowOffByOne = true;
-    if (fault.kind == FaultKind::DeadHead) {
-        engineFaults.deadLayer = fault.layer;
-        engineFaults.deadHead = fault.head;
-        engineFaults.deadFrom = promptLen + fault.step;
-    }
-    switch (fault.kind) {
-    case FaultKind::RopePrefill:
-        engineFaults.ropeLayer = fault.layer;
-        engineFaults.ropeFrom = std::max<std::int64_t>(1, promptLen / 8);
-        engineFaults.ropeTo = promptLen * 5 / 8;
-        engineFaults.ropeShift = 3;
-        break;
-    case FaultKind::ChunkedPrefill:
-        engineFaults.ropeLayer = -1;
-        engineFaults.ropeFrom = std::max<std::int64_t>(4, promptLen / 2 / 4 * 4);
-        engineFaults.ropeRestart = true;
-        break;
-    case FaultKind::RopeScaling:
-        engineFaults.ropeLayer = -1;
-        engineFaults.ropeDivide = 2.0;
-        break;
-    case FaultKind::RopeConvention:
-        engineFaults.ropeLayer = fault.layer;
-        engineFaults.ropeInterleaved = true;
-        break;
-    case FaultKind::PartialRotary:
-        engineFaults.ropeLayer = fault.layer;
-        engineFaults.ropeDims = (o.shape.mla() ? o.shape.ropeHeadDim : o.shape.headDim) / 2 / 2 * 2;
-        break;
-    default:
-        break;
-    }
+    const EngineFaults engineFaults = engineFaultsOf(fault, shape, promptLen);
     PromptCapture out;
 
-    // The teacher: the fp32 baseline decoding greedily. Every row is computed the same way
-    // whatever else is in the batch, so this incremental run is also the baseline's
-    // teacher-forced pass: its cache and logits are the baseline's.
     std::vector<LayerCache> base;
-    Logits baseLogits;
-    baseLogits.steps = steps;
-    baseLogits.vocab = shape.vocab;
-    {
-        Matrix logits = model.forward(tokens, 0, base, Numerics::Baseline);
-        std::int64_t row = promptLen - 1;
-        for (std::int64_t g = 0; g < steps; ++g) {
-            baseLogits.values.insert(baseLogits.values.end(), logits.row(int(row)), logits.row(int(row)) + logits.cols);
-            tokens.push_back(argmaxRow(logits, row));
-            logits = model.forward({tokens.back()}, promptLen + g, base, Numerics::Baseline);
-            row = 0;
-        }
-    }
+    Logits baseLogits = decodeTeacher(model, steps, tokens, base);
     // Teacher-forced passes over the same tokens.
     std::vector<LayerCache> expected, engine;
     const Matrix expectedLogits = model.forward(tokens, 0, expected, Numerics::Expected);
@@ -751,31 +986,7 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     for (std::int64_t g = 0; g < steps; ++g)
         if (argmaxRow(engineLogits, promptLen - 1 + g) != tokens[std::size_t(promptLen + g)])
             divergences.push_back(promptLen + g);
-
-    struct Snapshot {
-        std::int64_t seqLen;
-        std::int64_t validatedUntil;
-        std::vector<LayerKv> layers;
-    };
-    std::vector<Snapshot> snapshots;
-    for (std::int64_t d : divergences) {
-        if (int(snapshots.size()) + 1 >= kMaxSnapshots || d + 2 > total)
-            break;
-        // This call decoded up to d, sampled its own token there and one more: its cache
-        // holds the wrong token's KV at d (never validated), the teacher's before.
-        std::vector<LayerCache> prefix;
-        for (const LayerCache& c : engine)
-            prefix.push_back(c.prefix(d));
-        model.forward({argmaxRow(engineLogits, d - 1)}, d, prefix, Numerics::Engine, engineFaults, promptLen);
-        Snapshot s{d + 2, d, {}};
-        for (const LayerCache& c : prefix)
-            s.layers.push_back(toLayerKv(c, shape, d + 1));
-        snapshots.push_back(std::move(s));
-    }
-    Snapshot last{total, total - 1, {}};
-    for (const LayerCache& c : engine)
-        last.layers.push_back(toLayerKv(c, shape, total - 1));
-    snapshots.push_back(std::move(last));
+    std::vector<Snapshot> snapshots = engineSnapshots(model, engine, engineLogits, divergences, engineFaults, promptLen, total);
 
     // Cache-side faults, on what every snapshot holds.
     std::vector<LayerCache> foreign;
@@ -788,147 +999,21 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     for (Snapshot& snap : snapshots)
         corruptCache(fault, o, config, promptLen, p, foreign, snap.layers);
 
-    // Quantised caches: scales from the engine's own prompt KV, per layer and part, or per head.
-    const DType kvDtype = config.firstCompared().dtype;
     const ScaleGranularity granularity = fault.kind == FaultKind::ScaleGranularity ? ScaleGranularity::Head : o.kvScale;
-    std::map<std::string, CacheScaling> scalings;
-    const auto largest = [&](const std::vector<float>& x, int head) {
-        float m = 1e-6f;
-        const std::size_t dim = std::size_t(shape.headDim);
-        for (std::size_t i = 0; i < x.size(); ++i)
-            if (head < 0 || int(i / dim) % shape.kvHeads == head)
-                m = std::max(m, std::fabs(x[i]));
-        // NVFP4's per-tensor scale is its global one (format/nvfp4.h); int4's are per token and head.
-        return kvDtype == DType::Float4E2M1 ? nvfp4GlobalScale(m) : m / float(maxFinite(kvDtype));
-    };
-    for (int l = 0; l < shape.layers; ++l) {
-        const LayerCache& c = engine[std::size_t(l)];
-        CacheScaling scaling{granularity, largest(c.k, -1), largest(c.v, -1), {}, {}};
-        for (int h = 0; h < shape.kvHeads; ++h) {
-            scaling.kHeads.push_back(largest(c.k, h));
-            scaling.vHeads.push_back(largest(c.v, h));
-        }
-        scalings[layerName(l)] = scaling;
-    }
-    const std::string id = "prompt_" + std::to_string(p);
-    const std::string faulty = layerName(fault.layer);
-    // scale_other_layer: the layer whose K scale differs most from the faulty layer's.
-    std::string other = faulty;
-    for (const auto& [name, scaling] : scalings)
-        if (config.isCompared(name) &&
-            std::fabs(std::log(scaling.k / scalings[faulty].k)) > std::fabs(std::log(scalings[other].k / scalings[faulty].k)))
-            other = name;
-    if (fault.kind == FaultKind::ScaleGranularity) {  // how far the heads' own scales are from the tensor's
-        double k = 1, v = 1;
-        for (int h = 0; h < shape.kvHeads; ++h) {
-            k = std::min(k, double(scalings[faulty].kHeads[std::size_t(h)] / scalings[faulty].k));
-            v = std::min(v, double(scalings[faulty].vHeads[std::size_t(h)] / scalings[faulty].v));
-        }
-        out.truth["k_ratio"] = k;
-        out.truth["v_ratio"] = v;
-    }
-    if (fault.kind == FaultKind::ScaleOtherLayer) {
-        out.truth["scale_of"] = other;
-        out.truth["k_ratio"] = scalings[faulty].k / scalings[other].k;
-        out.truth["v_ratio"] = scalings[faulty].v / scalings[other].v;
-    }
+    const std::map<std::string, CacheScaling> scalings =
+        cacheScalings(engine, shape, config.firstCompared().dtype, granularity);
+    SnapshotFaults snapshotFaults(fault, config, scalings, p, promptLen, total, out.truth);
     for (std::size_t s = 0; s < snapshots.size(); ++s) {
         const PagedLayout layout(config, snapshots[s].seqLen, o.seed * 1000 + p * 10 + s);
         EngineSnapshot snap = layout.snapshot(
             [&](const std::string& layer) { return snapshots[s].layers[std::size_t(std::stoi(layer.substr(13)))]; },
-            true, [&](const std::string& layer) {
-                CacheScaling scaling = scalings.at(layer);
-                if (layer == faulty && fault.kind == FaultKind::ScaleGranularity)
-                    scaling.granularity = ScaleGranularity::Tensor;  // quantised per tensor ...
-                if (layer == faulty && fault.kind == FaultKind::ScaleOtherLayer)
-                    scaling.k = scalings.at(other).k, scaling.v = scalings.at(other).v;
-                return scaling;
-            });
-        if (fault.kind == FaultKind::ScaleGranularity)  // ... recorded with the per-head scales
-            for (int r = 0; r < int(snap.ranks.size()); ++r)
-                for (auto* part : {&snap.ranks[std::size_t(r)][faulty].first, &snap.ranks[std::size_t(r)][faulty].second}) {
-                    const std::vector<float>& all = part == &snap.ranks[std::size_t(r)][faulty].first
-                                                        ? scalings.at(faulty).kHeads : scalings.at(faulty).vHeads;
-                    std::vector<float> scales;
-                    for (int j = 0; j < part->shape[1]; ++j)
-                        scales.push_back(all[std::size_t(config.layoutOf(faulty).headOnRank(r, j))]);
-                    part->setScales(ScaleGranularity::Head, std::move(scales));
-                }
-        if (fault.kind == FaultKind::ScaleOtherLayer)  // recorded with its own scale
-            for (auto& rank : snap.ranks) {
-                rank[faulty].first.scale = scalings.at(faulty).k;
-                rank[faulty].second.scale = scalings.at(faulty).v;
-            }
+            true, [&](const std::string& layer) { return snapshotFaults.scalingOf(layer); });
         snap.validatedUntil = snapshots[s].validatedUntil;
-        if (fault.kind == FaultKind::ShardSwap)
-            std::swap(snap.ranks[std::size_t(fault.rank)][faulty], snap.ranks[std::size_t(fault.rank + 1)][faulty]);
-        if (fault.kind == FaultKind::Fp8Scale)
-            for (auto& rank : snap.ranks)
-                for (RawTensor* part : {&rank[faulty].first, &rank[faulty].second}) {
-                    if (part->scales.empty() || part->dtype == DType::Float4E2M1)  // NVFP4: its global scale
-                        part->scale *= 2.0f;
-                    if (part->dtype == DType::Float4E2M1)
-                        continue;
-                    for (float& scale : part->scales)
-                        scale *= 2.0f;
-                }
-        // The snapshot whose positions hold the faulty one (snapshot_merge.h): the table entry
-        // is wrong where the capture takes that position from.
-        const std::int64_t stalePosition = promptLen + fault.step;
-        const bool holdsStale = (s == 0 || stalePosition >= snapshots[s - 1].validatedUntil) &&
-                                (stalePosition < snapshots[s].validatedUntil || s + 1 == snapshots.size());
-        if (fault.kind == FaultKind::StaleBlock && p == 0 && holdsStale) {
-            // One table entry points at a block that holds another sequence's data.
-            const int g = config.groupOf(faulty);
-            const std::int64_t blockSize = config.positionsPerEntry(config.groups[std::size_t(g)]);  // one table entry
-            const std::int64_t logical = stalePosition / blockSize;
-            std::set<std::int32_t> used;
-            for (const BlockTable& t : snap.blockTables)
-                used.insert(t.entries.begin(), t.entries.end());
-            std::int32_t stale = config.numBlocks - 1;
-            while (stale > 0 && used.count(stale))
-                --stale;
-            BlockTable& table = snap.blockTables[std::size_t(g)];
-            out.truth["group"] = g;
-            out.truth["logical_block"] = logical;
-            out.truth["positions"] = {logical * blockSize, std::min<std::int64_t>((logical + 1) * blockSize, total - 1) - 1};
-            out.truth["original_block"] = table.entries[std::size_t(logical)];
-            out.truth["stale_block"] = stale;
-            out.truth["prompt"] = id;
-            table.entries[std::size_t(logical)] = stale;
-        }
-        if (fault.kind == FaultKind::BlockShift && p == 0) {
-            // From the block of the fault position on, each entry points one logical block
-            // earlier (a table read one entry off).
-            const int g = config.groupOf(faulty);
-            const std::int64_t blockSize = config.positionsPerEntry(config.groups[std::size_t(g)]);  // one table entry
-            BlockTable& table = snap.blockTables[std::size_t(g)];
-            const std::int64_t used = (snapshots[s].seqLen + blockSize - 1) / blockSize;
-            const std::int64_t from = std::max<std::int64_t>(1, (promptLen + fault.step) / blockSize);
-            for (std::int64_t logical = std::min<std::int64_t>(used, std::int64_t(table.entries.size())) - 1; logical >= from;
-                 --logical)
-                table.entries[std::size_t(logical)] = table.entries[std::size_t(logical - 1)];
-            out.truth["group"] = g;
-            out.truth["from_logical_block"] = from;
-        }
-        if (fault.kind == FaultKind::ReplicaDiff && p == 0 && holdsStale) {
-            // One rank's copy of the block holding the fault position differs in the last bit.
-            const int g = config.groupOf(faulty);
-            const KvCacheGroup& group = config.groups[std::size_t(g)];
-            const std::int64_t logical = stalePosition / config.positionsPerEntry(group);
-            const std::int32_t block = snap.blockTables[std::size_t(g)].entries[std::size_t(logical)];
-            RawTensor& copy = snap.ranks[std::size_t(fault.rank)][faulty].first;
-            const std::size_t rowBytes = std::size_t(copy.stride(0)) * dtypeSize(copy.dtype);
-            for (std::size_t i = 0; i < rowBytes; i += dtypeSize(copy.dtype))
-                copy.bytes[std::size_t(block) * rowBytes + i] ^= 1;  // little-endian: the lowest mantissa bit
-            out.truth["prompt"] = id;
-            out.truth["block"] = block;
-            out.truth["logical_block"] = logical;
-        }
+        snapshotFaults.apply(snap, snapshots, s);
         out.snapshots.push_back(std::move(snap));
     }
 
-    out.record.id = id;
+    out.record.id = "prompt_" + std::to_string(p);
     out.record.inputIds.assign(tokens.begin(), tokens.begin() + promptLen);
     out.record.teacherTokens.assign(tokens.begin() + promptLen, tokens.end());
     out.record.divergencePositions = divergences;
