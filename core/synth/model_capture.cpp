@@ -147,6 +147,164 @@ struct ResolvedFault {
     nlohmann::json truth;
 };
 
+// The ground truth of the faults the forward pass makes (RoPE, windows, a dead head).
+bool forwardFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohmann::json& truth)
+{
+    switch (f.kind) {
+    case FaultKind::RopeOffset:
+        truth["layer"] = layerName(f.layer);
+        truth["from_position"] = "prompt_len";
+        truth["description"] = std::string(o.shape.mla() ? "k_pe" : "K") + " of decode positions rotated for position + 1";
+        return true;
+    case FaultKind::DeadHead:
+        truth["layer"] = layerName(f.layer);
+        truth["head"] = f.head;
+        truth["from_decode_step"] = f.step;
+        return true;
+    case FaultKind::WindowOffByOne:
+        truth["layers"] = "every sliding-window layer";
+        truth["description"] = "the engine attends to window - 1 positions";
+        return true;
+    case FaultKind::RopePrefill:
+        truth["layer"] = layerName(f.layer);
+        truth["description"] = "Q and K of prefill positions [len/8, 5 len/8) rotated for position + 3";
+        return true;
+    case FaultKind::ChunkedPrefill:
+        truth["layers"] = "every layer";
+        truth["description"] = "positions restart at 0 at the prompt's middle (rounded down to 4)";
+        return true;
+    case FaultKind::RopeScaling:
+        truth["layers"] = "every layer";
+        truth["description"] = "RoPE positions divided by 2";
+        return true;
+    case FaultKind::RopeConvention:
+        truth["layer"] = layerName(f.layer);
+        truth["description"] = "interleaved pairs where the model rotates halves";
+        return true;
+    case FaultKind::PartialRotary:
+        truth["layer"] = layerName(f.layer);
+        truth["description"] = "only the first half of each head's dims rotated";
+        return true;
+    default:
+        return false;
+    }
+}
+
+// The ground truth of the faults in a quantised cache's scales.
+bool scaleFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohmann::json& truth)
+{
+    switch (f.kind) {
+    case FaultKind::Fp8Scale:
+        truth["layer"] = layerName(f.layer);
+        truth["description"] = "stored dequantisation scale twice the true one";
+        return true;
+    case FaultKind::ScaleGranularity:
+        truth["layer"] = layerName(f.layer);
+        truth["description"] = "quantised with one scale for the whole tensor, recorded as per-head scales";
+        return true;
+    case FaultKind::ScaleOtherLayer:
+        truth["layer"] = layerName(f.layer);
+        truth["description"] = "quantised with another layer's scale, recorded with its own";
+        return true;
+    case FaultKind::RankVScale:
+        if (f.rank >= o.tpSize)
+            throw std::invalid_argument("rank_v_scale needs rank " + std::to_string(f.rank) + " under tp_size " +
+                                        std::to_string(o.tpSize));
+        truth["layers"] = "every layer";
+        truth["rank"] = f.rank;
+        truth["factor"] = 1.25;
+        if (o.dcpSize > 1)
+            truth["dcp_rank"] = f.rank % o.dcpSize;
+        return true;
+    case FaultKind::GlobalVScale:
+        truth["layers"] = "every layer";
+        truth["factor"] = 0.8;
+        return true;
+    case FaultKind::HeadKScale:
+        truth["layer"] = layerName(f.layer);
+        truth["head"] = f.head;
+        truth["factor"] = 0.5;
+        return true;
+    default:
+        return false;
+    }
+}
+
+// The ground truth of the faults in the cache's contents and tables.
+bool cacheFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohmann::json& truth)
+{
+    switch (f.kind) {
+    case FaultKind::ShardSwap:
+        if (f.rank + 1 >= o.tpSize)
+            throw std::invalid_argument("shard_swap needs ranks " + std::to_string(f.rank) + " and " +
+                                        std::to_string(f.rank + 1) + " under tp_size " + std::to_string(o.tpSize));
+        truth["layer"] = layerName(f.layer);
+        truth["ranks"] = {f.rank, f.rank + 1};
+        return true;
+    case FaultKind::StaleBlock:
+        truth["layer_group_of"] = layerName(f.layer);
+        truth["from_decode_step"] = f.step;
+        return true;
+    case FaultKind::HeadSwap:
+        truth["layer"] = layerName(f.layer);
+        truth["heads"] = {f.head, swapPartner(f.head, o.shape.kvHeads)};
+        return true;
+    case FaultKind::KvSwap:
+        truth["layer"] = layerName(f.layer);
+        return true;
+    case FaultKind::BlockShift:
+        truth["layer_group_of"] = layerName(f.layer);
+        truth["from_decode_step"] = f.step;
+        truth["description"] = "table entries from the block of the fault position on point one logical block earlier";
+        return true;
+    case FaultKind::LostWrite:
+        truth["layers"] = "every layer";
+        truth["decode_step"] = f.step;
+        return true;
+    case FaultKind::BatchMixup:
+        truth["layers"] = "every layer";
+        truth["from_decode_step"] = f.step;
+        truth["prompt"] = "prompt_0";
+        return true;
+    case FaultKind::PrefixReuse:
+        truth["layer_group_of"] = layerName(f.layer);
+        truth["at_step"] = f.step;
+        truth["prompt"] = "prompt_0";
+        return true;
+    case FaultKind::LaggingWrite:
+        truth["layer"] = layerName(f.layer);
+        truth["from_decode_step"] = f.step;
+        truth["description"] = "position t holds position t - 1's K and V";
+        return true;
+    case FaultKind::RankUnwritten:
+        if (f.rank >= o.tpSize)
+            throw std::invalid_argument("rank_unwritten needs rank " + std::to_string(f.rank) + " under tp_size " +
+                                        std::to_string(o.tpSize));
+        truth["layer"] = layerName(f.layer);
+        truth["rank"] = f.rank;
+        if (o.dcpSize > 1)
+            truth["dcp_rank"] = f.rank % o.dcpSize;
+        return true;
+    case FaultKind::KNegated:
+        truth["layer"] = layerName(f.layer);
+        return true;
+    case FaultKind::ReplicaDiff:
+        // The ranks whose copy the analysis reads: the first DCP group of each head's ranks.
+        if (f.rank < 1 || f.rank >= o.tpSize ||
+            f.rank % (o.shape.mla() ? o.tpSize : o.tpSize / std::min(o.tpSize, o.shape.kvHeads)) < o.dcpSize)
+            throw std::invalid_argument("replica_diff needs a rank that holds a replica, not the copy the analysis "
+                                        "reads (rank " + std::to_string(f.rank) + " of tp_size " +
+                                        std::to_string(o.tpSize) + ", dcp_size " + std::to_string(o.dcpSize) + ")");
+        truth["layer"] = layerName(f.layer);
+        truth["rank"] = f.rank;
+        truth["from_decode_step"] = f.step;
+        truth["description"] = "the lowest bit of every value of one block of this rank's copy flipped";
+        return true;
+    default:
+        return false;
+    }
+}
+
 ResolvedFault resolveFault(const ModelCaptureOptions& o)
 {
     ResolvedFault f;
@@ -174,141 +332,8 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     if (f.step < -*std::min_element(o.promptLens.begin(), o.promptLens.end()))
         throw std::invalid_argument("fault step " + std::to_string(f.step) + " before the start of the shortest prompt");
     f.truth = {{"kind", faultName(f.kind)}};
-    switch (f.kind) {
-    case FaultKind::RopeOffset:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["from_position"] = "prompt_len";
-        f.truth["description"] = std::string(o.shape.mla() ? "k_pe" : "K") + " of decode positions rotated for position + 1";
-        break;
-    case FaultKind::DeadHead:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["head"] = f.head;
-        f.truth["from_decode_step"] = f.step;
-        break;
-    case FaultKind::WindowOffByOne:
-        f.truth["layers"] = "every sliding-window layer";
-        f.truth["description"] = "the engine attends to window - 1 positions";
-        break;
-    case FaultKind::ShardSwap:
-        if (f.rank + 1 >= o.tpSize)
-            throw std::invalid_argument("shard_swap needs ranks " + std::to_string(f.rank) + " and " +
-                                        std::to_string(f.rank + 1) + " under tp_size " + std::to_string(o.tpSize));
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["ranks"] = {f.rank, f.rank + 1};
-        break;
-    case FaultKind::Fp8Scale:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["description"] = "stored dequantisation scale twice the true one";
-        break;
-    case FaultKind::ScaleGranularity:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["description"] = "quantised with one scale for the whole tensor, recorded as per-head scales";
-        break;
-    case FaultKind::ScaleOtherLayer:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["description"] = "quantised with another layer's scale, recorded with its own";
-        break;
-    case FaultKind::StaleBlock:
-        f.truth["layer_group_of"] = layerName(f.layer);
-        f.truth["from_decode_step"] = f.step;
-        break;
-    case FaultKind::RopePrefill:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["description"] = "Q and K of prefill positions [len/8, 5 len/8) rotated for position + 3";
-        break;
-    case FaultKind::ChunkedPrefill:
-        f.truth["layers"] = "every layer";
-        f.truth["description"] = "positions restart at 0 at the prompt's middle (rounded down to 4)";
-        break;
-    case FaultKind::RopeScaling:
-        f.truth["layers"] = "every layer";
-        f.truth["description"] = "RoPE positions divided by 2";
-        break;
-    case FaultKind::RopeConvention:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["description"] = "interleaved pairs where the model rotates halves";
-        break;
-    case FaultKind::PartialRotary:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["description"] = "only the first half of each head's dims rotated";
-        break;
-    case FaultKind::RankVScale:
-        if (f.rank >= o.tpSize)
-            throw std::invalid_argument("rank_v_scale needs rank " + std::to_string(f.rank) + " under tp_size " +
-                                        std::to_string(o.tpSize));
-        f.truth["layers"] = "every layer";
-        f.truth["rank"] = f.rank;
-        f.truth["factor"] = 1.25;
-        if (o.dcpSize > 1)
-            f.truth["dcp_rank"] = f.rank % o.dcpSize;
-        break;
-    case FaultKind::GlobalVScale:
-        f.truth["layers"] = "every layer";
-        f.truth["factor"] = 0.8;
-        break;
-    case FaultKind::HeadSwap:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["heads"] = {f.head, swapPartner(f.head, o.shape.kvHeads)};
-        break;
-    case FaultKind::KvSwap:
-        f.truth["layer"] = layerName(f.layer);
-        break;
-    case FaultKind::BlockShift:
-        f.truth["layer_group_of"] = layerName(f.layer);
-        f.truth["from_decode_step"] = f.step;
-        f.truth["description"] = "table entries from the block of the fault position on point one logical block earlier";
-        break;
-    case FaultKind::LostWrite:
-        f.truth["layers"] = "every layer";
-        f.truth["decode_step"] = f.step;
-        break;
-    case FaultKind::BatchMixup:
-        f.truth["layers"] = "every layer";
-        f.truth["from_decode_step"] = f.step;
-        f.truth["prompt"] = "prompt_0";
-        break;
-    case FaultKind::PrefixReuse:
-        f.truth["layer_group_of"] = layerName(f.layer);
-        f.truth["at_step"] = f.step;
-        f.truth["prompt"] = "prompt_0";
-        break;
-    case FaultKind::HeadKScale:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["head"] = f.head;
-        f.truth["factor"] = 0.5;
-        break;
-    case FaultKind::LaggingWrite:
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["from_decode_step"] = f.step;
-        f.truth["description"] = "position t holds position t - 1's K and V";
-        break;
-    case FaultKind::RankUnwritten:
-        if (f.rank >= o.tpSize)
-            throw std::invalid_argument("rank_unwritten needs rank " + std::to_string(f.rank) + " under tp_size " +
-                                        std::to_string(o.tpSize));
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["rank"] = f.rank;
-        if (o.dcpSize > 1)
-            f.truth["dcp_rank"] = f.rank % o.dcpSize;
-        break;
-    case FaultKind::KNegated:
-        f.truth["layer"] = layerName(f.layer);
-        break;
-    case FaultKind::ReplicaDiff:
-        // The ranks whose copy the analysis reads: the first DCP group of each head's ranks.
-        if (f.rank < 1 || f.rank >= o.tpSize ||
-            f.rank % (o.shape.mla() ? o.tpSize : o.tpSize / std::min(o.tpSize, o.shape.kvHeads)) < o.dcpSize)
-            throw std::invalid_argument("replica_diff needs a rank that holds a replica, not the copy the analysis "
-                                        "reads (rank " + std::to_string(f.rank) + " of tp_size " +
-                                        std::to_string(o.tpSize) + ", dcp_size " + std::to_string(o.dcpSize) + ")");
-        f.truth["layer"] = layerName(f.layer);
-        f.truth["rank"] = f.rank;
-        f.truth["from_decode_step"] = f.step;
-        f.truth["description"] = "the lowest bit of every value of one block of this rank's copy flipped";
-        break;
-    case FaultKind::None:
-        break;
-    }
+    if (!forwardFaultTruth(f, o, f.truth) && !scaleFaultTruth(f, o, f.truth))
+        cacheFaultTruth(f, o, f.truth);
     return f;
 }
 
