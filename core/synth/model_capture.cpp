@@ -550,34 +550,71 @@ namespace {
 // Cache-side faults on one snapshot's layers (ResolvedFault): the engine computed the right
 // KV, its cache holds something else. `foreign` is another sequence's engine cache (empty
 // unless the fault needs one).
-void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config,
-                  std::int64_t promptLen, std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers)
-{
-    const int heads = cacheHeads(o.shape);
-    const HeadDims dims = cacheDims(o.shape);
-    const auto forPositions = [](LayerKv& kv, const std::function<void(std::int64_t)>& fn) {
+class CacheCorruption {
+public:
+    CacheCorruption(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config, std::int64_t promptLen,
+                    std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers)
+        : f(f), config(config), p(p), foreign(foreign), layers(layers), heads(cacheHeads(o.shape)), dims(cacheDims(o.shape)),
+          at(promptLen + f.step)
+    {
+    }
+
+    void apply()
+    {
+        switch (f.kind) {
+        case FaultKind::RankVScale:
+        case FaultKind::GlobalVScale:
+        case FaultKind::HeadKScale:
+            rescale();
+            break;
+        case FaultKind::HeadSwap:
+        case FaultKind::KvSwap:
+        case FaultKind::LaggingWrite:
+        case FaultKind::KNegated:
+            misplace();
+            break;
+        case FaultKind::LostWrite:
+        case FaultKind::BatchMixup:
+        case FaultKind::PrefixReuse:
+        case FaultKind::RankUnwritten:
+            lose();
+            break;
+        default:
+            break;
+        }
+    }
+
+private:
+    static void forPositions(LayerKv& kv, const std::function<void(std::int64_t)>& fn)
+    {
         for (std::int64_t pos = 0; pos < kv.seq; ++pos)
             if (kv.present[std::size_t(pos)])
                 fn(pos);
-    };
+    }
+
     // The fault's rank: whether it holds head `h` of layer `l`, and which positions (under DCP
     // its DCP rank's share; every one otherwise).
-    const auto rankHolds = [&](int l, int h) {
+    bool rankHolds(int l, int h) const
+    {
         if (!config.isCompared(layerName(l)))
             return false;
         const std::vector<int> ranks = config.layoutOf(layerName(l)).ranksHolding(h);
         return std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end();
-    };
-    const auto heldByRank = [&](int l) -> std::function<bool(std::int64_t)> {
+    }
+
+    std::function<bool(std::int64_t)> heldByRank(int l) const
+    {
         const int g = config.groupOf(layerName(l));
         if (g < 0 || config.dcpSize == 1)
             return [](std::int64_t) { return true; };
         const KvCacheGroup& group = config.groups[std::size_t(g)];
-        return [&config, &group, rank = config.dcpRankOf(f.rank)](std::int64_t pos) {
+        return [this, &group, rank = config.dcpRankOf(f.rank)](std::int64_t pos) {
             return config.slotOf(group, pos).dcpRank == rank;
         };
-    };
-    const auto scaleV = [&](LayerKv& kv, int head, float factor, const std::function<bool(std::int64_t)>& held) {
+    }
+
+    void scaleV(LayerKv& kv, int head, float factor, const std::function<bool(std::int64_t)>& held) const
+    {
         forPositions(kv, [&](std::int64_t pos) {
             if (!held(pos))
                 return;
@@ -585,8 +622,10 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
             for (int i = 0; i < dims.v; ++i)
                 v[i] = detmath::roundToBf16(v[i] * factor);
         });
-    };
-    const auto fromForeign = [&](int layer, std::int64_t pos) {
+    }
+
+    void fromForeign(int layer, std::int64_t pos)
+    {
         LayerKv& kv = layers[std::size_t(layer)];
         const LayerCache& c = foreign[std::size_t(layer)];
         for (KvPart part : {KvPart::K, KvPart::V}) {
@@ -594,53 +633,77 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
             std::copy_n((part == KvPart::K ? c.k : c.v).begin() + std::ptrdiff_t(std::size_t(pos) * row), row,
                         kv.values(part).begin() + std::ptrdiff_t(kv.index(part, 0, pos)));
         }
-    };
-    const std::int64_t at = promptLen + f.step;
-    switch (f.kind) {
-    case FaultKind::RankVScale:
-        for (int l = 0; l < int(layers.size()); ++l)
-            for (int h = 0; h < heads; ++h)
-                if (rankHolds(l, h))
-                    scaleV(layers[std::size_t(l)], h, 1.25f, heldByRank(l));
-        break;
-    case FaultKind::GlobalVScale:
-        for (LayerKv& kv : layers)
-            for (int h = 0; h < heads; ++h)
-                scaleV(kv, h, 0.8f, [](std::int64_t) { return true; });
-        break;
-    case FaultKind::HeadSwap: {
-        LayerKv& kv = layers[std::size_t(f.layer)];
-        const int other = swapPartner(f.head, heads);
-        forPositions(kv, [&](std::int64_t pos) {
-            std::swap_ranges(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, f.head, pos)),
-                             kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, f.head, pos) + std::size_t(dims.k)),
-                             kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, other, pos)));
-            std::swap_ranges(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, f.head, pos)),
-                             kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, f.head, pos) + std::size_t(dims.v)),
-                             kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, other, pos)));
-        });
-        break;
     }
-    case FaultKind::KvSwap:
-        std::swap(layers[std::size_t(f.layer)].k, layers[std::size_t(f.layer)].v);
-        break;
-    case FaultKind::LostWrite:
-        for (LayerKv& kv : layers)
-            if (at < kv.seq && kv.present[std::size_t(at)]) {
-                std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, at)), kv.rowSize(KvPart::K), 0.0f);
-                std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, at)), kv.rowSize(KvPart::V), 0.0f);
-            }
-        break;
-    case FaultKind::BatchMixup:
-        if (p == 0)
+
+    // Values multiplied by the wrong factor: a rank's V, every V, a head's K.
+    void rescale()
+    {
+        if (f.kind == FaultKind::RankVScale)
+            for (int l = 0; l < int(layers.size()); ++l)
+                for (int h = 0; h < heads; ++h)
+                    if (rankHolds(l, h))
+                        scaleV(layers[std::size_t(l)], h, 1.25f, heldByRank(l));
+        if (f.kind == FaultKind::GlobalVScale)
+            for (LayerKv& kv : layers)
+                for (int h = 0; h < heads; ++h)
+                    scaleV(kv, h, 0.8f, [](std::int64_t) { return true; });
+        if (f.kind == FaultKind::HeadKScale) {
+            LayerKv& kv = layers[std::size_t(f.layer)];
+            forPositions(kv, [&](std::int64_t pos) {
+                float* k = kv.k.data() + kv.index(KvPart::K, f.head, pos);
+                for (int i = 0; i < dims.k; ++i)
+                    k[i] = detmath::roundToBf16(k[i] * 0.5f);
+            });
+        }
+    }
+
+    // The right values in the wrong place: heads or K and V swapped, a position's KV one late, K negated.
+    void misplace()
+    {
+        LayerKv& kv = layers[std::size_t(f.layer)];
+        if (f.kind == FaultKind::HeadSwap) {
+            const int other = swapPartner(f.head, heads);
+            forPositions(kv, [&](std::int64_t pos) {
+                std::swap_ranges(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, f.head, pos)),
+                                 kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, f.head, pos) + std::size_t(dims.k)),
+                                 kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, other, pos)));
+                std::swap_ranges(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, f.head, pos)),
+                                 kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, f.head, pos) + std::size_t(dims.v)),
+                                 kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, other, pos)));
+            });
+        }
+        if (f.kind == FaultKind::KvSwap)
+            std::swap(kv.k, kv.v);
+        if (f.kind == FaultKind::LaggingWrite)
+            for (std::int64_t pos = kv.seq - 1; pos >= std::max<std::int64_t>(at, 1); --pos)
+                if (kv.present[std::size_t(pos)] && kv.present[std::size_t(pos - 1)]) {
+                    std::copy_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, pos - 1)), kv.rowSize(KvPart::K),
+                                kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, pos)));
+                    std::copy_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, pos - 1)), kv.rowSize(KvPart::V),
+                                kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, pos)));
+                }
+        if (f.kind == FaultKind::KNegated)
+            for (float& x : kv.k)
+                x = -x;
+    }
+
+    // Values lost or taken from elsewhere: a write never made, another sequence's KV, a rank's
+    // share never written.
+    void lose()
+    {
+        if (f.kind == FaultKind::LostWrite)
+            for (LayerKv& kv : layers)
+                if (at < kv.seq && kv.present[std::size_t(at)]) {
+                    std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, at)), kv.rowSize(KvPart::K), 0.0f);
+                    std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, at)), kv.rowSize(KvPart::V), 0.0f);
+                }
+        if (f.kind == FaultKind::BatchMixup && p == 0)
             for (int l = 0; l < int(layers.size()); ++l)
                 forPositions(layers[std::size_t(l)], [&](std::int64_t pos) {
                     if (pos >= at)
                         fromForeign(l, pos);
                 });
-        break;
-    case FaultKind::PrefixReuse:
-        if (p == 0) {
+        if (f.kind == FaultKind::PrefixReuse && p == 0) {
             const int g = config.groupOf(layerName(f.layer));
             const std::int64_t blockSize = config.positionsPerEntry(config.groups[std::size_t(g)]);  // one table entry
             const std::int64_t begin = at / blockSize * blockSize;
@@ -651,47 +714,34 @@ void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const Kv
                             fromForeign(l, pos);
                     });
         }
-        break;
-    case FaultKind::HeadKScale: {
-        LayerKv& kv = layers[std::size_t(f.layer)];
-        forPositions(kv, [&](std::int64_t pos) {
-            float* k = kv.k.data() + kv.index(KvPart::K, f.head, pos);
-            for (int i = 0; i < dims.k; ++i)
-                k[i] = detmath::roundToBf16(k[i] * 0.5f);
-        });
-        break;
+        if (f.kind == FaultKind::RankUnwritten) {
+            LayerKv& kv = layers[std::size_t(f.layer)];
+            const auto held = heldByRank(f.layer);
+            for (int h = 0; h < heads; ++h)
+                if (rankHolds(f.layer, h))
+                    forPositions(kv, [&](std::int64_t pos) {
+                        if (!held(pos))
+                            return;
+                        std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, h, pos)), dims.k, 0.0f);
+                        std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, h, pos)), dims.v, 0.0f);
+                    });
+        }
     }
-    case FaultKind::LaggingWrite: {
-        LayerKv& kv = layers[std::size_t(f.layer)];
-        for (std::int64_t pos = kv.seq - 1; pos >= std::max<std::int64_t>(at, 1); --pos)
-            if (kv.present[std::size_t(pos)] && kv.present[std::size_t(pos - 1)]) {
-                std::copy_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, pos - 1)), kv.rowSize(KvPart::K),
-                            kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, pos)));
-                std::copy_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, pos - 1)), kv.rowSize(KvPart::V),
-                            kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, pos)));
-            }
-        break;
-    }
-    case FaultKind::RankUnwritten: {
-        LayerKv& kv = layers[std::size_t(f.layer)];
-        const auto held = heldByRank(f.layer);
-        for (int h = 0; h < heads; ++h)
-            if (rankHolds(f.layer, h))
-                forPositions(kv, [&](std::int64_t pos) {
-                    if (!held(pos))
-                        return;
-                    std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, h, pos)), dims.k, 0.0f);
-                    std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, h, pos)), dims.v, 0.0f);
-                });
-        break;
-    }
-    case FaultKind::KNegated:
-        for (float& x : layers[std::size_t(f.layer)].k)
-            x = -x;
-        break;
-    default:
-        break;
-    }
+
+    const ResolvedFault& f;
+    const KvCacheConfig& config;
+    const std::size_t p;
+    const std::vector<LayerCache>& foreign;
+    std::vector<LayerKv>& layers;
+    const int heads;
+    const HeadDims dims;
+    const std::int64_t at;
+};
+
+void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config,
+                  std::int64_t promptLen, std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers)
+{
+    CacheCorruption(f, o, config, promptLen, p, foreign, layers).apply();
 }
 
 // Everything one prompt contributes to the bundle, computed on a worker thread.
