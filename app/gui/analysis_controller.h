@@ -89,6 +89,26 @@ signals:
     void cancelled();
 
 private:
+    // One open(): what its run on the worker thread needs.
+    struct OpenRun {
+        QString path;
+        std::vector<std::string> bundles;
+        bool sweep = false;
+        int generation = 0;
+        std::shared_ptr<QTemporaryDir> importDir;  // a folder of dumps is imported here first
+        std::shared_ptr<std::atomic<bool>> cancel;
+        std::function<void(int)> layerHook;
+        std::function<void(int, qint64)> windowHook;
+        qint64 windowTokens = 0;
+        std::function<void()> probeHook;
+    };
+    // On the worker thread: import, probe, then read a results file or analyse a bundle.
+    void runOpen(const OpenRun& run);
+    void readResults(const OpenRun& run, const std::string& file, bool& wasOpened);
+    void analyse(const OpenRun& run, const std::string& bundle, bool& wasOpened);
+    // After a window of a long layer: the start of its row in the followed map, to the GUI thread.
+    void showRowStart(int generation, const AnalysisResult& result, int layer, std::size_t first, std::size_t end,
+                      std::int64_t tokens);
     void post(std::function<void()> fn, int generation);
     // The run ended without finishing (failed or cancelled).
     void stopped();
