@@ -37,11 +37,14 @@ herr_t closeSpace(hid_t id) { return H5Sclose(id); }
 herr_t closePlist(hid_t id) { return H5Pclose(id); }
 herr_t closeGroup(hid_t id) { return H5Gclose(id); }
 
-Hdf5Handle variableStringType()
+// Variable-length strings in the character set `stored` has: libhdf5 1.10 converts none into
+// another (ASCII into UTF-8 fails), and ASCII bytes are UTF-8 as they are.
+Hdf5Handle variableStringType(hid_t stored)
 {
     Hdf5Handle type(H5Tcopy(H5T_C_S1), closeType);
     H5Tset_size(type.id(), H5T_VARIABLE);
-    H5Tset_cset(type.id(), H5T_CSET_UTF8);
+    const H5T_cset_t cset = H5Tget_cset(stored);
+    H5Tset_cset(type.id(), cset == H5T_CSET_ASCII ? H5T_CSET_ASCII : H5T_CSET_UTF8);
     return type;
 }
 
@@ -354,7 +357,10 @@ bool Hdf5File::hasAttribute(const std::string& object, const std::string& name) 
 {
     if (!exists(object))
         return false;
-    return H5Aexists_by_name(m_file.id(), object.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+    const htri_t found = H5Aexists_by_name(m_file.id(), object.c_str(), name.c_str(), H5P_DEFAULT);
+    if (found < 0)  // the object's header cannot be read (it fails its checksum): not a missing attribute
+        fail(object, "cannot be read to look for attribute '" + name + "' (a damaged header?)" + readProblem());
+    return found > 0;
 }
 
 std::vector<std::string> Hdf5File::attributeNames(const std::string& object) const
@@ -389,7 +395,7 @@ std::string Hdf5File::readStringAttribute(const std::string& object, const std::
     if (H5Tis_variable_str(type.id()) > 0) {
         if (m_checksumsRequired)
             fail(object, "attribute '" + name + "' is a variable-length string; format v2 stores fixed-length ones");
-        Hdf5Handle mem = variableStringType();
+        Hdf5Handle mem = variableStringType(type.id());
         char* value = nullptr;
         if (H5Aread(a.id(), mem.id(), &value) < 0)
             fail(object, "attribute '" + name + "' cannot be read");
@@ -480,7 +486,7 @@ std::vector<std::string> Hdf5File::readStrings(const std::string& dataset) const
     if (H5Tis_variable_str(type.id()) > 0) {
         if (m_checksumsRequired)
             fail(dataset, "holds variable-length strings; format v2 stores fixed-length ones");
-        Hdf5Handle mem = variableStringType();
+        Hdf5Handle mem = variableStringType(type.id());
         std::vector<char*> raw(std::size_t(n), nullptr);
         if (H5Dread(d.id(), mem.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
             fail(dataset, "cannot be read" + readProblem());
@@ -815,13 +821,13 @@ void Hdf5File::writeRawChunked(const std::string& dataset, hid_t fileType, const
     createGroup(parentOf(dataset));
     std::vector<hsize_t> dims(shape.begin(), shape.end());
     Hdf5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), closeSpace);
-    bool nonEmpty = !dims.empty();
+    bool nonEmpty = true;  // (a scalar, no dimensions, holds one value)
     for (hsize_t d : dims)
         nonEmpty = nonEmpty && d > 0;
     // Every dataset with data is chunked and each chunk carries a Fletcher32 checksum, so a
-    // flipped bit is an error, not a number.
+    // flipped bit is an error, not a number (a scalar cannot be chunked).
     Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), closePlist);
-    if (nonEmpty) {
+    if (nonEmpty && !dims.empty()) {
         std::vector<hsize_t> chunkDims(dims.size());
         for (std::size_t i = 0; i < dims.size(); ++i)
             chunkDims[i] = std::clamp<hsize_t>(hsize_t(std::max<std::int64_t>(1, chunk.at(i))), 1, dims[i]);
