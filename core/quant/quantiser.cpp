@@ -110,6 +110,105 @@ float amaxOf(const float* x, std::size_t n, std::size_t stride = 1)
 
 }  // namespace
 
+namespace {
+
+// The rows of `positions` (present tokens), each `row` values of `heads` heads of `dim`.
+struct Rows {
+    const QuantiseInput& in;
+    const std::vector<std::int64_t>& positions;
+    std::size_t dim, heads, row;
+    std::size_t at(std::int64_t t) const { return std::size_t(t) * row; }
+};
+
+// KIVI: K per channel over groups of tokens, V per token in groups of values; the last
+// `residual` tokens kept in full precision (its recent window).
+void kivi(const QuantScheme& s, const Rows& r, float* out, std::int64_t& sat)
+{
+    const QuantiseInput& in = r.in;
+    const std::vector<std::int64_t>& positions = r.positions;
+    const std::size_t kept = std::min(positions.size(), std::size_t(s.residual));
+    const std::size_t quantised = positions.size() - kept;
+    for (std::size_t i = quantised; i < positions.size(); ++i)
+        std::copy_n(in.values + r.at(positions[i]), r.row, out + r.at(positions[i]));
+    if (in.isK) {
+        // K per channel: each (head, channel) over groups of `group` tokens.
+        std::vector<float> column, result;
+        for (std::size_t first = 0; first < quantised; first += std::size_t(s.group)) {
+            const std::size_t n = std::min<std::size_t>(std::size_t(s.group), quantised - first);
+            for (std::size_t c = 0; c < r.row; ++c) {
+                column.resize(n);
+                result.resize(n);
+                for (std::size_t i = 0; i < n; ++i)
+                    column[i] = in.values[r.at(positions[first + i]) + c];
+                asymmetricInt4(column.data(), result.data(), n, 1, sat);
+                for (std::size_t i = 0; i < n; ++i)
+                    out[r.at(positions[first + i]) + c] = result[i];
+            }
+        }
+        return;
+    }
+    for (std::size_t i = 0; i < quantised; ++i)
+        for (std::size_t h = 0; h < r.heads; ++h)
+            for (std::size_t g = 0; g < r.dim; g += std::size_t(s.group)) {
+                const std::size_t at = r.at(positions[i]) + h * r.dim + g;
+                asymmetricInt4(in.values + at, out + at, std::min<std::size_t>(std::size_t(s.group), r.dim - g), 1, sat);
+            }
+}
+
+// NVFP4: one fp32 global scale per tensor so that every block's scale fits e4m3, then an e4m3
+// scale per 16 values of a head, then e2m1 values, as vLLM's kernel computes them
+// (format/nvfp4.h); decoded code x block scale x global.
+void nvfp4Blocks(const Rows& r, float* out, std::int64_t& sat)
+{
+    const QuantiseInput& in = r.in;
+    float amax = 0;
+    for (std::int64_t t : r.positions)
+        amax = std::max(amax, amaxOf(in.values + r.at(t), r.row));
+    if (!(amax > 0)) {
+        for (std::int64_t t : r.positions)
+            std::copy_n(in.values + r.at(t), r.row, out + r.at(t));
+        return;
+    }
+    const float global = nvfp4GlobalScale(amax);
+    std::uint8_t codes[kNvfp4Block];
+    for (std::int64_t t : r.positions)
+        for (std::size_t h = 0; h < r.heads; ++h)
+            for (std::size_t b = 0; b < r.dim; b += kNvfp4Block) {
+                const int n = int(std::min<std::size_t>(kNvfp4Block, r.dim - b));
+                const float* x = in.values + r.at(t) + h * r.dim + b;
+                float* o = out + r.at(t) + h * r.dim + b;
+                const float blockScale = fp8e4m3ToFloat(nvfp4QuantiseBlock(x, n, global, codes));
+                for (int i = 0; i < n; ++i) {
+                    if (blockScale > 0 && std::fabs(x[i] * (1.0f / global) / blockScale) > float(kE2M1.maxFinite()))
+                        ++sat;
+                    o[i] = e2m1ToFloat(codes[i]) * blockScale * global;
+                }
+            }
+}
+
+// vLLM's int4 per token-head: each head row rotated, quantised, decoded and rotated back.
+void int4Rht(const Rows& r, float* out)
+{
+    // vLLM requires a power of two; other widths are padded with zeros (kvscope's choice).
+    int d = 1;
+    while (d < r.in.dim)
+        d *= 2;
+    const std::vector<std::int8_t> signs = kvscopeRhtSigns(d);
+    const auto width = static_cast<std::size_t>(d);
+    std::vector<float> x(width), decoded(width);
+    std::vector<std::uint8_t> codes(width);
+    for (std::int64_t t : r.positions)
+        for (std::size_t h = 0; h < r.heads; ++h) {
+            std::fill(x.begin(), x.end(), 0.0f);
+            std::copy_n(r.in.values + r.at(t) + h * r.dim, r.dim, x.begin());
+            const Int4RhtRow q = int4RhtQuantise(x.data(), d, signs.data(), codes.data());
+            int4RhtDecode(codes.data(), d, q.scale, q.zeroPoint, signs.data(), decoded.data());
+            std::copy_n(decoded.begin(), r.dim, out + r.at(t) + h * r.dim);
+        }
+}
+
+}  // namespace
+
 QuantiseStats quantise(const QuantScheme& s, const QuantiseInput& in, float* out)
 {
     const std::size_t dim = std::size_t(in.dim), heads = std::size_t(in.heads), row = heads * dim;
@@ -163,85 +262,15 @@ QuantiseStats quantise(const QuantScheme& s, const QuantiseInput& in, float* out
                     asymmetricInt4(in.values + at, out + at, std::min<std::size_t>(std::size_t(s.group), dim - g), 1, sat);
                 }
         break;
-    case Scaling::Kivi: {
-        // The last `residual` tokens stay in full precision (KIVI's recent window).
-        const std::size_t kept = std::min(positions.size(), std::size_t(s.residual));
-        const std::size_t quantised = positions.size() - kept;
-        for (std::size_t i = quantised; i < positions.size(); ++i)
-            std::copy_n(in.values + rowAt(positions[i]), row, out + rowAt(positions[i]));
-        if (in.isK) {
-            // K per channel: each (head, channel) over groups of `group` tokens.
-            std::vector<float> column, result;
-            for (std::size_t first = 0; first < quantised; first += std::size_t(s.group)) {
-                const std::size_t n = std::min<std::size_t>(std::size_t(s.group), quantised - first);
-                for (std::size_t c = 0; c < row; ++c) {
-                    column.resize(n);
-                    result.resize(n);
-                    for (std::size_t i = 0; i < n; ++i)
-                        column[i] = in.values[rowAt(positions[first + i]) + c];
-                    asymmetricInt4(column.data(), result.data(), n, 1, sat);
-                    for (std::size_t i = 0; i < n; ++i)
-                        out[rowAt(positions[first + i]) + c] = result[i];
-                }
-            }
-        } else {
-            for (std::size_t i = 0; i < quantised; ++i)
-                for (std::size_t h = 0; h < heads; ++h)
-                    for (std::size_t g = 0; g < dim; g += std::size_t(s.group)) {
-                        const std::size_t at = rowAt(positions[i]) + h * dim + g;
-                        asymmetricInt4(in.values + at, out + at, std::min<std::size_t>(std::size_t(s.group), dim - g), 1, sat);
-                    }
-        }
+    case Scaling::Kivi:
+        kivi(s, Rows{in, positions, dim, heads, row}, out, sat);
         break;
-    }
-    case Scaling::Block16: {
-        // One fp32 global scale per tensor so that every block's scale fits e4m3, then an e4m3
-        // scale per 16 values of a head, then e2m1 values, as vLLM's kernel computes them
-        // (format/nvfp4.h); decoded code x block scale x global.
-        float amax = 0;
-        for (std::int64_t t : positions)
-            amax = std::max(amax, amaxOf(in.values + rowAt(t), row));
-        if (!(amax > 0)) {
-            for (std::int64_t t : positions)
-                std::copy_n(in.values + rowAt(t), row, out + rowAt(t));
-            break;
-        }
-        const float global = nvfp4GlobalScale(amax);
-        std::uint8_t codes[kNvfp4Block];
-        for (std::int64_t t : positions)
-            for (std::size_t h = 0; h < heads; ++h)
-                for (std::size_t b = 0; b < dim; b += kNvfp4Block) {
-                    const int n = int(std::min<std::size_t>(kNvfp4Block, dim - b));
-                    const float* x = in.values + rowAt(t) + h * dim + b;
-                    float* o = out + rowAt(t) + h * dim + b;
-                    const float blockScale = fp8e4m3ToFloat(nvfp4QuantiseBlock(x, n, global, codes));
-                    for (int i = 0; i < n; ++i) {
-                        if (blockScale > 0 && std::fabs(x[i] * (1.0f / global) / blockScale) > float(kE2M1.maxFinite()))
-                            ++sat;
-                        o[i] = e2m1ToFloat(codes[i]) * blockScale * global;
-                    }
-                }
+    case Scaling::Block16:
+        nvfp4Blocks(Rows{in, positions, dim, heads, row}, out, sat);
         break;
-    }
-    case Scaling::TokenHeadRht: {
-        // vLLM requires a power of two; other widths are padded with zeros (kvscope's choice).
-        int d = 1;
-        while (d < in.dim)
-            d *= 2;
-        const std::vector<std::int8_t> signs = kvscopeRhtSigns(d);
-        const auto width = static_cast<std::size_t>(d);
-        std::vector<float> x(width), decoded(width);
-        std::vector<std::uint8_t> codes(width);
-        for (std::int64_t t : positions)
-            for (std::size_t h = 0; h < heads; ++h) {
-                std::fill(x.begin(), x.end(), 0.0f);
-                std::copy_n(in.values + rowAt(t) + h * dim, dim, x.begin());
-                const Int4RhtRow r = int4RhtQuantise(x.data(), d, signs.data(), codes.data());
-                int4RhtDecode(codes.data(), d, r.scale, r.zeroPoint, signs.data(), decoded.data());
-                std::copy_n(decoded.begin(), dim, out + rowAt(t) + h * dim);
-            }
+    case Scaling::TokenHeadRht:
+        int4Rht(Rows{in, positions, dim, heads, row}, out);
         break;
-    }
     }
     return stats;
 }
