@@ -136,18 +136,15 @@ int DiffResult::count(Change change) const
     return int(std::count_if(layers.begin(), layers.end(), [&](const LayerDiff& l) { return l.verdict() == change; }));
 }
 
-DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const CaptureLoader& loaderB, const DiffOptions& options)
-{
-    DiffResult result;
-    result.pathA = a.path;
-    result.pathB = b.bundle;
-    result.aFromAnalysisJson = a.fromAnalysisJson;
-    result.options = options;
-    const DiffSide sideB = diffSideOf(b);
+namespace {
 
-    // Prompts matched by their tokens, in B's order; each A prompt used once.
+// Prompts matched by their tokens, in B's order, each A prompt used once: (A, B) index pairs;
+// the unmatched named in `result`.
+std::vector<std::pair<std::size_t, std::size_t>> matchPrompts(const DiffSide& a, const DiffSide& sideB,
+                                                              const AnalysisResult& b, DiffResult& result)
+{
     std::vector<char> used(a.prompts.size(), 0);
-    std::vector<std::pair<std::size_t, std::size_t>> pairs;  // (A, B)
+    std::vector<std::pair<std::size_t, std::size_t>> pairs;
     for (std::size_t ib = 0; ib < sideB.prompts.size(); ++ib) {
         const DiffPrompt& pb = sideB.prompts[ib];
         std::size_t ia = 0;
@@ -172,6 +169,75 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
                     a.prompts.front().id + ": " + describeIds(a.prompts.front().inputIds) + ")";
         throw DiffMismatch(what + ": they are captures of different prompts");
     }
+    return pairs;
+}
+
+// One of B's layers: each part's cells of every matched prompt, A's and B's ratios, the cells
+// that moved past B's off-floor threshold, the statistic and its verdict.
+struct MatchedCells {  // what every layer of the diff reads
+    const DiffSide& sideB;
+    const std::vector<std::pair<std::size_t, std::size_t>>& pairs;
+    const std::vector<CellRatioMaxima>& aligned;
+    const std::vector<std::vector<double>>& thresholds;
+    const DiffOptions& options;
+    bool threeWay;
+};
+
+LayerDiff diffLayer(const MatchedCells& in, std::size_t lb, const std::string& name, std::vector<CellMove>& worse)
+{
+    LayerDiff layer;
+    layer.name = name;
+    layer.layer = int(lb);
+    for (KvPart part : {KvPart::K, KvPart::V}) {
+        const std::size_t pi = std::size_t(part);
+        std::vector<float> valuesA, valuesB;
+        double noise = 0;
+        for (std::size_t m = 0; m < in.pairs.size(); ++m) {
+            const DiffPrompt& pb = in.sideB.prompts[in.pairs[m].second];
+            const double threshold = in.thresholds[m][lb];
+            noise = std::max(noise, threshold);
+            for (std::int64_t t = 0; t < pb.tokens; ++t) {
+                const std::size_t at = lb * std::size_t(pb.tokens) + std::size_t(t);
+                const float ra = in.aligned[m][pi][at], rb = pb.ratios[pi][at];
+                if (!std::isfinite(ra) || !std::isfinite(rb))
+                    continue;
+                valuesA.push_back(ra);
+                valuesB.push_back(rb);
+                if (rb > threshold && double(rb) > in.options.maxWorse * double(ra)) {
+                    ++layer.worseCells[pi];
+                    const CellMove move{pb.id, int(lb), t, part, ra, rb};
+                    worse.push_back(move);
+                    if (!layer.firstWorse || t < layer.firstWorse->token)
+                        layer.firstWorse = move;
+                } else if (ra > threshold && double(ra) > in.options.maxWorse * double(rb)) {
+                    ++layer.betterCells[pi];
+                }
+            }
+        }
+        layer.cells[pi] = std::int64_t(valuesA.size());
+        layer.statA[pi] = statistic(valuesA, in.options.stat);
+        layer.statB[pi] = statistic(valuesB, in.options.stat);
+        layer.noise[pi] = in.options.stat == DiffStat::Median && in.threeWay ? kNoiseStatFloors : noise;
+        const double sa = layer.statA[pi], sb = layer.statB[pi];
+        if (sb > layer.noise[pi] && sb > in.options.maxWorse * sa)
+            layer.change[pi] = Change::Worse;
+        else if (sa > layer.noise[pi] && sa > in.options.maxWorse * sb)
+            layer.change[pi] = Change::Better;
+    }
+    return layer;
+}
+
+}  // namespace
+
+DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const CaptureLoader& loaderB, const DiffOptions& options)
+{
+    DiffResult result;
+    result.pathA = a.path;
+    result.pathB = b.bundle;
+    result.aFromAnalysisJson = a.fromAnalysisJson;
+    result.options = options;
+    const DiffSide sideB = diffSideOf(b);
+    const std::vector<std::pair<std::size_t, std::size_t>> pairs = matchPrompts(a, sideB, b, result);
 
     const DiffPrompt& firstB = sideB.prompts[pairs.front().second];
     result.threeWay = firstB.threeWay;
@@ -196,52 +262,11 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
         aligned.push_back(alignedRatios(a.prompts[ia], sideB.prompts[ib]));
         thresholds.push_back(findOffFloor(b.prompts[ib], options.suspects).threshold);
     }
-
     std::vector<CellMove> worse;
-    for (std::size_t lb = 0; lb < firstB.layers.size(); ++lb) {
-        if (!inA[lb])
-            continue;
-        LayerDiff layer;
-        layer.name = firstB.layers[lb];
-        layer.layer = int(lb);
-        for (KvPart part : {KvPart::K, KvPart::V}) {
-            const std::size_t pi = std::size_t(part);
-            std::vector<float> valuesA, valuesB;
-            double noise = 0;
-            for (std::size_t m = 0; m < pairs.size(); ++m) {
-                const DiffPrompt& pb = sideB.prompts[pairs[m].second];
-                const double threshold = thresholds[m][lb];
-                noise = std::max(noise, threshold);
-                for (std::int64_t t = 0; t < pb.tokens; ++t) {
-                    const std::size_t at = lb * std::size_t(pb.tokens) + std::size_t(t);
-                    const float ra = aligned[m][pi][at], rb = pb.ratios[pi][at];
-                    if (!std::isfinite(ra) || !std::isfinite(rb))
-                        continue;
-                    valuesA.push_back(ra);
-                    valuesB.push_back(rb);
-                    if (rb > threshold && double(rb) > options.maxWorse * double(ra)) {
-                        ++layer.worseCells[pi];
-                        const CellMove move{pb.id, int(lb), t, part, ra, rb};
-                        worse.push_back(move);
-                        if (!layer.firstWorse || t < layer.firstWorse->token)
-                            layer.firstWorse = move;
-                    } else if (ra > threshold && double(ra) > options.maxWorse * double(rb)) {
-                        ++layer.betterCells[pi];
-                    }
-                }
-            }
-            layer.cells[pi] = std::int64_t(valuesA.size());
-            layer.statA[pi] = statistic(valuesA, options.stat);
-            layer.statB[pi] = statistic(valuesB, options.stat);
-            layer.noise[pi] = options.stat == DiffStat::Median && result.threeWay ? kNoiseStatFloors : noise;
-            const double sa = layer.statA[pi], sb = layer.statB[pi];
-            if (sb > layer.noise[pi] && sb > options.maxWorse * sa)
-                layer.change[pi] = Change::Worse;
-            else if (sa > layer.noise[pi] && sa > options.maxWorse * sb)
-                layer.change[pi] = Change::Better;
-        }
-        result.layers.push_back(std::move(layer));
-    }
+    const MatchedCells inputs{sideB, pairs, aligned, thresholds, options, result.threeWay};
+    for (std::size_t lb = 0; lb < firstB.layers.size(); ++lb)
+        if (inA[lb])
+            result.layers.push_back(diffLayer(inputs, lb, firstB.layers[lb], worse));
 
     for (const LayerDiff& layer : result.layers)
         if (layer.verdict() == Change::Worse) {
