@@ -172,9 +172,9 @@ std::vector<std::pair<std::size_t, std::size_t>> matchPrompts(const DiffSide& a,
     return pairs;
 }
 
-// One of B's layers: each part's cells of every matched prompt, A's and B's ratios, the cells
-// that moved past B's off-floor threshold, the statistic and its verdict.
-struct MatchedCells {  // what every layer of the diff reads
+// What every layer of the diff reads: the matched prompts, A's ratios aligned on B's cells, and
+// B's off-floor thresholds.
+struct MatchedCells {
     const DiffSide& sideB;
     const std::vector<std::pair<std::size_t, std::size_t>>& pairs;
     const std::vector<CellRatioMaxima>& aligned;
@@ -183,6 +183,8 @@ struct MatchedCells {  // what every layer of the diff reads
     bool threeWay;
 };
 
+// One of B's layers: each part's cells of every matched prompt, A's and B's ratios, the cells
+// that moved past B's off-floor threshold, the statistic and its verdict.
 LayerDiff diffLayer(const MatchedCells& in, std::size_t lb, const std::string& name, std::vector<CellMove>& worse)
 {
     LayerDiff layer;
