@@ -175,6 +175,67 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
     w.endObject();
 }
 
+std::vector<Divergence> readDivergences(const JsonFields& f, const Json& list, const std::string& where)
+{
+    std::vector<Divergence> out;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::string at = where + "[" + std::to_string(i) + "].";
+        const Json& d = list[i];
+        Divergence div;
+        div.position = f.integer(d, "position", at);
+        div.derived = f.boolean(d, "derived", at);
+        div.engineToken = optionalInteger(f, d, "engine_token", at);
+        div.teacherToken = optionalInteger(f, d, "teacher_token", at);
+        div.logitGap = optionalNumber(f, d, "logit_gap", at);
+        div.ulpBound = optionalNumber(f, d, "ulp_bound", at);
+        if (!f.at(d, "in_bounds", at).is_null())
+            div.inBounds = f.boolean(d, "in_bounds", at);
+        out.push_back(div);
+    }
+    return out;
+}
+
+std::vector<NonFiniteCell> readNonFinite(const JsonFields& f, const Json& list, const std::string& where)
+{
+    std::vector<NonFiniteCell> out;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::string at = where + "[" + std::to_string(i) + "].";
+        NonFiniteCell c;
+        c.layer = int(f.integer(list[i], "layer", at));
+        c.token = f.integer(list[i], "token", at);
+        c.head = int(f.integer(list[i], "head", at));
+        c.part = partNamed(f, f.text(list[i], "part", at), at + "part");
+        c.side = f.text(list[i], "side", at);
+        out.push_back(c);
+    }
+    return out;
+}
+
+std::vector<ReplicaDifference> readReplicaDifferences(const JsonFields& f, const Json& list, const std::string& where)
+{
+    std::vector<ReplicaDifference> out;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::string at = where + "[" + std::to_string(i) + "].";
+        const Json& r = list[i];
+        ReplicaDifference d;
+        d.layer = f.text(r, "layer", at);
+        d.snapshot = std::size_t(f.integer(r, "snapshot", at));
+        d.rank = int(f.integer(r, "rank", at));
+        d.againstRank = int(f.integer(r, "against_rank", at));
+        d.part = f.text(r, "part", at);
+        d.physicalBlock = f.integer(r, "physical_block", at);
+        d.logicalBlock = f.integer(r, "logical_block", at);
+        const std::vector<std::int64_t> positions = f.integers(r, "positions", at);
+        if (positions.size() != 2)
+            f.fail(at + "positions", "must be [first, last]");
+        d.firstPosition = positions[0];
+        d.lastPosition = positions[1];
+        d.blocks = int(f.integer(r, "blocks", at));
+        out.push_back(d);
+    }
+    return out;
+}
+
 PromptAnalysis readPrompt(const JsonFields& f, const Json& j, const std::string& where)
 {
     PromptAnalysis p;
@@ -247,53 +308,11 @@ PromptAnalysis readPrompt(const JsonFields& f, const Json& j, const std::string&
         p.cacheScales[l].heads[0] = f.floats(scales[l], "k", at);
         p.cacheScales[l].heads[1] = f.floats(scales[l], "v", at);
     }
-    const Json& divergences = f.array(j, "divergences", where);
-    for (std::size_t i = 0; i < divergences.size(); ++i) {
-        const std::string at = where + "divergences[" + std::to_string(i) + "].";
-        const Json& d = divergences[i];
-        Divergence div;
-        div.position = f.integer(d, "position", at);
-        div.derived = f.boolean(d, "derived", at);
-        div.engineToken = optionalInteger(f, d, "engine_token", at);
-        div.teacherToken = optionalInteger(f, d, "teacher_token", at);
-        div.logitGap = optionalNumber(f, d, "logit_gap", at);
-        div.ulpBound = optionalNumber(f, d, "ulp_bound", at);
-        if (!f.at(d, "in_bounds", at).is_null())
-            div.inBounds = f.boolean(d, "in_bounds", at);
-        p.divergences.push_back(div);
-    }
-    const Json& nonFinite = f.array(j, "non_finite", where);
-    for (std::size_t i = 0; i < nonFinite.size(); ++i) {
-        const std::string at = where + "non_finite[" + std::to_string(i) + "].";
-        NonFiniteCell c;
-        c.layer = int(f.integer(nonFinite[i], "layer", at));
-        c.token = f.integer(nonFinite[i], "token", at);
-        c.head = int(f.integer(nonFinite[i], "head", at));
-        c.part = partNamed(f, f.text(nonFinite[i], "part", at), at + "part");
-        c.side = f.text(nonFinite[i], "side", at);
-        p.nonFinite.push_back(c);
-    }
+    p.divergences = readDivergences(f, f.array(j, "divergences", where), where + "divergences");
+    p.nonFinite = readNonFinite(f, f.array(j, "non_finite", where), where + "non_finite");
     p.problems = f.texts(j, "problems", where);
-    const Json& replicas = f.array(j, "replica_differences", where);
-    for (std::size_t i = 0; i < replicas.size(); ++i) {
-        const std::string at = where + "replica_differences[" + std::to_string(i) + "].";
-        const Json& r = replicas[i];
-        ReplicaDifference d;
-        d.layer = f.text(r, "layer", at);
-        d.snapshot = std::size_t(f.integer(r, "snapshot", at));
-        d.rank = int(f.integer(r, "rank", at));
-        d.againstRank = int(f.integer(r, "against_rank", at));
-        d.part = f.text(r, "part", at);
-        d.physicalBlock = f.integer(r, "physical_block", at);
-        d.logicalBlock = f.integer(r, "logical_block", at);
-        const std::vector<std::int64_t> positions = f.integers(r, "positions", at);
-        if (positions.size() != 2)
-            f.fail(at + "positions", "must be [first, last]");
-        d.firstPosition = positions[0];
-        d.lastPosition = positions[1];
-        d.blocks = int(f.integer(r, "blocks", at));
-        p.replicaDifferences.push_back(d);
-    }
+    p.replicaDifferences = readReplicaDifferences(f, f.array(j, "replica_differences", where),
+                                                  where + "replica_differences");
     p.suspects = readSuspects(f, f.at(j, "suspects", where), where + "suspects");
     return p;
 }
