@@ -44,6 +44,14 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_layerTimer(new QTimer(this))
     , m_tasks(this)
 {
+    layOut();
+    connectViews();
+    clear(tr("Open a capture bundle: File > Open (Ctrl+O), or drop one here"));
+}
+
+// The map above the drill-down, the suspects, worst cells and notes beside them.
+void PromptPage::layOut()
+{
     setObjectName("promptPage");
     m_vertical->setObjectName("mapAndDrillDown");
     m_worstView->setModel(m_worstModel);
@@ -93,7 +101,11 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     setStretchFactor(1, 1);
     setCollapsible(0, false);
     setSizes({1000, 320});
+}
 
+// What the map, the worst cells and the suspects do when used.
+void PromptPage::connectViews()
+{
     m_poolTimer->setSingleShot(true);
     m_poolTimer->setInterval(40);  // coalesce zoom and pan into one re-pooling
     connect(m_heatmap, &HeatmapView::cellClicked, this, &PromptPage::selectCell);
@@ -153,7 +165,6 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     // A click on the suspect already chosen goes back to its cell and marks too.
     connect(m_suspects, &QListWidget::itemClicked, this, [this](QListWidgetItem* item) { followSuspect(m_suspects->row(item)); });
     connect(m_suspects, &QListWidget::itemActivated, this, [this] { m_heatmap->setFocus(); });
-    clear(tr("Open a capture bundle: File > Open (Ctrl+O), or drop one here"));
 }
 
 const PromptAnalysis* PromptPage::prompt() const

@@ -81,6 +81,8 @@ signals:
     void mapShown();
 
 private:
+    void layOut();
+    void connectViews();
     const PromptAnalysis* prompt() const;
     // The map of the current settings, built off the GUI thread (its grid at every zoom, its
     // labels and colour range) and shown when ready. One build at a time: a request while one
