@@ -587,35 +587,13 @@ int benchLongContext(int tokens, int layers, int threads, const std::filesystem:
 
 }  // namespace
 
-int bench(const Args& args, std::ostream& out, std::ostream& err)
-{
-    int tokens = 2048, layers = 80, threads = int(std::max(1u, std::thread::hardware_concurrency())), runs = 3;
-    std::string dirName = (std::filesystem::temp_directory_path() / "kvscope-bench").string();
-    bool keep = false;
-    OptionParser parser("bench");
-    parser.integer("--tokens", tokens);
-    parser.integer("--layers", layers);
-    parser.integer("--threads", threads);
-    parser.integer("--runs", runs);
-    parser.text({"--dir"}, dirName);
-    parser.flag("--keep", keep);
-    std::string endToEnd;
-    parser.text({"--end-to-end"}, endToEnd);
-    if (!parser.parse(args, err))
-        return 2;
-    if (!endToEnd.empty())
-        return benchEndToEnd(endToEnd, threads, std::max(runs, 5), out);
-    const std::filesystem::path dir = dirName;
-    if (tokens < 4 || layers < 1 || threads < 1 || runs < 1) {
-        err << "kvscope bench: tokens, layers, threads and runs must be positive\n";
-        return 2;
-    }
-    std::filesystem::create_directories(dir);
-    if (tokens > kLongContext)
-        return benchLongContext(tokens, layers, threads, dir, keep, out);
-    const std::string t = std::to_string(threads);
+namespace {
 
-    // Start-up: a command that loads nothing, and `check` on a tiny bundle, as separate processes.
+// Start-up: a command that loads nothing, and `check` on a tiny bundle, as separate processes;
+// the app's window shown.
+void benchStartup(const std::filesystem::path& dir, int threads, int runs, std::ostream& out)
+{
+    const std::string t = std::to_string(threads);
     const std::string tiny = (dir / "bench-tiny.h5").string();
     {
         SyntheticCaptureOptions o = demoCaptureOptions();
@@ -635,7 +613,7 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
         }
         return best;
     };
-    out << "kvscope bench, " << threads << " thread(s), best of " << runs << "\n\nstart-up (fork + exec + exit):\n"
+    out << "start-up (fork + exec + exit):\n"
         << "  kvscope --help               " << std::fixed << std::setprecision(1)
         << 1000 * startup({"kvscope", "--help"}) << " ms\n"
         << "  kvscope check (2-layer file) " << 1000 * startup({"kvscope", "check", tiny}) << " ms\n";
@@ -652,7 +630,14 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
         out << "  the app's window shown       " << 1000 * best << " ms (offscreen)\n";
     }
     std::filesystem::remove(tiny);
+}
 
+// The analysis against the roofline at L and 2L layers, the whole pool stored and only the
+// referenced blocks; returns the app's rows of the same captures, for the table at the end.
+std::string benchAnalysis(const std::filesystem::path& dir, int tokens, int layers, int threads, int runs, bool keep,
+                          std::ostream& out)
+{
+    const std::string t = std::to_string(threads);
     out << "\nanalysis: synthetic capture shaped like Llama-3.3-70B (8 KV heads x 128, bf16 engine and expected,\n"
            "fp32 baseline, block 16, TP 8), "
         << tokens << " tokens, laid out as the Python writer leaves a vLLM cache: a pool 4x what the\n"
@@ -710,64 +695,104 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
             if (!keep)
                 std::filesystem::remove(path);
         }
-    // The suspects' cost where they do the most: a fault to explain, on the largest capture.
-    {
-        const std::string path = (dir / ("bench-suspects-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
-        SyntheticCaptureOptions o = llama70bShape(tokens, layers);
-        o.keepOnlyReferencedBlocks = true;
-        o.faultLayer = layers / 2;
-        o.faultHead = 3;
-        o.faultPosition = 0;
-        writeSyntheticCapture(path, o);
-        double analysis = 1e300, suspects = 1e300;
-        std::string named;
-        for (int i = 0; i < runs; ++i) {
-            std::istringstream in(runChild({"kvscope", "bench-run", "suspects", path, t}).output);
-            double a = 1e300, s = 1e300;
-            in >> a >> s >> named;
-            analysis = std::min(analysis, a);
-            suspects = std::min(suspects, s);
-        }
-        out << "\nsuspects, with a RoPE fault to explain (" << layers << " layers, referenced): analysis "
-            << std::setprecision(3) << analysis << " s, suspects found again " << suspects << " s = "
-            << std::setprecision(1) << 100 * suspects / analysis << "% of the analysis (top: " << named << ")\n";
-        // The what-if's four default schemes, and analyze --save, against one analyze of the
-        // same capture, alternated.
-        long whatIfRss = 0, analyzeRss = 0, saveRss = 0;
-        double whatIf = 1e300, analyzed = 1e300, saved = 1e300;
-        std::uint64_t savedBytes = 0;
-        for (int i = 0; i < runs; ++i) {
-            analyzed = std::min(analyzed, bestOf(1, {"kvscope", "bench-run", "analyze", path, t}, analyzeRss, nullptr));
-            whatIf = std::min(whatIf, bestOf(1, {"kvscope", "bench-run", "whatif", path, t}, whatIfRss, nullptr));
-            saved = std::min(saved, bestOf(1, {"kvscope", "bench-run", "save", path, t}, saveRss, &savedBytes));
-        }
-        out << "analyze --save (" << layers << " layers x " << tokens << " tokens): " << std::setprecision(3) << saved
-            << " s against analyze " << analyzed << " s = " << std::setprecision(2) << saved / analyzed
-            << "x; results file " << std::setprecision(3) << savedBytes / 1e6 << " MB; RSS " << saveRss / 1024
-            << " MB against " << analyzeRss / 1024 << " MB\n";
-        out << "whatif, four schemes (" << layers << " layers x " << tokens << " tokens): " << std::setprecision(3)
-            << whatIf << " s against analyze " << analyzed << " s = " << std::setprecision(2) << whatIf / analyzed
-            << "x (goal: at most 2x); RSS " << whatIfRss / 1024 << " MB against " << analyzeRss / 1024 << " MB\n";
-        // kvscope diff of a clean capture (A) against this faulty one (B), against one analyze of B.
-        const std::string clean = (dir / ("bench-clean-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
-        o.faultLayer = -1;
-        writeSyntheticCapture(clean, o);
-        long diffRss = 0;
-        double diffed = 1e300;
-        for (int i = 0; i < runs; ++i)
-            diffed = std::min(diffed, bestOf(1, {"kvscope", "bench-run", "diff", clean, t, path}, diffRss, nullptr));
-        out << "diff, clean A against the faulty B: " << std::setprecision(3) << diffed << " s against analyze of B "
-            << analyzed << " s = " << std::setprecision(2) << diffed / analyzed << "x (goal: at most 2.2x); RSS "
-            << diffRss / 1024 << " MB against " << analyzeRss / 1024 << " MB\n";
-        if (!keep)
-            std::filesystem::remove(clean);
-        if (!keep)
-            std::filesystem::remove(path);
+    return guiRows.str();
+}
+
+// The suspects' cost where they do the most (a fault to explain, on the largest capture), and
+// analyze --save, the what-if and diff against one analyze of the same capture.
+void benchFaulty(const std::filesystem::path& dir, int tokens, int layers, int threads, int runs, bool keep,
+                 std::ostream& out)
+{
+    const std::string t = std::to_string(threads);
+    const std::string path = (dir / ("bench-suspects-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
+    SyntheticCaptureOptions o = llama70bShape(tokens, layers);
+    o.keepOnlyReferencedBlocks = true;
+    o.faultLayer = layers / 2;
+    o.faultHead = 3;
+    o.faultPosition = 0;
+    writeSyntheticCapture(path, o);
+    double analysis = 1e300, suspects = 1e300;
+    std::string named;
+    for (int i = 0; i < runs; ++i) {
+        std::istringstream in(runChild({"kvscope", "bench-run", "suspects", path, t}).output);
+        double a = 1e300, s = 1e300;
+        in >> a >> s >> named;
+        analysis = std::min(analysis, a);
+        suspects = std::min(suspects, s);
     }
+    out << "\nsuspects, with a RoPE fault to explain (" << layers << " layers, referenced): analysis "
+        << std::setprecision(3) << analysis << " s, suspects found again " << suspects << " s = "
+        << std::setprecision(1) << 100 * suspects / analysis << "% of the analysis (top: " << named << ")\n";
+    // The what-if's four default schemes, and analyze --save, against one analyze of the
+    // same capture, alternated.
+    long whatIfRss = 0, analyzeRss = 0, saveRss = 0;
+    double whatIf = 1e300, analyzed = 1e300, saved = 1e300;
+    std::uint64_t savedBytes = 0;
+    for (int i = 0; i < runs; ++i) {
+        analyzed = std::min(analyzed, bestOf(1, {"kvscope", "bench-run", "analyze", path, t}, analyzeRss, nullptr));
+        whatIf = std::min(whatIf, bestOf(1, {"kvscope", "bench-run", "whatif", path, t}, whatIfRss, nullptr));
+        saved = std::min(saved, bestOf(1, {"kvscope", "bench-run", "save", path, t}, saveRss, &savedBytes));
+    }
+    out << "analyze --save (" << layers << " layers x " << tokens << " tokens): " << std::setprecision(3) << saved
+        << " s against analyze " << analyzed << " s = " << std::setprecision(2) << saved / analyzed
+        << "x; results file " << std::setprecision(3) << savedBytes / 1e6 << " MB; RSS " << saveRss / 1024
+        << " MB against " << analyzeRss / 1024 << " MB\n";
+    out << "whatif, four schemes (" << layers << " layers x " << tokens << " tokens): " << std::setprecision(3)
+        << whatIf << " s against analyze " << analyzed << " s = " << std::setprecision(2) << whatIf / analyzed
+        << "x (goal: at most 2x); RSS " << whatIfRss / 1024 << " MB against " << analyzeRss / 1024 << " MB\n";
+    // kvscope diff of a clean capture (A) against this faulty one (B), against one analyze of B.
+    const std::string clean = (dir / ("bench-clean-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
+    o.faultLayer = -1;
+    writeSyntheticCapture(clean, o);
+    long diffRss = 0;
+    double diffed = 1e300;
+    for (int i = 0; i < runs; ++i)
+        diffed = std::min(diffed, bestOf(1, {"kvscope", "bench-run", "diff", clean, t, path}, diffRss, nullptr));
+    out << "diff, clean A against the faulty B: " << std::setprecision(3) << diffed << " s against analyze of B "
+        << analyzed << " s = " << std::setprecision(2) << diffed / analyzed << "x (goal: at most 2.2x); RSS "
+        << diffRss / 1024 << " MB against " << analyzeRss / 1024 << " MB\n";
+    if (!keep)
+        std::filesystem::remove(clean);
+    if (!keep)
+        std::filesystem::remove(path);
+}
+
+}  // namespace
+
+int bench(const Args& args, std::ostream& out, std::ostream& err)
+{
+    int tokens = 2048, layers = 80, threads = int(std::max(1u, std::thread::hardware_concurrency())), runs = 3;
+    std::string dirName = (std::filesystem::temp_directory_path() / "kvscope-bench").string();
+    bool keep = false;
+    OptionParser parser("bench");
+    parser.integer("--tokens", tokens);
+    parser.integer("--layers", layers);
+    parser.integer("--threads", threads);
+    parser.integer("--runs", runs);
+    parser.text({"--dir"}, dirName);
+    parser.flag("--keep", keep);
+    std::string endToEnd;
+    parser.text({"--end-to-end"}, endToEnd);
+    if (!parser.parse(args, err))
+        return 2;
+    if (!endToEnd.empty())
+        return benchEndToEnd(endToEnd, threads, std::max(runs, 5), out);
+    const std::filesystem::path dir = dirName;
+    if (tokens < 4 || layers < 1 || threads < 1 || runs < 1) {
+        err << "kvscope bench: tokens, layers, threads and runs must be positive\n";
+        return 2;
+    }
+    std::filesystem::create_directories(dir);
+    if (tokens > kLongContext)
+        return benchLongContext(tokens, layers, threads, dir, keep, out);
+    out << "kvscope bench, " << threads << " thread(s), best of " << runs << "\n\n";
+    benchStartup(dir, threads, runs, out);
+    const std::string guiRows = benchAnalysis(dir, tokens, layers, threads, runs, keep, out);
+    benchFaulty(dir, tokens, layers, threads, runs, keep, out);
     out << "\nthe app (offscreen), from opening the bundle:\n" << std::left << std::setw(12) << "stored" << std::setw(8)
         << "layers" << std::setw(16) << "first row s" << std::setw(16) << "whole map s" << std::setw(16)
         << "map / analysis" << "pan/zoom frame ms, slowest (pooled from the full grid)\n"
-        << guiRows.str();
+        << guiRows;
     return 0;
 }
 
