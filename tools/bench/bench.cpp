@@ -297,6 +297,92 @@ std::pair<double, double> storedPanAndZoomFrames(MainWindow& window, const std::
 
 }  // namespace
 
+namespace {
+
+// bench-run gui: the app as a user meets it, offscreen.
+int measureApp(const std::string& file, std::ostream& out)
+{
+    // The app as a user meets it (offscreen): the window shown, then the bundle opened;
+    // times since the epoch for the window (the parent knows when it started us), and
+    // since open() for the first heatmap row and the whole map.
+    qputenv("QT_QPA_PLATFORM", "offscreen");
+    const auto app = applicationForDrawing();
+    MainWindow window;
+    window.show();
+    QCoreApplication::processEvents();
+    const double shownAt = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    double firstCells = -1, firstRow = -1, whole = -1;
+    QElapsedTimer timer;
+    // The first row drawn: the map is built off the GUI thread once a layer is analysed (a
+    // results file's is read from the file at once); before it, the start of a long layer's
+    // row, as its windows of tokens are analysed (the first cells).
+    PromptPage* page = window.findChild<PromptPage*>();
+    QObject::connect(page, &PromptPage::mapShown, &window, [&] {
+        const std::vector<char>& ready = window.controller().readyLayers();
+        if (!window.controller().result())
+            return;
+        const bool row = page->showsStoredMap() || std::any_of(ready.begin(), ready.end(), [](char r) { return r != 0; });
+        if (firstCells < 0 && (row || page->rowStartShown() > 0))
+            firstCells = timer.nsecsElapsed() / 1e9;
+        if (firstRow < 0 && row)
+            firstRow = timer.nsecsElapsed() / 1e9;
+    });
+    // The whole map: analysed (or, from a results file, every array read), and its last build drawn.
+    bool analysed = false;
+    const auto wholeMapShown = [&] {
+        if (analysed && whole < 0 && page->mapUpToDate()) {
+            whole = timer.nsecsElapsed() / 1e9;
+            QCoreApplication::quit();
+        }
+    };
+    QObject::connect(page, &PromptPage::mapShown, &window, wholeMapShown);
+    QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
+        analysed = true;
+        // (a stored map is not drawn again when the arrays are in: it was whole from the start)
+        QTimer::singleShot(0, &window, wholeMapShown);
+    });
+    QObject::connect(&window.controller(), &AnalysisController::failed, &window, &QCoreApplication::quit);
+    timer.start();
+    window.openPath(QString::fromStdString(file));
+    QCoreApplication::exec();
+    const bool stored = page->showsStoredMap();
+    const auto [frame, other] = stored ? storedPanAndZoomFrames(window, file) : panAndZoomFrames(window);
+    out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << " " << frame << " "
+        << other << " " << peakRssKb() << " " << (stored ? 1 : 0) << " " << firstCells << "\n";
+    return whole < 0 ? 1 : 0;
+}
+
+// bench-run phases: where `kvscope analyze BUNDLE --json OUT` spends its time.
+int measurePhases(const std::string& file, int threads, std::ostream& out)
+{
+    const auto start = Clock::now();
+    // Where `kvscope analyze BUNDLE --json OUT` spends its time, phase by phase, in one
+    // process: the crash guard's probe child, opening the bundle, the analysis, the JSON.
+    const std::string json = file + ".bench.json";
+    BundleReader::probeInChild(file);
+    const double probe = seconds(start);
+    auto t0 = Clock::now();
+    auto reader = std::make_shared<BundleReader>(file);
+    const double open = seconds(t0);
+    t0 = Clock::now();
+    AnalysisOptions options;
+    options.threads = threads;
+    const AnalysisResult result = analyzeBundle(reader, options);
+    const double analysis = seconds(t0);
+    t0 = Clock::now();
+    {
+        std::ofstream file(json, std::ios::binary);
+        writeAnalysisJson(result, file);
+    }
+    const double written = seconds(t0);
+    const std::uintmax_t bytes = std::filesystem::file_size(json);
+    std::filesystem::remove(json);
+    out << probe << " " << open << " " << analysis << " " << written << " " << bytes << "\n";
+    return 0;
+}
+
+}  // namespace
+
 int benchRun(const Args& args, std::ostream& out, std::ostream& err)
 {
     if (args.size() != 3 && !(args.size() == 4 && args[0] == "diff")) {
@@ -316,56 +402,8 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         out << scattered << " " << contiguous << "\n";
         return 0;
     }
-    if (args[0] == "gui") {
-        // The app as a user meets it (offscreen): the window shown, then the bundle opened;
-        // times since the epoch for the window (the parent knows when it started us), and
-        // since open() for the first heatmap row and the whole map.
-        qputenv("QT_QPA_PLATFORM", "offscreen");
-        const auto app = applicationForDrawing();
-        MainWindow window;
-        window.show();
-        QCoreApplication::processEvents();
-        const double shownAt = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-        double firstCells = -1, firstRow = -1, whole = -1;
-        QElapsedTimer timer;
-        // The first row drawn: the map is built off the GUI thread once a layer is analysed (a
-        // results file's is read from the file at once); before it, the start of a long layer's
-        // row, as its windows of tokens are analysed (the first cells).
-        PromptPage* page = window.findChild<PromptPage*>();
-        QObject::connect(page, &PromptPage::mapShown, &window, [&] {
-            const std::vector<char>& ready = window.controller().readyLayers();
-            if (!window.controller().result())
-                return;
-            const bool row = page->showsStoredMap() || std::any_of(ready.begin(), ready.end(), [](char r) { return r != 0; });
-            if (firstCells < 0 && (row || page->rowStartShown() > 0))
-                firstCells = timer.nsecsElapsed() / 1e9;
-            if (firstRow < 0 && row)
-                firstRow = timer.nsecsElapsed() / 1e9;
-        });
-        // The whole map: analysed (or, from a results file, every array read), and its last build drawn.
-        bool analysed = false;
-        const auto wholeMapShown = [&] {
-            if (analysed && whole < 0 && page->mapUpToDate()) {
-                whole = timer.nsecsElapsed() / 1e9;
-                QCoreApplication::quit();
-            }
-        };
-        QObject::connect(page, &PromptPage::mapShown, &window, wholeMapShown);
-        QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
-            analysed = true;
-            // (a stored map is not drawn again when the arrays are in: it was whole from the start)
-            QTimer::singleShot(0, &window, wholeMapShown);
-        });
-        QObject::connect(&window.controller(), &AnalysisController::failed, &window, &QCoreApplication::quit);
-        timer.start();
-        window.openPath(QString::fromStdString(args[1]));
-        QCoreApplication::exec();
-        const bool stored = page->showsStoredMap();
-        const auto [frame, other] = stored ? storedPanAndZoomFrames(window, args[1]) : panAndZoomFrames(window);
-        out << std::fixed << std::setprecision(6) << shownAt << " " << firstRow << " " << whole << " " << frame << " "
-            << other << " " << peakRssKb() << " " << (stored ? 1 : 0) << " " << firstCells << "\n";
-        return whole < 0 ? 1 : 0;
-    }
+    if (args[0] == "gui")
+        return measureApp(args[1], out);
     if (args[0] == "suspects") {
         // The analysis, then its suspects found again on their own: their share of the time.
         AnalysisOptions options;
@@ -383,31 +421,8 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         out << analysis << " " << seconds(found) << " " << named << "\n";
         return 0;
     }
-    if (args[0] == "phases") {
-        // Where `kvscope analyze BUNDLE --json OUT` spends its time, phase by phase, in one
-        // process: the crash guard's probe child, opening the bundle, the analysis, the JSON.
-        const std::string json = args[1] + ".bench.json";
-        BundleReader::probeInChild(args[1]);
-        const double probe = seconds(start);
-        auto t0 = Clock::now();
-        auto reader = std::make_shared<BundleReader>(args[1]);
-        const double open = seconds(t0);
-        t0 = Clock::now();
-        AnalysisOptions options;
-        options.threads = threads;
-        const AnalysisResult result = analyzeBundle(reader, options);
-        const double analysis = seconds(t0);
-        t0 = Clock::now();
-        {
-            std::ofstream file(json, std::ios::binary);
-            writeAnalysisJson(result, file);
-        }
-        const double written = seconds(t0);
-        const std::uintmax_t bytes = std::filesystem::file_size(json);
-        std::filesystem::remove(json);
-        out << probe << " " << open << " " << analysis << " " << written << " " << bytes << "\n";
-        return 0;
-    }
+    if (args[0] == "phases")
+        return measurePhases(args[1], threads, out);
     if (args[0] == "save") {
         // kvscope analyze --save: the analysis writing its results file as it streams.
         AnalysisOptions options;
