@@ -207,6 +207,186 @@ std::optional<std::string> notComparedKind(const std::string& spec)
 
 }  // namespace
 
+namespace {
+
+void readLayerNames(const Json& jg, KvCacheGroup& group, std::set<std::string>& seen, const Context& ctx,
+                    const std::string& where)
+{
+    if (!jg.contains("layer_names") || !jg["layer_names"].is_array() || jg["layer_names"].empty())
+        ctx.fail(where + ".layer_names", "must be a non-empty list of strings");
+    for (const Json& name : jg["layer_names"]) {
+        if (!name.is_string() || name.get<std::string>().empty())
+            ctx.fail(where + ".layer_names", "holds a non-string or empty entry " + jsonText(name));
+        const std::string s = name.get<std::string>();
+        if (s.find('/') != std::string::npos || s == "." || s == "..")
+            ctx.fail(where + ".layer_names", "layer name '" + s + "' cannot be an HDF5 name");
+        if (!seen.insert(s).second)
+            ctx.fail(where + ".layer_names", "layer '" + s + "' appears in more than one place");
+        group.layerNames.push_back(s);
+    }
+}
+
+// The group's spec type; false for a group that is only listed, not compared.
+bool readSpecType(const Json& jg, KvCacheGroup& group, const Context& ctx, const std::string& where)
+{
+    if (!jg.contains("spec_type") || !jg["spec_type"].is_string())
+        ctx.fail(where + ".spec_type", "missing or not a string");
+    const std::string spec = jg["spec_type"].get<std::string>();
+    group.specName = spec;
+    if (jg.contains("not_compared")) {  // a group the capture side marks as holding no KV to compare
+        if (!jg["not_compared"].is_string() || jg["not_compared"].get<std::string>().empty())
+            ctx.fail(where + ".not_compared", "must say what the layers are, as a string");
+        group.specType = SpecType::NotCompared;
+        group.notComparedWhy = jg["not_compared"].get<std::string>();
+        return false;
+    }
+    if (spec == "FullAttentionSpec")
+        group.specType = SpecType::FullAttention;
+    else if (spec == "SlidingWindowSpec")
+        group.specType = SpecType::SlidingWindow;
+    else if (spec == "ChunkedLocalAttentionSpec")
+        group.specType = SpecType::ChunkedLocal;
+    else if (spec == "MLAAttentionSpec")
+        group.specType = SpecType::Mla;
+    else if (const auto kind = notComparedKind(spec)) {
+        group.specType = SpecType::NotCompared;
+        group.notComparedWhy = *kind;
+        return false;
+    } else
+        ctx.fail(where + ".spec_type", "'" + spec + "' is not supported (compared: FullAttentionSpec, "
+                                       "SlidingWindowSpec, ChunkedLocalAttentionSpec, MLAAttentionSpec; listed, "
+                                       "not compared: MambaSpec, CrossAttentionSpec, EncoderOnlyAttentionSpec)");
+    return true;
+}
+
+// Block size, heads per rank, head size, and the window or chunk the spec type needs.
+void readShape(const Json& jg, KvCacheGroup& group, const Context& ctx, const std::string& where)
+{
+    group.blockSize = requireInt(jg, "block_size", 1, kMaxBlockSize, ctx, where);
+    group.numKvHeads = requireInt(jg, "num_kv_heads", 1, kMaxHeads, ctx, where);
+    group.headSize = requireInt(jg, "head_size", 1, kMaxHeadSize, ctx, where);
+    if (jg.contains("sliding_window") && !jg["sliding_window"].is_null())
+        group.slidingWindow = requireInt(jg, "sliding_window", 1, 1 << 30, ctx, where);
+    if (group.specType == SpecType::SlidingWindow && !group.slidingWindow)
+        ctx.fail(where + ".sliding_window", "SlidingWindowSpec needs a sliding_window");
+    const bool chunkGiven = jg.contains("attention_chunk_size") && !jg["attention_chunk_size"].is_null();
+    if (group.specType == SpecType::ChunkedLocal && !chunkGiven)
+        ctx.fail(where + ".attention_chunk_size", "missing (ChunkedLocalAttentionSpec needs one)");
+    if (chunkGiven)
+        group.attentionChunkSize = requireInt(jg, "attention_chunk_size", 1, 1 << 30, ctx, where);
+}
+
+// The format K and V are stored in (dtype, v_dtype), with what each format needs of the head
+// size, and an MLA group's widths.
+void readFormat(const Json& jg, KvCacheGroup& group, const Context& ctx, const std::string& where)
+{
+    if (!jg.contains("dtype") || !jg["dtype"].is_string())
+        ctx.fail(where + ".dtype", "missing or not a string");
+    const std::string dtypeText = jg["dtype"].get<std::string>();
+    group.dsMla = group.specType == SpecType::Mla && dtypeText == "fp8_ds_mla";
+    const auto dtype = group.dsMla ? std::optional(DType::Float8E4M3) : parseDType(dtypeText);
+    const std::string supported = "bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, int8, nvfp4, "
+                                  "int4_per_token_head";
+    if (!dtype)
+        ctx.fail(where + ".dtype", "unsupported dtype '" + dtypeText + "' (supported: " + supported +
+                                       (group.specType == SpecType::Mla ? ", fp8_ds_mla)" : ")"));
+    group.dtype = *dtype;
+    if (jg.contains("v_dtype") && !jg["v_dtype"].is_null()) {
+        if (!jg["v_dtype"].is_string())
+            ctx.fail(where + ".v_dtype", "must be a dtype name, got " + jsonText(jg["v_dtype"]));
+        const std::string vText = jg["v_dtype"].get<std::string>();
+        const auto vDtype = parseDType(vText);
+        if (!vDtype)
+            ctx.fail(where + ".v_dtype", "unsupported dtype '" + vText + "' (supported: " + supported + ")");
+        if (group.specType == SpecType::Mla)
+            ctx.fail(where + ".v_dtype", "an MLA latent has one dtype");
+        if (*vDtype != group.dtype)
+            group.vDtype = *vDtype;
+    }
+    if (group.specType == SpecType::Mla &&
+        (group.dtype == DType::Float4E2M1 || group.dtype == DType::Int4TokenHead))
+        ctx.fail(where + ".dtype", dtypeText + " is not read for MLA latents");
+    for (KvPart part : {KvPart::K, KvPart::V}) {
+        const DType d = group.partDType(part);
+        const std::string field = where + (part == KvPart::V && group.vDtype ? ".v_dtype" : ".dtype");
+        if (d == DType::Float4E2M1 && group.headSize % 16 != 0)
+            ctx.fail(field, "nvfp4 needs head_size a multiple of 16 (a block scale per 16 values), got " +
+                                std::to_string(group.headSize));
+        if (d == DType::Int4TokenHead && (group.headSize & (group.headSize - 1)) != 0)
+            ctx.fail(field, "int4_per_token_head needs head_size a power of two (its Hadamard rotation), got " +
+                                std::to_string(group.headSize));
+    }
+    if (group.specType == SpecType::Mla)
+        readMlaWidths(jg, group, ctx, where);
+}
+
+// The group's heads over all ranks (its own total_num_kv_heads, else the config's), against
+// tp_size and decode context parallelism.
+void readHeadsOverRanks(const Json& jg, KvCacheGroup& group, const KvCacheConfig& cfg, const Context& ctx,
+                        const std::string& where)
+{
+    const bool ownTotal = jg.contains("total_num_kv_heads") && !jg["total_num_kv_heads"].is_null();
+    const std::string totalField = ownTotal ? where + ".total_num_kv_heads" : std::string("total_num_kv_heads");
+    group.totalKvHeads = group.specType == SpecType::Mla ? 1
+                         : ownTotal ? requireInt(jg, "total_num_kv_heads", 1, kMaxHeads, ctx, where)
+                                    : cfg.totalNumKvHeads;
+    const int total = group.totalKvHeads;
+    if (total >= cfg.tpSize && total % cfg.tpSize != 0)
+        ctx.fail(totalField, std::to_string(total) + " heads cannot be partitioned over tp_size " + std::to_string(cfg.tpSize));
+    if (total < cfg.tpSize && cfg.tpSize % total != 0)
+        ctx.fail(totalField, std::to_string(total) + " heads cannot be replicated evenly over tp_size " +
+                                 std::to_string(cfg.tpSize));
+    const int perRank = cfg.layout(group).headsPerRank();
+    if (group.numKvHeads != perRank)
+        ctx.fail(where + ".num_kv_heads",
+                 std::to_string(group.numKvHeads) + " per rank disagrees with total_num_kv_heads " +
+                     std::to_string(total) + " over tp_size " + std::to_string(cfg.tpSize) + " (expected " +
+                     std::to_string(perRank) + ")");
+    if (cfg.dcpSize > 1) {
+        // vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits the ranks that
+        // would otherwise hold copies of one head.
+        const int copies = total < cfg.tpSize ? cfg.tpSize / total : 1;
+        if (copies % cfg.dcpSize != 0)
+            ctx.fail("dcp_size", std::to_string(cfg.dcpSize) + " needs each KV head on a multiple of " +
+                                     std::to_string(cfg.dcpSize) + " TP ranks; " +
+                                     (group.specType == SpecType::Mla ? std::string("the latent")
+                                                                      : "each of the " + std::to_string(total) + " heads") +
+                                     (ownTotal ? " of " + where : std::string()) + " is on " + std::to_string(copies) +
+                                     " of tp_size " + std::to_string(cfg.tpSize));
+        if (group.blockSize % cfg.cpInterleave != 0)
+            ctx.fail("cp_kv_cache_interleave_size", std::to_string(cfg.cpInterleave) + " does not divide " + where +
+                                                        ".block_size " + std::to_string(group.blockSize));
+    }
+}
+
+// MLA is not mixed with other attention.
+void checkNotMixed(const KvCacheGroup& group, const std::vector<KvCacheGroup>& earlierGroups, const Context& ctx,
+                   const std::string& where)
+{
+    for (const KvCacheGroup& earlier : earlierGroups)
+        if (earlier.specType != SpecType::NotCompared &&
+            (earlier.specType == SpecType::Mla) != (group.specType == SpecType::Mla))
+            ctx.fail(where + ".spec_type", group.specName + " beside " + earlier.specName +
+                                               ": a config mixing MLA and other attention is not supported");
+}
+
+// Attention groups may differ in head size (a layer's own widths go with it); MLA groups share
+// one split of the latent.
+void checkMlaSplit(const KvCacheGroup& group, const std::vector<KvCacheGroup>& earlierGroups, const Context& ctx,
+                   const std::string& where)
+{
+    for (const KvCacheGroup& earlier : earlierGroups)
+        if (earlier.specType == SpecType::Mla && group.specType == SpecType::Mla &&
+            (group.kvLoraRank != earlier.kvLoraRank || group.qkRopeHeadDim != earlier.qkRopeHeadDim ||
+             group.dsMla != earlier.dsMla))
+            ctx.fail(where + ".kv_lora_rank", "this MLA group's split (kv_lora_rank " + std::to_string(group.kvLoraRank) +
+                                                  (group.dsMla ? ", fp8_ds_mla" : "") +
+                                                  ") differs from another MLA group's (kv_lora_rank " +
+                                                  std::to_string(earlier.kvLoraRank) + (earlier.dsMla ? ", fp8_ds_mla" : "") + ")");
+}
+
+}  // namespace
+
 KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string& file,
                                       const std::string& object)
 {
@@ -254,150 +434,16 @@ KvCacheConfig KvCacheConfig::fromJson(const std::string& text, const std::string
             ctx.fail(where, "must be an object");
         KvCacheGroup group;
 
-        if (!jg.contains("layer_names") || !jg["layer_names"].is_array() || jg["layer_names"].empty())
-            ctx.fail(where + ".layer_names", "must be a non-empty list of strings");
-        for (const Json& name : jg["layer_names"]) {
-            if (!name.is_string() || name.get<std::string>().empty())
-                ctx.fail(where + ".layer_names", "holds a non-string or empty entry " + jsonText(name));
-            const std::string s = name.get<std::string>();
-            if (s.find('/') != std::string::npos || s == "." || s == "..")
-                ctx.fail(where + ".layer_names", "layer name '" + s + "' cannot be an HDF5 name");
-            if (!seen.insert(s).second)
-                ctx.fail(where + ".layer_names", "layer '" + s + "' appears in more than one place");
-            group.layerNames.push_back(s);
-        }
-
-        if (!jg.contains("spec_type") || !jg["spec_type"].is_string())
-            ctx.fail(where + ".spec_type", "missing or not a string");
-        const std::string spec = jg["spec_type"].get<std::string>();
-        group.specName = spec;
-        if (jg.contains("not_compared")) {  // a group the capture side marks as holding no KV to compare
-            if (!jg["not_compared"].is_string() || jg["not_compared"].get<std::string>().empty())
-                ctx.fail(where + ".not_compared", "must say what the layers are, as a string");
-            group.specType = SpecType::NotCompared;
-            group.notComparedWhy = jg["not_compared"].get<std::string>();
+        readLayerNames(jg, group, seen, ctx, where);
+        if (!readSpecType(jg, group, ctx, where)) {
             cfg.groups.push_back(std::move(group));
             continue;
         }
-        if (spec == "FullAttentionSpec")
-            group.specType = SpecType::FullAttention;
-        else if (spec == "SlidingWindowSpec")
-            group.specType = SpecType::SlidingWindow;
-        else if (spec == "ChunkedLocalAttentionSpec")
-            group.specType = SpecType::ChunkedLocal;
-        else if (spec == "MLAAttentionSpec")
-            group.specType = SpecType::Mla;
-        else if (const auto kind = notComparedKind(spec)) {
-            group.specType = SpecType::NotCompared;
-            group.notComparedWhy = *kind;
-            cfg.groups.push_back(std::move(group));
-            continue;
-        } else
-            ctx.fail(where + ".spec_type", "'" + spec + "' is not supported (compared: FullAttentionSpec, "
-                                           "SlidingWindowSpec, ChunkedLocalAttentionSpec, MLAAttentionSpec; listed, "
-                                           "not compared: MambaSpec, CrossAttentionSpec, EncoderOnlyAttentionSpec)");
-
-        group.blockSize = requireInt(jg, "block_size", 1, kMaxBlockSize, ctx, where);
-        group.numKvHeads = requireInt(jg, "num_kv_heads", 1, kMaxHeads, ctx, where);
-        group.headSize = requireInt(jg, "head_size", 1, kMaxHeadSize, ctx, where);
-        if (jg.contains("sliding_window") && !jg["sliding_window"].is_null())
-            group.slidingWindow = requireInt(jg, "sliding_window", 1, 1 << 30, ctx, where);
-        if (group.specType == SpecType::SlidingWindow && !group.slidingWindow)
-            ctx.fail(where + ".sliding_window", "SlidingWindowSpec needs a sliding_window");
-        const bool chunkGiven = jg.contains("attention_chunk_size") && !jg["attention_chunk_size"].is_null();
-        if (group.specType == SpecType::ChunkedLocal && !chunkGiven)
-            ctx.fail(where + ".attention_chunk_size", "missing (ChunkedLocalAttentionSpec needs one)");
-        if (chunkGiven)
-            group.attentionChunkSize = requireInt(jg, "attention_chunk_size", 1, 1 << 30, ctx, where);
-
-        if (!jg.contains("dtype") || !jg["dtype"].is_string())
-            ctx.fail(where + ".dtype", "missing or not a string");
-        const std::string dtypeText = jg["dtype"].get<std::string>();
-        group.dsMla = group.specType == SpecType::Mla && dtypeText == "fp8_ds_mla";
-        const auto dtype = group.dsMla ? std::optional(DType::Float8E4M3) : parseDType(dtypeText);
-        const std::string supported = "bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, int8, nvfp4, "
-                                      "int4_per_token_head";
-        if (!dtype)
-            ctx.fail(where + ".dtype", "unsupported dtype '" + dtypeText + "' (supported: " + supported +
-                                           (group.specType == SpecType::Mla ? ", fp8_ds_mla)" : ")"));
-        group.dtype = *dtype;
-        if (jg.contains("v_dtype") && !jg["v_dtype"].is_null()) {
-            if (!jg["v_dtype"].is_string())
-                ctx.fail(where + ".v_dtype", "must be a dtype name, got " + jsonText(jg["v_dtype"]));
-            const std::string vText = jg["v_dtype"].get<std::string>();
-            const auto vDtype = parseDType(vText);
-            if (!vDtype)
-                ctx.fail(where + ".v_dtype", "unsupported dtype '" + vText + "' (supported: " + supported + ")");
-            if (group.specType == SpecType::Mla)
-                ctx.fail(where + ".v_dtype", "an MLA latent has one dtype");
-            if (*vDtype != group.dtype)
-                group.vDtype = *vDtype;
-        }
-        if (group.specType == SpecType::Mla &&
-            (group.dtype == DType::Float4E2M1 || group.dtype == DType::Int4TokenHead))
-            ctx.fail(where + ".dtype", dtypeText + " is not read for MLA latents");
-        for (KvPart part : {KvPart::K, KvPart::V}) {
-            const DType d = group.partDType(part);
-            const std::string field = where + (part == KvPart::V && group.vDtype ? ".v_dtype" : ".dtype");
-            if (d == DType::Float4E2M1 && group.headSize % 16 != 0)
-                ctx.fail(field, "nvfp4 needs head_size a multiple of 16 (a block scale per 16 values), got " +
-                                    std::to_string(group.headSize));
-            if (d == DType::Int4TokenHead && (group.headSize & (group.headSize - 1)) != 0)
-                ctx.fail(field, "int4_per_token_head needs head_size a power of two (its Hadamard rotation), got " +
-                                    std::to_string(group.headSize));
-        }
-        if (group.specType == SpecType::Mla)
-            readMlaWidths(jg, group, ctx, where);
-
-        for (const KvCacheGroup& earlier : cfg.groups)
-            if (earlier.specType != SpecType::NotCompared &&
-                (earlier.specType == SpecType::Mla) != (group.specType == SpecType::Mla))
-                ctx.fail(where + ".spec_type", spec + " beside " + earlier.specName +
-                                                   ": a config mixing MLA and other attention is not supported");
-        // The group's heads over all ranks: its own total_num_kv_heads (layers of another KV head
-        // count than the model's), else the config's.
-        const bool ownTotal = jg.contains("total_num_kv_heads") && !jg["total_num_kv_heads"].is_null();
-        const std::string totalField = ownTotal ? where + ".total_num_kv_heads" : std::string("total_num_kv_heads");
-        group.totalKvHeads = group.specType == SpecType::Mla ? 1
-                             : ownTotal ? requireInt(jg, "total_num_kv_heads", 1, kMaxHeads, ctx, where)
-                                        : cfg.totalNumKvHeads;
-        const int total = group.totalKvHeads;
-        if (total >= cfg.tpSize && total % cfg.tpSize != 0)
-            ctx.fail(totalField, std::to_string(total) + " heads cannot be partitioned over tp_size " + std::to_string(cfg.tpSize));
-        if (total < cfg.tpSize && cfg.tpSize % total != 0)
-            ctx.fail(totalField, std::to_string(total) + " heads cannot be replicated evenly over tp_size " +
-                                     std::to_string(cfg.tpSize));
-        const int perRank = cfg.layout(group).headsPerRank();
-        if (group.numKvHeads != perRank)
-            ctx.fail(where + ".num_kv_heads",
-                     std::to_string(group.numKvHeads) + " per rank disagrees with total_num_kv_heads " +
-                         std::to_string(total) + " over tp_size " + std::to_string(cfg.tpSize) + " (expected " +
-                         std::to_string(perRank) + ")");
-        if (cfg.dcpSize > 1) {
-            // vLLM bounds dcp_size by tp_size / total_num_kv_heads: DCP splits the ranks that
-            // would otherwise hold copies of one head.
-            const int copies = total < cfg.tpSize ? cfg.tpSize / total : 1;
-            if (copies % cfg.dcpSize != 0)
-                ctx.fail("dcp_size", std::to_string(cfg.dcpSize) + " needs each KV head on a multiple of " +
-                                         std::to_string(cfg.dcpSize) + " TP ranks; " +
-                                         (group.specType == SpecType::Mla ? std::string("the latent")
-                                                                          : "each of the " + std::to_string(total) + " heads") +
-                                         (ownTotal ? " of " + where : std::string()) + " is on " + std::to_string(copies) +
-                                         " of tp_size " + std::to_string(cfg.tpSize));
-            if (group.blockSize % cfg.cpInterleave != 0)
-                ctx.fail("cp_kv_cache_interleave_size", std::to_string(cfg.cpInterleave) + " does not divide " + where +
-                                                            ".block_size " + std::to_string(group.blockSize));
-        }
-        // Attention groups may differ in head size (a layer's own widths go with it); MLA groups
-        // share one split.
-        for (const KvCacheGroup& earlier : cfg.groups)
-            if (earlier.specType == SpecType::Mla && group.specType == SpecType::Mla &&
-                (group.kvLoraRank != earlier.kvLoraRank || group.qkRopeHeadDim != earlier.qkRopeHeadDim ||
-                 group.dsMla != earlier.dsMla))
-                ctx.fail(where + ".kv_lora_rank", "this MLA group's split (kv_lora_rank " + std::to_string(group.kvLoraRank) +
-                                                      (group.dsMla ? ", fp8_ds_mla" : "") +
-                                                      ") differs from another MLA group's (kv_lora_rank " +
-                                                      std::to_string(earlier.kvLoraRank) + (earlier.dsMla ? ", fp8_ds_mla" : "") + ")");
+        readShape(jg, group, ctx, where);
+        readFormat(jg, group, ctx, where);
+        checkNotMixed(group, cfg.groups, ctx, where);
+        readHeadsOverRanks(jg, group, cfg, ctx, where);
+        checkMlaSplit(group, cfg.groups, ctx, where);
         cfg.groups.push_back(std::move(group));
     }
     if (cfg.layerNames().empty()) {
