@@ -179,36 +179,20 @@ std::string floorsText(double x)
 
 }  // namespace
 
-std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
-                                  const std::vector<char>* layersReady, WorkTeam* team, const EarlierRun* earlier)
+namespace {
+
+// How far the hypotheses go: `explained` whole, or in `partly` (a share of the off cells).
+struct Explanation {
+    std::vector<Hypothesis> hypotheses;
+    double bound = 0;
+    bool explained = false, partly = false;
+};
+
+// The explanation: the best hypothesis, if it brings the error back near the floor (s.hypothesis).
+Explanation explainSuspect(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
+                           const OffFloor& floor, const Onset& onset, Suspect& s)
 {
-    const KvCacheConfig& config = loader.config();
-    const OffFloor floor = findOffFloor(p, th, layersReady, team, earlier);
-    if (floor.affected.empty())
-        return {};
-    const Onset onset(p, config, floor, layersReady);
     const int L0 = onset.layer;
-
-    Suspect s;
-    s.prompts = {p.id};
-    s.firstLayer = p.layers[std::size_t(L0)];
-    for (int l : floor.affected)
-        s.layers.push_back(p.layers[std::size_t(l)]);
-    std::vector<double> offRatios;
-    for (const OffCell& c : onset.cells())
-        offRatios.push_back(c.ratio);
-    s.score = median(offRatios);
-    s.firstToken = onset.firstToken();
-    s.lastToken = onset.lastToken();
-    s.phase = phaseOf(s.firstToken, s.lastToken, p.promptLen);
-    s.kv = onset.kv;
-    s.heads = onset.heads;
-    s.worstLayer = L0;
-    s.worstToken = onset.worst->token;
-    s.worstHead = onset.worst->head;
-    s.worstPart = onset.worst->part;
-
-    // The explanation: the best hypothesis, if it brings the error back near the floor.
     const double explainedBound = th.explained * cleanLevel(floor, p, L0);
     const std::vector<Hypothesis> hypotheses = explain(loader, p, floor, onset, explainedBound);
     if (!hypotheses.empty())
@@ -236,8 +220,16 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
         s.hypothesis = *unrelated;
         explained = true;
     }
+    return {hypotheses, explainedBound, explained, partly};
+}
 
-    // The place: each pattern's defining property, from the most specific.
+// The place: each pattern's defining property, from the most specific (s.pattern and what it
+// names); the sentence that says it.
+std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, const OffFloor& floor, const Onset& onset,
+                         bool explained, Suspect& s)
+{
+    const KvCacheConfig& config = loader.config();
+    const int L0 = onset.layer;
     const std::string layer = shortLayerName(s.firstLayer);
     const auto spread = [&] {
         return floor.affected.size() > 1 ? "; later layers follow (" + layerList(s.layers, 1) + ")" : std::string();
@@ -310,12 +302,49 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     }
     if (p.headsOf(L0) == 1)
         s.heads.clear();  // an MLA latent: one vector a token, no head to name
-    if (hypotheses.empty())
+    return why.str();
+}
+
+}  // namespace
+
+std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
+                                  const std::vector<char>* layersReady, WorkTeam* team, const EarlierRun* earlier)
+{
+    const KvCacheConfig& config = loader.config();
+    const OffFloor floor = findOffFloor(p, th, layersReady, team, earlier);
+    if (floor.affected.empty())
+        return {};
+    const Onset onset(p, config, floor, layersReady);
+    const int L0 = onset.layer;
+
+    Suspect s;
+    s.prompts = {p.id};
+    s.firstLayer = p.layers[std::size_t(L0)];
+    for (int l : floor.affected)
+        s.layers.push_back(p.layers[std::size_t(l)]);
+    std::vector<double> offRatios;
+    for (const OffCell& c : onset.cells())
+        offRatios.push_back(c.ratio);
+    s.score = median(offRatios);
+    s.firstToken = onset.firstToken();
+    s.lastToken = onset.lastToken();
+    s.phase = phaseOf(s.firstToken, s.lastToken, p.promptLen);
+    s.kv = onset.kv;
+    s.heads = onset.heads;
+    s.worstLayer = L0;
+    s.worstToken = onset.worst->token;
+    s.worstHead = onset.worst->head;
+    s.worstPart = onset.worst->part;
+
+    const Explanation e = explainSuspect(loader, p, th, floor, onset, s);
+    std::ostringstream why;
+    why << placeSuspect(loader, p, floor, onset, e.explained, s);
+    if (e.hypotheses.empty())
         why << ". No explanation could be tested (the layer could not be read again).";
-    else if (partly)
+    else if (e.partly)
         why << ". Explained in part: " << s.hypothesis.text << ", for " << int(std::lround(100 * s.hypothesis.explainedShare))
-            << "% of the off cells (back within " << floorsText(explainedBound) << " floors); the rest is unexplained.";
-    else if (explained)
+            << "% of the off cells (back within " << floorsText(e.bound) << " floors); the rest is unexplained.";
+    else if (e.explained)
         why << ". Explained: " << s.hypothesis.text << " (residual " << floorsText(s.hypothesis.residualFloors)
             << " floors, from " << floorsText(s.hypothesis.errorFloors) << ").";
     else
