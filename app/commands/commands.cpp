@@ -8,9 +8,12 @@
 
 namespace kvscope::cli {
 
-const std::vector<Command>& commands()
+namespace {
+
+// The commands that analyse: the app's demo, analyze, report, check, diff, whatif.
+std::vector<Command> analysingCommands()
 {
-    static const std::vector<Command> table = {
+    return {
         {"demo", "demo [DIR] [--mla]\n"
                  "  opens the app on the built-in demo capture, made in DIR (default ./kvscope-demo) on first\n"
                  "  use: a 24-layer model with a RoPE fault in layer 13; without a display, writes its HTML\n"
@@ -66,6 +69,13 @@ const std::vector<Command>& commands()
                    "  int4_per_token_head), nvfp4. --maps adds the layer x token\n"
                    "  maps to the JSON\n",
          "what an fp8 / int8 / int4 KV cache would cost this model", whatif},
+    };
+}
+
+// The commands that read, write or make bundles, and the benchmark.
+std::vector<Command> bundleCommands()
+{
+    return {
         {"inspect", "inspect BUNDLE|RUN.kvres\n"
                     "  what a bundle holds; exit 0 when every layer of every prompt reconstructs, 1 if not,\n"
                     "  2 when the file is not a readable bundle. Of a results file: what it holds, what it was\n"
@@ -130,6 +140,18 @@ const std::vector<Command>& commands()
         {"bench-run", "bench-run roofline|analyze|whatif|save|phases|... BUNDLE THREADS\n", "one measurement of bench, in its own process",
          nullptr, false, "kvscope-bench"},
     };
+}
+
+}  // namespace
+
+const std::vector<Command>& commands()
+{
+    static const std::vector<Command> table = [] {
+        std::vector<Command> all = analysingCommands();
+        for (Command& c : bundleCommands())
+            all.push_back(c);
+        return all;
+    }();
     return table;
 }
 
