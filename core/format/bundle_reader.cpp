@@ -492,16 +492,7 @@ void BundleReader::readPackedScales(const std::string& dataset, const std::vecto
     if (cache.scale != 1.0f)
         m_file.fail(dataset, "an int4_per_token_head cache is scaled per token and head (k_scale / v_scale); its 'scale' "
                              "attribute must be 1");
-    const RawTensor scales = readTensor(path, perTokenHead, rows, reads);
-    for (const ChunkRowRead& read : reads)
-        read.run();
-    if (scales.dtype != DType::Float32)
-        m_file.fail(path, "scales must be float32, found " + dtypeName(scales.dtype));
-    std::vector<float> values = scales.toFloat();
-    for (float v : values)
-        if (!(v > 0.0f) || !std::isfinite(v))
-            m_file.fail(path, "scale " + std::to_string(v) + " must be finite and positive");
-    cache.setScales(ScaleGranularity::TokenHead, std::move(values));
+    cache.setScales(ScaleGranularity::TokenHead, readFloatScales(path, perTokenHead, rows, false));
     const std::string zeroPath = dataset + "_zero_point";
     cache.zeroPoints = readBytes(zeroPath, perTokenHead, false, rows);
     for (std::size_t i = 0; i < cache.zeroPoints.size(); ++i)
@@ -543,20 +534,27 @@ void BundleReader::readScales(const std::string& dataset, const std::vector<std:
         m_file.fail(path, "shape " + shapeToString(info.shape) + ": scales are per head " + shapeToString(perHead) +
                               ", per token and head " + shapeToString(perTokenHead) +
                               " or per group of a token's values [..., groups dividing " + std::to_string(shape[3]) + "]");
+    cache.setScales(tokenGroup  ? ScaleGranularity::TokenGroup
+                    : tokenHead ? ScaleGranularity::TokenHead
+                                : ScaleGranularity::Head,
+                    readFloatScales(path, info.shape, tokenHead || tokenGroup ? rows : nullptr, true));
+}
+
+std::vector<float> BundleReader::readFloatScales(const std::string& path, const std::vector<std::int64_t>& shape,
+                                                 const std::vector<std::int64_t>* rows, bool zeroAllowed) const
+{
     std::vector<ChunkRowRead> reads;  // small: read now, not with the cache's deferred reads
-    const RawTensor scales = readTensor(path, info.shape, tokenHead || tokenGroup ? rows : nullptr, reads);
+    const RawTensor scales = readTensor(path, shape, rows, reads);
     for (const ChunkRowRead& read : reads)
         read.run();
     if (scales.dtype != DType::Float32)
         m_file.fail(path, "scales must be float32, found " + dtypeName(scales.dtype));
     std::vector<float> values = scales.toFloat();
     for (float v : values)
-        if (!(v >= 0.0f) || !std::isfinite(v))
-            m_file.fail(path, "scale " + std::to_string(v) + " must be finite and not negative");
-    cache.setScales(tokenGroup  ? ScaleGranularity::TokenGroup
-                    : tokenHead ? ScaleGranularity::TokenHead
-                                : ScaleGranularity::Head,
-                    std::move(values));
+        if (!(zeroAllowed ? v >= 0.0f : v > 0.0f) || !std::isfinite(v))
+            m_file.fail(path, "scale " + std::to_string(v) + (zeroAllowed ? " must be finite and not negative"
+                                                                          : " must be finite and positive"));
+    return values;
 }
 
 std::vector<std::int64_t> BundleReader::referenceShape(const std::string& dataset, const std::string& layer,

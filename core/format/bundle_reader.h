@@ -101,6 +101,10 @@ private:
     void readScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
                     const std::vector<std::int64_t>* rows, RawTensor& cache) const;
     // NVFP4's e4m3 block scales, or int4 per token and head's scales, zero points and RHT signs.
+    // A cache's float32 scales at `path` (of the stored rows), finite and positive (or zero
+    // where `zeroAllowed`).
+    std::vector<float> readFloatScales(const std::string& path, const std::vector<std::int64_t>& shape,
+                                       const std::vector<std::int64_t>* rows, bool zeroAllowed) const;
     void readPackedScales(const std::string& dataset, const std::vector<std::int64_t>& shape,
                           const std::vector<std::int64_t>* rows, RawTensor& cache) const;
     // A one-byte integer dataset of `shape` (rows of it, as for the cache), read now.
