@@ -698,5 +698,28 @@ class OffTheEnginesStep(unittest.TestCase):
             self.assertEqual(sorted([r.request_id for r in shards.requests] + list(shards.incomplete)), sorted(ids))
 
 
+    def test_a_shard_that_cannot_be_written_is_named(self):
+        """A write that fails (a full disk) leaves the request named as left out, not silently missing."""
+        import kvscope_capture.vllm.shard_queue as sq
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "shards")
+
+            def full_disk(*args):
+                raise OSError("No space left on device")
+
+            real, sq.write_shard = sq.write_shard, full_disk
+            try:
+                engine = vm.Engine([vm.Group(L)], total_heads=HEADS, head_size=DIM,
+                                   connector=(KvscopeConnector, {"output_dir": out}))
+            finally:
+                sq.write_shard = real
+            rid = engine.add_request("r", list(range(20)), list(range(100, 111)), truth(L, "packed", 31))
+            engine.run()
+            self.assertEqual(engine.finished_pending, set())
+            self.assertTrue(engine.workers[0].connector._writer.flush(30))
+            self.assertEqual(list(ShardSet(out).incomplete), [rid])
+            self.assertIn("No space left on device", ShardSet(out).incomplete[rid])
+
+
 if __name__ == "__main__":
     unittest.main()

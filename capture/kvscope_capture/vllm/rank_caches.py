@@ -20,13 +20,6 @@ NOT_COMPARED = {"HiddenStateCacheSpec": "hidden-state cache layers (extract_hidd
 PER_TENSOR_SCALED = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8")
 
 
-def _plain(value):
-    """A spec field as JSON: torch dtypes as their names."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
 def _mla_widths(model_config):
     """The MLA latent's (kv_lora_rank, qk_rope_head_dim) from the model's HF config (DeepSeek,
     Kimi K2), or None when it has none."""

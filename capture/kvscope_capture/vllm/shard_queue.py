@@ -17,11 +17,11 @@ log = logging.getLogger("kvscope_capture")
 class ShardQueue:
     """max_pending: requests copied and not yet written, at most (each holds its blocks in host memory)."""
 
-    def __init__(self, max_pending=8, write=None):
+    def __init__(self, max_pending=8):
         if int(max_pending) < 1:
             raise ValueError(f"KvscopeConnector: max_pending_requests {max_pending} must be at least 1")
         self._queue = queue.Queue(int(max_pending))
-        self._write = write or write_shard
+        self._write = write_shard
         self.skipped = 0
         self.failed = {}  # shard path -> why it could not be written
         self._thread = threading.Thread(target=self._run, name="kvscope-shard-writer", daemon=True)
@@ -42,6 +42,11 @@ class ShardQueue:
     def skip(self, path, request_id, why):
         """Counts a request left out and leaves its marker beside the shards."""
         self.skipped += 1
+        self._mark(path, request_id, why)
+
+    @staticmethod
+    def _mark(path, request_id, why):
+        """The marker a request leaves instead of its shard: the bundle step names it as left out."""
         log.warning("kvscope: request %s not captured: %s", request_id, why)
         try:
             with open(skipped_marker_path(path), "w") as f:
@@ -62,10 +67,10 @@ class ShardQueue:
                 self._write(path, *shard)
             except Exception as e:  # a full disk must not stop serving: the request goes missing, named
                 self.failed[path] = str(e)
-                log.warning("kvscope: shard %s not written: %s", path, e)
                 try:
                     os.remove(path + ".partial")
                 except OSError:
                     pass
+                self._mark(path, shard[0].request_id, f"its shard could not be written ({e})")
             finally:
                 self._queue.task_done()
