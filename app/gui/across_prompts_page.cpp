@@ -26,11 +26,27 @@ AcrossPromptsPage::AcrossPromptsPage(AnalysisController* controller, QWidget* pa
     connect(m_map, &HeatmapView::cellClicked, this, &AcrossPromptsPage::cellChosen);
 }
 
-void AcrossPromptsPage::setPart(KvPart part)
+void AcrossPromptsPage::applyView(const ViewSettings& settings, bool)
 {
-    m_part = part;
+    if (settings.map.part == m_part)
+        return;
+    m_part = settings.map.part;
     if (!m_controller->isRunning())
         refresh();
+}
+
+QString AcrossPromptsPage::unavailable() const
+{
+    const auto result = m_controller->result();
+    if (m_drawn)
+        return {};
+    if (!result)
+        return tr("Open a capture first");
+    if (m_controller->isRunning())
+        return tr("Across prompts pools every prompt: it is shown when the analysis has finished");
+    if (!result->aggregate)
+        return tr("Across prompts pools the BC of three-way prompts (those with an fp32 baseline); this capture has none");
+    return tr("The analysis was cancelled: across prompts needs every layer");
 }
 
 bool AcrossPromptsPage::refresh()

@@ -6,6 +6,8 @@
 #include "dumps/import_process.h"
 #include "results/results_file.h"
 #include "results/results_writer.h"
+#include "util/child_process.h"
+#include "util/sibling_executables.h"
 
 #include <QDir>
 #include <QFileInfo>
@@ -17,36 +19,44 @@ namespace kvscope {
 
 AnalysisController::AnalysisController(QObject* parent)
     : QObject(parent)
-    , m_tasks(this)
 {
-}
-
-AnalysisController::~AnalysisController()
-{
-    *m_cancel = true;  // older runs were told at the next open()
-    ++m_generation;
-    // m_tasks, the last member, goes first: it waits for every run (they post to this object).
-}
-
-void AnalysisController::post(std::function<void()> fn, int generation)
-{
-    // Runs `fn` on the GUI thread, unless a newer open() has made it stale.
-    m_tasks.post([this, fn = std::move(fn), generation] {
-        if (generation == m_generation)
-            fn();
+    connect(&m_door, &EngineDoor::progress, this, [this](const QString& tag, int done, int total, const QString& what) {
+        if (tag == "open")  // (the import's; the analysis reports its layers itself)
+            emit progress(done, total, what);
     });
 }
 
-void AnalysisController::stopped()
+AnalysisController::~AnalysisController() = default;  // m_door, the last member, goes first: it waits for every request
+
+void AnalysisController::forget()
+{
+    m_loader.reset();
+    m_result.reset();
+    m_ready.clear();
+    m_resultsFile.clear();
+}
+
+void AnalysisController::stopped(const QString& error, bool wasOpened)
 {
     m_running = false;
+    const QString path = m_path;
+    const bool opened = std::exchange(m_opened, false);
     if (!m_keptPath.isEmpty())  // it never opened: the one on screen is current again
         m_path = std::exchange(m_keptPath, QString());
+    if (!error.isEmpty() && wasOpened)  // failing later leaves no part of this bundle shown
+        forget();
+    if (error.isEmpty() && opened)
+        tell(&CaptureViewer::analysisCancelled);
+    else if (m_result)
+        tell(&CaptureViewer::openingStopped, path, error);
+    else
+        tell(&CaptureViewer::captureClosed, error.isEmpty() ? tr("import of %1 cancelled").arg(path)
+                                                            : tr("could not open %1: %2").arg(path, error));
 }
 
 void AnalysisController::cancel()
 {
-    *m_cancel = true;
+    m_door.cancel("open");
 }
 
 void AnalysisController::followMap(int prompt, const HeatmapSpec& spec)
@@ -71,126 +81,105 @@ void AnalysisController::open(const QStringList& paths)
     OpenRun run;
     run.sweep = isSweepOf(paths);
     run.path = paths.size() > 1 ? tr("%1 and %2 more").arg(paths.front()).arg(paths.size() - 1) : paths.front();
-    // The previous run stops at its next layer; its results are dropped (older generation).
-    // Waiting for it here could freeze the window behind a long import.
-    *m_cancel = true;
-    m_cancel = std::make_shared<std::atomic<bool>>(false);
-    run.cancel = m_cancel;
-    run.generation = ++m_generation;
     // What is on screen stays until this one opens (a broken file must not take it away): a
     // finished analysis, or the one already kept while another was opening. An analysis still
-    // running is dropped with its run.
+    // running is dropped with its run (the door cancels it and drops what it still delivers).
     if (m_keptPath.isEmpty())
         m_keptPath = !m_running && m_result ? m_path : QString();
-    if (m_keptPath.isEmpty()) {
-        m_loader.reset();
-        m_result.reset();
-        m_ready.clear();
-        m_resultsFile.clear();
-    }
+    if (m_keptPath.isEmpty())
+        forget();
     m_path = run.path;
+    m_inputs = paths;
     m_running = true;
+    m_opened = false;
     if (QFileInfo(run.path).isDir() && !run.sweep)
         run.importDir = std::make_shared<QTemporaryDir>();
     for (const QString& p : paths)
         run.bundles.push_back(p.toStdString());
-    run.layerHook = m_workerLayerHook;
-    run.windowHook = m_workerWindowHook;
-    run.windowTokens = m_windowTokens;
-    run.probeHook = m_probeHook;
-    m_tasks.run([this, run] { runOpen(run); });
+    run.hooks = m_hooks;
+    m_door.drop("histogram");  // of the capture on screen
+    tell(&CaptureViewer::captureOpening, run.path, !m_keptPath.isEmpty());
+    m_door.ask("open", this, [this, run](EngineJob& job) { runOpen(run, job); });
 }
 
-void AnalysisController::runOpen(const OpenRun& run)
+void AnalysisController::runOpen(const OpenRun& run, const EngineJob& job)
 {
-    const int generation = run.generation;
     bool wasOpened = false;  // failing later leaves no part of this bundle shown
     try {
         std::string bundle = run.path.toStdString();
         if (run.importDir) {
-            post([this, path = run.path] { emit progress(0, 0, tr("importing %1").arg(path)); }, generation);
+            job.progress(0, 0, tr("importing %1").arg(run.path));
             bundle = QDir(run.importDir->path()).filePath("imported.h5").toStdString();
-            runImport(run.path.toStdString(), bundle, run.cancel.get());  // a child process: cancel kills it
+            runImport(run.path.toStdString(), bundle, job.cancelFlag());  // a child process: cancel kills it
         }
         if (BundleReader::kProbeFromThreads && !run.sweep)  // a libhdf5 crash on this file must not take the app down
-            BundleReader::probeInChild(bundle, run.probeHook);
+            BundleReader::probeInChild(bundle, run.hooks.probe);
         if (!run.sweep && isResultsFile(bundle))
-            readResults(run, bundle, wasOpened);
+            readResults(run, job, bundle, wasOpened);
         else
-            analyse(run, bundle, wasOpened);
-        post([this] {
+            analyse(run, job, bundle, wasOpened);
+        job.deliver([this] {
             m_running = false;
+            m_opened = false;
+            tell(&CaptureViewer::captureAnalysed);
             emit finished();
-        }, generation);
+        });
     } catch (const ImportCancelled&) {
-        post([this] {
-            stopped();
+        job.deliver([this] {
+            stopped({}, false);
             emit cancelled();
-        }, generation);
+        });
     } catch (const AnalysisCancelled&) {
-        post([this] {
-            stopped();
+        job.deliver([this, wasOpened] {
+            stopped({}, wasOpened);
             emit cancelled();
-        }, generation);
+        });
     } catch (const std::exception& e) {
         const QString message = QString::fromStdString(e.what());
-        post([this, message, wasOpened] {
-            if (wasOpened) {
-                m_loader.reset();
-                m_result.reset();
-                m_ready.clear();
-                m_resultsFile.clear();
-            }
-            stopped();
+        job.deliver([this, message, wasOpened] {
+            stopped(message, wasOpened);
             emit failed(message);
-        }, generation);
+        });
     }
 }
 
-void AnalysisController::readResults(const OpenRun& run, const std::string& file, bool& wasOpened)
+void AnalysisController::readResults(const OpenRun& run, const EngineJob& job, const std::string& file, bool& wasOpened)
 {
     // A saved analysis: its record and stored map at once (the map is read from the file as it
     // is shown), then its arrays a layer at a time, as an analysis would.
-    const int generation = run.generation;
     auto results = std::make_shared<ResultsFile>(openResultsFile(file));
     auto loader = std::make_shared<const CaptureLoader>(results->bundle, results->options.unreadableBlocks);
     auto result = std::shared_ptr<AnalysisResult>(results, &results->result);
     const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
     wasOpened = true;
-    post([this, loader, result, layers, path = run.path, file, importDir = run.importDir, recorded = results->options] {
+    job.deliver([this, loader, result, layers, path = run.path, file, importDir = run.importDir, recorded = results->options] {
         m_recorded = recorded;
-        m_keptPath.clear();
-        m_loader = loader;  // the outline's, until the bundle is found
-        m_result = result;
-        m_ready.assign(std::size_t(layers), 0);
-        m_importDir = importDir;
         m_bundleMissing = tr("looking for the bundle");
         m_resultsFile = QString::fromStdString(file);
+        adopt(loader, result, layers, importDir);
         emit opened(path);
         emit progress(0, layers, tr("reading results"));
-    }, generation);
+    });
     findResultsBundle(*results);
     auto found = std::make_shared<const CaptureLoader>(results->bundle, results->options.unreadableBlocks);
-    post([this, found, missing = QString::fromStdString(results->bundleMissing)] {
+    job.deliver([this, found, missing = QString::fromStdString(results->bundleMissing)] {
         m_loader = found;
         m_bundleMissing = missing;
-    }, generation);
-    readResultsArrays(*results, [this, generation, layers, hook = run.layerHook](int layer) {
+    });
+    readResultsArrays(*results, [this, &job, layers, hook = run.hooks.layer](int layer) {
         if (hook)
             hook(layer + 1);
-        post([this, layer, layers] {
-            m_ready[std::size_t(layer)] = 1;
-            emit layerFinished(layer);
+        job.deliver([this, layer, layers] {
+            layerDone(layer);
             emit progress(layer + 1, layers, tr("reading results"));
-        }, generation);
-    }, run.cancel.get());
+        });
+    }, job.cancelFlag());
 }
 
-void AnalysisController::analyse(const OpenRun& run, const std::string& bundle, bool& wasOpened)
+void AnalysisController::analyse(const OpenRun& run, const EngineJob& job, const std::string& bundle, bool& wasOpened)
 {
-    const int generation = run.generation;
     AnalysisOptions options;
-    options.windowTokens = run.windowTokens;
+    options.windowTokens = run.hooks.windowTokens;
     std::shared_ptr<const CaptureLoader> loader;
     std::shared_ptr<AnalysisResult> result;
     if (run.sweep) {  // each bundle probed as it is opened; those that cannot be read are listed
@@ -205,38 +194,54 @@ void AnalysisController::analyse(const OpenRun& run, const std::string& bundle, 
     }
     const int layers = result->prompts.empty() ? 0 : int(result->prompts.front().layers.size());
     wasOpened = true;
-    post([this, loader, result, layers, path = run.path, importDir = run.importDir, options] {
-        m_keptPath.clear();
-        m_loader = loader;
-        m_result = result;
-        m_ready.assign(std::size_t(layers), 0);
-        m_importDir = importDir;  // the previous import's folder can go
+    job.deliver([this, loader, result, layers, path = run.path, importDir = run.importDir, options] {
         m_bundleMissing.clear();
         m_resultsFile.clear();
         m_recorded = recordedOptions(options);
+        adopt(loader, result, layers, importDir);
         emit opened(path);
         emit progress(0, layers, tr("analysing"));
-    }, generation);
-    options.cancel = run.cancel.get();
-    options.layerDone = [this, generation, hook = run.layerHook](int layer, int done, int total) {
+    });
+    options.cancel = job.cancelFlag();
+    options.layerDone = [this, &job, hook = run.hooks.layer](int layer, int done, int total) {
         if (hook)
             hook(done);
-        post([this, layer, done, total] {
-            m_ready[std::size_t(layer)] = 1;
-            emit layerFinished(layer);
+        job.deliver([this, layer, done, total] {
+            layerDone(layer);
             emit progress(done, total, tr("analysing"));
-        }, generation);
+        });
     };
-    options.windowDone = [this, generation, result, windowHook = run.windowHook](int layer, std::size_t first, std::size_t end,
-                                                                               std::int64_t tokens) {
-        showRowStart(generation, *result, layer, first, end, tokens);
+    options.windowDone = [this, &job, result, windowHook = run.hooks.window](int layer, std::size_t first, std::size_t end,
+                                                                           std::int64_t tokens) {
+        showRowStart(job, *result, layer, first, end, tokens);
         if (windowHook)
             windowHook(layer, tokens);
     };
     runAnalysis(*loader, options, *result);
 }
 
-void AnalysisController::showRowStart(int generation, const AnalysisResult& result, int layer, std::size_t first,
+void AnalysisController::adopt(std::shared_ptr<const CaptureLoader> loader, std::shared_ptr<AnalysisResult> result,
+                                int layers, std::shared_ptr<QTemporaryDir> importDir)
+{
+    m_keptPath.clear();
+    m_opened = true;
+    m_loader = std::move(loader);
+    m_result = std::move(result);
+    m_ready.assign(std::size_t(layers), 0);
+    m_importDir = std::move(importDir);  // the previous import's folder can go
+    if (m_importDir)  // opened again (the report) as the bundle it was imported into
+        m_inputs = {QDir(m_importDir->path()).filePath("imported.h5")};
+    tell(&CaptureViewer::captureOpened);
+}
+
+void AnalysisController::layerDone(int layer)
+{
+    m_ready[std::size_t(layer)] = 1;
+    tell(&CaptureViewer::layerAnalysed, layer);
+    emit layerFinished(layer);
+}
+
+void AnalysisController::showRowStart(const EngineJob& job, const AnalysisResult& result, int layer, std::size_t first,
                                       std::size_t end, std::int64_t tokens)
 {
     FollowedMap followed;
@@ -249,7 +254,7 @@ void AnalysisController::showRowStart(int generation, const AnalysisResult& resu
     // (read now: nothing writes the cells during the call)
     auto row = std::make_shared<const HeatmapGrid>(
         heatmapRowStart(result.prompts[std::size_t(followed.prompt)], followed.spec, layer, tokens));
-    post([this, layer, followed, row] { emit rowStarted(layer, followed.prompt, followed.spec, row); }, generation);
+    job.deliver([this, layer, followed, row] { emit rowStarted(layer, followed.prompt, followed.spec, row); });
 }
 
 void AnalysisController::saveResults(const QString& file, std::function<void(const QString& error)> done)
@@ -258,8 +263,8 @@ void AnalysisController::saveResults(const QString& file, std::function<void(con
         done(tr("no finished analysis to save"));
         return;
     }
-    m_tasks.run([this, loader = m_loader, result = m_result, recorded = m_recorded, file, opened = m_path,
-                 done = std::move(done)] {
+    m_door.ask("save", this, [loader = m_loader, result = m_result, recorded = m_recorded, file, opened = m_path,
+                              done = std::move(done)](EngineJob& job) {
         QString error;
         try {
             kvscope::requireWritableOutput(file.toStdString(), {opened.toStdString()});
@@ -267,7 +272,39 @@ void AnalysisController::saveResults(const QString& file, std::function<void(con
         } catch (const std::exception& e) {
             error = QString::fromStdString(e.what());
         }
-        m_tasks.post([error, done] { done(error); });
+        job.deliver([error, done] { done(error); });
+    });
+}
+
+void AnalysisController::writeReport(const QString& folder, bool withWhatIf,
+                                     std::function<void(const QString& html, const QString& error)> done)
+{
+    if (!m_result || m_running) {
+        done({}, tr("wait for the analysis to finish"));
+        return;
+    }
+    std::vector<std::string> argv{siblingExecutable("kvscope-app", "KVSCOPE_APP"), "report"};
+    for (const QString& input : std::as_const(m_inputs))
+        argv.push_back(input.toStdString());
+    argv.insert(argv.end(), {"-o", folder.toStdString()});
+    if (!withWhatIf)
+        argv.push_back("--no-whatif");
+    m_door.ask("report", this, [argv, folder, done = std::move(done)](EngineJob& job) {
+        job.progress(0, 0, tr("writing the report into %1").arg(folder));
+        QString error;
+        try {
+            const ChildExit exit = runChildProcess(argv, job.cancelFlag());
+            if (exit.cancelled)
+                error = tr("cancelled");
+            else if (exit.signal != 0)
+                error = tr("the report crashed (signal %1): %2").arg(exit.signal).arg(QString::fromStdString(exit.messages));
+            else if (exit.exitCode != 0)  // "kvscope report: <file: object: problem>"
+                error = QString::fromStdString(exit.messages);
+        } catch (const std::exception& e) {
+            error = QString::fromStdString(e.what());
+        }
+        const QString html = error.isEmpty() ? QDir(folder).filePath("report.html") : QString();
+        job.deliver([html, error, done] { done(html, error); });
     });
 }
 
@@ -278,8 +315,9 @@ void AnalysisController::requestHeadHistogram(const std::string& promptId, const
         done(nullptr, tr("no bundle is open"));
         return;
     }
-    m_tasks.run([this, loader = m_loader, promptId, layer, head, part, begin, end, done = std::move(done),
-                 generation = m_generation.load()] {
+    // (a newer request replaces it: the drill-down shows one cell's at a time)
+    m_door.ask("histogram", this, [loader = m_loader, promptId, layer, head, part, begin, end,
+                                   done = std::move(done)](EngineJob& job) {
         std::shared_ptr<const HeadErrorHistogram> histogram;
         QString error;
         try {
@@ -288,7 +326,7 @@ void AnalysisController::requestHeadHistogram(const std::string& promptId, const
         } catch (const std::exception& e) {  // e.g. the file was truncated or replaced since it was opened
             error = QString::fromStdString(e.what());
         }
-        post([histogram, error, done] { done(histogram, error); }, generation);
+        job.deliver([histogram, error, done] { done(histogram, error); });
     });
 }
 

@@ -1,13 +1,16 @@
 #pragma once
-// Opens a bundle (or imports a folder of dumps) and analyses it in a worker thread, reporting
-// progress and each finished layer by signal; the GUI thread never loads or computes.
+// The open capture, and the way to the engine: opens a bundle (or imports a folder of dumps)
+// and analyses it off the GUI thread, through its door (engine_door.h), which every page
+// asks through too. The viewers it tells (capture_viewer.h), then its signals, say what
+// happened; the GUI thread never loads or computes.
 
 #include "analysis/analyzer.h"
 #include "analysis/heatmap_grid.h"
 #include "kv/capture_loader.h"
 #include "results/analysis_record.h"
 
-#include "gui/background_tasks.h"
+#include "gui/capture_viewer.h"
+#include "gui/engine_door.h"
 
 #include <QObject>
 #include <QTemporaryDir>
@@ -16,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 namespace kvscope {
 
@@ -37,6 +41,12 @@ public:
     void open(const QStringList& paths);
     void cancel();
     bool isRunning() const { return m_running; }
+    // Told what happens to the open capture, in the order they were added (before the signals).
+    void addViewer(CaptureViewer* viewer) { m_viewers.push_back(viewer); }
+    // The one way from the GUI to the engine: every page asks through it.
+    EngineDoor& door() { return m_door; }
+    // What open() was given, as it can be opened again (an imported folder: its bundle).
+    QStringList inputs() const { return m_inputs; }
 
     // The file or folder open; a sweep of several files: the first "and N more".
     QString path() const { return m_path; }
@@ -55,17 +65,6 @@ public:
     // The map a page shows (prompt index and what of it): while a long layer is analysed a
     // window of tokens at a time, the start of its row in that map comes with rowStarted().
     void followMap(int prompt, const HeatmapSpec& spec);
-    // Called on the worker thread after each window of a layer read in windows (the layer and
-    // the tokens done of it, AnalysisOptions::windowDone): lets a test hold the analysis there.
-    void setWorkerWindowHook(std::function<void(int, qint64)> hook) { m_workerWindowHook = std::move(hook); }
-    // Tests: layers longer than this many tokens are analysed in windows of it (0: by their bytes).
-    void setWindowTokens(qint64 tokens) { m_windowTokens = tokens; }
-    // Called on the worker thread after each finished layer, with the count so far: lets a
-    // test act at a known point of the analysis (e.g. cancel after the first layer).
-    void setWorkerLayerHook(std::function<void(int)> hook) { m_workerLayerHook = std::move(hook); }
-    // Runs in the child process that opens a bundle before the app does (BundleReader::probeInChild).
-    void setProbeHook(std::function<void()> hook) { m_probeHook = std::move(hook); }
-
     // The error histograms of one head of the open bundle over tokens [begin, end), read off
     // the GUI thread; `done` gets them on the GUI thread, or why they could not be read
     // (not called when another bundle was opened since: the caller drops it with the cell).
@@ -76,6 +75,10 @@ public:
     // Writes the finished analysis to a results file off the GUI thread; `done` gets, on the GUI
     // thread, an empty string or why it could not be written.
     void saveResults(const QString& file, std::function<void(const QString& error)> done);
+    // Writes the HTML report of the open capture into `folder` (with the what-if when
+    // `withWhatIf`), in a child process: drawing its images takes the app's widgets, which this
+    // process keeps for the window. `done` gets, on the GUI thread, the report's page or why not.
+    void writeReport(const QString& folder, bool withWhatIf, std::function<void(const QString& html, const QString& error)> done);
 
 signals:
     void opened(const QString& path);
@@ -89,29 +92,43 @@ signals:
     void cancelled();
 
 private:
+    friend class AnalysisControllerTesting;  // tests/support: holds the worker at known points
+    // Called on the worker thread: after each finished layer (the count so far), after each
+    // window of a layer read in windows, and in the child that probes a bundle.
+    struct TestHooks {
+        std::function<void(int)> layer;
+        std::function<void(int, qint64)> window;
+        qint64 windowTokens = 0;  // layers longer than this are analysed in windows of it (0: by bytes)
+        std::function<void()> probe;
+    };
     // One open(): what its run on the worker thread needs.
     struct OpenRun {
         QString path;
         std::vector<std::string> bundles;
         bool sweep = false;
-        int generation = 0;
         std::shared_ptr<QTemporaryDir> importDir;  // a folder of dumps is imported here first
-        std::shared_ptr<std::atomic<bool>> cancel;
-        std::function<void(int)> layerHook;
-        std::function<void(int, qint64)> windowHook;
-        qint64 windowTokens = 0;
-        std::function<void()> probeHook;
+        TestHooks hooks;
     };
     // On the worker thread: import, probe, then read a results file or analyse a bundle.
-    void runOpen(const OpenRun& run);
-    void readResults(const OpenRun& run, const std::string& file, bool& wasOpened);
-    void analyse(const OpenRun& run, const std::string& bundle, bool& wasOpened);
+    void runOpen(const OpenRun& run, const EngineJob& job);
+    void readResults(const OpenRun& run, const EngineJob& job, const std::string& file, bool& wasOpened);
+    void analyse(const OpenRun& run, const EngineJob& job, const std::string& bundle, bool& wasOpened);
     // After a window of a long layer: the start of its row in the followed map, to the GUI thread.
-    void showRowStart(int generation, const AnalysisResult& result, int layer, std::size_t first, std::size_t end,
+    void showRowStart(const EngineJob& job, const AnalysisResult& result, int layer, std::size_t first, std::size_t end,
                       std::int64_t tokens);
-    void post(std::function<void()> fn, int generation);
-    // The run ended without finishing (failed or cancelled).
-    void stopped();
+    // On the GUI thread: the capture opened (its shapes), a layer of it analysed.
+    void adopt(std::shared_ptr<const CaptureLoader> loader, std::shared_ptr<AnalysisResult> result, int layers,
+                std::shared_ptr<QTemporaryDir> importDir);
+    void layerDone(int layer);
+    // The run ended without finishing: failed (`error`) or cancelled (empty).
+    void stopped(const QString& error, bool wasOpened);
+    void forget();  // nothing is open
+    template <typename... Args, typename... Given>
+    void tell(void (CaptureViewer::*event)(Args...), Given&&... args)
+    {
+        for (CaptureViewer* viewer : m_viewers)
+            (viewer->*event)(args...);
+    }
 
     QString m_path;
     QString m_keptPath;  // the analysis shown while another opens
@@ -121,23 +138,21 @@ private:
     std::shared_ptr<const CaptureLoader> m_loader;
     std::shared_ptr<AnalysisResult> m_result;
     std::vector<char> m_ready;
-    std::shared_ptr<std::atomic<bool>> m_cancel = std::make_shared<std::atomic<bool>>(false);  // this run's
-    std::atomic<int> m_generation{0};
     bool m_running = false;
+    bool m_opened = false;  // the running open() has opened
+    QStringList m_inputs;
     std::shared_ptr<QTemporaryDir> m_importDir;  // holds an imported folder's bundle while it is open
-    std::function<void(int)> m_workerLayerHook;
-    std::function<void(int, qint64)> m_workerWindowHook;
-    qint64 m_windowTokens = 0;
+    std::vector<CaptureViewer*> m_viewers;
+    TestHooks m_hooks;
     struct FollowedMap {
         int prompt = -1;
         HeatmapSpec spec;
     };
     mutable std::mutex m_followedMutex;  // the worker reads m_followed
     FollowedMap m_followed;
-    std::function<void()> m_probeHook;
-    // The runs, last so that it goes first: a cancelled older run may still be reading its
-    // last layer and posting to this object, so destruction waits for all of them.
-    BackgroundTasks m_tasks;
+    // Last, so that it goes first: a cancelled run may still be reading its last layer and
+    // delivering to this object, so destruction waits for every request.
+    EngineDoor m_door{this};
 };
 
 }  // namespace kvscope

@@ -34,7 +34,7 @@ QString floorsText(double x)
 ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     : QWidget(parent)
     , m_controller(controller)
-    , m_run(new RunBar(tr("Compare with...")))
+    , m_run(new RunBar(tr("Compare with..."), controller->door(), "compare"))
     , m_summary(new QLabel)
     , m_table(new QTableWidget)
     , m_prompt(new QComboBox)
@@ -131,7 +131,7 @@ ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
 
 void ComparePage::reset()
 {
-    cancel();
+    m_run->drop(bool(m_controller->result()) && !m_controller->isRunning());
     m_result.reset();
     m_table->clear();
     m_table->setRowCount(0);
@@ -144,52 +144,45 @@ void ComparePage::reset()
                           "change, or another engine)? Compare with A's bundle, or with its analysis JSON."));
 }
 
+QString ComparePage::unavailable() const
+{
+    if (!m_controller->result())
+        return tr("Open a capture first");
+    if (m_controller->isRunning())
+        return tr("Compare needs the finished analysis of the open capture (B)");
+    if (!m_controller->bundleMissing().isEmpty())
+        return tr("Compare needs the KV of the open capture: %1").arg(m_controller->bundleMissing());
+    if (m_controller->loader() && m_controller->loader()->isSweep())
+        return tr("A sweep is compared bundle by bundle: kvscope diff A B");
+    return {};
+}
+
+void ComparePage::applyView(const ViewSettings& settings, bool)
+{
+    m_part->setCurrentIndex(settings.map.part == KvPart::V ? 1 : 0);
+}
+
 void ComparePage::compareWith(const QString& pathA)
 {
     const auto loader = m_controller->loader();
     const auto b = m_controller->result();
     if (!loader || !b || m_controller->isRunning())
         return;
-    const auto flag = m_run->begin(0);  // busy until A reports its layers
-    const int generation = m_run->generation();
     m_summary->setText(tr("Comparing with %1 ...").arg(QFileInfo(pathA).fileName()));
     const std::string path = pathA.toStdString();
-    m_tasks.run([this, loader, b, flag, generation, path] {
-        std::shared_ptr<const DiffResult> result;
-        QString error;
-        try {
-            AnalysisOptions options;  // as kvscope diff analyses A
-            options.searchSuspects = false;
-            options.bc = false;
-            options.cancel = flag.get();
-            options.layerDone = [this, generation](int, int done, int total) {
-                m_tasks.post([this, generation, done, total] {
-                    if (m_run->isCurrent(generation))
-                        m_run->setProgress(done, total);
-                });
-            };
-            const DiffSide a = loadDiffSide(path, options);
-            if (!flag->load())
-                result = std::make_shared<const DiffResult>(diffAnalyses(a, *b, *loader, {}));
-        } catch (const std::exception& e) {
-            error = QString::fromStdString(e.what());
-        }
-        const bool cancelled = flag->load();
-        m_tasks.post([this, result, error, generation, cancelled] {
-            if (m_run->isCurrent(generation))
-                finished(cancelled ? nullptr : result, cancelled ? tr("Cancelled.") : error);
-        });
-    });
-}
-
-void ComparePage::cancel()
-{
-    m_run->cancel(bool(m_controller->result()) && !m_controller->isRunning());
+    m_run->run<DiffResult>(0, [loader, b, path](const EngineJob& job) -> std::shared_ptr<const DiffResult> {
+        AnalysisOptions options;  // as kvscope diff analyses A
+        options.searchSuspects = false;
+        options.bc = false;
+        options.cancel = job.cancelFlag();
+        options.layerDone = [&job](int, int done, int total) { job.progress(done, total); };
+        const DiffSide a = loadDiffSide(path, options);
+        return std::make_shared<const DiffResult>(diffAnalyses(a, *b, *loader, {}));
+    }, [this](std::shared_ptr<const DiffResult> result, const QString& error) { finished(std::move(result), error); });
 }
 
 void ComparePage::finished(std::shared_ptr<const DiffResult> result, const QString& error)
 {
-    m_run->end(true);
     m_result = std::move(result);
     if (!m_result) {
         m_summary->setText(tr("Could not compare: %1").arg(error.toHtmlEscaped()));

@@ -7,7 +7,7 @@
 // the tokens of both.
 
 #include "diff/capture_diff.h"
-#include "gui/background_tasks.h"
+#include "gui/page.h"
 #include "gui/run_bar.h"
 
 #include <QWidget>
@@ -24,17 +24,26 @@ class AnalysisController;
 class HeatmapView;
 class TokenLineView;
 
-class ComparePage : public QWidget {
+class ComparePage : public QWidget, public Page {
     Q_OBJECT
 
 public:
     explicit ComparePage(AnalysisController* controller, QWidget* parent = nullptr);
 
-    // A bundle opened: nothing compared yet (a comparison still running is cancelled).
+    QWidget* widget() override { return this; }
+    QString title() const override { return tr("Compare"); }
+    QString unavailable() const override;
+    HeatmapView& exportedMap() override { return *m_map; }
+    // The toolbar's K/V shows that part here too.
+    void applyView(const ViewSettings& settings, bool promptChanged) override;
+    // A bundle opened, or its analysis finished: nothing compared yet (a comparison still
+    // running is dropped).
+    void captureOpened() override { reset(); }
+    void captureAnalysed() override { reset(); }
+    void captureClosed(const QString&) override { reset(); }
     void reset();
     // Compares the open, analysed bundle (B) with `pathA`; the result arrives later.
     void compareWith(const QString& pathA);
-    void cancel();
     std::shared_ptr<const DiffResult> result() const { return m_result; }
     HeatmapView& heatmap() { return *m_map; }
 
@@ -58,7 +67,6 @@ private:
     QLabel* m_cell;
     TokenLineView* m_line;
     std::shared_ptr<const DiffResult> m_result;
-    BackgroundTasks m_tasks{this};
 };
 
 }  // namespace kvscope

@@ -9,6 +9,7 @@
 #include "widgets/heatmap_view.h"
 
 #include <QElapsedTimer>
+#include <QFileInfo>
 #include <QHeaderView>
 #include <QLabel>
 #include <QListWidget>
@@ -42,10 +43,10 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_replicas(new QLabel)
     , m_poolTimer(new QTimer(this))
     , m_layerTimer(new QTimer(this))
-    , m_tasks(this)
 {
     layOut();
     connectViews();
+    connect(controller, &AnalysisController::rowStarted, this, &PromptPage::showRowStart);
     clear(tr("Open a capture bundle: File > Open (Ctrl+O), or drop one here"));
 }
 
@@ -175,7 +176,7 @@ const PromptAnalysis* PromptPage::prompt() const
     return &result->prompts[std::size_t(m_settings.prompt)];
 }
 
-void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
+void PromptPage::applyView(const ViewSettings& settings, bool promptChanged)
 {
     if (promptChanged || !(settings.map == m_settings.map))
         m_rowStart = {};  // of another map
@@ -194,7 +195,7 @@ void PromptPage::apply(const ViewSettings& settings, bool promptChanged)
     refreshDrillDown();
 }
 
-void PromptPage::onOpened()
+void PromptPage::captureOpened()
 {
     ++m_opening;
     m_rowStart = {};
@@ -211,7 +212,7 @@ void PromptPage::onOpened()
     refreshSummary();
 }
 
-void PromptPage::onLayerFinished()
+void PromptPage::layerAnalysed(int)
 {
     if (m_layerTimer->isActive()) {
         m_layerPending = true;
@@ -220,12 +221,23 @@ void PromptPage::onLayerFinished()
     redrawWhileAnalysing();
 }
 
-void PromptPage::onRowStarted(int layer, int prompt, const HeatmapSpec& spec, std::shared_ptr<const HeatmapGrid> row)
+void PromptPage::showRowStart(int layer, int prompt, const HeatmapSpec& spec, std::shared_ptr<const HeatmapGrid> row)
 {
     if (prompt != m_settings.prompt || !(spec == m_settings.map) || m_controller->layerReady(layer))
         return;
     m_rowStart = {layer, std::move(row)};
-    onLayerFinished();
+    layerAnalysed(layer);
+}
+
+void PromptPage::captureOpening(const QString& path, bool kept)
+{
+    if (!kept)  // (a finished analysis stays on screen until this one opens: it may fail to)
+        clear(tr("Opening %1 ...").arg(QFileInfo(path).fileName()));
+}
+
+bool PromptPage::mapUpToDate() const
+{
+    return !m_controller->door().busy("prompt map") && !m_controller->door().busy("stored map window");
 }
 
 void PromptPage::redrawWhileAnalysing()
@@ -236,7 +248,7 @@ void PromptPage::redrawWhileAnalysing()
     m_layerTimer->start(int(std::clamp<qint64>(qint64(20000 * m_buildSeconds), 100, 2000)));
 }
 
-void PromptPage::onFinished()
+void PromptPage::captureAnalysed()
 {
     m_layerTimer->stop();
     m_layerPending = false;
@@ -256,13 +268,13 @@ void PromptPage::onFinished()
         selectWorstCell();
 }
 
-void PromptPage::onCancelled()
+void PromptPage::analysisCancelled()
 {
     // The layers done so far are final: show them, rank their cells, mark the rest (the
     // start of the one cut short too: it was not analysed).
     m_cancelled = true;
     m_rowStart = {};
-    onFinished();
+    captureAnalysed();
 }
 
 void PromptPage::selectWorstCell()
@@ -370,16 +382,14 @@ void PromptPage::refreshHeatmap()
     const PromptAnalysis* p = prompt();
     if (!p)
         return;
-    if (m_building) {
-        m_buildAgain = true;
-        return;
-    }
-    m_building = true;
     // Only finished layers are read: the others are still being written by the analysis. A
-    // results file's map is read from the file, a window at a time, without its arrays.
-    m_tasks.run([this, result = m_controller->result(), loader = m_controller->loader(), index = m_settings.prompt,
-                 settings = m_settings, ready = m_controller->readyLayers(), opening = m_opening,
-                 resultsFile = m_controller->resultsFile().toStdString(), rowStart = m_rowStart] {
+    // results file's map is read from the file, a window at a time, without its arrays. (A
+    // build going on is replaced: its map is not shown.)
+    m_controller->door().ask("prompt map", this, [this, result = m_controller->result(), loader = m_controller->loader(),
+                                                  index = m_settings.prompt, settings = m_settings,
+                                                  ready = m_controller->readyLayers(), opening = m_opening,
+                                                  resultsFile = m_controller->resultsFile().toStdString(),
+                                                  rowStart = m_rowStart](EngineJob& job) {
         QElapsedTimer took;
         took.start();
         auto built = std::make_shared<BuiltMap>();
@@ -421,13 +431,10 @@ void PromptPage::refreshHeatmap()
             shownRange.lower = std::min(range(true).lower, shownRange.upper / 10);
         built->spec.range = shownRange;
         const double seconds = took.nsecsElapsed() / 1e9;
-        m_tasks.post([this, built, seconds] {
-            m_building = false;
+        job.deliver([this, built, seconds] {
             m_buildSeconds = seconds;
             if (built->opening == m_opening)
                 showHeatmap(*built);
-            if (std::exchange(m_buildAgain, false))
-                refreshHeatmap();
         });
     });
 }
@@ -474,13 +481,9 @@ std::tuple<qint64, qint64, qint64> PromptPage::shownTokens() const
 
 void PromptPage::readStoredWindow()
 {
-    if (m_readingWindow) {  // one read at a time: the newest view is read when it ends
-        m_readWindowAgain = true;
-        return;
-    }
-    m_readingWindow = true;
+    // One read at a time: the newest view is read when the one going ends.
     const auto [from, to, pixels] = shownTokens();
-    m_tasks.run([this, map = m_stored, from, to, pixels] {
+    m_controller->door().ask("stored map window", this, [this, map = m_stored, from, to, pixels](EngineJob& job) {
         auto grid = std::make_shared<HeatmapGrid>();
         QString error;
         try {
@@ -488,21 +491,17 @@ void PromptPage::readStoredWindow()
         } catch (const std::exception& e) {
             error = QString::fromStdString(e.what());
         }
-        m_tasks.post([this, map, grid, error] {
-            m_readingWindow = false;
+        job.deliver([this, map, grid, error] {
             if (map == m_stored) {
                 if (!error.isEmpty()) {
                     m_heatmap->showEmpty(tr("The map cannot be read from the results file:\n%1").arg(error));
                     m_stored.reset();
-                    m_readWindowAgain = false;
                     return;
                 }
                 m_heatmap->setGrid(*grid);
                 if (!std::exchange(m_storedGridShown, true))
                     emit mapShown();
             }
-            if (std::exchange(m_readWindowAgain, false) && m_stored)
-                readStoredWindow();
         });
     });
 }

@@ -6,7 +6,7 @@
 #include "analysis/heatmap_grid.h"
 #include "analysis/heatmap_pyramid.h"
 #include "analysis/map_spec.h"
-#include "gui/background_tasks.h"
+#include "gui/page.h"
 #include "gui/view_toolbar.h"
 #include "results/stored_map.h"
 
@@ -27,21 +27,24 @@ class DrillDownPanel;
 class HeatmapView;
 class WorstCellsModel;
 
-class PromptPage : public QSplitter {
+class PromptPage : public QSplitter, public Page {
     Q_OBJECT
 
 public:
     PromptPage(AnalysisController* controller, QWidget* parent = nullptr);
 
+    QWidget* widget() override { return this; }
+    QString title() const override { return tr("Per prompt"); }
+    QString unavailable() const override { return {}; }
+    HeatmapView& exportedMap() override { return *m_heatmap; }
     // New settings; `promptChanged`: the selection and zoom start over.
-    void apply(const ViewSettings& settings, bool promptChanged);
-    // A bundle was opened, or more of it was analysed, or all of it, or the rest cancelled.
-    void onOpened();
-    void onLayerFinished();
-    // The start of a layer's row as its windows of tokens are analysed (AnalysisController::rowStarted).
-    void onRowStarted(int layer, int prompt, const HeatmapSpec& spec, std::shared_ptr<const HeatmapGrid> row);
-    void onFinished();
-    void onCancelled();
+    void applyView(const ViewSettings& settings, bool promptChanged) override;
+    void captureOpening(const QString& path, bool kept) override;
+    void captureOpened() override;
+    void layerAnalysed(int layer) override;
+    void captureAnalysed() override;
+    void analysisCancelled() override;
+    void captureClosed(const QString& why) override { clear(why); }
     // Nothing open: every panel empty, `message` on the map.
     void clear(const QString& message);
 
@@ -55,7 +58,7 @@ public:
     QString cellTooltip(int layer, qint64 token) const;
     HeatmapView& heatmap() { return *m_heatmap; }
     // The map shows the current settings and layers: no build running or asked for.
-    bool mapUpToDate() const { return !m_building && !m_buildAgain && !m_readingWindow && !m_readWindowAgain; }
+    bool mapUpToDate() const;
     // Whether the map shown is a results file's, read a window at a time (results/stored_map.h).
     bool showsStoredMap() const { return bool(m_stored); }
     // The tokens of a layer still being analysed that the map shown has (0: none).
@@ -84,9 +87,11 @@ private:
     void layOut();
     void connectViews();
     const PromptAnalysis* prompt() const;
+    // The start of a layer's row as its windows of tokens are analysed (AnalysisController::rowStarted).
+    void showRowStart(int layer, int prompt, const HeatmapSpec& spec, std::shared_ptr<const HeatmapGrid> row);
     // The map of the current settings, built off the GUI thread (its grid at every zoom, its
     // labels and colour range) and shown when ready. One build at a time: a request while one
-    // runs is made again when it ends, with what is new by then.
+    // runs waits for it, and replaces one waiting.
     void refreshHeatmap();
     struct BuiltMap;
     void showHeatmap(BuiltMap& built);
@@ -133,13 +138,8 @@ private:
     qint64 m_rowStartShown = 0;
     std::shared_ptr<const StoredMap> m_stored;  // or, from a results file, read as shown
     bool m_storedGridShown = false;
-    bool m_readingWindow = false;
-    bool m_readWindowAgain = false;
-    bool m_building = false;      // a map is being built
-    bool m_buildAgain = false;    // and another was asked for meanwhile
     double m_buildSeconds = 0;    // what the last build took (the redraws' pause while analysing)
     int m_opening = 0;            // counts bundles opened and closed
-    BackgroundTasks m_tasks;      // last: joined before the rest goes
     int m_layer = -1;
     qint64 m_token = -1;
 };

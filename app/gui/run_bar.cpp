@@ -6,8 +6,10 @@
 
 namespace kvscope {
 
-RunBar::RunBar(const QString& buttonText, QWidget* parent)
+RunBar::RunBar(const QString& buttonText, EngineDoor& door, const QString& tag, QWidget* parent)
     : QWidget(parent)
+    , m_door(door)
+    , m_tag(tag)
     , m_button(new QPushButton(buttonText))
     , m_progress(new QProgressBar)
     , m_cancel(new QPushButton(tr("Cancel")))
@@ -20,33 +22,24 @@ RunBar::RunBar(const QString& buttonText, QWidget* parent)
     m_progress->hide();
     m_cancel->hide();
     connect(m_cancel, &QPushButton::clicked, this, [this] {
-        cancel(true);
+        drop(true);
         emit cancelledByUser();
+    });
+    connect(&m_door, &EngineDoor::progress, this, [this](const QString& tag, int done, int total) {
+        if (tag == m_tag) {
+            m_progress->setRange(0, total);
+            m_progress->setValue(done);
+        }
     });
 }
 
-RunBar::~RunBar()
+void RunBar::begin(int total)
 {
-    if (m_flag)
-        m_flag->store(true);
-}
-
-std::shared_ptr<std::atomic<bool>> RunBar::begin(int total)
-{
-    cancel(false);
-    m_flag = std::make_shared<std::atomic<bool>>(false);
     m_button->setEnabled(false);
     m_progress->setRange(0, total);
     m_progress->setValue(0);
     m_progress->show();
     m_cancel->show();
-    return m_flag;
-}
-
-void RunBar::setProgress(int done, int total)
-{
-    m_progress->setRange(0, total);
-    m_progress->setValue(done);
 }
 
 void RunBar::end(bool canRun)
@@ -56,11 +49,9 @@ void RunBar::end(bool canRun)
     m_button->setEnabled(canRun);
 }
 
-void RunBar::cancel(bool canRun)
+void RunBar::drop(bool canRun)
 {
-    if (m_flag)
-        m_flag->store(true);
-    ++m_generation;
+    m_door.drop(m_tag);
     end(canRun);
 }
 

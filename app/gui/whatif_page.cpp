@@ -46,7 +46,7 @@ public:
 WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
     : QWidget(parent)
     , m_controller(controller)
-    , m_run(new RunBar(tr("Run the what-if")))
+    , m_run(new RunBar(tr("Run the what-if"), controller->door(), "whatif"))
     , m_verdicts(new QLabel)
     , m_table(new QTableWidget)
     , m_scheme(new QComboBox)
@@ -96,7 +96,7 @@ WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
 
 void WhatIfPage::reset()
 {
-    cancel();
+    m_run->drop(bool(m_controller->loader()));
     m_result.reset();
     m_table->clear();
     m_table->setRowCount(0);
@@ -107,50 +107,39 @@ void WhatIfPage::reset()
     m_verdicts->setText(tr("What would an fp8, int8 or int4 KV cache cost this model? Run the what-if."));
 }
 
+QString WhatIfPage::unavailable() const
+{
+    if (!m_controller->loader())
+        return tr("Open a capture first");
+    if (!m_controller->bundleMissing().isEmpty())
+        return tr("The what-if quantises the reference KV, which is in the bundle: %1").arg(m_controller->bundleMissing());
+    return {};
+}
+
+void WhatIfPage::applyView(const ViewSettings& settings, bool)
+{
+    m_part->setCurrentIndex(settings.map.part == KvPart::V ? 1 : 0);
+}
+
 void WhatIfPage::start()
 {
     const auto loader = m_controller->loader();
     if (!loader)
         return;
-    const auto flag = m_run->begin(int(loader->config().layerNames().size()));
-    const int generation = m_run->generation();
     m_verdicts->setText(tr("Quantising the reference KV with %1 schemes ...").arg(allSchemes().size()));
-    m_tasks.run([this, loader, flag, generation] {
-        std::shared_ptr<const WhatIfResult> result;
-        QString error;
-        try {
-            WorkTeam team(int(std::max(1u, std::thread::hardware_concurrency())));
-            WhatIfOptions options;
-            options.schemes = allSchemes();
-            options.team = &team;
-            options.cancel = flag.get();
-            options.progress = [this, generation](int done, int total) {
-                m_tasks.post([this, generation, done, total] {
-                    if (m_run->isCurrent(generation))
-                        m_run->setProgress(done, total);
-                });
-            };
-            result = std::make_shared<const WhatIfResult>(runWhatIf(*loader, options));
-        } catch (const std::exception& e) {
-            error = QString::fromStdString(e.what());
-        }
-        const bool cancelled = flag->load();
-        m_tasks.post([this, result, error, generation, cancelled] {
-            if (!m_run->isCurrent(generation))
-                return;
-            finished(cancelled ? nullptr : result, cancelled ? tr("Cancelled.") : error);
-        });
-    });
-}
-
-void WhatIfPage::cancel()
-{
-    m_run->cancel(bool(m_controller->loader()));
+    m_run->run<WhatIfResult>(int(loader->config().layerNames().size()), [loader](const EngineJob& job) {
+        WorkTeam team(int(std::max(1u, std::thread::hardware_concurrency())));
+        WhatIfOptions options;
+        options.schemes = allSchemes();
+        options.team = &team;
+        options.cancel = job.cancelFlag();
+        options.progress = [&job](int done, int total) { job.progress(done, total); };
+        return std::make_shared<const WhatIfResult>(runWhatIf(*loader, options));
+    }, [this](std::shared_ptr<const WhatIfResult> result, const QString& error) { finished(std::move(result), error); });
 }
 
 void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QString& error)
 {
-    m_run->end(true);
     m_result = std::move(result);
     if (!m_result) {
         m_verdicts->setText(error);

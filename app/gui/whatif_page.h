@@ -5,7 +5,7 @@
 // (coloured, sortable by any column), and the layer x token map of one scheme for one prompt
 // and part (the largest floor ratio over heads).
 
-#include "gui/background_tasks.h"
+#include "gui/page.h"
 #include "gui/run_bar.h"
 #include "quant/whatif.h"
 
@@ -22,20 +22,27 @@ namespace kvscope {
 class AnalysisController;
 class HeatmapView;
 
-class WhatIfPage : public QWidget {
+class WhatIfPage : public QWidget, public Page {
     Q_OBJECT
 
 public:
     explicit WhatIfPage(AnalysisController* controller, QWidget* parent = nullptr);
 
-    // A bundle opened: its what-if is not known yet (a run still going is cancelled).
+    QWidget* widget() override { return this; }
+    QString title() const override { return tr("What if"); }
+    QString unavailable() const override;
+    HeatmapView& exportedMap() override { return *m_map; }
+    // The toolbar's K/V shows that part here too.
+    void applyView(const ViewSettings& settings, bool promptChanged) override;
+    // A bundle opened: its what-if is not known yet (a run still going is dropped).
+    void captureOpened() override { reset(); }
+    void captureClosed(const QString&) override { reset(); }
     void reset();
     std::shared_ptr<const WhatIfResult> result() const { return m_result; }
     HeatmapView& heatmap() { return *m_map; }
 
 public slots:
     void start();
-    void cancel();
 
 private:
     void finished(std::shared_ptr<const WhatIfResult> result, const QString& error);
@@ -51,7 +58,6 @@ private:
     QComboBox* m_part;
     HeatmapView* m_map;
     std::shared_ptr<const WhatIfResult> m_result;
-    BackgroundTasks m_tasks{this};
 };
 
 }  // namespace kvscope

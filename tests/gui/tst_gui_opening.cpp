@@ -3,6 +3,7 @@
 // under the window, a crashing HDF5 library: each a message, never a crash or a stale view.
 
 #include "gui_test_support.h"
+#include "analysis_controller_testing.h"
 
 #include "analysis/analysis_json.h"
 #include "gui/head_table_model.h"
@@ -27,6 +28,7 @@
 #include <QStatusBar>
 #include <QTableView>
 #include <QTabWidget>
+#include <QTimer>
 #include <QToolBar>
 #include <QWheelEvent>
 
@@ -35,6 +37,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <sstream>
 #include <algorithm>
 
@@ -59,6 +62,8 @@ private slots:
     void aFolderGivenByMistakeSaysSo();
     void resultsFileOpensAtOnce();
     void longLayerFillsAsItIsAnalysed();
+    void viewersAreToldInOrder();
+    void reportIsWrittenOffTheGuiThread();
 };
 
 void TestOpening::opensAndAnalysesInTheBackground()
@@ -209,7 +214,7 @@ void TestOpening::cancelKeepsWhatWasAnalysed()
     // Cancelled by the worker itself after its first layer: the same point on every machine
     // (a cancel from this thread could arrive after the last of 8 small layers).
     AnalysisController& controller = window.controller();
-    controller.setWorkerLayerHook([&controller](int) { controller.cancel(); });
+    AnalysisControllerTesting::setLayerHook(controller, [&controller](int) { controller.cancel(); });
     window.openPath(m_path);
     QTRY_VERIFY_WITH_TIMEOUT(cancelled.count() + finished.count() > 0, 60000);
     QCOMPARE(cancelled.count(), 1);
@@ -227,6 +232,7 @@ void TestOpening::cancelKeepsWhatWasAnalysed()
     while (ready[std::size_t(notReady)])
         ++notReady;
     QVERIFY(promptPageOf(window).cellTooltip(notReady, 0).contains("not analysed"));
+    QTRY_VERIFY_WITH_TIMEOUT(promptPageOf(window).mapUpToDate(), 30000);  // (the map is redrawn off this thread)
     bool covered = false;
     for (int i = 0; i < heatmapOf(window).itemCount(); ++i)
         if (auto* text = qobject_cast<QCPItemText*>(heatmapOf(window).item(i)); text && text->text().contains("cancelled"))
@@ -315,13 +321,13 @@ void TestOpening::secondBundleWhileTheFirstAnalyses()
     std::atomic<bool> reached = false;  // the hook runs on every analysis worker
     std::promise<void> opened2;
     std::shared_future<void> secondOpened = opened2.get_future().share();
-    controller.setWorkerLayerHook([&reached, secondOpened](int) {
+    AnalysisControllerTesting::setLayerHook(controller, [&reached, secondOpened](int) {
         if (!reached.exchange(true))
             secondOpened.wait();
     });
     window.openPath(m_path);
     QTRY_VERIFY_WITH_TIMEOUT(reached, 60000);
-    controller.setWorkerLayerHook({});
+    AnalysisControllerTesting::setLayerHook(controller, {});
     window.openPath(other);
     opened2.set_value();
     QTRY_VERIFY_WITH_TIMEOUT(finished.count() == 1, 60000);
@@ -344,12 +350,12 @@ void TestOpening::hdf5CrashIsAMessage()
         QSKIP("no probe child in the app under ThreadSanitizer or AddressSanitizer (no fork() with threads there)");
     MainWindow window;
     QSignalSpy failed(&window.controller(), &AnalysisController::failed);
-    window.controller().setProbeHook([] { std::raise(SIGSEGV); });
+    AnalysisControllerTesting::setProbeHook(window.controller(), [] { std::raise(SIGSEGV); });
     window.openPath(m_path);
     QVERIFY(failed.wait(20000));
     const QString message = failed.first().first().toString();
     QVERIFY2(message.contains(m_path) && message.contains("crashed the HDF5 library"), qPrintable(message));
-    window.controller().setProbeHook({});
+    AnalysisControllerTesting::setProbeHook(window.controller(), {});
     QSignalSpy finished(&window.controller(), &AnalysisController::finished);
     window.openPath(m_path);
     QVERIFY(finished.wait(60000));
@@ -386,7 +392,7 @@ void TestOpening::resultsFileOpensAtOnce()
         QSignalSpy mapShown(&page, &PromptPage::mapShown);
         std::promise<void> release;
         std::shared_future<void> released = release.get_future().share();
-        m_window->controller().setWorkerLayerHook([released](int) { released.wait(); });  // the arrays wait
+        AnalysisControllerTesting::setLayerHook(m_window->controller(), [released](int) { released.wait(); });  // the arrays wait
         auto releaseOnFailure = qScopeGuard([&release] {
             try {
                 release.set_value();
@@ -408,7 +414,7 @@ void TestOpening::resultsFileOpensAtOnce()
         releaseOnFailure.dismiss();
         release.set_value();
         QVERIFY(finished.wait(30000));
-        m_window->controller().setWorkerLayerHook({});
+        AnalysisControllerTesting::setLayerHook(m_window->controller(), {});
         QCOMPARE(opened.count(), 1);
         QCOMPARE(layers.count(), shown.rows);  // read, a layer at a time
         QVERIFY(std::all_of(m_window->controller().readyLayers().begin(), m_window->controller().readyLayers().end(),
@@ -441,14 +447,14 @@ void TestOpening::longLayerFillsAsItIsAnalysed()
     window.resize(1280, 800);
     window.show();
     AnalysisController& controller = window.controller();
-    controller.setWindowTokens(16);
+    AnalysisControllerTesting::setWindowTokens(controller, 16);
     // The worker waits after the first windows of the first layer until the page follows a map
     // (they may be done before the opened bundle reaches the page), then after the third (the
     // demo's first layer slides: its first tokens have left the window) until this thread has looked.
     std::atomic<qint64> heldAt = 0;
     std::promise<void> following, looked;
     std::shared_future<void> followingNow = following.get_future().share(), lookedAt = looked.get_future().share();
-    controller.setWorkerWindowHook([&heldAt, followingNow, lookedAt](int layer, qint64 tokens) {
+    AnalysisControllerTesting::setWindowHook(controller, [&heldAt, followingNow, lookedAt](int layer, qint64 tokens) {
         if (layer != 0 || heldAt != 0)
             return;
         if (tokens < 48) {
@@ -503,6 +509,83 @@ void TestOpening::longLayerFillsAsItIsAnalysed()
     }
     QVERIFY(shown > 0);
     QVERIFY(notYet > 0);
+}
+
+// A viewer registered with the controller (as every page is) is told, in order, what happens
+// to the open capture, before the controller's own signals.
+void TestOpening::viewersAreToldInOrder()
+{
+    struct Recorder : CaptureViewer {
+        QStringList events;
+        void captureOpening(const QString& path, bool) override { events << "opening " + QFileInfo(path).fileName(); }
+        void captureOpened() override { events << "opened"; }
+        void layerAnalysed(int layer) override { events << QString("layer %1").arg(layer); }
+        void captureAnalysed() override { events << "analysed"; }
+        void openingStopped(const QString&, const QString& error) override { events << "stopped: " + error.left(20); }
+        void captureClosed(const QString&) override { events << "closed"; }
+    };
+    MainWindow window;
+    Recorder recorder;
+    window.controller().addViewer(&recorder);
+    bool signalAfterViewer = false;
+    connect(&window.controller(), &AnalysisController::finished, this,
+            [&] { signalAfterViewer = recorder.events.last() == "analysed"; });
+    QVERIFY(showAndAnalyse(window, m_path));
+    QVERIFY(signalAfterViewer);
+    QCOMPARE(recorder.events.first(), "opening " + QFileInfo(m_path).fileName());
+    QCOMPARE(recorder.events.at(1), QString("opened"));
+    QCOMPARE(recorder.events.last(), QString("analysed"));
+    QStringList layers = recorder.events.mid(2, recorder.events.size() - 3);
+    QCOMPARE(layers.size(), 8);
+    layers.sort();
+    for (int l = 0; l < 8; ++l)
+        QCOMPARE(layers.at(l), QString("layer %1").arg(l));
+    // A file that is not a bundle: it never opens, and the analysis on screen stays.
+    const QString junk = m_dir.filePath("junk.h5");
+    QFile file(junk);
+    QVERIFY(file.open(QIODevice::WriteOnly));
+    file.write("not hdf5");
+    file.close();
+    recorder.events.clear();
+    QSignalSpy failed(&window.controller(), &AnalysisController::failed);
+    window.openPath(junk);
+    QVERIFY(failed.wait(30000));
+    QCOMPARE(recorder.events.size(), 2);
+    QCOMPARE(recorder.events.at(0), QString("opening junk.h5"));
+    QVERIFY2(recorder.events.at(1).startsWith("stopped: ") && recorder.events.at(1).size() > 9, qPrintable(recorder.events.at(1)));
+    QVERIFY(window.controller().result());
+}
+
+// File > Export view > HTML report: written by kvscope-app in a child process through the
+// door, while this thread goes on; a folder that cannot be written is a message naming it.
+void TestOpening::reportIsWrittenOffTheGuiThread()
+{
+    MainWindow window;
+    QVERIFY(showAndAnalyse(window, m_path));
+    int ticks = 0;
+    QTimer ticker;
+    connect(&ticker, &QTimer::timeout, this, [&ticks] { ++ticks; });
+    ticker.start(10);
+    const QString folder = m_dir.filePath("report");
+    std::optional<std::pair<QString, QString>> done;
+    window.controller().writeReport(folder, false, [&done](const QString& html, const QString& error) { done = {html, error}; });
+    QTRY_VERIFY_WITH_TIMEOUT(done.has_value(), 120000);
+    QVERIFY2(done->second.isEmpty(), qPrintable(done->second));
+    QCOMPARE(done->first, QDir(folder).filePath("report.html"));
+    QFile html(done->first);
+    QVERIFY(html.open(QIODevice::ReadOnly));
+    QVERIFY(html.readAll().contains(QFileInfo(m_path).fileName().toUtf8()));
+    QVERIFY(ticks > 0);  // the event loop ran while the report was written
+    // Into a file, not a folder.
+    const QString blocked = m_dir.filePath("a-file");
+    QFile blocker(blocked);
+    QVERIFY(blocker.open(QIODevice::WriteOnly));
+    blocker.close();
+    done.reset();
+    window.controller().writeReport(blocked, false, [&done](const QString& html, const QString& error) { done = {html, error}; });
+    QTRY_VERIFY_WITH_TIMEOUT(done.has_value(), 120000);
+    QVERIFY(done->first.isEmpty());
+    QVERIFY2(done->second.contains(blocked), qPrintable(done->second));
 }
 
 QTEST_MAIN(TestOpening)

@@ -342,12 +342,12 @@ void TestPromptPage::colourRangeComesFromTheData()
     s.autoRange = false;
     s.range = {0.0, 0.2};
     s.logarithmic = true;
-    promptPageOf(*m_window).apply(s, false);
+    promptPageOf(*m_window).applyView(s, false);
     waitForMap(*m_window);
     const QCPRange log = heatmapOf(*m_window).colorScale()->dataRange();
     QVERIFY(log.lower > 0 && log.lower < 0.2);
     QCOMPARE(heatmapOf(*m_window).colorScale()->axis()->scaleType(), QCPAxis::stLogarithmic);
-    promptPageOf(*m_window).apply(toolbarOf(*m_window).settings(), false);
+    promptPageOf(*m_window).applyView(toolbarOf(*m_window).settings(), false);
     toolbarOf(*m_window).setPart(KvPart::K);
 }
 
