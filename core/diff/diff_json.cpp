@@ -1,6 +1,6 @@
 #include "diff/diff_json.h"
 
-#include "analysis/analysis_json.h"
+#include "analysis/analysis_fields.h"
 #include "util/json_writer.h"
 
 namespace kvscope {

@@ -1,5 +1,6 @@
 #include "diff/diff_side.h"
 
+#include "analysis/analysis_fields.h"
 #include "analysis/threshold_check.h"
 #include "format/bundle_error.h"
 #include "format/json_fields.h"
@@ -18,7 +19,8 @@ namespace {
 
 using Json = JsonFields::Json;
 
-DiffPrompt diffPromptOf(const PromptAnalysis& p)
+// What diff needs of a prompt's shape (analysis/analysis_fields.h's, however it was read).
+DiffPrompt diffPromptShape(const PromptAnalysis& p)
 {
     DiffPrompt d;
     d.id = p.id;
@@ -28,6 +30,12 @@ DiffPrompt diffPromptOf(const PromptAnalysis& p)
     d.threeWay = p.threeWay;
     d.referenceHashes = p.referenceHashes;
     d.layers = p.layers;
+    return d;
+}
+
+DiffPrompt diffPromptOf(const PromptAnalysis& p)
+{
+    DiffPrompt d = diffPromptShape(p);
     d.ratios = cellRatioMaxima(p);
     return d;
 }
@@ -83,8 +91,6 @@ DiffSide readDiffSide(const std::string& jsonPath)
     for (std::size_t i = 0; i < prompts.size(); ++i) {
         const Json& p = prompts[i];
         const std::string where = "prompts[" + std::to_string(i) + "].";
-        DiffPrompt d;
-        d.id = f.text(p, "id", where);
         for (const char* needed : {"input_ids", "reference_fingerprints", "error_ratios"})
             if (!p.contains(needed))
                 f.fail(where + needed, "missing: this analysis was written by a kvscope older than diff; run kvscope "
@@ -93,35 +99,9 @@ DiffSide readDiffSide(const std::string& jsonPath)
         if (p.contains("problems") && p["problems"].is_array() && !p["problems"].empty())
             f.fail(where + "problems", "the analysis could not read everything of this prompt (" +
                                            p["problems"][0].dump() + "): it cannot stand for A");
-        for (const Json& id : f.at(p, "input_ids", where)) {
-            if (!id.is_number_integer())
-                f.fail(where + "input_ids", "must hold integers");
-            d.inputIds.push_back(id.get<std::int64_t>());
-        }
-        d.promptLen = f.integer(p, "prompt_len", where);
-        d.tokens = f.integer(p, "num_tokens", where);
-        if (d.tokens < 0 || d.tokens > (std::int64_t(1) << 24))
-            f.fail(where + "num_tokens", "outside 0..2^24");
-        d.threeWay = f.text(p, "mode", where) == "three-way";
-        for (const Json& name : f.at(p, "layer_names", where)) {
-            if (!name.is_string())
-                f.fail(where + "layer_names", "must hold strings");
-            d.layers.push_back(name.get<std::string>());
-        }
-        const Json& fingerprints = f.at(p, "reference_fingerprints", where);
-        for (std::size_t role = 0; role < 2; ++role) {
-            const char* name = role ? "baseline" : "expected";
-            const std::string field = where + "reference_fingerprints." + name;
-            const Json& list = f.at(fingerprints, name, where + "reference_fingerprints.");
-            if (list.is_null() && (role == 1 && !d.threeWay)) {
-                d.referenceHashes[role].assign(d.layers.size(), 0);
-                continue;
-            }
-            if (!list.is_array() || list.size() != d.layers.size())
-                f.fail(field, "must hold one fingerprint per layer (" + std::to_string(d.layers.size()) + ")");
-            for (std::size_t l = 0; l < list.size(); ++l)
-                d.referenceHashes[role].push_back(f.fingerprint(list[l], field + "[" + std::to_string(l) + "]"));
-        }
+        PromptAnalysis shape;
+        readPromptShape(f, p, where, shape);
+        DiffPrompt d = diffPromptShape(shape);
         const Json& ratios = f.at(p, "error_ratios", where);
         d.ratios[0] = f.layerRows(f.at(ratios, "k", where + "error_ratios."), d.layers.size(), d.tokens, where + "error_ratios.k");
         d.ratios[1] = f.layerRows(f.at(ratios, "v", where + "error_ratios."), d.layers.size(), d.tokens, where + "error_ratios.v");

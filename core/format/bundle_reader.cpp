@@ -16,6 +16,25 @@
 namespace kvscope {
 
 namespace {
+
+constexpr const char* kResultsFileFormat = "kvscope-results";  // results/results_file.h's kResultsFormatName
+
+// Whether the file says it is a results file (false when its format cannot be read as text).
+bool namesResultsFormat(const Hdf5File& file)
+{
+    try {
+        return file.readStringAttribute("/", "format") == kResultsFileFormat;
+    } catch (const BundleError&) {
+        return false;
+    }
+}
+
+[[noreturn]] void failAsResultsFile(const Hdf5File& file)
+{
+    file.fail("/", "is a kvscope results file (a saved analysis), not a capture bundle; this needs the bundle "
+                   "it was analysed from, which `kvscope inspect` of the results file names");
+}
+
 // Bounds on sizes that no real capture reaches; declared sizes beyond them are rejected
 // before anything is allocated.
 constexpr std::int64_t kMaxSeq = std::int64_t(1) << 21;  // 2M positions
@@ -102,16 +121,19 @@ BundleReader::BundleReader(const std::string& path)
         m_file.fail("/", "attributes 'format' and 'format_version' are missing: not a kvscope capture bundle");
     // The version first (an integer): it says how the rest, strings included, may be read.
     const std::int64_t version = m_file.readIntAttribute("/", "format_version");
-    if (version < kOldestBundleFormatVersion || version > kBundleFormatVersion)
+    // (but a results file has versions of its own: whatever its version, it is named for what it is)
+    if (version < kOldestBundleFormatVersion || version > kBundleFormatVersion) {
+        if (namesResultsFormat(m_file))
+            failAsResultsFile(m_file);
         m_file.fail("/", "format_version " + std::to_string(version) + " is not supported (this kvscope reads " +
                              std::to_string(kOldestBundleFormatVersion) + " to " + std::to_string(kBundleFormatVersion) +
                              (version > kBundleFormatVersion ? "; a newer kvscope wrote it)" : ")"));
+    }
     m_metadata.formatVersion = int(version);
     m_file.setChecksumsRequired(version >= 2);
     const std::string format = m_file.readStringAttribute("/", "format");
-    if (format == "kvscope-results")  // results/results_file.h's kResultsFormatName
-        m_file.fail("/", "is a kvscope results file (a saved analysis), not a capture bundle; this needs the bundle "
-                         "it was analysed from, which `kvscope inspect` of the results file names");
+    if (format == kResultsFileFormat)
+        failAsResultsFile(m_file);
     if (format != kBundleFormatName)
         m_file.fail("/", "format is '" + format + "', expected '" + kBundleFormatName + "'");
     std::string* fields[] = {&m_metadata.model, &m_metadata.engine, &m_metadata.created, &m_metadata.notes,

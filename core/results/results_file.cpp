@@ -3,6 +3,7 @@
 #include "analysis/analyzer.h"
 #include "format/bundle_error.h"
 #include "format/hdf5_file.h"
+#include "results/record_upgrade.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -146,8 +147,8 @@ ResultsFile openResultsFile(const std::string& path)
         if (!file.hasAttribute("/", "format") || file.readStringAttribute("/", "format") != kResultsFormatName)
             file.fail("/", std::string("attribute 'format' is not '") + kResultsFormatName + "': not a kvscope results file");
         const std::int64_t version = file.readIntAttribute("/", "format_version");
-        if (version != kResultsFormatVersion && version != 1)
-            file.fail("/", "format_version " + std::to_string(version) + " is not supported (this kvscope reads " +
+        if (version < 1 || version > kResultsFormatVersion)
+            file.fail("/", "format_version " + std::to_string(version) + " is not supported (this kvscope reads 1 to " +
                                std::to_string(kResultsFormatVersion) + (version > kResultsFormatVersion ? "; a newer kvscope wrote it)" : ")"));
         file.setChecksumsRequired(true);
         r.writer = file.readStringAttribute("/", "writer");
@@ -161,7 +162,9 @@ ResultsFile openResultsFile(const std::string& path)
         if (outlineFingerprint(outline) != r.bundleFingerprint)
             file.fail(results_path::kOutline, "does not match bundle_fingerprint: the file was altered");
         const JsonFields recordFields(path + ":" + results_path::kRecord);
-        r.result = readAnalysisRecord(recordFields, readJson(file, results_path::kRecord), r.options);
+        JsonFields::Json record = readJson(file, results_path::kRecord);
+        upgradeRecordToV3(record, int(version));
+        r.result = readAnalysisRecord(recordFields, record, r.options);
         if (r.result.aggregate && version >= 2)
             readAggregateArrays(file, *r.result.aggregate);
         else if (const auto& a = r.result.aggregate)  // format 1: in the record, which must have had them

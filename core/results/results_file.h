@@ -16,7 +16,9 @@
 namespace kvscope {
 
 inline constexpr const char* kResultsFormatName = "kvscope-results";
-inline constexpr int kResultsFormatVersion = 2;  // reads 1 too (the aggregate's BCs in its record)
+// Reads 1 and 2 too, their records upgraded (results/record_upgrade.h); format 1 holds the
+// aggregate's BCs by generation index in its record.
+inline constexpr int kResultsFormatVersion = 3;
 
 namespace results_path {
 inline constexpr const char* kOutline = "/bundle_outline";  // JSON text, as uint8

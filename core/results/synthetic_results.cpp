@@ -115,8 +115,9 @@ void writeSyntheticResults(const std::string& path, const SyntheticResultsOption
     p.layerDims.assign(p.layers.size(), HeadDims(128));
     p.layerGroups.assign(p.layers.size(), 0);
     p.layerDtypes.assign(p.layers.size(), DType::BFloat16);
-    for (auto& hashes : p.referenceHashes)
-        hashes.assign(p.layers.size(), o.seed);
+    // (as an analysis has them: a two-way prompt's baseline fingerprints are 0, it has none)
+    p.referenceHashes[0].assign(p.layers.size(), o.seed);
+    p.referenceHashes[1].assign(p.layers.size(), o.threeWay ? o.seed : 0);
     p.allocate(resultsSpillDirectory(p.resultBytes(), resultsInMemoryBytes()));
     result.prompts.push_back(std::move(p));
     RecordedOptions recorded;

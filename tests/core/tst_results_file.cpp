@@ -3,13 +3,15 @@
 // it equals the JSON of the bundle; written as the analysis streams or all at once; the bundle
 // found where it was or beside the file, and never one that is not the bundle analysed; a
 // damaged, cut or foreign file is refused by name, never read as other numbers; the commands
-// (analyze, check, diff) take it.
+// (analyze, check, diff) take it; files of older formats open to the analysis they kept.
 
 #include "analysis/analysis_json.h"
 #include "format/bundle_error.h"
 #include "kv/capture_loader.h"
 #include "format/bundle_outline.h"
+#include "format/hdf5_file.h"
 #include "results/analysis_input.h"
+#include "results/record_upgrade.h"
 #include "results/results_file.h"
 #include "results/results_writer.h"
 #include "results/stored_map.h"
@@ -72,6 +74,18 @@ void compareResults(const AnalysisResult& a, const AnalysisResult& b)
     }
 }
 
+// Results files of older formats kept as test data (this suite is given no data folder: beside its source).
+std::string testData(const std::string& name)
+{
+    return (std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "results_v2" / name).string();
+}
+
+std::int64_t formatVersionOf(const std::string& file)
+{
+    const std::lock_guard lock(hdf5Mutex());
+    return Hdf5File::openReadOnly(file).readIntAttribute("/", "format_version");
+}
+
 int run(const QStringList& args, QString* out = nullptr)
 {
     QProcess p;
@@ -100,6 +114,9 @@ private slots:
     void damagedFilesAreRefused();
     void commandsTakeResults();
     void outputsAreCheckedBeforeWork();
+    void olderFormatsOpen_data();
+    void olderFormatsOpen();
+    void formatOneRecordUpgrades();
 
 private:
     std::string path(const std::string& name) const { return m_dir.filePath(QString::fromStdString(name)).toStdString(); }
@@ -488,6 +505,105 @@ void TestResultsFile::outputsAreCheckedBeforeWork()
     QVERIFY2(text.contains("does not exist"), qPrintable(text));
     // Writing to a stream that exists is fine.
     QCOMPARE(run({"analyze", results, "--json", "/dev/null"}), 0);
+}
+
+void TestResultsFile::olderFormatsOpen_data()
+{
+    QTest::addColumn<QString>("name");
+    QTest::addColumn<bool>("threeWay");
+    // kvscope synth --layers 4 --prompts 8,12 --decode 2 --state-space-layers 2 --kv-dtype fp8_e4m3
+    //   --kv-scale head --fault fp8_scale --fault-layer 1 (a not-compared layer, a suspect, scales)
+    QTest::newRow("format 2, three-way, fp8 with per-head scales") << "v2_fp8" << true;
+    // kvscope synth --layers 3 --prompts 8,12 --decode 2 --two-way --fault k_negated --fault-layer 1
+    QTest::newRow("format 2, two-way") << "v2_two_way" << false;
+}
+
+// A results file of format 2 (tests/data/results_v2: written by kvscope before format 3, with
+// the analysis JSON it wrote of the same bundle) opens to that analysis, and saved again (format
+// 3) reads back the same.
+void TestResultsFile::olderFormatsOpen()
+{
+    QFETCH(QString, name);
+    QFETCH(bool, threeWay);
+    const std::string file = testData(name.toStdString() + ".kvres");
+    QCOMPARE(formatVersionOf(file), std::int64_t(2));
+    const ResultsFile old = readResultsFile(file);
+    std::ifstream in(testData(name.toStdString() + ".json"), std::ios::binary);
+    const std::string writtenThen((std::istreambuf_iterator<char>(in)), {});
+    QVERIFY(!writtenThen.empty());
+    QVERIFY2(jsonOf(old.result) == writtenThen, "the analysis of a format 2 file is not the one kvscope wrote then");
+    // What the JSON does not show, as the captures were made: 2 KV heads, an fp8 scale each (or bf16).
+    QCOMPARE(old.result.prompts.size(), std::size_t(2));
+    for (const PromptAnalysis& p : old.result.prompts) {
+        QCOMPARE(p.threeWay, threeWay);
+        QCOMPARE(p.layers.size(), std::size_t(3));
+        for (std::size_t l = 0; l < p.layers.size(); ++l) {
+            QCOMPARE(int(p.layerDtypes[l]), int(threeWay ? DType::Float8E4M3 : DType::BFloat16));
+            QCOMPARE(int(p.cacheScales[l].granularity), int(threeWay ? ScaleGranularity::Head : ScaleGranularity::Tensor));
+            QCOMPARE(p.cacheScales[l].heads[0].size(), std::size_t(threeWay ? 2 : 0));
+            QCOMPARE(p.cacheScales[l].heads[1].size(), std::size_t(threeWay ? 2 : 0));
+        }
+    }
+    QCOMPARE(old.result.aggregate.has_value(), threeWay);
+    QVERIFY(old.options.suspects == SuspectThresholds{});
+
+    const std::string again = path(name.toStdString() + "_again.kvres");
+    saveResults(again, old.bundle->outline(), old.result, old.options);
+    QCOMPARE(formatVersionOf(again), std::int64_t(kResultsFormatVersion));
+    const ResultsFile now = readResultsFile(again);
+    compareResults(old.result, now.result);
+    QVERIFY(now.options.suspects == old.options.suspects);
+}
+
+// A record as format 1 wrote it (by hand): its names upgraded, the one reader reads it, its
+// aggregate's BCs by generation index (flat, in the record) included.
+void TestResultsFile::formatOneRecordUpgrades()
+{
+    const JsonFields::Json v1 = JsonFields::Json::parse(R"({
+        "bundle": "b.h5",
+        "options": {"search_suspects": true, "bc": true, "unreadable_blocks": "absent",
+                    "suspect_thresholds": {"off_floor": 6, "per_decade": 2.6, "two_way_drift": 20,
+                                           "two_way_drift_per_decade": 4, "min_cells": 3, "explained": 2}},
+        "problems": [], "not_compared": [["model.layers.1.mamba", "state-space layers"]], "suspects": [],
+        "prompts": [{"id": "p0", "input_ids": [3, 4],
+                     "reference_fingerprints": [["00000000000000aa", "00000000000000bb"], ["00000000000000cc", "00000000000000dd"]],
+                     "prompt_len": 2, "tokens": 3, "heads": 2, "layer_heads": [2, 1], "dims": [16, 8],
+                     "layer_dims": [[16, 8], [32, 32]], "part_names": ["k", "v"], "three_way": true,
+                     "layers": ["l0", "l2"], "layer_groups": [0, 1], "layer_dtypes": ["bfloat16", "bfloat16"],
+                     "cache_scales": [{"granularity": "tensor", "k": [], "v": []}, {"granularity": "tensor", "k": [], "v": []}],
+                     "divergences": [], "non_finite": [], "problems": [], "replica_differences": [], "suspects": []}],
+        "aggregate": {"prompt_ids": ["p0"], "layers": ["l0", "l2"], "generation_count": 3, "divergence_counts": [0, 1, 0],
+                      "bc": [[0.5, 0.25, null, 1, 2, 3], [4, 5, 6, 7, 8, 9]], "combined": [[0.875, 0.75], [0.625, 0.5]],
+                      "bc_vs_noise": [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, null]],
+                      "combined_vs_noise": [[0.125, 0.25], [0.375, null]]}})");
+    const JsonFields f("v1");
+    RecordedOptions options;
+    QVERIFY_THROWS_EXCEPTION(BundleError, readAnalysisRecord(f, v1, options));  // (format 3 names them otherwise)
+    JsonFields::Json upgraded = v1;
+    upgradeRecordToV3(upgraded, 1);
+    const AnalysisResult r = readAnalysisRecord(f, upgraded, options);
+    QVERIFY((r.notCompared == std::vector<std::pair<std::string, std::string>>{{"model.layers.1.mamba", "state-space layers"}}));
+    QCOMPARE(options.suspects.falseLayerChance, 0.0);  // (before the noise count: not applied)
+    QCOMPARE(r.prompts.size(), std::size_t(1));
+    const PromptAnalysis& p = r.prompts.front();
+    QVERIFY(p.threeWay);
+    QCOMPARE(p.tokens, std::int64_t(3));
+    QCOMPARE(p.heads, 2);
+    QVERIFY(p.dims == HeadDims(16, 8));
+    QVERIFY((p.layerDims == std::vector<HeadDims>{HeadDims(16, 8), HeadDims(32)}));
+    QCOMPARE(p.layers, (std::vector<std::string>{"l0", "l2"}));
+    QCOMPARE(p.referenceHashes[0], (std::vector<std::uint64_t>{0xaa, 0xbb}));
+    QCOMPARE(p.referenceHashes[1], (std::vector<std::uint64_t>{0xcc, 0xdd}));
+    QVERIFY(r.aggregate);
+    const AggregateBc& a = *r.aggregate;
+    QCOMPARE(a.generationCount, std::int64_t(3));
+    QCOMPARE(a.layers, (std::vector<std::string>{"l0", "l2"}));
+    QCOMPARE(a.bc[1], (std::vector<float>{4, 5, 6, 7, 8, 9}));
+    QVERIFY(a.bc[0].size() == 6 && a.bc[0][1] == 0.25f && std::isnan(a.bc[0][2]) && a.bc[0][5] == 3.0f);
+    QVERIFY(a.bcVsNoise[1].size() == 6 && a.bcVsNoise[1][0] == 7.0f && std::isnan(a.bcVsNoise[1][5]));
+    QCOMPARE(a.combined[0], (std::vector<float>{0.875f, 0.75f}));
+    QCOMPARE(a.combined[1], (std::vector<float>{0.625f, 0.5f}));
+    QVERIFY(a.combinedVsNoise[1][0] == 0.375f && std::isnan(a.combinedVsNoise[1][1]));
 }
 
 QTEST_GUILESS_MAIN(TestResultsFile)
