@@ -1,6 +1,6 @@
 """The shared table of good and bad KV cache configs (tests/data/kv_cache_configs.json) through the
 Python reader and the config's JSON schema (docs/kv-cache-config.schema.json); the C++ reader reads
-the same table in tests/core/tst_kv_cache_config.cpp, so that the two readers and the schema agree."""
+the same table in tests/core/format/tst_kv_cache_config.cpp, so that the two readers and the schema agree."""
 
 import json
 import os

@@ -33,7 +33,7 @@ float largestOf(Format f)
 // the normal path rounds float's mantissa to the format's (ties to even, a carry moving into
 // the exponent), the subnormal path adds and takes away 2^23 steps (float's own rounding to
 // nearest even at one step); the magnitude picks one. The same results as roundToMinifloat
-// for finite values (tests/core/tst_dtype.cpp checks every bf16 pattern).
+// for finite values (tests/core/format/tst_dtype.cpp checks every bf16 pattern).
 inline float onFloatGrid(const Minifloat& f, float q)
 {
     const float magnitude = std::fabs(q);

@@ -58,6 +58,25 @@ private slots:
             QVERIFY2(window.rect().contains(at), part->metaObject()->className());
         }
     }
+
+    // A size remembered from a larger screen (1264x752 from a 1280x800 one) is clamped to this one.
+    void aLargerSavedSizeIsClamped()
+    {
+        {
+            MainWindow larger;
+            larger.show();
+            larger.setGeometry(40, 30, 1264, 752);
+            QCOMPARE(larger.size(), QSize(1264, 752));  // (offscreen windows take any size)
+            larger.close();                             // remembered here
+        }
+        MainWindow window;
+        window.show();
+        QVERIFY(QTest::qWaitForWindowExposed(&window));
+        const QRect room = window.screen()->availableGeometry();
+        QVERIFY2(room.contains(window.geometry()),
+                 qPrintable(QString("%1x%2+%3+%4 in %5x%6").arg(window.width()).arg(window.height()).arg(window.x()).arg(window.y())
+                                .arg(room.width()).arg(room.height())));
+    }
 };
 
 int main(int argc, char** argv)

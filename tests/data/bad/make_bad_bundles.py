@@ -10,7 +10,7 @@ problem. "partial": the analysis runs and marks what it could not use with a pro
 object. "non_finite": the analysis runs and lists the NaN/Inf cells of that layer instead of
 numbers. "any": an error or a marked part, whichever (truncations cut different objects).
 And one good file: "same_as_base", the base bundle stored as format v1, which must read and
-analyse to exactly the base's numbers. tests/core/tst_bad_inputs.cpp runs each.
+analyse to exactly the base's numbers. tests/robustness/tst_bad_inputs.cpp runs each.
 
 usage: make_bad_bundles.py BASE OUT
 """

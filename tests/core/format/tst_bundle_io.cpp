@@ -1,4 +1,4 @@
-// Capture bundle v1: writer -> reader round trips (bit-exact for every dtype), lazy reads,
+// Capture bundles: writer -> reader round trips (bit-exact for every dtype), lazy reads,
 // and bad input, each of which must give an error naming the file, the object and the problem.
 
 #include "format/bundle_reader.h"

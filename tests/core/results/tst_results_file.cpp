@@ -77,7 +77,7 @@ void compareResults(const AnalysisResult& a, const AnalysisResult& b)
 // Results files of older formats kept as test data (this suite is given no data folder: beside its source).
 std::string testData(const std::string& name)
 {
-    return (std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "results_v2" / name).string();
+    return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "results_v2" / name).string();
 }
 
 std::int64_t formatVersionOf(const std::string& file)

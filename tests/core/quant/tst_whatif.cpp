@@ -32,6 +32,7 @@ private slots:
     void int4TokenHeadRhtIsVllms();
     void nvfp4IsVllmsFormula();
     void namesTheLayersAPerTensorScaleCrushes();
+    void thePercentileShowsWhatTheMedianHides();
 };
 
 namespace {
@@ -339,6 +340,39 @@ void TestWhatIf::namesTheLayersAPerTensorScaleCrushes()
     // Every layer's median error is e4m3's own: the quiet heads are one head of several.
     for (const WhatIfLayer& l : r.schemes[1].layers)
         QVERIFY(l.relL2Median[0] > 0.02 && l.relL2Median[0] < 0.035);
+}
+
+// KIVI keeps the last 32 tokens in full precision: most cells are untouched, their median error
+// 0 floors, while the quantised tokens are well off. The 90th percentile is the map's: over each
+// prompt's tokens of the layer's row (a token's worst head), recomputed here.
+void TestWhatIf::thePercentileShowsWhatTheMedianHides()
+{
+    QTemporaryDir dir;
+    synth::ModelCaptureOptions o;
+    o.shape.layers = 2;
+    o.promptLens = {40, 56};
+    const std::string path = dir.filePath("kivi.h5").toStdString();
+    synth::writeModelCapture(path, o);
+    const CaptureLoader loader(std::make_shared<BundleReader>(path));
+    WhatIfOptions options;
+    options.schemes = {{QuantScheme::Format::Int4, QuantScheme::Scaling::Kivi, 4, 32}};
+    const WhatIfResult r = runWhatIf(loader, options);
+    const WhatIfScheme& kivi = r.schemes[0];
+    bool hidden = false;
+    for (std::size_t l = 0; l < kivi.layers.size(); ++l)
+        for (std::size_t part = 0; part < 2; ++part) {
+            std::vector<double> tokens;
+            for (std::size_t p = 0; p < kivi.maps.size(); ++p) {
+                const auto seq = std::size_t(r.promptTokens[p]);
+                for (std::size_t t = 0; t < seq; ++t)
+                    if (std::isfinite(kivi.maps[p][part][l * seq + t]))
+                        tokens.push_back(kivi.maps[p][part][l * seq + t]);
+            }
+            std::sort(tokens.begin(), tokens.end());
+            QCOMPARE(kivi.layers[l].floorRatioP90[part], tokens[std::min(tokens.size() - 1, std::size_t(0.9 * double(tokens.size())))]);
+            hidden = hidden || (kivi.layers[l].floorRatioMedian[part] == 0 && kivi.layers[l].floorRatioP90[part] > 2);
+        }
+    QVERIFY2(hidden, "a layer whose median is 0 floors and whose p90 is well off");
 }
 
 QTEST_APPLESS_MAIN(TestWhatIf)
