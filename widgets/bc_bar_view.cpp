@@ -49,11 +49,7 @@ void BcBarView::setValues(const QStringList& layers, const QVector<double>& k, c
     xAxis->setTicker(ticker);
     xAxis->setLabel("layer");
     xAxis->setRange(-0.7, layers.size() - 0.3);
-    double low = 1;
-    for (double x : k + v)
-        if (!std::isnan(x))
-            low = std::min(low, x);
-    yAxis->setRange(std::min(0.8, low - 0.02), 1.01);
+    yAxis->setRange(0.0, 1.01);  // from 0: a low bar must look low, not absent
     replot(QCustomPlot::rpQueuedReplot);
 }
 

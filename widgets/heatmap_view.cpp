@@ -1,5 +1,7 @@
 #include "widgets/heatmap_view.h"
 
+#include "widgets/integer_ticker.h"
+
 #include "widgets/plot_decorations.h"
 
 #include <QApplication>
@@ -40,6 +42,7 @@ HeatmapView::HeatmapView(QWidget* parent)
     yAxis->setTicker(QSharedPointer<QCPAxisTickerText>(new QCPAxisTickerText));
     yAxis->setTickLabelFont(QFont(font().family(), 8));
     xAxis->setLabel("token");
+    xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new IntegerAxisTicker));  // tokens, generation indices
     xAxis2->setVisible(false);
     setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
     axisRect()->setRangeZoom(Qt::Horizontal | Qt::Vertical);
@@ -288,7 +291,7 @@ void HeatmapView::updateTokenTicks()
                 ticker->addTick(t, labels[t - first]);
         xAxis->setTicker(ticker);
     } else if (qSharedPointerDynamicCast<QCPAxisTickerText>(xAxis->ticker())) {
-        xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
+        xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new IntegerAxisTicker));
     }
 }
 

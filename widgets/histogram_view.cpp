@@ -1,5 +1,7 @@
 #include "widgets/histogram_view.h"
 
+#include "widgets/integer_ticker.h"
+
 #include "widgets/plot_decorations.h"
 
 #include <algorithm>
@@ -83,7 +85,7 @@ void HistogramView::setLogCounts(bool log)
 {
     m_logCounts = log;
     yAxis->setScaleType(log ? QCPAxis::stLogarithmic : QCPAxis::stLinear);
-    yAxis->setTicker(log ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog) : QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
+    yAxis->setTicker(log ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog) : QSharedPointer<QCPAxisTicker>(new IntegerAxisTicker));
     fitTicks();
     redraw();
 }

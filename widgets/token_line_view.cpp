@@ -1,5 +1,7 @@
 #include "widgets/token_line_view.h"
 
+#include "widgets/integer_ticker.h"
+
 #include "widgets/plot_decorations.h"
 
 #include <algorithm>
@@ -19,6 +21,7 @@ TokenLineView::TokenLineView(QWidget* parent)
     m_actual->setPen(QPen(QColor(214, 39, 40), 1.5));
     m_base->setPen(QPen(QColor(31, 119, 180), 1.2));
     xAxis->setLabel("token");
+    xAxis->setTicker(QSharedPointer<QCPAxisTicker>(new IntegerAxisTicker));
     placeLegendAbove(this);
     setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
     axisRect()->setRangeZoom(Qt::Horizontal);

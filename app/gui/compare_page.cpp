@@ -81,12 +81,7 @@ ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     reset();
 
     connect(m_run, &RunBar::cancelledByUser, this, [this] { m_summary->setText(tr("Cancelled.")); });
-    connect(m_run->button(), &QPushButton::clicked, this, [this] {
-        const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"), {},
-                                                          tr("Captures and analyses (*.h5 *.hdf5 *.json);;All files (*)"));
-        if (!path.isEmpty())
-            compareWith(path);
-    });
+    connect(m_run->button(), &QPushButton::clicked, this, &ComparePage::chooseA);
     for (QComboBox* box : {m_kind, m_prompt, m_part})
         connect(box, &QComboBox::currentIndexChanged, this, &ComparePage::showMap);
     connect(m_map, &HeatmapView::cellClicked, this, &ComparePage::showCell);
@@ -160,6 +155,16 @@ QString ComparePage::unavailable() const
 void ComparePage::applyView(const ViewSettings& settings, bool)
 {
     m_part->setCurrentIndex(settings.map.part == KvPart::V ? 1 : 0);
+}
+
+void ComparePage::chooseA()
+{
+    // Beside the open bundle: A is usually the capture made before the change, next to it.
+    const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"),
+                                                      QFileInfo(m_controller->path()).absolutePath(),
+                                                      tr("Captures and analyses (*.h5 *.hdf5 *.kvres *.json);;All files (*)"));
+    if (!path.isEmpty())
+        compareWith(path);
 }
 
 void ComparePage::compareWith(const QString& pathA)

@@ -42,6 +42,8 @@ public:
     void captureAnalysed() override { reset(); }
     void captureClosed(const QString&) override { reset(); }
     void reset();
+    // Asks for A (beside the open bundle), then compares with it.
+    void chooseA();
     // Compares the open, analysed bundle (B) with `pathA`; the result arrives later.
     void compareWith(const QString& pathA);
     std::shared_ptr<const DiffResult> result() const { return m_result; }

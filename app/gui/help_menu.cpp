@@ -3,7 +3,7 @@
 #include "util/version.h"
 
 #include <QCoreApplication>
-#include <QDesktopServices>
+#include <QProcess>
 #include <QDir>
 #include <QFileInfo>
 #include <QMessageBox>
@@ -24,8 +24,25 @@ HelpMenu::HelpMenu(QWidget* parent)
                                      tr("The documentation is not installed here; it is the docs/ folder of the sources."));
             return;
         }
-        if (!QDesktopServices::openUrl(QUrl::fromLocalFile(folder)))
-            QMessageBox::information(parentWidget(), tr("Documentation"), tr("The documentation is in %1").arg(folder));
+        // xdg-open says when nothing could open the folder (QDesktopServices cannot tell): then
+        // where it is, to open by hand.
+        const auto showWhere = [this, folder] {
+            QMessageBox::information(parentWidget(), tr("Documentation"),
+                                     tr("Nothing here opens folders; the documentation is in %1").arg(folder));
+        };
+        auto* opener = new QProcess(this);
+        connect(opener, &QProcess::finished, this, [opener, showWhere](int code, QProcess::ExitStatus status) {
+            opener->deleteLater();
+            if (status != QProcess::NormalExit || code != 0)
+                showWhere();
+        });
+        connect(opener, &QProcess::errorOccurred, this, [opener, showWhere](QProcess::ProcessError error) {
+            if (error == QProcess::FailedToStart) {
+                opener->deleteLater();
+                showWhere();
+            }
+        });
+        opener->start("xdg-open", {folder});
     });
     addSeparator();
     addAction(tr("&About kvscope"), this, [this] {

@@ -100,6 +100,13 @@ void MainWindow::restoreLayout()
 {
     QSettings settings;
     restoreGeometry(settings.value("layout/window").toByteArray());
+    // Saved on a larger screen: within this one (the allowance is for the window frame).
+    const QRect room = screen()->availableGeometry().adjusted(0, 0, -16, -48);
+    if (!isMaximized() && !room.contains(geometry())) {
+        resize(size().boundedTo(room.size()));
+        move(std::clamp(x(), room.left(), std::max(room.left(), room.right() - width())),
+             std::clamp(y(), room.top(), std::max(room.top(), room.bottom() - height())));
+    }
     for (QSplitter* splitter : splitters())
         splitter->restoreState(settings.value("layout/" + splitter->objectName()).toByteArray());
 }

@@ -3,6 +3,7 @@
 
 #include "gui/main_window.h"
 
+#include "gui/compare_page.h"
 #include "gui/help_menu.h"
 #include "widgets/heatmap_view.h"
 #include "widgets/plot_export.h"
@@ -24,10 +25,8 @@ void MainWindow::buildFileMenu()
             openPath(path);
     });
     m_compareAction = file->addAction(tr("&Compare with..."), this, [this] {
-        const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"), {},
-                                                          tr("Captures and analyses (*.h5 *.hdf5 *.kvres *.json);;All files (*)"));
-        if (!path.isEmpty())
-            compareWith(path);
+        m_tabs->setCurrentWidget(m_pages.compare);
+        m_pages.compare->chooseA();
     });
     m_saveAction = file->addAction(tr("&Save results..."), QKeySequence::Save, this, &MainWindow::saveResults);
     file->addAction(tr("Open se&veral bundles..."), this, [this] {

@@ -616,7 +616,9 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
     if (!p || row < 0 || row >= int(p->layers.size()) || token < 0 || token >= p->tokens)
         return {};
     const PromptInfo& info = m_controller->loader()->prompt(p->id);
-    QString text = QString("<b>%1</b><br>token %2").arg(QString::fromStdString(p->layers[std::size_t(row)])).arg(token);
+    // (the layer as its row names it)
+    const std::string layer = layerRowLabel(m_controller->loader()->config(), p->layers[std::size_t(row)]);
+    QString text = QString("<b>%1</b><br>token %2").arg(QString::fromStdString(layer).toHtmlEscaped()).arg(token);
     if (std::size_t(token) < info.tokenStrings.size())
         text += QString(" '%1'").arg(QString::fromStdString(info.tokenStrings[std::size_t(token)]).toHtmlEscaped());
     text += token < p->promptLen ? tr(" (prefill)") : tr(" (decode)");

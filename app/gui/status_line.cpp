@@ -18,6 +18,7 @@ StatusLine::StatusLine(AnalysisController* controller, QStatusBar* bar)
     , m_cancel(new QPushButton(tr("Cancel")))
 {
     m_progress->setMaximumWidth(240);
+    m_text->setMinimumWidth(1);  // a long message must not widen the window: it is cut, whole in the tooltip
     bar->addWidget(m_text, 1);
     bar->addPermanentWidget(m_progress);
     bar->addPermanentWidget(m_cancel);
@@ -26,22 +27,29 @@ StatusLine::StatusLine(AnalysisController* controller, QStatusBar* bar)
     connect(controller, &AnalysisController::progress, this, &StatusLine::showProgress);
 }
 
+void StatusLine::setText(const QString& text)
+{
+    // One line; all of it in the tooltip (the error of a file can be long).
+    m_text->setText(text.section('\n', 0, 0));
+    m_text->setToolTip(text);
+}
+
 void StatusLine::showMessage(const QString& text)
 {
-    m_text->setText(text);
+    setText(text);
 }
 
 void StatusLine::showSummary()
 {
     if (!m_controller->isRunning() && !m_summary.isEmpty())
-        m_text->setText(m_summary);
+        setText(m_summary);
 }
 
 void StatusLine::showProgress(int done, int total, const QString& what)
 {
     m_progress->setRange(0, total);
     m_progress->setValue(done);
-    m_text->setText(total ? tr("%1: %2 of %3 layers").arg(what).arg(done).arg(total) : what);
+    setText(total ? tr("%1: %2 of %3 layers").arg(what).arg(done).arg(total) : what);
 }
 
 void StatusLine::stopProgress()
@@ -52,7 +60,7 @@ void StatusLine::stopProgress()
 
 void StatusLine::captureOpening(const QString& path, bool kept)
 {
-    m_text->setText(tr("opening %1").arg(path));
+    setText(tr("opening %1").arg(path));
     m_progress->setRange(0, 0);
     m_progress->show();
     m_cancel->show();
@@ -71,20 +79,20 @@ void StatusLine::captureAnalysed()
     // A results file without its bundle: what needs the KV is off, and this says why.
     if (const QString missing = m_controller->bundleMissing(); !missing.isEmpty())
         m_summary += tr(" (from results; %1: views that need the KV are off)").arg(missing);
-    m_text->setText(m_summary);
+    setText(m_summary);
 }
 
 void StatusLine::analysisCancelled()
 {
     stopProgress();
-    m_text->setText(tr("analysis cancelled: the layers done so far are shown"));
+    setText(tr("analysis cancelled: the layers done so far are shown"));
 }
 
 void StatusLine::openingStopped(const QString& path, const QString& error)
 {
     stopProgress();
     const QString shown = QFileInfo(m_controller->path()).fileName();
-    m_text->setText(error.isEmpty() ? tr("opening %1 cancelled; still showing %2").arg(QFileInfo(path).fileName(), shown)
+    setText(error.isEmpty() ? tr("opening %1 cancelled; still showing %2").arg(QFileInfo(path).fileName(), shown)
                                     : tr("could not open %1; still showing %2").arg(QFileInfo(path).fileName(), shown));
 }
 
@@ -92,7 +100,7 @@ void StatusLine::captureClosed(const QString& why)
 {
     stopProgress();
     m_summary.clear();
-    m_text->setText(why);
+    setText(why);
 }
 
 }  // namespace kvscope

@@ -36,6 +36,7 @@ public:
     void captureClosed(const QString& why) override;
 
 private:
+    void setText(const QString& text);
     void showProgress(int done, int total, const QString& what);
     void stopProgress();
 

@@ -41,6 +41,13 @@ public:
     }
 };
 
+// The head whose error is worst in the layer, of the worse part (none: no head had an error).
+QString worstHeadName(const WhatIfLayer& x)
+{
+    const int head = x.worstHead[x.worstHeadRelL2[1] > x.worstHeadRelL2[0] ? 1 : 0];
+    return head < 0 ? QObject::tr("none") : QString::number(head);
+}
+
 }  // namespace
 
 WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
@@ -71,6 +78,7 @@ WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
     verdicts->setWidget(m_verdicts);
     verdicts->setWidgetResizable(true);
     verdicts->setFrameShape(QFrame::NoFrame);
+    verdicts->setMinimumHeight(5 * fontMetrics().lineSpacing());  // (the floor line and a few verdicts)
     auto* split = new QSplitter(Qt::Vertical);
     split->addWidget(verdicts);
     split->addWidget(m_table);
@@ -146,8 +154,9 @@ void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QStr
         return;
     }
     QStringList lines;
-    lines << tr("Floor: %1 (median relative L2 K %2%, V %3%). Cells: K / V median error in floors; hurt: a head "
-                "does more than twice as badly as the model's typical worst head.")
+    lines << tr("Floor: %1 (median relative L2 K %2%, V %3%). Cells: K / V median error in floors, then the 90th "
+                "percentile of the worse part, which colours the cell; hurt: a head does more than twice as badly as the "
+                "model's typical worst head.")
                  .arg(m_result->floor == "baseline" ? tr("expected against the fp32 baseline") : tr("bf16 rounding of the values"))
                  .arg(100 * m_result->bf16FloorMedian[0], 0, 'g', 3)
                  .arg(100 * m_result->bf16FloorMedian[1], 0, 'g', 3);
@@ -182,26 +191,24 @@ void WhatIfPage::fillTable()
         m_table->setItem(l, 0, new NumberItem(QString::fromStdString(layerRowLabel(config, r.layers[std::size_t(l)])), l));
         for (int s = 0; s < int(r.schemes.size()); ++s) {
             const WhatIfLayer& x = r.schemes[std::size_t(s)].layers[std::size_t(l)];
-            const double worse = std::max(x.floorRatioMedian[0], x.floorRatioMedian[1]);
-            auto* item = new NumberItem(QString("%1 / %2%3")
-                                            .arg(x.floorRatioMedian[0], 0, 'f', 1)
-                                            .arg(x.floorRatioMedian[1], 0, 'f', 1)
-                                            .arg(x.hurt ? tr("  hurt") : QString()),
-                                        worse);
-            item->setBackground(whatIfColour(worse));
+            auto* item = new NumberItem(whatIfCellText(x), whatIfCellLevel(x));
+            item->setBackground(whatIfColour(whatIfCellLevel(x)));
             item->setForeground(Qt::black);
             item->setToolTip(tr("<b>%1</b>, %2<br>median relative L2: K %3%, V %4%<br>in bf16 floors: K %5, V %6<br>"
-                                "worst head: %7 (%8%)<br>saturated: %9%<br>K outlier channels: %10x the median")
+                                "worst head: %7 (%8%)<br>saturated: %9%<br>K outlier channels: %10x the median<br>"
+                                "90th percentile in bf16 floors: K %11, V %12")
                                  .arg(QString::fromStdString(r.layers[std::size_t(l)]),
                                       QString::fromStdString(r.schemes[std::size_t(s)].scheme.description()))
                                  .arg(100 * x.relL2Median[0], 0, 'g', 3)
                                  .arg(100 * x.relL2Median[1], 0, 'g', 3)
                                  .arg(x.floorRatioMedian[0], 0, 'g', 3)
                                  .arg(x.floorRatioMedian[1], 0, 'g', 3)
-                                 .arg(x.worstHead[x.worstHeadRelL2[1] > x.worstHeadRelL2[0] ? 1 : 0])
+                                 .arg(worstHeadName(x))
                                  .arg(100 * std::max(x.worstHeadRelL2[0], x.worstHeadRelL2[1]), 0, 'g', 3)
                                  .arg(100 * std::max(x.saturated[0], x.saturated[1]), 0, 'g', 3)
-                                 .arg(x.kOutlierChannel, 0, 'g', 3));
+                                 .arg(x.kOutlierChannel, 0, 'g', 3)
+                                 .arg(x.floorRatioP90[0], 0, 'g', 3)
+                                 .arg(x.floorRatioP90[1], 0, 'g', 3));
             m_table->setItem(l, s + 1, item);
         }
     }

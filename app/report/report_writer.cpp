@@ -322,18 +322,16 @@ void writeWhatIf(QTextStream& out, const WhatIfResult& r)
         out << "<tr><td>" << html(r.layers[l]) << "</td>";
         for (const WhatIfScheme& s : r.schemes) {
             const WhatIfLayer& x = s.layers[l];
-            const double worse = std::max(x.floorRatioMedian[0], x.floorRatioMedian[1]);
-            out << "<td style=\"background:" << whatIfColour(worse).name() << "\" title=\"K " << QString::number(100 * x.relL2Median[0], 'g', 3)
-                << "%, V " << QString::number(100 * x.relL2Median[1], 'g', 3) << "% relative L2; worst head "
-                << QString::number(100 * std::max(x.worstHeadRelL2[0], x.worstHeadRelL2[1]), 'g', 3) << "%\">"
-                << QString::number(x.floorRatioMedian[0], 'f', 1) << " / " << QString::number(x.floorRatioMedian[1], 'f', 1)
-                << (x.hurt ? " <b>hurt</b>" : "") << "</td>";
+            out << "<td style=\"background:" << whatIfColour(whatIfCellLevel(x)).name() << "\" title=\"K "
+                << QString::number(100 * x.relL2Median[0], 'g', 3) << "%, V " << QString::number(100 * x.relL2Median[1], 'g', 3)
+                << "% relative L2; worst head " << QString::number(100 * std::max(x.worstHeadRelL2[0], x.worstHeadRelL2[1]), 'g', 3)
+                << "%\">" << html(whatIfCellText(x).toStdString()) << "</td>";
         }
         out << "</tr>";
     }
-    out << "</table><p class=legend>Each cell: K / V median error in bf16 noise floors (hover: relative L2). Green: "
-           "within 2 floors; red: 10 and beyond. <b>hurt</b>: a head of the layer does more than twice as badly as the "
-           "model's typical worst head.</p>";
+    out << "</table><p class=legend>Each cell: K / V median error in bf16 noise floors, then after p90 the 90th "
+           "percentile of the worse part, which colours the cell (hover: relative L2). Green: within 2 floors; red: 10 "
+           "and beyond. hurt: a head of the layer does more than twice as badly as the model's typical worst head.</p>";
 }
 
 void writeCapture(QTextStream& out, const CaptureLoader& loader)
@@ -481,6 +479,20 @@ QString page(const QString& body, const std::vector<ReportMap>& maps)
 }
 
 }  // namespace
+
+QString whatIfCellText(const WhatIfLayer& cell)
+{
+    return QString("%1 / %2 · p90 %3%4")
+        .arg(cell.floorRatioMedian[0], 0, 'f', 1)
+        .arg(cell.floorRatioMedian[1], 0, 'f', 1)
+        .arg(whatIfCellLevel(cell), 0, 'f', 1)
+        .arg(cell.hurt ? "  hurt" : "");
+}
+
+double whatIfCellLevel(const WhatIfLayer& cell)
+{
+    return std::max(cell.floorRatioP90[0], cell.floorRatioP90[1]);
+}
 
 QColor whatIfColour(double floorRatio)
 {

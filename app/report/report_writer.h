@@ -30,5 +30,10 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
 // The colour of a what-if cell: its error in bf16 noise floors, from green (within 2) to red (10
 // and beyond); grey without data.
 QColor whatIfColour(double floorRatio);
+// A what-if cell as the app and the report show it: "K / V" median error in floors, then the
+// 90th percentile of the worse part (what a median of mostly untouched tokens hides), which
+// also colours it; "hurt" when a head does more than twice as badly as the model's typical.
+QString whatIfCellText(const WhatIfLayer& cell);
+double whatIfCellLevel(const WhatIfLayer& cell);
 
 }  // namespace kvscope

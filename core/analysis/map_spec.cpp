@@ -116,7 +116,7 @@ std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
         kind = "full, chunk " + std::to_string(*group.attentionChunkSize);
     else if (group.slidingWindow)
         kind = group.specType == SpecType::SlidingWindow ? "sliding " + std::to_string(*group.slidingWindow)
-                                                         : "full, window " + std::to_string(*group.slidingWindow);
+                                                         : "sliding " + std::to_string(*group.slidingWindow) + ", cached as full";
     return shortLayerName(layer) + " [" + kind + "]";
 }
 

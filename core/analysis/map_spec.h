@@ -55,8 +55,8 @@ inline constexpr Rgb kMarkerOutlineColor{255, 255, 255};
 
 // "model.layers.3.self_attn" -> "model.layers.3".
 std::string shortLayerName(const std::string& layer);
-// "model.layers.3 [sliding 128]", "[full]", "[chunked 8192]", "[MLA]", or "[full, window 128]" /
-// "[full, chunk 8192]" (FullAttentionSpec with a sliding window or chunk size).
+// "model.layers.3 [sliding 128]", "[full]", "[chunked 8192]", "[MLA]", or "[sliding 128, cached
+// as full]" / "[full, chunk 8192]" (FullAttentionSpec with a sliding window or chunk size).
 std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer);
 // "k relative L-inf, max over heads" ("k_pe relative L-inf" for an MLA latent, one vector a token)
 std::string mapMetricLabel(const HeatmapSpec& spec, const PromptAnalysis& prompt);

@@ -235,6 +235,21 @@ private:
         keepWorst(worst, m_keep);
     }
 
+    // The 90th percentile over every prompt's tokens of the layer's map (a token's worst head):
+    // what the median of cells hides when most are untouched, as the map shows it.
+    double tokenP90(const WhatIfScheme& scheme, std::size_t part) const
+    {
+        std::vector<double> tokens;
+        for (std::size_t pi = 0; pi < scheme.maps.size(); ++pi) {
+            const auto seq = std::size_t(m_result.promptTokens[pi]);
+            const std::vector<float>& map = scheme.maps[pi][part];
+            for (std::size_t t = 0; t < seq; ++t)
+                if (const float v = map[std::size_t(m_l) * seq + t]; std::isfinite(v))
+                    tokens.push_back(v);
+        }
+        return upperQuantileInPlace(tokens, 0.9);
+    }
+
     // The layer's summary per scheme; its cells go (memory does not grow with the layers).
     void summarise()
     {
@@ -244,6 +259,7 @@ private:
             for (int part = 0; part < 2; ++part) {
                 out.relL2Median[part] = medianInPlace(m_w.relL2[part][si]);
                 out.floorRatioMedian[part] = medianInPlace(m_w.ratio[part][si]);
+                out.floorRatioP90[part] = tokenP90(m_result.schemes[si], std::size_t(part));
                 for (std::size_t h = 0; h < m_w.headRelL2[part][si].size(); ++h)
                     if (const double m = medianInPlace(m_w.headRelL2[part][si][h]); m > out.worstHeadRelL2[part])
                         out.worstHeadRelL2[part] = m, out.worstHead[part] = int(h);

@@ -37,6 +37,9 @@ struct WhatIfLayer {
     std::string layer;
     double relL2Median[2] = {0, 0};       // [K/V], over tokens, heads and prompts
     double floorRatioMedian[2] = {0, 0};  // [K/V]
+    // [K/V]: the 90th percentile over tokens of the layer's map (a token's worst head): what the
+    // median of cells hides when most are untouched (KIVI's full-precision recent tokens).
+    double floorRatioP90[2] = {0, 0};
     double saturated[2] = {0, 0};         // [K/V]: share of values clipped
     double worstHeadRelL2[2] = {0, 0};    // [K/V]: the largest of the heads' median relative L2
     int worstHead[2] = {-1, -1};

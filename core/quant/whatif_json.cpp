@@ -41,6 +41,8 @@ void writeWhatIfJson(const WhatIfResult& r, std::ostream& out, bool maps)
             w.key("v_rel_l2_median").value(l.relL2Median[1]);
             w.key("k_floor_ratio_median").value(l.floorRatioMedian[0]);
             w.key("v_floor_ratio_median").value(l.floorRatioMedian[1]);
+            w.key("k_floor_ratio_p90").value(l.floorRatioP90[0]);
+            w.key("v_floor_ratio_p90").value(l.floorRatioP90[1]);
             w.key("k_worst_head").value(l.worstHead[0]).key("k_worst_head_rel_l2").value(l.worstHeadRelL2[0]);
             w.key("v_worst_head").value(l.worstHead[1]).key("v_worst_head_rel_l2").value(l.worstHeadRelL2[1]);
             w.key("k_saturated").value(l.saturated[0]);
