@@ -146,6 +146,63 @@ Hypothesis readHypothesis(const JsonFields& f, const Json& h, const std::string&
     return out;
 }
 
+// What an unexplained suspect's error looks like; absent for an explained one (so that an
+// explained suspect's JSON is the one kvscope wrote before `measured` existed).
+void writeMeasured(JsonWriter& w, const std::optional<ErrorShape>& m)
+{
+    if (!m)
+        return;
+    w.key("measured")
+        .beginObject()
+        .field("direction_kept", m->directionKept)
+        .field("direction_floors", m->directionFloors)
+        .field("one_minus_cos", m->oneMinusCos)
+        .field("size_off", m->sizeOff)
+        .field("size_floors", m->sizeFloors)
+        .key("size_factor")
+        .beginArray()
+        .value(m->sizeMin)
+        .value(m->sizeMax)
+        .endArray()
+        .key("varies_along")
+        .strings(m->variesAlong)
+        .key("shares")
+        .beginObject();
+    for (const auto& [axis, share] : m->shares)
+        w.field(axis, share);
+    w.endObject().key("parts").strings(m->parts).field("cells", m->cells).field("text", m->text).endObject();
+}
+
+// Absent (an analysis JSON written before it) or null: none.
+std::optional<ErrorShape> readMeasured(const JsonFields& f, const Json& j, const std::string& at)
+{
+    if (!j.contains("measured") || j.at("measured").is_null())
+        return std::nullopt;
+    const Json& m = j.at("measured");
+    const std::string where = at + "measured.";
+    ErrorShape out;
+    out.directionKept = f.boolean(m, "direction_kept", where);
+    out.directionFloors = f.number(m, "direction_floors", where);
+    out.oneMinusCos = f.number(m, "one_minus_cos", where);
+    out.sizeOff = f.boolean(m, "size_off", where);
+    out.sizeFloors = f.number(m, "size_floors", where);
+    const Json& factor = f.array(m, "size_factor", where);
+    if (factor.size() != 2)
+        f.fail(where + "size_factor", "must be [min, max]");
+    out.sizeMin = factor[0].is_number() ? factor[0].get<double>() : std::nan("");
+    out.sizeMax = factor[1].is_number() ? factor[1].get<double>() : std::nan("");
+    out.variesAlong = f.texts(m, "varies_along", where);
+    const Json& shares = f.at(m, "shares", where);
+    if (!shares.is_object())
+        f.fail(where + "shares", "must be an object");
+    for (const auto& [axis, value] : shares.items())
+        out.shares.emplace_back(axis, value.is_number() ? value.get<double>() : std::nan(""));
+    out.parts = f.texts(m, "parts", where);
+    out.cells = int(f.integer(m, "cells", where));
+    out.text = f.text(m, "text", where);
+    return out;
+}
+
 // Where a suspect is: its tokens, shared block, phase, blocks and worst cell.
 void writeSuspectPlace(JsonWriter& w, const Suspect& s)
 {
@@ -227,6 +284,7 @@ Suspect readSuspect(const JsonFields& f, const Json& j, const std::string& at)
     const Json& tried = f.array(j, "tried", at);
     for (std::size_t h = 0; h < tried.size(); ++h)
         s.tried.push_back(readHypothesis(f, tried[h], item(at, "tried", h) + "."));
+    s.measured = readMeasured(f, j, at);
     s.prompts = f.texts(j, "prompts", at);
     s.firstLayer = f.text(j, "first_layer", at);
     s.layers = f.texts(j, "layers", at);
@@ -520,6 +578,7 @@ void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects)
             .key("hypothesis");
         writeHypothesis(w, s.hypothesis);
         w.key("tried").array(s.tried.size(), [&](std::size_t h) { writeHypothesis(w, s.tried[h]); });
+        writeMeasured(w, s.measured);
         w.key("prompts")
             .strings(s.prompts)
             .field("first_layer", s.firstLayer)

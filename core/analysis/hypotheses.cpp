@@ -604,6 +604,11 @@ HypothesisPositions hypothesisPositions(const PromptAnalysis& prompt, const KvCa
     return positions;
 }
 
+bool clearlyLowers(const Hypothesis& h, double cleanLevel)
+{
+    return h.residualFloors <= cleanLevel + (1 - kLeadShare) * (h.errorFloors - cleanLevel);
+}
+
 std::vector<Hypothesis> testHypotheses(const HypothesisInput& in)
 {
     if (in.cells.empty())

@@ -42,6 +42,13 @@ struct HypothesisInput {
 // Every hypothesis tried, best first: lowest residual, the simpler one on a near tie.
 std::vector<Hypothesis> testHypotheses(const HypothesisInput& input);
 
+// A lead must lead: a hypothesis is offered (explaining or nearest) only when it removes at
+// least this share of the error above the layer's clean level: its residual at most
+// clean + (1 - kLeadShare) (error - clean). A nearest one that leaves most of the error, or
+// makes it worse, sends the user the wrong way.
+constexpr double kLeadShare = 0.5;
+bool clearlyLowers(const Hypothesis& h, double cleanLevel);
+
 // The positions the hypotheses read of a layer of `seq` positions and `heads` heads: of the
 // engine, the sampled off cells' tokens; of the reference, those and the tokens near them
 // (shifted data) and an even sample of the layer (the nearest vector of any position).

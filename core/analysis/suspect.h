@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,25 @@ struct Hypothesis {
     }
 };
 
+// What an unexplained suspect's error looks like at the onset's off cells, from principles
+// that hold for any fault (analysis/error_shape.h, docs/suspects.md "Measured"): the direction
+// against the size, the axes it varies along, and the parts that are off.
+struct ErrorShape {
+    bool directionKept = false;
+    double directionFloors = 0;  // median error left after each cell's own best factor, in floors
+    double oneMinusCos = 0;      // median 1 - cos(engine, reference)
+    bool sizeOff = false;
+    double sizeFloors = 0;       // median size error (each cell's best factor - 1), in floors
+    double sizeMin = 1, sizeMax = 1;  // the engine's L2 norm over the reference's, over the cells
+    // The axes carrying the variation beyond noise: "token", "block_position", "head", "part",
+    // "channel"; {"cell"}: it varies along none of them alone; empty: the same everywhere.
+    std::vector<std::string> variesAlong;
+    std::vector<std::pair<std::string, double>> shares;  // each axis's share of that variation
+    std::vector<std::string> parts;  // "k", "v": the parts with at least a tenth of the off cells
+    int cells = 0;                   // cells measured
+    std::string text;                // "direction kept (...); size off by 0.4-1.6x, varying by token; K only"
+};
+
 struct SuspectBlock {
     int group = 0;
     std::int64_t logical = 0;
@@ -65,9 +85,11 @@ struct Suspect {
     SuspectPattern pattern = SuspectPattern::Layer;
     double score = 0;      // the onset layer's median ratio over its off cells, in floors
     // The hypothesis that explains it (residual within SuspectThresholds::explained), or for
-    // `unexplained` the nearest one tried; kind empty when none could be tried.
+    // an unexplained suspect the nearest one tried if it clearly lowers the error
+    // (clearlyLowers, analysis/hypotheses.h); kind empty when none does or none could be tried.
     Hypothesis hypothesis;
     std::vector<Hypothesis> tried;  // every hypothesis tested, best first
+    std::optional<ErrorShape> measured;  // unexplained (and window_edge) suspects only
     std::string evidence;  // one sentence, about one prompt:
     std::string evidencePrompt;        // that prompt
     std::vector<std::string> prompts;  // where it was seen (one per prompt; pooled: every one)

@@ -1,5 +1,6 @@
 #include "analysis/suspect_search.h"
 
+#include "analysis/error_shape.h"
 #include "analysis/hypotheses.h"
 #include "analysis/map_spec.h"
 #include "analysis/off_floor.h"
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 namespace kvscope {
@@ -128,10 +130,18 @@ void attribute(const CaptureLoader& loader, const PromptAnalysis& p, const Onset
         s.blocks = blocksOf(loader, loader.prompt(p.id), onset.group, s.firstToken, s.lastToken);
 }
 
+// The onset layer's vectors the hypotheses read (hypotheses.h), kept for measuring what an
+// unexplained error looks like (error_shape.h); `read` false when the layer could not be read again.
+struct OnsetVectors {
+    SampledLayer engine, reference;
+    std::optional<RopeSettings> rope;
+    bool read = false;
+};
+
 // The onset layer's engine and reference KV, tested against every hypothesis (hypotheses.h);
 // none when the layer cannot be read again.
 std::vector<Hypothesis> explain(const CaptureLoader& loader, const PromptAnalysis& p, const OffFloor& floor,
-                                const Onset& onset, double explainedBound)
+                                const Onset& onset, double explainedBound, OnsetVectors& vectors)
 {
     try {
         const std::string& layer = p.layers[std::size_t(onset.layer)];
@@ -144,18 +154,23 @@ std::vector<Hypothesis> explain(const CaptureLoader& loader, const PromptAnalysi
         // An older bundle's reference row is one chunk: each window would read it whole again.
         const std::int64_t referenceWindow =
             loader.referencePositionsPerChunk(p.id, role, layer) > kExplainWindow ? p.tokens : kExplainWindow;
-        const SampledLayer engine = SampledLayer::read(positions.engine, p.tokens, kExplainWindow, [&](PositionRange window) {
+        vectors.engine = SampledLayer::read(positions.engine, p.tokens, kExplainWindow, [&](PositionRange window) {
             return loader.engineSource(p.id, layer, nullptr, window);
         });
-        const SampledLayer reference = SampledLayer::read(positions.reference, p.tokens, referenceWindow, [&](PositionRange window) {
+        vectors.reference = SampledLayer::read(positions.reference, p.tokens, referenceWindow, [&](PositionRange window) {
             return loader.referenceSource(p.id, role, layer, window);
         });
+        const SampledLayer& engine = vectors.engine;
+        const SampledLayer& reference = vectors.reference;
         if (engine.heads != heads || reference.heads != heads || engine.seq != p.tokens || reference.seq != p.tokens)
             return {};
+        vectors.rope = ropeSettingsOf(loader.metadata(), loader.path());
+        vectors.read = true;
         const HypothesisInput input{p, loader.config(), floor.ratios, onset.layer, onset.cells(), engine, reference,
-                                    ropeSettingsOf(loader.metadata(), loader.path()), explainedBound};
+                                    vectors.rope, explainedBound};
         return testHypotheses(input);
     } catch (const std::exception&) {
+        vectors.read = false;
         return {};  // the analysis read it once; a second read failing leaves the suspect unexplained
     }
 }
@@ -188,17 +203,22 @@ struct Explanation {
     bool explained = false, partly = false;
 };
 
-// The explanation: the best hypothesis, if it brings the error back near the floor (s.hypothesis).
+// The explanation: the best hypothesis, if it brings the error back near the floor and clearly
+// lowers it (s.hypothesis). Unexplained: the nearest one that clearly lowers it, if any, and
+// what the error looks like (s.measured).
 Explanation explainSuspect(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
                            const OffFloor& floor, const Onset& onset, Suspect& s)
 {
     const int L0 = onset.layer;
-    const double explainedBound = th.explained * cleanLevel(floor, p, L0);
-    const std::vector<Hypothesis> hypotheses = explain(loader, p, floor, onset, explainedBound);
-    if (!hypotheses.empty())
-        s.hypothesis = hypotheses.front();
+    const double clean = cleanLevel(floor, p, L0);
+    const double explainedBound = th.explained * clean;
+    OnsetVectors vectors;
+    const std::vector<Hypothesis> hypotheses = explain(loader, p, floor, onset, explainedBound, vectors);
     s.tried = hypotheses;
-    bool explained = !hypotheses.empty() && s.hypothesis.residualFloors <= explainedBound;
+    const auto leads = [&](const Hypothesis& h) { return clearlyLowers(h, clean); };
+    bool explained = !hypotheses.empty() && hypotheses.front().residualFloors <= explainedBound && leads(hypotheses.front());
+    if (explained)
+        s.hypothesis = hypotheses.front();
     // Or in part: one that brings back at least 40% of the off cells (a table shifted by a block
     // whose last entry holds garbage), the share said in the text.
     bool partly = false;
@@ -219,6 +239,18 @@ Explanation explainSuspect(const CaptureLoader& loader, const PromptAnalysis& p,
     if (!explained && unrelated != hypotheses.end() && onset.allHeads && onset.kv == "kv" && uncorrelated(p, onset)) {
         s.hypothesis = *unrelated;
         explained = true;
+    }
+    if (!explained) {
+        // The nearest that leads; `unrelated` says nothing is near, which leads nowhere.
+        const auto nearest = std::find_if(hypotheses.begin(), hypotheses.end(),
+                                          [&](const Hypothesis& h) { return h.kind != "unrelated" && leads(h); });
+        if (nearest != hypotheses.end())
+            s.hypothesis = *nearest;
+        if (vectors.read) {
+            const HypothesisInput input{p, loader.config(), floor.ratios, L0, onset.cells(), vectors.engine,
+                                        vectors.reference, vectors.rope, explainedBound};
+            s.measured = measureErrorShape(input, clean);
+        }
     }
     return {hypotheses, explainedBound, explained, partly};
 }
@@ -347,9 +379,13 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     else if (e.explained)
         why << ". Explained: " << s.hypothesis.text << " (residual " << floorsText(s.hypothesis.residualFloors)
             << " floors, from " << floorsText(s.hypothesis.errorFloors) << ").";
-    else
+    else if (!s.hypothesis.kind.empty())
         why << ". Nearest: " << s.hypothesis.text << " (residual " << floorsText(s.hypothesis.residualFloors)
             << " floors, from " << floorsText(s.hypothesis.errorFloors) << ").";
+    else
+        why << ". None of the " << e.hypotheses.size() << " tested came close (none removes half the error above noise).";
+    if (s.measured)
+        why << " Measured: " << s.measured->text << ".";
     attribute(loader, p, onset, s);
     s.evidence = why.str();
     s.evidencePrompt = p.id;
@@ -402,6 +438,7 @@ std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPr
                 q.evidencePrompt = s.evidencePrompt;
                 q.hypothesis = s.hypothesis;
                 q.tried = s.tried;
+                q.measured = s.measured;
                 q.worstLayer = s.worstLayer;
                 q.worstToken = s.worstToken;
                 q.worstHead = s.worstHead;

@@ -141,6 +141,20 @@ Suspect handMadeSuspect()
     h.explainedShare = 0.75;
     s.hypothesis = h;
     s.tried = {h, Hypothesis{}};  // (one that could not be tested: null)
+    ErrorShape m;  // (an explained suspect has none: hand-made, both at once)
+    m.directionKept = true;
+    m.directionFloors = 0.75;
+    m.oneMinusCos = 0.0078125;
+    m.sizeOff = true;
+    m.sizeFloors = 40.5;
+    m.sizeMin = 0.375;
+    m.sizeMax = 1.625;
+    m.variesAlong = {"token", "channel"};
+    m.shares = {{"token", 0.875}, {"block_position", std::nan("")}, {"channel", 0.5}};
+    m.parts = {"k"};
+    m.cells = 48;
+    m.text = "direction kept; size off by a factor of 0.38-1.6x, varying by token; K only";
+    s.measured = m;
     s.evidence = "K of head 1 of model.layers.5 is off at tokens 2-3";
     s.evidencePrompt = "p\"0";
     s.prompts = {"p\"0", "p1"};
@@ -269,6 +283,22 @@ void compareSuspects(const std::vector<Suspect>& got, const std::vector<Suspect>
         QCOMPARE(g.tried.size(), w.tried.size());
         for (std::size_t h = 0; h < w.tried.size(); ++h)
             compareHypothesis(g.tried[h], w.tried[h]);
+        QCOMPARE(g.measured.has_value(), w.measured.has_value());
+        if (w.measured) {
+            const ErrorShape &gm = *g.measured, &wm = *w.measured;
+            QVERIFY(gm.directionKept == wm.directionKept && gm.sizeOff == wm.sizeOff);
+            QVERIFY(gm.directionFloors == wm.directionFloors && gm.oneMinusCos == wm.oneMinusCos &&
+                    gm.sizeFloors == wm.sizeFloors && gm.sizeMin == wm.sizeMin && gm.sizeMax == wm.sizeMax);
+            QCOMPARE(gm.variesAlong, wm.variesAlong);
+            QCOMPARE(gm.shares.size(), wm.shares.size());
+            for (std::size_t a = 0; a < wm.shares.size(); ++a)
+                QVERIFY(gm.shares[a].first == wm.shares[a].first &&
+                        (gm.shares[a].second == wm.shares[a].second ||
+                         (std::isnan(gm.shares[a].second) && std::isnan(wm.shares[a].second))));
+            QCOMPARE(gm.parts, wm.parts);
+            QCOMPARE(gm.cells, wm.cells);
+            QCOMPARE(gm.text, wm.text);
+        }
         QCOMPARE(g.evidence, w.evidence);
         QCOMPARE(g.evidencePrompt, w.evidencePrompt);
         QCOMPARE(g.prompts, w.prompts);

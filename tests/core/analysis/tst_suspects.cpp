@@ -10,6 +10,7 @@
 
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
+#include "analysis/hypotheses.h"
 #include "analysis/off_floor.h"
 #include "analysis/suspect_search.h"
 #include "analysis/threshold_check.h"
@@ -123,6 +124,10 @@ private:
     QStringList judge(const ModelCaptureOptions& o, const Run& r) const;
     // Runs one capture, judges it, records the confusion and the score.
     void check(const ModelCaptureOptions& o, const QString& what);
+    // Every prompt's suspect: a hypothesis it offers clearly lowers the error (clearlyLowers,
+    // but `unrelated`, whose claim is that nothing is near); an unexplained one says what was
+    // measured, an explained one does not. Broken rules go to m_leads.
+    void checkLeads(const Run& r, const QString& what);
     void runCatalogue(bool threeWay);
 
     QTemporaryDir m_dir;
@@ -131,6 +136,8 @@ private:
     std::map<std::string, std::pair<int, int>> m_score;             // half -> (right, all)
     QStringList m_failures;
     QStringList m_unseen;  // faulty captures without any suspect
+    QStringList m_leads;   // suspects breaking checkLeads' rules
+    int m_measured = 0;    // unexplained suspects that say what was measured
 };
 
 QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) const
@@ -375,6 +382,7 @@ void TestSuspects::check(const ModelCaptureOptions& o, const QString& what)
         ++m_score[halfOf(o.fault)].second;
         return;
     }
+    checkLeads(r, what);
     const QStringList wrong = judge(o, r);
     if (o.fault != FaultKind::None && all.empty())
         m_unseen << what;  // `check` would pass it
@@ -388,10 +396,37 @@ void TestSuspects::check(const ModelCaptureOptions& o, const QString& what)
                           (all.empty() ? QString() : " [" + QString::fromStdString(all.front().evidence) + "]");
 }
 
+void TestSuspects::checkLeads(const Run& r, const QString& what)
+{
+    for (const PromptAnalysis& p : r.result.prompts) {
+        if (p.suspects.empty())
+            continue;
+        const Suspect& s = p.suspects.front();
+        const bool unexplained = s.pattern == SuspectPattern::Unexplained || s.pattern == SuspectPattern::WindowEdge;
+        const QString where = what + ", " + QString::fromStdString(p.id) + ": ";
+        if (unexplained != s.measured.has_value())
+            m_leads << where + (unexplained ? "unexplained without what was measured" : "explained with a measurement");
+        m_measured += s.measured.has_value();
+        const Hypothesis& h = s.hypothesis;
+        if (h.kind.empty() || h.kind == "unrelated")
+            continue;
+        const OffFloor floor = findOffFloor(p, SuspectThresholds{});
+        const double clean = cleanLevel(floor, p, s.worstLayer);
+        // At most the clean level plus half the error above it (kLeadShare 0.5).
+        if (!(h.residualFloors <= clean + 0.5 * (h.errorFloors - clean)))
+            m_leads << where + QString("%1 offers %2 (residual %3 floors, from %4, clean %5)")
+                                   .arg(suspectPatternName(s.pattern), QString::fromStdString(h.kind))
+                                   .arg(h.residualFloors)
+                                   .arg(h.errorFloors)
+                                   .arg(clean);
+    }
+}
+
 void TestSuspects::init()
 {
     m_failures.clear();
     m_unseen.clear();
+    m_leads.clear();
 }
 
 void TestSuspects::runCatalogue(bool threeWay)
@@ -435,6 +470,7 @@ void TestSuspects::catalogueThreeWay()
         qInfo("%s", qPrintable(QString("%1 wrong of %2:\n").arg(m_failures.size()).arg(m_count) + m_failures.join("\n")));
     QVERIFY2(m_failures.size() * 20 <= m_count, "more than 5% wrong");
     QVERIFY2(m_unseen.isEmpty(), qPrintable("faults without a suspect: " + m_unseen.join("; ")));
+    QVERIFY2(m_leads.isEmpty(), qPrintable("leads that do not lead:\n" + m_leads.join("\n")));
 }
 
 void TestSuspects::catalogueTwoWay()
@@ -446,6 +482,7 @@ void TestSuspects::catalogueTwoWay()
     QVERIFY2(m_failures.size() * 20 <= m_count - before, "more than 5% wrong");
     // Every fault fails `check` without a baseline too.
     QVERIFY2(m_unseen.isEmpty(), qPrintable("faults without a suspect: " + m_unseen.join("; ")));
+    QVERIFY2(m_leads.isEmpty(), qPrintable("leads that do not lead:\n" + m_leads.join("\n")));
 }
 
 void TestSuspects::cleanCapturesHaveNone()
@@ -534,6 +571,7 @@ void TestSuspects::quantisedCaches()
     qInfo("quantised caches: %d captures", m_count - before);
     QVERIFY2(m_failures.isEmpty(), qPrintable(QString("%1 wrong:\n").arg(m_failures.size()) + m_failures.join("\n")));
     QVERIFY2(m_unseen.isEmpty(), qPrintable("faults without a suspect: " + m_unseen.join("; ")));
+    QVERIFY2(m_leads.isEmpty(), qPrintable("leads that do not lead:\n" + m_leads.join("\n")));
 }
 
 void TestSuspects::aFaultInEveryCellIsFound()
@@ -607,6 +645,7 @@ void TestSuspects::cleanupTestCase()
     }
     for (const auto& [half, score] : m_score)
         table += QString("%1: %2 of %3 right\n").arg(QString::fromStdString(half)).arg(score.first).arg(score.second);
+    table += QString("unexplained suspects saying what was measured: %1\n").arg(m_measured);
     qInfo("%s", qPrintable(table));
 }
 
