@@ -7,6 +7,15 @@
 
   const SCALES = data.scales;  // the app's colour stops (core/analysis/map_spec.h)
 
+  // A map in floors ("ratio") is coloured in units of each row's off threshold, on a log scale.
+  function position(map, r, v) {
+    if (map.offThresholds) {
+      const lo = Math.log10(map.scale.min), hi = Math.log10(map.scale.max);
+      return (Math.log10(Math.max(v / map.offThresholds[r], map.scale.min)) - lo) / (hi - lo);
+    }
+    return (v - map.scale.min) / (map.scale.max - map.scale.min || 1);
+  }
+
   function colour(kind, min, max, v) {
     const stops = SCALES[kind];
     let t = (v - min) / (max - min || 1);
@@ -36,7 +45,7 @@
   }
 
   function drawMap(holder, map) {
-    const left = 190, right = 70, top = 8, bottom = 34;
+    const left = 190, right = map.legend.length ? 100 : 70, top = 8, bottom = 34;
     const rowHeight = Math.max(3, Math.min(18, Math.floor(440 / map.rows.length)));
     const width = Math.min(1300, Math.max(600, holder.clientWidth || 1200));
     const height = top + bottom + rowHeight * map.rows.length;
@@ -68,7 +77,7 @@
           const t0 = map.firstToken + c * map.tokensPerColumn - 0.5;
           const x0 = x(t0), x1 = x(t0 + map.tokensPerColumn);
           if (x1 < left || x0 > left + plotW) continue;
-          ctx.fillStyle = colour(map.scale.kind, map.scale.min, map.scale.max, v);
+          ctx.fillStyle = colour(map.scale.kind, 0, 1, position(map, r, v));
           ctx.fillRect(Math.max(left, x0), top + r * rowHeight, Math.min(x1, left + plotW) - Math.max(left, x0) + 0.6, rowHeight);
         }
       }
@@ -128,8 +137,14 @@
       ctx.textAlign = "left";
       ctx.textBaseline = "middle";
       ctx.fillStyle = "#222";
-      ctx.fillText(String(map.scale.max), bx + 18, top + 5);
-      ctx.fillText(String(map.scale.min), bx + 18, top + bh - 5);
+      if (map.legend.length) {  // words at their values ("noise", "off", "10x off")
+        const lo = Math.log10(map.scale.min), hi = Math.log10(map.scale.max);
+        for (const [at, word] of map.legend)
+          ctx.fillText(word, bx + 18, top + bh - (Math.log10(at) - lo) / (hi - lo) * bh);
+      } else {
+        ctx.fillText(String(map.scale.max), bx + 18, top + 5);
+        ctx.fillText(String(map.scale.min), bx + 18, top + bh - 5);
+      }
     }
 
     let dragFrom = null;
@@ -160,7 +175,9 @@
       const tokens = map.tokensPerColumn > 1 ? "tokens " + first + "-" + (first + map.tokensPerColumn - 1) + " (worst)" : "token " + first;
       const text = map.tokenText && map.tokensPerColumn === 1 && map.tokenText[first] !== undefined ? " '" + map.tokenText[first] + "'" : "";
       tooltip.innerHTML = "<b>" + map.layerNames[r] + "</b><br>" + map.xName + " " + tokens.replace(/^tokens? /, "") + escapeHtml(text) +
-        "<br>" + map.metric + ": " + (v === null ? "no data" : v) + (head >= 0 ? "<br>worst head: " + head : "");
+        "<br>" + map.metric + ": " + (v === null ? "no data" : v) + (head >= 0 ? "<br>worst head: " + head : "") +
+        (map.offThresholds && v !== null ? "<br>off above " + map.offThresholds[r].toPrecision(3) + " floors here: " +
+          (v > map.offThresholds[r] ? "<b>off</b>" : v > 0.5 * map.offThresholds[r] ? "above noise, not off" : "noise") : "");
       tooltip.style.left = (e.clientX + 14) + "px";
       tooltip.style.top = (e.clientY + 10) + "px";
       tooltip.style.display = "block";

@@ -328,15 +328,24 @@ void HeatmapView::setMarkers(double prefillBoundary, const QVector<double>& dive
 void HeatmapView::setScale(ScaleKind kind, QCPRange range, bool logarithmic)
 {
     m_map->setGradient(colorGradient(kind));
+    logarithmic = logarithmic || kind == ScaleKind::Ratio;  // (its stops are placed on a log scale)
     const QCPAxis::ScaleType type = logarithmic ? QCPAxis::stLogarithmic : QCPAxis::stLinear;
     m_map->setDataScaleType(type);
     m_scale->axis()->setScaleType(type);
-    if (logarithmic) {
-        m_scale->axis()->setTicker(QSharedPointer<QCPAxisTickerLog>(new QCPAxisTickerLog));
-        range.lower = std::max(range.lower, range.upper * 1e-6);
+    // A scale with words says them ("noise", "off", "10x off"); the others show numbers.
+    if (const auto words = legendWords(kind); !words.empty()) {
+        QSharedPointer<QCPAxisTickerText> ticker(new QCPAxisTickerText);
+        for (const auto& [at, word] : words)
+            ticker->addTick(at, QString::fromStdString(word));
+        m_scale->axis()->setTicker(ticker);
+        m_scale->axis()->setLabel(tr("error / off threshold"));
     } else {
-        m_scale->axis()->setTicker(QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
+        m_scale->axis()->setTicker(logarithmic ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog)
+                                               : QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));
+        m_scale->axis()->setLabel({});
     }
+    if (logarithmic)
+        range.lower = std::max(range.lower, range.upper * 1e-6);
     m_map->setDataRange(range);
     replot(QCustomPlot::rpQueuedReplot);
 }

@@ -1,6 +1,7 @@
 #include "gui/prompt_page.h"
 
 #include "analysis/map_spec.h"
+#include "analysis/off_floor.h"
 #include "analysis/suspect.h"
 #include "analysis/worst_cells.h"
 #include "gui/analysis_controller.h"
@@ -375,6 +376,7 @@ struct PromptPage::BuiltMap {
     bool logarithmic = false;
     std::vector<char> ready;
     RowStart rowStart;  // drawn over its row, which is not ready
+    std::vector<double> offThresholds;  // [layer], for a map in floors (its values are divided by them)
 };
 
 void PromptPage::refreshHeatmap()
@@ -389,7 +391,7 @@ void PromptPage::refreshHeatmap()
                                                   index = m_settings.prompt, settings = m_settings,
                                                   ready = m_controller->readyLayers(), opening = m_opening,
                                                   resultsFile = m_controller->resultsFile().toStdString(),
-                                                  rowStart = m_rowStart](EngineJob& job) {
+                                                  rowStart = m_rowStart, suspects = m_controller->recorded().suspects](EngineJob& job) {
         QElapsedTimer took;
         took.start();
         auto built = std::make_shared<BuiltMap>();
@@ -402,6 +404,13 @@ void PromptPage::refreshHeatmap()
                 stored = StoredMap::open(resultsFile, std::size_t(index), settings.map, int(p.layers.size()), p.tokens);
             } catch (const std::exception&) {  // a damaged map: built from the arrays (checked as they are read)
             }
+        }
+        // In floors, drawn in units of each layer's off threshold (a results file keeps it with its map).
+        if (scaleOf(settings.map.metric) == ScaleKind::Ratio) {
+            if (stored && !stored->offThreshold())
+                stored.reset();  // a file from before it was kept: built from the arrays
+            built->offThresholds = stored ? std::vector<double>(p.layers.size(), *stored->offThreshold())
+                                          : kvscope::offThresholds(p, suspects, &ready);
         }
         // The data's colour range: the results file keeps it for its maps (computing it reads every cell).
         const auto range = [&](bool logarithmic) {
@@ -420,6 +429,8 @@ void PromptPage::refreshHeatmap()
                 std::copy(rowStart.row->heads.begin(), rowStart.row->heads.end(), grid.heads.begin() + std::ptrdiff_t(at));
                 built->rowStart = rowStart;
             }
+            if (!built->offThresholds.empty())
+                divideRows(grid, built->offThresholds);
             built->map = HeatmapPyramid(std::move(grid), lowerIsWorse(settings.map.metric));
             built->ready = ready;
         }
@@ -441,6 +452,7 @@ void PromptPage::refreshHeatmap()
 
 void PromptPage::showHeatmap(BuiltMap& built)
 {
+    m_offThresholds = std::move(built.offThresholds);
     m_map = std::move(built.map);
     m_stored = std::move(built.stored);
     m_storedGridShown = false;
@@ -483,11 +495,14 @@ void PromptPage::readStoredWindow()
 {
     // One read at a time: the newest view is read when the one going ends.
     const auto [from, to, pixels] = shownTokens();
-    m_controller->door().ask("stored map window", this, [this, map = m_stored, from, to, pixels](EngineJob& job) {
+    m_controller->door().ask("stored map window", this, [this, map = m_stored, from, to, pixels,
+                                                         thresholds = m_offThresholds](EngineJob& job) {
         auto grid = std::make_shared<HeatmapGrid>();
         QString error;
         try {
             *grid = map->window(from, to, pixels);
+            if (!thresholds.empty())
+                divideRows(*grid, thresholds);
         } catch (const std::exception& e) {
             error = QString::fromStdString(e.what());
         }
@@ -642,6 +657,12 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
                                              std::isnan(value) ? tr("no data") : QString::number(value, 'g', 4));
     if (const float noise = heatmapBaseValue(*p, s, row, token); !std::isnan(noise))
         text += tr("<br>dtype noise here (expected vs baseline): %1").arg(noise, 0, 'g', 4);
+    if (std::size_t(row) < m_offThresholds.size() && std::isfinite(value))  // what the colour says
+        text += tr("<br>off above %1 floors here (the suspects' threshold): %2")
+                    .arg(m_offThresholds[std::size_t(row)], 0, 'g', 3)
+                    .arg(value > m_offThresholds[std::size_t(row)] ? tr("<b>off</b>")
+                         : value > kNoiseShareOfOff * m_offThresholds[std::size_t(row)] ? tr("above noise, not off")
+                                                                                         : tr("noise"));
     if (head >= 0) {
         const Metric m = metricFor(s.part, MetricKind::Linf);
         text += tr("<br>head %1: L-inf %2").arg(head).arg(p->value(m, row, token, head), 0, 'g', 4);

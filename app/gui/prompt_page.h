@@ -59,6 +59,8 @@ public:
     HeatmapView& heatmap() { return *m_heatmap; }
     // The map shows the current settings and layers: no build running or asked for.
     bool mapUpToDate() const;
+    // [layer]: the off thresholds in floors whose units a map in floors is drawn in (empty for the others).
+    const std::vector<double>& offThresholds() const { return m_offThresholds; }
     // Whether the map shown is a results file's, read a window at a time (results/stored_map.h).
     bool showsStoredMap() const { return bool(m_stored); }
     // The tokens of a layer still being analysed that the map shown has (0: none).
@@ -129,6 +131,7 @@ private:
     bool m_followingList = false;
     ViewSettings m_settings;
     HeatmapPyramid m_map;  // the map at every zoom
+    std::vector<double> m_offThresholds;  // [layer]: a map in floors is drawn in units of them
     // The start of the row of a layer being analysed in windows, for the current settings.
     struct RowStart {
         int layer = -1;

@@ -6,6 +6,7 @@
 #include <QLabel>
 #include <QPushButton>
 #include <QSignalBlocker>
+#include <QStandardItemModel>
 #include <QSpinBox>
 
 namespace kvscope {
@@ -109,7 +110,13 @@ void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWa
         for (QAction* action : m_perHead)
             action->setVisible(heads != 1);
         m_head->setRange(0, std::max(0, heads - 1));
-        m_metric->setCurrentIndex(m_metric->findData(int(threeWay ? HeatmapMetric::ErrorRatio : HeatmapMetric::RelLinf)));
+        // The BCs need an fp32 baseline: two-way they are off, and say why.
+        for (HeatmapMetric m : {HeatmapMetric::BcVsNoise, HeatmapMetric::Bc})
+            if (auto* item = qobject_cast<QStandardItemModel*>(m_metric->model())->item(m_metric->findData(int(m)))) {
+                item->setEnabled(threeWay);
+                item->setToolTip(threeWay ? QString() : tr("needs an fp32 baseline (a three-way capture)"));
+            }
+        m_metric->setCurrentIndex(m_metric->findData(int(HeatmapMetric::ErrorRatio)));  // in floors, both ways
         m_autoRange = true;
     }
     emitChanged();
@@ -129,7 +136,10 @@ void ViewToolbar::stepPrompt(int delta)
 
 void ViewToolbar::setMetric(HeatmapMetric metric)
 {
-    m_metric->setCurrentIndex(m_metric->findData(int(metric)));
+    const int index = m_metric->findData(int(metric));
+    if (const auto* item = qobject_cast<QStandardItemModel*>(m_metric->model())->item(index); item && !item->isEnabled())
+        return;  // (a BC of a two-way capture: its keyboard shortcut does nothing either)
+    m_metric->setCurrentIndex(index);
 }
 
 void ViewToolbar::setPart(KvPart part)

@@ -1,5 +1,7 @@
 #include "report/report_writer.h"
 
+#include "analysis/off_floor.h"
+
 #include "analysis/heatmap_grid.h"
 #include "analysis/map_spec.h"
 #include "analysis/suspect.h"
@@ -62,6 +64,7 @@ struct ReportMap {
     std::string id;
     MapSpec spec;
     HeatmapGrid grid;
+    std::vector<double> offThresholds;  // a map in floors: [row], in units of which it is coloured
 };
 
 void writeMapJson(JsonWriter& w, const ReportMap& m)
@@ -95,6 +98,10 @@ void writeMapJson(JsonWriter& w, const ReportMap& m)
         .strings(s.layerNames);
     if (!s.tokenText.empty())
         w.key("tokenText").strings(s.tokenText);
+    if (!m.offThresholds.empty())
+        w.key("offThresholds").array(m.offThresholds.size(), [&](std::size_t i) { w.value(m.offThresholds[i]); });
+    const auto words = legendWords(s.scale);  // the colour bar's words, at their values
+    w.key("legend").array(words.size(), [&](std::size_t i) { w.beginArray().value(words[i].first).value(words[i].second).endArray(); });
     w.key("values").array(m.grid.values.size(), [&](std::size_t i) { w.value(fourDigits(m.grid.values[i])); });
     w.key("heads").numbers(m.grid.heads).endObject();
 }
@@ -125,7 +132,10 @@ void renderPng(const ReportMap& m, const QString& path)
 {
     HeatmapView view;
     view.resize(1400, std::max(260, int(m.spec.rowLabels.size()) * 16 + 110));
-    view.setGrid(m.grid);
+    HeatmapGrid coloured = m.grid;  // (the JSON keeps the floors, which the tooltips say)
+    if (!m.offThresholds.empty())
+        divideRows(coloured, m.offThresholds);
+    view.setGrid(coloured);
     view.resetView(m.grid.firstToken + m.grid.columns * m.grid.tokensPerColumn, m.grid.rows);
     view.replot(QCustomPlot::rpImmediateRefresh);  // lay out first: how many row labels fit depends on it
     view.showMap(m.spec);
@@ -145,7 +155,8 @@ std::string mapName(const std::string& promptId)
 }
 
 // Every map of the report: per prompt its metrics for K and V, and the across-prompt BCs.
-std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisResult& result, const DiffResult* against)
+std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisResult& result, const DiffResult* against,
+                                  const SuspectThresholds& suspects)
 {
     const KvCacheConfig& cfg = loader.config();
     std::vector<ReportMap> maps;
@@ -169,8 +180,8 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
         if (p.threeWay) {
             metrics.insert(metrics.begin(), {HeatmapMetric::Bc, "bc"});
             metrics.insert(metrics.begin(), {HeatmapMetric::BcVsNoise, "bc_vs_noise"});
-            metrics.insert(metrics.begin(), {HeatmapMetric::ErrorRatio, "ratio"});
         }
+        metrics.insert(metrics.begin(), {HeatmapMetric::ErrorRatio, "ratio"});  // in floors, both ways
         const PromptInfo& info = loader.prompt(p.id);
         for (const auto& [metric, key] : metrics)
             for (KvPart part : {KvPart::K, KvPart::V}) {
@@ -181,7 +192,8 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                 MapSpec shown = promptMapSpec(cfg, p, info, spec);
                 shown.range = dataRange(p, spec, false);
                 maps.push_back({mapName(p.id) + "_" + partName(p, part) + "_" + key, std::move(shown),
-                                poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric))});
+                                poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric)),
+                                metric == HeatmapMetric::ErrorRatio ? offThresholds(p, suspects, nullptr) : std::vector<double>()});
             }
     }
     if (result.aggregate) {
@@ -509,7 +521,7 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     QDir dir(directory);
     if (!dir.exists() && !QDir().mkpath(directory))
         throw std::runtime_error(("cannot create " + directory).toStdString());
-    const std::vector<ReportMap> maps = reportMaps(loader, result, against);
+    const std::vector<ReportMap> maps = reportMaps(loader, result, against, thresholds.suspects);
     ReportFiles files;
     for (const ReportMap& m : maps) {
         const QString png = QString::fromStdString(m.id) + ".png";

@@ -1,5 +1,7 @@
 #include "analysis/heatmap_grid.h"
 
+#include "analysis/off_floor.h"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -21,7 +23,7 @@ std::string heatmapMetricName(HeatmapMetric metric)
     case HeatmapMetric::OneMinusCos:
         return "1 - cosine";
     case HeatmapMetric::ErrorRatio:
-        return "error ratio (actual L-inf / noise floor, both vs baseline)";
+        return "error in noise floors";
     case HeatmapMetric::Bc:
         return "Bhattacharyya coefficient (reference tool)";
     case HeatmapMetric::BcVsNoise:
@@ -34,7 +36,7 @@ std::string heatmapMetricShortName(HeatmapMetric metric)
 {
     switch (metric) {
     case HeatmapMetric::ErrorRatio:
-        return "error ratio (3-way)";
+        return "error in floors";
     case HeatmapMetric::Bc:
         return "BC, reference tool's (3-way)";
     case HeatmapMetric::BcVsNoise:
@@ -97,6 +99,56 @@ float heatmapBaseValue(const PromptAnalysis& p, const HeatmapSpec& spec, int lay
     return reducedError(p, spec, baseOf(metricFor(spec.part, *kind)), layer, token, nullptr);
 }
 
+namespace {
+
+// Two-way, a cell's error in floors as the suspects take it (off_floor.h): its relative L2 over
+// the cache dtype's floor.
+float twoWayRatio(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token, int* head)
+{
+    const double floor = cellFloor(p, spec.part, layer, token);
+    const Metric l2 = metricFor(spec.part, MetricKind::L2);
+    const auto ratio = [&](int h) { return float(double(p.value(l2, layer, token, h)) / floor); };
+    switch (spec.reduction) {
+    case HeadReductionKind::OneHead:
+        if (spec.head < 0 || spec.head >= p.headsOf(layer))
+            return std::nanf("");
+        if (head)
+            *head = spec.head;
+        return ratio(spec.head);
+    case HeadReductionKind::Max:
+    case HeadReductionKind::Mean: {
+        float most = std::nanf("");
+        double sum = 0;
+        int n = 0;
+        for (int h = 0; h < p.headsOf(layer); ++h)
+            if (const float r = ratio(h); std::isfinite(r)) {
+                sum += r;
+                ++n;
+                if (!(r <= most)) {
+                    most = r;
+                    if (head)
+                        *head = h;
+                }
+            }
+        if (spec.reduction == HeadReductionKind::Mean && head)
+            *head = -1;
+        return spec.reduction == HeadReductionKind::Max ? most : n ? float(sum / n) : std::nanf("");
+    }
+    }
+    return std::nanf("");
+}
+
+}  // namespace
+
+void divideRows(HeatmapGrid& grid, const std::vector<double>& byRow, int firstRow)
+{
+    for (int r = 0; r < grid.rows; ++r) {
+        const auto d = float(byRow[std::size_t(firstRow + r)]);
+        for (std::int64_t c = 0; c < grid.columns; ++c)
+            grid.values[std::size_t(r) * std::size_t(grid.columns) + std::size_t(c)] /= d;
+    }
+}
+
 float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, std::int64_t token, int* head)
 {
     if (head)
@@ -111,7 +163,7 @@ float heatmapValue(const PromptAnalysis& p, const HeatmapSpec& spec, int layer, 
         return p.threeWay ? p.bcVsNoiseValue(part, layer, token) : std::nanf("");
     case HeatmapMetric::ErrorRatio: {
         if (!p.threeWay)
-            return std::nanf("");
+            return twoWayRatio(p, spec, layer, token, head);
         const Metric actual = metricFor(part, MetricKind::Linf);
         switch (spec.reduction) {
         case HeadReductionKind::Max: {

@@ -16,7 +16,8 @@ enum class HeatmapMetric {
     RelLinf,      // relative L-inf of actual vs reference
     RelL2,        // relative L2
     OneMinusCos,  // 1 - cosine similarity
-    ErrorRatio,   // three-way: actual L-inf / the cell's dtype noise floor (analysis_result.h)
+    ErrorRatio,   // the cell's error in floors, as the suspects take it (off_floor.h): three-way actual
+                  // L-inf / what bf16 alone does there; two-way relative L2 / the dtype's rounding
     Bc,           // three-way: the reference tool's Bhattacharyya coefficient (per layer and token)
     BcVsNoise,    // three-way: BC against the noise floor (metrics/bc_vs_noise.h), the default BC
 };
@@ -35,6 +36,11 @@ bool lowerIsWorse(HeatmapMetric metric);
 std::string heatmapMetricName(HeatmapMetric metric);
 // For menus: "relative L-inf", ..., "error ratio (3-way)", "BC (3-way)".
 std::string heatmapMetricShortName(HeatmapMetric metric);
+
+struct HeatmapGrid;
+// Each row's values divided by byRow[firstRow + row] (a map in floors drawn in units of each
+// layer's off threshold: map_spec.h's ScaleKind::Ratio).
+void divideRows(HeatmapGrid& grid, const std::vector<double>& byRow, int firstRow = 0);
 
 struct HeatmapGrid {
     int rows = 0;              // layers

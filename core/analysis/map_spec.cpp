@@ -18,11 +18,14 @@ const char* scaleName(ScaleKind kind)
 
 const std::vector<ColorStop>& colorStops(ScaleKind kind)
 {
-    // Errors: YlOrRd. Ratio: RdYlGn reversed. BC: the reference tool's stops, flat red below 0.8.
+    // Errors: YlOrRd. BC: the reference tool's stops, flat red below 0.8.
     static const std::vector<ColorStop> error{
         {0.0, {255, 255, 204}}, {0.25, {254, 217, 118}}, {0.5, {253, 141, 60}}, {0.75, {227, 26, 28}}, {1.0, {128, 0, 38}}};
-    static const std::vector<ColorStop> ratio{
-        {0.0, {0, 104, 55}}, {0.25, {102, 189, 99}}, {0.5, {255, 255, 191}}, {0.75, {244, 109, 67}}, {1.0, {165, 0, 38}}};
+    // Ratio, log10 from 0.1 to 1000 (at = (log10 x + 1) / 4): quiet grey-green to half the
+    // threshold, pale yellow to orange up to it, then red darkening to deep purple at 1000x.
+    static const std::vector<ColorStop> ratio{{0.0, {226, 235, 222}},    {0.1747, {226, 235, 222}}, {0.18, {255, 246, 191}},
+                                              {0.2495, {253, 174, 97}},  {0.25, {215, 48, 31}},    {0.5, {165, 0, 38}},
+                                              {0.75, {103, 0, 13}},      {1.0, {63, 0, 125}}};
     static const std::vector<ColorStop> bc{{0.0, {215, 25, 28}},   {0.8, {215, 25, 28}},    {0.85, {253, 174, 97}},
                                            {0.90, {255, 255, 191}}, {0.95, {166, 217, 106}}, {1.0, {26, 150, 65}}};
     // Change: RdBu reversed, white at 0 (the middle of a range symmetric about 0).
@@ -37,13 +40,20 @@ ValueRange defaultRange(ScaleKind kind)
     case ScaleKind::Error:
         return {0.0, 0.2};
     case ScaleKind::Ratio:
-        return {0.0, 3.0};
+        return {0.1, 1000.0};
     case ScaleKind::Bc:
         return {0.0, 1.0};
     case ScaleKind::Change:
         return {-10.0, 10.0};
     }
     return {0.0, 1.0};
+}
+
+std::vector<std::pair<double, std::string>> legendWords(ScaleKind kind)
+{
+    if (kind != ScaleKind::Ratio)
+        return {};
+    return {{kNoiseShareOfOff, "noise"}, {1.0, "off"}, {10.0, "10x off"}, {100.0, "100x"}, {1000.0, "1000x"}};
 }
 
 namespace {
@@ -62,7 +72,7 @@ ValueRange dataRange(const PromptAnalysis& p, const HeatmapSpec& spec, bool loga
 {
     const ScaleKind scale = scaleOf(spec.metric);
     if (scale == ScaleKind::Ratio)
-        return logarithmic ? ValueRange{0.1, 10.0} : defaultRange(scale);
+        return defaultRange(scale);  // fixed: noise is quiet whatever the data
     if (scale == ScaleKind::Bc)
         return logarithmic ? ValueRange{0.5, 1.0} : defaultRange(scale);
     std::vector<float> noise, values;
@@ -123,6 +133,9 @@ std::string layerRowLabel(const KvCacheConfig& config, const std::string& layer)
 std::string mapMetricLabel(const HeatmapSpec& spec, const PromptAnalysis& prompt)
 {
     std::string label = partName(prompt, spec.part) + " " + heatmapMetricName(spec.metric);
+    if (spec.metric == HeatmapMetric::ErrorRatio)  // what a floor is here
+        label += prompt.threeWay ? " (L-inf over what bf16 alone does there)"
+                                 : " (relative L2 over the cache dtype's rounding; no fp32 baseline)";
     if (spec.metric == HeatmapMetric::Bc || spec.metric == HeatmapMetric::BcVsNoise || prompt.heads == 1)
         return label;  // (an MLA latent is one vector: nothing to reduce over)
     switch (spec.reduction) {

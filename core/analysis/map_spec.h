@@ -17,7 +17,10 @@ namespace kvscope {
 
 enum class ScaleKind {
     Error,  // yellow (low) to red (high), range from the data (dataRange)
-    Ratio,  // green (like dtype noise) to red (far worse), 0..3
+    // The error in floors over each layer's off threshold (the suspects', off_floor.h), on a log
+    // scale 0.1..1000: one quiet colour for noise (below half the threshold), a ramp to the
+    // threshold, then a loud colour that keeps darkening, so that 10x and 1000x still differ.
+    Ratio,
     Bc,     // the reference tool's BC stops, 0..1
     Change, // kvscope diff's B minus A in floors: blue (better) through white (0) to red (worse), -10..10
 };
@@ -37,6 +40,11 @@ ScaleKind scaleOf(HeatmapMetric metric);
 const char* scaleName(ScaleKind kind);  // "error", "ratio", "bc"
 const std::vector<ColorStop>& colorStops(ScaleKind kind);
 ValueRange defaultRange(ScaleKind kind);
+// Ratio: where the noise ends and a cell is off, in units of the off threshold.
+constexpr double kNoiseShareOfOff = 0.5;
+// The words of a scale's legend at the values that carry them (Ratio: "noise", "off", "10x
+// off", ...; the others: none, numbers are drawn).
+std::vector<std::pair<double, std::string>> legendWords(ScaleKind kind);
 // The colour range of a prompt's map, from its data (rows not in `rowsReady` skipped). Errors:
 // 0 up to twice the 99th percentile of the dtype noise at the same cells (three-way), so that
 // noise fills the lower half and a bug saturates, or up to the 99th percentile of the values

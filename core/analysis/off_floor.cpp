@@ -48,6 +48,23 @@ int noiseOffCells(std::int64_t layerCells, double threshold, const SuspectThresh
     return k;
 }
 
+double cellFloor(const PromptAnalysis& p, KvPart part, int layer, std::int64_t token)
+{
+    const DType dtype = std::size_t(layer) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(layer)] : DType::BFloat16;
+    double floor;
+    if (p.threeWay)
+        floor = noiseFloor(p, metricFor(part, MetricKind::Linf), layer, token);
+    else if (p.hasQuantisedLayers() && isQuantised(dtype)) {
+        floor = p.quantFloor(part, MetricKind::L2, layer, token);  // what storing the reference costs (NaN: no data)
+        if (std::isnan(floor))  // the layer's other part, unquantised (a v_dtype), where it has data
+            for (int h = 0; h < p.heads && std::isnan(floor); ++h)
+                if (std::isfinite(p.value(metricFor(part, MetricKind::L2), layer, token, h)))
+                    floor = unitRoundoff(DType::BFloat16);
+    } else
+        floor = unitRoundoff(dtype);
+    return std::isnan(floor) ? floor : std::max(floor, kTiny);
+}
+
 CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
     : m_p(p)
 {
@@ -55,24 +72,9 @@ CellRatios::CellRatios(const PromptAnalysis& p, WorkTeam* team)
     for (KvPart part : {KvPart::K, KvPart::V}) {
         std::vector<double>& floors = m_floors[std::size_t(part)];
         floors.resize(std::size_t(layers) * std::size_t(p.tokens));
-        const Metric m = metricFor(part, MetricKind::Linf);
         forEachLayer(team, p, [&](int l) {
-            const DType dtype = std::size_t(l) < p.layerDtypes.size() ? p.layerDtypes[std::size_t(l)] : DType::BFloat16;
-            for (std::int64_t t = 0; t < p.tokens; ++t) {
-                double floor;
-                if (p.threeWay)
-                    floor = noiseFloor(p, m, l, t);
-                else if (p.hasQuantisedLayers() && isQuantised(dtype)) {
-                    floor = p.quantFloor(part, MetricKind::L2, l, t);  // what storing the reference costs (NaN: no data)
-                    if (std::isnan(floor))  // the layer's other part, unquantised (a v_dtype), where it has data
-                        for (int h = 0; h < p.heads && std::isnan(floor); ++h)
-                            if (std::isfinite(p.value(metricFor(part, MetricKind::L2), l, t, h)))
-                                floor = unitRoundoff(DType::BFloat16);
-                }
-                else
-                    floor = unitRoundoff(dtype);
-                floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] = std::isnan(floor) ? floor : std::max(floor, kTiny);
-            }
+            for (std::int64_t t = 0; t < p.tokens; ++t)
+                floors[std::size_t(l) * std::size_t(p.tokens) + std::size_t(t)] = cellFloor(p, part, l, t);
         });
     }
 }
@@ -157,6 +159,61 @@ CellRatioMaxima cellRatioMaxima(const PromptAnalysis& p, WorkTeam* team)
     return maxima;
 }
 
+std::vector<std::int64_t> finiteCells(const PromptAnalysis& p, const std::vector<char>* layersReady, WorkTeam* team)
+{
+    std::vector<std::int64_t> finite(p.layers.size(), 0);
+    forEachLayer(team, p, [&](int l) {
+        if (!layerIsReady(layersReady, l))
+            return;
+        const Metric m = metricFor(KvPart::K, MetricKind::L2);
+        std::int64_t n = 0;
+        for (std::int64_t t = 0; t < p.tokens; ++t)
+            for (int h = 0; h < p.heads; ++h)
+                n += std::isfinite(p.value(m, l, t, h)) ? 2 : 0;
+        finite[std::size_t(l)] = n;
+    });
+    return finite;
+}
+
+std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, std::int64_t tested,
+                                       const std::function<double(int)>& typicalFloor)
+{
+    // Rounding's tail in the cell's floors; two-way also the drift, in bf16 unit roundoffs.
+    const double rounding = offThreshold(th.offFloor, th.perDecade, tested);
+    const double drift = offThreshold(th.twoWayDrift, th.twoWayDriftPerDecade, tested);
+    std::vector<double> thresholds;
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        if (p.threeWay) {
+            thresholds.push_back(rounding);
+            continue;
+        }
+        // The drift, in bf16 unit roundoffs, in this layer's floors (a quantised cache's are coarser).
+        const double floor = typicalFloor(l);
+        thresholds.push_back(rounding + drift * std::sqrt(double(l) + 1.0) * unitRoundoff(DType::BFloat16) /
+                                            (std::isfinite(floor) ? floor : unitRoundoff(DType::BFloat16)));
+    }
+    return thresholds;
+}
+
+std::vector<double> offThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady)
+{
+    std::int64_t tested = 0;
+    for (std::int64_t n : finiteCells(p, layersReady))
+        tested += n;
+    // (only the finished layers are read: the others are still being written)
+    return layerOffThresholds(p, th, tested, [&](int l) {
+        if (!layerIsReady(layersReady, l))
+            return std::nan("");
+        std::vector<double> floors;
+        for (KvPart part : {KvPart::K, KvPart::V})
+            for (std::int64_t t = 0; t < p.tokens; ++t)
+                if (const double f = cellFloor(p, part, l, t); std::isfinite(f))
+                    floors.push_back(f);
+        p.releaseLayer(l);
+        return medianInPlace(floors);
+    });
+}
+
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
                       WorkTeam* team, const EarlierRun* earlier)
 {
@@ -166,29 +223,10 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
     auto ready = [&](int l) { return layerIsReady(layersReady, l); };
 
     // The cells tested: every finite cell of the finished layers.
-    std::vector<std::int64_t> finite(static_cast<std::size_t>(layers), 0);
-    forEachLayer(team, p, [&](int l) {
-        if (!ready(l))
-            return;
-        const Metric m = metricFor(KvPart::K, MetricKind::L2);
-        std::int64_t n = 0;
-        for (std::int64_t t = 0; t < p.tokens; ++t)
-            for (int h = 0; h < p.heads; ++h)
-                n += std::isfinite(p.value(m, l, t, h)) ? 2 : 0;
-        finite[std::size_t(l)] = n;
-    });
+    const std::vector<std::int64_t> finite = finiteCells(p, layersReady, team);
     for (std::int64_t n : finite)
         result.tested += n;
-    // Rounding's tail in the cell's floors; two-way also the drift, in bf16 unit roundoffs.
-    const double rounding = offThreshold(th.offFloor, th.perDecade, result.tested);
-    const double drift = offThreshold(th.twoWayDrift, th.twoWayDriftPerDecade, result.tested);
-    for (int l = 0; l < layers; ++l) {
-        // The drift, in bf16 unit roundoffs, in this layer's floors (a quantised cache's are coarser).
-        const double floor = p.threeWay ? 1.0 : ratios.typicalFloor(l);
-        result.threshold.push_back(p.threeWay ? rounding
-                                              : rounding + drift * std::sqrt(double(l) + 1.0) *
-                                                               unitRoundoff(DType::BFloat16) / (std::isfinite(floor) ? floor : unitRoundoff(DType::BFloat16)));
-    }
+    result.threshold = layerOffThresholds(p, th, result.tested, [&](int l) { return ratios.typicalFloor(l); });
 
     // Off cells per layer; affected layers.
     std::vector<std::vector<OffCell>>& off = result.cells;

@@ -61,6 +61,20 @@ private:
     std::vector<double> m_floors[2];   // [K/V][layer][token]
 };
 
+// A cell's floor: three-way the expected-vs-baseline error there (at least a quantised cache's
+// storage cost); two-way the cache dtype's unit roundoff, or what storing the reference in a
+// quantised cache's format costs. NaN: no data.
+double cellFloor(const PromptAnalysis& p, KvPart part, int layer, std::int64_t token);
+// The finite cells of each finished layer (both parts), as the thresholds count them.
+std::vector<std::int64_t> finiteCells(const PromptAnalysis& p, const std::vector<char>* layersReady, WorkTeam* team = nullptr);
+// [layer]: a cell whose ratio is above it is off, `tested` cells having been tested (two-way:
+// the drift in each layer's typical floor, the median of its cells').
+std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, std::int64_t tested,
+                                       const std::function<double(int)>& typicalFloor);
+// The same for the finished layers of a prompt being analysed, as the suspects would take them
+// now (the map's colours: map_spec.h's ScaleKind::Ratio); reads only those layers.
+std::vector<double> offThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady);
+
 struct OffFloor {
     CellRatios ratios;
     std::int64_t tested = 0;      // finite cells of the finished layers

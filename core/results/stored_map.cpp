@@ -1,5 +1,7 @@
 #include "results/stored_map.h"
 
+#include "analysis/off_floor.h"
+
 #include "analysis/heatmap_pyramid.h"
 #include "format/hdf5_file.h"
 #include "results/compressed_chunk.h"
@@ -121,6 +123,12 @@ void writeStoredMapLayer(Hdf5File& file, std::size_t index, const PromptAnalysis
 void writeStoredMapRanges(Hdf5File& file, std::size_t index, const PromptAnalysis& p, const RecordedOptions& options)
 {
     for (const HeatmapSpec& spec : storedMapSpecs(p, options)) {
+        if (scaleOf(spec.metric) == ScaleKind::Ratio && p.threeWay) {
+            // Drawn in units of the suspects' off threshold, one for every layer three-way.
+            const double threshold = offThresholds(p, options.suspects, nullptr).front();
+            const std::lock_guard lock(hdf5Mutex());
+            file.writeDoubleAttribute(results_path::map(index, spec), "off_threshold", threshold);
+        }
         if (scaleOf(spec.metric) != ScaleKind::Error)
             continue;
         // One pass over the cells: the linear range is the logarithmic one from 0 (map_spec.h).
@@ -169,6 +177,11 @@ std::optional<StoredMap> StoredMap::open(const std::string& path, std::size_t in
             if (info.shape != shape || info.typeClass != H5T_FLOAT || info.typeSize != 4)
                 file.fail(d, "must be float32 of shape " + shapeToString(shape) + ", as the record says");
         }
+    }
+    if (scaleOf(spec.metric) == ScaleKind::Ratio && file.hasAttribute(m.m_group, "off_threshold")) {
+        m.m_offThreshold = file.readDoubleAttribute(m.m_group, "off_threshold");
+        if (!std::isfinite(*m.m_offThreshold) || !(*m.m_offThreshold > 0))
+            file.fail(m.m_group, "holds an off threshold that is not a positive number: the file is damaged");
     }
     if (scaleOf(spec.metric) == ScaleKind::Error) {
         for (const char* name : {"range_lower", "range_upper", "log_range_lower", "log_range_upper"})

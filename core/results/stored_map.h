@@ -52,6 +52,9 @@ public:
     std::int64_t tokens() const { return m_tokens; }
     // The colour range the data gives, linear or logarithmic (error maps; the others' is fixed).
     std::optional<ValueRange> dataRange(bool logarithmic) const;
+    // The error-in-floors map's off threshold, every layer's (three-way), as the suspects took it;
+    // none in a file written before it was kept.
+    std::optional<double> offThreshold() const { return m_offThreshold; }
     // Tokens [from, to) in at most `maxColumns` columns, as HeatmapPyramid::window gives them:
     // reads only the columns of the level it pools from.
     HeatmapGrid window(std::int64_t from, std::int64_t to, std::int64_t maxColumns) const;
@@ -65,6 +68,7 @@ private:
     bool m_perHead = false;
     bool m_lowerWorse = false;
     std::optional<ValueRange> m_range, m_logRange;
+    std::optional<double> m_offThreshold;
 };
 
 }  // namespace kvscope

@@ -83,9 +83,12 @@ void TestPromptPage::heatmapShowsTheEngineNumbers()
                 spec.part = part;
                 for (int l = 0; l < 8; ++l)
                     for (std::int64_t t = 0; t < p.tokens; ++t) {
-                        const float expect = heatmapValue(p, spec, l, t);
+                        float expect = heatmapValue(p, spec, l, t);
+                        // in floors, drawn in units of the layer's off threshold
+                        if (metric == HeatmapMetric::ErrorRatio)
+                            expect = float(expect / offThresholdByFormula(p, l));
                         const float got = shown.at(l, t);
-                        QVERIFY2(std::isnan(expect) ? std::isnan(got) : got == expect,
+                        QVERIFY2(std::isnan(expect) ? std::isnan(got) : sameTo4Digits(got, expect),
                                  qPrintable(QString("prompt %1 layer %2 token %3: %4 vs %5").arg(prompt).arg(l).arg(t).arg(got).arg(expect)));
                     }
             }
@@ -199,7 +202,8 @@ void TestPromptPage::oneRatioInEveryView()
             // The heatmap
             waitForMap(*m_window);
             QTRY_COMPARE(heatmapOf(*m_window).grid().columns, p.tokens);
-            QVERIFY2(sameTo4Digits(heatmapOf(*m_window).grid().at(layer, token), expect), qPrintable(QString("%1 vs %2 layer %3 token %4").arg(heatmapOf(*m_window).grid().at(layer, token)).arg(expect).arg(layer).arg(token)));
+            const double drawn = heatmapOf(*m_window).grid().at(layer, token) * offThresholdByFormula(p, layer);  // (in units of it)
+            QVERIFY2(sameTo4Digits(drawn, expect), qPrintable(QString("%1 vs %2 layer %3 token %4").arg(drawn).arg(expect).arg(layer).arg(token)));
             // the tooltip
             const QString tip = promptPageOf(*m_window).cellTooltip(layer, token);
             QVERIFY2(sameTo4Digits(numberAfter(tip, "max over heads:"), expect), qPrintable(tip));
@@ -375,7 +379,21 @@ void TestPromptPage::twoWayCaptureRanksByError()
     const AnalysisResult reference = analyzeBundle(std::make_shared<BundleReader>(path.toStdString()));
     MainWindow window;
     QVERIFY(showAndAnalyse(window, path));
-    QCOMPARE(toolbarOf(window).settings().map.metric, HeatmapMetric::RelLinf);  // no ratio without a baseline
+    // In floors by default, two-way too: a cell's relative L2 over bf16's rounding (2^-8), drawn in
+    // units of the layer's off threshold, drift included.
+    QCOMPARE(toolbarOf(window).settings().map.metric, HeatmapMetric::ErrorRatio);
+    waitForMap(window);
+    for (auto [layer, token] : {std::pair{1, qint64(10)}, std::pair{5, qint64(50)}, std::pair{7, qint64(55)}}) {
+        double worst = std::nan("");
+        for (int h = 0; h < reference.prompts[0].heads; ++h)
+            if (const double v = reference.prompts[0].value(Metric::KL2, layer, token, h); !(v <= worst))
+                worst = v;
+        const double expect = worst / std::ldexp(1.0, -8) / offThresholdByFormula(reference.prompts[0], layer);
+        const double got = heatmapOf(window).grid().at(layer, token);
+        QVERIFY2(std::isfinite(expect) && sameTo4Digits(got, expect),
+                 qPrintable(QString("%1 vs %2").arg(heatmapOf(window).grid().at(layer, token)).arg(expect)));
+    }
+    toolbarOf(window).setMetric(HeatmapMetric::RelLinf);
     const PromptAnalysis& p = reference.prompts[0];
     WorstCellsModel& list = promptPageOf(window).worstCells();
     QVERIFY(list.rowCount() > 0);
