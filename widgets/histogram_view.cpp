@@ -56,6 +56,7 @@ HistogramView::HistogramView(QWidget* parent)
     m_overflowBase->removeFromLegend();
     m_overflowActual->removeFromLegend();
     yAxis->setLabel("count");
+    yAxis->setTicker(QSharedPointer<QCPAxisTicker>(new IntegerAxisTicker));
     placeLegendAbove(this);
     setLogErrors(true);
 }
@@ -115,6 +116,10 @@ void HistogramView::redraw()
     setTitle(m_titleText);
     const bool threeWay = !bins->base.empty();
     m_base->setVisible(threeWay);
+    if (threeWay)  // a two-way capture has no base: its legend does not name one
+        m_base->addToLegend();
+    else
+        m_base->removeFromLegend();
     if (m_histogram->tokensUsed == 0) {
         setTitle(m_titleText + tr(": no data for this cell (a side does not hold this position, e.g. outside a freed window)"));
         setAxesVisible(this, false);

@@ -44,6 +44,10 @@ void TokenLineView::setSeries(const QVector<double>& actual, const QVector<doubl
     m_actual->setData(keys, actual, true);
     m_base->setData(keys, base.isEmpty() ? QVector<double>(actual.size(), std::nan("")) : base, true);
     m_base->setVisible(!base.isEmpty());
+    if (base.isEmpty())  // (two-way: nothing to call base)
+        m_base->removeFromLegend();
+    else
+        m_base->addToLegend();
     m_titleText = title;
     setWrappedTitle(m_title, title, width() - 8);
     setAxesVisible(this, true);

@@ -145,6 +145,13 @@ void DrillDownPanel::showPartColumns()
         m_headView->setColumnHidden(c, false);
     for (int c : HeadTableModel::columnsOf(other))
         m_headView->setColumnHidden(c, true);
+    // Two-way: no baseline, so no ratio and no base columns (they would only say "-").
+    const bool threeWay = m_result && m_prompt >= 0 && m_result->prompts[std::size_t(m_prompt)].threeWay;
+    for (int c : HeadTableModel::columnsOf(m_spec.part)) {
+        const QString header = m_headView->model()->headerData(c, Qt::Horizontal).toString();
+        if (!threeWay && (header.contains("base") || header.contains("ratio")))
+            m_headView->setColumnHidden(c, true);
+    }
     // Sorted by a column now hidden: by the same column of this part, or the rows would keep
     // the other part's order.
     const QHeaderView* header = m_headView->horizontalHeader();
