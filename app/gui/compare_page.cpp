@@ -235,9 +235,12 @@ void ComparePage::fillTable()
 {
     const DiffResult& d = *m_result;
     m_table->clear();
-    m_table->setColumnCount(5);
-    m_table->setHorizontalHeaderLabels({tr("layer"), tr("change"), QString::fromStdString(d.partNames[0]) + tr(": A -> B"),
-                                        QString::fromStdString(d.partNames[1]) + tr(": A -> B"), tr("cells worse")});
+    // The verdict's own numbers beside it: the statistic it is taken from, and the level it must pass.
+    const QString stat = QString::fromStdString(diffStatName(d.options.stat));
+    m_table->setColumnCount(6);
+    m_table->setHorizontalHeaderLabels({tr("layer"), tr("change"), QString::fromStdString(d.partNames[0]) + tr(": A -> B (%1)").arg(stat),
+                                        QString::fromStdString(d.partNames[1]) + tr(": A -> B (%1)").arg(stat), tr("noise level"),
+                                        tr("cells worse")});
     // The regressions first, then what got better, then the rest; model order within each.
     std::vector<const LayerDiff*> rows;
     for (Change change : {Change::Worse, Change::Better, Change::Same})
@@ -250,14 +253,21 @@ void ComparePage::fillTable()
         auto* name = new QTableWidgetItem(QString::fromStdString(l.name));
         name->setData(Qt::UserRole, l.layer);
         m_table->setItem(r, 0, name);
-        m_table->setItem(r, 1, new QTableWidgetItem(changeName(l.verdict())));
+        auto* change = new QTableWidgetItem(changeName(l.verdict()));
+        const double level = std::max(l.noise[0], l.noise[1]);
+        change->setToolTip(tr("worse: B's %1 above the noise level (%2 floors) and more than %3x A's; better: the same "
+                              "with A and B exchanged; else same")
+                               .arg(stat, floorsText(level))
+                               .arg(d.options.maxWorse));
+        m_table->setItem(r, 1, change);
         for (int p = 0; p < 2; ++p)
             m_table->setItem(r, 2 + p, new QTableWidgetItem(floorsText(l.statA[std::size_t(p)]) + " -> " +
                                                             floorsText(l.statB[std::size_t(p)])));
-        m_table->setItem(r, 4, new QTableWidgetItem(QString::number(l.worseCells[0] + l.worseCells[1])));
+        m_table->setItem(r, 4, new QTableWidgetItem(floorsText(std::max(l.noise[0], l.noise[1]))));
+        m_table->setItem(r, 5, new QTableWidgetItem(QString::number(l.worseCells[0] + l.worseCells[1])));
         const QColor tint = l.verdict() == Change::Worse ? QColor(244, 165, 130) : l.verdict() == Change::Better ? QColor(146, 197, 222) : QColor();
         if (tint.isValid())
-            for (int c = 0; c < 5; ++c) {
+            for (int c = 0; c < 6; ++c) {
                 m_table->item(r, c)->setBackground(tint);
                 m_table->item(r, c)->setForeground(Qt::black);
             }

@@ -60,6 +60,15 @@ void TestCompare::regressionsFirstAndTheMapIsBMinusA()
     const std::string faulty = "model.layers." + std::to_string(m_faultLayer) + ".self_attn";
     QCOMPARE(table->item(0, 0)->text().toStdString(), faulty);
     QCOMPARE(table->item(0, 1)->text(), QString("worse"));
+    // Beside the verdict, the level its statistic had to pass: the largest of the matched
+    // prompts' off thresholds, by the formula (three-way: the same for every layer).
+    double level = 0;
+    for (const PromptAnalysis& p : m_reference.prompts)
+        level = std::max(level, offThresholdByFormula(p, m_faultLayer));
+    QVERIFY2(sameTo4Digits(table->item(0, 4)->text().toDouble(), level) ||
+                 std::abs(table->item(0, 4)->text().toDouble() - level) < 0.005 * level,  // (shown to 3 digits)
+             qPrintable(table->item(0, 4)->text() + " vs " + QString::number(level)));
+    QVERIFY(table->horizontalHeaderItem(2)->text().contains("(max)"));
     // The map shown: B - A of the first regression's part, in every cell.
     const HeatmapGrid& grid = page().heatmap().grid();
     const PromptAnalysis& b = m_reference.prompts.front();
