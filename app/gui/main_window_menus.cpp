@@ -65,8 +65,7 @@ void MainWindow::buildViewMenu()
     });
     resetZoom->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_0));
     resetZoom->setToolTip(tr("Reset zoom (Home, Ctrl+0, double-click)"));
-    m_toolbar->addSeparator();
-    m_toolbar->addAction(resetZoom);
+    m_toolbar->addViewAction(resetZoom);
     view->addSeparator();
     view->addAction(tr("&Keys (K)"), QKeySequence(Qt::Key_K), this, [this] { m_toolbar->setPart(KvPart::K); });
     view->addAction(tr("&Values (V)"), QKeySequence(Qt::Key_V), this, [this] { m_toolbar->setPart(KvPart::V); });

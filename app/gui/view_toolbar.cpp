@@ -1,5 +1,6 @@
 #include "gui/view_toolbar.h"
 
+#include <QAbstractItemView>
 #include <QCheckBox>
 #include <QComboBox>
 #include <QDoubleSpinBox>
@@ -40,14 +41,24 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     m_head->setPrefix(tr("head "));
     m_head->setEnabled(false);
     for (QDoubleSpinBox* box : {m_min, m_max}) {
-        box->setDecimals(6);
+        box->setDecimals(4);
         box->setRange(0, 1e9);
         box->setSingleStep(0.01);
         box->setKeyboardTracking(false);
-        box->setMaximumWidth(100);
+        box->setMaximumWidth(90);
     }
+    // At 1024 pixels the toolbar must keep Reset zoom in view: the prompt and the metric take
+    // a fixed width, and their lists open as wide as their longest entry.
+    m_prompt->setSizeAdjustPolicy(QComboBox::AdjustToMinimumContentsLengthWithIcon);
+    m_prompt->setMinimumContentsLength(18);
+    m_metric->setSizeAdjustPolicy(QComboBox::AdjustToMinimumContentsLengthWithIcon);
+    m_metric->setMinimumContentsLength(11);
+    m_reduction->setSizeAdjustPolicy(QComboBox::AdjustToMinimumContentsLengthWithIcon);
+    m_reduction->setMinimumContentsLength(10);
+    for (QComboBox* box : {m_prompt, m_metric, m_reduction})
+        box->view()->setMinimumWidth(box->view()->sizeHintForColumn(0) + 24);
     m_auto->setToolTip(tr("Colour range from the data: up to twice the dtype noise's 99th percentile (errors), "
-                          "0..3 (ratio), 0..1 (BC)"));
+                          "0..1 (BC); the error in floors has a fixed scale, in units of the off threshold"));
     m_auto->setCheckable(true);
     m_auto->setChecked(true);
     addWidget(new QLabel(tr(" prompt ")));
@@ -55,7 +66,7 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     addWidget(m_part);
     addWidget(m_metric);
     m_perHead = {addWidget(m_reduction), addWidget(m_head)};
-    addSeparator();
+    m_colourStart = addSeparator();
     addWidget(new QLabel(tr(" colour ")));
     addWidget(m_min);
     addWidget(new QLabel(" .. "));
@@ -102,6 +113,7 @@ void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWa
         const QSignalBlocker b1(m_prompt), b2(m_head), b3(m_metric), b4(m_reduction);
         m_prompt->clear();
         m_prompt->addItems(prompts);
+        m_prompt->view()->setMinimumWidth(m_prompt->view()->sizeHintForColumn(0) + 24);  // (the list: whole names)
         for (int i = 0; i < 2 && i < parts.size(); ++i)
             m_part->setItemText(i, parts[i]);
         // One vector a token (an MLA latent): nothing to reduce over heads.
@@ -132,6 +144,12 @@ void ViewToolbar::stepPrompt(int delta)
     const int next = m_prompt->currentIndex() + delta;
     if (next >= 0 && next < m_prompt->count())
         m_prompt->setCurrentIndex(next);
+}
+
+void ViewToolbar::addViewAction(QAction* action)
+{
+    insertAction(m_colourStart, action);
+    insertSeparator(m_colourStart);
 }
 
 void ViewToolbar::setMetric(HeatmapMetric metric)

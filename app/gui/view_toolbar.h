@@ -32,12 +32,14 @@ public:
     explicit ViewToolbar(QWidget* parent = nullptr);
 
     ViewSettings settings() const;
-    // A bundle was opened: its prompts, heads per layer, and whether it is three-way (then
-    // the error ratio is shown first: dtype noise is ~1, bugs stand out).
+    // A bundle was opened: its prompts, heads per layer, and whether it is three-way (else the
+    // BCs are off); the error in floors is shown first, either way.
     // `parts`: what K and V are called ("K", "V"; an MLA latent's "c_kv", "k_pe").
     void setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts = {"K", "V"});
     void setPrompt(int index);
     void stepPrompt(int delta);
+    // An action of the view (Reset zoom), before the colour controls: in view on a small screen.
+    void addViewAction(QAction* action);
     void setMetric(HeatmapMetric metric);
     void setPart(KvPart part);
     // Shows the range the data chose, without a change of settings.
@@ -50,6 +52,7 @@ signals:
     void settingsChanged(const ViewSettings& settings);
 
 private:
+    QAction* m_colourStart = nullptr;
     void emitChanged();
 
     QComboBox* m_prompt;
