@@ -543,8 +543,9 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     writeVerdict(out, result, thresholds);
     out << "<p class=legend>Black line: prefill | decode. Violet dashed: divergences. Hatched: no data (outside a freed "
            "sliding window, never written). Errors yellow to red from 0 to twice the dtype noise's 99th percentile "
-           "(two-way: the errors' own 99th percentile), error ratio 0..3 (green: like dtype noise, red: far worse), "
-           "BC 0..1 (below 0.8 flat red).</p>";
+           "(two-way: the errors' own 99th percentile). Error in floors: in units of each layer's off threshold (the "
+           "suspects'), on a log scale: noise quiet, a ramp up to off, then red darkening to 1000x. BC 0..1 (below 0.8 "
+           "flat red).</p>";
     for (const PromptAnalysis& p : result.prompts)
         writePrompt(out, p, maps);
     if (result.aggregate)
