@@ -1,6 +1,7 @@
 #include "analysis/error_shape.h"
 
 #include "util/median.h"
+#include "util/short_number.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,12 +27,9 @@ struct Measured {
     double oneMinusCos;
 };
 
-std::string number(double x, int digits = 2)
+std::string number(double x, int digits = 2)  // (two digits in the measured sentences)
 {
-    std::ostringstream out;
-    out.precision(digits);
-    out << x;
-    return out.str();
+    return shortNumber(x, digits);
 }
 
 // The share of the variation of `x` beyond noise (variance `noise` a cell) that the means of

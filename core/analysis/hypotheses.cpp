@@ -1,5 +1,6 @@
 #include "analysis/hypotheses.h"
 
+#include "util/short_number.h"
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -26,14 +27,6 @@ std::string joinInts(const std::vector<int>& v)
     for (std::size_t i = 0; i < v.size(); ++i)
         s += (i ? ", " : "") + std::to_string(v[i]);
     return s;
-}
-
-std::string number(double x, int digits = 3)
-{
-    std::ostringstream out;
-    out.precision(digits);
-    out << x;
-    return out.str();
 }
 
 // The off cells every hypothesis is tested on: at most kMaxCells, evenly.
@@ -326,8 +319,8 @@ void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& ou
     if (in.config.tpSize > 1 && int(ranks.size()) < in.config.tpSize && !ranks.empty())
         who += " (TP rank(s) " + joinInts(std::vector<int>(ranks.begin(), ranks.end())) + ")";
     Hypothesis h{"scale", {{"factor", typical}, {"min", lo}, {"max", hi}}, "", r, 0, t.share()};
-    h.text = hi - lo <= 0.03 * std::fabs(typical) ? who + " is " + number(typical) + "x the reference"
-                                                    : who + " scaled by " + number(lo) + "-" + number(hi) + "x the reference";
+    h.text = hi - lo <= 0.03 * std::fabs(typical) ? who + " is " + shortNumber(typical) + "x the reference"
+                                                    : who + " scaled by " + shortNumber(lo) + "-" + shortNumber(hi) + "x the reference";
     out.push_back({h, 3});
 }
 
@@ -418,8 +411,8 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
             const CacheScales& o = p.cacheScales[bestLayer];
             Hypothesis otherLayer{"scale_other_layer", {{"layer", double(bestLayer)}}, "", best, 0, share};
             otherLayer.text = parts + " quantised with the scale of " + p.layers[bestLayer] + " (K " +
-                              number(o.heads[0][0]) + ", V " + number(o.heads[1][0]) + "), decoded with its own (K " +
-                              number(scaleOf(0, KvPart::K)) + ", V " + number(scaleOf(0, KvPart::V)) + ")";
+                              shortNumber(o.heads[0][0]) + ", V " + shortNumber(o.heads[1][0]) + "), decoded with its own (K " +
+                              shortNumber(scaleOf(0, KvPart::K)) + ", V " + shortNumber(scaleOf(0, KvPart::V)) + ")";
             out.push_back({otherLayer, 1});
         }
     }
@@ -429,7 +422,7 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
     const double f = median(all);
     Hypothesis offBy{"cache_scale", {{"factor", f}}, "", residualWith([&](int h, KvPart part) { return scaleOf(h, part) / f; }),
                      0, t.share()};
-    offBy.text = "the " + format + " cache's " + parts + " scale is " + number(f) +
+    offBy.text = "the " + format + " cache's " + parts + " scale is " + shortNumber(f) +
                  "x the scale its values were quantised with";
     const double octaves = std::log2(f);
     out.push_back({offBy, std::fabs(octaves - std::round(octaves)) < 0.02 && std::round(octaves) != 0 ? 0 : 1});
@@ -536,13 +529,13 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
     if (const auto b = bestVariant({1e4, 5e4, 1e5, 5e5, 1e6, 1e7}, model.theta,
                                    [](RopeSettings& r, double v) { r.theta = v; }))
         out.push_back({{"rope_base", {{"theta", b->value}},
-                        rotated + " rotated with base " + number(b->value, 6) + " where the model's is " + number(model.theta, 6),
+                        rotated + " rotated with base " + shortNumber(b->value, 6) + " where the model's is " + shortNumber(model.theta, 6),
                         b->residual, 0, b->share}, 1});
     if (const auto b = bestVariant({0.25, 0.5, 1.0, 2.0, 4.0, 8.0}, model.positionScale,
                                    [](RopeSettings& r, double v) { r.positionScale = v; }))
         out.push_back({{"rope_scaling", {{"factor", b->value}},
-                        rotated + " rotated with positions divided by " + number(b->value) + " where the model divides by " +
-                            number(model.positionScale),
+                        rotated + " rotated with positions divided by " + shortNumber(b->value) + " where the model divides by " +
+                            shortNumber(model.positionScale),
                         b->residual, 0, b->share}, 1});
     const int modelDims = model.rotaryDim > 0 ? model.rotaryDim : dim;
     std::vector<double> dims;  // all, half, a quarter: even counts of at least 2

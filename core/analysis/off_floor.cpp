@@ -84,16 +84,6 @@ double CellRatios::floorOf(int layer, std::int64_t token, KvPart part) const
     return m_floors[std::size_t(part)][std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(token)];
 }
 
-double CellRatios::typicalFloor(int layer) const
-{
-    std::vector<double> floors;
-    for (const std::vector<double>& part : m_floors)
-        for (std::int64_t t = 0; t < m_p.tokens; ++t)
-            if (const double f = part[std::size_t(layer) * std::size_t(m_p.tokens) + std::size_t(t)]; std::isfinite(f))
-                floors.push_back(f);
-    return medianInPlace(floors);
-}
-
 float CellRatios::at(int layer, std::int64_t token, int head, KvPart part) const
 {
     const Metric m = metricFor(part, m_p.threeWay ? MetricKind::Linf : MetricKind::L2);
@@ -175,8 +165,27 @@ std::vector<std::int64_t> finiteCells(const PromptAnalysis& p, const std::vector
     return finite;
 }
 
+namespace {
+
+// The median floor of a finished layer's cells (two-way: the dtype's, or a quantised cache's);
+// NaN for a layer still being written.
+double typicalFloor(const PromptAnalysis& p, int layer, const std::vector<char>* layersReady)
+{
+    if (!layerIsReady(layersReady, layer))
+        return std::nan("");
+    std::vector<double> floors;
+    for (KvPart part : {KvPart::K, KvPart::V})
+        for (std::int64_t t = 0; t < p.tokens; ++t)
+            if (const double f = cellFloor(p, part, layer, t); std::isfinite(f))
+                floors.push_back(f);
+    p.releaseLayer(layer);
+    return medianInPlace(floors);
+}
+
+}  // namespace
+
 std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, std::int64_t tested,
-                                       const std::function<double(int)>& typicalFloor)
+                                       const std::vector<char>* layersReady)
 {
     // Rounding's tail in the cell's floors; two-way also the drift, in bf16 unit roundoffs.
     const double rounding = offThreshold(th.offFloor, th.perDecade, tested);
@@ -188,7 +197,7 @@ std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThr
             continue;
         }
         // The drift, in bf16 unit roundoffs, in this layer's floors (a quantised cache's are coarser).
-        const double floor = typicalFloor(l);
+        const double floor = typicalFloor(p, l, layersReady);
         thresholds.push_back(rounding + drift * std::sqrt(double(l) + 1.0) * unitRoundoff(DType::BFloat16) /
                                             (std::isfinite(floor) ? floor : unitRoundoff(DType::BFloat16)));
     }
@@ -200,18 +209,7 @@ std::vector<double> offThresholds(const PromptAnalysis& p, const SuspectThreshol
     std::int64_t tested = 0;
     for (std::int64_t n : finiteCells(p, layersReady))
         tested += n;
-    // (only the finished layers are read: the others are still being written)
-    return layerOffThresholds(p, th, tested, [&](int l) {
-        if (!layerIsReady(layersReady, l))
-            return std::nan("");
-        std::vector<double> floors;
-        for (KvPart part : {KvPart::K, KvPart::V})
-            for (std::int64_t t = 0; t < p.tokens; ++t)
-                if (const double f = cellFloor(p, part, l, t); std::isfinite(f))
-                    floors.push_back(f);
-        p.releaseLayer(l);
-        return medianInPlace(floors);
-    });
+    return layerOffThresholds(p, th, tested, layersReady);
 }
 
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
@@ -226,7 +224,7 @@ OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, cons
     const std::vector<std::int64_t> finite = finiteCells(p, layersReady, team);
     for (std::int64_t n : finite)
         result.tested += n;
-    result.threshold = layerOffThresholds(p, th, result.tested, [&](int l) { return ratios.typicalFloor(l); });
+    result.threshold = layerOffThresholds(p, th, result.tested, layersReady);
 
     // Off cells per layer; affected layers.
     std::vector<std::vector<OffCell>>& off = result.cells;

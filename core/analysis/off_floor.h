@@ -51,8 +51,6 @@ public:
     double between(int layer, std::int64_t token, KvPart part, const float* reference, const float* predicted,
                    const float* actual, int dim) const;
 
-    // The median floor of a layer's tokens (two-way: the dtype's, or a quantised cache's).
-    double typicalFloor(int layer) const;
 
 private:
     double floorOf(int layer, std::int64_t token, KvPart part) const;
@@ -68,9 +66,9 @@ double cellFloor(const PromptAnalysis& p, KvPart part, int layer, std::int64_t t
 // The finite cells of each finished layer (both parts), as the thresholds count them.
 std::vector<std::int64_t> finiteCells(const PromptAnalysis& p, const std::vector<char>* layersReady, WorkTeam* team = nullptr);
 // [layer]: a cell whose ratio is above it is off, `tested` cells having been tested (two-way:
-// the drift in each layer's typical floor, the median of its cells').
+// the drift in each finished layer's typical floor, the median of its cells').
 std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, std::int64_t tested,
-                                       const std::function<double(int)>& typicalFloor);
+                                       const std::vector<char>* layersReady);
 // The same for the finished layers of a prompt being analysed, as the suspects would take them
 // now (the map's colours: map_spec.h's ScaleKind::Ratio); reads only those layers.
 std::vector<double> offThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady);

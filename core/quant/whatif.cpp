@@ -1,5 +1,6 @@
 #include "quant/whatif.h"
 
+#include "util/short_number.h"
 #include "format/bundle_error.h"
 #include "quant/quantiser.h"
 #include "util/median.h"
@@ -25,14 +26,6 @@ double relativeL2(const float* a, const float* b, int n)
         ref += double(b[i]) * double(b[i]);
     }
     return ref > 0 ? std::sqrt(diff / ref) : std::nan("");
-}
-
-std::string number(double x, int digits = 3)
-{
-    std::ostringstream s;
-    s.precision(digits);
-    s << x;
-    return s.str();
 }
 
 // What one layer adds to each scheme's result, gathered by the layer's own task.
@@ -328,17 +321,17 @@ void judgeScheme(WhatIfScheme& s)
             within = std::max(within, worse);
         }
     }
-    std::string text = s.scheme.description() + ": within " + number(within, 2) + "x bf16 noise on every layer";
+    std::string text = s.scheme.description() + ": within " + shortNumber(within, 2) + "x bf16 noise on every layer";
     if (!hurt.empty()) {
         std::string names;
         for (std::size_t i = 0; i < hurt.size(); ++i)
             names += (i ? (i + 1 == hurt.size() ? " and " : ", ") : "") + hurt[i];
-        text += " but " + names + " (head " + std::to_string(crushedHead) + "'s error up to " + number(100 * crushed, 2) +
-                "%, the model's typical " + number(100 * s.typicalWorstHead, 2) + "%";
+        text += " but " + names + " (head " + std::to_string(crushedHead) + "'s error up to " + shortNumber(100 * crushed, 2) +
+                "%, the model's typical " + shortNumber(100 * s.typicalWorstHead, 2) + "%";
         if (saturated > 0)
-            text += "; saturates " + number(100 * saturated, 2) + "% of values";
+            text += "; saturates " + shortNumber(100 * saturated, 2) + "% of values";
         if (outlier > 2 * typicalOutlier)  // outlier channels beyond the model's usual
-            text += "; K outlier channels up to " + number(outlier, 2) + "x the median channel";
+            text += "; K outlier channels up to " + shortNumber(outlier, 2) + "x the median channel";
         text += ")";
     }
     s.verdict = text;

@@ -7,6 +7,8 @@
 #include "analysis/error_shape.h"
 #include "analysis/hypotheses.h"
 
+#include "hand_layer.h"
+
 #include <QTest>
 
 #include <algorithm>
@@ -14,31 +16,11 @@
 #include <random>
 
 using namespace kvscope;
+using namespace kvtest::hand;
 
 namespace {
 
-constexpr int kHeads = 4, kDim = 8, kTokens = 24;
 const double kFloor = std::ldexp(1.0, -8);  // two-way bf16: a cell's relative L2 over 2^-8
-
-KvCacheConfig config()
-{
-    return KvCacheConfig::fromJson(R"({"num_blocks": 16, "tp_size": 2, "total_num_kv_heads": 4, "groups": [
-        {"layer_names": ["l0"], "spec_type": "FullAttentionSpec", "block_size": 4, "dtype": "torch.bfloat16",
-         "num_kv_heads": 2, "head_size": 8}]})");
-}
-
-LayerKv randomLayer(std::uint64_t seed)
-{
-    LayerKv kv = LayerKv::unwritten(kHeads, kTokens, kDim);
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal;
-    for (float& x : kv.k)
-        x = normal(rng);
-    for (float& x : kv.v)
-        x = normal(rng);
-    kv.present.assign(kTokens, 1);
-    return kv;
-}
 
 // A two-way prompt of one bf16 layer (its floors 2^-8).
 PromptAnalysis prompt()

@@ -5,37 +5,18 @@
 #include "format/bundle_error.h"
 #include "format/rope_settings.h"
 
+#include "hand_layer.h"
+
 #include <QTest>
 
 #include <cmath>
 #include <random>
 
 using namespace kvscope;
+using namespace kvtest::hand;
 
 namespace {
 
-constexpr int kHeads = 4, kDim = 8, kTokens = 24;
-
-KvCacheConfig config()
-{
-    return KvCacheConfig::fromJson(R"({"num_blocks": 16, "tp_size": 2, "total_num_kv_heads": 4, "groups": [
-        {"layer_names": ["l0"], "spec_type": "FullAttentionSpec", "block_size": 4, "dtype": "torch.bfloat16",
-         "num_kv_heads": 2, "head_size": 8}]})");
-}
-
-// A reference layer of random vectors.
-LayerKv randomLayer(std::uint64_t seed)
-{
-    LayerKv kv = LayerKv::unwritten(kHeads, kTokens, kDim);
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal;
-    for (float& x : kv.k)
-        x = normal(rng);
-    for (float& x : kv.v)
-        x = normal(rng);
-    kv.present.assign(kTokens, 1);
-    return kv;
-}
 
 // A two-way prompt of one layer whose metrics say every cell of `heads` is off (L2 1).
 PromptAnalysis promptWithOff(const std::vector<int>& heads)
