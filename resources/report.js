@@ -176,7 +176,7 @@
       const text = map.tokenText && map.tokensPerColumn === 1 && map.tokenText[first] !== undefined ? " '" + map.tokenText[first] + "'" : "";
       tooltip.innerHTML = "<b>" + map.layerNames[r] + "</b><br>" + map.xName + " " + tokens.replace(/^tokens? /, "") + escapeHtml(text) +
         "<br>" + map.metric + ": " + (v === null ? "no data" : v) + (head >= 0 ? "<br>worst head: " + head : "") +
-        (map.offThresholds && v !== null ? "<br>off above " + map.offThresholds[r].toPrecision(3) + " floors here: " +
+        (map.offThresholds && v !== null ? "<br>off above " + map.offThresholds[r].toPrecision(3) + " floors here (noise reaches it in one capture of a hundred): " +
           (v > map.offThresholds[r] ? "<b>off</b>" : v > 0.5 * map.offThresholds[r] ? "above noise, not off" : "noise") : "");
       tooltip.style.left = (e.clientX + 14) + "px";
       tooltip.style.top = (e.clientY + 10) + "px";

@@ -410,7 +410,7 @@ void PromptPage::refreshHeatmap()
             if (stored && !stored->offThreshold())
                 stored.reset();  // a file from before it was kept: built from the arrays
             built->offThresholds = stored ? std::vector<double>(p.layers.size(), *stored->offThreshold())
-                                          : kvscope::offThresholds(p, suspects, &ready);
+                                          : mapOffThresholds(p, suspects, &ready);
         }
         // The data's colour range: the results file keeps it for its maps (computing it reads every cell).
         const auto range = [&](bool logarithmic) {
@@ -658,7 +658,7 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
     if (const float noise = heatmapBaseValue(*p, s, row, token); !std::isnan(noise))
         text += tr("<br>dtype noise here (expected vs baseline): %1").arg(noise, 0, 'g', 4);
     if (std::size_t(row) < m_offThresholds.size() && std::isfinite(value))  // what the colour says
-        text += tr("<br>off above %1 floors here (the suspects' threshold): %2")
+        text += tr("<br>off above %1 floors here (noise reaches it in one capture of a hundred): %2")
                     .arg(m_offThresholds[std::size_t(row)], 0, 'g', 3)
                     .arg(value > m_offThresholds[std::size_t(row)] ? tr("<b>off</b>")
                          : value > kNoiseShareOfOff * m_offThresholds[std::size_t(row)] ? tr("above noise, not off")

@@ -193,7 +193,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                 shown.range = dataRange(p, spec, false);
                 maps.push_back({mapName(p.id) + "_" + partName(p, part) + "_" + key, std::move(shown),
                                 poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric)),
-                                metric == HeatmapMetric::ErrorRatio ? offThresholds(p, suspects, nullptr) : std::vector<double>()});
+                                metric == HeatmapMetric::ErrorRatio ? mapOffThresholds(p, suspects, nullptr) : std::vector<double>()});
             }
     }
     if (result.aggregate) {
@@ -544,7 +544,7 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     out << "<p class=legend>Black line: prefill | decode. Violet dashed: divergences. Hatched: no data (outside a freed "
            "sliding window, never written). Errors yellow to red from 0 to twice the dtype noise's 99th percentile "
            "(two-way: the errors' own 99th percentile). Error in floors: in units of each layer's off threshold (the "
-           "suspects'), on a log scale: noise quiet, a ramp up to off, then red darkening to 1000x. BC 0..1 (below 0.8 "
+           "suspects' rule, where noise reaches it in one capture of a hundred), on a log scale: noise quiet, a ramp up to off, then red darkening to 1000x. BC 0..1 (below 0.8 "
            "flat red).</p>";
     for (const PromptAnalysis& p : result.prompts)
         writePrompt(out, p, maps);

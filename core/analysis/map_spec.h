@@ -17,7 +17,7 @@ namespace kvscope {
 
 enum class ScaleKind {
     Error,  // yellow (low) to red (high), range from the data (dataRange)
-    // The error in floors over each layer's off threshold (the suspects', off_floor.h), on a log
+    // The error in floors over each layer's off threshold (mapOffThresholds, off_floor.h), on a log
     // scale 0.1..1000: one quiet colour for noise (below half the threshold), a ramp to the
     // threshold, then a loud colour that keeps darkening, so that 10x and 1000x still differ.
     Ratio,

@@ -204,12 +204,12 @@ std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThr
     return thresholds;
 }
 
-std::vector<double> offThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady)
+std::vector<double> mapOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady)
 {
     std::int64_t tested = 0;
     for (std::int64_t n : finiteCells(p, layersReady))
         tested += n;
-    return layerOffThresholds(p, th, tested, layersReady);
+    return layerOffThresholds(p, th, std::int64_t(double(tested) * kMapNoiseCaptures), layersReady);
 }
 
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,

@@ -69,9 +69,12 @@ std::vector<std::int64_t> finiteCells(const PromptAnalysis& p, const std::vector
 // the drift in each finished layer's typical floor, the median of its cells').
 std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, std::int64_t tested,
                                        const std::vector<char>* layersReady);
-// The same for the finished layers of a prompt being analysed, as the suspects would take them
-// now (the map's colours: map_spec.h's ScaleKind::Ratio); reads only those layers.
-std::vector<double> offThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady);
+// The map's "off" (map_spec.h's ScaleKind::Ratio), per layer: the same rule for a hundred times
+// the cells, so that noise reaches it once in a hundred captures. The suspects' own threshold
+// lets about one noise cell a capture through (their layer rules then discard it); a map must not
+// paint that cell loud on a clean capture. Reads only the finished layers.
+inline constexpr double kMapNoiseCaptures = 100;
+std::vector<double> mapOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady);
 
 struct OffFloor {
     CellRatios ratios;

@@ -124,8 +124,8 @@ void writeStoredMapRanges(Hdf5File& file, std::size_t index, const PromptAnalysi
 {
     for (const HeatmapSpec& spec : storedMapSpecs(p, options)) {
         if (scaleOf(spec.metric) == ScaleKind::Ratio && p.threeWay) {
-            // Drawn in units of the suspects' off threshold, one for every layer three-way.
-            const double threshold = offThresholds(p, options.suspects, nullptr).front();
+            // Drawn in units of the map's off threshold (off_floor.h), one for every layer three-way.
+            const double threshold = mapOffThresholds(p, options.suspects, nullptr).front();
             const std::lock_guard lock(hdf5Mutex());
             file.writeDoubleAttribute(results_path::map(index, spec), "off_threshold", threshold);
         }

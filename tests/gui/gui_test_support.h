@@ -112,17 +112,18 @@ inline double referenceRatio(const PromptAnalysis& p, KvPart part, int layer, qi
     return a < 0 || b < 0 ? std::nan("") : a / std::max(b, 1e-10);
 }
 
-// A layer's off threshold in floors, by the formula of docs/suspects.md, counted here: 6 floors
-// + 2.6 a decade of cells tested beyond 1000 (every finite cell, K and V); two-way (a bf16
-// cache) plus the drift, 20 + 4 a decade, times sqrt(layer + 1).
-inline double offThresholdByFormula(const PromptAnalysis& p, int layer)
+// A layer's off threshold on the map in floors, by the formula of docs/suspects.md for a hundred
+// times the cells counted here (`timesTheCells` 1: the suspects' own) (noise reaches it in one capture of a hundred): 6 floors + 2.6 a
+// decade of cells beyond 1000 (every finite cell, K and V); two-way (a bf16 cache) plus the
+// drift, 20 + 4 a decade, times sqrt(layer + 1).
+inline double offThresholdByFormula(const PromptAnalysis& p, int layer, double timesTheCells = 100)
 {
     double cells = 0;
     for (int l = 0; l < int(p.layers.size()); ++l)
         for (qint64 t = 0; t < p.tokens; ++t)
             for (int h = 0; h < p.heads; ++h)
                 cells += std::isfinite(p.value(Metric::KL2, l, t, h)) ? 2 : 0;
-    const double decades = std::max(0.0, std::log10(cells / 1000.0));
+    const double decades = std::max(0.0, std::log10(timesTheCells * cells / 1000.0));
     const double rounding = 6.0 + 2.6 * decades;
     return p.threeWay ? rounding : rounding + (20.0 + 4.0 * decades) * std::sqrt(layer + 1.0);
 }

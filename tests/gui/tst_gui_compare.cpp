@@ -64,7 +64,7 @@ void TestCompare::regressionsFirstAndTheMapIsBMinusA()
     // prompts' off thresholds, by the formula (three-way: the same for every layer).
     double level = 0;
     for (const PromptAnalysis& p : m_reference.prompts)
-        level = std::max(level, offThresholdByFormula(p, m_faultLayer));
+        level = std::max(level, offThresholdByFormula(p, m_faultLayer, 1.0));
     QVERIFY2(sameTo4Digits(table->item(0, 4)->text().toDouble(), level) ||
                  std::abs(table->item(0, 4)->text().toDouble() - level) < 0.005 * level,  // (shown to 3 digits)
              qPrintable(table->item(0, 4)->text() + " vs " + QString::number(level)));
