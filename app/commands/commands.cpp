@@ -100,6 +100,8 @@ std::vector<Command> bundleCommands()
                   "  --mla                  an MLA model (DeepSeek's latent attention, one MLAAttentionSpec group):\n"
                   "                         c_kv 4 x head-dim, k_pe head-dim / 2 wide; after --demo, the MLA demo\n"
                   "  --kv-lora-rank N --rope-head-dim N   the MLA latent's widths (after --mla)\n"
+                  "  --rope-scaling llama3  the model's RoPE scaled as Llama 3.1's (factor 8 over an original\n"
+                  "                         context of 32 positions); none (default): unscaled\n"
                   "  --tp N --block-size N --sliding-block-size N\n"
                   "  --dcp N --cp-interleave N  decode context parallelism: N ranks of one head split its\n"
                   "                         positions, in runs of --cp-interleave (default 1)\n"

@@ -52,6 +52,11 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.integer("--ffn", o.shape.ffn);
     parser.integer("--vocab", o.shape.vocab);
     parser.integer("--window", o.shape.window);
+    parser.custom("--rope-scaling", [&o](const std::string& type) {
+        if (type != "llama3" && type != "none")
+            throw std::invalid_argument("--rope-scaling takes llama3 or none");
+        o.shape.llama3Rope = type == "llama3";
+    });
     parser.custom("--spec", [&o](const std::string& spec) {
         if (spec != "sliding" && spec != "full" && spec != "chunked")
             throw std::invalid_argument("--spec takes sliding, full or chunked");

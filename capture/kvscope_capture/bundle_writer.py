@@ -275,6 +275,87 @@ def _string_dataset(group, name, values):
     return _dataset(group, name, array, dtype=dtype)
 
 
+def _rope_scaling(params, cfg, rotary):
+    """The `rope` attribute's scaling from transformers' rope_scaling / rope_parameters dict
+    (None: the default rotation). Parameters as transformers' _compute_*_parameters read them
+    (huggingface/transformers src/transformers/modeling_rope_utils.py, main as of 2025), with the
+    defaults its standardize_rope_params fills in: original_max_position_embeddings from the
+    config's own (Phi-3 keeps it outside rope_scaling, and it wins) or max_position_embeddings."""
+    kind = params.get("rope_type", params.get("type")) or "default"
+    section = params.get("mrope_section")
+    out = {"type": kind}
+    if section is not None:
+        if not isinstance(section, (list, tuple)) or not all(isinstance(x, int) and x >= 0 for x in section):
+            raise ValueError(f"rope: mrope_section must be a list of pair counts, not {section!r}")
+        out["mrope_section"] = [int(x) for x in section]
+    if kind == "mrope" and section is None:
+        raise ValueError("rope: mrope scaling without mrope_section")
+
+    def number(key, value=None):
+        value = params.get(key) if value is None else value
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise ValueError(f"rope: {kind} scaling needs a positive number {key}, not {value!r}")
+        return float(value)
+
+    def original():
+        if kind == "longrope" and cfg.get("original_max_position_embeddings"):
+            return int(cfg["original_max_position_embeddings"])
+        value = params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings") \
+            or cfg.get("max_position_embeddings")
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"rope: {kind} scaling needs original_max_position_embeddings (or the config's "
+                             f"max_position_embeddings), not {value!r}")
+        return value
+
+    def factor_or_ratio(orig):
+        if params.get("factor") is not None:
+            return number("factor")
+        if not cfg.get("max_position_embeddings"):
+            raise ValueError(f"rope: {kind} scaling needs factor or the config's max_position_embeddings")
+        return number("factor", cfg["max_position_embeddings"] / orig)
+
+    if kind == "default" or kind == "mrope":
+        return out if section is not None else None
+    if kind == "linear":
+        out["factor"] = number("factor")
+    elif kind == "llama3":
+        for key in ("factor", "low_freq_factor", "high_freq_factor"):
+            out[key] = number(key)
+        out["original_max_position_embeddings"] = original()
+    elif kind == "yarn":
+        orig = original()
+        out["factor"] = factor_or_ratio(orig)
+        out["original_max_position_embeddings"] = orig
+        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
+            if params.get(key) is not None:
+                out[key] = float(params[key])
+        if params.get("truncate") is not None:
+            out["truncate"] = bool(params["truncate"])
+    elif kind == "longrope":
+        orig = original()
+        for key in ("short_factor", "long_factor"):
+            values = params.get(key)
+            if not isinstance(values, (list, tuple)) or not values:
+                raise ValueError(f"rope: longrope scaling needs {key}, a list of numbers")
+            if rotary is not None and len(values) != rotary // 2:
+                raise ValueError(f"rope: longrope's {key} has {len(values)} factors for {rotary // 2} rotated pairs")
+            out[key] = [float(x) for x in values]
+        out["original_max_position_embeddings"] = orig
+        out["factor"] = factor_or_ratio(orig)
+        if params.get("attention_factor") is not None:
+            out["attention_factor"] = number("attention_factor")
+    elif kind == "dynamic":
+        if params.get("alpha") is not None:
+            raise ValueError("rope: dynamic scaling by alpha (vLLM's DynamicNTKAlpha) is not one transformers "
+                             "defines; leave set_rope out for this model")
+        out["factor"] = number("factor")
+        out["max_position_embeddings"] = int(number("max_position_embeddings", cfg.get("max_position_embeddings")))
+    else:
+        raise ValueError(f"rope: scaling type {kind!r} is not one kvscope's RoPE hypotheses reproduce "
+                         "(linear, llama3, yarn, longrope, dynamic, mrope or default); leave set_rope out for this model")
+    return out
+
+
 class BundleWriter:
     def __init__(self, path, model="", engine="", notes="", engine_only=False, **metadata):
         """engine_only: the engine's side alone, without reference KV (docs/bundle-format.md,
@@ -346,28 +427,34 @@ class BundleWriter:
     def set_rope(self, hf_config):
         """The model's rotary embedding, from its HF config (a transformers PretrainedConfig or
         its dict): rope_theta, the rotary dims (rotary_dim, or partial_rotary_factor of
-        head_dim), and rope_scaling when linear. Written as the root attribute `rope` (JSON,
-        docs/bundle-format.md). style: "neox" (rotated halves, HF's rotate_half, vLLM
-        is_neox_style) unless the config says otherwise."""
+        head_dim), and the scaling, read as transformers reads it (modeling_rope_utils.py): from
+        `rope_parameters` (transformers 5) or `rope_scaling`, its type in rope_type (or the older
+        type): linear, llama3, yarn, longrope, dynamic, and Qwen2-VL's mrope (mrope_section, which
+        text positions reduce to the default rotation). Written as the root attribute `rope`
+        (JSON, docs/bundle-format.md). style: "neox" (rotated halves, HF's rotate_half, vLLM
+        is_neox_style) unless the config says otherwise. Refused (ValueError) only what kvscope
+        cannot reproduce: another scaling type, or a RoPE per layer type."""
         cfg = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
-        theta = cfg.get("rope_theta", 10000.0)
+        params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        if not isinstance(params, dict):
+            raise ValueError(f"rope: rope_scaling must be a dict, not {params!r}")
+        if params and all(isinstance(v, dict) for v in params.values()):
+            raise ValueError(f"rope: one RoPE per layer type ({', '.join(params)}) is not one the bundle's `rope` "
+                             "can say; leave set_rope out for this model")
+        theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
         if not isinstance(theta, (int, float)) or theta <= 1:
             raise ValueError(f"rope: rope_theta must be a number above 1, not {theta!r}")
         head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"]
                                           if "hidden_size" in cfg and "num_attention_heads" in cfg else None)
         rotary = cfg.get("rotary_dim")
+        partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
         if rotary is None and head_dim is not None:
-            rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+            rotary = int(head_dim * partial)
         rope = {"theta": float(theta), "rotary_dim": rotary,
                 "style": "neox" if cfg.get("rope_is_neox_style", True) else "gptj"}
-        scaling = cfg.get("rope_scaling")
-        if scaling:
-            kind = scaling.get("rope_type", scaling.get("type"))
-            if kind not in ("linear", "default"):
-                raise ValueError(f"rope: scaling type {kind!r} is not one kvscope's RoPE hypotheses reproduce "
-                                 "(linear or default); leave set_rope out for this model")
-            if kind == "linear":
-                rope["scaling"] = {"type": "linear", "factor": float(scaling["factor"])}
+        scaling = _rope_scaling(params, cfg, rotary)
+        if scaling is not None:
+            rope["scaling"] = scaling
         _set_string(self._file, "rope", json.dumps(rope))
 
     # --- prompts -----------------------------------------------------------------------

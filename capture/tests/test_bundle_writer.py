@@ -93,9 +93,88 @@ class Writer(unittest.TestCase):
             with h5py.File(self.path, "r") as f:
                 self.assertEqual(json.loads(f.attrs["rope"]), expected)
         w = self.writer()
-        with self.assertRaisesRegex(ValueError, "llama3"):
+        with self.assertRaisesRegex(ValueError, "llama3 scaling needs a positive number low_freq_factor"):
             w.set_rope({"rope_theta": 500000.0, "head_dim": 128, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
         w.abandon()
+
+    def rope_of(self, hf):
+        """The `rope` attribute set_rope writes for an HF config (dict)."""
+        truth, rpc, tables = engine_state(config())
+        with self.writer() as w:
+            w.set_rope(hf)
+            w.add_engine_snapshot("p", rpc, tables, 10)
+            w.add_reference_kv("p", "expected", {n: (k.unsqueeze(0), v.unsqueeze(0)) for n, (k, v) in truth.items()})
+        with h5py.File(self.path, "r") as f:
+            return json.loads(f.attrs["rope"])
+
+    def test_rope_scalings_from_real_configs(self):
+        """The scalings of the models people run, from their config.json as published (trimmed to
+        the fields RoPE reads), written with transformers' names and defaults."""
+        # meta-llama/Llama-3.1-8B
+        llama = {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+                 "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+        self.assertEqual(self.rope_of(llama)["scaling"],
+                         {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192})
+        # deepseek-ai/DeepSeek-V3 (MLA: the rotated part is k_pe, qk_rope_head_dim 64)
+        v3 = {"qk_rope_head_dim": 64, "rotary_dim": 64, "max_position_embeddings": 163840, "rope_theta": 10000,
+              "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                               "original_max_position_embeddings": 4096, "type": "yarn"}}
+        self.assertEqual(self.rope_of(v3),
+                         {"theta": 10000.0, "rotary_dim": 64, "style": "neox",
+                          "scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}})
+        # Qwen2.5-7B-Instruct with the YaRN its model card documents
+        qwen = {"hidden_size": 3584, "num_attention_heads": 28, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+                "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}}
+        self.assertEqual(self.rope_of(qwen)["scaling"],
+                         {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+        # microsoft/Phi-3-mini-128k-instruct: original_max_position_embeddings outside rope_scaling;
+        # factor max_position_embeddings / original (transformers' default attention factor).
+        short = [1.0] * 48
+        long = [1.0 + i / 4 for i in range(48)]
+        phi3 = {"hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 131072,
+                "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+                "rope_scaling": {"long_factor": long, "short_factor": short, "type": "longrope"}}
+        self.assertEqual(self.rope_of(phi3)["scaling"],
+                         {"type": "longrope", "short_factor": short, "long_factor": long,
+                          "original_max_position_embeddings": 4096, "factor": 32.0})
+        # Qwen/Qwen2-VL-7B-Instruct: mrope (transformers renames the type default)
+        for kind in ("mrope", "default"):
+            vl = {"hidden_size": 3584, "num_attention_heads": 28, "rope_theta": 1000000.0,
+                  "rope_scaling": {"type": kind, "mrope_section": [16, 24, 24]}}
+            self.assertEqual(self.rope_of(vl)["scaling"], {"type": kind, "mrope_section": [16, 24, 24]})
+        # Dynamic NTK keeps the config's max_position_embeddings, which transformers' formula reads.
+        dyn = {"head_dim": 128, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+        self.assertEqual(self.rope_of(dyn)["scaling"], {"type": "dynamic", "factor": 2.0, "max_position_embeddings": 4096})
+        # transformers 5's rope_parameters (rope_theta inside it), default or scaled.
+        v5 = {"head_dim": 128, "max_position_embeddings": 131072,
+              "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+        rope = self.rope_of(v5)
+        self.assertEqual((rope["theta"], rope["scaling"]["type"]), (500000.0, "llama3"))
+        self.assertNotIn("scaling", self.rope_of({"head_dim": 64, "rope_parameters": {"rope_type": "default",
+                                                                                         "rope_theta": 1e6}}))
+
+    def test_rope_refusals(self):
+        """Only what kvscope cannot reproduce is refused, with what and why."""
+        cases = [({"head_dim": 64, "rope_scaling": {"rope_type": "proportional", "factor": 2.0}}, "scaling type 'proportional'"),
+                 ({"head_dim": 64, "rope_scaling": {"rope_type": "dynamic", "alpha": 1000.0}}, "alpha"),
+                 ({"head_dim": 64, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "max_position_embeddings"),
+                 ({"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "original_max_position_embeddings"),
+                 ({"head_dim": 8, "max_position_embeddings": 64,
+                   "rope_scaling": {"rope_type": "longrope", "short_factor": [1, 1], "long_factor": [1, 2, 3, 4],
+                                    "original_max_position_embeddings": 16}}, "has 2 factors for 4 rotated pairs"),
+                 ({"head_dim": 64, "rope_scaling": {"type": "mrope"}}, "without mrope_section"),
+                 ({"head_dim": 64, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+                  "one RoPE per layer type")]
+        for hf, message in cases:
+            w = self.writer()
+            with self.subTest(message), self.assertRaisesRegex(ValueError, message):
+                w.set_rope(hf)
+            w.abandon()
 
     def test_format_v2_integrity(self):
         """Newest file format (checksummed metadata), no variable-length string anywhere, and a

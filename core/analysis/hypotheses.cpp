@@ -428,6 +428,39 @@ void tryCacheScales(const Tester& t, const HypothesisInput& in, std::vector<Trie
     out.push_back({offBy, std::fabs(octaves - std::round(octaves)) < 0.02 && std::round(octaves) != 0 ? 0 : 1});
 }
 
+// A model with a scaling beyond linear rotated another way an engine may: without the scaling
+// (rope_scaling not read; vLLM's dynamic NTK, whose base at max_position * factor comes out as
+// the model's own), and for longrope the long factors where HF takes the short ones (vLLM takes
+// them whenever max_model_len exceeds original_max_position_embeddings). None for the others.
+void tryRopeScalingTypes(const RopeSettings& model, const std::string& rotated, std::int64_t length,
+                         const std::function<double(const RopeSettings&)>& predict, const std::function<double()>& share,
+                         std::vector<Tried>& out)
+{
+    const RopeScaling& s = model.scaling;
+    if (s.type == RopeScalingType::Default)
+        return;
+    const std::string type = ropeScalingName(s.type);
+    RopeSettings unscaled = model;
+    unscaled.scaling = RopeScaling{};
+    unscaled.scaling.mropeSection = s.mropeSection;
+    const double r = predict(unscaled);
+    out.push_back({{"rope_unscaled", {},
+                    rotated + " rotated without the model's " + type + " RoPE scaling" +
+                        (s.type == RopeScalingType::Dynamic ? " (as vLLM's dynamic NTK rotates: its base stays the model's)"
+                                                            : " (an engine that ignores rope_scaling)"),
+                    r, 0, share()}, 1});
+    if (s.type == RopeScalingType::LongRope && double(length) <= s.originalMaxPositions) {
+        RopeSettings longer = model;
+        longer.scaling.shortFactor = s.longFactor;
+        const double rl = predict(longer);
+        out.push_back({{"rope_long_factors", {},
+                        rotated + " rotated with longrope's long factors where HF uses the short ones for " +
+                            std::to_string(length) + " tokens (vLLM uses the long ones whenever max_model_len exceeds " +
+                            shortNumber(s.originalMaxPositions, 6) + ")",
+                        rl, 0, share()}, 1});
+    }
+}
+
 void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
     const KvPart rotary = t.rotary();
@@ -457,9 +490,12 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
         }, subset);
     };
     // Un-rotated under the model's settings, rotated again at position(t) under `engine`.
-    RopeRotation undo(model, dim);
+    // The reference is HF's forward over the whole sequence: dynamic NTK and longrope read its
+    // length (rope_frequencies.h).
+    const std::int64_t length = in.prompt.tokens;
+    RopeRotation undo(model, dim, length);
     auto predict = [&](const RopeSettings& engine, const std::function<double(std::int64_t)>& position) {
-        RopeRotation redo(engine, dim);
+        RopeRotation redo(engine, dim, length);
         return kRotated([&](const OffCell& c, const double* from, double* to) {
             undo.setPosition(double(c.token), true);
             undo.apply(from, raw.data());
@@ -474,9 +510,9 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
     for (const OffCell& c : t.cells())
         if (c.part == rotary && few.size() < 16)
             few.push_back(c);
-    RopeRotation turn(model, dim);
+    RopeRotation turn(model, dim, length);
     const auto byOffset = [&](std::int64_t d, const std::vector<OffCell>* subset) {
-        turn.setPosition(double(d));
+        turn.setTurn(double(d));
         return kRotated([&](const OffCell&, const double* from, double* to) { turn.apply(from, to); }, subset);
     };
     const std::int64_t reach = std::min<std::int64_t>(in.prompt.tokens, kMaxOffset);
@@ -547,6 +583,8 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
                         rotated + " rotated over " + std::to_string(int(b->value)) + " dims where the model rotates " +
                             std::to_string(modelDims),
                         b->residual, 0, b->share}, 1});
+    tryRopeScalingTypes(model, rotated, length, [&](const RopeSettings& engine) { return predict(engine, same); },
+                        [&] { return t.share(); }, out);
 }
 
 void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)

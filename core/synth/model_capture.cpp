@@ -470,6 +470,17 @@ void checkOptions(const ModelCaptureOptions& o)
 
 }  // namespace
 
+RopeScaling llama3Scaling()
+{
+    RopeScaling s;
+    s.type = RopeScalingType::Llama3;
+    s.factor = 8;
+    s.lowFreqFactor = 1;
+    s.highFreqFactor = 4;
+    s.originalMaxPositions = 32;
+    return s;
+}
+
 std::vector<FaultKind> allFaultKinds()
 {
     std::vector<FaultKind> kinds;
@@ -1149,11 +1160,17 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         optionsJson["kv_lora_rank"] = o.shape.kvLoraRank;
         optionsJson["qk_rope_head_dim"] = o.shape.ropeHeadDim;
     }
-    meta.extra["synthetic_options"] = jsonText(optionsJson);
     // The model's RoPE as the HF config gives it (tiny_transformer.h: rotated halves, base 10000;
     // MLA rotates k_pe, all of it).
-    meta.extra["rope"] = jsonText(nlohmann::json{
-        {"theta", 10000.0}, {"rotary_dim", o.shape.mla() ? o.shape.ropeHeadDim : o.shape.headDim}, {"style", "neox"}});
+    nlohmann::json rope{{"theta", 10000.0}, {"rotary_dim", o.shape.mla() ? o.shape.ropeHeadDim : o.shape.headDim}, {"style", "neox"}};
+    if (o.shape.llama3Rope) {
+        const RopeScaling s = llama3Scaling();
+        rope["scaling"] = {{"type", "llama3"}, {"factor", s.factor}, {"low_freq_factor", s.lowFreqFactor},
+                           {"high_freq_factor", s.highFreqFactor}, {"original_max_position_embeddings", s.originalMaxPositions}};
+        optionsJson["rope_scaling"] = "llama3";
+    }
+    meta.extra["rope"] = jsonText(rope);
+    meta.extra["synthetic_options"] = jsonText(optionsJson);
 
     // The prompts' tokens, drawn in order from one stream.
     std::mt19937_64 rng(o.seed * 7919 + 17);

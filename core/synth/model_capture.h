@@ -12,6 +12,7 @@
 // its ground truth goes into the bundle's metadata (attribute `synthetic_fault`, JSON).
 
 #include "format/raw_tensor.h"
+#include "format/rope_frequencies.h"
 
 #include <cstdint>
 #include <string>
@@ -57,6 +58,9 @@ enum class FaultKind {
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
 bool parseFault(const std::string& name, FaultKind& kind);
+// The llama3 scaling of ModelShape::llama3Rope, as the bundle's `rope` attribute records it.
+RopeScaling llama3Scaling();
+
 // Every kind a suspect should explain, in declaration order (None and ReplicaDiff aside).
 std::vector<FaultKind> allFaultKinds();
 
@@ -84,6 +88,10 @@ struct ModelShape {
     int kvLoraRank = 0;
     int ropeHeadDim = 0;
     bool mla() const { return kvLoraRank > 0; }
+    // The RoPE's scaling: none, or Llama 3.1's (llama3Scaling(): factor 8, low / high frequency
+    // factors 1 and 4 over an original context of 32 positions, so that a short capture has
+    // pairs in all three bands and runs past the original context).
+    bool llama3Rope = false;
 };
 
 struct ModelCaptureOptions {

@@ -155,16 +155,24 @@ void rope(float* x, int heads, int dim, std::int64_t position, const std::vector
     }
 }
 
+// The model's inverse frequency of pair i of `rotary` dims: 1 / 10000^(2i / rotary), under
+// Llama 3.1's scaling when the model has it (plain arithmetic after the exp: the same bits on
+// every CPU).
+double invFreq(int i, int rotary, bool llama3)
+{
+    const double f = detmath::exp(-(2.0 * i / rotary) * 9.21034037197618273607);  // ln 10000
+    return llama3 ? llama3InverseFrequency(f, llama3Scaling()) : f;
+}
+
 // RoPE of one token's heads in place, another way than the model's (EngineFaults): engine
 // numerics (fp32, one rounding).
-void faultyRope(float* x, int heads, int dim, std::int64_t position, const EngineFaults& f)
+void faultyRope(float* x, int heads, int dim, std::int64_t position, const EngineFaults& f, bool llama3)
 {
     const int rotary = f.ropeDims > 0 ? f.ropeDims : dim;
     const int half = rotary / 2;
     const double pos = double(f.ropeRestart ? position - f.ropeFrom : position + f.ropeShift) / f.ropeDivide;
     for (int i = 0; i < half; ++i) {
-        const float invFreq = float(detmath::exp(-(2.0 * i / rotary) * 9.21034037197618273607));  // ln 10000
-        const float angle = float(pos * double(invFreq));
+        const float angle = float(pos * double(float(invFreq(i, rotary, llama3))));
         double sd = 0, cd = 0;
         detmath::sinCos(angle, sd, cd);
         const float cosA = float(cd), sinA = float(sd);
@@ -322,7 +330,7 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
     // HF: inv_freq = 1 / theta^(2i / dim) in fp32.
     const int rotary = shape.mla() ? shape.ropeHeadDim : shape.headDim;
     for (int i = 0; i < rotary / 2; ++i)
-        m_invFreq.push_back(float(detmath::exp(-(2.0 * i / rotary) * 9.21034037197618273607)));  // ln 10000
+        m_invFreq.push_back(float(invFreq(i, rotary, shape.llama3Rope)));
 }
 
 void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
@@ -407,8 +415,8 @@ void TinyTransformer::latentAttentionKv(const Layer& layer, const Matrix& h, Mat
         const std::int64_t pos = start + i;
         if (engine && faults.ropeApplies(l, pos)) {
             for (int head = 0; head < s.queryHeads; ++head)
-                faultyRope(q.row(i) + std::size_t(head * key + hd), 1, ropeDim, pos, faults);
-            faultyRope(kPe.row(i), 1, ropeDim, pos, faults);
+                faultyRope(q.row(i) + std::size_t(head * key + hd), 1, ropeDim, pos, faults, s.llama3Rope);
+            faultyRope(kPe.row(i), 1, ropeDim, pos, faults, s.llama3Rope);
             continue;
         }
         for (int head = 0; head < s.queryHeads; ++head)
@@ -465,8 +473,8 @@ Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::in
                 for (int i = 0; i < n; ++i) {
                     const std::int64_t pos = start + i;
                     if (engine && faults.ropeApplies(l, pos)) {
-                        faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults);
-                        faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults);
+                        faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults, s.llama3Rope);
+                        faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults, s.llama3Rope);
                     } else {
                         rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
                         const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;

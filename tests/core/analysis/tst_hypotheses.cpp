@@ -71,13 +71,14 @@ private slots:
     void swappedHeadsAreFound();
     void aScaleIsMeasured();
     void aRopeOffsetIsFound();
+    void aRopeOffsetIsFoundUnderScaling();
     void zerosAndUnrelatedData();
 };
 
 void TestHypotheses::ropeRotatesAsWorkedByHand()
 {
     // dim 4, theta 100: pair 0 turns by p rad, pair 1 by p / 10 rad.
-    RopeSettings neox{100.0, 0, true, 1.0};
+    RopeSettings neox{100.0, 0, true, 1.0, {}};
     const double in[4] = {1, 2, 3, 4};
     double out[4], back[4];
     applyRope(neox, 4, 1.0, false, in, out);
@@ -90,12 +91,12 @@ void TestHypotheses::ropeRotatesAsWorkedByHand()
     for (int i = 0; i < 4; ++i)
         QVERIFY(std::fabs(back[i] - in[i]) < 1e-12);
     // Interleaved pairs (0, 1) and (2, 3); a linear scaling of 2 halves the angles.
-    RopeSettings gptj{100.0, 0, false, 2.0};
+    RopeSettings gptj{100.0, 0, false, 2.0, {}};
     applyRope(gptj, 4, 2.0, false, in, out);
     QVERIFY(std::fabs(out[0] - (1 * std::cos(1.0) - 2 * std::sin(1.0))) < 1e-12);
     QVERIFY(std::fabs(out[1] - (2 * std::cos(1.0) + 1 * std::sin(1.0))) < 1e-12);
     // Partial rotary: only the first 2 values turn.
-    RopeSettings partial{100.0, 2, true, 1.0};
+    RopeSettings partial{100.0, 2, true, 1.0, {}};
     applyRope(partial, 4, 1.0, false, in, out);
     QVERIFY(std::fabs(out[0] - (1 * std::cos(1.0) - 2 * std::sin(1.0))) < 1e-12);
     QCOMPARE(out[2], 3.0);
@@ -164,7 +165,7 @@ void TestHypotheses::aScaleIsMeasured()
 
 void TestHypotheses::aRopeOffsetIsFound()
 {
-    const RopeSettings rope{10000.0, 0, true, 1.0};
+    const RopeSettings rope{10000.0, 0, true, 1.0, {}};
     const LayerKv reference = randomLayer(3);
     LayerKv engine = reference;
     // K of every head rotated 5 positions further.
@@ -184,6 +185,62 @@ void TestHypotheses::aRopeOffsetIsFound()
     // Without the rope settings no RoPE hypothesis is tried.
     for (const Hypothesis& x : test(p, offCells({0, 1, 2, 3}, true), engine, reference))
         QVERIFY(x.kind.rfind("rope", 0) != 0);
+}
+
+// The engine's K as the reference's un-rotated for t under `model` and rotated for position(t)
+// under `engine` (RopeRotation against the formulas: tests/core/format/tst_rope_frequencies.cpp).
+static LayerKv rotatedOtherwise(const LayerKv& reference, const RopeSettings& model, const RopeSettings& engine,
+                         std::int64_t shift)
+{
+    LayerKv out = reference;
+    RopeRotation undo(model, kDim, kTokens), redo(engine, kDim, kTokens);
+    for (std::int64_t t = 0; t < kTokens; ++t) {
+        undo.setPosition(double(t), true);
+        redo.setPosition(double(t + shift));
+        for (int h = 0; h < kHeads; ++h) {
+            double in[kDim], raw[kDim], rotated[kDim];
+            float* k = out.k.data() + out.index(KvPart::K, h, t);
+            std::copy_n(k, kDim, in);
+            undo.apply(in, raw);
+            redo.apply(raw, rotated);
+            for (int i = 0; i < kDim; ++i)
+                k[i] = float(rotated[i]);
+        }
+    }
+    return out;
+}
+
+void TestHypotheses::aRopeOffsetIsFoundUnderScaling()
+{
+    // llama3 and yarn (whose attention factor scales K) over an original context shorter than the
+    // layer: K rotated 5 positions further is a rope_offset of 5; rotated without the scaling,
+    // rope_unscaled.
+    RopeSettings llama3{10000.0, 0, true, 1.0, {}};
+    llama3.scaling.type = RopeScalingType::Llama3;
+    llama3.scaling.factor = 8;
+    llama3.scaling.lowFreqFactor = 1;
+    llama3.scaling.highFreqFactor = 4;
+    llama3.scaling.originalMaxPositions = 16;
+    RopeSettings yarn{10000.0, 0, true, 1.0, {}};
+    yarn.scaling.type = RopeScalingType::Yarn;
+    yarn.scaling.factor = 8;
+    yarn.scaling.originalMaxPositions = 16;
+    yarn.scaling.attentionFactor = yarnAttentionFactor(8, 0, 0);
+    const PromptAnalysis p = promptWithOff({0, 1, 2, 3});
+    for (const RopeSettings& model : {llama3, yarn}) {
+        const LayerKv reference = randomLayer(5);
+        const std::vector<Hypothesis> shifted =
+            test(p, offCells({0, 1, 2, 3}, true), rotatedOtherwise(reference, model, model, 5), reference, model);
+        QCOMPARE(shifted.front().kind, std::string("rope_offset"));
+        QCOMPARE(shifted.front().parameter("offset"), 5.0);
+        QVERIFY(shifted.front().residualFloors < 0.01);
+        RopeSettings plain = model;
+        plain.scaling = RopeScaling{};
+        const std::vector<Hypothesis> unscaled =
+            test(p, offCells({0, 1, 2, 3}, true), rotatedOtherwise(reference, model, plain, 0), reference, model);
+        QCOMPARE(unscaled.front().kind, std::string("rope_unscaled"));
+        QVERIFY(unscaled.front().residualFloors < 0.01);
+    }
 }
 
 void TestHypotheses::zerosAndUnrelatedData()

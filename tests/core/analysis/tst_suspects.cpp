@@ -100,6 +100,7 @@ private slots:
     void catalogueThreeWay();
     void catalogueTwoWay();
     void cleanCapturesHaveNone();
+    void llama3ScaledRope();
     void aFaultInEveryCellIsFound();
     void quantisedCaches();
     void jsonCarriesTheSuspects();
@@ -524,6 +525,27 @@ void TestSuspects::cleanCapturesHaveNone()
         check(deep, "clean, 80 layers" + mode);
     }
     QVERIFY2(m_failures.isEmpty(), qPrintable(QString("%1 wrong:\n").arg(m_failures.size()) + m_failures.join("\n")));
+}
+
+void TestSuspects::llama3ScaledRope()
+{
+    // A model with Llama 3.1's RoPE scaling (its original context 32 positions, the prompts past
+    // it): clean, no suspect; K rotated one position too far, the RoPE offset explains it.
+    for (std::uint64_t seed : {1u, 2u})
+        for (bool threeWay : {true, false}) {
+            ModelCaptureOptions o = shape(Tp::Partitioned, true, seed);
+            o.shape.llama3Rope = true;
+            o.promptLens = {40, 60};
+            o.baseline = threeWay;
+            const QString mode = QString("llama3 RoPE, seed %1%2").arg(seed).arg(threeWay ? "" : ", two-way");
+            check(o, "clean, " + mode);
+            o.fault = FaultKind::RopeOffset;
+            o.faultLayer = 2;
+            check(o, "rope_offset, " + mode);
+        }
+    QVERIFY2(m_failures.isEmpty(), qPrintable(QString("%1 wrong:\n").arg(m_failures.size()) + m_failures.join("\n")));
+    QVERIFY2(m_unseen.isEmpty(), qPrintable("faults without a suspect: " + m_unseen.join("; ")));
+    QVERIFY2(m_leads.isEmpty(), qPrintable("leads that do not lead:\n" + m_leads.join("\n")));
 }
 
 void TestSuspects::quantisedCaches()
