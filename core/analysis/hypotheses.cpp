@@ -461,6 +461,19 @@ void tryRopeScalingTypes(const RopeSettings& model, const std::string& rotated, 
     }
 }
 
+// The engine rotating in the other pair convention.
+Tried ropeConvention(const RopeSettings& model, const std::string& rotated,
+                     const std::function<double(const RopeSettings&)>& predict, const std::function<double()>& share)
+{
+    RopeSettings other = model;
+    other.neoxStyle = !model.neoxStyle;
+    const double r = predict(other);
+    return {{"rope_convention", {},
+             rotated + " rotated in the other pair convention (" + (other.neoxStyle ? "rotated halves" : "interleaved pairs") +
+                 " where the model uses " + (model.neoxStyle ? "rotated halves" : "interleaved pairs") + ")",
+             r, 0, share()}, 1};
+}
+
 void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
     const KvPart rotary = t.rotary();
@@ -490,8 +503,7 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
         }, subset);
     };
     // Un-rotated under the model's settings, rotated again at position(t) under `engine`.
-    // The reference is HF's forward over the whole sequence: dynamic NTK and longrope read its
-    // length (rope_frequencies.h).
+    // The reference is HF's forward over the whole sequence, whose length dynamic NTK and longrope read.
     const std::int64_t length = in.prompt.tokens;
     RopeRotation undo(model, dim, length);
     auto predict = [&](const RopeSettings& engine, const std::function<double(std::int64_t)>& position) {
@@ -537,12 +549,8 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
                                                     : " (a position offset)");
     out.push_back({{"rope_offset", {{"offset", double(bestOffset)}}, offsetText, best, 0, bestShare}, 1});
 
-    RopeSettings other = model;
-    other.neoxStyle = !model.neoxStyle;
-    out.push_back({{"rope_convention", {},
-                    rotated + " rotated in the other pair convention (" + (other.neoxStyle ? "rotated halves" : "interleaved pairs") +
-                        " where the model uses " + (model.neoxStyle ? "rotated halves" : "interleaved pairs") + ")",
-                    predict(other, same), 0, t.share()}, 1});
+    const auto bySame = [&](const RopeSettings& engine) { return predict(engine, same); };
+    out.push_back(ropeConvention(model, rotated, bySame, [&] { return t.share(); }));
 
     // One setting changed over candidate values (the model's own left out): the best value,
     // its residual and share; none when every candidate is the model's.
@@ -583,8 +591,7 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
                         rotated + " rotated over " + std::to_string(int(b->value)) + " dims where the model rotates " +
                             std::to_string(modelDims),
                         b->residual, 0, b->share}, 1});
-    tryRopeScalingTypes(model, rotated, length, [&](const RopeSettings& engine) { return predict(engine, same); },
-                        [&] { return t.share(); }, out);
+    tryRopeScalingTypes(model, rotated, length, bySame, [&] { return t.share(); }, out);
 }
 
 void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
