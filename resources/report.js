@@ -99,12 +99,38 @@
       };
       if (map.prefill !== null) line(map.prefill, "rgb(" + SCALES.prefillLine.join(",") + ")", []);
       for (const d of map.divergences) line(d, "rgb(" + SCALES.divergenceLine.join(",") + ")", [6, 4]);
+      // The suspect (map_spec.h): the spread's rows dimmed and labelled, the onset's framed.
+      if (map.onsetRow !== undefined) {
+        ctx.fillStyle = "rgba(255,255,255,0.55)";
+        for (const r of map.spreadRows) ctx.fillRect(left, top + r * rowHeight, plotW, rowHeight);
+        ctx.strokeStyle = "rgb(70,70,90)";
+        ctx.lineWidth = 2;
+        ctx.setLineDash([]);
+        ctx.strokeRect(left + 1, top + map.onsetRow * rowHeight, plotW - 2, rowHeight);
+      }
       if (selection) {
         ctx.fillStyle = "rgba(0,0,0,0.15)";
         ctx.fillRect(Math.min(selection[0], selection[1]), top, Math.abs(selection[1] - selection[0]), rowHeight * map.rows.length);
       }
       ctx.restore();
       ctx.setLineDash([]);
+      if (map.spreadRows && map.spreadRows.length) {  // one label, on the longest run of spread rows
+        let best = [0, -1];
+        for (let i = 0; i < map.spreadRows.length;) {
+          let j = i;
+          while (j + 1 < map.spreadRows.length && map.spreadRows[j + 1] === map.spreadRows[j] + 1) j++;
+          if (map.spreadRows[j] - map.spreadRows[i] > best[1] - best[0]) best = [map.spreadRows[i], map.spreadRows[j]];
+          i = j + 1;
+        }
+        ctx.font = "italic 11px sans-serif";
+        ctx.textAlign = "right";
+        ctx.textBaseline = "middle";
+        const y = top + (best[0] + best[1] + 1) / 2 * rowHeight, w = ctx.measureText(map.spreadLabel).width;
+        ctx.fillStyle = "rgba(255,255,255,0.8)";
+        ctx.fillRect(left + plotW - 6 - w - 3, y - 8, w + 6, 16);
+        ctx.fillStyle = "rgb(60,60,80)";
+        ctx.fillText(map.spreadLabel, left + plotW - 6, y);
+      }
       ctx.fillStyle = "#222";
       ctx.font = "11px sans-serif";
       ctx.textAlign = "right";
@@ -177,7 +203,9 @@
       tooltip.innerHTML = "<b>" + map.layerNames[r] + "</b><br>" + map.xName + " " + tokens.replace(/^tokens? /, "") + escapeHtml(text) +
         "<br>" + map.metric + ": " + (v === null ? "no data" : v) + (head >= 0 ? "<br>worst head: " + head : "") +
         (map.offThresholds && v !== null ? "<br>off above " + map.offThresholds[r].toPrecision(3) + " floors here (noise reaches it in one capture of a hundred): " +
-          (v > map.offThresholds[r] ? "<b>off</b>" : v > 0.5 * map.offThresholds[r] ? "above noise, not off" : "noise") : "");
+          (v > map.offThresholds[r] ? "<b>off</b>" : v > 0.5 * map.offThresholds[r] ? "above noise, not off" : "noise") : "") +
+        (map.spreadRows && map.spreadRows.includes(r) ? "<br><i>" + escapeHtml(map.spreadLabel) + ": the suspect starts there; this layer's error follows from it</i>" : "") +
+        (map.onsetRow === r ? "<br><b>the suspect starts here</b>" : "");
       tooltip.style.left = (e.clientX + 14) + "px";
       tooltip.style.top = (e.clientY + 10) + "px";
       tooltip.style.display = "block";

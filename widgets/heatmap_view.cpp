@@ -316,7 +316,63 @@ void HeatmapView::showMap(const MapSpec& spec)
     setTopLabels(at, labels);
     setTitle(QString::fromStdString(spec.title));
     xAxis->setLabel(QString::fromStdString(spec.xLabel));
+    setSuspectRows(spec.onsetRow, spec.spreadRows, QString::fromStdString(spec.spreadLabel));
     setScale(spec.scale, toQcpRange(spec.range), false);
+}
+
+void HeatmapView::setSuspectRows(int onsetRow, const std::vector<int>& spreadRows, const QString& label)
+{
+    for (QCPAbstractItem* item : std::as_const(m_suspectMarks))
+        removeItem(item);
+    m_suspectMarks.clear();
+    m_spreadRows = QList<int>(spreadRows.begin(), spreadRows.end());
+    m_spreadLabel = label;
+    // A rectangle over rows [first, last], the map's whole width.
+    const auto rowsRect = [&](int first, int last) {
+        auto* rect = new QCPItemRect(this);
+        for (QCPItemPosition* corner : {rect->topLeft, rect->bottomRight}) {
+            corner->setTypeX(QCPItemPosition::ptAxisRectRatio);
+            corner->setTypeY(QCPItemPosition::ptPlotCoords);
+        }
+        rect->topLeft->setCoords(0, double(first) - 0.5);
+        rect->bottomRight->setCoords(1, double(last) + 0.5);
+        m_suspectMarks << rect;
+        return rect;
+    };
+    // Dimmed, not hidden: the spread's colours still read, paler than the onset's. One label,
+    // on the longest run of spread rows (scattered rows would stack labels).
+    QList<int> rows = m_spreadRows;
+    std::sort(rows.begin(), rows.end());
+    int labelFirst = -1, labelLast = -1;
+    for (qsizetype i = 0; i < rows.size();) {
+        qsizetype j = i;
+        while (j + 1 < rows.size() && rows[j + 1] == rows[j] + 1)
+            ++j;
+        QCPItemRect* cover = rowsRect(rows[i], rows[j]);
+        cover->setPen(Qt::NoPen);
+        cover->setBrush(QColor(255, 255, 255, 140));
+        if (labelFirst < 0 || rows[j] - rows[i] > labelLast - labelFirst)
+            labelFirst = rows[i], labelLast = rows[j];
+        i = j + 1;
+    }
+    if (labelFirst >= 0) {
+        auto* text = new QCPItemText(this);
+        text->position->setTypeX(QCPItemPosition::ptAxisRectRatio);
+        text->position->setTypeY(QCPItemPosition::ptPlotCoords);
+        text->position->setCoords(0.995, (double(labelFirst) + double(labelLast)) / 2);
+        text->setPositionAlignment(Qt::AlignRight | Qt::AlignVCenter);
+        text->setText(label);
+        text->setColor(QColor(60, 60, 80));
+        text->setBrush(QColor(255, 255, 255, 200));
+        text->setFont(QFont(font().family(), 8, -1, true));
+        m_suspectMarks << text;
+    }
+    if (onsetRow >= 0) {
+        QCPItemRect* frame = rowsRect(onsetRow, onsetRow);
+        frame->setPen(QPen(QColor(70, 70, 90), 2));  // (not the prefill line's black)
+        frame->setBrush(Qt::NoBrush);
+    }
+    replot(QCustomPlot::rpQueuedReplot);
 }
 
 void HeatmapView::setMarkers(double prefillBoundary, const QVector<double>& divergences)

@@ -31,6 +31,11 @@ public:
     // analysed and shown.
     void setPendingRows(const std::vector<char>& ready, const QString& label, int startedRow = -1, qint64 startedTokens = 0);
     void setRowLabels(const QStringList& labels);
+    // The suspect's rows: the onset row framed, the spread rows dimmed and labelled `label`
+    // (MapSpec::onsetRow, spreadRows). -1 / empty: none.
+    void setSuspectRows(int onsetRow, const std::vector<int>& spreadRows, const QString& label);
+    bool isSpreadRow(int row) const { return m_spreadRows.contains(row); }
+    const QString& spreadLabel() const { return m_spreadLabel; }
     // Rows labelled however many rows share the height (the others thin out around them).
     void setPinnedRows(const QList<int>& rows);
     void setTokenLabels(const QStringList& labels);  // shown on the X axis when zoomed in enough
@@ -91,6 +96,9 @@ private:
     QCPItemText* m_emptyText = nullptr;
     QList<QCPAbstractItem*> m_markers;
     QList<QCPAbstractItem*> m_pending;
+    QList<QCPAbstractItem*> m_suspectMarks;
+    QList<int> m_spreadRows;
+    QString m_spreadLabel;
     HeatmapGrid m_grid;
     QStringList m_tokenLabels;
     QStringList m_rowLabels;

@@ -1,4 +1,5 @@
 #include "commands/commands.h"
+#include "commands/terminal_progress.h"
 
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
@@ -70,19 +71,14 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
             << "\n";
 
     const std::vector<WorstCell> worst = worstCells(p, 8);
-    out << "  worst cells ("
-        << (!p.threeWay    ? "relative L-inf"
-            : p.heads > 1 ? "error ratio: the head's L-inf over the cell's noise floor"
-                          : "error ratio: the L-inf over the cell's noise floor")
-        << "):\n";
+    out << "  worst cells (in floors: " << (p.threeWay ? "L-inf / the expected-vs-baseline L-inf" : "L2 / the dtype's rounding")
+        << (p.heads > 1 ? ", worst head" : "") << "):\n";
     for (const WorstCell& c : worst) {
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token;
         if (p.heads > 1)  // (an MLA latent is one vector: no head to name)
             out << " head " << std::setw(3) << c.head;
-        out << partName(p, c.part) << "_linf " << std::setw(9) << fixed(c.error);
-        if (p.threeWay)
-            out << " floor " << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio);
-        out << "\n";
+        out << partName(p, c.part) << (p.threeWay ? "_linf " : "_l2 ") << std::setw(9) << fixed(c.error) << " floor "
+            << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio) << "\n";
     }
 
     // Per layer: the largest L-inf, and (three-way) the lowest per-token BC against the noise
@@ -138,6 +134,10 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     const std::string& bundle = inputs.front();
     const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;
     try {
+        // (in the try: gone, its line cleared, before a handler prints the error)
+        TerminalProgress progress(err, "kvscope analyze: analysed");
+        if (progress.shown())
+            options.layerDone = [&progress](int, int done, int total) { progress.update(done, total); };
         const bool sweep = isSweep(inputs);
         for (const std::string& output : {jsonPath, savePath})
             if (!output.empty())
@@ -186,9 +186,11 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
             } else {
                 result = analyzeAndSave(reader, options, savePath);
             }
+            progress.clear();
             if (!savePath.empty())
                 out << "wrote " << savePath << "\n";
         }
+        progress.clear();
         if (!jsonPath.empty()) {
             std::ofstream file(jsonPath, std::ios::binary);
             if (!file)

@@ -14,12 +14,14 @@ namespace {
 std::vector<Command> analysingCommands()
 {
     return {
-        {"demo", "demo [DIR] [--mla]\n"
+        {"demo", "demo [DIR] [--mla] [--capture-only]\n"
                  "  opens the app on the built-in demo capture, made in DIR (default ./kvscope-demo) on first\n"
-                 "  use: a 24-layer model with a RoPE fault in layer 13; without a display, writes its HTML\n"
-                 "  report into DIR/report and prints its analysis\n"
-                 "  --mla  the MLA demo instead: 16 layers of DeepSeek-style latent attention (c_kv 256,\n"
-                 "         k_pe 32) over TP 4, with a RoPE fault in k_pe of layer 9 (report: DIR/report-mla)\n",
+                 "  use (the window shows it being made): a 24-layer model with a RoPE fault in layer 13;\n"
+                 "  without a display, writes its HTML report into DIR/report and prints its analysis\n"
+                 "  --mla           the MLA demo instead: 16 layers of DeepSeek-style latent attention (c_kv\n"
+                 "                  256, k_pe 32) over TP 4, with a RoPE fault in k_pe of layer 9 (report:\n"
+                 "                  DIR/report-mla)\n"
+                 "  --capture-only  make the capture (when missing) and stop\n",
          "open the app on the built-in demo capture (headless: write its report)", nullptr},
         {"analyze", "analyze BUNDLE|RESULTS.kvres [--json OUT.json] [--save RESULTS.kvres] [--prompt ID]... [--layers SPEC]\n"
                     "        [--threads N] [--strict] [--suspect-floor 6] [--suspect-drift-two-way 20]\n"

@@ -34,6 +34,7 @@ void AnalysisController::forget()
     m_result.reset();
     m_ready.clear();
     m_resultsFile.clear();
+    m_results.reset();
 }
 
 void AnalysisController::stopped(const QString& error, bool wasOpened)
@@ -78,7 +79,19 @@ bool isSweepOf(const QStringList& paths)
 
 void AnalysisController::open(const QStringList& paths)
 {
+    openMade(paths, {}, {});
+}
+
+void AnalysisController::openMade(const QString& path, const std::vector<std::string>& makeArgv, const QString& making)
+{
+    openMade(QStringList{path}, makeArgv, making);
+}
+
+void AnalysisController::openMade(const QStringList& paths, const std::vector<std::string>& makeArgv, const QString& making)
+{
     OpenRun run;
+    run.makeArgv = makeArgv;
+    run.making = making;
     run.sweep = isSweepOf(paths);
     run.path = paths.size() > 1 ? tr("%1 and %2 more").arg(paths.front()).arg(paths.size() - 1) : paths.front();
     // What is on screen stays until this one opens (a broken file must not take it away): a
@@ -107,6 +120,8 @@ void AnalysisController::runOpen(const OpenRun& run, const EngineJob& job)
     bool wasOpened = false;  // failing later leaves no part of this bundle shown
     try {
         std::string bundle = run.path.toStdString();
+        if (!run.makeArgv.empty() && !QFileInfo::exists(run.path))
+            makeBundle(run, job);
         if (run.importDir) {
             job.progress(0, 0, tr("importing %1").arg(run.path));
             bundle = QDir(run.importDir->path()).filePath("imported.h5").toStdString();
@@ -143,6 +158,42 @@ void AnalysisController::runOpen(const OpenRun& run, const EngineJob& job)
     }
 }
 
+void AnalysisController::makeBundle(const OpenRun& run, const EngineJob& job)
+{
+    job.progress(0, 0, run.making);
+    const ChildExit exit = runChildProcess(run.makeArgv, job.cancelFlag());
+    if (exit.cancelled)
+        throw ImportCancelled{};
+    if (exit.signal != 0 || exit.exitCode != 0 || !QFileInfo::exists(run.path))
+        throw std::runtime_error(tr("%1 could not be made: %2")
+                                     .arg(run.path, exit.messages.empty() ? tr("no message") : QString::fromStdString(exit.messages))
+                                     .toStdString());
+}
+
+void AnalysisController::locateBundle(const QString& bundle)
+{
+    if (!m_results || m_bundleMissing.isEmpty())
+        return;
+    // The record's header only (its arrays stay where they are, in the result on screen).
+    auto header = std::make_shared<ResultsFile>();
+    header->path = m_results->path;
+    header->bundlePath = m_results->bundlePath;
+    header->bundleFingerprint = m_results->bundleFingerprint;
+    header->bundle = m_results->bundle;
+    header->options = m_results->options;
+    m_door.ask("locate", this, [this, header, bundle](EngineJob& job) {
+        job.progress(0, 0, tr("checking %1").arg(bundle));
+        findResultsBundle(*header, bundle.toStdString());
+        auto found = std::make_shared<const CaptureLoader>(header->bundle, header->options.unreadableBlocks);
+        job.deliver([this, found, header, bundle] {
+            m_bundleMissing = QString::fromStdString(header->bundleMissing);
+            if (m_bundleMissing.isEmpty())
+                m_loader = found;
+            emit bundleLocated();
+        });
+    });
+}
+
 void AnalysisController::readResults(const OpenRun& run, const EngineJob& job, const std::string& file, bool& wasOpened)
 {
     // A saved analysis: its record and stored map at once (the map is read from the file as it
@@ -162,9 +213,10 @@ void AnalysisController::readResults(const OpenRun& run, const EngineJob& job, c
     });
     findResultsBundle(*results);
     auto found = std::make_shared<const CaptureLoader>(results->bundle, results->options.unreadableBlocks);
-    job.deliver([this, found, missing = QString::fromStdString(results->bundleMissing)] {
+    job.deliver([this, found, results, missing = QString::fromStdString(results->bundleMissing)] {
         m_loader = found;
         m_bundleMissing = missing;
+        m_results = results;
     });
     readResultsArrays(*results, [this, &job, layers, hook = run.hooks.layer](int layer) {
         if (hook)
@@ -197,6 +249,7 @@ void AnalysisController::analyse(const OpenRun& run, const EngineJob& job, const
     job.deliver([this, loader, result, layers, path = run.path, importDir = run.importDir, options] {
         m_bundleMissing.clear();
         m_resultsFile.clear();
+        m_results.reset();
         m_recorded = recordedOptions(options);
         adopt(loader, result, layers, importDir);
         emit opened(path);

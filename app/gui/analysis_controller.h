@@ -23,6 +23,8 @@
 
 namespace kvscope {
 
+struct ResultsFile;
+
 struct HeadErrorHistogram;
 
 class AnalysisController : public QObject {
@@ -39,6 +41,10 @@ public:
     // then result() and path() are the kept one's.
     void open(const QString& path) { open(QStringList{path}); }
     void open(const QStringList& paths);
+    // Opens `path` once a child process (`makeArgv`, killed on cancel) has made it, with
+    // `making` as the progress text meanwhile: the demo's capture, made on first use while
+    // the window is already up. Nothing is made when the file exists.
+    void openMade(const QString& path, const std::vector<std::string>& makeArgv, const QString& making);
     void cancel();
     bool isRunning() const { return m_running; }
     // Told what happens to the open capture, in the order they were added (before the signals).
@@ -56,6 +62,9 @@ public:
     std::shared_ptr<const AnalysisResult> result() const { return m_result; }
     // A results file whose bundle is not at hand: why (its KV views cannot be shown); else empty.
     QString bundleMissing() const { return m_bundleMissing; }
+    // A results file whose bundle was not found: tries `bundle` (checked to be the one
+    // analysed); bundleLocated() after, with bundleMissing() saying why not when it is not.
+    void locateBundle(const QString& bundle);
     // What the open analysis ran with (a results file's: as it was saved).
     const RecordedOptions& recorded() const { return m_recorded; }
     // The results file open (its stored maps: results/stored_map.h), or empty for a bundle.
@@ -88,6 +97,7 @@ signals:
     // one row, tokens [0, row->columns).
     void rowStarted(int layer, int prompt, const kvscope::HeatmapSpec& spec, std::shared_ptr<const kvscope::HeatmapGrid> row);
     void finished();
+    void bundleLocated();
     void failed(const QString& message);
     void cancelled();
 
@@ -107,10 +117,14 @@ private:
         std::vector<std::string> bundles;
         bool sweep = false;
         std::shared_ptr<QTemporaryDir> importDir;  // a folder of dumps is imported here first
+        std::vector<std::string> makeArgv;  // a child that makes the bundle first (openMade)
+        QString making;
         TestHooks hooks;
     };
     // On the worker thread: import, probe, then read a results file or analyse a bundle.
+    void openMade(const QStringList& paths, const std::vector<std::string>& makeArgv, const QString& making);
     void runOpen(const OpenRun& run, const EngineJob& job);
+    void makeBundle(const OpenRun& run, const EngineJob& job);
     void readResults(const OpenRun& run, const EngineJob& job, const std::string& file, bool& wasOpened);
     void analyse(const OpenRun& run, const EngineJob& job, const std::string& bundle, bool& wasOpened);
     // After a window of a long layer: the start of its row in the followed map, to the GUI thread.
@@ -134,6 +148,7 @@ private:
     QString m_keptPath;  // the analysis shown while another opens
     QString m_bundleMissing;
     QString m_resultsFile;
+    std::shared_ptr<const ResultsFile> m_results;  // the open results file's record (locateBundle)
     RecordedOptions m_recorded;  // what the open analysis ran with, for saving it
     std::shared_ptr<const CaptureLoader> m_loader;
     std::shared_ptr<AnalysisResult> m_result;

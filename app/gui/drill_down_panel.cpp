@@ -25,6 +25,7 @@ DrillDownPanel::DrillDownPanel(AnalysisController& controller, QWidget* parent)
     , m_headProxy(new QSortFilterProxyModel(this))
     , m_headView(new QTableView)
     , m_floor(new QLabel)
+    , m_headMarks(new QLabel)
     , m_histogram(new HistogramView)
     , m_logCounts(new QCheckBox(tr("log counts")))
     , m_logErrors(new QCheckBox(tr("log errors")))
@@ -48,12 +49,18 @@ DrillDownPanel::DrillDownPanel(AnalysisController& controller, QWidget* parent)
     m_logErrors->setChecked(true);
     m_logErrors->setToolTip(tr("Error axis on a log scale: a fault's errors and dtype noise differ by orders of magnitude"));
     m_wholeSequence->setToolTip(tr("The histogram of every token of the layer instead of the selected token"));
+    // Tab goes from the head table to the next panel, not through the histogram's options.
+    for (QCheckBox* box : {m_logCounts, m_logErrors, m_wholeSequence})
+        box->setFocusPolicy(Qt::ClickFocus);
 
     auto* tableBox = new QWidget;
     auto* tableLayout = new QVBoxLayout(tableBox);
     tableLayout->setContentsMargins(0, 0, 0, 0);
     tableLayout->addWidget(m_floor);
     tableLayout->addWidget(m_headView);
+    tableLayout->addWidget(m_headMarks);
+    m_headMarks->setWordWrap(true);
+    m_headMarks->hide();
 
     auto* histogramBox = new QWidget;
     auto* histogramLayout = new QVBoxLayout(histogramBox);
@@ -133,9 +140,11 @@ void DrillDownPanel::showCell(std::shared_ptr<const AnalysisResult> result, int 
     showHead(head);
 }
 
-void DrillDownPanel::highlightHeads(const std::vector<int>& heads)
+void DrillDownPanel::highlightHeads(const std::vector<int>& heads, const QString& whose)
 {
     m_headModel->setHighlightedHeads(heads);
+    m_headMarks->setText(tr("<span style='background:#fff0aa'>&nbsp;*&nbsp;</span> %1").arg(whose.toHtmlEscaped()));
+    m_headMarks->setVisible(!heads.empty());
 }
 
 void DrillDownPanel::showPartColumns()

@@ -38,7 +38,9 @@ public:
     void clear(const QString& why = {});
     void showHead(int head);
     // Heads to mark in the table (a suspect's); cleared with the cell.
-    void highlightHeads(const std::vector<int>& heads);
+    // Marks `heads` (a star and yellow) as those `whose` names ("the suspect's, from
+    // model.layers.13"), and says so under the table; empty: none.
+    void highlightHeads(const std::vector<int>& heads, const QString& whose = {});
     int head() const { return m_head; }
     HeadTableModel& headTable() { return *m_headModel; }
     QTableView& headView() { return *m_headView; }
@@ -59,6 +61,7 @@ private:
     QSortFilterProxyModel* m_headProxy;
     QTableView* m_headView;
     QLabel* m_floor;
+    QLabel* m_headMarks;
     HistogramView* m_histogram;
     QCheckBox* m_logCounts;
     QCheckBox* m_logErrors;

@@ -32,7 +32,9 @@ int runGui(int argc, char** argv, const GuiLaunch& launch)
             app.exit(2);
         });
     }
-    if (!launch.path.isEmpty())
+    if (!launch.makeArgv.empty())
+        window.controller().openMade(launch.path, launch.makeArgv, launch.making);
+    else if (!launch.path.isEmpty())
         window.openPath(launch.path);
     return app.exec();
 }

@@ -69,7 +69,7 @@ QString HelpMenu::shortcutsText()
 {
     return tr("<table>"
               "<tr><td><b>Ctrl+O</b></td><td>open a bundle</td></tr>"
-              "<tr><td><b>Tab</b></td><td>next panel: toolbar, heatmap, drill-down, worst cells</td></tr>"
+              "<tr><td><b>Tab</b></td><td>next control: toolbar, heatmap, heads, suspects, worst cells</td></tr>"
               "<tr><td><b>arrows</b></td><td>(heatmap) move the selected cell</td></tr>"
               "<tr><td><b>Enter</b></td><td>(heatmap) on to the selected cell's heads; (worst cells) go to the cell</td></tr>"
               "<tr><td><b>Esc</b></td><td>(heatmap) clear the selection</td></tr>"
@@ -77,7 +77,10 @@ QString HelpMenu::shortcutsText()
               "<tr><td><b>K</b>, <b>V</b></td><td>keys or values</td></tr>"
               "<tr><td><b>1</b>-<b>6</b></td><td>metric: L-inf, L2, 1 - cos, error ratio, BC vs noise, reference BC</td></tr>"
               "<tr><td><b>Ctrl+PgUp</b>, <b>Ctrl+PgDown</b></td><td>previous / next prompt</td></tr>"
-              "<tr><td><b>Ctrl+1</b>, <b>Ctrl+2</b></td><td>per prompt / across prompts</td></tr>"
+              "<tr><td><b>Ctrl+1</b> - <b>Ctrl+4</b></td><td>per prompt / across prompts / what if / compare</td></tr>"
+              "<tr><td><b>F6</b>, <b>Shift+F6</b></td><td>next / previous panel: heatmap, heads, suspects, worst cells</td></tr>"
+              "<tr><td><b>Esc</b></td><td>(heads, suspects, worst cells) back to the heatmap</td></tr>"
+              "<tr><td><b>Ctrl+Enter</b></td><td>(what if, compare) run</td></tr>"
               "<tr><td><b>F1</b></td><td>this list</td></tr>"
               "</table><p>Mouse: wheel zooms, drag pans, a click (without moving) selects.</p>");
 }

@@ -66,6 +66,10 @@ MainWindow::MainWindow(QWidget* parent)
     for (auto signal : {&AnalysisController::finished, &AnalysisController::cancelled})
         connect(m_controller, signal, this, &MainWindow::refreshTabs);
     connect(m_controller, &AnalysisController::failed, this, &MainWindow::showFailure);
+    connect(m_controller, &AnalysisController::bundleLocated, this, [this] {
+        refreshTabs();
+        m_status->bundleLocated();
+    });
     refreshTabs();
     // 1400x900, or what the screen has room for: a 1280x800 laptop would otherwise have the
     // side panel, the status bar and Cancel off screen. The allowance is for the window frame.
@@ -130,6 +134,7 @@ void MainWindow::refreshTabs()
     const auto result = m_controller->result();
     const bool sweep = m_controller->loader() && m_controller->loader()->isSweep();
     m_saveAction->setEnabled(result && !m_controller->isRunning() && !sweep);
+    m_locateAction->setEnabled(result && !m_controller->isRunning() && !m_controller->bundleMissing().isEmpty());
     m_compareAction->setEnabled(m_pages.compare->unavailable().isEmpty());
 }
 
@@ -167,8 +172,14 @@ void MainWindow::captureOpened()
     if (!result->prompts.empty())
         parts = {QString::fromStdString(partTitle(result->prompts.front(), KvPart::K)),
                  QString::fromStdString(partTitle(result->prompts.front(), KvPart::V))};
+    QString bcVsNoiseOff;
+    if (!result->prompts.empty() && !tokenBcMeaningful(result->prompts.front()))
+        bcVsNoiseOff = tr("a token has %1 values, too few for a per-token BC to mean anything (two draws of the same "
+                          "noise already differ; at least %2 needed); the Across prompts page's combined BC pools every token")
+                           .arg(smallestTokenValues(result->prompts.front()))
+                           .arg(kMinValuesForTokenBc);
     m_toolbar->setPrompts(prompts, result->prompts.empty() ? 0 : result->prompts.front().heads,
-                          !result->prompts.empty() && result->prompts.front().threeWay, parts);
+                          !result->prompts.empty() && result->prompts.front().threeWay, parts, bcVsNoiseOff);
 }
 
 void MainWindow::showFailure(const QString& message)
@@ -227,6 +238,12 @@ void MainWindow::exportReport()
             QMessageBox::warning(this, tr("Report"), error);
         m_status->showMessage(error.isEmpty() ? tr("wrote %1").arg(html) : m_status->summary());
     });
+}
+
+void MainWindow::showPage(QWidget* page)
+{
+    if (m_tabs->isTabEnabled(m_tabs->indexOf(page)))  // (a page that cannot show this capture says why in its tab)
+        m_tabs->setCurrentWidget(page);
 }
 
 void MainWindow::showAcrossPrompts(bool across)

@@ -34,6 +34,8 @@ public:
     void openPaths(const QStringList& paths) { m_controller->open(paths); }
     AnalysisController& controller() { return *m_controller; }
     void showAcrossPrompts(bool across);
+    // To that page's tab, when it is on (the View menu's Ctrl+3, Ctrl+4).
+    void showPage(QWidget* page);
     // File > Compare with...: the open, analysed bundle is B, `pathA` is A (a capture or its
     // analysis JSON); shown on the Compare page.
     void compareWith(const QString& pathA);
@@ -67,6 +69,7 @@ private:
     AnalysisController* m_controller;  // the first child: it goes first, waiting for its requests
     ViewToolbar* m_toolbar;
     Pages m_pages;
+    QAction* m_locateAction = nullptr;
     QAction* m_saveAction = nullptr;
     QAction* m_compareAction = nullptr;
     QTabWidget* m_tabs;

@@ -5,11 +5,13 @@
 
 #include "gui/compare_page.h"
 #include "gui/help_menu.h"
+#include "gui/whatif_page.h"
 #include "widgets/heatmap_view.h"
 #include "widgets/plot_export.h"
 
 #include <QApplication>
 #include <QFileDialog>
+#include <QFileInfo>
 #include <QMenuBar>
 #include <QMessageBox>
 
@@ -29,6 +31,14 @@ void MainWindow::buildFileMenu()
         m_pages.compare->chooseA();
     });
     m_saveAction = file->addAction(tr("&Save results..."), QKeySequence::Save, this, &MainWindow::saveResults);
+    // A results file opened without its bundle: the views that need the KV wait for it.
+    m_locateAction = file->addAction(tr("&Locate bundle..."), this, [this] {
+        const QString path = QFileDialog::getOpenFileName(
+            this, tr("Where is the bundle these results were made from? (%1)").arg(m_controller->bundleMissing()),
+            QFileInfo(m_controller->resultsFile()).absolutePath(), tr("Capture bundles (*.h5 *.hdf5);;All files (*)"));
+        if (!path.isEmpty())
+            m_controller->locateBundle(path);
+    });
     file->addAction(tr("Open se&veral bundles..."), this, [this] {
         const QStringList paths = QFileDialog::getOpenFileNames(this, tr("Open several bundles as one sweep"), {},
                                                                 tr("Capture bundles (*.h5);;All files (*)"));
@@ -81,6 +91,8 @@ void MainWindow::buildViewMenu()
     view->addSeparator();
     view->addAction(tr("Per &prompt"), QKeySequence(Qt::CTRL | Qt::Key_1), this, [this] { showAcrossPrompts(false); });
     view->addAction(tr("&Across prompts"), QKeySequence(Qt::CTRL | Qt::Key_2), this, [this] { showAcrossPrompts(true); });
+    view->addAction(tr("&What if"), QKeySequence(Qt::CTRL | Qt::Key_3), this, [this] { showPage(m_pages.whatIf); });
+    view->addAction(tr("&Compare"), QKeySequence(Qt::CTRL | Qt::Key_4), this, [this] { showPage(m_pages.compare); });
     menuBar()->addMenu(new HelpMenu(this));
 }
 

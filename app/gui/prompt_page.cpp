@@ -14,6 +14,7 @@
 #include <QHeaderView>
 #include <QLabel>
 #include <QListWidget>
+#include <QShortcut>
 #include <QSignalBlocker>
 #include <QMenu>
 #include <QTableView>
@@ -167,6 +168,28 @@ void PromptPage::connectViews()
     // A click on the suspect already chosen goes back to its cell and marks too.
     connect(m_suspects, &QListWidget::itemClicked, this, [this](QListWidgetItem* item) { followSuspect(m_suspects->row(item)); });
     connect(m_suspects, &QListWidget::itemActivated, this, [this] { m_heatmap->setFocus(); });
+    connectPanelKeys();
+}
+
+// F6 / Shift+F6 go from panel to panel (map, heads, suspects, worst cells) in one press, where
+// Tab visits every control; Esc in a panel goes back to the map, the cell still selected.
+void PromptPage::connectPanelKeys()
+{
+    const QList<QWidget*> panels{m_heatmap, &m_drill->headView(), m_suspects, m_worstView};
+    const auto step = [this, panels](int by) {
+        qsizetype at = 0;
+        for (qsizetype i = 0; i < panels.size(); ++i)
+            if (panels[i] == focusWidget() || panels[i]->isAncestorOf(focusWidget()))
+                at = i;
+        panels[(at + by + panels.size()) % panels.size()]->setFocus(Qt::TabFocusReason);
+    };
+    connect(new QShortcut(QKeySequence(Qt::Key_F6), this, nullptr, nullptr, Qt::WidgetWithChildrenShortcut),
+            &QShortcut::activated, this, [step] { step(1); });
+    connect(new QShortcut(QKeySequence(Qt::SHIFT | Qt::Key_F6), this, nullptr, nullptr, Qt::WidgetWithChildrenShortcut),
+            &QShortcut::activated, this, [step] { step(-1); });
+    for (QWidget* panel : {static_cast<QWidget*>(m_drill), static_cast<QWidget*>(m_suspects), static_cast<QWidget*>(m_worstView)})
+        connect(new QShortcut(QKeySequence(Qt::Key_Escape), panel, nullptr, nullptr, Qt::WidgetWithChildrenShortcut),
+                &QShortcut::activated, this, [this] { m_heatmap->setFocus(Qt::OtherFocusReason); });
 }
 
 const PromptAnalysis* PromptPage::prompt() const
@@ -312,8 +335,19 @@ void PromptPage::followSuspect(int row)
     m_heatmap->setHighlight({double(s.firstToken) - 0.5, double(top) - 0.5, double(s.lastToken) + 0.5, double(bottom) + 0.5});
     selectCell(s.worstLayer, s.worstToken);
     m_drill->showHead(s.worstHead);
-    m_drill->highlightHeads(s.heads);
+    markSuspectHeads(&s);
     pinRowLabels();
+}
+
+void PromptPage::markSuspectHeads(const Suspect* s)
+{
+    if (!s || s->heads.empty()) {
+        m_drill->highlightHeads({});
+        return;
+    }
+    m_drill->highlightHeads(s->heads, tr("the suspect's heads (%1, from %2)")
+                                          .arg(suspectPatternName(s->pattern))
+                                          .arg(QString::fromStdString(shortLayerName(s->firstLayer))));
 }
 
 void PromptPage::pinRowLabels()
@@ -564,10 +598,10 @@ void PromptPage::refreshSummary()
     const PromptAnalysis* p = prompt();
     if (!p)
         return;
-    m_worstTitle->setText(p->threeWay ? tr("<b>Worst cells</b>, by error ratio (L-inf / noise floor)")
-                                      : tr("<b>Worst cells</b>, by relative L-inf (two-way)"));
-    for (int column : {4, 5})  // L-inf and noise floor beside the ratio; two-way has neither
-        m_worstView->setColumnHidden(column, !p->threeWay);
+    m_worstTitle->setText(p->threeWay ? tr("<b>Worst cells</b>, in noise floors (L-inf / floor)")
+                                      : tr("<b>Worst cells</b>, in noise floors (L2 / the dtype's rounding)"));
+    for (int column : {4, 5})  // the error and its floor beside the ratio
+        m_worstView->setColumnHidden(column, false);
     // Cells of unfinished layers are still being written: rank once the analysis is over.
     if (!m_controller->isRunning())
         m_worstModel->setCells(p, kvscope::worstCells(*p, 100, &m_controller->readyLayers()));
@@ -595,6 +629,8 @@ void PromptPage::refreshSummary()
             item->setToolTip(QString::fromStdString(s.evidence));
             m_suspects->addItem(item);
         }
+        // The top suspect's heads stay marked in the drill-down, whichever prompt is shown.
+        markSuspectHeads(suspects.empty() ? nullptr : &suspects.front());
         if (suspects.empty())
             m_evidence->setText(m_controller->isRunning()                   ? tr("(after the analysis)")
                                 : !m_controller->recorded().searchSuspects ? tr("Not looked for: this analysis was saved without its suspect search.")
@@ -663,14 +699,21 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
                     .arg(value > m_offThresholds[std::size_t(row)] ? tr("<b>off</b>")
                          : value > kNoiseShareOfOff * m_offThresholds[std::size_t(row)] ? tr("above noise, not off")
                                                                                          : tr("noise"));
-    if (head >= 0) {
-        const Metric m = metricFor(s.part, MetricKind::Linf);
-        text += tr("<br>head %1: L-inf %2").arg(head).arg(p->value(m, row, token, head), 0, 'g', 4);
-        if (p->threeWay)
-            text += tr(", ratio %1 (noise floor %2)")
-                        .arg(headErrorRatio(*p, m, row, token, head), 0, 'g', 4)
-                        .arg(noiseFloor(*p, m, row, token), 0, 'g', 4);
+    if (head >= 0) {  // in the statistic the worst-cells list gives (worst_cells.h)
+        const Metric m = metricFor(s.part, p->threeWay ? MetricKind::Linf : MetricKind::L2);
+        const float error = p->value(m, row, token, head);
+        const double floor = p->threeWay ? double(noiseFloor(*p, m, row, token)) : cellFloor(*p, s.part, row, token);
+        text += tr("<br>head %1: %2 %3, ratio %4 (noise floor %5)")
+                    .arg(head)
+                    .arg(p->threeWay ? tr("L-inf") : tr("L2"))
+                    .arg(error, 0, 'g', 4)
+                    .arg(p->threeWay ? double(headErrorRatio(*p, m, row, token, head)) : double(error) / floor, 0, 'g', 4)
+                    .arg(floor, 0, 'g', 4);
     }
+    if (!p->suspects.empty() && p->suspects.front().firstLayer == p->layers[std::size_t(row)])
+        text += tr("<br><b>the suspect starts here</b> (framed)");
+    if (m_heatmap->isSpreadRow(row))
+        text += tr("<br><i>%1: the suspect starts there; this layer's error follows from it</i>").arg(m_heatmap->spreadLabel());
     if (p->threeWay)  // not the reference tool's BC, which the histogram shows for one head
         text += tr("<br>BC vs noise floor: K %1, V %2")
                     .arg(p->bcVsNoiseValue(KvPart::K, row, token), 0, 'g', 4)

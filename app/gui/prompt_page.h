@@ -25,6 +25,7 @@ namespace kvscope {
 class AnalysisController;
 class DrillDownPanel;
 class HeatmapView;
+struct Suspect;
 class WorstCellsModel;
 
 class PromptPage : public QSplitter, public Page {
@@ -111,6 +112,9 @@ private:
     void showContextMenu(const QPoint& globalPos);
     // The rows whose label the map never drops: the selected one and the suspect's.
     void pinRowLabels();
+    void connectPanelKeys();
+    // The drill-down's marked heads: those of `s` (null: none).
+    void markSuspectHeads(const Suspect* s);
 
     AnalysisController* m_controller;
     HeatmapView* m_heatmap;

@@ -1,5 +1,7 @@
 #include "gui/run_bar.h"
 
+#include <QKeySequence>
+
 #include <QHBoxLayout>
 #include <QProgressBar>
 #include <QPushButton>
@@ -17,6 +19,9 @@ RunBar::RunBar(const QString& buttonText, EngineDoor& door, const QString& tag, 
     auto* layout = new QHBoxLayout(this);
     layout->setContentsMargins(0, 0, 0, 0);
     layout->addWidget(m_button);
+    // (a hidden page's button takes no shortcut: each page's Ctrl+Enter is its own)
+    m_button->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_Return));
+    m_button->setToolTip(tr("%1 (Ctrl+Enter)").arg(QString(buttonText).remove('&')));
     layout->addWidget(m_progress, 1);
     layout->addWidget(m_cancel);
     m_progress->hide();

@@ -82,6 +82,15 @@ void StatusLine::captureAnalysed()
     setText(m_summary);
 }
 
+void StatusLine::bundleLocated()
+{
+    captureAnalysed();
+    if (const QString missing = m_controller->bundleMissing(); !missing.isEmpty())
+        setText(tr("not that bundle: %1").arg(missing));
+    else
+        setText(tr("%1 found: every view is on").arg(QString::fromStdString(m_controller->loader()->path())));
+}
+
 void StatusLine::analysisCancelled()
 {
     stopProgress();

@@ -34,6 +34,8 @@ public:
     void analysisCancelled() override;
     void openingStopped(const QString& path, const QString& error) override;
     void captureClosed(const QString& why) override;
+    // After File > Locate bundle...: the summary again, or why that file is not the bundle.
+    void bundleLocated();
 
 private:
     void setText(const QString& text);

@@ -25,6 +25,7 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     , m_auto(new QPushButton(tr("auto range")))
 {
     setObjectName("view");
+    m_metric->setObjectName("metric");
     for (QComboBox* box : {m_prompt, m_part, m_metric, m_reduction})
         box->setSizeAdjustPolicy(QComboBox::AdjustToContents);
     m_prompt->setToolTip(tr("Prompt (Page Up / Page Down)"));
@@ -40,6 +41,10 @@ ViewToolbar::ViewToolbar(QWidget* parent)
     m_reduction->addItem(tr("one head"), int(HeadReductionKind::OneHead));
     m_head->setPrefix(tr("head "));
     m_head->setEnabled(false);
+    // Tab goes through what is chosen often (prompt, metric, part, heads); the range and its
+    // log scale are set by click (each metric brings its own range).
+    for (QWidget* w : std::initializer_list<QWidget*>{m_min, m_max, m_log})
+        w->setFocusPolicy(Qt::ClickFocus);
     for (QDoubleSpinBox* box : {m_min, m_max}) {
         box->setDecimals(4);
         box->setRange(0, 1e9);
@@ -107,7 +112,8 @@ ViewSettings ViewToolbar::settings() const
     return s;
 }
 
-void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts)
+void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts,
+                             const QString& bcVsNoiseOff)
 {
     {
         const QSignalBlocker b1(m_prompt), b2(m_head), b3(m_metric), b4(m_reduction);
@@ -122,11 +128,15 @@ void ViewToolbar::setPrompts(const QStringList& prompts, int heads, bool threeWa
         for (QAction* action : m_perHead)
             action->setVisible(heads != 1);
         m_head->setRange(0, std::max(0, heads - 1));
-        // The BCs need an fp32 baseline: two-way they are off, and say why.
+        // The BCs need an fp32 baseline, and the one against the noise floor values enough a
+        // token: where they mean nothing they are off, and say why.
         for (HeatmapMetric m : {HeatmapMetric::BcVsNoise, HeatmapMetric::Bc})
             if (auto* item = qobject_cast<QStandardItemModel*>(m_metric->model())->item(m_metric->findData(int(m)))) {
-                item->setEnabled(threeWay);
-                item->setToolTip(threeWay ? QString() : tr("needs an fp32 baseline (a three-way capture)"));
+                const QString off = !threeWay ? tr("needs an fp32 baseline (a three-way capture)")
+                                    : m == HeatmapMetric::BcVsNoise ? bcVsNoiseOff
+                                                                    : QString();
+                item->setEnabled(off.isEmpty());
+                item->setToolTip(off);
             }
         m_metric->setCurrentIndex(m_metric->findData(int(HeatmapMetric::ErrorRatio)));  // in floors, both ways
         m_autoRange = true;

@@ -35,7 +35,10 @@ public:
     // A bundle was opened: its prompts, heads per layer, and whether it is three-way (else the
     // BCs are off); the error in floors is shown first, either way.
     // `parts`: what K and V are called ("K", "V"; an MLA latent's "c_kv", "k_pe").
-    void setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts = {"K", "V"});
+    // `bcVsNoiseOff`: why the per-token BC against the noise floor means nothing here (empty:
+    // it does); the reference tool's BC needs threeWay only.
+    void setPrompts(const QStringList& prompts, int heads, bool threeWay, const QStringList& parts = {"K", "V"},
+                    const QString& bcVsNoiseOff = {});
     void setPrompt(int index);
     void stepPrompt(int delta);
     // An action of the view (Reset zoom), before the colour controls: in view on a small screen.

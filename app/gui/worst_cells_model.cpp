@@ -36,7 +36,7 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
         return int(Qt::AlignRight | Qt::AlignVCenter);
     if (role != Qt::DisplayRole)
         return {};
-    // The ranking key first: ratio (three-way) or L-inf (two-way).
+    // The ranking key first: the error in floors, as the map colours it.
     switch (index.column()) {
     case 0: {  // the number in the layer's name (as the map's rows say it); the name is the tooltip
         const long long number = layerNumber(m_layers[std::size_t(c.layer)]);
@@ -49,11 +49,11 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
             return QString::fromStdString(m_partNames[std::size_t(c.part)]);
         return QString("%1 %2").arg(QString::fromStdString(m_partNames[std::size_t(c.part)])).arg(c.head);
     case 3:
-        return m_threeWay ? QString::number(c.ratio, 'g', 4) : QString::number(c.error, 'g', 4);
+        return QString::number(c.ratio, 'g', 4);
     case 4:
-        return m_threeWay ? QString::number(c.error, 'g', 4) : QStringLiteral("-");
+        return QString::number(c.error, 'g', 4);
     case 5:
-        return m_threeWay ? QString::number(c.baseError, 'g', 4) : QStringLiteral("-");
+        return QString::number(c.baseError, 'g', 4);
     }
     return {};
 }
@@ -62,19 +62,39 @@ QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, i
 {
     if (orientation != Qt::Horizontal || section < 0 || section >= 6)
         return QAbstractTableModel::headerData(section, orientation, role);
-    static const char* const titles[] = {"layer", "token", "head", "ratio", "L-inf", "floor"};
-    static const char* const tips[] = {
-        "the layer (the number in its name, as the map's rows give it)", "the token", "K or V, and the worst head of the cell",
-        "three-way: the cell's error ratio = L-inf / floor (the ranking key); two-way: the relative L-inf",
-        "the head's relative L-inf, engine vs reference",
-        "the cell's noise floor: its largest expected-vs-baseline L-inf over heads"};
+    const QString statistic = m_threeWay ? QStringLiteral("L-inf") : QStringLiteral("L2");
     if (role == Qt::DisplayRole) {
-        if (section == 2 && m_oneHead)
-            return QStringLiteral("part");  // an MLA latent: c_kv or k_pe, no heads
-        return section == 3 && !m_threeWay ? QStringLiteral("L-inf") : QString::fromLatin1(titles[section]);
+        switch (section) {
+        case 2:
+            return m_oneHead ? QStringLiteral("part") : QStringLiteral("head");  // an MLA latent: c_kv or k_pe, no heads
+        case 3:
+            return QStringLiteral("floors");
+        case 4:
+            return statistic;
+        case 5:
+            return QStringLiteral("floor");
+        default:
+            return section == 0 ? QStringLiteral("layer") : QStringLiteral("token");
+        }
     }
-    if (role == Qt::ToolTipRole)
-        return section == 2 && m_oneHead ? QStringLiteral("c_kv or k_pe of the latent") : QString::fromLatin1(tips[section]);
+    if (role == Qt::ToolTipRole) {
+        switch (section) {
+        case 0:
+            return QStringLiteral("the layer (the number in its name, as the map's rows give it)");
+        case 1:
+            return QStringLiteral("the token");
+        case 2:
+            return m_oneHead ? QStringLiteral("c_kv or k_pe of the latent") : QStringLiteral("K or V, and the worst head of the cell");
+        case 3:
+            return QStringLiteral("the error in noise floors (%1 / floor), the number the map colours; the ranking key").arg(statistic);
+        case 4:
+            return QStringLiteral("the head's relative %1, engine vs reference").arg(statistic);
+        default:
+            return m_threeWay ? QStringLiteral("the cell's noise floor: its largest expected-vs-baseline L-inf over heads")
+                              : QStringLiteral("the cell's noise floor: the cache dtype's rounding (bf16: 2^-8), or what "
+                                               "storing the reference in the cache's quantised format costs");
+        }
+    }
     return {};
 }
 

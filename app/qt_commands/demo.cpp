@@ -3,37 +3,63 @@
 #include "gui/gui_main.h"
 #include "report/drawing_application.h"
 #include "synth/model_capture.h"
+#include "util/sibling_executables.h"
 
 #include <filesystem>
 #include <ostream>
 
 namespace kvscope::cli {
 
+namespace {
+
+// Made under another name and renamed when whole: a demo stopped half way (the window closed,
+// Ctrl-C) leaves no broken capture for the next run to open.
+void makeDemoCapture(const std::string& path, bool mla)
+{
+    const std::string part = path + ".part";
+    synth::writeModelCapture(part, mla ? synth::demoMlaCaptureOptions() : synth::demoModelCaptureOptions());
+    std::filesystem::rename(part, path);
+}
+
+}  // namespace
+
 int demo(const Args& args, std::ostream& out, std::ostream& err)
 {
     std::string dirName = "kvscope-demo";
-    bool mla = false;
+    bool mla = false, captureOnly = false;
     OptionParser parser("demo");
     parser.operand("DIR", dirName, false);
     parser.flag("--mla", [&mla] { mla = true; });
+    parser.flag("--capture-only", [&captureOnly] { captureOnly = true; });
     if (!parser.parse(args, err))
         return 2;
     // The demo capture, made by the model-based generator on first use and kept.
     const std::filesystem::path dir = dirName;
     std::filesystem::create_directories(dir);
     const std::string path = (dir / (mla ? "demo-mla-capture.h5" : "demo-capture-v2.h5")).string();
-    if (!std::filesystem::exists(path)) {
-        out << (mla ? "generating the MLA demo capture (a 16-layer latent-attention model run three ways; a few "
-                      "seconds, once)"
-                    : "generating the demo capture (a 24-layer model run three ways; about half a minute, once)")
-            << std::endl;
-        synth::writeModelCapture(path, mla ? synth::demoMlaCaptureOptions() : synth::demoModelCaptureOptions());
-    }
-    if (hasDisplay()) {
+    const std::string making = mla ? "making the MLA demo capture (a 16-layer latent-attention model run three ways; a few "
+                                     "seconds, once)"
+                                   : "making the demo capture (a 24-layer model run three ways; about half a minute, once)";
+    if (captureOnly || !hasDisplay()) {
+        if (!std::filesystem::exists(path)) {
+            out << making << std::endl;
+            makeDemoCapture(path, mla);
+        }
+        if (captureOnly) {
+            out << "wrote " << path << "\n";
+            return 0;
+        }
+    } else {  // the window at once; the capture made by a child meanwhile (the window can cancel it)
         static int argc = 1;
         static char name[] = "kvscope";
         static char* argv[] = {name, nullptr};
-        return runGui(argc, argv, {QString::fromStdString(path), {}, false});
+        GuiLaunch launch{QString::fromStdString(path), {}, false, {}, QString::fromStdString(making)};
+        if (!std::filesystem::exists(path)) {
+            launch.makeArgv = {siblingExecutable("kvscope-app", "KVSCOPE_APP"), "demo", dirName, "--capture-only"};
+            if (mla)
+                launch.makeArgv.push_back("--mla");
+        }
+        return runGui(argc, argv, launch);
     }
     // No display: the demo's report instead, and its summary here.
     const std::string reportDir = (dir / (mla ? "report-mla" : "report")).string();

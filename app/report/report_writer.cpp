@@ -98,6 +98,8 @@ void writeMapJson(JsonWriter& w, const ReportMap& m)
         .strings(s.layerNames);
     if (!s.tokenText.empty())
         w.key("tokenText").strings(s.tokenText);
+    if (s.onsetRow >= 0)
+        w.field("onsetRow", s.onsetRow).key("spreadRows").numbers(s.spreadRows).field("spreadLabel", s.spreadLabel);
     if (!m.offThresholds.empty())
         w.key("offThresholds").array(m.offThresholds.size(), [&](std::size_t i) { w.value(m.offThresholds[i]); });
     const auto words = legendWords(s.scale);  // the colour bar's words, at their values
@@ -171,7 +173,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                     const HeatmapGrid full = diffHeatmap(*against, m, part, kind);
                     maps.push_back({"against_" + mapName(id) + "_" + against->partNames[std::size_t(part)] + "_" + key,
                                     diffMapSpec(cfg, *against, m, part, kind, *prompt, loader.prompt(id)),
-                                    poolColumns(full, 0, full.columns, kMaxReportColumns, false)});
+                                    poolColumns(full, 0, full.columns, kMaxReportColumns, false), {}});
                 }
         }
 
@@ -179,7 +181,8 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
         std::vector<std::pair<HeatmapMetric, const char*>> metrics{{HeatmapMetric::RelLinf, "linf"}, {HeatmapMetric::RelL2, "l2"}};
         if (p.threeWay) {
             metrics.insert(metrics.begin(), {HeatmapMetric::Bc, "bc"});
-            metrics.insert(metrics.begin(), {HeatmapMetric::BcVsNoise, "bc_vs_noise"});
+            if (tokenBcMeaningful(p))  // (as the app: too few values a token and it means nothing)
+                metrics.insert(metrics.begin(), {HeatmapMetric::BcVsNoise, "bc_vs_noise"});
         }
         metrics.insert(metrics.begin(), {HeatmapMetric::ErrorRatio, "ratio"});  // in floors, both ways
         const PromptInfo& info = loader.prompt(p.id);
@@ -202,7 +205,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
             for (KvPart part : {KvPart::K, KvPart::V})
                 maps.push_back({std::string("aggregate_") + partLabel(cfg.firstCompared(), part) + (vsNoise ? "_bc_vs_noise" : "_bc"),
                                 acrossPromptsMapSpec(cfg, a, part, vsNoise),
-                                poolColumns(aggregateHeatmap(a, part, vsNoise), 0, a.generationCount, kMaxReportColumns, true)});
+                                poolColumns(aggregateHeatmap(a, part, vsNoise), 0, a.generationCount, kMaxReportColumns, true), {}});
     }
 
     return maps;
@@ -434,15 +437,13 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
     writeMapBlocks(out, maps, mapName(p.id) + "_");
     const bool heads = p.heads > 1;  // an MLA latent is one vector: no head to name
     out << "<h3>Worst cells</h3><table><tr><th>layer</th><th>token</th><th>" << html(partTitle(p, KvPart::K) + "/" + partTitle(p, KvPart::V))
-        << "</th>" << (heads ? "<th>head</th>" : "") << "<th>rel. L-inf</th>"
-        << (p.threeWay ? "<th>noise floor</th><th>ratio</th>" : "") << "</tr>";
+        << "</th>" << (heads ? "<th>head</th>" : "") << "<th>floors</th><th>" << html(worstCellStatistic(p))
+        << "</th><th>noise floor</th></tr>";
     for (const WorstCell& c : worstCells(p, 15)) {
         out << "<tr><td>" << html(p.layers[std::size_t(c.layer)]) << "</td><td>" << c.token << "</td><td>"
             << html(partName(p, c.part)) << "</td>" << (heads ? "<td>" + QString::number(c.head) + "</td>" : QString())
-            << "<td>" << QString::number(c.error, 'g', 4) << "</td>";
-        if (p.threeWay)
-            out << "<td>" << QString::number(c.baseError, 'g', 4) << "</td><td>" << QString::number(c.ratio, 'g', 4) << "</td>";
-        out << "</tr>";
+            << "<td>" << QString::number(c.ratio, 'g', 4) << "</td><td>" << QString::number(c.error, 'g', 4) << "</td><td>"
+            << QString::number(c.baseError, 'g', 4) << "</td></tr>";
     }
     out << "</table>";
     for (const ReplicaDifference& d : p.replicaDifferences)

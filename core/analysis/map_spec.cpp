@@ -18,7 +18,7 @@ const char* scaleName(ScaleKind kind)
 
 const std::vector<ColorStop>& colorStops(ScaleKind kind)
 {
-    // Errors: YlOrRd. BC: the reference tool's stops, flat red below 0.8.
+    // Errors: YlOrRd.
     static const std::vector<ColorStop> error{
         {0.0, {255, 255, 204}}, {0.25, {254, 217, 118}}, {0.5, {253, 141, 60}}, {0.75, {227, 26, 28}}, {1.0, {128, 0, 38}}};
     // Ratio, log10 from 0.1 to 1000 (at = (log10 x + 1) / 4): quiet grey-green to half the
@@ -26,8 +26,11 @@ const std::vector<ColorStop>& colorStops(ScaleKind kind)
     static const std::vector<ColorStop> ratio{{0.0, {226, 235, 222}},    {0.1747, {226, 235, 222}}, {0.18, {255, 246, 191}},
                                               {0.2495, {253, 174, 97}},  {0.25, {215, 48, 31}},    {0.5, {165, 0, 38}},
                                               {0.75, {103, 0, 13}},      {1.0, {63, 0, 125}}};
-    static const std::vector<ColorStop> bc{{0.0, {215, 25, 28}},   {0.8, {215, 25, 28}},    {0.85, {253, 174, 97}},
-                                           {0.90, {255, 255, 191}}, {0.95, {166, 217, 106}}, {1.0, {26, 150, 65}}};
+    // BC: red below the check's 0.8, orange to pale yellow up to 0.9, and above it the ratio's
+    // quiet colour: a clean layer's tokens (1,000 values or more, analysis_result.h) read
+    // 0.94-0.99, and must not look like anything.
+    static const std::vector<ColorStop> bc{{0.0, {215, 25, 28}},    {0.8, {215, 25, 28}},    {0.85, {253, 174, 97}},
+                                           {0.90, {255, 246, 191}}, {0.92, {226, 235, 222}}, {1.0, {226, 235, 222}}};
     // Change: RdBu reversed, white at 0 (the middle of a range symmetric about 0).
     static const std::vector<ColorStop> change{
         {0.0, {33, 102, 172}}, {0.25, {146, 197, 222}}, {0.5, {247, 247, 247}}, {0.75, {244, 165, 130}}, {1.0, {178, 24, 43}}};
@@ -162,6 +165,19 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
     m.prefillBoundary = double(prompt.promptLen) - 0.5;
     for (const Divergence& d : prompt.divergences)
         m.divergences.push_back(d.position);
+    if (!prompt.suspects.empty()) {
+        const Suspect& s = prompt.suspects.front();
+        const auto rowOf = [&](const std::string& layer) {
+            const auto at = std::find(prompt.layers.begin(), prompt.layers.end(), layer);
+            return at == prompt.layers.end() ? -1 : int(at - prompt.layers.begin());
+        };
+        m.onsetRow = rowOf(s.firstLayer);
+        for (std::size_t i = 1; i < s.layers.size(); ++i)
+            if (const int row = rowOf(s.layers[i]); row >= 0 && row != m.onsetRow)
+                m.spreadRows.push_back(row);
+        if (!m.spreadRows.empty())
+            m.spreadLabel = "spread from " + shortLayerName(s.firstLayer);
+    }
     return m;
 }
 

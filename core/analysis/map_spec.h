@@ -82,6 +82,12 @@ struct MapSpec {
     double prefillBoundary = std::nan("");  // x of the prefill | decode line
     std::vector<std::int64_t> divergences;
     std::vector<std::pair<std::int64_t, std::string>> topLabels;  // divergence counts "c/N"
+    // The prompt's suspect: its onset layer's row, framed, and the rows of the later layers it
+    // affects, dimmed and labelled spreadLabel ("spread from model.layers.2"), so that the eye
+    // finds where the fault starts rather than where it is largest. -1 / empty: no suspect.
+    int onsetRow = -1;
+    std::vector<int> spreadRows;
+    std::string spreadLabel;
 };
 
 // A per-prompt map (layers x tokens), with its scale's default range (the data's is dataRange:

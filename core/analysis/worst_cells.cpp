@@ -1,6 +1,9 @@
 #include "analysis/worst_cells.h"
 
+#include "analysis/off_floor.h"
+
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 namespace kvscope {
@@ -10,7 +13,7 @@ std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count, co
     // The `count` best kept as they come (a heap whose front is the last of them), not every
     // (layer, token): 10 million at 80 layers x 128k tokens.
     const auto ranksBefore = [](const WorstCell& a, const WorstCell& b) {
-        return a.score != b.score ? a.score > b.score : std::tie(a.layer, a.token) < std::tie(b.layer, b.token);
+        return a.ratio != b.ratio ? a.ratio > b.ratio : std::tie(a.layer, a.token) < std::tie(b.layer, b.token);
     };
     std::vector<WorstCell> cells;
     for (int l = 0; l < int(p.layers.size()); ++l) {
@@ -20,17 +23,17 @@ std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count, co
             WorstCell best;
             bool found = false;
             for (KvPart part : {KvPart::K, KvPart::V}) {
-                const Metric m = metricFor(part, MetricKind::Linf);
+                const Metric m = metricFor(part, p.threeWay ? MetricKind::Linf : MetricKind::L2);
                 // The cell's worst head, by the number the list ranks by.
                 const HeadReduction r = p.threeWay ? errorRatio(p, m, l, t) : maxOverHeads(p, m, l, t);
                 if (r.head < 0)
                     continue;
-                WorstCell c{l, t, r.head, part, p.value(m, l, t, r.head), std::nanf(""), std::nanf(""), r.value};
-                if (p.threeWay) {
-                    c.baseError = noiseFloor(p, m, l, t);
-                    c.ratio = r.value;
-                }
-                if (!found || c.score > best.score)
+                const float floor = p.threeWay ? noiseFloor(p, m, l, t) : float(cellFloor(p, part, l, t));
+                const float error = p.value(m, l, t, r.head);
+                const WorstCell c{l, t, r.head, part, error, floor, p.threeWay ? r.value : error / floor};
+                if (std::isnan(c.ratio))  // no floor: nothing to rank by
+                    continue;
+                if (!found || c.ratio > best.ratio)
                     best = c;
                 found = true;
             }
@@ -47,6 +50,11 @@ std::vector<WorstCell> worstCells(const PromptAnalysis& p, std::size_t count, co
     }
     std::sort_heap(cells.begin(), cells.end(), ranksBefore);
     return cells;
+}
+
+const char* worstCellStatistic(const PromptAnalysis& p)
+{
+    return p.threeWay ? "relative L-inf" : "relative L2";
 }
 
 }  // namespace kvscope

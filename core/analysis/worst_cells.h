@@ -1,8 +1,10 @@
 #pragma once
 // The cells a user should look at first: (layer, token) cells ranked by how far the engine
-// is from the reference. Three-way: by the cell's error ratio (its worst head's actual error
-// over the cell's dtype-only noise floor, analysis_result.h), so that dtype noise ranks low
-// however large it is; two-way: by the relative L-inf of the worst head.
+// is from the reference in noise floors, the number the map colours (heatmap_grid.h's
+// ErrorRatio), so that dtype noise ranks low however large it is. Three-way: the cell's error
+// ratio (its worst head's relative L-inf over the cell's expected-vs-baseline L-inf,
+// analysis_result.h); two-way: the worst head's relative L2 over the cell's floor (the cache
+// dtype's rounding, off_floor.h's cellFloor).
 
 #include "analysis/analysis_result.h"
 
@@ -15,11 +17,13 @@ struct WorstCell {
     std::int64_t token = 0;
     int head = 0;  // the worst head, whose numbers these are
     KvPart part = KvPart::K;
-    float error = 0;      // the head's actual relative L-inf
-    float baseError = 0;  // the cell's noise floor: max base relative L-inf over heads (three-way; NaN otherwise)
-    float ratio = 0;      // error / baseError: the head's error ratio = the cell's (three-way; NaN otherwise)
-    float score = 0;      // what the ranking used: ratio (three-way) or error (two-way)
+    float error = 0;      // the head's error, engine vs reference: relative L-inf (three-way) or L2 (two-way)
+    float baseError = 0;  // the cell's noise floor (three-way: max base relative L-inf over heads)
+    float ratio = 0;      // error / baseError, in floors: the ranking key
 };
+
+// The statistic of WorstCell::error, in words: "relative L-inf" (three-way) or "relative L2".
+const char* worstCellStatistic(const PromptAnalysis& prompt);
 
 // At most `count` cells, worst first; at most one entry per (layer, token) (its worse part).
 // `layersReady` (optional, per layer): only those layers (a cancelled analysis may have

@@ -73,9 +73,12 @@ JsonFields::Json readJson(const Hdf5File& file, const char* dataset)
 }
 
 // The bundle the results came from, if it is at hand and is still that bundle.
-std::shared_ptr<const BundleReader> findBundle(const ResultsFile& r, const BundleOutline& outline, std::string& missing)
+std::shared_ptr<const BundleReader> findBundle(const ResultsFile& r, const BundleOutline& outline, const std::string& chosen,
+                                               std::string& missing)
 {
     std::vector<std::string> candidates{r.bundlePath};
+    if (!chosen.empty())
+        candidates.insert(candidates.begin(), chosen);
     const std::filesystem::path beside =
         std::filesystem::path(r.path).parent_path() / std::filesystem::path(r.bundlePath).filename();
     if (beside.string() != r.bundlePath)
@@ -188,10 +191,10 @@ ResultsFile openResultsFile(const std::string& path)
     return r;
 }
 
-void findResultsBundle(ResultsFile& r)
+void findResultsBundle(ResultsFile& r, const std::string& chosen)
 {
     r.bundleMissing.clear();
-    r.bundle = findBundle(r, r.bundle->outline(), r.bundleMissing);
+    r.bundle = findBundle(r, r.bundle->outline(), chosen, r.bundleMissing);
 }
 
 void readResultsArrays(ResultsFile& r, const std::function<void(int layer)>& layerRead, const std::atomic<bool>* cancel)

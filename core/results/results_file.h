@@ -74,7 +74,8 @@ ResultsFile readResultsFile(const std::string& path);
 // (opening a large one takes a while); then the arrays, a layer of every prompt at a time,
 // `layerRead` told after each. Throws AnalysisCancelled when `cancel` is set between layers.
 ResultsFile openResultsFile(const std::string& path);
-void findResultsBundle(ResultsFile& r);
+// `chosen` (optional): a path the user gave, tried first (File > Locate bundle...).
+void findResultsBundle(ResultsFile& r, const std::string& chosen = {});
 void readResultsArrays(ResultsFile& r, const std::function<void(int layer)>& layerRead = {},
                        const std::atomic<bool>* cancel = nullptr);
 

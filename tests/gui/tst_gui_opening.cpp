@@ -64,6 +64,7 @@ private slots:
     void longLayerFillsAsItIsAnalysed();
     void viewersAreToldInOrder();
     void reportIsWrittenOffTheGuiThread();
+    void aBundleMadeFirstOpensWhenMade();
 };
 
 void TestOpening::opensAndAnalysesInTheBackground()
@@ -436,6 +437,66 @@ void TestOpening::resultsFileOpensAtOnce()
         if (!bundleThere)
             QVERIFY2(error.contains("not at hand"), qPrintable(error));
     }
+    // File > Locate bundle...: another file is refused and says why; the bundle, moved, turns
+    // every view on.
+    QSignalSpy located(&m_window->controller(), &AnalysisController::bundleLocated);
+    const QString other = m_dir.filePath("other.h5"), moved = m_dir.filePath("moved/saved.h5");
+    SyntheticCaptureOptions small = demoCaptureOptions();
+    small.layers = 2;
+    writeSyntheticCapture(other.toStdString(), small);
+    m_window->controller().locateBundle(other);
+    QVERIFY(located.wait(30000));
+    QVERIFY2(m_window->controller().bundleMissing().contains("is not the bundle analysed"),
+             qPrintable(m_window->controller().bundleMissing()));
+    QTabWidget& tabs = *m_window->findChild<QTabWidget*>();
+    QVERIFY(!tabs.isTabEnabled(2));
+    QVERIFY(QDir(m_dir.path()).mkpath("moved"));
+    QVERIFY(QFile::copy(m_path, moved));
+    m_window->controller().locateBundle(moved);
+    QVERIFY(located.wait(30000));
+    QCOMPARE(m_window->controller().bundleMissing(), QString());
+    QVERIFY(tabs.isTabEnabled(2) && tabs.isTabEnabled(3));
+    const QString status = m_window->statusBar()->findChild<QLabel*>()->text();
+    QVERIFY2(status.contains("found"), qPrintable(status));
+    const PromptAnalysis& p = m_window->controller().result()->prompts.front();
+    QString error = "pending";
+    m_window->controller().requestHeadHistogram(p.id, p.layers.front(), 0, KvPart::K, 0, p.tokens,
+                                                [&error](auto, const QString& e) { error = e; });
+    QTRY_VERIFY_WITH_TIMEOUT(error != "pending", 30000);
+    QVERIFY2(error.isEmpty(), qPrintable(error));
+}
+
+// The demo's window opens at once: the capture is made by a child meanwhile (openMade), and
+// Cancel kills it, leaving nothing open; made, it is opened and analysed.
+void TestOpening::aBundleMadeFirstOpensWhenMade()
+{
+    const QString made = m_dir.filePath("made.h5");
+    QSignalSpy finished(&m_window->controller(), &AnalysisController::finished);
+    QSignalSpy cancelled(&m_window->controller(), &AnalysisController::cancelled);
+    QSignalSpy progress(&m_window->controller(), &AnalysisController::progress);
+    m_window->controller().openMade(made, {"/bin/sh", "-c", "sleep 30; cp \"$0\" \"$1\"", m_path.toStdString(), made.toStdString()},
+                                    "making the test's capture");
+    QTRY_VERIFY_WITH_TIMEOUT(!progress.isEmpty(), 10000);
+    QCOMPARE(progress.first().at(2).toString(), QString("making the test's capture"));
+    QElapsedTimer took;
+    took.start();
+    m_window->controller().cancel();
+    QVERIFY(cancelled.wait(10000));
+    QVERIFY(took.elapsed() < 10000);  // the child was killed, not waited for
+    QVERIFY(!QFileInfo::exists(made));
+    m_window->controller().openMade(made, {"/bin/sh", "-c", "cp \"$0\" \"$1\"", m_path.toStdString(), made.toStdString()},
+                                    "making the test's capture");
+    QVERIFY(finished.wait(60000));
+    QCOMPARE(m_window->controller().path(), made);
+    QCOMPARE(m_window->controller().result()->prompts.size(), m_reference.prompts.size());
+    // A maker that fails: its message, naming the file.
+    QSignalSpy failed(&m_window->controller(), &AnalysisController::failed);
+    const QString never = m_dir.filePath("never.h5");
+    m_window->controller().openMade(never, {"/bin/sh", "-c", "echo 'no room on the disk' >&2; exit 3"}, "making");
+    QVERIFY(failed.wait(30000));
+    QVERIFY2(failed.first().first().toString().contains("never.h5") &&
+                 failed.first().first().toString().contains("no room on the disk"),
+             qPrintable(failed.first().first().toString()));
 }
 
 // A layer analysed in windows of tokens (a long context's) shows the start of its row as each

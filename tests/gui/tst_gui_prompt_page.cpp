@@ -21,6 +21,7 @@
 #include <QListWidget>
 #include <QScrollBar>
 #include <QSplitter>
+#include <QStandardItemModel>
 #include <QSortFilterProxyModel>
 #include <QStatusBar>
 #include <QTableView>
@@ -67,8 +68,7 @@ void TestPromptPage::heatmapShowsTheEngineNumbers()
 {
     ensureDemoOpen();  // alone in its suite now: not after the test that opened it
     for (int prompt : {0, 1})
-        for (HeatmapMetric metric : {HeatmapMetric::RelLinf, HeatmapMetric::ErrorRatio, HeatmapMetric::Bc,
-                                     HeatmapMetric::BcVsNoise})
+        for (HeatmapMetric metric : {HeatmapMetric::RelLinf, HeatmapMetric::ErrorRatio, HeatmapMetric::Bc})
             for (KvPart part : {KvPart::K, KvPart::V}) {
                 toolbarOf(*m_window).setPrompt(prompt);
                 toolbarOf(*m_window).setMetric(metric);
@@ -320,12 +320,48 @@ void TestPromptPage::keyboardReachesEveryPanel()
     QCOMPARE(toolbarOf(*m_window).settings().map.part, KvPart::K);
     QTest::keyClick(&view, Qt::Key_2);
     QCOMPARE(toolbarOf(*m_window).settings().map.metric, HeatmapMetric::RelL2);
+    // 5, BC vs noise: off here (a token has 4 heads x 32 = 128 values, too few for a BC to mean
+    // anything), and its entry says why; 6, the reference tool's BC, is on.
     QTest::keyClick(&view, Qt::Key_5);
-    QCOMPARE(toolbarOf(*m_window).settings().map.metric, HeatmapMetric::BcVsNoise);
+    QCOMPARE(toolbarOf(*m_window).settings().map.metric, HeatmapMetric::RelL2);
+    const auto* metrics = qobject_cast<QStandardItemModel*>(toolbarOf(*m_window).findChild<QComboBox*>("metric")->model());
+    QVERIFY(metrics);
+    const QStandardItem* bcVsNoise = metrics->item(toolbarOf(*m_window).findChild<QComboBox*>("metric")->findData(int(HeatmapMetric::BcVsNoise)));
+    QVERIFY(!bcVsNoise->isEnabled());
+    QVERIFY2(bcVsNoise->toolTip().contains("128 values"), qPrintable(bcVsNoise->toolTip()));
+    QTest::keyClick(&view, Qt::Key_6);
+    QCOMPARE(toolbarOf(*m_window).settings().map.metric, HeatmapMetric::Bc);
     QTest::keyClick(&view, Qt::Key_PageDown, Qt::ControlModifier);
     QCOMPARE(toolbarOf(*m_window).promptBox().currentIndex(), 1);
     QTest::keyClick(&view, Qt::Key_PageUp, Qt::ControlModifier);
     QCOMPARE(toolbarOf(*m_window).promptBox().currentIndex(), 0);
+    // F6 goes panel to panel in one press (map, heads, suspects, worst cells, back to the map);
+    // Esc in a panel goes back to the map, the cell kept.
+    QListWidget& suspects = promptPageOf(*m_window).suspectsView();
+    promptPageOf(*m_window).selectCell(5, 50);
+    view.setFocus();
+    QTRY_VERIFY(view.hasFocus());
+    for (QWidget* next : std::initializer_list<QWidget*>{&heads, &suspects, &worst, &view}) {
+        QTest::keyClick(QApplication::focusWidget(), Qt::Key_F6);
+        QTRY_VERIFY2(next->hasFocus(), qPrintable(QApplication::focusWidget()->metaObject()->className()));
+    }
+    QTest::keyClick(QApplication::focusWidget(), Qt::Key_F6, Qt::ShiftModifier);
+    QTRY_VERIFY(worst.hasFocus());
+    for (QWidget* panel : std::initializer_list<QWidget*>{&heads, &suspects, &worst}) {
+        panel->setFocus();
+        QTRY_VERIFY(panel->hasFocus());
+        QTest::keyClick(panel, Qt::Key_Escape);
+        QTRY_VERIFY(view.hasFocus());
+        QCOMPARE(promptPageOf(*m_window).selectedLayer(), 5);
+    }
+    // Ctrl+3 / Ctrl+4: the What if and Compare pages; Ctrl+1 back.
+    QTabWidget& tabs = *m_window->findChild<QTabWidget*>();
+    QTest::keyClick(&view, Qt::Key_3, Qt::ControlModifier);
+    QCOMPARE(tabs.currentIndex(), 2);
+    QTest::keyClick(tabs.currentWidget(), Qt::Key_4, Qt::ControlModifier);
+    QCOMPARE(tabs.currentIndex(), 3);
+    QTest::keyClick(tabs.currentWidget(), Qt::Key_1, Qt::ControlModifier);
+    QCOMPARE(tabs.currentIndex(), 0);
 }
 
 void TestPromptPage::colourRangeComesFromTheData()
@@ -395,6 +431,8 @@ void TestPromptPage::twoWayCaptureRanksByError()
     }
     toolbarOf(window).setMetric(HeatmapMetric::RelLinf);
     const PromptAnalysis& p = reference.prompts[0];
+    // The worst cells rank by the number the map colours: the worst head's L2 over 2^-8, shown
+    // with that L2 and that floor (a large L-inf in one element, the drift's way, ranks low).
     WorstCellsModel& list = promptPageOf(window).worstCells();
     QVERIFY(list.rowCount() > 0);
     double previous = 1e300;
@@ -402,13 +440,16 @@ void TestPromptPage::twoWayCaptureRanksByError()
         const WorstCell& c = list.cell(r);
         double worst = -1;
         for (int h = 0; h < p.heads; ++h)
-            worst = std::max(worst, double(p.value(c.part == KvPart::K ? Metric::KLinf : Metric::VLinf, c.layer, c.token, h)));
+            worst = std::max(worst, double(p.value(c.part == KvPart::K ? Metric::KL2 : Metric::VL2, c.layer, c.token, h)));
         const double shown = list.data(list.index(r, 3)).toString().toDouble();
-        QVERIFY(sameTo4Digits(shown, worst));
+        QVERIFY(sameTo4Digits(shown, worst / std::ldexp(1.0, -8)));
+        QVERIFY(sameTo4Digits(list.data(list.index(r, 4)).toString().toDouble(), worst));
+        QVERIFY(sameTo4Digits(list.data(list.index(r, 5)).toString().toDouble(), std::ldexp(1.0, -8)));
         QVERIFY(shown <= previous * (1 + 5e-4));
         previous = shown;
     }
-    QVERIFY(promptPageOf(window).worstCellsView().isColumnHidden(5));
+    QCOMPARE(list.headerData(4, Qt::Horizontal).toString(), QString("L2"));
+    QVERIFY(!promptPageOf(window).worstCellsView().isColumnHidden(5));
     promptPageOf(window).selectCell(5, 50);
     QVERIFY(std::isnan(headTableOf(window).value(0, HeadTableModel::ratioColumn(KvPart::K))));
     // The colour range: up to the 99th percentile of the shown values.

@@ -1,0 +1,100 @@
+// The worst-cells list, worked by hand: it ranks by the number the map colours, in noise floors.
+// Two-way that is the relative L2 over the cache dtype's rounding (bf16: 2^-8), so a cell whose
+// L-inf is large but whose L2 is small (one element off by rounding, the drift's way) ranks below
+// one whose whole vector moved; three-way, the head's L-inf over the cell's expected-vs-baseline
+// L-inf.
+
+#include "analysis/heatmap_grid.h"
+#include "analysis/worst_cells.h"
+
+#include <QTest>
+
+#include <cmath>
+
+using namespace kvscope;
+
+namespace {
+
+PromptAnalysis prompt(bool threeWay)
+{
+    PromptAnalysis p;
+    p.promptLen = 3;
+    p.tokens = 4;
+    p.heads = 2;
+    p.threeWay = threeWay;
+    p.layers = {"model.layers.0.self_attn", "model.layers.1.self_attn"};
+    p.allocate();
+    // Every cell quiet: 1e-3 everywhere (the base, three-way, 1e-2: a tenth of a floor).
+    for (int m = 0; m < kMetricCount; ++m)
+        for (std::size_t i = 0; i < p.metrics[std::size_t(m)].size(); ++i)
+            p.metrics[std::size_t(m)][i] = m >= kMetricCount / 2 ? 1e-2f : 1e-3f;
+    return p;
+}
+
+void set(PromptAnalysis& p, KvPart part, MetricKind kind, int layer, std::int64_t token, int head, float value)
+{
+    p.metrics[std::size_t(metricFor(part, kind))][p.cell(layer, token, head)] = value;
+}
+
+}  // namespace
+
+class TestWorstCells : public QObject {
+    Q_OBJECT
+
+private slots:
+    void twoWayRanksByL2InFloors()
+    {
+        PromptAnalysis p = prompt(false);
+        // Layer 0 token 1, head 1, K: L-inf 0.5 but L2 0.01 (2.56 floors of 2^-8).
+        set(p, KvPart::K, MetricKind::Linf, 0, 1, 1, 0.5f);
+        set(p, KvPart::K, MetricKind::L2, 0, 1, 1, 0.01f);
+        // Layer 1 token 2, head 0, V: L-inf 0.1, L2 0.08 (20.48 floors).
+        set(p, KvPart::V, MetricKind::Linf, 1, 2, 0, 0.1f);
+        set(p, KvPart::V, MetricKind::L2, 1, 2, 0, 0.08f);
+        const std::vector<WorstCell> cells = worstCells(p, 3);
+        QCOMPARE(cells.size(), std::size_t(3));
+        QCOMPARE(cells[0].layer, 1);
+        QCOMPARE(cells[0].token, std::int64_t(2));
+        QCOMPARE(cells[0].head, 0);
+        QCOMPARE(cells[0].part, KvPart::V);
+        QCOMPARE(cells[0].error, 0.08f);
+        QCOMPARE(double(cells[0].baseError), 1.0 / 256);
+        QVERIFY(std::abs(double(cells[0].ratio) - 20.48) < 1e-4);
+        QCOMPARE(cells[1].layer, 0);
+        QCOMPARE(cells[1].token, std::int64_t(1));
+        QVERIFY(std::abs(double(cells[1].ratio) - 2.56) < 1e-4);
+        QVERIFY(std::abs(double(cells[2].ratio) - 0.256) < 1e-4);  // a quiet cell: 1e-3 * 256
+        QCOMPARE(QString(worstCellStatistic(p)), QString("relative L2"));
+        // The map says the same of that cell.
+        HeatmapSpec spec;
+        spec.metric = HeatmapMetric::ErrorRatio;
+        spec.part = KvPart::V;
+        int head = -1;
+        QCOMPARE(heatmapValue(p, spec, 1, 2, &head), cells[0].ratio);
+        QCOMPARE(head, 0);
+    }
+
+    void threeWayRanksByLinfOverTheBase()
+    {
+        PromptAnalysis p = prompt(true);
+        // Layer 0 token 3 head 0 K: L-inf 0.3 over a base of 0.01 (both heads' base: the cell's
+        // floor is their largest) = 30 floors; layer 1 token 0 head 1 V: 0.5 over a base 0.1 = 5.
+        set(p, KvPart::K, MetricKind::Linf, 0, 3, 0, 0.3f);
+        set(p, KvPart::V, MetricKind::Linf, 1, 0, 1, 0.5f);
+        p.metrics[std::size_t(baseOf(metricFor(KvPart::V, MetricKind::Linf)))][p.cell(1, 0, 0)] = 0.1f;
+        const std::vector<WorstCell> cells = worstCells(p, 2);
+        QCOMPARE(cells.size(), std::size_t(2));
+        QCOMPARE(cells[0].layer, 0);
+        QCOMPARE(cells[0].token, std::int64_t(3));
+        QVERIFY(std::abs(double(cells[0].ratio) - 30.0) < 1e-4);
+        QCOMPARE(cells[0].baseError, 1e-2f);
+        QCOMPARE(cells[1].layer, 1);
+        QCOMPARE(cells[1].head, 1);
+        QVERIFY(std::abs(double(cells[1].ratio) - 5.0) < 1e-4);
+        QCOMPARE(cells[1].baseError, 0.1f);
+        QCOMPARE(QString(worstCellStatistic(p)), QString("relative L-inf"));
+    }
+};
+
+QTEST_GUILESS_MAIN(TestWorstCells)
+#include "tst_worst_cells.moc"
