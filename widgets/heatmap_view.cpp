@@ -119,7 +119,9 @@ void HeatmapView::showEmpty(const QString& message)
     setTopLabels({}, {});
     setAxesVisible(this, false);
     axisRect()->setBackground(Qt::NoBrush);
+    m_titleText.clear();
     m_title->setText(QString());
+    setSuspectRows(-1, {}, {});
     m_emptyMessage = message;
     m_emptyText->setText(wrappedToWidth(message, m_emptyText->font(), emptyTextWidth()));
     m_emptyText->setVisible(true);
@@ -255,6 +257,7 @@ int HeatmapView::emptyTextWidth() const
 void HeatmapView::resizeEvent(QResizeEvent* event)
 {
     QCustomPlot::resizeEvent(event);
+    wrapTitle();
     updateRowTicks();
     updateTokenTicks();
     if (m_empty)
@@ -408,8 +411,17 @@ void HeatmapView::setScale(ScaleKind kind, QCPRange range, bool logarithmic)
 
 void HeatmapView::setTitle(const QString& title)
 {
-    m_title->setText(title);
+    m_titleText = title;
+    wrapTitle();
     replot(QCustomPlot::rpQueuedReplot);
+}
+
+void HeatmapView::wrapTitle()
+{
+    // Wrapped to the map's column: a title wider than it would take the colour scale's room
+    // (the layout gives each column at least its widest element), and the scale would vanish.
+    const int scaleRoom = m_scale->visible() ? 130 : 0;
+    setWrappedTitle(m_title, m_titleText, std::max(200, width() - scaleRoom - 20));
 }
 
 void HeatmapView::setSelection(int row, qint64 token)

@@ -87,6 +87,7 @@ private:
     void clampRange(QCPAxis* axis, const QCPRange& full);
     void leaveEmpty();
     void emitPendingClick();
+    void wrapTitle();
 
     QCPColorMap* m_map = nullptr;
     QCPColorScale* m_scale = nullptr;
@@ -104,6 +105,7 @@ private:
     QStringList m_rowLabels;
     QList<int> m_pinnedRows;
     QString m_emptyMessage;
+    QString m_titleText;  // as set; shown wrapped to the width
     QTimer* m_clickTimer;  // a click waits out the double-click interval
     int m_clickRow = -1;
     qint64 m_clickToken = 0;

@@ -425,7 +425,8 @@ void PromptPage::refreshHeatmap()
                                                   index = m_settings.prompt, settings = m_settings,
                                                   ready = m_controller->readyLayers(), opening = m_opening,
                                                   resultsFile = m_controller->resultsFile().toStdString(),
-                                                  rowStart = m_rowStart, suspects = m_controller->recorded().suspects](EngineJob& job) {
+                                                  rowStart = m_rowStart, suspects = m_controller->recorded().suspects,
+                                                  finished = !m_controller->isRunning()](EngineJob& job) {
         QElapsedTimer took;
         took.start();
         auto built = std::make_shared<BuiltMap>();
@@ -445,6 +446,8 @@ void PromptPage::refreshHeatmap()
                 stored.reset();  // a file from before it was kept: built from the arrays
             built->offThresholds = stored ? std::vector<double>(p.layers.size(), *stored->offThreshold())
                                           : mapOffThresholds(p, suspects, &ready);
+            if (finished)  // (the suspects are written when the analysis is over)
+                useSuspectThresholds(p, suspects, &ready, built->offThresholds);
         }
         // The data's colour range: the results file keeps it for its maps (computing it reads every cell).
         const auto range = [&](bool logarithmic) {
@@ -468,7 +471,7 @@ void PromptPage::refreshHeatmap()
             built->map = HeatmapPyramid(std::move(grid), lowerIsWorse(settings.map.metric));
             built->ready = ready;
         }
-        built->spec = promptMapSpec(loader->config(), p, loader->prompt(p.id), settings.map);
+        built->spec = promptMapSpec(loader->config(), p, loader->prompt(p.id), settings.map, finished);
         ValueRange shownRange = settings.range;
         if (settings.autoRange)
             shownRange = range(settings.logarithmic);

@@ -150,7 +150,7 @@ std::string mapMetricLabel(const HeatmapSpec& spec, const PromptAnalysis& prompt
 }
 
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
-                      const HeatmapSpec& spec)
+                      const HeatmapSpec& spec, bool withSuspect)
 {
     MapSpec m;
     m.metricLabel = mapMetricLabel(spec, prompt);
@@ -165,7 +165,7 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
     m.prefillBoundary = double(prompt.promptLen) - 0.5;
     for (const Divergence& d : prompt.divergences)
         m.divergences.push_back(d.position);
-    if (!prompt.suspects.empty()) {
+    if (withSuspect && !prompt.suspects.empty()) {
         const Suspect& s = prompt.suspects.front();
         const auto rowOf = [&](const std::string& layer) {
             const auto at = std::find(prompt.layers.begin(), prompt.layers.end(), layer);

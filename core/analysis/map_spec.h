@@ -91,9 +91,10 @@ struct MapSpec {
 };
 
 // A per-prompt map (layers x tokens), with its scale's default range (the data's is dataRange:
-// it reads every cell).
+// it reads every cell). `withSuspect`: the onset and spread rows from prompt.suspects (which
+// are written when the analysis is over: not before).
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
-                      const HeatmapSpec& spec);
+                      const HeatmapSpec& spec, bool withSuspect = true);
 // The across-prompts BC map (layers x generation index): against the noise floor, or the
 // reference tool's BC.
 MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise = true);

@@ -204,12 +204,36 @@ std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThr
     return thresholds;
 }
 
-std::vector<double> mapOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady)
+namespace {
+
+std::int64_t testedCells(const PromptAnalysis& p, const std::vector<char>* layersReady)
 {
     std::int64_t tested = 0;
     for (std::int64_t n : finiteCells(p, layersReady))
         tested += n;
-    return layerOffThresholds(p, th, std::int64_t(double(tested) * kMapNoiseCaptures), layersReady);
+    return tested;
+}
+
+}  // namespace
+
+std::vector<double> mapOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady)
+{
+    return layerOffThresholds(p, th, std::int64_t(double(testedCells(p, layersReady)) * kMapNoiseCaptures), layersReady);
+}
+
+void useSuspectThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
+                          std::vector<double>& thresholds)
+{
+    if (p.suspects.empty())
+        return;
+    const std::vector<double> own = layerOffThresholds(p, th, testedCells(p, layersReady), layersReady);
+    for (const Suspect& s : p.suspects)
+        for (const std::string& layer : s.layers)
+            if (const auto at = std::find(p.layers.begin(), p.layers.end(), layer); at != p.layers.end()) {
+                const std::size_t l = std::size_t(at - p.layers.begin());
+                if (l < thresholds.size() && l < own.size())
+                    thresholds[l] = std::min(thresholds[l], own[l]);
+            }
 }
 
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,

@@ -75,6 +75,12 @@ std::vector<double> layerOffThresholds(const PromptAnalysis& p, const SuspectThr
 // paint that cell loud on a clean capture. Reads only the finished layers.
 inline constexpr double kMapNoiseCaptures = 100;
 std::vector<double> mapOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady);
+// In the layers a suspect of `p` affects, the suspects' own threshold instead: their layer
+// rules have already told a fault from noise there, and a cell they call off must not be drawn
+// as "not off" (two-way, the drift allowance's tail puts the two thresholds far apart). Reads
+// p.suspects: only once the analysis is over.
+void useSuspectThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
+                          std::vector<double>& thresholds);
 
 struct OffFloor {
     CellRatios ratios;

@@ -124,8 +124,13 @@ void writeStoredMapRanges(Hdf5File& file, std::size_t index, const PromptAnalysi
 {
     for (const HeatmapSpec& spec : storedMapSpecs(p, options)) {
         if (scaleOf(spec.metric) == ScaleKind::Ratio && p.threeWay) {
-            // Drawn in units of the map's off threshold (off_floor.h), one for every layer three-way.
-            const double threshold = mapOffThresholds(p, options.suspects, nullptr).front();
+            // Drawn in units of the map's off threshold (off_floor.h), one for every layer three-way
+            // (the suspects' layers take theirs when the map is shown: useSuspectThresholds).
+            std::int64_t tested = 0;
+            for (std::int64_t n : finiteCells(p, nullptr))
+                tested += n;
+            const double threshold =
+                layerOffThresholds(p, options.suspects, std::int64_t(double(tested) * kMapNoiseCaptures), nullptr).front();
             const std::lock_guard lock(hdf5Mutex());
             file.writeDoubleAttribute(results_path::map(index, spec), "off_threshold", threshold);
         }

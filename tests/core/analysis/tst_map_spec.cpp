@@ -3,6 +3,7 @@
 // largest error; worked by hand from a suspect placed in the test.
 
 #include "analysis/map_spec.h"
+#include "analysis/off_floor.h"
 #include "format/kv_cache_config.h"
 
 #include <QTest>
@@ -71,6 +72,35 @@ private slots:
         QCOMPARE(m.onsetRow, 3);
         QVERIFY(m.spreadRows.empty());
         QVERIFY(m.spreadLabel.empty());
+    }
+
+    void aSuspectsLayersAreOffWhereTheSuspectsSay()
+    {
+        // The map's off level is the suspects' rule for a hundred times the cells (noise reaches
+        // it once in a hundred captures): three-way, 2 x perDecade floors higher. In a layer a
+        // suspect affects, the suspects' own level: the cells they call off are drawn off.
+        PromptAnalysis p = fourLayerPrompt();
+        p.threeWay = true;
+        p.tokens = 2000;  // (enough cells that neither level is held at its floor)
+        p.allocate();
+        for (auto& metric : p.metrics)
+            for (std::size_t i = 0; i < metric.size(); ++i)
+                metric[i] = 0.01f;
+        const SuspectThresholds th;
+        std::vector<double> thresholds = mapOffThresholds(p, th, nullptr);
+        const std::vector<double> map = thresholds;
+        useSuspectThresholds(p, th, nullptr, thresholds);
+        QCOMPARE(thresholds, map);  // no suspect: the map's
+        Suspect s;
+        s.firstLayer = "model.layers.1.self_attn";
+        s.layers = {"model.layers.1.self_attn", "model.layers.2.self_attn"};
+        p.suspects = {s};
+        useSuspectThresholds(p, th, nullptr, thresholds);
+        for (int l : {0, 3})
+            QCOMPARE(thresholds[std::size_t(l)], map[std::size_t(l)]);
+        for (int l : {1, 2})
+            QVERIFY2(std::abs(map[std::size_t(l)] - thresholds[std::size_t(l)] - 2 * th.perDecade) < 1e-9,
+                     qPrintable(QString("%1 vs %2").arg(map[std::size_t(l)]).arg(thresholds[std::size_t(l)])));
     }
 
     void aCleanTokensBcIsQuiet()
