@@ -67,8 +67,9 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         out << " none (nothing leaves the noise floor)";
     out << "\n";
     for (const Suspect& s : p.suspects)
-        out << "    " << suspectPatternName(s.pattern) << " (score " << fixed(float(s.score), 3) << "): " << s.evidence
-            << "\n";
+        out << "    " << suspectPatternName(s.pattern)
+            << (s.pattern == SuspectPattern::NonFinite ? std::string() : " (score " + fixed(float(s.score), 3) + ")") << ": "
+            << s.evidence << "\n";
 
     const std::vector<WorstCell> worst = worstCells(p, 8);
     out << "  worst cells (in floors: " << (p.threeWay ? "L-inf / the expected-vs-baseline L-inf" : "L2 / the dtype's rounding")
@@ -77,8 +78,11 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         out << "    " << std::left << std::setw(34) << p.layers[std::size_t(c.layer)] << " token " << std::setw(6) << c.token;
         if (p.heads > 1)  // (an MLA latent is one vector: no head to name)
             out << " head " << std::setw(3) << c.head;
-        out << partName(p, c.part) << (p.threeWay ? "_linf " : "_l2 ") << std::setw(9) << fixed(c.error) << " floor "
-            << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio) << "\n";
+        if (c.nonFinite)  // no number to rank by: what it holds, and where
+            out << partName(p, c.part) << " holds " << nonFiniteSideText(c) << "\n";
+        else
+            out << partName(p, c.part) << (p.threeWay ? "_linf " : "_l2 ") << std::setw(9) << fixed(c.error) << " floor "
+                << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio) << "\n";
     }
 
     // Per layer: the largest L-inf, and (three-way) the lowest per-token BC against the noise

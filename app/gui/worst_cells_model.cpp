@@ -31,7 +31,8 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
         return {};
     const WorstCell& c = m_cells[std::size_t(index.row())];
     if (role == Qt::ToolTipRole)
-        return QString::fromStdString(m_layers[std::size_t(c.layer)]);
+        return QString::fromStdString(m_layers[std::size_t(c.layer)]) +
+               (c.nonFinite ? QStringLiteral(": an input holds NaN or infinity, listed first whatever the floor") : QString());
     if (role == Qt::TextAlignmentRole)
         return int(Qt::AlignRight | Qt::AlignVCenter);
     if (role != Qt::DisplayRole)
@@ -48,12 +49,12 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
         if (m_oneHead)  // an MLA latent: one vector, no head to name
             return QString::fromStdString(m_partNames[std::size_t(c.part)]);
         return QString("%1 %2").arg(QString::fromStdString(m_partNames[std::size_t(c.part)])).arg(c.head);
-    case 3:
-        return QString::number(c.ratio, 'g', 4);
+    case 3:  // a NaN or infinity has no number of floors: it says what it is
+        return c.nonFinite ? QString::fromStdString(nonFiniteText(c)) : QString::number(c.ratio, 'g', 4);
     case 4:
-        return QString::number(c.error, 'g', 4);
+        return c.nonFinite ? QString::fromStdString(nonFiniteSideText(c)) : QString::number(c.error, 'g', 4);
     case 5:
-        return QString::number(c.baseError, 'g', 4);
+        return c.nonFinite ? QStringLiteral("-") : QString::number(c.baseError, 'g', 4);
     }
     return {};
 }

@@ -450,8 +450,10 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
     for (const WorstCell& c : worstCells(p, 15)) {
         out << "<tr><td>" << html(p.layers[std::size_t(c.layer)]) << "</td><td>" << c.token << "</td><td>"
             << html(partName(p, c.part)) << "</td>" << (heads ? "<td>" + QString::number(c.head) + "</td>" : QString())
-            << "<td>" << QString::number(c.ratio, 'g', 4) << "</td><td>" << QString::number(c.error, 'g', 4) << "</td><td>"
-            << QString::number(c.baseError, 'g', 4) << "</td></tr>";
+            << (c.nonFinite  // no number: what the input holds, and which input
+                    ? "<td class=fail>" + html(nonFiniteText(c)) + "</td><td>" + html(nonFiniteSideText(c)) + "</td><td>-</td></tr>"
+                    : "<td>" + QString::number(c.ratio, 'g', 4) + "</td><td>" + QString::number(c.error, 'g', 4) + "</td><td>" +
+                          QString::number(c.baseError, 'g', 4) + "</td></tr>");
     }
     out << "</table>";
     for (const ReplicaDifference& d : p.replicaDifferences)

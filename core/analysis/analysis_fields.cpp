@@ -4,6 +4,7 @@
 #include "util/json_writer.h"
 
 #include <cmath>
+#include <limits>
 
 namespace kvscope {
 
@@ -11,8 +12,8 @@ namespace {
 
 using Json = JsonFields::Json;
 
-const SuspectPattern kPatterns[] = {SuspectPattern::Block,      SuspectPattern::TpRank, SuspectPattern::Head,
-                                    SuspectPattern::Position,   SuspectPattern::WindowEdge,
+const SuspectPattern kPatterns[] = {SuspectPattern::NonFinite,  SuspectPattern::Block,      SuspectPattern::TpRank,
+                                    SuspectPattern::Head,       SuspectPattern::Position,   SuspectPattern::WindowEdge,
                                     SuspectPattern::Layer,      SuspectPattern::Unexplained};
 
 std::string item(const std::string& where, const char* key, std::size_t i)
@@ -278,6 +279,8 @@ Suspect readSuspect(const JsonFields& f, const Json& j, const std::string& at)
     if (!known)
         f.fail(at + "pattern", "'" + pattern + "' is not a suspect pattern");
     s.score = f.number(j, "score", at);
+    if (s.pattern == SuspectPattern::NonFinite && std::isnan(s.score))
+        s.score = std::numeric_limits<double>::infinity();  // written null: no floor measures a NaN
     s.evidence = f.text(j, "evidence", at);
     s.evidencePrompt = f.text(j, "evidence_prompt", at);
     s.hypothesis = readHypothesis(f, f.at(j, "hypothesis", at), at + "hypothesis.");
@@ -341,6 +344,7 @@ void writeNonFinite(JsonWriter& w, const std::vector<NonFiniteCell>& cells)
             .field("head", c.head)
             .field("part", kvPartName(c.part))
             .field("side", c.side)
+            .field("value", c.value)
             .endObject();
     });
 }
@@ -353,6 +357,8 @@ NonFiniteCell readNonFiniteCell(const JsonFields& f, const Json& c, const std::s
     cell.head = int(f.integer(c, "head", at));
     cell.part = partNamed(f, f.text(c, "part", at), at + "part");
     cell.side = f.text(c, "side", at);
+    if (c.contains("value"))  // (written since kvscope said NaN from infinity)
+        cell.value = f.text(c, "value", at);
     return cell;
 }
 

@@ -52,7 +52,10 @@ struct NonFiniteCell {
     std::int64_t token = 0;
     int head = 0;
     KvPart part = KvPart::K;
-    std::string side;  // "actual", "expected" or "reference"
+    // The input that holds it: "actual" (the engine's cache), "expected" or "baseline" (the
+    // reference sides: two-way the engine is compared against expected).
+    std::string side;
+    std::string value{};  // "nan", "inf" or "-inf" (NaN if any, else the first infinity); empty: not said (older JSON)
 };
 
 // How a layer's quantised cache is scaled, as the bundle says: the granularity and, unless it

@@ -136,6 +136,38 @@ void storeQuantisationFloor(const RowView& reference, const RowView& quantised, 
     out.quantL2[std::size_t(part)][at] = float(l2);
 }
 
+// "nan", "inf" or "-inf" for a vector holding one (NaN first), else null.
+const char* nonFiniteIn(const float* x, int dim)
+{
+    const char* kind = nullptr;
+    for (int d = 0; d < dim; ++d)
+        if (std::isnan(x[d]))
+            return "nan";
+        else if (!kind && std::isinf(x[d]))
+            kind = x[d] > 0 ? "inf" : "-inf";
+    return kind;
+}
+
+// A comparison that failed: each side whose vector holds the NaN or infinity (`threeWay`: the
+// reference is the baseline and `base` expected; two-way the reference is expected).
+void listNonFinite(const float* reference, const float* actual, const float* base, int dim, NonFiniteCell cell,
+                   bool threeWay, std::vector<NonFiniteCell>& out)
+{
+    const std::pair<const float*, const char*> sides[] = {
+        {actual, "actual"}, {threeWay ? base : reference, "expected"}, {threeWay ? reference : nullptr, "baseline"}};
+    const std::size_t before = out.size();
+    for (const auto& [x, side] : sides)
+        if (const char* kind = x ? nonFiniteIn(x, dim) : nullptr) {
+            cell.side = side;
+            cell.value = kind;
+            out.push_back(cell);
+        }
+    if (out.size() == before) {  // no input holds one (the sums cannot overflow): say the comparison
+        cell.side = "actual";
+        out.push_back(cell);
+    }
+}
+
 // Tokens [begin, end) of compareLayer: every write goes to cells and stats of these tokens
 // only, and to the stats' stores of `member` (the team member running it).
 void compareTokens(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer, PromptAnalysis& out,
@@ -172,12 +204,11 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
                                     : (compareVectors(referenceRow.head(h), actualRow.head(h), dim, c) ? 1 : 0);
                 if (ok & 1)
                     store(cell, c, false);
-                else
-                    nonFinite.push_back({layer, t, h, part, "actual"});
                 if (base && (ok & 2))
                     store(cell, cb, true);
-                else if (base)
-                    nonFinite.push_back({layer, t, h, part, "expected"});
+                if (ok != (base ? 3 : 1))
+                    listNonFinite(referenceRow.head(h), actualRow.head(h), base ? baseRow.head(h) : nullptr, dim,
+                                  {layer, t, h, part, {}, {}}, base != nullptr, nonFinite);
                 finite = finite && ok == (base ? 3 : 1);
             }
             // A quantised cache is judged against expected stored the same way (its floor).

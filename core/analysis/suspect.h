@@ -13,8 +13,10 @@
 
 namespace kvscope {
 
-enum class SuspectPattern { Block, TpRank, Head, Position, WindowEdge, Layer, Unexplained };
-const char* suspectPatternName(SuspectPattern pattern);  // "block", "tp_rank", ..., "unexplained"
+// NonFinite: a NaN or infinity in an input (the engine's cache or a reference side), named
+// before every finite suspect: a cell holding one is off whatever its floor.
+enum class SuspectPattern { Block, TpRank, Head, Position, WindowEdge, Layer, Unexplained, NonFinite };
+const char* suspectPatternName(SuspectPattern pattern);  // "block", "tp_rank", ..., "unexplained", "non_finite"
 
 // When a cell is off the noise floor (analysis/off_floor.h): its ratio in floors above
 // floor + perDecade * log10(cells tested / 1000) (never below floor), so that the chance that
@@ -83,7 +85,7 @@ struct SuspectBlock {
 
 struct Suspect {
     SuspectPattern pattern = SuspectPattern::Layer;
-    double score = 0;      // the onset layer's median ratio over its off cells, in floors
+    double score = 0;      // the onset layer's median ratio over its off cells, in floors (non_finite: +inf)
     // The hypothesis that explains it (residual within SuspectThresholds::explained), or for
     // an unexplained suspect the nearest one tried if it clearly lowers the error
     // (clearlyLowers, analysis/hypotheses.h); kind empty when none does or none could be tried.

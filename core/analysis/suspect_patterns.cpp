@@ -118,6 +118,12 @@ bool holdsOnlyDecode(const Onset& o)
 
 int windowEdgeOf(const Onset& o)
 {
+    // The error must be seen to start: the onset layer holds a clean token before it. A sliding
+    // layer whose reference keeps only the last window - 1 positions can hold nothing earlier,
+    // and a fault over the whole layer would then look as if it started at the window's edge.
+    const std::vector<std::int64_t> held = heldTokens(o);
+    if (held.empty() || held.front() >= o.firstToken())
+        return 0;
     for (int l = 0; l <= o.layer; ++l) {
         const KvCacheGroup& g = o.config.groups[std::size_t(o.prompt.layerGroups[std::size_t(l)])];
         if (!g.slidingWindow)
@@ -127,7 +133,7 @@ int windowEdgeOf(const Onset& o)
             continue;
         // From the edge on to the end, most tokens off.
         std::int64_t after = 0;
-        for (std::int64_t t : heldTokens(o))
+        for (std::int64_t t : held)
             after += t >= o.firstToken();
         if (after > 0 && double(o.tokens.size()) >= 0.5 * double(after))
             return w;

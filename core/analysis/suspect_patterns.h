@@ -54,7 +54,8 @@ bool looksLikePositionSpan(const Onset& onset);
 // a span and the whole layer then look the same.
 bool holdsOnlyDecode(const Onset& onset);
 // window_edge: the onset at or after a sliding-window layer, nothing off before the sequence
-// first fills that window, then the error from there to the end: that window, or 0.
+// first fills that window (and a clean token held before it: the error is seen to start
+// there), then the error from there to the end: that window, or 0.
 int windowEdgeOf(const Onset& onset);
 // tp_rank: the heads are exactly those of some ranks (not all of them): those ranks, or none.
 std::vector<int> ranksOfHeads(const Onset& onset);

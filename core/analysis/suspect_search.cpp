@@ -9,7 +9,10 @@
 #include "kv/capture_loader.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <set>
+#include <tuple>
 #include <iomanip>
 #include <optional>
 #include <sstream>
@@ -26,6 +29,7 @@ const char* suspectPatternName(SuspectPattern pattern)
     case SuspectPattern::WindowEdge: return "window_edge";
     case SuspectPattern::Layer: return "layer";
     case SuspectPattern::Unexplained: return "unexplained";
+    case SuspectPattern::NonFinite: return "non_finite";
     }
     return "?";
 }
@@ -255,6 +259,23 @@ Explanation explainSuspect(const CaptureLoader& loader, const PromptAnalysis& p,
     return {hypotheses, explainedBound, explained, partly};
 }
 
+// The places an explaining `kind` names: the keys "<prefix>i" of its parameters whose value is
+// not i (a head or rank holding another's data), sorted; empty for another kind.
+std::vector<int> mappedBy(const Hypothesis& h, const char* kind, const std::string& prefix)
+{
+    std::vector<int> out;
+    if (h.kind != kind)
+        return out;
+    for (const auto& [name, value] : h.parameters)
+        if (name.rfind(prefix, 0) == 0 && name.size() > prefix.size()) {
+            const int from = std::atoi(name.c_str() + prefix.size());
+            if (value != double(from))
+                out.push_back(from);
+        }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
 // The place: each pattern's defining property, from the most specific (s.pattern and what it
 // names); the sentence that says it.
 std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, const OffFloor& floor, const Onset& onset,
@@ -275,6 +296,10 @@ std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, c
                                                           : " of heads " + joinInts(onset.heads);
     const std::vector<int> ranks = ranksOfHeads(onset);
     const std::vector<int> dcpShare = dcpShareOf(onset);
+    // An explaining hypothesis that names the place decides it: a head map names heads, a
+    // shard map ranks, whatever else the off cells happen to line up with.
+    const std::vector<int> mappedHeads = explained ? mappedBy(s.hypothesis, "head_swap", "head_") : std::vector<int>{};
+    const std::vector<int> mappedRanks = explained ? mappedBy(s.hypothesis, "rank_swap", "rank_") : std::vector<int>{};
     const int window = windowEdgeOf(onset);
     std::ostringstream why;
     if (looksLikeBlock(onset) && explained) {
@@ -308,13 +333,20 @@ std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, c
             << joinInts(dcpShare) << " of " << config.dcpSize << " hold (TP rank(s) " << joinInts(s.tpRanks)
             << "; runs of " << config.cpInterleave << " position(s) dealt in turn), tokens " << s.firstToken << "-"
             << s.lastToken << spread();
-    } else if (p.headsOf(L0) > 1 && (onset.oneHead || onset.heads.size() == 1)) {
+    } else if (!mappedRanks.empty()) {
+        s.pattern = SuspectPattern::TpRank;
+        s.tpRanks = mappedRanks;
+        why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at tokens " << s.firstToken << "-"
+            << s.lastToken << ", as the shards of TP ranks " << joinInts(mappedRanks) << " exchanged predict" << spread();
+    } else if (p.headsOf(L0) > 1 && (!mappedHeads.empty() || onset.oneHead || onset.heads.size() == 1)) {
         s.pattern = SuspectPattern::Head;
-        const int h = int(std::max_element(onset.perHead.begin(), onset.perHead.end()) - onset.perHead.begin());
-        s.heads = {h};
-        narrowToOwnHeads(p, onset, s);  // the sentence tells the head's own tokens and parts, as the fields do
+        s.heads = mappedHeads;
+        if (s.heads.empty())
+            s.heads = {int(std::max_element(onset.perHead.begin(), onset.perHead.end()) - onset.perHead.begin())};
+        narrowToOwnHeads(p, onset, s);  // the sentence tells the heads' own tokens and parts, as the fields do
         const std::string headKv = s.kv == "kv" ? kTitle + " and " + vTitle : s.kv == "k" ? kTitle : vTitle;
-        why << "Only head " << h << " of " << layer << " is off the noise floor (" << headKv << "), from token "
+        why << "Only head" << (s.heads.size() > 1 ? "s " : " ") << joinInts(s.heads) << " of " << layer
+            << (s.heads.size() > 1 ? " are" : " is") << " off the noise floor (" << headKv << "), from token "
             << s.firstToken << " (" << s.phase << ")" << spread();
     } else if (!ranks.empty()) {
         s.pattern = SuspectPattern::TpRank;
@@ -339,13 +371,144 @@ std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, c
 
 }  // namespace
 
+namespace {
+
+// Where a side's value lives, in words.
+const char* sideText(const std::string& side)
+{
+    return side == "actual" ? "the engine's cache" : side == "expected" ? "the reference (expected)"
+         : side == "baseline" ? "the fp32 baseline" : "an input";
+}
+
+std::optional<Suspect> finiteSuspect(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
+                                     const std::vector<char>* layersReady, WorkTeam* team, const EarlierRun* earlier);
+
+std::string tokenSpan(std::int64_t first, std::int64_t last)
+{
+    return first == last ? "token " + std::to_string(first) : "tokens " + std::to_string(first) + "-" + std::to_string(last);
+}
+
+}  // namespace
+
+std::optional<Suspect> nonFiniteSuspect(const PromptAnalysis& p, const KvCacheConfig& config,
+                                        const std::vector<char>* layersReady)
+{
+    std::vector<const NonFiniteCell*> cells;  // of ready layers
+    for (const NonFiniteCell& c : p.nonFinite)
+        if (c.layer >= 0 && std::size_t(c.layer) < p.layers.size() && layerIsReady(layersReady, c.layer))
+            cells.push_back(&c);
+    if (cells.empty())
+        return std::nullopt;
+    const int L0 = (*std::min_element(cells.begin(), cells.end(), [](auto* a, auto* b) { return a->layer < b->layer; }))->layer;
+    Suspect s;
+    s.pattern = SuspectPattern::NonFinite;
+    s.score = std::numeric_limits<double>::infinity();
+    s.prompts = {p.id};
+    s.firstLayer = p.layers[std::size_t(L0)];
+    std::set<int> layers, heads;
+    std::set<std::tuple<std::int64_t, int, KvPart>> distinct;  // a cell held by two sides counts once
+    std::map<std::string, int> sides;
+    int nan = 0, inf = 0, parts[2] = {0, 0};
+    const NonFiniteCell* first = nullptr;  // the engine's first, else the first
+    for (const NonFiniteCell* c : cells) {
+        layers.insert(c->layer);
+        if (c->layer != L0)
+            continue;
+        heads.insert(c->head);
+        distinct.insert({c->token, c->head, c->part});
+        ++sides[c->side];
+        ++parts[std::size_t(c->part)];
+        (c->value == "nan" ? nan : inf) += c->value.empty() ? 0 : 1;
+        s.firstToken = s.firstToken < 0 ? c->token : std::min(s.firstToken, c->token);
+        s.lastToken = std::max(s.lastToken, c->token);
+        if (!first || (c->side == "actual" && first->side != "actual"))
+            first = c;
+    }
+    for (int l : layers)
+        s.layers.push_back(p.layers[std::size_t(l)]);
+    s.heads.assign(heads.begin(), heads.end());
+    s.kv = parts[0] && parts[1] ? "kv" : parts[0] ? "k" : "v";
+    s.phase = phaseOf(s.firstToken, s.lastToken, p.promptLen);
+    const int group = std::size_t(L0) < p.layerGroups.size() ? p.layerGroups[std::size_t(L0)] : -1;
+    if (group >= 0 && std::size_t(group) < config.groups.size() && p.headsOf(L0) > 1) {
+        const TpLayout layout = config.layout(config.groups[std::size_t(group)]);
+        std::set<int> ranks;
+        for (int h : s.heads)
+            for (int r : layout.ranksHolding(h))
+                ranks.insert(r);
+        s.tpRanks.assign(ranks.begin(), ranks.end());
+    }
+    s.worstLayer = L0;
+    s.worstToken = first->token;
+    s.worstHead = first->head;
+    s.worstPart = first->part;
+
+    // What it is and which side holds it: the engine's cache, or a reference side (whose own
+    // comparison then means nothing there).
+    const std::string what = nan && inf ? "NaN and infinity" : inf ? "infinity" : nan ? "NaN" : "NaN or infinity";
+    std::string where;
+    for (const char* side : {"actual", "expected", "baseline"})
+        if (sides.count(side))
+            where += std::string(where.empty() ? "" : " and ") + sideText(side);
+    if (where.empty())
+        where = sideText("");
+    const bool engine = sides.count("actual") > 0;
+    const std::string heading = p.headsOf(L0) == 1 ? "" : (s.heads.size() == 1 ? " of head " : " of heads ") + joinInts(s.heads);
+    const std::string kTitle = partTitle(p, KvPart::K), vTitle = partTitle(p, KvPart::V);
+    const std::string partText = s.kv == "kv" ? kTitle + " and " + vTitle : s.kv == "k" ? kTitle : vTitle;
+    Hypothesis h;
+    h.kind = "non_finite";
+    h.parameters = {{"cells", double(distinct.size())}, {"nan_cells", double(nan)}, {"inf_cells", double(inf)}};
+    for (const char* side : {"actual", "expected", "baseline"})
+        h.parameters.push_back({std::string(side) + "_cells", double(sides.count(side) ? sides[side] : 0)});
+    h.text = where + " holds " + what + " in " + partText + heading + " at " + tokenSpan(s.firstToken, s.lastToken) +
+             (engine ? "" : ", not the engine's cache");
+    h.residualFloors = 0;
+    h.errorFloors = std::nan("");  // no floor measures it
+    h.explainedShare = 1;
+    s.hypothesis = h;
+    s.tried = {h};
+    std::ostringstream why;
+    why << partText << heading << " of " << shortLayerName(s.firstLayer) << " hold" << (distinct.size() == 1 ? "s " : " ")
+        << what << " in " << where << ", at " << tokenSpan(s.firstToken, s.lastToken) << " (" << s.phase << "): "
+        << distinct.size() << " cell(s), off whatever the floor";
+    if (layers.size() > 1)
+        why << "; later layers hold it too (" << layerList(s.layers, 1) << ")";
+    why << (engine ? ". A NaN or infinity in the cache is a bug by itself; look at what wrote it."
+                   : ". The engine's cache is finite there: the reference is broken at that cell, and its comparison means nothing until it is fixed.");
+    s.evidence = why.str();
+    s.evidencePrompt = p.id;
+    return s;
+}
+
 std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
                                   const std::vector<char>* layersReady, WorkTeam* team, const EarlierRun* earlier)
+{
+    std::vector<Suspect> out;
+    if (std::optional<Suspect> n = nonFiniteSuspect(p, loader.config(), layersReady)) {
+        try {
+            n->blocks = blocksOf(loader, loader.prompt(p.id), p.layerGroups[std::size_t(n->worstLayer)], n->firstToken,
+                                 n->lastToken);
+        } catch (const std::exception&) {
+            // no blocks to name: the cell is still named
+        }
+        out.push_back(std::move(*n));
+    }
+    if (std::optional<Suspect> s = finiteSuspect(loader, p, th, layersReady, team, earlier))
+        out.push_back(std::move(*s));
+    return out;
+}
+
+namespace {
+
+// The onset's suspect, off the noise floor (a NaN or infinity is nonFiniteSuspect's).
+std::optional<Suspect> finiteSuspect(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
+                                     const std::vector<char>* layersReady, WorkTeam* team, const EarlierRun* earlier)
 {
     const KvCacheConfig& config = loader.config();
     const OffFloor floor = findOffFloor(p, th, layersReady, team, earlier);
     if (floor.affected.empty())
-        return {};
+        return std::nullopt;
     const Onset onset(p, config, floor, layersReady);
     const int L0 = onset.layer;
 
@@ -389,8 +552,10 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     attribute(loader, p, onset, s);
     s.evidence = why.str();
     s.evidencePrompt = p.id;
-    return {s};
+    return s;
 }
+
+}  // namespace
 
 std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPrompt)
 {

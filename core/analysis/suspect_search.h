@@ -12,12 +12,14 @@
 #include "analysis/suspect.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace kvscope {
 
 class CaptureLoader;
+struct KvCacheConfig;
 class WorkTeam;
 
 // The suspects of one analysed prompt, best first (at most one: its onset). `layersReady`
@@ -27,6 +29,13 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
                                   const SuspectThresholds& thresholds = {},
                                   const std::vector<char>* layersReady = nullptr, WorkTeam* team = nullptr,
                                   const EarlierRun* earlier = nullptr);
+
+// The non_finite suspect of a prompt: its first layer (model order) with a cell whose input
+// holds NaN or infinity (PromptAnalysis::nonFinite), which side holds it, its heads, tokens
+// and parts, every such layer after it; none without one. Blocks are not named (findSuspects
+// adds them). Ranked before every finite suspect: a NaN is off whatever its floor.
+std::optional<Suspect> nonFiniteSuspect(const PromptAnalysis& prompt, const KvCacheConfig& config,
+                                        const std::vector<char>* layersReady = nullptr);
 
 // The bundle's suspects: the prompts' suspects of the same pattern and onset layer pooled
 // (heads, ranks, layers, blocks united; the score the highest), best first.

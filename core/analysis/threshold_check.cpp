@@ -21,7 +21,10 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
         for (const std::string& id : s.prompts)
             prompts += (prompts.empty() ? "" : ",") + id;
         out.push_back({prompts, s.firstLayer, s.firstToken, s.heads.size() == 1 ? s.heads.front() : -1,
-                       std::string("suspect: ") + suspectPatternName(s.pattern) + " (score, in noise floors)", s.score,
+                       std::string("suspect: ") + suspectPatternName(s.pattern) +
+                           (s.pattern == SuspectPattern::NonFinite ? " (NaN or infinity, off whatever the floor)"
+                                                                    : " (score, in noise floors)"),
+                       s.score,
                        t.suspects.offFloor, s.evidence});
     }
     // Replicas that differ fail too: a rank's copy went wrong where the analysed copy cannot show it.

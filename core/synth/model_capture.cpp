@@ -16,6 +16,7 @@
 #include <numeric>
 #include <set>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <stdexcept>
@@ -77,6 +78,9 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::RankUnwritten, "rank_unwritten"},
     {FaultKind::KNegated, "k_negated"},
     {FaultKind::ReplicaDiff, "replica_diff"},
+    {FaultKind::Nan, "nan"},
+    {FaultKind::Inf, "inf"},
+    {FaultKind::NanExpected, "nan_expected"},
 };
 
 std::string layerName(int i)
@@ -136,6 +140,12 @@ std::int64_t argmaxRow(const Matrix& logits, std::int64_t row)
 int swapPartner(int head, int heads)
 {
     return (head ^ 1) < heads ? head ^ 1 : head - 1;
+}
+
+// What a non-finite fault writes.
+float nonFiniteValue(FaultKind kind)
+{
+    return kind == FaultKind::Inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
 }
 
 struct ResolvedFault {
@@ -288,6 +298,14 @@ bool cacheFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohm
     case FaultKind::KNegated:
         truth["layer"] = layerName(f.layer);
         return true;
+    case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
+        truth["layer"] = layerName(f.layer);
+        truth["head"] = f.head;
+        truth["part"] = "k";
+        truth["decode_step"] = f.step;
+        truth["side"] = f.kind == FaultKind::NanExpected ? "expected" : "actual";
+        truth["value"] = f.kind == FaultKind::Inf ? "inf" : "nan";
+        return true;
     case FaultKind::ReplicaDiff:
         // The ranks whose copy the analysis reads: the first DCP group of each head's ranks.
         if (f.rank < 1 || f.rank >= o.tpSize ||
@@ -408,6 +426,7 @@ bool mlaFaultSupported(FaultKind kind, int dcpSize)
     case FaultKind::DeadHead: case FaultKind::WindowOffByOne: case FaultKind::ShardSwap: case FaultKind::Fp8Scale:
     case FaultKind::ScaleGranularity: case FaultKind::ScaleOtherLayer:
     case FaultKind::HeadSwap: case FaultKind::KvSwap:
+    case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
         return false;
     default:
         return true;
@@ -485,7 +504,7 @@ std::vector<FaultKind> allFaultKinds()
 {
     std::vector<FaultKind> kinds;
     for (const auto& [k, name] : kFaultNames)
-        if (k != FaultKind::None && k != FaultKind::ReplicaDiff)
+        if (k != FaultKind::None && k != FaultKind::ReplicaDiff && !isNonFiniteFault(k))
             kinds.push_back(k);
     return kinds;
 }
@@ -589,6 +608,11 @@ public:
         case FaultKind::PrefixReuse:
         case FaultKind::RankUnwritten:
             lose();
+            break;
+        case FaultKind::Nan:
+        case FaultKind::Inf:
+            if (LayerKv& kv = layers[std::size_t(f.layer)]; at < kv.seq && kv.present[std::size_t(at)])
+                kv.k[kv.index(KvPart::K, f.head, at)] = nonFiniteValue(f.kind);
             break;
         default:
             break;
@@ -1084,6 +1108,10 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     }
     for (Snapshot& snap : snapshots)
         corruptCache(fault, o, config, promptLen, p, foreign, snap.layers);
+
+    if (fault.kind == FaultKind::NanExpected)  // the reference, not the engine: one value of K
+        expected[std::size_t(fault.layer)].k[std::size_t(((promptLen + fault.step) * cacheHeads(shape) + fault.head) *
+                                                         cacheDims(shape).k)] = nonFiniteValue(fault.kind);
 
     const ScaleGranularity granularity = fault.kind == FaultKind::ScaleGranularity ? ScaleGranularity::Head : o.kvScale;
     const std::map<std::string, CacheScaling> scalings =

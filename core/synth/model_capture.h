@@ -54,14 +54,24 @@ enum class FaultKind {
     // quantised caches (fp8 e4m3 unless --kv-dtype says otherwise)
     ScaleGranularity,  // quantised with one scale per tensor, recorded per head, one layer
     ScaleOtherLayer,   // quantised with another layer's scale, recorded with its own, one layer
+    // non-finite values: one value of K of one head at one decode position, one layer
+    Nan,          // NaN in the engine's cache
+    Inf,          // +infinity in the engine's cache
+    NanExpected,  // NaN in the reference (expected), the engine right
 };
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
 bool parseFault(const std::string& name, FaultKind& kind);
+// nan, inf, nan_expected: a NaN or infinity, which a suspect names without a hypothesis.
+inline bool isNonFiniteFault(FaultKind kind)
+{
+    return kind == FaultKind::Nan || kind == FaultKind::Inf || kind == FaultKind::NanExpected;
+}
 // The llama3 scaling of ModelShape::llama3Rope, as the bundle's `rope` attribute records it.
 RopeScaling llama3Scaling();
 
-// Every kind a suspect should explain, in declaration order (None and ReplicaDiff aside).
+// Every kind a suspect should explain, in declaration order (None, ReplicaDiff and the
+// non-finite kinds aside: those are named without a hypothesis to test, and tested apart).
 std::vector<FaultKind> allFaultKinds();
 
 struct ModelShape {

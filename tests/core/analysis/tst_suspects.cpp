@@ -14,7 +14,10 @@
 #include "analysis/off_floor.h"
 #include "analysis/suspect_search.h"
 #include "analysis/threshold_check.h"
+#include "analysis/worst_cells.h"
 #include "synth/model_capture.h"
+
+#include "hand_layer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -105,6 +108,9 @@ private slots:
     void quantisedCaches();
     void jsonCarriesTheSuspects();
     void noiseCountIsPoisson();
+    void nonFiniteIsNamedFirst();
+    void nonFiniteHandMade();
+    void labelsFollowTheHypothesis();
     void cleanupTestCase();
 
 private:
@@ -256,6 +262,7 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
             // Replicated: rank 1 holds head 0, rank 2 head 1, and head 1 is read from rank 2,
             // which now holds rank 1's shard: head 1 holds head 0.
             is("head_swap");
+            patternIn({"head"});
             expect(s.hypothesis.parameter("head_1") == 0, "head 1 holds head 0");
         }
         break;
@@ -289,6 +296,7 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         break;
     case FaultKind::HeadSwap: {
         is("head_swap");
+        patternIn({"head"});  // the map names heads, whichever ranks hold them
         layerIs(L);
         const int other = (o.faultHead ^ 1) < o.shape.kvHeads ? o.faultHead ^ 1 : o.faultHead - 1;
         expect(s.hypothesis.parameter("head_" + std::to_string(o.faultHead)) == other, "mapping");
@@ -346,6 +354,25 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         layerIs(0);
         expect(s.prompts == std::vector<std::string>{"prompt_0"}, "prompts");
         break;
+    case FaultKind::Nan:
+    case FaultKind::Inf:
+    case FaultKind::NanExpected: {
+        // Named first, whatever else is off: the layer, head, part, token, and the side holding it.
+        is("non_finite");
+        patternIn({"non_finite"});
+        layerIs(L);
+        expect(s.heads == std::vector<int>{o.faultHead} && s.kv == "k", "head and part");
+        const std::int64_t token = (s.evidencePrompt == "prompt_0" ? o.promptLens[0] : o.promptLens[1]) + o.faultStep;
+        expect(own.firstToken == token && own.lastToken == token && own.phase == "decode",
+               QString("token %1-%2, not %3").arg(own.firstToken).arg(own.lastToken).arg(token));
+        const bool engine = o.fault != FaultKind::NanExpected;
+        expect(s.hypothesis.parameter("actual_cells") == (engine ? 1 : 0) &&
+                   s.hypothesis.parameter("expected_cells") == (engine ? 0 : 1),
+               "side");
+        expect(s.hypothesis.parameter(o.fault == FaultKind::Inf ? "inf_cells" : "nan_cells") == 1, "NaN or inf");
+        expect(std::isinf(s.score), "score");
+        break;
+    }
     case FaultKind::ReplicaDiff:  // a capture-level finding (replica_check.h), never a suspect
         expect(false, "replica_diff has no suspect to check");
         break;
@@ -653,6 +680,170 @@ void TestSuspects::noiseCountIsPoisson()
     QCOMPARE(noiseOffCells(100, th.offFloor, th, 0.1), 1);
     QCOMPARE(noiseOffCells(100, th.offFloor, th, 0.01), 2);
     QCOMPARE(noiseOffCells(0, th.offFloor, th, 0.01), 1);  // none expected: any one is more
+}
+
+void TestSuspects::nonFiniteIsNamedFirst()
+{
+    // One value of K of one head at one decode token, in a sliding and a full layer: NaN or
+    // +inf in the engine's cache, or NaN in the reference (expected). The top suspect names it
+    // (judge: layer, head, token, part, side), three-way and two-way, before anything finite;
+    // the worst cells list it first. Not scored with the catalogue (nothing to explain).
+    const int before = m_count;
+    for (FaultKind kind : {FaultKind::Nan, FaultKind::Inf, FaultKind::NanExpected})
+        for (bool threeWay : {true, false})
+            for (int layer : {2, 3}) {
+                ModelCaptureOptions o = shape(Tp::Partitioned, true, 1);
+                o.baseline = threeWay;
+                o.fault = kind;
+                o.faultLayer = layer;
+                o.faultHead = 5;
+                o.faultStep = 10;
+                const QString what = QString("%1%2, layer %3").arg(QString::fromStdString(faultName(kind)), threeWay ? "" : ", two-way").arg(layer);
+                const Run r = run(o);
+                QVERIFY2(!r.result.suspects.empty(), qPrintable(what + ": no suspect"));
+                const QStringList wrong = judge(o, r);
+                QVERIFY2(wrong.isEmpty(), qPrintable(what + ": " + wrong.join("; ") + " [" +
+                                                     QString::fromStdString(r.result.suspects.front().evidence) + "]"));
+                for (const PromptAnalysis& p : r.result.prompts) {
+                    QVERIFY2(!p.suspects.empty() && p.suspects.front().pattern == SuspectPattern::NonFinite, qPrintable(what));
+                    // The analysis says which input holds it, and what it is.
+                    QCOMPARE(p.nonFinite.size(), std::size_t(1));
+                    QCOMPARE(p.nonFinite[0].side, std::string(kind == FaultKind::NanExpected ? "expected" : "actual"));
+                    QCOMPARE(p.nonFinite[0].value, std::string(kind == FaultKind::Inf ? "inf" : "nan"));
+                    const std::vector<WorstCell> worst = worstCells(p, 3);
+                    QVERIFY2(worst[0].nonFinite && worst[0].layer == layer && worst[0].head == 5 && worst[0].part == KvPart::K,
+                             qPrintable(what));
+                    QVERIFY(std::isinf(worst[0].ratio) && !worst[1].nonFinite);
+                }
+                // `check` fails it, the suspect first.
+                const std::vector<Violation> v = checkThresholds(r.result, Thresholds{});
+                QVERIFY(!v.empty());
+                QVERIFY2(v.front().metric.find("non_finite") != std::string::npos, v.front().metric.c_str());
+            }
+    qInfo("non-finite: %d captures", m_count - before);
+}
+
+void TestSuspects::nonFiniteHandMade()
+{
+    // A prompt of two layers of the hand-made shape (4 KV heads over TP 2: heads 2, 3 on rank 1),
+    // every cell quiet but the listed non-finite ones: the suspect names the first layer in model
+    // order, its heads, tokens, parts, TP ranks and sides; later layers are named as following.
+    const KvCacheConfig cfg = KvCacheConfig::fromJson(R"({"num_blocks": 16, "tp_size": 2, "total_num_kv_heads": 4, "groups": [
+        {"layer_names": ["l0", "l1"], "spec_type": "FullAttentionSpec", "block_size": 4, "dtype": "torch.bfloat16",
+         "num_kv_heads": 2, "head_size": 8}]})");
+    PromptAnalysis p;
+    p.id = "p";
+    p.promptLen = 20;
+    p.tokens = 24;
+    p.heads = 4;
+    p.threeWay = true;
+    p.layers = {"l0", "l1"};
+    p.layerGroups = {0, 0};
+    p.allocate();
+    QVERIFY(!nonFiniteSuspect(p, cfg).has_value());  // none: no suspect
+    p.nonFinite = {{0, 21, 2, KvPart::V, "expected", "nan"},
+                   {0, 22, 3, KvPart::V, "expected", "-inf"},
+                   {1, 5, 0, KvPart::K, "actual", "nan"}};
+    std::optional<Suspect> s = nonFiniteSuspect(p, cfg);
+    QVERIFY(s.has_value());
+    QCOMPARE(s->pattern, SuspectPattern::NonFinite);
+    QCOMPARE(QString(suspectPatternName(s->pattern)), QString("non_finite"));
+    QCOMPARE(s->hypothesis.kind, std::string("non_finite"));
+    QCOMPARE(s->firstLayer, std::string("l0"));
+    QCOMPARE(s->layers, (std::vector<std::string>{"l0", "l1"}));
+    QCOMPARE(s->heads, (std::vector<int>{2, 3}));
+    QCOMPARE(s->tpRanks, std::vector<int>{1});
+    QCOMPARE(s->kv, std::string("v"));
+    QCOMPARE(s->firstToken, std::int64_t(21));
+    QCOMPARE(s->lastToken, std::int64_t(22));
+    QCOMPARE(s->phase, std::string("decode"));
+    QVERIFY(std::isinf(s->score));
+    QCOMPARE(s->hypothesis.parameter("cells"), 2.0);
+    QCOMPARE(s->hypothesis.parameter("nan_cells"), 1.0);
+    QCOMPARE(s->hypothesis.parameter("inf_cells"), 1.0);
+    QCOMPARE(s->hypothesis.parameter("actual_cells"), 0.0);
+    QCOMPARE(s->hypothesis.parameter("expected_cells"), 2.0);
+    QVERIFY2(s->evidence.find("the reference (expected)") != std::string::npos &&
+                 s->evidence.find("NaN and infinity") != std::string::npos && s->evidence.find("finite there") != std::string::npos,
+             s->evidence.c_str());
+    // Only layer 1 finished: its engine-side NaN, at one head and token, K.
+    const std::vector<char> ready = {0, 1};
+    s = nonFiniteSuspect(p, cfg, &ready);
+    QVERIFY(s.has_value());
+    QCOMPARE(s->firstLayer, std::string("l1"));
+    QCOMPARE(s->heads, std::vector<int>{0});
+    QCOMPARE(s->tpRanks, std::vector<int>{0});
+    QCOMPARE(s->kv, std::string("k"));
+    QCOMPARE(s->phase, std::string("prefill"));
+    QCOMPARE(s->hypothesis.parameter("actual_cells"), 1.0);
+    QCOMPARE(s->worstToken, std::int64_t(5));
+    QVERIFY2(s->evidence.find("the engine's cache") != std::string::npos, s->evidence.c_str());
+    // Pooled with a finite suspect of a higher layer, it still ranks first.
+    Suspect finite;
+    finite.pattern = SuspectPattern::Layer;
+    finite.score = 1e6;
+    finite.firstLayer = "l0";
+    const std::vector<Suspect> pooled = poolSuspects({{finite}, {*s}});
+    QCOMPARE(pooled.size(), std::size_t(2));
+    QCOMPARE(pooled.front().pattern, SuspectPattern::NonFinite);
+    // The JSON keeps it (its score null: no floor measures it), and reads it back as +inf.
+    AnalysisResult result;
+    p.suspects = {*s};
+    result.prompts = {p};
+    result.suspects = pooled;
+    std::ostringstream text;
+    writeAnalysisJson(result, text);
+    const nlohmann::json json = nlohmann::json::parse(text.str());
+    QCOMPARE(json.at("suspects")[0].at("pattern").get<std::string>(), std::string("non_finite"));
+    QVERIFY(json.at("suspects")[0].at("score").is_null());
+    QCOMPARE(json.at("prompts")[0].at("non_finite")[1].at("value").get<std::string>(), std::string("-inf"));
+}
+
+void TestSuspects::labelsFollowTheHypothesis()
+{
+    // The pattern never contradicts the explaining hypothesis: two heads of one rank swapped are
+    // `head` (TP 4: the rank's only heads; TP 2: two of its four), every rank's shard exchanged
+    // (TP 2: every head off) is `tp_rank` with those ranks, and K negated over a whole sliding
+    // layer is `layer` under both window specs.
+    for (bool threeWay : {true, false}) {
+        const QString mode = threeWay ? "" : ", two-way";
+        for (int tp : {4, 2}) {
+            ModelCaptureOptions o = shape(Tp::Partitioned, true, 1);
+            o.baseline = threeWay;
+            o.tpSize = tp;
+            o.fault = FaultKind::HeadSwap;
+            o.faultLayer = 3;
+            o.faultHead = 5;  // with head 4: rank 2 of 4, or two of rank 1's four
+            Run r = run(o);
+            QVERIFY(!r.result.suspects.empty());
+            const Suspect& s = r.result.suspects.front();
+            QVERIFY2(s.pattern == SuspectPattern::Head && s.hypothesis.kind == "head_swap" && s.heads == std::vector<int>({4, 5}),
+                     qPrintable(QString("head_swap, TP %1%2: %3").arg(tp).arg(mode, QString::fromStdString(s.evidence))));
+            o.fault = FaultKind::ShardSwap;
+            o.faultRank = 0;
+            r = run(o);
+            QVERIFY(!r.result.suspects.empty());
+            const Suspect& t = r.result.suspects.front();
+            QVERIFY2(t.pattern == SuspectPattern::TpRank && t.hypothesis.kind == "rank_swap" && t.tpRanks == std::vector<int>({0, 1}),
+                     qPrintable(QString("shard_swap, TP %1%2: %3").arg(tp).arg(mode, QString::fromStdString(t.evidence))));
+        }
+        for (bool slidingSpec : {true, false}) {
+            ModelCaptureOptions o = shape(Tp::Partitioned, slidingSpec, 2);
+            o.baseline = threeWay;
+            o.fault = FaultKind::KNegated;
+            o.faultLayer = 2;  // a sliding layer
+            const Run r = run(o);
+            QVERIFY(!r.result.suspects.empty());
+            for (const PromptAnalysis& p : r.result.prompts) {
+                QVERIFY(!p.suspects.empty());
+                const Suspect& s = p.suspects.front();
+                QVERIFY2(s.pattern == SuspectPattern::Layer && s.hypothesis.kind == "scale",
+                         qPrintable(QString("k_negated, %1 spec%2, %3: %4")
+                                        .arg(slidingSpec ? "sliding" : "full", mode, QString::fromStdString(p.id),
+                                             QString::fromStdString(s.evidence))));
+            }
+        }
+    }
 }
 
 void TestSuspects::cleanupTestCase()

@@ -94,6 +94,55 @@ private slots:
         QCOMPARE(cells[1].baseError, 0.1f);
         QCOMPARE(QString(worstCellStatistic(p)), QString("relative L-inf"));
     }
+
+    void nonFiniteCellsComeFirst()
+    {
+        // A cell 1000 floors off, and two cells whose input holds NaN or infinity (their metrics
+        // absent, as the comparison leaves them): those two come first, in layer and token
+        // order, whatever the floors; then the finite cells by ratio.
+        for (bool threeWay : {true, false}) {
+            PromptAnalysis p = prompt(threeWay);
+            set(p, KvPart::K, threeWay ? MetricKind::Linf : MetricKind::L2, 0, 0, 0, 10.0f);
+            for (MetricKind kind : {MetricKind::Cos, MetricKind::Linf, MetricKind::L2}) {
+                set(p, KvPart::V, kind, 1, 2, 1, std::nanf(""));
+                set(p, KvPart::K, kind, 0, 3, 0, std::nanf(""));
+            }
+            // Layer 1 token 2: V of head 1 NaN in the reference (expected) and in the engine;
+            // layer 0 token 3: K of head 0 +inf in the engine.
+            p.nonFinite = {{0, 3, 0, KvPart::K, "actual", "inf"},
+                           {1, 2, 1, KvPart::V, "actual", "nan"},
+                           {1, 2, 1, KvPart::V, "expected", "nan"}};
+            const std::vector<WorstCell> cells = worstCells(p, 4);
+            QCOMPARE(cells.size(), std::size_t(4));
+            QVERIFY(cells[0].nonFinite && cells[1].nonFinite && !cells[2].nonFinite);
+            QCOMPARE(cells[0].layer, 0);
+            QCOMPARE(cells[0].token, std::int64_t(3));
+            QCOMPARE(cells[0].part, KvPart::K);
+            QVERIFY(std::isinf(cells[0].ratio) && cells[0].ratio > 0);
+            QVERIFY(std::isinf(cells[0].error));
+            QCOMPARE(QString::fromStdString(nonFiniteSideText(cells[0])), QString("inf (engine)"));
+            QCOMPARE(cells[1].layer, 1);
+            QCOMPARE(cells[1].token, std::int64_t(2));
+            QCOMPARE(cells[1].head, 1);
+            QCOMPARE(cells[1].part, KvPart::V);
+            QVERIFY(std::isnan(cells[1].error));
+            QCOMPARE(QString::fromStdString(cells[1].side), QString("actual"));  // one entry a (layer, token)
+            QCOMPARE(QString::fromStdString(nonFiniteText(cells[1])), QString("NaN"));
+            // Then the 1000-floor cell (three-way 10 / 1e-2, two-way 10 * 256).
+            QCOMPARE(cells[2].layer, 0);
+            QCOMPARE(cells[2].token, std::int64_t(0));
+            QVERIFY(std::abs(double(cells[2].ratio) - (threeWay ? 1000.0 : 2560.0)) < 1e-2);
+            // Only as many as asked; an unfinished layer's are not listed.
+            QCOMPARE(worstCells(p, 1).size(), std::size_t(1));
+            const std::vector<char> onlyLayer1 = {0, 1};
+            const std::vector<WorstCell> ready = worstCells(p, 2, &onlyLayer1);
+            QCOMPARE(ready[0].layer, 1);
+            QVERIFY(ready[0].nonFinite && !ready[1].nonFinite);
+            // A NaN only in the reference says so.
+            p.nonFinite = {{1, 2, 1, KvPart::V, "expected", "nan"}};
+            QCOMPARE(QString::fromStdString(nonFiniteSideText(worstCells(p, 1)[0])), QString("NaN (expected)"));
+        }
+    }
 };
 
 QTEST_GUILESS_MAIN(TestWorstCells)
