@@ -12,7 +12,7 @@ namespace kvscope {
 TokenLineView::TokenLineView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(150, 140);  // beside the heads table on a 1024-pixel screen
+    setMinimumSize(130, 140);  // beside the heads table on a 1024-pixel screen
     m_title = addPlotTitle(this, 9);
     m_actual = addGraph();
     m_base = addGraph();
@@ -49,7 +49,7 @@ void TokenLineView::setSeries(const QVector<double>& actual, const QVector<doubl
     else
         m_base->addToLegend();
     m_titleText = title;
-    setWrappedTitle(m_title, title, width() - 8);
+    setWrappedTitle(m_title, title, width() - 20);
     setAxesVisible(this, true);
     yAxis->setLabel(valueLabel);
     setTokenMarkers(this, m_markers, prefillBoundary, divergences, 1.5);
@@ -74,12 +74,16 @@ void TokenLineView::fitTokenTicks()
     const int room = 2 * QFontMetrics(xAxis->tickLabelFont()).horizontalAdvance(widest) + 12;
     const int axisWidth = axisRect()->width() > 0 ? axisRect()->width() : width() - 60;
     xAxis->ticker()->setTickCount(std::max(2, axisWidth / room));
+    // And the values' ticks a line of text apart at least: a short plot (the Compare page's on
+    // a 700-pixel screen) ran "10" to "50" into one another.
+    const int axisHeight = axisRect()->height() > 0 ? axisRect()->height() : height() - 60;
+    yAxis->ticker()->setTickCount(std::max(2, axisHeight / (2 * QFontMetrics(yAxis->tickLabelFont()).height())));
 }
 
 void TokenLineView::resizeEvent(QResizeEvent* event)
 {
     QCustomPlot::resizeEvent(event);
-    setWrappedTitle(m_title, m_titleText, width() - 8);
+    setWrappedTitle(m_title, m_titleText, width() - 20);
     fitTokenTicks();
 }
 
@@ -88,7 +92,7 @@ void TokenLineView::clearSeries(const QString& message)
     m_actual->data()->clear();
     m_base->data()->clear();
     m_titleText = message;
-    setWrappedTitle(m_title, message, width() - 8);
+    setWrappedTitle(m_title, message, width() - 20);
     setTokenMarkers(this, m_markers, std::nan(""), {});
     setAxesVisible(this, false);
     replot(QCustomPlot::rpQueuedReplot);

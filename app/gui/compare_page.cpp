@@ -1,5 +1,6 @@
 #include "gui/compare_page.h"
 
+#include "analysis/map_spec.h"
 #include "diff/diff_maps.h"
 #include "diff/diff_side.h"
 #include "gui/analysis_controller.h"
@@ -250,8 +251,9 @@ void ComparePage::fillTable()
     m_table->setRowCount(int(rows.size()));
     for (int r = 0; r < int(rows.size()); ++r) {
         const LayerDiff& l = *rows[std::size_t(r)];
-        auto* name = new QTableWidgetItem(QString::fromStdString(l.name));
+        auto* name = new QTableWidgetItem(QString::fromStdString(shortLayerName(l.name)));  // as the map's rows
         name->setData(Qt::UserRole, l.layer);
+        name->setToolTip(QString::fromStdString(l.name));
         m_table->setItem(r, 0, name);
         auto* change = new QTableWidgetItem(changeName(l.verdict()));
         const double level = std::max(l.noise[0], l.noise[1]);

@@ -59,6 +59,7 @@ DrillDownPanel::DrillDownPanel(AnalysisController& controller, QWidget* parent)
     tableLayout->addWidget(m_floor);
     tableLayout->addWidget(m_headView);
     tableLayout->addWidget(m_headMarks);
+    m_headMarks->setObjectName("headMarks");
     m_headMarks->setWordWrap(true);
     m_headMarks->hide();
 
@@ -85,6 +86,9 @@ DrillDownPanel::DrillDownPanel(AnalysisController& controller, QWidget* parent)
         setCollapsible(i, false);
 
     connect(m_logCounts, &QCheckBox::toggled, m_histogram, &HistogramView::setLogCounts);
+    // Columns sized to their contents once laid out (a sort arrow, wider numbers): fit again.
+    connect(m_headView->horizontalHeader(), &QHeaderView::sectionResized, this, &DrillDownPanel::fitHeadTable,
+            Qt::QueuedConnection);
     connect(m_logErrors, &QCheckBox::toggled, m_histogram, &HistogramView::setLogErrors);
     connect(m_wholeSequence, &QCheckBox::toggled, this, &DrillDownPanel::requestHistogram);
     connect(m_headView->selectionModel(), &QItemSelectionModel::currentRowChanged, this, [this](const QModelIndex& current) {
@@ -166,15 +170,30 @@ void DrillDownPanel::showPartColumns()
     const QHeaderView* header = m_headView->horizontalHeader();
     if (const int i = HeadTableModel::columnsOf(other).indexOf(header->sortIndicatorSection()); i >= 0)
         m_headView->sortByColumn(HeadTableModel::columnsOf(m_spec.part)[i], header->sortIndicatorOrder());
+    fitHeadTable();
+}
+
+void DrillDownPanel::fitHeadTable()
+{
     // The splitter gives the table at least the width of its columns: no horizontal scroll.
-    m_headView->resizeColumnsToContents();
     int width = 2 * m_headView->frameWidth() + m_headView->verticalHeader()->sizeHint().width() +
                 m_headView->verticalScrollBar()->sizeHint().width();
-    for (int c : HeadTableModel::columnsOf(m_spec.part))
-        width += m_headView->columnWidth(c);
-    // Unless the window would then be wider than the screen (the side panel, the histogram and
-    // the line plot need ~600 pixels beside it): on a 1024-pixel screen the table scrolls.
-    const int room = m_headView->screen()->availableGeometry().width() - 600;
+    // (from the texts, not columnWidth: before the view is laid out it has no visible rows, and
+    // its columns are only as wide as their headers)
+    const QFontMetrics metrics(m_headView->font());
+    for (int c : HeadTableModel::columnsOf(m_spec.part)) {
+        if (m_headView->isColumnHidden(c))
+            continue;
+        int column = std::max(m_headView->columnWidth(c),
+                              metrics.horizontalAdvance(m_headProxy->headerData(c, Qt::Horizontal).toString()) + 24);
+        for (int row = 0; row < m_headProxy->rowCount(); ++row)
+            column = std::max(column, metrics.horizontalAdvance(m_headProxy->index(row, c).data().toString()) + 16);
+        width += column;
+    }
+    // Unless the window would then be wider than the screen: the side panel (225), the histogram
+    // and the line plot (130 each), their handles, margins and the window's frame need ~540
+    // pixels beside it, which leaves a 1024-pixel screen room for a three-way table's columns.
+    const int room = m_headView->screen()->availableGeometry().width() - 540;
     m_headView->setMinimumWidth(std::max(std::min(width, room), 200));
 }
 

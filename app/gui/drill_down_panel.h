@@ -56,6 +56,8 @@ private:
     void showHistogram(int request, const std::shared_ptr<const HeadErrorHistogram>& histogram, const QString& error);
     void showLine();
     void showPartColumns();
+    // The table's minimum width: its columns whole (within what the screen has room for).
+    void fitHeadTable();
 
     HeadTableModel* m_headModel;
     QSortFilterProxyModel* m_headProxy;

@@ -76,7 +76,7 @@ void PromptPage::layOut()
     m_notCompared->setWordWrap(true);
     m_notCompared->setStyleSheet("color: #555;");
     auto* side = new QWidget;
-    side->setMinimumWidth(240);  // the window fits a 1024-pixel screen
+    side->setMinimumWidth(225);  // the window fits a 1024-pixel screen
     auto* sideLayout = new QVBoxLayout(side);
     sideLayout->setContentsMargins(0, 0, 0, 0);
     m_evidence->setWordWrap(true);
@@ -394,8 +394,7 @@ void PromptPage::clear(const QString& message)
     m_heatmap->setHighlight({});
     m_heatmap->setPinnedRows({});
     m_worstTitle->setText(tr("<b>Worst cells</b>"));
-    for (int column : {4, 5})
-        m_worstView->setColumnHidden(column, true);
+
     m_problems->clear();
     m_replicas->clear();
     m_notCompared->clear();
@@ -603,8 +602,7 @@ void PromptPage::refreshSummary()
         return;
     m_worstTitle->setText(p->threeWay ? tr("<b>Worst cells</b>, in noise floors (L-inf / floor)")
                                       : tr("<b>Worst cells</b>, in noise floors (L2 / the dtype's rounding)"));
-    for (int column : {4, 5})  // the error and its floor beside the ratio
-        m_worstView->setColumnHidden(column, false);
+
     // Cells of unfinished layers are still being written: rank once the analysis is over.
     if (!m_controller->isRunning())
         m_worstModel->setCells(p, kvscope::worstCells(*p, 100, &m_controller->readyLayers()));

@@ -22,17 +22,26 @@ int WorstCellsModel::rowCount(const QModelIndex& parent) const
 
 int WorstCellsModel::columnCount(const QModelIndex& parent) const
 {
-    return parent.isValid() ? 0 : 6;
+    return parent.isValid() ? 0 : 5;
 }
 
 QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
 {
-    if (!index.isValid() || index.row() >= rowCount() || index.column() >= 6)
+    if (!index.isValid() || index.row() >= rowCount() || index.column() >= 5)
         return {};
     const WorstCell& c = m_cells[std::size_t(index.row())];
-    if (role == Qt::ToolTipRole)
-        return QString::fromStdString(m_layers[std::size_t(c.layer)]) +
-               (c.nonFinite ? QStringLiteral(": an input holds NaN or infinity, listed first whatever the floor") : QString());
+    if (role == Qt::ToolTipRole) {  // the floor here: a sixth column would not fit a 1024-pixel screen's side panel
+        const QString layer = QString::fromStdString(m_layers[std::size_t(c.layer)]);
+        if (c.nonFinite)
+            return layer + QStringLiteral(": an input holds NaN or infinity, listed first whatever the floor");
+        return QStringLiteral("%1, token %2: %3 %4 over the cell's noise floor %5 = %6 floors")
+            .arg(layer)
+            .arg(c.token)
+            .arg(m_threeWay ? QStringLiteral("L-inf") : QStringLiteral("L2"))
+            .arg(c.error, 0, 'g', 4)
+            .arg(c.baseError, 0, 'g', 4)
+            .arg(c.ratio, 0, 'g', 4);
+    }
     if (role == Qt::TextAlignmentRole)
         return int(Qt::AlignRight | Qt::AlignVCenter);
     if (role != Qt::DisplayRole)
@@ -53,15 +62,13 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
         return c.nonFinite ? QString::fromStdString(nonFiniteText(c)) : QString::number(c.ratio, 'g', 4);
     case 4:
         return c.nonFinite ? QString::fromStdString(nonFiniteSideText(c)) : QString::number(c.error, 'g', 4);
-    case 5:
-        return c.nonFinite ? QStringLiteral("-") : QString::number(c.baseError, 'g', 4);
     }
     return {};
 }
 
 QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, int role) const
 {
-    if (orientation != Qt::Horizontal || section < 0 || section >= 6)
+    if (orientation != Qt::Horizontal || section < 0 || section >= 5)
         return QAbstractTableModel::headerData(section, orientation, role);
     const QString statistic = m_threeWay ? QStringLiteral("L-inf") : QStringLiteral("L2");
     if (role == Qt::DisplayRole) {
@@ -72,8 +79,6 @@ QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, i
             return QStringLiteral("floors");
         case 4:
             return statistic;
-        case 5:
-            return QStringLiteral("floor");
         default:
             return section == 0 ? QStringLiteral("layer") : QStringLiteral("token");
         }
@@ -88,12 +93,12 @@ QVariant WorstCellsModel::headerData(int section, Qt::Orientation orientation, i
             return m_oneHead ? QStringLiteral("c_kv or k_pe of the latent") : QStringLiteral("K or V, and the worst head of the cell");
         case 3:
             return QStringLiteral("the error in noise floors (%1 / floor), the number the map colours; the ranking key").arg(statistic);
-        case 4:
-            return QStringLiteral("the head's relative %1, engine vs reference").arg(statistic);
         default:
-            return m_threeWay ? QStringLiteral("the cell's noise floor: its largest expected-vs-baseline L-inf over heads")
-                              : QStringLiteral("the cell's noise floor: the cache dtype's rounding (bf16: 2^-8), or what "
-                                               "storing the reference in the cache's quantised format costs");
+            return QStringLiteral("the head's relative %1, engine vs reference; a row's tooltip gives the cell's noise floor (%2)")
+                .arg(statistic)
+                .arg(m_threeWay ? QStringLiteral("its largest expected-vs-baseline L-inf over heads")
+                                : QStringLiteral("the cache dtype's rounding, bf16 2^-8, or what storing the reference in "
+                                                 "the cache's quantised format costs"));
         }
     }
     return {};

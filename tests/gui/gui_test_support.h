@@ -113,11 +113,15 @@ inline double referenceRatio(const PromptAnalysis& p, KvPart part, int layer, qi
 }
 
 // A layer's off threshold on the map in floors, by the formula of docs/suspects.md for a hundred
-// times the cells counted here (`timesTheCells` 1: the suspects' own) (noise reaches it in one capture of a hundred): 6 floors + 2.6 a
+// times the cells counted here (`timesTheCells` 1: the suspects' own, which a layer a suspect affects takes) (noise reaches it in one capture of a hundred): 6 floors + 2.6 a
 // decade of cells beyond 1000 (every finite cell, K and V); two-way (a bf16 cache) plus the
 // drift, 20 + 4 a decade, times sqrt(layer + 1).
 inline double offThresholdByFormula(const PromptAnalysis& p, int layer, double timesTheCells = 100)
 {
+    // In a layer a suspect affects, the map takes the suspects' own threshold (the cells once).
+    for (const Suspect& s : p.suspects)
+        if (timesTheCells != 1 && std::find(s.layers.begin(), s.layers.end(), p.layers[std::size_t(layer)]) != s.layers.end())
+            return offThresholdByFormula(p, layer, 1);
     double cells = 0;
     for (int l = 0; l < int(p.layers.size()); ++l)
         for (qint64 t = 0; t < p.tokens; ++t)
