@@ -85,7 +85,8 @@ void printDiff(const DiffResult& d, std::ostream& out)
     if (!d.suspects.empty()) {
         out << "  suspects of the change:\n";
         for (const Suspect& s : d.suspects)
-            out << "    " << suspectPatternName(s.pattern) << " (score " << floors(s.score) << "): "
+            out << "    " << suspectPatternName(s.pattern)
+                << (s.pattern == SuspectPattern::NonFinite ? std::string() : " (score " + floors(s.score) + ")") << ": "
                 << (s.prompts.size() > 1 ? "in " + s.evidencePrompt + ": " : std::string()) << s.evidence << "\n";
     }
     if (better) {

@@ -621,9 +621,12 @@ void PromptPage::refreshSummary()
                                         : s.pattern == SuspectPattern::Unexplained
                                             ? QString(" (nearest %1)").arg(QString::fromStdString(s.hypothesis.kind))
                                             : QString(": %1").arg(QString::fromStdString(s.hypothesis.kind));
-            auto* item = new QListWidgetItem(QString("%1%2, %3 floors\n%4 · tokens %5-%6")
-                                                 .arg(suspectPatternName(s.pattern), explanation)
-                                                 .arg(s.score, 0, 'g', 3)
+            // (a NaN or infinity has no number of floors: it says what it is)
+            const QString size = s.pattern == SuspectPattern::NonFinite ? tr("NaN or infinity")
+                                                                         : tr("%1 floors").arg(s.score, 0, 'g', 3);
+            auto* item = new QListWidgetItem(QString("%1%2, %3\n%4 · tokens %5-%6")
+                                                 .arg(suspectPatternName(s.pattern),
+                                                      s.pattern == SuspectPattern::NonFinite ? QString() : explanation, size)
                                                  .arg(QString::fromStdString(shortLayerName(s.firstLayer)))
                                                  .arg(s.firstToken)
                                                  .arg(s.lastToken));

@@ -255,13 +255,13 @@ void writeSuspectTable(QTextStream& out, const std::vector<Suspect>& suspects, c
                 ranks.last() += QString(" (DCP rank %1)").arg(dcp.join(", "));
             // The hypothesis that explains it, or for `unexplained` the nearest one tried.
             const QString explanation =
-                s.hypothesis.kind.empty()
+                s.hypothesis.kind.empty() || s.pattern == SuspectPattern::NonFinite  // (its kind is its pattern)
                     ? QStringLiteral("-")
                     : QString("%1%2 (%3)")
                           .arg(s.pattern == SuspectPattern::Unexplained ? "nearest: " : "",
                                html(s.hypothesis.kind), QString::number(s.hypothesis.residualFloors, 'g', 3));
             out << "<tr class=fail><td>" << suspectPatternName(s.pattern) << "</td><td>" << explanation << "</td><td>"
-                << QString::number(s.score, 'g', 3)
+                << (s.pattern == SuspectPattern::NonFinite ? QStringLiteral("NaN / inf") : QString::number(s.score, 'g', 3))
                 << "</td><td>" << html(s.firstLayer) << "</td><td>" << s.firstToken << "-" << s.lastToken << " ("
                 << html(s.phase) << ", " << html(result.prompts.empty() ? s.kv : partsNamed(result.prompts.front(), s.kv))
                 << (s.prompts.size() > 1 ? QString(", over %1 prompts").arg(s.prompts.size()) : QString()) << ")</td><td>"
