@@ -128,6 +128,13 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
         for (std::size_t i = 0; i < p.divergencePositions.size(); ++i)
             out << (i ? ", " : "") << p.divergencePositions[i];
         out << "], reference: expected" << (p.hasBaseline ? " + baseline" : "") << "\n";
+        if (!p.provenance.empty()) {  // where the positions' KV came from, as the capture recorded it
+            const std::vector<std::string> lines = describeProvenance(p.provenance);
+            out << "    provenance:";
+            for (std::size_t i = 0; i < lines.size(); ++i)
+                out << (i ? "; " : " ") << lines[i];
+            out << "\n";
+        }
         out << "    " << std::left << std::setw(32) << "layer" << std::setw(8) << "group" << std::setw(24)
             << "engine holds" << "expected holds\n";
         for (const std::string& layer : reader->config().layerNames()) {

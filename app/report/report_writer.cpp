@@ -555,8 +555,10 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
     out << "<p class=legend>Black line: prefill | decode. Violet dashed: divergences. Hatched: no data (outside a freed "
            "sliding window, never written). Errors yellow to red from 0 to twice the dtype noise's 99th percentile "
            "(two-way: the errors' own 99th percentile). Error in floors: in units of each layer's off threshold (the "
-           "suspects' rule, where noise reaches it in one capture of a hundred), on a log scale: noise quiet, a ramp up to off, then red darkening to 1000x. BC 0..1 (below 0.8 "
-           "flat red).</p>";
+           "suspects' rule, where noise reaches it in one capture of a hundred; in a suspect's layers the suspects' own), on a "
+           "log scale: noise quiet, a ramp up to off, then red darkening to 1000x. Framed row: where the suspect starts; "
+           "dimmed rows: the layers its error spreads to. BC 0..1: quiet above 0.92 (a clean layer's tokens), orange below "
+           "0.9, red below 0.8.</p>";
     for (const PromptAnalysis& p : result.prompts)
         writePrompt(out, p, maps);
     if (result.aggregate)

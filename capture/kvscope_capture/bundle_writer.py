@@ -490,13 +490,66 @@ class BundleWriter:
             _dataset(group, "teacher_tokens", teacher)
         if strings is not None:
             _string_dataset(group, "token_strings", strings)
-        self._prompts[pid] = {"prompt_len": prompt_len, "snapshots": [], "references": {}, "divergences": None}
+        self._prompts[pid] = {"prompt_len": prompt_len, "positions": prompt_len + len(teacher), "snapshots": [],
+                              "references": {}, "divergences": None}
 
     def _prompt(self, prompt_id):
         pid = str(prompt_id)
         if pid not in self._prompts:
             raise ValueError(f"prompt {pid!r} was not added (add_prompt first)")
         return pid, self._prompts[pid]
+
+    # --- where each position's KV came from (optional) -----------------------------------
+    PROVENANCE_KINDS = ("prefill", "prefix_cache", "external", "decode", "spec_accepted", "recomputed", "unknown")
+    _PROVENANCE_DETAILS = {"chunk": int, "step": int, "preemption": int, "blocks": list, "connector": str}
+
+    def set_provenance(self, prompt_id, ranges):
+        """Where each position's KV came from: `ranges` a list of (start, end, kind, details),
+        positions [start, end) in order and not overlapping (positions left out are of unknown
+        source). kind: "prefill" (details {"chunk": i}), "prefix_cache" ({"blocks": [physical
+        ids]}), "external" ({"connector": "LMCacheConnectorV1"}, required), "decode" ({"step":
+        s}), "spec_accepted" ({"step": s}), "recomputed" ({"preemption": i}) or "unknown"; details
+        may be None or {}. Written as the prompt's attribute `provenance` (JSON,
+        docs/bundle-format.md); kvscope inspect shows it."""
+        pid, prompt = self._prompt(prompt_id)
+        positions = prompt["positions"]
+        records, end = [], 0
+        for i, item in enumerate(ranges):
+            try:
+                start, stop, kind, details = item
+            except (TypeError, ValueError):
+                raise ValueError(f"prompt {pid}: provenance range {i} is not (start, end, kind, details)") from None
+            if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (start, stop)):
+                raise ValueError(f"prompt {pid}: provenance range {i}: start and end must be integers")
+            if not 0 <= start < stop <= positions:
+                raise ValueError(f"prompt {pid}: provenance range {i}: positions {start}-{stop} are not within the "
+                                 f"prompt's {positions} positions")
+            if start < end:
+                raise ValueError(f"prompt {pid}: provenance range {i} starts at {start}, before the previous range ends "
+                                 f"({end}): ranges go in order and do not overlap")
+            if kind not in self.PROVENANCE_KINDS:
+                raise ValueError(f"prompt {pid}: provenance range {i}: kind {kind!r} is not one of "
+                                 + ", ".join(self.PROVENANCE_KINDS))
+            record = {"start": int(start), "end": int(stop), "kind": kind}
+            for key, value in (details or {}).items():
+                expected = self._PROVENANCE_DETAILS.get(key)
+                if expected is None:
+                    raise ValueError(f"prompt {pid}: provenance range {i}: unknown detail {key!r} (one of "
+                                     + ", ".join(self._PROVENANCE_DETAILS) + ")")
+                if expected is int and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0):
+                    raise ValueError(f"prompt {pid}: provenance range {i}: {key} must be a non-negative integer")
+                if expected is list:
+                    value = [int(b) for b in value]
+                    if any(b < 0 for b in value):
+                        raise ValueError(f"prompt {pid}: provenance range {i}: blocks must be non-negative ids")
+                if expected is str and not isinstance(value, str):
+                    raise ValueError(f"prompt {pid}: provenance range {i}: {key} must be a string")
+                record[key] = int(value) if expected is int else value
+            if kind == "external" and not record.get("connector"):
+                raise ValueError(f"prompt {pid}: provenance range {i}: an external range names its connector")
+            records.append(record)
+            end = stop
+        _set_string(self._file["prompts"][pid], "provenance", json.dumps(records))
 
     def _need_config(self):
         if self._config is None:

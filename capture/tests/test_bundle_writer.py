@@ -3,6 +3,7 @@ documented fields of format v2."""
 
 import json
 import os
+import re
 import tempfile
 import unittest
 
@@ -75,6 +76,32 @@ class Writer(unittest.TestCase):
             self.assertEqual(k.dtype, np.uint16)
             self.assertEqual(p["reference/baseline/layers.1.self_attn/v"].attrs["dtype"], b"float32")
             self.assertEqual(p["logits/actual"].shape, (4, 16))
+
+    def test_provenance(self):
+        ranges = [(0, 4, "prefix_cache", {"blocks": [7]}), (4, 6, "external", {"connector": "LMCacheConnectorV1"}),
+                  (6, 7, "decode", {"step": 0}), (7, 8, "decode", {"step": 1}), (9, 10, "recomputed", None)]
+        with self.writer() as w:
+            w.set_provenance("p", ranges)
+            for bad, says in (([(0, 11, "prefill", None)], "not within the prompt's 10 positions"),
+                              ([(0, 4, "prefill", None), (3, 5, "decode", None)], "before the previous range ends (4)"),
+                              ([(0, 4, "lmcache", None)], "kind 'lmcache' is not one of"),
+                              ([(0, 4, "external", {})], "names its connector"),
+                              ([(0, 4, "prefill", {"chunks": 1})], "unknown detail 'chunks'"),
+                              ([(0, 4, "decode", {"step": -1})], "step must be a non-negative integer"),
+                              ([(0, 4)], "is not (start, end, kind, details)")):
+                with self.assertRaisesRegex(ValueError, "prompt p: provenance range .*" + re.escape(says)):
+                    w.set_provenance("p", bad)
+            with self.assertRaisesRegex(ValueError, "was not added"):
+                w.set_provenance("q", ranges)
+            truth, rpc, tables = engine_state(config())
+            w.add_engine_snapshot("p", rpc, tables, 10)
+            w.add_reference_kv("p", "expected", {n: (k.unsqueeze(0), v.unsqueeze(0)) for n, (k, v) in truth.items()})
+        with h5py.File(self.path, "r") as f:
+            self.assertEqual(json.loads(f["prompts/p"].attrs["provenance"]), [
+                {"start": 0, "end": 4, "kind": "prefix_cache", "blocks": [7]},
+                {"start": 4, "end": 6, "kind": "external", "connector": "LMCacheConnectorV1"},
+                {"start": 6, "end": 7, "kind": "decode", "step": 0}, {"start": 7, "end": 8, "kind": "decode", "step": 1},
+                {"start": 9, "end": 10, "kind": "recomputed"}])
 
     def test_rope_from_hf_config(self):
         # Llama-style: theta and head_dim; Phi-style: partial rotary; linear scaling kept.

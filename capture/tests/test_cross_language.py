@@ -190,6 +190,29 @@ class CrossLanguage(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn("not compared: state-space layers (1): model.layers.3.mixer", result.stdout)
 
+    def test_provenance_is_read_and_shown(self):
+        # What the writer records, kvscope inspect reads and says (decode steps merged).
+        cfg = config(4, 2, "FullAttentionSpec")
+        names = [n for g in cfg["groups"] for n in g["layer_names"]]
+        total = 12
+        truth = {n: (torch.randn(4, total, 4).to(torch.bfloat16), torch.randn(4, total, 4).to(torch.bfloat16)) for n in names}
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = os.path.join(tmp, "capture.h5")
+            with BundleWriter(bundle, model="cross-language", engine="stand-in") as w:
+                w.set_kv_cache_config(cfg)
+                w.add_prompt("p", list(range(total)), 8)
+                rpc, tables = PagedEngine(cfg, seed=1).snapshot(truth, total)
+                w.add_engine_snapshot("p", rpc, tables, total)
+                w.add_reference_kv("p", "expected", tuple((k.unsqueeze(0), v.unsqueeze(0)) for k, v in
+                                                          (truth[n] for n in sorted(names))))
+                w.set_provenance("p", [(0, 4, "prefix_cache", {"blocks": [2, 3]}),
+                                       (4, 8, "external", {"connector": "NixlConnector"}),
+                                       (8, 9, "decode", {"step": 0}), (9, 10, "decode", {"step": 1})])
+            result = subprocess.run([BINARY, "inspect", bundle], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("provenance: 0-3 prefix_cache (blocks 2-3); 4-7 external (NixlConnector); "
+                          "8-9 decode (steps 0-1)", result.stdout)
+
     def test_groups_of_different_head_sizes(self):
         """A model whose sliding layers have another head size than its full ones (6 and 4): each
         layer goes through at its own and is analysed at it."""

@@ -214,6 +214,14 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
                                                          std::to_string(positions) + " positions (prompt and teacher tokens)");
         }
 
+        if (m_file.hasAttribute(path, "provenance")) {
+            try {
+                info.provenance = parseProvenance(m_file.readStringAttribute(path, "provenance"), positions);
+            } catch (const std::invalid_argument& e) {
+                m_file.fail(path, std::string("attribute 'provenance': ") + e.what());
+            }
+        }
+
         for (std::size_t s = 0; m_file.exists(bundle_path::snapshot(id, s)); ++s) {
             const std::string sp = bundle_path::snapshot(id, s);
             SnapshotInfo snap;

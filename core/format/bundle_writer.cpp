@@ -1,5 +1,7 @@
 #include "format/bundle_writer.h"
 
+#include "format/provenance.h"
+
 #include "format/bundle_error.h"
 #include "util/version.h"
 
@@ -120,8 +122,17 @@ void BundleWriter::addPrompt(const PromptRecord& prompt)
     if (!prompt.tokenStrings.empty() && prompt.tokenStrings.size() != total)
         fail(path + "/token_strings", std::to_string(prompt.tokenStrings.size()) + " strings for " +
                                           std::to_string(total) + " positions");
+    if (!prompt.provenance.empty()) {
+        try {
+            parseProvenance(prompt.provenance, std::int64_t(total));
+        } catch (const std::invalid_argument& e) {
+            fail(path, std::string("attribute 'provenance': ") + e.what());
+        }
+    }
     m_file->createGroup(path);
     m_file->writeIntAttribute(path, "prompt_len", std::int64_t(prompt.inputIds.size()));
+    if (!prompt.provenance.empty())
+        m_file->writeStringAttribute(path, "provenance", prompt.provenance);
     m_file->writeRaw(path + "/input_ids", H5T_STD_I64LE, {std::int64_t(prompt.inputIds.size())},
                      prompt.inputIds.data());
     if (!prompt.teacherTokens.empty())

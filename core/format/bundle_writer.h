@@ -24,6 +24,7 @@ struct PromptRecord {
     std::vector<std::int64_t> teacherTokens;
     std::optional<std::vector<std::int64_t>> divergencePositions;  // absolute positions
     std::vector<std::string> tokenStrings;  // empty, or one per position of prompt + teacher tokens
+    std::string provenance;  // the `provenance` attribute's JSON (format/provenance.h); empty: none
 };
 
 // One generate call's engine state, as the engine hands it over.

@@ -2,6 +2,7 @@
 // What a capture bundle holds (format v2, see docs/bundle-format.md), as plain values,
 // and the HDF5 paths where each piece lives. Shared by the reader and the writer.
 
+#include "format/provenance.h"
 #include "format/raw_tensor.h"
 
 #include <cstdint>
@@ -54,6 +55,7 @@ struct PromptInfo {
     bool hasDivergences = false;  // divergence positions were recorded (possibly none)
     std::vector<std::int64_t> divergencePositions;  // absolute positions
     std::vector<std::string> tokenStrings;           // per absolute position, may be empty
+    std::vector<ProvenanceRange> provenance;         // where each position's KV came from, may be empty
     std::vector<SnapshotInfo> snapshots;
     bool hasExpected = false;
     bool hasBaseline = false;

@@ -260,6 +260,8 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
             record.tokenStrings.push_back("t" + std::to_string(t));
         for (std::int64_t t : record.teacherTokens)
             record.tokenStrings.push_back("t" + std::to_string(t));
+        if (std::size_t(p) < o.provenance.size())
+            record.provenance = o.provenance[std::size_t(p)];
         writer.addPrompt(record);
 
         // With a divergence, snapshot 0 ran one token past it: its KV there is the engine's own

@@ -29,6 +29,9 @@ struct SyntheticCaptureOptions {
     int slidingWindow = 24;
     std::vector<int> promptLens{40, 56};
     int decodeTokens = 20;
+    // Per prompt (in order), its `provenance` attribute's JSON (format/provenance.h); missing or
+    // empty: none recorded.
+    std::vector<std::string> provenance;
     bool baseline = true;  // three-way
     // The noise of two bf16 runs of a model (the model-based synth's), instead of rounding
     // alone: expected and the engine each off the baseline by a few bf16 unit roundoffs,
