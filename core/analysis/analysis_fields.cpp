@@ -266,6 +266,56 @@ void readSuspectPlace(const JsonFields& f, const Json& j, const std::string& at,
     s.worstPart = partNamed(f, f.text(worst, "part", at + "worst_cell."), at + "worst_cell.part");
 }
 
+// Only where the bundle records the paths and the off positions are one's: the JSON of a
+// bundle without provenance is what it was before the field existed.
+void writeProvenance(JsonWriter& w, const std::optional<ProvenanceMatch>& m)
+{
+    if (!m)
+        return;
+    w.key("provenance")
+        .beginObject()
+        .field("kind", provenanceKindName(m->kind))
+        .field("connector", m->connector)
+        .key("blocks")
+        .numbers(m->blocks)
+        .key("chunks")
+        .numbers(m->chunks)
+        .key("positions")
+        .beginArray()
+        .value(m->firstOff)
+        .value(m->lastOff)
+        .endArray()
+        .field("text", m->text)
+        .endObject();
+}
+
+std::optional<ProvenanceMatch> readProvenance(const JsonFields& f, const Json& j, const std::string& at)
+{
+    if (!j.contains("provenance") || j.at("provenance").is_null())
+        return std::nullopt;
+    const Json& p = j.at("provenance");
+    const std::string where = at + "provenance.";
+    ProvenanceMatch m;
+    const std::string kind = f.text(p, "kind", where);
+    bool known = false;
+    for (ProvenanceKind k : {ProvenanceKind::Prefill, ProvenanceKind::PrefixCache, ProvenanceKind::External, ProvenanceKind::Decode,
+                             ProvenanceKind::SpecAccepted, ProvenanceKind::Recomputed, ProvenanceKind::Unknown})
+        if (kind == provenanceKindName(k))
+            m.kind = k, known = true;
+    if (!known)
+        f.fail(where + "kind", "'" + kind + "' is not a provenance kind");
+    m.connector = f.text(p, "connector", where);
+    m.blocks = f.integers(p, "blocks", where);
+    m.chunks = f.integers(p, "chunks", where);
+    const std::vector<std::int64_t> positions = f.integers(p, "positions", where);
+    if (positions.size() != 2)
+        f.fail(where + "positions", "must be [first, last]");
+    m.firstOff = positions[0];
+    m.lastOff = positions[1];
+    m.text = f.text(p, "text", where);
+    return m;
+}
+
 Suspect readSuspect(const JsonFields& f, const Json& j, const std::string& at)
 {
     Suspect s;
@@ -296,6 +346,7 @@ Suspect readSuspect(const JsonFields& f, const Json& j, const std::string& at)
     s.tpRanks = f.ints(j, "tp_ranks", at);
     s.dcpRanks = f.ints(j, "dcp_ranks", at);
     readSuspectPlace(f, j, at, s);
+    s.provenance = readProvenance(f, j, at);
     return s;
 }
 
@@ -598,6 +649,7 @@ void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects)
             .key("dcp_ranks")
             .numbers(s.dcpRanks);
         writeSuspectPlace(w, s);
+        writeProvenance(w, s.provenance);
         w.endObject();
     });
 }

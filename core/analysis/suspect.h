@@ -3,6 +3,7 @@
 // sentence, the onset and the spread, and the attribution (heads, TP ranks, tokens, blocks).
 // Found by analysis/suspect_search.h; documented in docs/suspects.md.
 
+#include "analysis/provenance_match.h"
 #include "format/paged_kv.h"
 
 #include <cmath>
@@ -92,6 +93,9 @@ struct Suspect {
     Hypothesis hypothesis;
     std::vector<Hypothesis> tried;  // every hypothesis tested, best first
     std::optional<ErrorShape> measured;  // unexplained (and window_edge) suspects only
+    // The bundle records where each position's KV came from, and every off position of the
+    // onset came the same way (analysis/provenance_match.h); empty otherwise.
+    std::optional<ProvenanceMatch> provenance;
     std::string evidence;  // one sentence, about one prompt:
     std::string evidencePrompt;        // that prompt
     std::vector<std::string> prompts;  // where it was seen (one per prompt; pooled: every one)

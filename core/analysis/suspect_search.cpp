@@ -501,6 +501,26 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
 
 namespace {
 
+// The path every off position of the onset came by, when the bundle records the paths and
+// they are one (analysis/provenance_match.h).
+std::optional<ProvenanceMatch> provenanceOf(const CaptureLoader& loader, const PromptAnalysis& p, const Onset& onset)
+{
+    const std::vector<ProvenanceRange>& ranges = loader.prompt(p.id).provenance;
+    if (ranges.empty())
+        return std::nullopt;
+    std::vector<std::int64_t> off, analysed;
+    for (const OffCell& c : onset.cells())
+        off.push_back(c.token);
+    const Metric linf = metricFor(KvPart::K, MetricKind::Linf);
+    for (std::int64_t t = 0; t < p.tokens; ++t)
+        for (int h = 0; h < p.headsOf(onset.layer); ++h)
+            if (std::isfinite(p.value(linf, onset.layer, t, h))) {
+                analysed.push_back(t);
+                break;
+            }
+    return matchProvenance(ranges, off, analysed);
+}
+
 // The onset's suspect, off the noise floor (a NaN or infinity is nonFiniteSuspect's).
 std::optional<Suspect> finiteSuspect(const CaptureLoader& loader, const PromptAnalysis& p, const SuspectThresholds& th,
                                      const std::vector<char>* layersReady, WorkTeam* team, const EarlierRun* earlier)
@@ -550,6 +570,8 @@ std::optional<Suspect> finiteSuspect(const CaptureLoader& loader, const PromptAn
     if (s.measured)
         why << " Measured: " << s.measured->text << ".";
     attribute(loader, p, onset, s);
+    if ((s.provenance = provenanceOf(loader, p, onset)))
+        why << " " << s.provenance->text;
     s.evidence = why.str();
     s.evidencePrompt = p.id;
     return s;
