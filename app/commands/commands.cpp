@@ -124,6 +124,7 @@ std::vector<Command> bundleCommands()
                   "                         scale_other_layer replica_diff (one TP rank's copy of one block differs;\n"
                   "                         MLA or replicated heads) nan inf nan_expected (one value of K of\n"
                   "                         one head at one decode position: NaN, +inf, or NaN in the reference)\n"
+                  "                         token_scale channel_scale qkv_bias clipped (magnitude, direction kept)\n"
                   "  --fault-layer N --fault-head N --fault-rank N --fault-step N   where it applies (step:\n"
                   "                         position - prompt_len, negative in the prefill)\n"
                   "  --model-free           long captures in seconds: the same shape and prompts without the\n"

@@ -594,6 +594,260 @@ void tryRope(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out
     tryRopeScalingTypes(model, rotated, length, bySame, [&] { return t.share(); }, out);
 }
 
+// Magnitude faults with the direction intact, each a fit with free parameters: tried only when
+// no exact hypothesis explains the error (testHypotheses), and offered only when the fitted
+// model explains it outright (median residual within the bound and three quarters of the cells
+// back near the floor) with far more values than parameters, so that a fit cannot absorb an
+// unrelated fault. Nothing is added to `out` otherwise: a free fit is never a nearest or an
+// explanation in part.
+constexpr double kFreeFitShare = 0.75;  // the cells a free fit must bring back near the floor
+constexpr int kFreeFitCells = 8;       // cells per fitted vector (a channel factor, a bias) at least
+
+bool freeFitHolds(const Tester& t, double residual, const HypothesisInput& in)
+{
+    return residual <= in.explained && t.share() >= kFreeFitShare;
+}
+
+// What a fit shared by the tokens is fitted on: every (head, part) with an off cell, at every
+// token with one (its vectors are read for each head), off or not there: a constant vector or
+// factor holds at every token, and more tokens than the off ones leave fewer free parameters a
+// value.
+std::vector<OffCell> sharedFitCells(const Tester& t)
+{
+    std::set<std::int64_t> tokens;
+    std::set<std::pair<int, int>> groups;
+    for (const OffCell& c : t.cells()) {
+        tokens.insert(c.token);
+        groups.insert({c.head, int(c.part)});
+    }
+    std::vector<OffCell> cells;
+    for (const auto& [head, part] : groups)
+        for (std::int64_t token : tokens) {
+            const OffCell c{token, head, KvPart(part), 0.0f};
+            if (t.reference(token, head, KvPart(part)) && t.engine(c))
+                cells.push_back(c);
+        }
+    return cells;
+}
+
+std::string headsText(const HypothesisInput& in, const std::set<int>& heads)
+{
+    if (in.prompt.headsOf(in.layer) == 1)
+        return {};
+    if (int(heads.size()) == in.prompt.headsOf(in.layer))
+        return " of every head";
+    return " of head(s) " + joinInts(std::vector<int>(heads.begin(), heads.end()));
+}
+
+// A least-squares factor per (token, part), shared by the heads: K normalised over the wrong
+// axis, a scale read from another token's slot. The direction of every cell must be kept.
+void tryTokenScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    std::map<std::pair<std::int64_t, int>, std::pair<double, double>> sums;
+    for (const OffCell& c : t.cells()) {
+        const float* r = t.reference(c.token, c.head, c.part);
+        const float* a = t.engine(c);
+        if (!r || !a)
+            continue;
+        auto& [ar, rr] = sums[{c.token, int(c.part)}];
+        for (int i = 0; i < t.dim(c.part); ++i)
+            ar += double(a[i]) * r[i], rr += double(r[i]) * r[i];
+    }
+    std::set<std::int64_t> tokens;
+    std::map<std::pair<std::int64_t, int>, double> factor;
+    for (const auto& [key, s] : sums)
+        if (s.second > 0) {
+            factor[key] = s.first / s.second;
+            tokens.insert(key.first);
+        }
+    // Several tokens, and a direction of several dims left to check in every cell.
+    if (tokens.size() < 3 || int(t.cells().size()) < kFreeFitCells || std::min(t.dim(KvPart::K), t.dim(KvPart::V)) < 8)
+        return;
+    const double r = t.medianResidual([&](const OffCell& c, float* p) {
+        const float* src = t.reference(c.token, c.head, c.part);
+        const auto f = factor.find({c.token, int(c.part)});
+        if (!src || f == factor.end())
+            return false;
+        for (int i = 0; i < t.dim(c.part); ++i)
+            p[i] = float(f->second * src[i]);
+        return true;
+    });
+    if (!freeFitHolds(t, r, in))
+        return;
+    double lo = kInf, hi = -kInf;
+    for (const auto& [key, f] : factor)
+        lo = std::min(lo, f), hi = std::max(hi, f);
+    out.push_back({{"token_scale", {{"min", lo}, {"max", hi}, {"tokens", double(tokens.size())}},
+                    partsText(t) + headsText(in, t.heads()) + " scaled by a factor that varies by token (" +
+                        shortNumber(lo) + "-" + shortNumber(hi) + "x)",
+                    r, 0, t.share()}, 5});
+}
+
+// A factor per channel of each head and part, the same at every token.
+void tryChannelScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> sums;  // (head, part) -> per channel
+    std::map<std::pair<int, int>, int> count;
+    for (const OffCell& c : sharedFitCells(t)) {
+        const float* r = t.reference(c.token, c.head, c.part);
+        const float* a = t.engine(c);
+        auto& s = sums[{c.head, int(c.part)}];
+        s.resize(std::size_t(t.dim(c.part)));
+        for (int i = 0; i < t.dim(c.part); ++i)
+            s[std::size_t(i)].first += double(a[i]) * r[i], s[std::size_t(i)].second += double(r[i]) * r[i];
+        ++count[{c.head, int(c.part)}];
+    }
+    if (sums.empty())
+        return;
+    for (const auto& [key, n] : count)
+        if (n < kFreeFitCells)
+            return;  // each channel's factor from kFreeFitCells tokens at least
+    std::map<std::pair<int, int>, std::vector<double>> factor;
+    double lo = kInf, hi = -kInf;
+    for (const auto& [key, s] : sums)
+        for (const auto& [ar, rr] : s) {
+            factor[key].push_back(rr > 0 ? ar / rr : 1.0);
+            lo = std::min(lo, factor[key].back()), hi = std::max(hi, factor[key].back());
+        }
+    const double r = t.medianResidual([&](const OffCell& c, float* p) {
+        const float* src = t.reference(c.token, c.head, c.part);
+        if (!src)
+            return false;
+        const std::vector<double>& f = factor.at({c.head, int(c.part)});
+        for (int i = 0; i < t.dim(c.part); ++i)
+            p[i] = float(f[std::size_t(i)] * src[i]);
+        return true;
+    });
+    if (!freeFitHolds(t, r, in))
+        return;
+    out.push_back({{"channel_scale", {{"min", lo}, {"max", hi}},
+                    partsText(t) + headsText(in, t.heads()) + " scaled by a factor per channel (" + shortNumber(lo) + "-" +
+                        shortNumber(hi) + "x), the same at every token",
+                    r, 0, t.share()}, 5});
+}
+
+// A constant vector per head and part added before RoPE (a dropped or extra qkv bias): fitted
+// on the un-rotated vectors (the bundle's RoPE) for the rotary part, directly for the other
+// (and for the rotary part too when the bundle has no RoPE).
+void tryBias(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    const KvPart rotary = t.rotary();
+    const std::int64_t length = in.prompt.tokens;
+    std::optional<RopeRotation> rope;
+    if (in.rope)
+        rope.emplace(*in.rope, t.dim(rotary), length);
+    std::vector<double> from(std::size_t(std::max(t.dim(KvPart::K), t.dim(KvPart::V)))), to(from.size()), back(from.size());
+    // The vector as RoPE found it: un-rotated for the rotary part.
+    const auto unrotated = [&](const OffCell& c, const float* x, double* y) {
+        std::copy_n(x, t.dim(c.part), from.begin());
+        if (rope && c.part == rotary) {
+            rope->setPosition(double(c.token), true);
+            rope->apply(from.data(), y);
+        } else
+            std::copy_n(from.begin(), t.dim(c.part), y);
+    };
+    std::map<std::pair<int, int>, std::vector<double>> bias;
+    std::map<std::pair<int, int>, int> count;
+    for (const OffCell& c : sharedFitCells(t)) {
+        const float* r = t.reference(c.token, c.head, c.part);
+        const float* a = t.engine(c);
+        auto& b = bias[{c.head, int(c.part)}];
+        b.resize(std::size_t(t.dim(c.part)));
+        unrotated(c, a, to.data());
+        unrotated(c, r, back.data());
+        for (int i = 0; i < t.dim(c.part); ++i)
+            b[std::size_t(i)] += to[std::size_t(i)] - back[std::size_t(i)];
+        ++count[{c.head, int(c.part)}];
+    }
+    if (bias.empty())
+        return;
+    double norm = 0;
+    for (auto& [key, b] : bias) {
+        const int n = count.at(key);
+        if (n < kFreeFitCells)
+            return;  // head_dim values fitted from kFreeFitCells tokens at least
+        double sq = 0;
+        for (double& x : b)
+            x /= n, sq += x * x;
+        norm = std::max(norm, std::sqrt(sq));
+    }
+    const double r = t.medianResidual([&](const OffCell& c, float* p) {
+        const float* src = t.reference(c.token, c.head, c.part);
+        if (!src)
+            return false;
+        const std::vector<double>& b = bias.at({c.head, int(c.part)});
+        unrotated(c, src, back.data());
+        for (int i = 0; i < t.dim(c.part); ++i)
+            back[std::size_t(i)] += b[std::size_t(i)];
+        if (rope && c.part == rotary) {
+            rope->setPosition(double(c.token));
+            rope->apply(back.data(), to.data());
+        } else
+            std::copy_n(back.begin(), t.dim(c.part), to.begin());
+        for (int i = 0; i < t.dim(c.part); ++i)
+            p[i] = float(to[std::size_t(i)]);
+        return true;
+    });
+    if (!freeFitHolds(t, r, in))
+        return;
+    const bool beforeRope = rope && t.hasPart(rotary);
+    out.push_back({{"bias", {{"norm", norm}},
+                    partsText(t) + headsText(in, t.heads()) + " plus a constant bias" +
+                        (beforeRope ? " added before RoPE" : "") + " (norm " + shortNumber(norm) + "): a dropped or extra qkv bias",
+                    r, 0, t.share()}, 5});
+}
+
+// Values clipped at a bound (a cast without a scale): the bound where the engine's values pile
+// up (the commonest |value| among those smaller than the reference's), per part; predicted as
+// the reference clamped to it.
+void tryClipped(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    std::map<int, std::map<float, int>> piled;  // part -> |engine value| -> count, where the reference is larger
+    std::map<int, int> values;
+    for (const OffCell& c : t.cells()) {
+        const float* r = t.reference(c.token, c.head, c.part);
+        const float* a = t.engine(c);
+        if (!r || !a)
+            continue;
+        for (int i = 0; i < t.dim(c.part); ++i) {
+            ++values[int(c.part)];
+            if (std::fabs(r[i]) > std::fabs(a[i]) && a[i] != 0 && (a[i] > 0) == (r[i] > 0))
+                ++piled[int(c.part)][std::fabs(a[i])];
+        }
+    }
+    std::map<int, float> bound;
+    for (const auto& [part, counts] : piled) {
+        const auto most = std::max_element(counts.begin(), counts.end(),
+                                           [](const auto& x, const auto& y) { return x.second < y.second; });
+        // A pile: at least 8 values at that one magnitude, and a hundredth of the part's values.
+        if (most->second < 8 || most->second * 100 < values.at(part))
+            return;
+        bound[part] = most->first;
+    }
+    if (bound.size() != values.size())
+        return;
+    const double r = t.medianResidual([&](const OffCell& c, float* p) {
+        const float* src = t.reference(c.token, c.head, c.part);
+        if (!src)
+            return false;
+        const float b = bound.at(int(c.part));
+        for (int i = 0; i < t.dim(c.part); ++i)
+            p[i] = std::clamp(src[i], -b, b);
+        return true;
+    });
+    if (!freeFitHolds(t, r, in))
+        return;
+    Hypothesis h{"clipped", {}, "", r, 0, t.share()};
+    std::string text;
+    for (const auto& [part, b] : bound) {
+        h.parameters.push_back({bound.size() == 1 ? std::string("bound") : std::string(kvPartName(KvPart(part))) + "_bound", double(b)});
+        text += (text.empty() ? "" : ", ") + t.name(KvPart(part)) + headsText(in, t.heads()) + " clipped at ±" +
+                shortNumber(b);
+    }
+    h.text = text + " (a cast without a scale)";
+    out.push_back({h, 3});
+}
+
 void tryNearest(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
 {
     // The reference layer's vectors, evenly sampled (those present).
@@ -661,6 +915,13 @@ std::vector<Hypothesis> testHypotheses(const HypothesisInput& in)
     tryCacheScales(t, in, tried);
     tryRope(t, in, tried);
     tryNearest(t, in, tried);
+    // The free fits (magnitude with the direction intact) only when nothing exact explains.
+    if (std::none_of(tried.begin(), tried.end(), [&](const Tried& x) { return x.h.residualFloors <= in.explained; })) {
+        tryClipped(t, in, tried);
+        tryTokenScale(t, in, tried);
+        tryChannelScale(t, in, tried);
+        tryBias(t, in, tried);
+    }
     const double before = t.errorBefore();
     // Best first; on a near tie (an eighth of the explained bound a step of complexity:
     // a quarter floor three-way), the simpler one.

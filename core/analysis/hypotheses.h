@@ -13,7 +13,10 @@
 //   offset, or positions restarted at the first off token), in the other pair convention,
 //   with another base or position scaling, or over other rotary dims;
 // - unrelated: the nearest vector of any token, head and part of the reference layer, which
-//   stays far when the data is stale or another sequence's.
+//   stays far when the data is stale or another sequence's;
+// - magnitude with the direction intact, free fits tried only when nothing above explains and
+//   offered only when they explain outright: a factor per token, a factor per channel, a
+//   constant bias per head (before RoPE), values clipped at a bound.
 
 #include "analysis/off_floor.h"
 #include "analysis/suspect.h"

@@ -77,6 +77,10 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::LaggingWrite, "lagging_write"},
     {FaultKind::RankUnwritten, "rank_unwritten"},
     {FaultKind::KNegated, "k_negated"},
+    {FaultKind::TokenScale, "token_scale"},
+    {FaultKind::ChannelScale, "channel_scale"},
+    {FaultKind::QkvBias, "qkv_bias"},
+    {FaultKind::Clipped, "clipped"},
     {FaultKind::ReplicaDiff, "replica_diff"},
     {FaultKind::Nan, "nan"},
     {FaultKind::Inf, "inf"},
@@ -148,6 +152,26 @@ float nonFiniteValue(FaultKind kind)
     return kind == FaultKind::Inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
 }
 
+// The magnitude faults' values: a factor per position (0.4-1.6x) and per channel (0.5-1.5x),
+// spread evenly by the golden ratio; a bias of about 0.5 per value (K's values are about 1);
+// the clip bound.
+constexpr double kGolden = 0.6180339887498949;
+float tokenFactor(std::int64_t position)
+{
+    const double x = double(position) * kGolden;
+    return float(0.4 + 1.2 * (x - std::floor(x)));
+}
+float channelFactor(int channel)
+{
+    const double x = double(channel) * kGolden + 0.3;
+    return float(0.5 + (x - std::floor(x)));
+}
+float biasValue(int channel, bool v)
+{
+    return float(0.5 * std::cos(1.7 * channel + (v ? 1.1 : 0.3)) * std::sqrt(2.0));
+}
+constexpr float kClipBound = 1.5f;
+
 struct ResolvedFault {
     FaultKind kind = FaultKind::None;
     int layer = -1;
@@ -195,6 +219,19 @@ bool forwardFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlo
         truth["layer"] = layerName(f.layer);
         truth["description"] = "only the first half of each head's dims rotated";
         return true;
+    case FaultKind::QkvBias: {
+        if (o.shape.mla())
+            throw std::invalid_argument("qkv_bias needs K and V heads (not --mla)");
+        truth["layer"] = layerName(f.layer);
+        truth["head"] = f.head;
+        double k = 0, v = 0;
+        for (int d = 0; d < o.shape.headDim; ++d)
+            k += double(biasValue(d, false)) * biasValue(d, false), v += double(biasValue(d, true)) * biasValue(d, true);
+        truth["k_norm"] = std::sqrt(k);
+        truth["v_norm"] = std::sqrt(v);
+        truth["description"] = "K (before RoPE) and V of one head plus a constant bias";
+        return true;
+    }
     default:
         return false;
     }
@@ -234,6 +271,20 @@ bool scaleFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohm
         truth["layer"] = layerName(f.layer);
         truth["head"] = f.head;
         truth["factor"] = 0.5;
+        return true;
+    case FaultKind::TokenScale:
+        truth["layer"] = layerName(f.layer);
+        truth["description"] = "K of every head scaled by a factor per position, 0.4-1.6x";
+        return true;
+    case FaultKind::ChannelScale:
+        truth["layer"] = layerName(f.layer);
+        truth["head"] = f.head;
+        truth["description"] = "V of one head scaled by a factor per channel, 0.5-1.5x, the same at every position";
+        return true;
+    case FaultKind::Clipped:
+        truth["layer"] = layerName(f.layer);
+        truth["bound"] = kClipBound;
+        truth["description"] = "K of every head clipped at +-bound";
         return true;
     default:
         return false;
@@ -504,9 +555,15 @@ std::vector<FaultKind> allFaultKinds()
 {
     std::vector<FaultKind> kinds;
     for (const auto& [k, name] : kFaultNames)
-        if (k != FaultKind::None && k != FaultKind::ReplicaDiff && !isNonFiniteFault(k))
+        if (k != FaultKind::None && k != FaultKind::ReplicaDiff && !isNonFiniteFault(k) &&
+            k != FaultKind::TokenScale && k != FaultKind::ChannelScale && k != FaultKind::QkvBias && k != FaultKind::Clipped)
             kinds.push_back(k);
     return kinds;
+}
+
+std::vector<FaultKind> magnitudeFaultKinds()
+{
+    return {FaultKind::TokenScale, FaultKind::ChannelScale, FaultKind::QkvBias, FaultKind::Clipped};
 }
 
 std::string faultName(FaultKind kind)
@@ -595,6 +652,9 @@ public:
         case FaultKind::RankVScale:
         case FaultKind::GlobalVScale:
         case FaultKind::HeadKScale:
+        case FaultKind::TokenScale:
+        case FaultKind::ChannelScale:
+        case FaultKind::Clipped:
             rescale();
             break;
         case FaultKind::HeadSwap:
@@ -670,7 +730,8 @@ private:
         }
     }
 
-    // Values multiplied by the wrong factor: a rank's V, every V, a head's K.
+    // Values multiplied by the wrong factor: a rank's V, every V, a head's K; K by a factor per
+    // position, V of a head by one per channel; K clipped.
     void rescale()
     {
         if (f.kind == FaultKind::RankVScale)
@@ -688,6 +749,23 @@ private:
                 float* k = kv.k.data() + kv.index(KvPart::K, f.head, pos);
                 for (int i = 0; i < dims.k; ++i)
                     k[i] = detmath::roundToBf16(k[i] * 0.5f);
+            });
+        }
+        if (f.kind == FaultKind::TokenScale || f.kind == FaultKind::Clipped) {
+            LayerKv& kv = layers[std::size_t(f.layer)];
+            forPositions(kv, [&](std::int64_t pos) {
+                float* k = kv.k.data() + kv.index(KvPart::K, 0, pos);
+                for (std::size_t i = 0; i < kv.rowSize(KvPart::K); ++i)
+                    k[i] = f.kind == FaultKind::Clipped ? std::clamp(k[i], -kClipBound, kClipBound)
+                                                         : detmath::roundToBf16(k[i] * tokenFactor(pos));
+            });
+        }
+        if (f.kind == FaultKind::ChannelScale) {
+            LayerKv& kv = layers[std::size_t(f.layer)];
+            forPositions(kv, [&](std::int64_t pos) {
+                float* v = kv.v.data() + kv.index(KvPart::V, f.head, pos);
+                for (int i = 0; i < dims.v; ++i)
+                    v[i] = detmath::roundToBf16(v[i] * channelFactor(i));
             });
         }
     }
@@ -826,6 +904,14 @@ EngineFaults engineFaultsOf(const ResolvedFault& fault, const ModelShape& shape,
     case FaultKind::PartialRotary:
         f.ropeLayer = fault.layer;
         f.ropeDims = (shape.mla() ? shape.ropeHeadDim : shape.headDim) / 2 / 2 * 2;
+        break;
+    case FaultKind::QkvBias:
+        f.biasLayer = fault.layer;
+        f.biasHead = fault.head;
+        for (int d = 0; d < shape.headDim; ++d) {
+            f.biasK.push_back(biasValue(d, false));
+            f.biasV.push_back(biasValue(d, true));
+        }
         break;
     default:
         break;

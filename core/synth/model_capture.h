@@ -49,6 +49,11 @@ enum class FaultKind {
     LaggingWrite,    // from a decode position on, each position holds the one before it, one layer
     RankUnwritten,   // one TP rank's heads never written (zeros), one layer
     KNegated,        // K of every head stored negated, one layer
+    // magnitude with the direction intact (not in allFaultKinds: magnitudeFaultKinds)
+    TokenScale,      // K of every head scaled by a factor per position (0.4-1.6x), one layer
+    ChannelScale,    // V of one head scaled by a factor per channel (0.5-1.5x), one layer
+    QkvBias,         // K (before RoPE) and V of one head plus a constant bias, one layer
+    Clipped,         // K of every head clipped at +-1.5 (a cast without a scale), one layer
     ReplicaDiff,     // one TP rank's copy of one block differs from the other replicas (MLA, or
                      // replicated heads), one layer; a capture-level finding, not a suspect
     // quantised caches (fp8 e4m3 unless --kv-dtype says otherwise)
@@ -73,6 +78,9 @@ RopeScaling llama3Scaling();
 // Every kind a suspect should explain, in declaration order (None, ReplicaDiff and the
 // non-finite kinds aside: those are named without a hypothesis to test, and tested apart).
 std::vector<FaultKind> allFaultKinds();
+// The magnitude kinds (token_scale, channel_scale, qkv_bias, clipped), tested apart from the
+// scored catalogue (tst_suspects).
+std::vector<FaultKind> magnitudeFaultKinds();
 
 struct ModelShape {
     int layers = 4;

@@ -472,6 +472,12 @@ Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::in
                 Matrix m = linear(h, layer.wv, numerics);
                 for (int i = 0; i < n; ++i) {
                     const std::int64_t pos = start + i;
+                    if (engine && l == faults.biasLayer)
+                        for (int d = 0; d < s.headDim; ++d) {
+                            const std::size_t at = std::size_t(faults.biasHead * s.headDim + d);
+                            k.row(i)[at] = roundToBf16(k.row(i)[at] + faults.biasK[std::size_t(d)]);
+                            m.row(i)[at] = roundToBf16(m.row(i)[at] + faults.biasV[std::size_t(d)]);
+                        }
                     if (engine && faults.ropeApplies(l, pos)) {
                         faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults, s.llama3Rope);
                         faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults, s.llama3Rope);

@@ -34,6 +34,10 @@ struct EngineFaults {
     double ropeDivide = 1.0;          // positions divided by this (a linear scaling)
     bool ropeInterleaved = false;     // pairs (2i, 2i+1) instead of halves
     int ropeDims = 0;                 // only the first ropeDims values rotate (0: all)
+    // K (before RoPE) and V of one head of one layer plus a constant vector (head_dim values each).
+    int biasLayer = -1;
+    int biasHead = -1;
+    std::vector<float> biasK, biasV;
     bool ropeApplies(int layer, std::int64_t position) const
     {
         return (ropeLayer == -1 || ropeLayer == layer) && position >= ropeFrom && position < ropeTo;

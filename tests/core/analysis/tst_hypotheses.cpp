@@ -73,6 +73,8 @@ private slots:
     void aRopeOffsetIsFound();
     void aRopeOffsetIsFoundUnderScaling();
     void zerosAndUnrelatedData();
+    void magnitudeFits();
+    void freeFitsExplainNothingElse();
 };
 
 void TestHypotheses::ropeRotatesAsWorkedByHand()
@@ -257,6 +259,125 @@ void TestHypotheses::zerosAndUnrelatedData()
     QVERIFY(unrelated != h.end());
     QVERIFY(unrelated->residualFloors > 10);  // nothing in the reference is near another draw
     QVERIFY(h.front().residualFloors > 10);   // and nothing explains it
+}
+
+// Each magnitude fault (direction intact) on a hand-made layer: the free fit that models it
+// explains it, with its parameters, and nothing exact does.
+void TestHypotheses::magnitudeFits()
+{
+    const LayerKv reference = randomLayer(5);
+    const auto kinds = [](const std::vector<Hypothesis>& h) {
+        std::string all;
+        for (const Hypothesis& x : h)
+            all += x.kind + " ";
+        return all;
+    };
+    // K of every head times a factor per token, 0.4-1.6x.
+    LayerKv engine = reference;
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int h = 0; h < kHeads; ++h)
+            for (int i = 0; i < kDim; ++i)
+                engine.k[engine.index(KvPart::K, h, t) + std::size_t(i)] *= float(0.4 + 1.2 * double(t) / (kTokens - 1));
+    const PromptAnalysis every = promptWithOff({0, 1, 2, 3});
+    std::vector<Hypothesis> h = test(every, offCells({0, 1, 2, 3}, true), engine, reference);
+    QCOMPARE(h.front().kind, std::string("token_scale"));
+    QVERIFY(std::fabs(h.front().parameter("min") - 0.4) < 1e-6 && std::fabs(h.front().parameter("max") - 1.6) < 1e-6);
+    QVERIFY(h.front().residualFloors < 0.01);
+    // V of head 1 times a factor per channel, the same at every token.
+    engine = reference;
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int i = 0; i < kDim; ++i)
+            engine.v[engine.index(KvPart::V, 1, t) + std::size_t(i)] *= float(0.5 + i / 7.0);
+    std::vector<OffCell> v1;
+    for (const OffCell& c : offCells({1}))
+        if (c.part == KvPart::V)
+            v1.push_back(c);
+    h = test(promptWithOff({1}), v1, engine, reference);
+    QVERIFY2(h.front().kind == "channel_scale", kinds(h).c_str());
+    QVERIFY(std::fabs(h.front().parameter("min") - 0.5) < 1e-6 && std::fabs(h.front().parameter("max") - 1.5) < 1e-6);
+    // K (before RoPE) and V of head 2 plus a constant vector: fitted on the un-rotated K.
+    const RopeSettings rope{10000.0, 0, true, 1.0, {}};
+    engine = reference;
+    double norm = 0;
+    for (int i = 0; i < kDim; ++i)
+        norm += 0.3 * (i % 3 - 1) * 0.3 * (i % 3 - 1);
+    for (std::int64_t t = 0; t < kTokens; ++t) {
+        double in[kDim], raw[kDim], out[kDim];
+        float* k = engine.k.data() + engine.index(KvPart::K, 2, t);
+        std::copy_n(k, kDim, in);
+        applyRope(rope, kDim, double(t), true, in, raw);
+        for (int i = 0; i < kDim; ++i)
+            raw[i] += 0.3 * (i % 3 - 1);
+        applyRope(rope, kDim, double(t), false, raw, out);
+        for (int i = 0; i < kDim; ++i) {
+            k[i] = float(out[i]);
+            engine.v[engine.index(KvPart::V, 2, t) + std::size_t(i)] += float(0.3 * (i % 3 - 1));
+        }
+    }
+    h = test(promptWithOff({2}), offCells({2}), engine, reference, rope);
+    QVERIFY2(h.front().kind == "bias", kinds(h).c_str());
+    QVERIFY(std::fabs(h.front().parameter("norm") - std::sqrt(norm)) < 1e-5);
+    QVERIFY(h.front().residualFloors < 0.05);
+    // Without the RoPE, K's bias is fitted as it is stored, which a rotated bias is not.
+    for (const Hypothesis& x : test(promptWithOff({2}), offCells({2}), engine, reference))
+        QVERIFY(x.kind != "bias");
+    // K of every head clipped at +-0.75.
+    engine = reference;
+    for (float& x : engine.k)
+        x = std::clamp(x, -0.75f, 0.75f);
+    h = test(every, offCells({0, 1, 2, 3}, true), engine, reference);
+    QVERIFY2(h.front().kind == "clipped", kinds(h).c_str());
+    QCOMPARE(h.front().parameter("bound"), 0.75);
+    QVERIFY(h.front().residualFloors < 0.01);
+}
+
+// A free fit never explains what it does not model: another draw, a head swap, a RoPE offset
+// (without the RoPE settings, so that nothing exact explains it first), a factor per cell (no
+// token shares one), a few tokens of stale data.
+void TestHypotheses::freeFitsExplainNothingElse()
+{
+    const RopeSettings rope{10000.0, 0, true, 1.0, {}};
+    const LayerKv reference = randomLayer(6);
+    const std::vector<int> all = {0, 1, 2, 3};
+    const PromptAnalysis every = promptWithOff(all);
+    std::vector<LayerKv> faults;
+    faults.push_back(randomLayer(77));
+    LayerKv swapped = reference;
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (auto* side : {&swapped.k, &swapped.v})
+            std::swap_ranges(side->begin() + std::ptrdiff_t(swapped.index(KvPart::K, 0, t)),
+                             side->begin() + std::ptrdiff_t(swapped.index(KvPart::K, 2, t)),
+                             side->begin() + std::ptrdiff_t(swapped.index(KvPart::K, 2, t)));
+    faults.push_back(swapped);
+    faults.push_back(rotatedOtherwise(reference, rope, rope, 1));
+    LayerKv perCell = reference;
+    std::mt19937_64 rng(8);
+    std::uniform_real_distribution<float> factor(0.4f, 1.6f);
+    for (std::int64_t t = 0; t < kTokens; ++t)
+        for (int h = 0; h < kHeads; ++h)
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                const float f = factor(rng);
+                for (int i = 0; i < kDim; ++i)
+                    perCell.values(part)[perCell.index(part, h, t) + std::size_t(i)] *= f;
+            }
+    faults.push_back(perCell);
+    LayerKv stale = reference;
+    const LayerKv other = randomLayer(78);
+    for (std::int64_t t = 8; t < 16; ++t)
+        for (KvPart part : {KvPart::K, KvPart::V})
+            std::copy_n(other.values(part).begin() + std::ptrdiff_t(other.index(part, 0, t)), kHeads * kDim,
+                        stale.values(part).begin() + std::ptrdiff_t(stale.index(part, 0, t)));
+    faults.push_back(stale);
+    std::vector<OffCell> staleCells;  // the stale tokens only
+    for (const OffCell& c : offCells(all))
+        if (c.token >= 8 && c.token < 16)
+            staleCells.push_back(c);
+    for (std::size_t i = 0; i < faults.size(); ++i)
+        // The RoPE offset without the RoPE: no RoPE hypothesis explains it first.
+        for (const Hypothesis& x : test(every, i + 1 == faults.size() ? staleCells : offCells(all), faults[i], reference,
+                                        i == 2 ? std::nullopt : std::optional<RopeSettings>(rope)))
+            QVERIFY2(x.kind != "token_scale" && x.kind != "channel_scale" && x.kind != "bias" && x.kind != "clipped",
+                     qPrintable(QString("fault %1 explained by %2").arg(i).arg(QString::fromStdString(x.kind))));
 }
 
 QTEST_APPLESS_MAIN(TestHypotheses)

@@ -71,6 +71,9 @@ const std::set<FaultKind> kLater = {FaultKind::HeadKScale, FaultKind::LaggingWri
 
 const char* halfOf(FaultKind k)
 {
+    const std::vector<FaultKind> magnitude = magnitudeFaultKinds();
+    if (std::find(magnitude.begin(), magnitude.end(), k) != magnitude.end())
+        return "magnitude";  // magnitudeFaults, apart from the catalogue's scores
     return kTuned.count(k) ? "tuned" : kLater.count(k) ? "held-out-2" : "held-out";
 }
 
@@ -111,6 +114,7 @@ private slots:
     void nonFiniteIsNamedFirst();
     void nonFiniteHandMade();
     void labelsFollowTheHypothesis();
+    void magnitudeFaults();
     void cleanupTestCase();
 
 private:
@@ -347,6 +351,26 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         expect(near(s.hypothesis.parameter("factor"), -1.0), "factor");
         layerIs(L);
         expect(s.kv == "k", "kv " + QString::fromStdString(s.kv));
+        break;
+    case FaultKind::TokenScale:
+        is("token_scale");
+        layerIs(L);
+        expect(s.kv == "k", "kv " + QString::fromStdString(s.kv));
+        break;
+    case FaultKind::ChannelScale:
+        is("channel_scale");
+        layerIs(L);
+        expect(s.heads == std::vector<int>{o.faultHead} && s.kv == "v", "head and part");
+        break;
+    case FaultKind::QkvBias:
+        is("bias");
+        layerIs(L);
+        expect(s.heads == std::vector<int>{o.faultHead}, "heads");
+        break;
+    case FaultKind::Clipped:
+        is("clipped");
+        layerIs(L);
+        expect(s.kv == "k" && s.hypothesis.parameter("bound") == r.truth.at("bound").get<double>(), "part and bound");
         break;
     case FaultKind::BatchMixup:
         is("unrelated");
@@ -844,6 +868,29 @@ void TestSuspects::labelsFollowTheHypothesis()
             }
         }
     }
+}
+
+void TestSuspects::magnitudeFaults()
+{
+    // Magnitude with the direction intact, each explained by its own free fit (hypotheses.h),
+    // at its layer: three-way and two-way, both TP modes, in a sliding and a full layer.
+    for (FaultKind kind : magnitudeFaultKinds())
+        for (bool threeWay : {true, false})
+            for (Tp tp : {Tp::Partitioned, Tp::Replicated})
+                for (int layer : {2, 3}) {
+                    ModelCaptureOptions o = shape(tp, true, 1);
+                    o.baseline = threeWay;
+                    o.fault = kind;
+                    o.faultLayer = layer;
+                    o.faultHead = 1;
+                    check(o, QString("%1%2, %3, layer %4")
+                                 .arg(QString::fromStdString(faultName(kind)), threeWay ? "" : ", two-way",
+                                      tp == Tp::Partitioned ? "partitioned" : "replicated")
+                                 .arg(layer));
+                }
+    QVERIFY2(m_failures.isEmpty(), qPrintable(QString("%1 wrong:\n").arg(m_failures.size()) + m_failures.join("\n")));
+    QVERIFY2(m_unseen.isEmpty(), qPrintable("faults without a suspect: " + m_unseen.join("; ")));
+    QVERIFY2(m_leads.isEmpty(), qPrintable("leads that do not lead:\n" + m_leads.join("\n")));
 }
 
 void TestSuspects::cleanupTestCase()
