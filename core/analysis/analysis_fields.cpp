@@ -297,13 +297,10 @@ std::optional<ProvenanceMatch> readProvenance(const JsonFields& f, const Json& j
     const std::string where = at + "provenance.";
     ProvenanceMatch m;
     const std::string kind = f.text(p, "kind", where);
-    bool known = false;
-    for (ProvenanceKind k : {ProvenanceKind::Prefill, ProvenanceKind::PrefixCache, ProvenanceKind::External, ProvenanceKind::Decode,
-                             ProvenanceKind::SpecAccepted, ProvenanceKind::Recomputed, ProvenanceKind::Unknown})
-        if (kind == provenanceKindName(k))
-            m.kind = k, known = true;
+    const std::optional<ProvenanceKind> known = provenanceKindNamed(kind);
     if (!known)
         f.fail(where + "kind", "'" + kind + "' is not a provenance kind");
+    m.kind = *known;
     m.connector = f.text(p, "connector", where);
     m.blocks = f.integers(p, "blocks", where);
     m.chunks = f.integers(p, "chunks", where);

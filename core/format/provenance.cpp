@@ -63,6 +63,14 @@ const char* provenanceKindName(ProvenanceKind kind)
     return "unknown";
 }
 
+std::optional<ProvenanceKind> provenanceKindNamed(const std::string& name)
+{
+    for (ProvenanceKind k : kKinds)
+        if (name == provenanceKindName(k))
+            return k;
+    return std::nullopt;
+}
+
 std::vector<ProvenanceRange> parseProvenance(const std::string& text, std::int64_t positionCount)
 {
     nlohmann::json j;
@@ -91,13 +99,11 @@ std::vector<ProvenanceRange> parseProvenance(const std::string& text, std::int64
             throw std::invalid_argument(where + ": starts at " + std::to_string(range.start) + ", before the previous range ends (" +
                                         std::to_string(ranges.back().end) + "): ranges go in order and do not overlap");
         const std::string kind = r.contains("kind") && r["kind"].is_string() ? r["kind"].get<std::string>() : "";
-        bool known = false;
-        for (ProvenanceKind k : kKinds)
-            if (kind == provenanceKindName(k))
-                range.kind = k, known = true;
+        const std::optional<ProvenanceKind> known = provenanceKindNamed(kind);
         if (!known)
             throw std::invalid_argument(where + ": kind '" + kind +
                                         "' is not one of prefill, prefix_cache, external, decode, spec_accepted, recomputed, unknown");
+        range.kind = *known;
         range.chunk = optionalCount(r, "chunk", where);
         range.step = optionalCount(r, "step", where);
         range.preemption = optionalCount(r, "preemption", where);

@@ -22,6 +22,7 @@ enum class ProvenanceKind {
     Unknown,
 };
 const char* provenanceKindName(ProvenanceKind kind);  // "prefill", "prefix_cache", ...
+std::optional<ProvenanceKind> provenanceKindNamed(const std::string& name);  // none: not a kind
 
 struct ProvenanceRange {
     std::int64_t start = 0, end = 0;  // positions [start, end)
