@@ -22,7 +22,7 @@ HeatmapView::HeatmapView(QWidget* parent)
     m_clickTimer->setSingleShot(true);
     m_clickTimer->setInterval(QApplication::doubleClickInterval());
     connect(m_clickTimer, &QTimer::timeout, this, &HeatmapView::emitPendingClick);
-    setMinimumSize(400, 250);
+    setMinimumSize(400, 190);  // (with the Compare page's verdict and line plot, within a 700-pixel screen)
     m_title = addPlotTitle(this, 10);
 
     m_map = new QCPColorMap(xAxis, yAxis);

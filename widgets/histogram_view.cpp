@@ -45,7 +45,7 @@ void setSteps(QCPGraph* graph, const std::vector<double>& edges, const std::vect
 HistogramView::HistogramView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(130, 140);  // beside the heads table on a 1024-pixel screen
+    setMinimumSize(130, 130);  // beside the heads table on a 1024x700 screen, and under the Compare page's map
     m_title = addPlotTitle(this, 8);
     m_base = stepGraph(this, kBaseColor);
     m_actual = stepGraph(this, kActualColor);

@@ -12,7 +12,7 @@ namespace kvscope {
 TokenLineView::TokenLineView(QWidget* parent)
     : QCustomPlot(parent)
 {
-    setMinimumSize(130, 140);  // beside the heads table on a 1024-pixel screen
+    setMinimumSize(130, 130);  // beside the heads table on a 1024x700 screen, and under the Compare page's map
     m_title = addPlotTitle(this, 9);
     m_actual = addGraph();
     m_base = addGraph();
