@@ -31,6 +31,7 @@ private slots:
     void everyCommandHasAFunctionInOneExecutable();
     void analyzeSummarySpeaksTheAppsLanguage();
     void aFolderGivenByMistakeSaysSo();
+    void progressOnlyOnATerminal();
     void whatifWritesItsJsonAndRefusesUnknownSchemes();
 };
 
@@ -191,6 +192,22 @@ void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
     QCOMPARE(rcLarge, 0);
     QVERIFY2(large.find("min BC vs noise floor over tokens") != std::string::npos, large.c_str());
     QVERIFY(large.find("k_bc_vs_noise ") != std::string::npos && large.find("no per-token BC") == std::string::npos);
+}
+
+void TestCommandLine::progressOnlyOnATerminal()
+{
+    // analyze's progress goes to a terminal a person watches; a file or a pipe (here a string
+    // stream, as a test or a script reads it) gets the results alone.
+    QTemporaryDir dir;
+    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
+    o.layers = 3;
+    const std::string path = dir.filePath("p.h5").toStdString();
+    kvscope::writeSyntheticCapture(path, o);
+    std::ostringstream out, err;
+    QCOMPARE(analyze({path}, out, err), 0);
+    QCOMPARE(QString::fromStdString(err.str()), QString());
+    QVERIFY(out.str().find("analysed") != std::string::npos);  // the heading, on the results' stream
+    QVERIFY(out.str().find("of 3 layers") == std::string::npos);
 }
 
 void TestCommandLine::aFolderGivenByMistakeSaysSo()
