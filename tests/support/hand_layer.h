@@ -3,9 +3,11 @@
 // of 8 (over TP 2, blocks of 4) and 24 tokens, its reference random; each test makes the
 // engine side by transforming it.
 
+#include "analysis/analysis_result.h"
 #include "format/kv_cache_config.h"
 #include "kv/layer_kv.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 
@@ -32,6 +34,25 @@ inline kvscope::LayerKv randomLayer(std::uint64_t seed)
         x = normal(rng);
     kv.present.assign(kTokens, 1);
     return kv;
+}
+
+// A two-way prompt of that one bf16 layer (its floors 2^-8), every metric 0: a test sets the cells
+// it is about.
+inline kvscope::PromptAnalysis twoWayPrompt()
+{
+    kvscope::PromptAnalysis p;
+    p.id = std::string(1, 'p');  // (GCC 12 warns falsely of an overlap for a literal here)
+    p.promptLen = 16;
+    p.tokens = kTokens;
+    p.heads = kHeads;
+    p.dims = kDim;
+    p.layers = {"l0"};
+    p.layerGroups = {0};
+    p.layerDtypes = {kvscope::DType::BFloat16};
+    p.allocate();
+    for (auto& m : p.metrics)
+        std::fill(m.begin(), m.end(), 0.0f);
+    return p;
 }
 
 }  // namespace kvtest::hand

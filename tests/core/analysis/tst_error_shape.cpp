@@ -23,23 +23,6 @@ namespace {
 
 const double kFloor = std::ldexp(1.0, -8);  // two-way bf16: a cell's relative L2 over 2^-8
 
-// A two-way prompt of one bf16 layer (its floors 2^-8).
-PromptAnalysis prompt()
-{
-    PromptAnalysis p;
-    p.id = "p";
-    p.promptLen = 16;
-    p.tokens = kTokens;
-    p.heads = kHeads;
-    p.dims = kDim;
-    p.layers = {"l0"};
-    p.layerGroups = {0};
-    p.layerDtypes = {DType::BFloat16};
-    p.allocate();
-    for (auto& m : p.metrics)
-        std::fill(m.begin(), m.end(), 0.0f);
-    return p;
-}
 
 // The cell's error in floors, computed here: relative L2 over 2^-8.
 float ratioOf(const LayerKv& engine, const LayerKv& reference, KvPart part, int head, std::int64_t t)
@@ -53,7 +36,7 @@ float ratioOf(const LayerKv& engine, const LayerKv& reference, KvPart part, int 
 }
 
 struct Layer {
-    PromptAnalysis p = prompt();
+    PromptAnalysis p = twoWayPrompt();
     KvCacheConfig cfg = config();
     LayerKv reference, engine;
     std::vector<OffCell> cells;

@@ -21,18 +21,7 @@ namespace {
 // A two-way prompt of one layer whose metrics say every cell of `heads` is off (L2 1).
 PromptAnalysis promptWithOff(const std::vector<int>& heads)
 {
-    PromptAnalysis p;
-    p.id = "p";
-    p.promptLen = 16;
-    p.tokens = kTokens;
-    p.heads = kHeads;
-    p.dims = kDim;
-    p.layers = {"l0"};
-    p.layerGroups = {0};
-    p.layerDtypes = {DType::BFloat16};
-    p.allocate();
-    for (auto& m : p.metrics)
-        std::fill(m.begin(), m.end(), 0.0f);
+    PromptAnalysis p = twoWayPrompt();
     for (std::int64_t t = 0; t < kTokens; ++t)
         for (int h : heads)
             for (KvPart part : {KvPart::K, KvPart::V})
