@@ -19,9 +19,11 @@ def prompt_names(requests):
 def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None, tokenizer=None,
                        request_ids=None, model="", log=print):
     """Writes `out_path` from the shards in `shard_dir`. expected_model / baseline_model: HF models
-    (bf16 and fp32) with the HF call interface; tokenizer (optional) names the tokens. request_ids:
-    prefixes of the requests to take (default: all complete ones). Returns the prompt ids written.
-    Requests whose shards are incomplete are reported through `log` and left out."""
+    (bf16 and fp32) with the HF call interface; expected_model None writes an engine-only bundle
+    (each end of a KV transfer, compared with kvscope transfer). tokenizer (optional) names the
+    tokens. request_ids: prefixes of the requests to take (default: all complete ones). Returns the
+    prompt ids written. Requests whose shards are incomplete are reported through `log` and left
+    out. Each request's provenance, when its shards have one, becomes its prompt's."""
     shards = ShardSet(shard_dir)
     for request_id, why in sorted(shards.incomplete.items()):
         log(f"left out: {why}")
@@ -37,7 +39,12 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
                              f"{requests[0].request_id}'s; write them to separate bundles")
     names = prompt_names(requests)
     written = []
-    with BundleWriter(out_path, model=model, engine="vLLM", notes="kvscope_capture KvscopeConnector shards") as w:
+    if expected_model is None and baseline_model is not None:
+        raise ValueError("bundle_from_shards: a baseline model needs the expected model too")
+    roles = sorted({r.kv_role for r in requests if r.kv_role})
+    metadata = {"kv_role": ",".join(roles)} if roles else {}
+    with BundleWriter(out_path, model=model, engine="vLLM", notes="kvscope_capture KvscopeConnector shards",
+                      engine_only=expected_model is None, **metadata) as w:
         w.set_kv_cache_config(config)
         for r in sorted(requests, key=lambda r: r.request_id):
             pid = names[r.request_id]
@@ -49,6 +56,8 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
             prompt_len = min(len(r.prompt_token_ids), len(tokens))  # a request aborted in its prefill
             strings = [tokenizer.decode([t]) for t in tokens] if tokenizer is not None else None
             w.add_prompt(pid, tokens, prompt_len, token_strings=strings)
+            if r.provenance:
+                w.set_provenance(pid, [tuple(x) for x in r.provenance])
             w.add_engine_snapshot(pid, r.per_rank_kv(), r.block_tables(), r.seq_len)
             prompt, teacher = tokens[:prompt_len], tokens[prompt_len:]
             # An MLA model's reference is its latents (HF caches the up-projected K and V).

@@ -4,7 +4,8 @@ written by KvscopeConnector, read back and merged by ShardSet.
 A shard is a small HDF5 file, `<request>.tp<r>.pp<p>.h5`, written under a temporary name and
 renamed when complete, so that a reader never sees half a shard:
     attrs   format "kvscope-shard", format_version 1, request_id, tp_rank, pp_rank,
-            num_computed_tokens, kv_cache_config (JSON: this stage's layers)
+            num_computed_tokens, kv_cache_config (JSON: this stage's layers); optional:
+            provenance (JSON list of [start, end, kind, details], provenance.py), kv_role
     prompt_token_ids, output_token_ids         int64
     block_ids/group_<g>                        int64, the request's blocks in vLLM group g (0 = null)
     layers/<layer>/block_ids                   int64 [n], the blocks stored, in row order
@@ -85,6 +86,10 @@ def write_shard(path, dump, config, layers, tp_rank, pp_rank):
         f.attrs["pp_rank"] = int(pp_rank)
         f.attrs["num_computed_tokens"] = int(dump.num_computed_tokens)
         f.attrs["kv_cache_config"] = json.dumps(config)
+        if getattr(dump, "provenance", None):
+            f.attrs["provenance"] = json.dumps([list(r) for r in dump.provenance])
+        if getattr(dump, "kv_role", None):
+            f.attrs["kv_role"] = str(dump.kv_role)
         f.create_dataset("prompt_token_ids", data=np.asarray(dump.prompt_token_ids, np.int64))
         f.create_dataset("output_token_ids", data=np.asarray(dump.output_token_ids, np.int64))
         for g, ids in enumerate(dump.block_ids):
@@ -130,6 +135,8 @@ class ShardedRequest:
         self.output_token_ids = first["output_token_ids"]
         self.num_computed_tokens = first["num_computed_tokens"]
         self.block_ids = first["block_ids"]
+        self.provenance = first["provenance"]  # [(start, end, kind, details)], [] when not recorded
+        self.kv_role = first["kv_role"]
         # The id the user gave (vLLM appends "-<8 hex>" to it inside the engine).
         self.external_request_id = first.get("external_request_id")
         places = sorted((s["tp_rank"], s["pp_rank"]) for s in shards)
@@ -139,7 +146,7 @@ class ShardedRequest:
             raise ValueError(f"request {request_id}: shards of (tp, pp) {missing} are missing" if missing else
                              f"request {request_id}: shards {places} are not one per (tp, pp) rank")
         for s in shards:
-            for key in ("prompt_token_ids", "output_token_ids", "num_computed_tokens", "block_ids"):
+            for key in ("prompt_token_ids", "output_token_ids", "num_computed_tokens", "block_ids", "provenance"):
                 if s[key] != first[key]:
                     raise ValueError(f"{s['path']}: {key} differs from {first['path']}'s")
         self.shards = shards
@@ -218,6 +225,8 @@ class ShardSet:
                         "output_token_ids": f["output_token_ids"][()].tolist(),
                         "block_ids": [f[f"block_ids/{g}"][()].tolist()
                                       for g in sorted(f["block_ids"], key=lambda n: int(n.split("_")[1]))],
+                        "provenance": [tuple(r) for r in json.loads(f.attrs.get("provenance", "[]"))],
+                        "kv_role": str(f.attrs.get("kv_role", "")) or None,
                     }
             except (OSError, KeyError, ValueError) as e:
                 raise ValueError(f"{path}: not a readable kvscope shard ({e})") from e

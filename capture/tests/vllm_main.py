@@ -403,6 +403,20 @@ class Group:
     layer_heads: dict = None  # per-layer KV heads (UniformTypeKVCacheSpecs: one spec per layer)
 
 
+class KVCacheBlocks:
+    """What update_state_after_alloc is handed (vllm/v1/core/kv_cache_manager.py): the request's
+    blocks per group, the first `hashed` of group 0 found in the prefix cache."""
+
+    def __init__(self, block_ids, hashed):
+        self.block_ids, self.hashed = tuple(list(g) for g in block_ids), hashed
+
+    def get_block_ids(self):
+        return self.block_ids
+
+    def get_unhashed_block_ids_all_groups(self):
+        return (self.block_ids[0][self.hashed:],) + self.block_ids[1:]
+
+
 @dataclass
 class NewRequestData:
     req_id: str
@@ -496,15 +510,32 @@ class GPUModelRunnerV2:
 
 class Engine:
     """tp workers of one model, a scheduler with one block pool (block 0 the null block), chunked
-    prefill, preemption, and a KV connector's life cycle.
+    prefill, preemption, a prefix cache, speculative decoding, and a KV connector's life cycle.
 
     groups: [Group]; total_heads KV heads of head_size; layout: the KVCacheLayout the engine core
     resolved; runner "v1" or "v2"; alias: {layer: target} sharing caches; scales:
-    {layer: (k_scale, v_scale)}; connector: (class, kv_transfer_config's extra config) or None."""
+    {layer: (k_scale, v_scale)}; connector: (class, kv_transfer_config's extra config) or None;
+    prefix_caching: full blocks of finished requests are found again by their tokens (one group);
+    prefill_stats: the scheduler sets request.prefill_stats at a first admission, as vLLM does
+    (False: an older vLLM without it); kv_role: the connector's kv_transfer_config.kv_role.
+
+    The scheduler follows vllm/v1/core/sched/scheduler.py (the tree of 2026-08-19, c2057261, and
+    the copy @ 157ad7e7): a waiting request with no computed tokens is admitted with its local
+    prefix-cache hit (full blocks, at most num_tokens - 1 tokens), then the connector's
+    get_num_new_matched_tokens(request, that hit), prefill_stats.set(local, external),
+    update_state_after_alloc(request, blocks, external); an asynchronous load parks it until the
+    workers report it in get_finished's finished_recving, and a load that covers every token leaves
+    the last to compute. build_connector_meta sees the step's output before num_computed_tokens
+    advances. Speculative decoding: a decode step schedules 1 + k tokens (the drafts in
+    scheduled_spec_decode_tokens); the kernels write all of them, rejected drafts included, and
+    update_from_output rolls num_computed_tokens back by the rejected ones (synchronous scheduling).
+    A preempted request (_preempt_request: blocks freed, num_computed_tokens 0, num_preemptions + 1)
+    is admitted again and recomputes everything it had."""
 
     def __init__(self, groups, total_heads=4, head_size=16, tp=1, num_blocks=40, layout=KVCacheLayout.LBNHC,
                  runner="v2", alias=None, scales=None, connector=None, chunk=None, seed=0,
-                 mla_widths=None, dtype=torch.bfloat16, earlier_requests=True):
+                 mla_widths=None, dtype=torch.bfloat16, earlier_requests=True, prefix_caching=False,
+                 prefill_stats=True, kv_role="kv_both"):
         self.groups, self.total_heads, self.head_size, self.tp = groups, total_heads, head_size, tp
         self.num_blocks, self.layout, self.runner_kind = num_blocks, layout, runner
         self.alias, self.scales, self.chunk, self.dtype = alias or {}, scales or {}, chunk, dtype
@@ -518,6 +549,10 @@ class Engine:
         self.requests = {}
         self.truth = {}
         self.step_count = 0
+        self.prefix_caching, self.prefill_stats, self.kv_role = prefix_caching, prefill_stats, kv_role
+        self.cached = {}  # prefix cache: the tokens up to a full block's end -> that block
+        self.finished_recving = set()
+        self.log = []  # per step: {request: (start, n, drafts, accepted)}, for the tests
         self.finished_pending = set()  # finished, held by the connector
         self.workers = [self._worker(rank) for rank in range(tp)]
         self.scheduler_connector = None
@@ -657,51 +692,127 @@ class Engine:
             self.call(worker, worker.connector.register_kv_caches, dict(caches))
 
     # -- requests -----------------------------------------------------------------------------------------
-    def add_request(self, external_id, prompt, output, kv, child=None):
+    def add_request(self, external_id, prompt, output, kv, child=None, spec=None, kv_transfer_params=None):
         """kv: the engine's KV of every position (Engine docs: per layer, per format); child: the
-        index of a parallel-sampling child (n > 1). The scheduler's Request (vllm/v1/request.py)
+        index of a parallel-sampling child (n > 1); spec: per decode step (drafts proposed, drafts
+        accepted), speculative decoding's outcome; kv_transfer_params: what a disaggregated proxy
+        hands the request (sampling_params.extra_args). The scheduler's Request (vllm/v1/request.py)
         keeps the engine's id only."""
         rid = f"{external_id}-{uuid.uuid4().hex[:8]}"
         if child is not None:
             rid = f"{child}_{rid}"
         self.requests[rid] = types.SimpleNamespace(
             request_id=rid, prompt_token_ids=list(prompt), output_token_ids=list(output),
-            num_computed_tokens=0, block_ids=None, new=True, resumed=False, done=False)
+            num_computed_tokens=0, block_ids=None, new=True, resumed=False, done=False, admitted=False,
+            num_tokens=len(prompt), num_preemptions=0, prefill_stats=None, spec=list(spec or []),
+            kv_transfer_params=kv_transfer_params, loading=False, finished_params=None)
         self.truth[rid] = kv
         return rid
+
+    def _take(self):
+        """A free block for new KV; a cached block taken so is no longer found by its tokens."""
+        block = self.free.pop()
+        for key in [k for k, b in self.cached.items() if b == block]:
+            del self.cached[key]
+        return block
 
     def _allocate(self, request, upto):
         groups = request.block_ids or tuple([] for _ in self.groups)
         added = []
         for g, ids in zip(self.groups, groups):
             need = -(-upto // g.block_size) - len(ids)
-            new = [self.free.pop() for _ in range(max(0, need))]
+            new = [self._take() for _ in range(max(0, need))]
             ids.extend(new)
             added.append(new)
         request.block_ids = groups
         return tuple(added)
 
     def preempt(self, rid):
-        """The request gives its blocks back and will recompute from the start (vLLM's recompute)."""
+        """_preempt_request: the request gives its blocks back (kept in the prefix cache until
+        taken) and will recompute from the start."""
         request = self.requests[rid]
+        self._cache_blocks(request)
         self.free[:0] = [b for g in request.block_ids for b in g if b > 0]
         request.block_ids, request.num_computed_tokens, request.resumed = None, 0, True
+        request.admitted, request.spec = False, request.spec
+        request.num_preemptions += 1
         self._preempted = getattr(self, "_preempted", set()) | {rid}
 
+    def _cache_blocks(self, request):
+        """The request's full, computed blocks, found again by the tokens up to their end."""
+        if not self.prefix_caching or request.block_ids is None:
+            return
+        bs = self.groups[0].block_size
+        tokens = request.prompt_token_ids + request.output_token_ids
+        for i, block in enumerate(request.block_ids[0][:request.num_computed_tokens // bs]):
+            self.cached[tuple(tokens[:(i + 1) * bs])] = block
+
+    def _admit(self, request):
+        """A waiting request with no computed tokens: its prefix-cache hit, then the connector's.
+        Returns False while it cannot be scheduled (the connector is still looking up, or loading)."""
+        local_blocks = []
+        if self.prefix_caching:
+            assert len(self.groups) == 1, "the stand-in's prefix cache serves one KV cache group"
+            bs = self.groups[0].block_size
+            tokens = request.prompt_token_ids + request.output_token_ids
+            for i in range((request.num_tokens - 1) // bs):  # max_cache_hit_length: num_tokens - 1
+                block = self.cached.get(tuple(tokens[:(i + 1) * bs]))
+                if block is None or block not in self.free:
+                    break
+                local_blocks.append(block)
+        local = len(local_blocks) * (self.groups[0].block_size if local_blocks else 0)
+        external, load_async = 0, False
+        if self.scheduler_connector is not None:
+            external, load_async = self.scheduler_connector.get_num_new_matched_tokens(request, local)
+            if external is None:
+                return False
+        for block in local_blocks:
+            self.free.remove(block)
+        if self.prefill_stats and request.num_preemptions <= 0:
+            request.prefill_stats = types.SimpleNamespace(num_prompt_tokens=len(request.prompt_token_ids),
+                                                          num_local_cached_tokens=local,
+                                                          num_external_cached_tokens=external)
+        request.block_ids = (list(local_blocks),) + tuple([] for _ in self.groups[1:])
+        self._allocate(request, local + external)
+        if self.scheduler_connector is not None:
+            blocks = KVCacheBlocks(request.block_ids, len(local_blocks))
+            self.scheduler_connector.update_state_after_alloc(request, blocks, external)
+        request.num_computed_tokens = local + external
+        request.admitted = True
+        request.loading = load_async
+        return not load_async
+
     def schedule(self, finished):
-        new, cached, scheduled = [], CachedRequestData(), {}
+        new, cached, scheduled, spec_tokens = [], CachedRequestData(), {}, {}
+        self._step_plan = {}
         for rid, request in self.requests.items():
             if request.done:
                 continue
+            if not request.admitted and not self._admit(request):
+                continue
+            if request.loading:
+                if rid not in self.finished_recving:
+                    continue
+                self.finished_recving.discard(rid)
+                request.loading = False
+                if request.num_computed_tokens == request.num_tokens:  # a full hit: the last recomputed
+                    request.num_computed_tokens -= 1
             total = len(request.prompt_token_ids) + len(request.output_token_ids) - 1  # written positions
             if request.num_computed_tokens >= total:
                 continue
-            prompt = len(request.prompt_token_ids)
-            if request.num_computed_tokens < prompt:  # prefill, in chunks when chunked
-                n = min(prompt, total) - request.num_computed_tokens
-                n = min(n, self.chunk) if self.chunk else n
-            else:
-                n = 1  # decode
+            # num_tokens - num_computed_tokens: the prompt (in chunks when chunked), everything again
+            # after a preemption, else the last sampled token, and the drafts with it.
+            n = request.num_tokens - request.num_computed_tokens
+            drafts = accepted = 0
+            if n == 1 and request.spec:
+                proposed, accepted = request.spec.pop(0)
+                drafts = min(proposed, total - request.num_computed_tokens - 1)
+                accepted = min(accepted, drafts)
+                n += drafts
+                spec_tokens[rid] = [-1] * drafts
+            elif self.chunk:
+                n = min(n, self.chunk)
+            self._step_plan[rid] = (request.num_computed_tokens, n, drafts, accepted)
             upto = request.num_computed_tokens + n
             added = self._allocate(request, upto)
             if request.new or (request.resumed and self.runner_kind == "v2"):
@@ -720,14 +831,22 @@ class Engine:
                     cached.new_block_ids.append(added if any(added) else None)
                 cached.num_computed_tokens.append(request.num_computed_tokens)
             scheduled[rid] = n
-        return SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), {}, set(finished),
+        return SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), spec_tokens, set(finished),
                                preempted_req_ids=getattr(self, "_preempted", set()))
 
     def _forward(self, worker, out, block_ids_of):
-        """Writes the KV of every scheduled position, as the attention layers' kernels do."""
+        """Writes the KV of every scheduled position, as the attention layers' kernels do (a
+        rejected draft's KV is another token's: here the previous position's). A connector waits
+        for each layer's load first and is handed each layer to save after."""
+        connector = worker.connector
+        if connector is not None:
+            for name in self.layers:
+                connector.wait_for_layer_load(name)
         for rid, n in out.num_scheduled_tokens.items():
             request = self.requests[rid]
             ids = block_ids_of(rid)
+            start, _, drafts, accepted = self._step_plan.get(rid, (request.num_computed_tokens, n, 0, 0))
+            rejected = range(start + n - drafts + accepted, start + n)
             for p in range(request.num_computed_tokens, request.num_computed_tokens + n):
                 for gi, g in enumerate(self.groups):
                     if g.mamba:
@@ -741,8 +860,12 @@ class Engine:
                         if name in self.alias:
                             continue
                         total = (g.layer_heads or {}).get(name, self.total_heads)
-                        data = self._token_data(worker.tp_rank, g, self.truth[rid][name], p, total)
+                        source = p - 1 if p in rejected else p
+                        data = self._token_data(worker.tp_rank, g, self.truth[rid][name], source, total)
                         write_token(fmt, worker.caches[name], kb, t, data, self.head_size)
+        if connector is not None:
+            for name in self.layers:
+                connector.save_kv_layer(name, worker.caches.get(name), None)
 
     def _write_earlier_requests(self, worker, caches):
         """Every slot of every block written once with other data, as earlier requests leave it."""
@@ -798,7 +921,8 @@ class Engine:
             finished_ids.add(rid)
             held = False
             if self.scheduler_connector is not None:
-                held, _ = self.scheduler_connector.request_finished_all_groups(request, request.block_ids)
+                held, request.finished_params = self.scheduler_connector.request_finished_all_groups(
+                    request, request.block_ids)
             if held:
                 self.finished_pending.add(rid)
             else:
@@ -819,16 +943,25 @@ class Engine:
                         c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
                 w.model_runner.execute_model(out)
                 if c is None:
-                    return set()
+                    return set(), set()
                 if self.runner_kind == "v2":
                     c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
                 c.wait_for_save()
-                sending, _ = c.get_finished(set(out.finished_req_ids))
+                sending, recving = c.get_finished(set(out.finished_req_ids))
                 c.clear_connector_metadata()
-                return set(sending or ())
+                return set(sending or ()), set(recving or ())
             reported.append(self.call(worker, run))
+        self.log.append(dict(self._step_plan))
         for rid, n in out.num_scheduled_tokens.items():
-            self.requests[rid].num_computed_tokens += n
+            request = self.requests[rid]
+            _, _, drafts, accepted = self._step_plan[rid]
+            request.num_computed_tokens += n - (drafts - accepted)  # update_from_output: rejections roll back
+            if request.num_computed_tokens >= len(request.prompt_token_ids):  # sampled: the next token known
+                request.num_tokens = min(max(request.num_tokens, request.num_computed_tokens + 1),
+                                         len(request.prompt_token_ids) + len(request.output_token_ids))
+        # KVOutputAggregator: a request is finished sending / receiving once every worker said so.
+        self.finished_recving |= set.intersection(*[r for _, r in reported]) if reported else set()
+        reported = [s for s, _ in reported]
         done = set.intersection(*reported) if reported else set()
         for rid in done & self.finished_pending:
             self.finished_pending.discard(rid)
@@ -837,6 +970,7 @@ class Engine:
 
     def _free(self, rid):
         request = self.requests[rid]
+        self._cache_blocks(request)
         self.free[:0] = [b for g in request.block_ids for b in g if b > 0]
 
     def run(self, max_steps=200):

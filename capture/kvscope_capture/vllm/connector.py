@@ -12,7 +12,9 @@
 Options (kv_connector_extra_config): output_dir (required); requests: request id prefixes to
 capture, matched against the id the user gave and the engine's (which vLLM suffixes with
 "-<8 hex>"; default: every request); max_requests: stop capturing after this many;
-max_pending_requests: requests copied to the host and not yet written, at most (default 8).
+max_pending_requests: requests copied to the host and not yet written, at most (default 8);
+external_connector: the name the provenance gives KV that another connector loaded (the transfer
+connector beside this one in MultiConnector, e.g. "NixlConnector").
 
 How (vllm/distributed/kv_transfer/kv_connector/v1/base.py): the scheduler calls request_finished
 once a request is done, before its blocks are freed. The connector answers True (the blocks stay
@@ -22,6 +24,16 @@ without a forward pass), hands them to a background writer (shard_queue.py), and
 request in get_finished, which frees the blocks. Only the request's blocks are read; nothing is
 held for longer than one step, and the step pays the device-to-host copy only. When the writer's
 queue is full the request is skipped and counted, and a marker file names it.
+
+Each shard says where each position's KV came from (provenance.py): the scheduler side follows
+what vLLM tells connectors of every request (its prefix-cache hit, another connector's load, the
+prefill chunks, decode steps, accepted drafts and preemptions).
+
+At both ends of a disaggregated deployment (NixlConnector's kv_producer and kv_consumer), beside the
+transfer connector in MultiConnector: on the producer the blocks copied are those request_finished
+hands the transfer connector to send; on the consumer the request runs only once the transfer
+connector has reported its load finished (get_finished), so the blocks copied when it finishes
+hold what was loaded, marked `external` in the provenance.
 
 Beside another connector (LMCache, NIXL, offloading), vLLM's MultiConnector runs both:
 kv_connector "MultiConnector" with kv_connector_extra_config {"connectors": [{...kvscope's
@@ -35,6 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                 KVConnectorRole, SupportsHMA)
 
 from ..shards import shard_path
+from .provenance import ProvenanceTracker
 from .rank_caches import RankCaches
 from .shard_queue import ShardQueue
 from .worker_extension import _parallel_ranks, forward_layers
@@ -59,7 +72,7 @@ class KvscopeDump:
     """One finished request, as the scheduler hands it to the workers."""
 
     def __init__(self, request_id, prompt_token_ids, output_token_ids, num_computed_tokens, block_ids,
-                 external_request_id=None):
+                 external_request_id=None, provenance=None, kv_role=None):
         self.request_id = request_id
         self.external_request_id = external_request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -69,6 +82,8 @@ class KvscopeDump:
         self.num_computed_tokens = min(int(num_computed_tokens),
                                        len(self.prompt_token_ids) + len(self.output_token_ids) - 1)
         self.block_ids = tuple(list(g) for g in block_ids)  # per vLLM KV cache group
+        self.provenance = list(provenance or [])  # [(start, end, kind, details)]
+        self.kv_role = kv_role
 
 
 class KvscopeConnectorMetadata(KVConnectorMetadata):
@@ -90,9 +105,14 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self._max_requests = extra.get("max_requests")
         self._max_pending = int(extra.get("max_pending_requests", 8))
         self._kv_cache_config = kv_cache_config
+        self._kv_role = getattr(self._kv_transfer_config, "kv_role", None)
         # Scheduler side
         self._pending = []
         self._captured = 0
+        self._provenance = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._provenance = ProvenanceTracker(extra.get("external_connector"), _block_size(vllm_config,
+                                                                                               kv_cache_config))
         # Worker side
         self._caches = None
         self._registered = None
@@ -106,10 +126,11 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
 
     # --- scheduler side --------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        self._provenance.matched(request, num_computed_tokens)
         return 0, False  # kvscope only reads; it never loads KV into vLLM
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        return None
+        self._provenance.allocated(request, num_external_tokens)
 
     def _wanted(self, request):
         if self._max_requests is not None and self._captured >= int(self._max_requests):
@@ -125,13 +146,17 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(self, request, block_ids):
         if not self._wanted(request) or not any(len(g) for g in block_ids):
+            self._provenance.forget(request.request_id)
             return False, None
         self._captured += 1
-        self._pending.append(KvscopeDump(request.request_id, request.prompt_token_ids, request.output_token_ids,
-                                         request.num_computed_tokens, block_ids, given_request_id(request)))
+        dump = KvscopeDump(request.request_id, request.prompt_token_ids, request.output_token_ids,
+                           request.num_computed_tokens, block_ids, given_request_id(request), kv_role=self._kv_role)
+        dump.provenance = self._provenance.finished(request, dump.num_computed_tokens)
+        self._pending.append(dump)
         return True, None  # held until the workers report it in get_finished
 
     def build_connector_meta(self, scheduler_output):
+        self._provenance.scheduled(scheduler_output)
         meta = KvscopeConnectorMetadata(self._pending)
         self._pending = []
         return meta
@@ -200,3 +225,11 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self._reported_finished -= done
         self._expected -= done
         return (done or None), None
+
+
+def _block_size(vllm_config, kv_cache_config):
+    """The KV cache manager's block size: the first KV cache group's, else the cache config's."""
+    try:
+        return int(kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size)
+    except (AttributeError, IndexError, TypeError):
+        return int(vllm_config.cache_config.block_size)
