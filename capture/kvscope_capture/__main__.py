@@ -2,7 +2,8 @@
 
 Turns the shards KvscopeConnector wrote during a vLLM run into a bundle, with the reference model
 (HuggingFace transformers, bf16; --baseline adds an fp32 run for three-way analysis) teacher-forced
-over the engine's own tokens. Then: kvscope capture.h5."""
+over the engine's own tokens. Then: kvscope capture.h5. With --engine-only, no reference: each end
+of a KV transfer (the producer's and the consumer's shards), for kvscope transfer."""
 
 import argparse
 import sys
@@ -13,11 +14,26 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     bundle = commands.add_parser("bundle", help="a bundle from KvscopeConnector's shards and a HF reference")
     bundle.add_argument("--shards", required=True, help="the connector's output_dir")
-    bundle.add_argument("--model", required=True, help="HF model id or path (the reference)")
+    bundle.add_argument("--model", help="HF model id or path (the reference)")
+    bundle.add_argument("--engine-only", action="store_true",
+                        help="no reference: the engine's KV alone (each end of a KV transfer)")
     bundle.add_argument("--out", required=True, help="the bundle to write (.h5)")
     bundle.add_argument("--baseline", action="store_true", help="also an fp32 baseline (three-way)")
     bundle.add_argument("--requests", nargs="*", help="request id prefixes to take (default: all)")
     args = parser.parse_args(argv)
+    if not args.model and not args.engine_only:
+        parser.error("bundle: --model (the reference) or --engine-only")
+
+    if args.engine_only:
+        from .from_shards import bundle_from_shards
+        try:
+            written = bundle_from_shards(args.shards, args.out, None, request_ids=args.requests, model=args.model or "",
+                                         log=lambda line: print(line, file=sys.stderr))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.out} (engine-only): {len(written)} prompts")
+        return 0
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -17,7 +17,15 @@ after 2026-08-19), written from its sources:
   request ids suffixed "-<8 hex>" (vllm/v1/engine/input_processor.py, assign_request_id), the
   scheduler's Request keeping only that id, parallel-sampling children "<index>_<id>";
   layers sharing another's cache left out of the connector's config and registered as the
-  target's tensor.
+  target's tensor;
+  the scheduler's admission, chunked prefill, speculative rollback and preemption (vllm/v1/core/
+  sched/scheduler.py, the tree of 2026-08-19 c2057261 and the copy @ 157ad7e7): the block-aligned
+  local hit handed to get_num_new_matched_tokens, request.prefill_stats (v1/metrics/stats.py
+  PrefillStats, 2026-08-19) set before update_state_after_alloc, an async load parked until
+  finished_recving and a full hit leaving its last token to compute (_update_waiting_for_remote_kv),
+  build_connector_meta before num_computed_tokens advances, rejected drafts rolled back in
+  update_from_output, _preempt_request (num_computed_tokens 0, num_preemptions + 1);
+  KVCacheBlocks.get_unhashed_block_ids_all_groups as NixlConnector's pull scheduler uses it.
 The KV is written into the caches the way the kernels write it (reshape_and_cache, the per-token-
 head, int4 and NVFP4 kernels), by code written here, independently of kvscope_capture's reading.
 TP ranks are simulated; one pipeline stage."""
