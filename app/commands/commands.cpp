@@ -61,6 +61,15 @@ std::vector<Command> analysingCommands()
                  "  the change. Exit 0 when B is no worse, 1 with regressions, 2 on unreadable input or captures\n"
                  "  that do not match\n",
          "did an engine change make the KV cache worse? A/B in noise floors, for CI", diff},
+        {"transfer", "transfer PRODUCER CONSUMER [--json OUT]\n"
+                     "  two engine captures of the same requests, where the KV left (a prefill instance, the\n"
+                     "  offloading side) and where it arrived, compared bit for bit, block by block (docs/transfer.md):\n"
+                     "  which positions were transferred, missing, partial or extra; each changed block with a tested\n"
+                     "  explanation (a layout read as another, a block offset, another request's block, a stale block,\n"
+                     "  a conversion or scale, a block not written yet) or what was measured. A part stored in another\n"
+                     "  dtype on the consumer is judged in that format's rounding. No reference needed. Exit 0 when\n"
+                     "  identical, 1 when something changed, 2 when the captures cannot be compared\n",
+         "did the KV arrive as it left? Both ends of a KV transfer compared bit for bit", transfer},
         {"whatif", "whatif BUNDLE [--schemes fp8_e4m3/tensor,fp8_e4m3/head,int8/token_head,int4/g32 | all] [--json OUT]\n"
                    "       [--maps] [--threads N]\n"
                    "  what storing the reference KV (expected) in fp8, int8, int4 or NVFP4 would cost: per scheme and\n"

@@ -63,6 +63,7 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err);
 int importDumps(const Args& args, std::ostream& out, std::ostream& err);
 int exportKv(const Args& args, std::ostream& out, std::ostream& err);
 int synth(const Args& args, std::ostream& out, std::ostream& err);
+int transfer(const Args& args, std::ostream& out, std::ostream& err);
 int whatif(const Args& args, std::ostream& out, std::ostream& err);
 
 }  // namespace kvscope::cli

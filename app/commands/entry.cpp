@@ -62,7 +62,7 @@ int runCommandLine(int argc, char** argv, RunCommand (*appCommand)(const std::st
             }
         };
         // The commands that read a bundle with libhdf5, which a corrupt file can crash.
-        static const std::set<std::string> readBundles{"analyze", "check", "report", "inspect", "export"};
+        static const std::set<std::string> readBundles{"analyze", "check", "report", "inspect", "export", "transfer"};
         // The bundle is the first argument that is a file (options may come first).
         const auto bundle = std::find_if(rest.begin(), rest.end(), [](const std::string& a) {
             std::error_code error;

@@ -3,6 +3,7 @@
 #include "analysis/off_floor.h"
 #include "analysis/suspect_search.h"
 #include "kv/capture_loader.h"
+#include "kv/prompt_match.h"
 #include "util/content_hash.h"
 
 #include <algorithm>
@@ -39,14 +40,6 @@ int indexOf(const std::vector<std::string>& names, const std::string& name)
 {
     const auto found = std::find(names.begin(), names.end(), name);
     return found == names.end() ? -1 : int(found - names.begin());
-}
-
-std::string describeIds(const std::vector<std::int64_t>& ids)
-{
-    std::string text;
-    for (std::size_t i = 0; i < ids.size() && i < 6; ++i)
-        text += (i ? ", " : "") + std::to_string(ids[i]);
-    return "[" + text + (ids.size() > 6 ? ", ..." : "") + "] (" + std::to_string(ids.size()) + " tokens)";
 }
 
 // A and B must have compared against the same reference, in the same floors.
@@ -138,38 +131,33 @@ int DiffResult::count(Change change) const
 
 namespace {
 
-// Prompts matched by their tokens, in B's order, each A prompt used once: (A, B) index pairs;
-// the unmatched named in `result`.
+// Prompts matched by their tokens (kv/prompt_match.h), in B's order, each A prompt used once:
+// (A, B) index pairs; the unmatched named in `result`.
 std::vector<std::pair<std::size_t, std::size_t>> matchPrompts(const DiffSide& a, const DiffSide& sideB,
                                                               const AnalysisResult& b, DiffResult& result)
 {
-    std::vector<char> used(a.prompts.size(), 0);
-    std::vector<std::pair<std::size_t, std::size_t>> pairs;
-    for (std::size_t ib = 0; ib < sideB.prompts.size(); ++ib) {
-        const DiffPrompt& pb = sideB.prompts[ib];
-        std::size_t ia = 0;
-        while (ia < a.prompts.size() && (used[ia] || a.prompts[ia].inputIds != pb.inputIds || pb.inputIds.empty()))
-            ++ia;
-        if (ia == a.prompts.size()) {
-            result.onlyB.push_back(pb.id);
-            continue;
-        }
-        used[ia] = 1;
-        checkComparable(a.prompts[ia], pb, a.path, b.bundle);
-        pairs.emplace_back(ia, ib);
-        result.matched.emplace_back(a.prompts[ia].id, pb.id);
+    std::vector<const std::vector<std::int64_t>*> tokensA, tokensB;
+    for (const DiffPrompt& p : a.prompts)
+        tokensA.push_back(&p.inputIds);
+    for (const DiffPrompt& p : sideB.prompts)
+        tokensB.push_back(&p.inputIds);
+    const PromptMatch match = matchPromptsByTokens(tokensA, tokensB);
+    for (const auto& [ia, ib] : match.pairs) {
+        checkComparable(a.prompts[ia], sideB.prompts[ib], a.path, b.bundle);
+        result.matched.emplace_back(a.prompts[ia].id, sideB.prompts[ib].id);
     }
-    for (std::size_t ia = 0; ia < a.prompts.size(); ++ia)
-        if (!used[ia])
-            result.onlyA.push_back(a.prompts[ia].id);
-    if (pairs.empty()) {
+    for (std::size_t ib : match.onlyB)
+        result.onlyB.push_back(sideB.prompts[ib].id);
+    for (std::size_t ia : match.onlyA)
+        result.onlyA.push_back(a.prompts[ia].id);
+    if (match.pairs.empty()) {
         std::string what = "no prompt of " + b.bundle + " has the tokens of a prompt of " + a.path;
         if (!sideB.prompts.empty() && !a.prompts.empty())
-            what += " (B's " + sideB.prompts.front().id + ": " + describeIds(sideB.prompts.front().inputIds) + "; A's " +
-                    a.prompts.front().id + ": " + describeIds(a.prompts.front().inputIds) + ")";
+            what += " (B's " + sideB.prompts.front().id + ": " + describeTokenIds(sideB.prompts.front().inputIds) +
+                    "; A's " + a.prompts.front().id + ": " + describeTokenIds(a.prompts.front().inputIds) + ")";
         throw DiffMismatch(what + ": they are captures of different prompts");
     }
-    return pairs;
+    return match.pairs;
 }
 
 // What every layer of the diff reads: the matched prompts, A's ratios aligned on B's cells, and
