@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 
 namespace kvscope {
 
@@ -48,6 +50,18 @@ const char* partsOf(int kCells, int vCells)
     return vCells * 10 <= all ? "k" : kCells * 10 <= all ? "v" : "kv";
 }
 
+std::set<std::int64_t> rowTokens(const Onset& o)
+{
+    std::map<std::int64_t, std::set<int>> heads;
+    for (const OffCell& c : o.cells())
+        heads[c.token].insert(c.head);
+    std::set<std::int64_t> rows;
+    for (const auto& [token, h] : heads)
+        if (2 * int(h.size()) > o.prompt.headsOf(o.layer))
+            rows.insert(token);
+    return rows;
+}
+
 bool looksLikeBlock(const Onset& o)
 {
     const PromptAnalysis& p = o.prompt;
@@ -56,12 +70,16 @@ bool looksLikeBlock(const Onset& o)
     for (int l = 0; l < o.layer; ++l)
         if (o.ready(l) && p.layerGroups[std::size_t(l)] == o.group)
             return false;  // an earlier layer of the group is clean: not the group's blocks
+    // The rows (a block holds every head): a stray noise cell in one head is no part of it.
+    const std::set<std::int64_t> rows = rowTokens(o);
+    if (rows.empty())
+        return false;
     const std::int64_t blockSize = o.config.positionsPerEntry(o.config.groups[std::size_t(o.group)]);
-    const std::int64_t first = o.firstToken() / blockSize, last = o.lastToken() / blockSize;
+    const std::int64_t first = *rows.begin() / blockSize, last = *rows.rbegin() / blockSize;
     if (last - first > 1)
         return false;
     const std::int64_t begin = first * blockSize, end = std::min(p.tokens, (last + 1) * blockSize);
-    if (double(o.tokens.size()) < 0.5 * double(end - begin))
+    if (double(rows.size()) < 0.5 * double(end - begin))
         return false;
     int sameGroup = 0, sameGroupHit = 0, otherHit = 0;
     for (int l = 0; l < int(p.layers.size()); ++l) {
@@ -139,6 +157,86 @@ int windowEdgeOf(const Onset& o)
             return w;
     }
     return 0;
+}
+
+namespace {
+
+// The sequence length of the snapshot that wrote `token` (snapshot_merge.h), or 0.
+std::int64_t seqLenAt(const std::vector<SnapshotInfo>& snapshots, std::int64_t token)
+{
+    std::size_t s = 0;
+    while (s + 1 < snapshots.size() && token >= snapshots[s].validatedUntil)
+        ++s;
+    if (snapshots.empty() || snapshots[s].batchRow < 0 || std::size_t(snapshots[s].batchRow) >= snapshots[s].seqLens.size())
+        return 0;
+    return snapshots[s].seqLen();
+}
+
+enum class WindowType { Sliding, Full, Other };
+
+WindowType windowTypeOf(const KvCacheGroup& g)
+{
+    if (g.slidingWindow)
+        return WindowType::Sliding;
+    return g.specType == SpecType::FullAttention || g.specType == SpecType::Mla ? WindowType::Full : WindowType::Other;
+}
+
+}  // namespace
+
+std::optional<WindowMismatch> windowMismatchOf(const Onset& o, const std::vector<SnapshotInfo>& snapshots)
+{
+    const PromptAnalysis& p = o.prompt;
+    const auto typeOf = [&](int l) {
+        const int g = p.layerGroups[std::size_t(l)];
+        return g < 0 || std::size_t(g) >= o.config.groups.size() ? WindowType::Other : windowTypeOf(o.config.groups[std::size_t(g)]);
+    };
+    const WindowType type = typeOf(o.layer);
+    if (type == WindowType::Other)
+        return std::nullopt;
+    WindowMismatch m;
+    m.sliding = type == WindowType::Sliding;
+    for (const KvCacheGroup& g : o.config.groups)
+        if (g.slidingWindow)
+            m.window = *g.slidingWindow;
+    const std::set<int> affected(o.floor.affected.begin(), o.floor.affected.end());
+    std::int64_t oldestClean = 0, youngestOff = std::numeric_limits<std::int64_t>::max();
+    for (int l = 0; l < int(p.layers.size()); ++l) {
+        if (!o.ready(l) || typeOf(l) == WindowType::Other)
+            continue;
+        if (typeOf(l) != type) {
+            if (affected.count(l))
+                return std::nullopt;  // the other type is affected too: not the type's window
+            ++m.otherLayers;
+            continue;
+        }
+        if (!affected.count(l))
+            return std::nullopt;
+        m.layers.push_back(l);
+        std::map<std::int64_t, std::set<int>> offHeads;  // token -> heads with an off cell
+        for (const OffCell& c : o.floor.cells[std::size_t(l)])
+            offHeads[c.token].insert(c.head);
+        for (std::int64_t t = 0; t < p.tokens; ++t) {
+            if (!std::isfinite(o.floor.ratios.at(l, t, 0, KvPart::K)))
+                continue;  // not held
+            const std::int64_t age = seqLenAt(snapshots, t) - t;
+            if (age <= 0)
+                return std::nullopt;  // no snapshot length to age it by
+            m.referenceKept = std::max(m.referenceKept, age);
+            const auto off = offHeads.find(t);
+            if (off == offHeads.end())
+                oldestClean = std::max(oldestClean, age);
+            else if (2 * int(off->second.size()) > p.headsOf(l)) {
+                youngestOff = std::min(youngestOff, age);
+                if (l == o.layer)
+                    m.first = m.first < 0 ? t : std::min(m.first, t), m.last = std::max(m.last, t);
+            }
+        }
+    }
+    // Two layers of the type at least, something kept, and the kept ages and the off ones apart.
+    if (m.layers.size() < 2 || oldestClean == 0 || m.first < 0 || youngestOff <= oldestClean)
+        return std::nullopt;
+    m.kept = oldestClean;
+    return m;
 }
 
 std::vector<int> ranksOfHeads(const Onset& o)

@@ -4,9 +4,11 @@
 // suspect_search.h combines them with the tested explanations (hypotheses.h).
 
 #include "analysis/off_floor.h"
+#include "format/capture_bundle.h"
 #include "format/kv_cache_config.h"
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,8 +44,11 @@ const char* phaseOf(std::int64_t first, std::int64_t last, std::int64_t promptLe
 // "k", "v" or "kv" for off cells in K and V: a part with a tenth of them or less is left out.
 const char* partsOf(int kCells, int vCells);
 
+// The onset's rows: the tokens where more than half the heads have an off cell.
+std::set<std::int64_t> rowTokens(const Onset& onset);
 // block: K and V of every head at the tokens of one or two blocks of the onset's group, in
-// most of the group's layers from its first one on, and in no layer of another group.
+// most of the group's layers from its first one on, and in no layer of another group (the
+// rows' tokens: a stray noise cell of one head elsewhere does not widen the block).
 bool looksLikeBlock(const Onset& onset);
 // The share of the tokens the onset layer holds that have an off cell.
 double tokenCoverage(const Onset& onset);
@@ -57,6 +62,22 @@ bool holdsOnlyDecode(const Onset& onset);
 // first fills that window (and a clean token held before it: the error is seen to start
 // there), then the error from there to the end: that window, or 0.
 int windowEdgeOf(const Onset& onset);
+// A window that does not match the layer's type: in every layer of the onset's type (the
+// sliding ones, or the full ones; two at least), the positions off in (more than half of) the
+// heads are exactly those older than `kept` when they were read (their age: the sequence
+// length of the snapshot that wrote them, minus the position), and no layer of the other type
+// is affected: a window's edge in the wrong place (offered when zeros explain the data there).
+struct WindowMismatch {
+    bool sliding = false;            // the sliding layers (else the full ones)
+    std::int64_t kept = 0;           // the positions kept: every off one is older, no clean one
+    std::int64_t referenceKept = 0;  // the oldest age the reference holds in those layers
+    int window = 0;                  // the model's sliding window (0: none declared)
+    std::vector<int> layers;         // of that type, every one affected
+    int otherLayers = 0;             // of the other type, none affected
+    std::int64_t first = -1, last = -1;  // the onset layer's off positions
+};
+std::optional<WindowMismatch> windowMismatchOf(const Onset& onset, const std::vector<SnapshotInfo>& snapshots);
+
 // tp_rank: the heads are exactly those of some ranks (not all of them): those ranks, or none.
 std::vector<int> ranksOfHeads(const Onset& onset);
 // The DCP ranks holding a fair share (a fifth of the most) of `tokens` of `group`; empty

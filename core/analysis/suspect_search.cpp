@@ -5,6 +5,7 @@
 #include "analysis/map_spec.h"
 #include "analysis/off_floor.h"
 #include "analysis/suspect_patterns.h"
+#include "analysis/whose_kv.h"
 #include "format/rope_settings.h"
 #include "kv/capture_loader.h"
 
@@ -200,6 +201,26 @@ std::string floorsText(double x)
 
 namespace {
 
+// The zeros a window mismatch leaves, as that hypothesis: its residual is the zeros'.
+Hypothesis windowMismatchHypothesis(const WindowMismatch& m, const Hypothesis& zeros)
+{
+    Hypothesis h = zeros;
+    h.kind = "window_mismatch";
+    h.parameters = {{"kept", double(m.kept)}, {"reference_kept", double(m.referenceKept)}, {"window", double(m.window)},
+                    {"layers", double(m.layers.size())}, {"sliding", m.sliding ? 1.0 : 0.0}};
+    std::ostringstream text;
+    if (m.sliding)
+        text << "the sliding layers keep " << m.kept << " position(s) where the reference keeps " << m.referenceKept
+             << (m.window ? " (window " + std::to_string(m.window) + ")" : std::string()) << ": the older ones are zero, a window off by "
+             << m.referenceKept - m.kept;
+    else
+        text << "the full layers keep only the last " << m.kept << " position(s)"
+             << (m.window ? ", as the model's sliding window of " + std::to_string(m.window) + " would" : std::string())
+             << ": the older ones are zero (a window applied to full-attention layers)";
+    h.text = text.str();
+    return h;
+}
+
 // How far the hypotheses go: `explained` whole, or in `partly` (a share of the off cells).
 struct Explanation {
     std::vector<Hypothesis> hypotheses;
@@ -217,10 +238,21 @@ Explanation explainSuspect(const CaptureLoader& loader, const PromptAnalysis& p,
     const double clean = cleanLevel(floor, p, L0);
     const double explainedBound = th.explained * clean;
     OnsetVectors vectors;
-    const std::vector<Hypothesis> hypotheses = explain(loader, p, floor, onset, explainedBound, vectors);
-    s.tried = hypotheses;
     const auto leads = [&](const Hypothesis& h) { return clearlyLowers(h, clean); };
+    std::vector<Hypothesis> hypotheses = explain(loader, p, floor, onset, explainedBound, vectors);
     bool explained = !hypotheses.empty() && hypotheses.front().residualFloors <= explainedBound && leads(hypotheses.front());
+    // Nothing at its own place explains it: whose KV is it (another layer's, another prompt's)?
+    if (!explained && vectors.read) {
+        const HypothesisInput input{p, loader.config(), floor.ratios, L0, onset.cells(), vectors.engine,
+                                    vectors.reference, vectors.rope, explainedBound};
+        const std::optional<Hypothesis> whose =
+            whoseKv({loader, input, p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected});
+        if (whose && leads(*whose)) {
+            hypotheses.insert(hypotheses.begin(), *whose);
+            explained = true;
+        }
+    }
+    s.tried = hypotheses;
     if (explained)
         s.hypothesis = hypotheses.front();
     // Or in part: one that brings back at least 40% of the off cells (a table shifted by a block
@@ -256,7 +288,13 @@ Explanation explainSuspect(const CaptureLoader& loader, const PromptAnalysis& p,
             s.measured = measureErrorShape(input, clean);
         }
     }
-    return {hypotheses, explainedBound, explained, partly};
+    // Zeros whose positions are a window's edge in the wrong place: the window mismatch it is.
+    if (explained && !partly && s.hypothesis.kind == "zeros")
+        if (const std::optional<WindowMismatch> m = windowMismatchOf(onset, loader.prompt(p.id).snapshots)) {
+            s.hypothesis = windowMismatchHypothesis(*m, s.hypothesis);
+            s.tried.insert(s.tried.begin(), s.hypothesis);
+        }
+    return {s.tried, explainedBound, explained, partly};
 }
 
 // The places an explaining `kind` names: the keys "<prefix>i" of its parameters whose value is
@@ -304,6 +342,10 @@ std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, c
     std::ostringstream why;
     if (looksLikeBlock(onset) && explained) {
         s.pattern = SuspectPattern::Block;
+        const std::set<std::int64_t> rows = rowTokens(onset);
+        s.firstToken = *rows.begin();
+        s.lastToken = *rows.rbegin();
+        s.phase = phaseOf(s.firstToken, s.lastToken, p.promptLen);
         s.blocks = blocksOf(loader, loader.prompt(p.id), onset.group, s.firstToken, s.lastToken);
         std::vector<int> logical, physical;
         for (const SuspectBlock& b : s.blocks)
@@ -311,6 +353,15 @@ std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, c
         why << kvText << (p.headsOf(L0) == 1 ? "" : " of every head") << kvVerb << " off the noise floor only at positions " << s.firstToken << "-"
             << s.lastToken << ", group " << onset.group << "'s logical block(s) " << joinInts(logical) << " (physical "
             << joinInts(physical) << "), in " << s.layers.size() << " layer(s) of that group and in no other layer";
+    } else if (explained && s.hypothesis.kind == "window_mismatch") {
+        s.pattern = SuspectPattern::WindowEdge;
+        const char* type = s.hypothesis.parameter("sliding") == 1 ? "sliding" : "full";
+        const char* other = s.hypothesis.parameter("sliding") == 1 ? "full" : "sliding";
+        why << kvText << ofHeads << " of " << layer << kvVerb << " off the noise floor at "
+            << (s.firstToken == s.lastToken ? "position " + std::to_string(s.firstToken)
+                                            : "positions " + std::to_string(s.firstToken) + "-" + std::to_string(s.lastToken))
+            << ", each more than " << s.hypothesis.parameter("kept") << " back from the sequence's end when read; so are those of all "
+            << s.hypothesis.parameter("layers") << " " << type << " layers, and none of the " << other << " ones: a window's edge";
     } else if (!explained && window > 0) {
         s.pattern = SuspectPattern::WindowEdge;
         why << "The error starts at token " << s.firstToken << ", where the sequence first fills the sliding window of "

@@ -77,6 +77,10 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::LaggingWrite, "lagging_write"},
     {FaultKind::RankUnwritten, "rank_unwritten"},
     {FaultKind::KNegated, "k_negated"},
+    {FaultKind::OtherLayer, "other_layer"},
+    {FaultKind::OtherPrompt, "other_prompt"},
+    {FaultKind::WindowShort, "window_short"},
+    {FaultKind::WindowOnFull, "window_on_full_layers"},
     {FaultKind::TokenScale, "token_scale"},
     {FaultKind::ChannelScale, "channel_scale"},
     {FaultKind::QkvBias, "qkv_bias"},
@@ -349,6 +353,28 @@ bool cacheFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohm
     case FaultKind::KNegated:
         truth["layer"] = layerName(f.layer);
         return true;
+    case FaultKind::OtherLayer:
+        if (f.layer < 1)
+            throw std::invalid_argument("other_layer needs a layer before the fault layer (not layer 0)");
+        truth["layer"] = layerName(f.layer);
+        truth["holds"] = layerName(f.layer - 1);
+        truth["description"] = "the layer's cache holds the layer before's K and V (layer sharing, an index off by one)";
+        return true;
+    case FaultKind::OtherPrompt:
+        truth["prompt"] = "prompt_1";
+        truth["holds_prompt"] = "prompt_0";
+        truth["layers"] = "every layer";
+        truth["description"] = "the first block (of each group's block size) holds prompt_0's first block: a prefix-cache key collision";
+        return true;
+    case FaultKind::WindowShort:
+        truth["layers"] = "every sliding-window layer";
+        truth["description"] = "the cache keeps one position fewer than the window: the oldest position the window holds is zero";
+        return true;
+    case FaultKind::WindowOnFull:
+        truth["layers"] = "every full-attention layer";
+        truth["window"] = o.shape.window;
+        truth["description"] = "the cache keeps only the last `window` positions (the model's sliding window applied to its full layers): older ones zero";
+        return true;
     case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
         truth["layer"] = layerName(f.layer);
         truth["head"] = f.head;
@@ -474,7 +500,7 @@ bool mlaFaultSupported(FaultKind kind, int dcpSize)
     switch (kind) {
     case FaultKind::RankVScale: case FaultKind::RankUnwritten:
         return dcpSize > 1;
-    case FaultKind::DeadHead: case FaultKind::WindowOffByOne: case FaultKind::ShardSwap: case FaultKind::Fp8Scale:
+    case FaultKind::DeadHead: case FaultKind::WindowOffByOne: case FaultKind::WindowShort: case FaultKind::ShardSwap: case FaultKind::Fp8Scale:
     case FaultKind::ScaleGranularity: case FaultKind::ScaleOtherLayer:
     case FaultKind::HeadSwap: case FaultKind::KvSwap:
     case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
@@ -496,6 +522,11 @@ void checkOptions(const ModelCaptureOptions& o)
     require(o.shape.headDim >= 2 && o.shape.headDim % 2 == 0, "head_dim must be even");
     require(o.shape.hidden >= 4 && o.shape.ffn >= 4 && o.shape.vocab >= 4, "hidden, ffn and vocab must be at least 4");
     require(o.shape.window >= 2, "the sliding window must be at least 2");
+    require(o.fault != FaultKind::OtherPrompt ||
+                (o.promptLens.size() >= 2 && std::min(o.promptLens[0], o.promptLens[1]) >= std::max(o.fullBlockSize, o.slidingBlockSize)),
+            "other_prompt needs two prompts, each at least a block long");
+    require(o.fault != FaultKind::WindowShort || (o.shape.window >= 3 && !o.shape.chunked),
+            "window_short needs sliding-window layers (not chunked) of a window of at least 3");
     require(o.tpSize >= 1 && (o.shape.kvHeads >= o.tpSize ? o.shape.kvHeads % o.tpSize == 0 : o.tpSize % o.shape.kvHeads == 0),
             "KV heads must divide evenly over TP ranks (or ranks over heads)");
     require(o.fullBlockSize >= 1 && o.slidingBlockSize >= 1, "block sizes must be positive");
@@ -640,9 +671,9 @@ namespace {
 class CacheCorruption {
 public:
     CacheCorruption(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config, std::int64_t promptLen,
-                    std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers)
+                    std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers, std::int64_t seqLen)
         : f(f), config(config), p(p), foreign(foreign), layers(layers), heads(cacheHeads(o.shape)), dims(cacheDims(o.shape)),
-          at(promptLen + f.step)
+          at(promptLen + f.step), seqLen(seqLen), window(o.shape.window)
     {
     }
 
@@ -668,6 +699,14 @@ public:
         case FaultKind::PrefixReuse:
         case FaultKind::RankUnwritten:
             lose();
+            break;
+        case FaultKind::OtherLayer:
+        case FaultKind::OtherPrompt:
+            elsewhere();
+            break;
+        case FaultKind::WindowShort:
+        case FaultKind::WindowOnFull:
+            outsideWindow();
             break;
         case FaultKind::Nan:
         case FaultKind::Inf:
@@ -841,6 +880,55 @@ private:
         }
     }
 
+    // KV of another place of the capture: the layer before's (layer sharing), or prompt_0's
+    // first block in prompt_1's (`foreign` is prompt_0's engine cache).
+    void elsewhere()
+    {
+        if (f.kind == FaultKind::OtherLayer) {
+            layers[std::size_t(f.layer)].k = layers[std::size_t(f.layer - 1)].k;
+            layers[std::size_t(f.layer)].v = layers[std::size_t(f.layer - 1)].v;
+        }
+        if (f.kind == FaultKind::OtherPrompt && p == 1)
+            for (int l = 0; l < int(layers.size()); ++l) {
+                const int g = config.groupOf(layerName(l));
+                if (g < 0 || !config.isCompared(layerName(l)))
+                    continue;
+                const std::int64_t blockSize = config.positionsPerEntry(config.groups[std::size_t(g)]);
+                forPositions(layers[std::size_t(l)], [&](std::int64_t pos) {
+                    if (pos < blockSize)
+                        fromForeign(l, pos);
+                });
+            }
+    }
+
+    void zeroPosition(LayerKv& kv, std::int64_t pos) const
+    {
+        if (pos < 0 || pos >= kv.seq || !kv.present[std::size_t(pos)])
+            return;
+        std::fill_n(kv.k.begin() + std::ptrdiff_t(kv.index(KvPart::K, 0, pos)), kv.rowSize(KvPart::K), 0.0f);
+        std::fill_n(kv.v.begin() + std::ptrdiff_t(kv.index(KvPart::V, 0, pos)), kv.rowSize(KvPart::V), 0.0f);
+    }
+
+    // A window that does not match the layer's type, as this snapshot (seqLen positions) holds
+    // it: a sliding layer short of its oldest position (the reference keeps window - 1, from
+    // seqLen - window + 1), or a full layer keeping only the last `window` positions.
+    void outsideWindow()
+    {
+        for (int l = 0; l < int(layers.size()); ++l) {
+            const int g = config.groupOf(layerName(l));
+            if (g < 0 || !config.isCompared(layerName(l)))
+                continue;
+            const KvCacheGroup& group = config.groups[std::size_t(g)];
+            const bool sliding = group.slidingWindow.has_value();
+            const bool full = !sliding && group.specType != SpecType::ChunkedLocal;
+            if (f.kind == FaultKind::WindowShort && sliding)
+                zeroPosition(layers[std::size_t(l)], seqLen - window + 1);
+            if (f.kind == FaultKind::WindowOnFull && full)
+                for (std::int64_t pos = 0; pos < seqLen - window; ++pos)
+                    zeroPosition(layers[std::size_t(l)], pos);
+        }
+    }
+
     const ResolvedFault& f;
     const KvCacheConfig& config;
     const std::size_t p;
@@ -849,12 +937,15 @@ private:
     const int heads;
     const HeadDims dims;
     const std::int64_t at;
+    const std::int64_t seqLen;  // of the snapshot
+    const int window;
 };
 
 void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config,
-                  std::int64_t promptLen, std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers)
+                  std::int64_t promptLen, std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers,
+                  std::int64_t seqLen)
 {
-    CacheCorruption(f, o, config, promptLen, p, foreign, layers).apply();
+    CacheCorruption(f, o, config, promptLen, p, foreign, layers, seqLen).apply();
 }
 
 // Everything one prompt contributes to the bundle, computed on a worker thread.
@@ -1161,7 +1252,8 @@ private:
 };
 
 PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOptions& o, const KvCacheConfig& config,
-                            const ResolvedFault& fault, std::size_t p, std::vector<std::int64_t> tokens)
+                            const ResolvedFault& fault, std::size_t p, std::vector<std::int64_t> tokens,
+                            const std::vector<std::int64_t>& firstPrompt)
 {
     const ModelShape& shape = o.shape;
     const std::int64_t promptLen = std::int64_t(tokens.size());
@@ -1192,8 +1284,10 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
             other[i] = (tokens[i] * 7 + 13 + std::int64_t(i)) % shape.vocab;
         model.forward(other, 0, foreign, Numerics::Engine);
     }
+    if (fault.kind == FaultKind::OtherPrompt && p == 1)  // prompt_0's own engine KV (each row computed alone)
+        model.forward(firstPrompt, 0, foreign, Numerics::Engine);
     for (Snapshot& snap : snapshots)
-        corruptCache(fault, o, config, promptLen, p, foreign, snap.layers);
+        corruptCache(fault, o, config, promptLen, p, foreign, snap.layers, snap.seqLen);
 
     if (fault.kind == FaultKind::NanExpected)  // the reference, not the engine: one value of K
         expected[std::size_t(fault.layer)].k[std::size_t(((promptLen + fault.step) * cacheHeads(shape) + fault.head) *
@@ -1309,7 +1403,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         for (std::size_t i; (i = next++) < order.size();) {
             const std::size_t p = order[i];
             try {
-                captures[p] = capturePrompt(model, o, config, fault, p, prompts[p]);
+                captures[p] = capturePrompt(model, o, config, fault, p, prompts[p], prompts.front());
             } catch (...) {
                 errors[p] = std::current_exception();
             }

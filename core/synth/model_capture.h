@@ -49,6 +49,11 @@ enum class FaultKind {
     LaggingWrite,    // from a decode position on, each position holds the one before it, one layer
     RankUnwritten,   // one TP rank's heads never written (zeros), one layer
     KNegated,        // K of every head stored negated, one layer
+    // KV that belongs elsewhere, and windows that do not match the layer's type
+    OtherLayer,      // one layer's cache holds the layer before's KV (layer sharing, an index off by one)
+    OtherPrompt,     // prompt_1's first block, every layer, holds prompt_0's (a prefix-cache key collision)
+    WindowShort,     // sliding layers' caches keep one position fewer than the window: the oldest zeroed
+    WindowOnFull,    // full layers' caches keep only the last `window` positions: older ones zeroed
     // magnitude with the direction intact (not in allFaultKinds: magnitudeFaultKinds)
     TokenScale,      // K of every head scaled by a factor per position (0.4-1.6x), one layer
     ChannelScale,    // V of one head scaled by a factor per channel (0.5-1.5x), one layer

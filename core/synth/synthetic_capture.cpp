@@ -129,7 +129,11 @@ LayerData generateLayer(const SyntheticCaptureOptions& o, std::size_t prompt, in
     }
     if (o.modelNoise)
         addModelNoise(o, prompt, layer, d);
-    if (layer == o.faultLayer)
+    if (layer == o.faultLayer && o.faultOtherLayer && layer > 0) {
+        SyntheticCaptureOptions clean = o;
+        clean.faultLayer = -1;
+        d.engine = generateLayer(clean, prompt, layer - 1, promptLen, seqLen).engine;
+    } else if (layer == o.faultLayer)
         for (std::int64_t pos = promptLen + o.faultPosition; pos < seqLen; ++pos)
             for (int c = 0; c + 1 < dim; c += 2) {
                 // RoPE rotated by one position too many: pair i turns by 10000^(-2i/dim).
@@ -173,8 +177,8 @@ SyntheticCaptureOptions llama70bShape(int tokens, int layers)
 
 SyntheticCaptureOptions modelFreeOf(const synth::ModelCaptureOptions& o)
 {
-    if (o.fault != synth::FaultKind::None && o.fault != synth::FaultKind::RopeOffset)
-        throw std::invalid_argument("--model-free injects none or rope_offset only");
+    if (o.fault != synth::FaultKind::None && o.fault != synth::FaultKind::RopeOffset && o.fault != synth::FaultKind::OtherLayer)
+        throw std::invalid_argument("--model-free injects none, rope_offset or other_layer only");
     if (o.kvDtype != DType::BFloat16 || o.dcpSize != 1 || o.shape.mla() || !o.stateSpaceLayers.empty() ||
         o.shape.chunked || !o.slidingWindowSpec)
         throw std::invalid_argument("--model-free writes bf16 caches of sliding and full layers only "
@@ -194,7 +198,8 @@ SyntheticCaptureOptions modelFreeOf(const synth::ModelCaptureOptions& o)
     m.seed = o.seed;
     m.modelNoise = true;
     m.divergence = -1;
-    m.faultLayer = o.fault == synth::FaultKind::RopeOffset ? std::max(0, o.faultLayer) : -1;
+    m.faultLayer = o.fault == synth::FaultKind::RopeOffset || o.fault == synth::FaultKind::OtherLayer ? std::max(0, o.faultLayer) : -1;
+    m.faultOtherLayer = o.fault == synth::FaultKind::OtherLayer;
     m.faultHead = std::max(0, o.faultHead);
     m.faultPosition = o.faultStep == synth::ModelCaptureOptions::kDefaultStep ? 0 : o.faultStep;
     return m;
@@ -211,6 +216,7 @@ void writeSyntheticCapture(const std::string& path, const SyntheticCaptureOption
     meta.engine = "synthetic paged engine";
     meta.notes = "Synthetic capture: bf16 engine and reference over an fp32 baseline, made without a model.";
     meta.extra["synthetic_fault"] = o.faultLayer < 0 ? "none"
+        : o.faultOtherLayer ? "other_layer layer=" + layerName(o.faultLayer) + " holds=" + layerName(std::max(0, o.faultLayer - 1))
         : "rope_offset layer=" + layerName(o.faultLayer) + " head=" + std::to_string(o.faultHead) +
               " from_decode_step=" + std::to_string(o.faultPosition);
     // The fault's rotation (interleaved pairs, base 10000), so that RoPE explanations can be tested.

@@ -45,6 +45,9 @@ struct SyntheticCaptureOptions {
     int faultLayer = 5;
     int faultHead = 1;
     int faultPosition = 6;
+    // Instead: the fault layer's engine cache holds the layer before's engine KV (other_layer:
+    // layer sharing, an index off by one).
+    bool faultOtherLayer = false;
     // Where the engine's token differed from the teacher's (relative to the end of the
     // prompt): two snapshots, the first validated up to it. < 0: one snapshot, no divergence.
     int divergence = 9;
@@ -74,7 +77,7 @@ SyntheticCaptureOptions llama70bShape(int tokens, int layers = 80);
 // The shape and prompts of a model-based capture (synth/model_capture.h) for this generator,
 // with the model's noise: long captures that a model cannot make in reasonable time
 // (kvscope synth --model-free). Throws std::invalid_argument for what it cannot make: a fault
-// other than rope_offset, a quantised cache, DCP, MLA, chunked or state-space layers.
+// other than rope_offset or other_layer, a quantised cache, DCP, MLA, chunked or state-space layers.
 SyntheticCaptureOptions modelFreeOf(const synth::ModelCaptureOptions& model);
 
 // Writes the capture to `path`. Throws BundleError on I/O failure.
