@@ -19,6 +19,7 @@ constexpr std::size_t kSpreadTokens = 4;   // off tokens searched, evenly over t
 constexpr std::size_t kLatestTokens = 4;   // and the latest (the positions every layer type still holds)
 constexpr std::size_t kProbeCells = 8;     // cells whose nearest vector in another prompt gives the offset
 constexpr std::int64_t kReadWindow = 64;   // positions read at a time around a searched token
+constexpr std::int64_t kOneChunkRow = 4096;  // a reference chunk longer: the row is one chunk
 constexpr std::int64_t kMaxWholeValues = std::int64_t(1) << 25;  // another prompt's layer read whole up to this
 
 HeadDims dimsOf(const PromptAnalysis& p, int layer)
@@ -34,9 +35,10 @@ int dimOf(const HypothesisInput& in, KvPart part)
 // latest ones), where the engine and the reference hold it.
 std::vector<OffCell> searchedCells(const HypothesisInput& in)
 {
-    std::set<std::int64_t> offTokens;
+    std::set<std::int64_t> offTokens;  // of the cells read (the engine's sampled positions)
     for (const OffCell& c : in.cells)
-        offTokens.insert(c.token);
+        if (in.engine.at(c.part, c.token, c.head) && in.reference.at(c.part, c.token, c.head))
+            offTokens.insert(c.token);
     const std::vector<std::int64_t> all(offTokens.begin(), offTokens.end());
     std::set<std::int64_t> chosen;
     for (std::size_t i = 0; i < kSpreadTokens && i < all.size(); ++i)
@@ -125,9 +127,11 @@ std::string span(std::int64_t first, std::int64_t last)
 }
 
 // How many positions at a time a reference is best read: a whole row when it is one chunk.
-std::int64_t readWindow(const WhoseKvInput& in, const std::string& prompt, const std::string& layer, std::int64_t seq)
+// (An older bundle's reference row is one chunk, which each window would read whole again.)
+std::int64_t readWindow(const WhoseKvInput& in, const std::string& prompt, const std::string& layer, std::int64_t seq,
+                        std::int64_t window = kReadWindow)
 {
-    return in.loader.referencePositionsPerChunk(prompt, in.role, layer) > kReadWindow ? seq : kReadWindow;
+    return in.loader.referencePositionsPerChunk(prompt, in.role, layer) > kOneChunkRow ? seq : window;
 }
 
 Hypothesis withError(Hypothesis h, const std::vector<OffCell>& cells)
@@ -151,23 +155,41 @@ std::optional<Hypothesis> otherLayer(const WhoseKvInput& in, const std::vector<O
             dimsOf(p, l).v == dimOf(at, KvPart::V))
             order.push_back(l);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::abs(a - at.layer) < std::abs(b - at.layer); });
-    std::vector<std::int64_t> tokens;
+    if (order.size() > std::size_t(kMaxWhoseLayers))
+        order.resize(std::size_t(kMaxWhoseLayers));
+    std::set<std::int64_t> offTokens;
     for (const OffCell& c : cells)
-        tokens.push_back(c.token);
+        offTokens.insert(c.token);
+    const std::vector<std::int64_t> tokens(offTokens.begin(), offTokens.end());
+    // A first pass at two tokens (the latest, which every window type still holds, and the
+    // middle one), one position a read: most layers are ruled out there.
+    const std::vector<std::int64_t> coarseTokens = {tokens.back(), tokens[tokens.size() / 2]};
+    std::vector<OffCell> coarse;
+    for (const OffCell& c : cells)
+        if (c.token == coarseTokens[0] || c.token == coarseTokens[1])
+            coarse.push_back(c);
+    const auto readAt = [&](const std::string& name, const std::vector<std::int64_t>& positions) {
+        const SampledLayer source = SampledLayer::read(positions, p.tokens, readWindow(in, p.id, name, p.tokens, 1), [&](PositionRange w) {
+            return in.loader.referenceSource(p.id, in.role, name, w);
+        });
+        const bool fits = source.heads == heads && source.seq == p.tokens && source.dims.k == dimOf(at, KvPart::K) &&
+                          source.dims.v == dimOf(at, KvPart::V);
+        return fits ? source : SampledLayer{};
+    };
     for (int l : order) {
         const std::string& name = p.layers[std::size_t(l)];
         SampledLayer source;
+        Fit f;
         try {
-            source = SampledLayer::read(tokens, p.tokens, readWindow(in, p.id, name, p.tokens), [&](PositionRange w) {
-                return in.loader.referenceSource(p.id, in.role, name, w);
-            });
+            source = readAt(name, coarseTokens);
+            const auto from = [&](const OffCell& c, int j) { return source.heads ? source.at(c.part, c.token, j) : nullptr; };
+            if (fit(at, coarse, heads, false, from).residual > at.explained)
+                continue;
+            source = readAt(name, tokens);
+            f = fit(at, cells, heads, false, from);
         } catch (const std::exception&) {
             continue;  // a layer that cannot be read is no candidate
         }
-        if (source.heads != heads || source.seq != p.tokens || source.dims.k != dimOf(at, KvPart::K) ||
-            source.dims.v != dimOf(at, KvPart::V))
-            continue;
-        const Fit f = fit(at, cells, heads, false, [&](const OffCell& c, int j) { return source.at(c.part, c.token, j); });
         if (f.residual > at.explained)
             continue;
         Hypothesis h{"other_layer", {{"layer", double(l)}}, "", f.residual, 0, f.share};
@@ -178,13 +200,12 @@ std::optional<Hypothesis> otherLayer(const WhoseKvInput& in, const std::vector<O
                 mapped += (mapped.empty() ? "" : ", ") + std::string("head ") + std::to_string(head) + " its head " +
                           std::to_string(from);
             }
-        std::set<std::int64_t> offTokens;
-        for (const OffCell& c : cells)
-            offTokens.insert(c.token);
         h.text = shortLayerName(p.layers[std::size_t(at.layer)]) + " holds " + shortLayerName(name) + "'s " +
                  partsOf(at, cells) + (mapped.empty() ? "" : " (" + mapped + ")") +
-                 ": layer sharing, or a layer index off by one (at the " + std::to_string(f.tokens.size()) + " of " +
-                 std::to_string(offTokens.size()) + " searched positions " + shortLayerName(name) + " holds)";
+                 ": layer sharing, or a layer index off by one (tested at " +
+                 (f.tokens.size() == offTokens.size() ? std::to_string(f.tokens.size()) + " positions"
+                                                      : "the " + std::to_string(f.tokens.size()) + " of " + std::to_string(offTokens.size()) +
+                                                            " searched positions " + shortLayerName(name) + " holds") + ")";
         return withError(h, cells);
     }
     return std::nullopt;

@@ -2,7 +2,7 @@
 // Whose KV is this: when nothing at the onset layer's own place explains its off vectors
 // (hypotheses.h), the capture itself is searched for them, in a sample, bounded in cost:
 // - other_layer: the same positions in another layer of the same prompt, any head (layer
-//   sharing, or a layer index off by one), the nearest layers first;
+//   sharing, or a layer index off by one), the nearest kMaxWhoseLayers layers, nearest first;
 // - other_prompt: the same layer of another prompt of the capture, at the same positions,
 //   else at one offset found from a few cells' nearest vectors (a prefix-cache or LoRA key
 //   collision).
@@ -27,8 +27,9 @@ struct WhoseKvInput {
 };
 
 // The first source that explains the off vectors (kind "other_layer" or "other_prompt"), or
-// none. Reads at most a few dozen positions of each other layer, and each other prompt's
-// onset layer once (kMaxWhosePrompts of them).
+// none. Reads two positions of each candidate layer (eight of one that fits there), and of
+// each other prompt (kMaxWhosePrompts of them) a few positions, then its onset layer once.
+constexpr int kMaxWhoseLayers = 16;
 constexpr int kMaxWhosePrompts = 16;
 std::optional<Hypothesis> whoseKv(const WhoseKvInput& in);
 
