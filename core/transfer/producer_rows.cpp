@@ -4,6 +4,7 @@
 #include "transfer/transfer_pairing.h"
 #include "util/content_hash.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvscope {
@@ -28,8 +29,13 @@ void ProducerRows::add(const LayerBlocks& blocks, std::uint32_t prompt, std::uin
                        const LayerBlocks* last)
 {
     m_written[{prompt, snapshot}] = blocks.written;
-    for (std::int64_t pos = 0; pos < blocks.written; ++pos) {
-        if (!blocks.present(pos))
+    // The last snapshot's last block is indexed whole: a block is read whole, so a block read
+    // from another entry brings the rows past the written ones too (whatever the block held).
+    const std::int64_t tailEnd = lastSnapshot && blocks.written > 0
+                                     ? std::min(blocks.entries(), blocks.entryOf(blocks.written - 1) + 1) * blocks.blockSize
+                                     : blocks.written;
+    for (std::int64_t pos = 0; pos < std::max(tailEnd, blocks.written); ++pos) {
+        if (pos < blocks.written ? !blocks.present(pos) : !blocks.stored[std::size_t(blocks.entryOf(pos))])
             continue;
         const std::int64_t e = blocks.entryOf(pos);
         const int r = int(pos % blocks.blockSize);

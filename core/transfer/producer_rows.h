@@ -4,7 +4,8 @@
 // consumer's changed row came from (another position of the prompt, another request's block,
 // what a block held earlier) is one lookup, not a comparison with every block. Rows all zero
 // are left out (never-written blocks are told apart without them), as are an earlier
-// snapshot's rows that the last one still holds.
+// snapshot's rows that the last one still holds. The last snapshot's last block is indexed
+// whole, its rows past the written positions too (a block read from elsewhere brings them).
 
 #include "format/paged_kv.h"
 #include "transfer/layer_blocks.h"

@@ -48,6 +48,19 @@ std::vector<Layout> layoutsOf(int group, int bs, bool swapParts)
     if (!swapParts)
         return layouts;
     layouts.push_back({"k_v", "v_k", [](RowRef c) { return RowRef{other(c.part), c.head, c.row}; }});
+    // K and V split, each token-major ([2, rows, heads]: FlashAttention's page before vLLM packed
+    // K and V, FlashInfer's NHD), against the packed page (K|V per row of a head: [heads, rows, 2]).
+    layouts.push_back({"kv_split_token_major", "kv_interleaved_rows", [=](RowRef c) {
+                           const auto [base, h] = local(c.head);
+                           const int i = 2 * (h * bs + c.row) + (c.part == KvPart::K ? 0 : 1);  // memory row
+                           const int rest = i % (group * bs);
+                           return RowRef{i < group * bs ? KvPart::K : KvPart::V, base + rest % group, rest / group};
+                       }});
+    layouts.push_back({"kv_interleaved_rows", "kv_split_token_major", [=](RowRef c) {
+                           const auto [base, h] = local(c.head);
+                           const int i = (c.part == KvPart::K ? 0 : group * bs) + c.row * group + h;  // memory row
+                           return RowRef{i % 2 ? KvPart::V : KvPart::K, base + (i / 2) / bs, (i / 2) % bs};
+                       }});
     // K and V interleaved in units of `unit` rows of the head-major block, against all of K then
     // all of V.
     for (const auto& [unit, name] : {std::pair{1, "kv_interleaved_rows"}, std::pair{bs, "kv_interleaved_heads"}}) {

@@ -7,9 +7,11 @@
 // - not written when read: the changed rows are zeros (the first rows of the block right: how
 //   many were written), or old data (found by the search below);
 // - a layout read as another, within one TP rank's block: head-major written and read
-//   token-major or the other way round, K and V swapped, K and V interleaved (per row of a
-//   head, or per head) read as split or split read as interleaved. With few heads (two KV
-//   heads, or a block as many rows as heads) shapes agree and only the values tell;
+//   token-major or the other way round, K and V swapped, K and V split token-major (vLLM's
+//   page before K and V were packed) read as packed or the other way round, K and V
+//   interleaved (per row of a head, or per head) read as split or split read as interleaved.
+//   The first that gives the values is named. With few heads (two KV heads, or a block as
+//   many rows as heads) shapes agree and only the values tell;
 // - a conversion: the values cast through another format (bf16, fp16, fp8), or rescaled by a
 //   factor (per part);
 // - data from elsewhere, found by fingerprint (transfer/producer_rows.h): the producer's
@@ -53,7 +55,7 @@ struct TransferExplanation {
     // "not_written", "layout", "conversion", "scale", "block_offset", "other_request",
     // "stale_block", or "unexplained".
     std::string name = "unexplained";
-    std::string writtenAs, readAs;  // layout: "head_major" / "token_major", "k_v" / "v_k", "kv_split" / "kv_interleaved_rows" / "kv_interleaved_heads"
+    std::string writtenAs, readAs;  // layout: "head_major" / "token_major", "k_v" / "v_k", "kv_split" / "kv_split_token_major" / "kv_interleaved_rows" / "kv_interleaved_heads"
     std::string format;             // conversion: the format cast through (dtypeName)
     std::array<double, 2> factor{1.0, 1.0};  // scale: [K/V] consumer / producer
     std::int64_t offsetBlocks = 0;  // block_offset: consumer position p holds the producer's p + k * block_size
