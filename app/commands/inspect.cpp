@@ -4,6 +4,7 @@
 #include "results/results_file.h"
 #include "util/content_hash.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <iomanip>
@@ -105,19 +106,32 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
     if (!meta.notes.empty())
         out << "  notes: " << meta.notes << "\n";
     if (meta.engineOnly)
-        out << "  engine-only: no reference KV; compared against another capture's (kvscope diff A.h5 THIS.h5)\n";
+        out << "  engine-only: no reference KV; compared against another capture's (kvscope diff A.h5 THIS.h5) or "
+               "the other end of a KV transfer (kvscope transfer PRODUCER CONSUMER)\n";
     printConfig(reader->config(), out);
 
+    // An engine-only capture holds no reference by design: not a problem here (diff and
+    // transfer read it); a prompt of any other capture without its reference is one.
+    const auto engineOnlyPrompt = [&](const PromptInfo& p) {
+        return meta.engineOnly && p.referenceMissing && p.problems.size() == 1;
+    };
+    std::vector<std::string> expectedGaps;
+    for (const PromptInfo& p : reader->prompts())
+        if (engineOnlyPrompt(p))
+            expectedGaps.push_back(p.problems.front());
     int failures = 0;
     for (const std::string& problem : reader->validate()) {
+        if (std::find(expectedGaps.begin(), expectedGaps.end(), problem) != expectedGaps.end())
+            continue;
         err << "kvscope: " << problem << "\n";
         ++failures;
     }
     const CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);
     for (const PromptInfo& p : reader->prompts()) {
+        const bool engineOnly = engineOnlyPrompt(p);
         out << "\n  prompt " << p.id << ": prompt_len " << p.promptLen << ", " << p.teacherTokens.size()
             << " teacher tokens, " << p.snapshots.size() << " engine snapshot(s)";
-        if (!p.problems.empty()) {
+        if (!p.problems.empty() && !engineOnly) {
             out << ": cannot be analysed (see above)\n";
             continue;
         }
@@ -127,7 +141,8 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
         out << "), divergences [";
         for (std::size_t i = 0; i < p.divergencePositions.size(); ++i)
             out << (i ? ", " : "") << p.divergencePositions[i];
-        out << "], reference: expected" << (p.hasBaseline ? " + baseline" : "") << "\n";
+        out << "], reference: " << (engineOnly ? "none (engine-only)" : p.hasBaseline ? "expected + baseline" : "expected")
+            << "\n";
         if (!p.provenance.empty()) {  // where the positions' KV came from, as the capture recorded it
             const std::vector<std::string> lines = describeProvenance(p.provenance);
             out << "    provenance:";
@@ -142,8 +157,10 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
             try {
                 std::vector<std::string> problems;
                 const LayerKv engine = loader.engineLayer(p.id, layer, &problems);
-                const LayerKv expected = loader.referenceLayer(p.id, ReferenceRole::Expected, layer);
-                out << std::setw(24) << heldRanges(engine) << heldRanges(expected) << "\n";
+                const std::string expected =
+                    engineOnly ? "none (engine-only)"
+                               : heldRanges(loader.referenceLayer(p.id, ReferenceRole::Expected, layer));
+                out << std::setw(24) << heldRanges(engine) << expected << "\n";
                 for (const std::string& problem : problems) {
                     err << "kvscope: " << problem << "\n";
                     ++failures;

@@ -720,7 +720,8 @@ std::vector<std::string> BundleReader::validate() const
     std::lock_guard lock(hdf5Mutex());
     for (const PromptInfo& p : m_prompts) {
         problems.insert(problems.end(), p.problems.begin(), p.problems.end());
-        if (!p.problems.empty())
+        // An engine-only capture's prompt lacks only its reference: its engine data is checked.
+        if (!p.problems.empty() && !(m_metadata.engineOnly && p.referenceMissing && p.problems.size() == 1))
             continue;
         for (std::size_t s = 0; s < p.snapshots.size(); ++s) {
             for (std::size_t g = 0; g < m_config.groups.size(); ++g)
@@ -760,7 +761,7 @@ std::vector<std::string> BundleReader::validate() const
                         });
         }
         for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
-            if (role == ReferenceRole::Baseline && !p.hasBaseline)
+            if ((role == ReferenceRole::Baseline && !p.hasBaseline) || (role == ReferenceRole::Expected && p.referenceMissing))
                 continue;
             for (const std::string& layer : m_config.layerNames())
                 for (KvPart part : {KvPart::K, KvPart::V})

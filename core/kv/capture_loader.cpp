@@ -127,11 +127,12 @@ LayerShards CaptureLoader::readShards(const Located& at, std::size_t snapshot, c
     return shards;
 }
 
-const PromptInfo& CaptureLoader::usablePrompt(const std::string& promptId) const
+const PromptInfo& CaptureLoader::usablePrompt(const std::string& promptId, bool engineOnly) const
 {
     const PromptInfo& prompt = this->prompt(promptId);
-    if (!prompt.problems.empty()) {
-        const Located at = locate(promptId);
+    const Located at = locate(promptId);
+    const bool noReferenceOnly = prompt.referenceMissing && prompt.problems.size() == 1 && at.reader.metadata().engineOnly;
+    if (!prompt.problems.empty() && !(engineOnly && noReferenceOnly)) {
         throw BundleError(at.reader.path(), bundle_path::prompt(at.id), "cannot be analysed: " + prompt.problems.front());
     }
     return prompt;
@@ -154,7 +155,7 @@ LayerSource CaptureLoader::snapshotSource(const std::string& promptId, std::size
                                           std::vector<std::string>* problems, std::int64_t length,
                                           PositionRange window) const
 {
-    const PromptInfo& prompt = usablePrompt(promptId);
+    const PromptInfo& prompt = usablePrompt(promptId, true);
     const Located at = locate(promptId);
     const KvCacheConfig& config = at.reader.config();  // a sweep's bundles may differ in their pool sizes
     const int group = groupOf(at.reader, layer);
@@ -177,7 +178,7 @@ LayerKv CaptureLoader::engineLayer(const std::string& promptId, const std::strin
 LayerSource CaptureLoader::engineSource(const std::string& promptId, const std::string& layer,
                                         std::vector<std::string>* problems, PositionRange window) const
 {
-    const PromptInfo& prompt = usablePrompt(promptId);
+    const PromptInfo& prompt = usablePrompt(promptId, true);
     std::vector<SnapshotSpan> spans;
     for (const SnapshotInfo& s : prompt.snapshots)
         spans.push_back({s.seqLen(), s.validatedUntil});

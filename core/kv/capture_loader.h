@@ -94,8 +94,10 @@ private:
         const std::string& id;
     };
     Located locate(const std::string& promptId) const;
-    // The prompt, or a BundleError when its structure was found broken on open.
-    const PromptInfo& usablePrompt(const std::string& promptId) const;
+    // The prompt, or a BundleError when its structure was found broken on open. `engineOnly`:
+    // only its engine data is read, so an engine-only capture's prompt whose one problem is
+    // that it holds no reference is usable too.
+    const PromptInfo& usablePrompt(const std::string& promptId, bool engineOnly = false) const;
     int groupOf(const BundleReader& reader, const std::string& layer) const;  // throws for a layer of no group
     // One snapshot: positions [0, seq_len - 1) (the last token is never written), in
     // `length` positions (the rest absent).

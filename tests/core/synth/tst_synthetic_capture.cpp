@@ -10,6 +10,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <hdf5.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -80,6 +82,7 @@ private slots:
     void layoutMatchesTheRules();
     void engineMatchesBaselineExceptTheFault();
     void cliInspect();
+    void cliInspectEngineOnly();
     void cliAnalyze();
     void modelNoiseFollowsTheModel();
     void longCleanCaptureHasNoSuspect();
@@ -180,6 +183,60 @@ void TestSyntheticCapture::cliInspect()
     QCOMPARE(bad.exitCode(), 2);
     const QString err = bad.readAllStandardError();
     QVERIFY2(err.contains(text) && err.contains("not an HDF5 file"), qPrintable(err));
+}
+
+// Every prompt's reference removed; marked engine-only (root attribute engine_only = 1) or not.
+static void dropReferences(const QString& path, bool markEngineOnly)
+{
+    const hid_t f = H5Fopen(path.toLocal8Bit().constData(), H5F_ACC_RDWR, H5P_DEFAULT);
+    QVERIFY(f >= 0);
+    for (const char* prompt : {"/prompts/prompt_0/reference", "/prompts/prompt_1/reference"})
+        QVERIFY(H5Ldelete(f, prompt, H5P_DEFAULT) >= 0);
+    if (markEngineOnly) {
+        const hid_t space = H5Screate(H5S_SCALAR);
+        const hid_t a = H5Acreate2(f, "engine_only", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+        const long long one = 1;
+        QVERIFY(H5Awrite(a, H5T_NATIVE_LLONG, &one) >= 0);
+        H5Aclose(a);
+        H5Sclose(space);
+    }
+    QVERIFY(H5Fclose(f) >= 0);
+}
+
+// An engine-only bundle (no reference, by design: diff and transfer read it) is inspected as
+// any other, with its prompts' provenance; a bundle without that mark missing a reference is not.
+void TestSyntheticCapture::cliInspectEngineOnly()
+{
+    SyntheticCaptureOptions options = m_options;
+    options.provenance = {R"([{"start": 0, "end": 32, "kind": "external", "connector": "NixlConnector"},)"
+                          R"( {"start": 32, "end": 40, "kind": "prefill", "chunk": 0}])"};
+    const auto inspect = [](const QString& path, QString& out, QString& err) {
+        QProcess p;
+        p.start(KVSCOPE_BINARY, {"inspect", path});
+        if (!p.waitForFinished(60000))
+            return -1;
+        out = p.readAllStandardOutput();
+        err = p.readAllStandardError();
+        return p.exitCode();
+    };
+    QString out, err;
+    const QString engineOnly = m_dir.filePath("engine_only.h5");
+    writeSyntheticCapture(engineOnly.toStdString(), options);
+    dropReferences(engineOnly, true);
+    QCOMPARE(inspect(engineOnly, out, err), 0);
+    QVERIFY2(err.isEmpty(), qPrintable(err));
+    QVERIFY2(out.contains("engine-only: no reference KV"), qPrintable(out));
+    QCOMPARE(out.count("reference: none (engine-only)"), 2);  // both prompts printed in full
+    QVERIFY2(out.contains("provenance:") && out.contains("NixlConnector"), qPrintable(out));
+    QVERIFY2(!out.contains("cannot be analysed"), qPrintable(out));
+    QVERIFY2(out.contains("model.layers.7.self_attn"), qPrintable(out));
+
+    const QString lacking = m_dir.filePath("no_reference.h5");
+    writeSyntheticCapture(lacking.toStdString(), options);
+    dropReferences(lacking, false);
+    QCOMPARE(inspect(lacking, out, err), 1);
+    QCOMPARE(err.count("the expected reference KV is required"), 2);
+    QVERIFY2(out.contains("cannot be analysed"), qPrintable(out));
 }
 
 void TestSyntheticCapture::cliAnalyze()
