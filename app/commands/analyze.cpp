@@ -4,6 +4,9 @@
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
 #include "analysis/layer_selection.h"
+#include "analysis/off_floor.h"
+#include "analysis/source_summary.h"
+#include "analysis/sweep_timeline.h"
 #include "analysis/suspect.h"
 #include "analysis/worst_cells.h"
 #include "format/bundle_error.h"
@@ -39,7 +42,41 @@ bool uniformLayers(const PromptAnalysis& p)
     return true;
 }
 
-void printPrompt(const PromptAnalysis& p, std::ostream& out)
+// Where the capture recorded each position's source: per source its off cells and worst cell,
+// and per layer each source's worst ratio (a fault of one path shows as one column).
+void printSources(const PromptAnalysis& p, const SuspectThresholds& thresholds, std::ostream& out)
+{
+    const std::vector<SourceSummary> sources = summarizeBySource(p, p.provenance, finalMapOffThresholds(p, thresholds));
+    out << "  by source (cells off the noise floor as the map paints them; ratios in floors):\n";
+    for (const SourceSummary& s : sources) {
+        out << "    " << std::left << std::setw(28) << s.source << " positions " << std::setw(14) << spanText(s.spans)
+            << " off " << s.offCells << " of " << s.cells << " cells";
+        if (s.worstLayer >= 0)
+            out << ", worst " << fixed(s.worstRatio) << " (" << p.layers[std::size_t(s.worstLayer)] << " token " << s.worstToken
+                << " " << partName(p, s.worstPart) << ")";
+        if (s.nonFinite)
+            out << ", " << s.nonFinite << " NaN/inf value(s)";
+        out << "\n";
+    }
+    constexpr std::size_t kColumns = 6;  // wider than a terminal past that: the JSON has them all
+    if (sources.size() < 2 || sources.size() > kColumns)
+        return;
+    out << "  per layer by source: worst ratio over the source's positions\n    " << std::setw(34) << "";
+    for (std::size_t i = 0; i < sources.size(); ++i)
+        out << std::right << std::setw(10) << ("[" + std::to_string(i + 1) + "]");
+    out << "   ";
+    for (std::size_t i = 0; i < sources.size(); ++i)
+        out << (i ? ", " : "") << "[" << i + 1 << "] " << sources[i].source;
+    out << "\n";
+    for (std::size_t l = 0; l < p.layers.size(); ++l) {
+        out << "    " << std::left << std::setw(34) << p.layers[l];
+        for (const SourceSummary& s : sources)
+            out << std::right << std::setw(10) << fixed(s.layerWorst[l]);
+        out << "\n";
+    }
+}
+
+void printPrompt(const PromptAnalysis& p, const SuspectThresholds& thresholds, std::ostream& out)
 {
     out << "\nprompt " << p.id << " (" << (p.threeWay ? "three-way" : "two-way") << "): prompt_len " << p.promptLen
         << ", " << p.tokens << " positions, " << p.layers.size() << " layers x "
@@ -79,10 +116,14 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
         if (p.heads > 1)  // (an MLA latent is one vector: no head to name)
             out << " head " << std::setw(3) << c.head;
         if (c.nonFinite)  // no number to rank by: what it holds, and where
-            out << partName(p, c.part) << " holds " << nonFiniteSideText(c) << "\n";
+            out << partName(p, c.part) << " holds " << nonFiniteSideText(c);
         else
             out << partName(p, c.part) << (p.threeWay ? "_linf " : "_l2 ") << std::setw(9) << fixed(c.error) << " floor "
-                << std::setw(9) << fixed(c.baseError) << " ratio " << fixed(c.ratio) << "\n";
+                << std::setw(9) << fixed(c.baseError) << " ratio " << std::setw(9) << fixed(c.ratio);
+        if (!p.provenance.empty())  // grouped by where the KV came from: the source of each
+            if (const ProvenanceRange* r = provenanceAt(p.provenance, c.token))
+                out << " from " << sourceOf(*r);
+        out << "\n";
     }
 
     // Per layer: the largest L-inf, and (three-way) the lowest per-token BC against the noise
@@ -111,10 +152,31 @@ void printPrompt(const PromptAnalysis& p, std::ostream& out)
             << " values" << (uniformLayers(p) ? " (" + std::to_string(p.heads) + " heads x " +
                                                     std::to_string(std::min(p.dims.k, p.dims.v)) + ")" : "")
             << ", too few for one to mean anything; the combined BC below pools every token)\n";
+    if (!p.provenance.empty())
+        printSources(p, thresholds, out);
     for (const std::string& problem : p.problems)
         out << "  problem: " << problem << "\n";
     if (!p.nonFinite.empty())
         out << "  " << p.nonFinite.size() << " cell(s) hold NaN or infinity in their input (listed in the JSON)\n";
+}
+
+// A soak run: each capture's (or request's) worst cell and off cells in order of time.
+void printTimeline(const SweepTimeline& t, std::ostream& out)
+{
+    out << "\nover " << (t.perBundle ? "the sweep" : "the requests") << " ("
+        << (t.byTime ? "by capture time" : t.perBundle ? "in bundle order: not every bundle recorded a distinct time" : "by request index")
+        << "): worst cell in floors, off cells, prompts with a suspect\n";
+    for (const TimelinePoint& p : t.points) {
+        std::ostringstream off;
+        off << std::setprecision(2) << std::fixed << 100 * p.offFraction << "%";
+        out << "    " << std::left << std::setw(28) << p.name;
+        if (t.byTime)
+            out << " +" << std::setw(9) << (std::to_string(std::int64_t(p.x)) + " s");
+        out << " worst " << std::setw(9) << fixed(p.worstRatio) << " off " << std::setw(8)
+            << (std::isnan(p.offFraction) ? std::string("-") : off.str()) << " suspects " << p.suspects << "/" << p.prompts << "\n";
+    }
+    if (!t.trend.empty())
+        out << "  trend: " << t.trend << "\n";
 }
 
 }  // namespace
@@ -199,7 +261,7 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
             std::ofstream file(jsonPath, std::ios::binary);
             if (!file)
                 throw BundleError(jsonPath, {}, "cannot be written");
-            writeAnalysisJson(result, file);
+            writeAnalysisJson(result, file, options.suspects);
             if (!file.flush())
                 throw BundleError(jsonPath, {}, "write failed");
             out << "wrote " << jsonPath << "\n";
@@ -215,7 +277,9 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
         for (const std::string& line : describeNotCompared(result.notCompared))
             out << "not compared: " << line << "\n";
         for (const PromptAnalysis& p : result.prompts)
-            printPrompt(p, out);
+            printPrompt(p, options.suspects, out);
+        if (const std::optional<SweepTimeline> timeline = sweepTimeline(result, options.suspects))
+            printTimeline(*timeline, out);
         if (result.aggregate) {
             const AggregateBc& a = *result.aggregate;
             out << "\naggregate over " << a.promptIds.size() << " three-way prompt(s), " << a.generationCount

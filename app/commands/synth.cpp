@@ -101,6 +101,7 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.integer("--fault-head", o.faultHead);
     parser.integer("--fault-rank", o.faultRank);
     parser.integer("--fault-step", o.faultStep);
+    parser.text({"--provenance"}, o.provenance);
     bool modelFreeCapture = false;
     parser.flag("--model-free", modelFreeCapture);
     std::optional<SyntheticResultsOptions> results;  // a results file, no capture

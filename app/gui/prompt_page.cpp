@@ -1,6 +1,7 @@
 #include "gui/prompt_page.h"
 
 #include "analysis/map_spec.h"
+#include "analysis/source_summary.h"
 #include "analysis/off_floor.h"
 #include "analysis/suspect.h"
 #include "analysis/worst_cells.h"
@@ -8,6 +9,7 @@
 #include "gui/drill_down_panel.h"
 #include "gui/worst_cells_model.h"
 #include "widgets/heatmap_view.h"
+#include "widgets/provenance_strip.h"
 
 #include <QElapsedTimer>
 #include <QFileInfo>
@@ -33,6 +35,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     : QSplitter(Qt::Horizontal, parent)
     , m_controller(controller)
     , m_heatmap(new HeatmapView)
+    , m_provenance(new ProvenanceStrip(m_heatmap))
     , m_drill(new DrillDownPanel(*controller))
     , m_vertical(new QSplitter(Qt::Vertical))
     , m_worstModel(new WorstCellsModel(this))
@@ -92,7 +95,14 @@ void PromptPage::layOut()
     sideLayout->addWidget(m_replicas);
     sideLayout->addWidget(m_notCompared);
 
-    m_vertical->addWidget(m_heatmap);
+    // The strip under the map shares its token axis: both start at the box's left edge.
+    auto* mapAndStrip = new QWidget;
+    auto* mapLayout = new QVBoxLayout(mapAndStrip);
+    mapLayout->setContentsMargins(0, 0, 0, 0);
+    mapLayout->setSpacing(0);
+    mapLayout->addWidget(m_heatmap, 1);
+    mapLayout->addWidget(m_provenance);
+    m_vertical->addWidget(mapAndStrip);
     m_vertical->addWidget(m_drill);
     m_vertical->setStretchFactor(0, 3);
     m_vertical->setStretchFactor(1, 2);
@@ -388,6 +398,7 @@ void PromptPage::clear(const QString& message)
     m_rowStartShown = 0;
     ++m_opening;  // a map still being built is of what was open
     m_heatmap->showEmpty(message);
+    m_provenance->setProvenance({});
     m_worstModel->setCells(nullptr, {});
     m_suspects->clear();
     m_evidence->clear();
@@ -495,6 +506,7 @@ void PromptPage::showHeatmap(BuiltMap& built)
     if (m_settings.autoRange)
         emit autoRangeChosen(built.spec.range);
     m_heatmap->showMap(built.spec);
+    m_provenance->setProvenance(built.spec.provenance);
     m_heatmap->setScale(built.spec.scale, toQcpRange(built.spec.range), built.logarithmic);
     m_rowStartShown = built.rowStart.row ? built.rowStart.row->columns : 0;
     m_heatmap->setPendingRows(built.ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."),
@@ -677,6 +689,8 @@ QString PromptPage::cellTooltip(int row, qint64 token) const
     if (std::size_t(token) < info.tokenStrings.size())
         text += QString(" '%1'").arg(QString::fromStdString(info.tokenStrings[std::size_t(token)]).toHtmlEscaped());
     text += token < p->promptLen ? tr(" (prefill)") : tr(" (decode)");
+    if (const ProvenanceRange* source = provenanceAt(p->provenance, token))
+        text += tr("<br>KV from: %1").arg(QString::fromStdString(sourceOf(*source)).toHtmlEscaped());
     for (const Divergence& d : p->divergences)
         if (d.position == token) {
             text += tr("<br><b>divergence</b>");

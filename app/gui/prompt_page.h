@@ -25,6 +25,7 @@ namespace kvscope {
 class AnalysisController;
 class DrillDownPanel;
 class HeatmapView;
+class ProvenanceStrip;
 struct Suspect;
 class WorstCellsModel;
 
@@ -118,6 +119,7 @@ private:
 
     AnalysisController* m_controller;
     HeatmapView* m_heatmap;
+    ProvenanceStrip* m_provenance;  // under the map
     DrillDownPanel* m_drill;
     QSplitter* m_vertical;
     WorstCellsModel* m_worstModel;

@@ -1,5 +1,6 @@
 #include "gui/worst_cells_model.h"
 
+#include "analysis/source_summary.h"
 #include "format/kv_cache_config.h"
 
 namespace kvscope {
@@ -12,6 +13,7 @@ void WorstCellsModel::setCells(const PromptAnalysis* prompt, std::vector<WorstCe
     m_threeWay = prompt && prompt->threeWay;
     m_partNames = prompt ? prompt->partNames : std::array<std::string, 2>{"k", "v"};
     m_oneHead = prompt && prompt->heads == 1;
+    m_provenance = prompt ? prompt->provenance : std::vector<ProvenanceRange>{};
     endResetModel();
 }
 
@@ -32,15 +34,18 @@ QVariant WorstCellsModel::data(const QModelIndex& index, int role) const
     const WorstCell& c = m_cells[std::size_t(index.row())];
     if (role == Qt::ToolTipRole) {  // the floor here: a sixth column would not fit a 1024-pixel screen's side panel
         const QString layer = QString::fromStdString(m_layers[std::size_t(c.layer)]);
+        const ProvenanceRange* source = provenanceAt(m_provenance, c.token);
+        const QString from = source ? QStringLiteral("; KV from %1").arg(QString::fromStdString(sourceOf(*source))) : QString();
         if (c.nonFinite)
-            return layer + QStringLiteral(": an input holds NaN or infinity, listed first whatever the floor");
-        return QStringLiteral("%1, token %2: %3 %4 over the cell's noise floor %5 = %6 floors")
+            return layer + QStringLiteral(": an input holds NaN or infinity, listed first whatever the floor") + from;
+        return QStringLiteral("%1, token %2: %3 %4 over the cell's noise floor %5 = %6 floors%7")
             .arg(layer)
             .arg(c.token)
             .arg(m_threeWay ? QStringLiteral("L-inf") : QStringLiteral("L2"))
             .arg(c.error, 0, 'g', 4)
             .arg(c.baseError, 0, 'g', 4)
-            .arg(c.ratio, 0, 'g', 4);
+            .arg(c.ratio, 0, 'g', 4)
+            .arg(from);
     }
     if (role == Qt::TextAlignmentRole)
         return int(Qt::AlignRight | Qt::AlignVCenter);

@@ -30,6 +30,7 @@ private:
     bool m_threeWay = false;
     std::array<std::string, 2> m_partNames{"k", "v"};  // c_kv, k_pe for an MLA latent
     bool m_oneHead = false;
+    std::vector<ProvenanceRange> m_provenance;  // the prompt's: a row's tooltip names its source
 };
 
 }  // namespace kvscope

@@ -146,14 +146,6 @@ void renderPng(const ReportMap& m, const QString& path)
         throw std::runtime_error(("cannot write " + path).toStdString());
 }
 
-// The map in floors' off level per layer, the suspects' own in the layers they affect (as the app).
-std::vector<double> reportOffThresholds(const PromptAnalysis& p, const SuspectThresholds& suspects)
-{
-    std::vector<double> thresholds = mapOffThresholds(p, suspects, nullptr);
-    useSuspectThresholds(p, suspects, nullptr, thresholds);
-    return thresholds;
-}
-
 // A prompt's name as part of a map's file name and HTML id: a sweep's "BUNDLE/ID" without the
 // slash, which would make a folder of it.
 std::string mapName(const std::string& promptId)
@@ -204,7 +196,7 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
                 shown.range = dataRange(p, spec, false);
                 maps.push_back({mapName(p.id) + "_" + partName(p, part) + "_" + key, std::move(shown),
                                 poolColumns(full, 0, full.columns, kMaxReportColumns, lowerIsWorse(metric)),
-                                metric == HeatmapMetric::ErrorRatio ? reportOffThresholds(p, suspects) : std::vector<double>()});
+                                metric == HeatmapMetric::ErrorRatio ? finalMapOffThresholds(p, suspects) : std::vector<double>()});
             }
     }
     if (result.aggregate) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 namespace kvscope {
 
@@ -459,6 +460,26 @@ struct AggregateBcOf {
 const AggregateBcOf kAggregateBcs[] = {{"bc", &AggregateBc::bc, &AggregateBc::combined},
                                        {"bc_vs_noise", &AggregateBc::bcVsNoise, &AggregateBc::combinedVsNoise}};
 
+// A prompt's provenance ranges, as the bundle's attribute writes them (format/provenance.h).
+void writeProvenanceRanges(JsonWriter& w, const std::vector<ProvenanceRange>& ranges)
+{
+    w.array(ranges.size(), [&](std::size_t i) {
+        const ProvenanceRange& r = ranges[i];
+        w.beginObject().field("start", r.start).field("end", r.end).field("kind", provenanceKindName(r.kind));
+        if (r.chunk)
+            w.field("chunk", *r.chunk);
+        if (!r.blocks.empty())
+            w.key("blocks").numbers(r.blocks);
+        if (!r.connector.empty())
+            w.field("connector", r.connector);
+        if (r.step)
+            w.field("step", *r.step);
+        if (r.preemption)
+            w.field("preemption", *r.preemption);
+        w.endObject();
+    });
+}
+
 std::string partKey(const char* prefix, KvPart part, const char* name)
 {
     return std::string(prefix) + kvPartName(part) + "_" + name;  // "k_bc", "combined_v_bc_vs_noise"
@@ -492,6 +513,8 @@ void writePromptShape(JsonWriter& w, const PromptAnalysis& p)
         .strings(p.layers)
         .key("layer_groups")
         .numbers(p.layerGroups);
+    if (!p.provenance.empty())  // (absent without: a bundle without provenance reads as before)
+        writeProvenanceRanges(w.key("provenance"), p.provenance);
 }
 
 void readPromptShape(const JsonFields& f, const Json& j, const std::string& where, PromptAnalysis& p)
@@ -519,6 +542,13 @@ void readPromptShape(const JsonFields& f, const Json& j, const std::string& wher
     if (p.layerHeads.size() != layers || p.layerDims.size() != layers || p.layerGroups.size() != layers)
         f.fail(where + "layer_names", "layer_heads, layer_head_dims and layer_groups must have one entry per layer");
     readFingerprints(f, j, where, p);
+    if (j.contains("provenance") && !j.at("provenance").is_null()) {
+        try {
+            p.provenance = parseProvenance(j.at("provenance").dump(), p.tokens);
+        } catch (const std::invalid_argument& e) {
+            f.fail(where + "provenance", e.what());
+        }
+    }
 }
 
 void writePromptDivergences(JsonWriter& w, const PromptAnalysis& p)

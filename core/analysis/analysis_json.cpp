@@ -2,6 +2,8 @@
 
 #include "analysis/analysis_fields.h"
 #include "analysis/off_floor.h"
+#include "analysis/source_summary.h"
+#include "analysis/sweep_timeline.h"
 #include "util/json_writer.h"
 
 namespace kvscope {
@@ -22,7 +24,37 @@ void writeLayerRows(JsonWriter& w, const SpillableArray& values, std::size_t lay
     });
 }
 
-void writePrompt(JsonWriter& w, const PromptAnalysis& p)
+// Per source of the prompt's positions (where the capture recorded provenance).
+void writeSources(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds& thresholds)
+{
+    const std::vector<SourceSummary> sources = summarizeBySource(p, p.provenance, finalMapOffThresholds(p, thresholds));
+    w.array(sources.size(), [&](std::size_t i) {
+        const SourceSummary& s = sources[i];
+        w.beginObject()
+            .field("source", s.source)
+            .field("kind", provenanceKindName(s.kind))
+            .key("spans")
+            .array(s.spans.size(), [&](std::size_t k) { w.numbers(std::vector<std::int64_t>{s.spans[k].first, s.spans[k].second}); })
+            .field("positions", s.positions)
+            .field("cells", s.cells)
+            .field("off_cells", s.offCells)
+            .field("non_finite", s.nonFinite)
+            .key("worst");
+        if (s.worstLayer < 0)
+            w.null();
+        else
+            w.beginObject()
+                .field("ratio", s.worstRatio)
+                .field("layer", p.layers[std::size_t(s.worstLayer)])
+                .field("token", s.worstToken)
+                .field("part", p.partNames[std::size_t(s.worstPart)])
+                .endObject();
+        w.key("layer_worst").floatRow(s.layerWorst.data(), s.layerWorst.size());
+        w.endObject();
+    });
+}
+
+void writePrompt(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds& thresholds)
 {
     writePromptShape(w.beginObject(), p);
     // (the divergences' positions alone, for readers of the JSON: the record does without)
@@ -57,12 +89,38 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
         w.endObject();
     }
     writePromptFindings(w, p);
+    if (!p.provenance.empty())
+        writeSources(w.key("sources"), p, thresholds);
     w.endObject();
+}
+
+// A soak run's statistic per capture (or request) against time (analysis/sweep_timeline.h).
+void writeTimeline(JsonWriter& w, const SweepTimeline& t)
+{
+    w.beginObject()
+        .field("points_are", t.perBundle ? "bundles" : "prompts")
+        .field("x", t.byTime ? "seconds since the first capture" : t.perBundle ? "bundle index" : "request index")
+        .field("rank_correlation", t.rankCorrelation)
+        .field("trend", t.trend.empty() ? std::optional<std::string>() : t.trend)
+        .key("points")
+        .array(t.points.size(), [&](std::size_t i) {
+            const TimelinePoint& p = t.points[i];
+            w.beginObject()
+                .field("name", p.name)
+                .field("created", p.created.empty() ? std::optional<std::string>() : p.created)
+                .field("x", p.x)
+                .field("prompts", p.prompts)
+                .field("worst_ratio", p.worstRatio)
+                .field("off_fraction", p.offFraction)
+                .field("prompts_with_suspect", p.suspects)
+                .endObject();
+        })
+        .endObject();
 }
 
 }  // namespace
 
-void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
+void writeAnalysisJson(const AnalysisResult& result, std::ostream& out, const SuspectThresholds& thresholds)
 {
     JsonWriter w(out);
     w.beginObject()
@@ -77,8 +135,11 @@ void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
                 .field("path", b.path)
                 .field("analysed", b.problem.empty())
                 .field("problem", b.problem.empty() ? std::optional<std::string>() : b.problem)
+                .field("created", b.created.empty() ? std::optional<std::string>() : b.created)
                 .endObject();
         });
+    if (const std::optional<SweepTimeline> timeline = sweepTimeline(result, thresholds))
+        writeTimeline(w.key("timeline"), *timeline);
     w.key("layout")
         .beginObject()
         .field("metrics", "[layer][token][head]")
@@ -86,7 +147,7 @@ void writeAnalysisJson(const AnalysisResult& result, std::ostream& out)
         .field("aggregate_bc", "[layer][generation_index]")
         .endObject();
     writeDocumentFindings(w, result);
-    w.key("prompts").array(result.prompts.size(), [&](std::size_t i) { writePrompt(w, result.prompts[i]); });
+    w.key("prompts").array(result.prompts.size(), [&](std::size_t i) { writePrompt(w, result.prompts[i], thresholds); });
     writeAggregateFields(w, result.aggregate, AggregateRows::WithPerGeneration);
     w.endObject();
     out << '\n';

@@ -4,11 +4,13 @@
 // for three-way prompts. Its fields other than the per-cell arrays are analysis_fields.h's.
 
 #include "analysis/analysis_result.h"
+#include "analysis/suspect.h"
 
 #include <ostream>
 
 namespace kvscope {
 
-void writeAnalysisJson(const AnalysisResult& result, std::ostream& out);
+// `thresholds`: the suspects' (the off level of a prompt's `sources`, analysis/source_summary.h).
+void writeAnalysisJson(const AnalysisResult& result, std::ostream& out, const SuspectThresholds& thresholds = {});
 
 }  // namespace kvscope

@@ -8,6 +8,7 @@
 #include "format/dtype.h"
 #include "format/raw_tensor.h"
 #include "format/paged_kv.h"
+#include "format/provenance.h"
 #include "kv/layer_kv.h"
 #include "kv/replica_check.h"
 #include "kv/sweep.h"
@@ -86,6 +87,7 @@ struct PromptAnalysis {
     std::vector<DType> layerDtypes;   // the engine cache's storage dtype per layer
     std::vector<CacheScales> cacheScales;  // [layer], for quantised caches
     std::vector<Divergence> divergences;
+    std::vector<ProvenanceRange> provenance;  // where each position's KV came from, as captured (may be empty)
     // Tens of megabytes for a large model at 2k tokens, gigabytes at 128k: then spilled to a
     // temporary file (allocate()), and released a layer at a time by what reads them.
     std::array<SpillableArray, kMetricCount> metrics;  // [layer][token][head]

@@ -80,6 +80,7 @@ PromptAnalysis emptyPrompt(const CaptureLoader& loader, const PromptInfo& info, 
     p.id = info.id;
     p.inputIds = info.inputIds;
     p.promptLen = info.promptLen;
+    p.provenance = info.provenance;
     p.tokens = info.snapshots.back().seqLen();
     const KvCacheGroup& group = layers.empty() ? config.firstCompared() : config.groups[std::size_t(config.groupOf(layers.front()))];
     p.dims = headDimsOf(group);

@@ -165,6 +165,7 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
     m.prefillBoundary = double(prompt.promptLen) - 0.5;
     for (const Divergence& d : prompt.divergences)
         m.divergences.push_back(d.position);
+    m.provenance = prompt.provenance;
     if (withSuspect && !prompt.suspects.empty()) {
         const Suspect& s = prompt.suspects.front();
         const auto rowOf = [&](const std::string& layer) {

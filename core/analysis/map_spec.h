@@ -88,6 +88,9 @@ struct MapSpec {
     int onsetRow = -1;
     std::vector<int> spreadRows;
     std::string spreadLabel;
+    // Where each position's KV came from (the prompt's provenance): a strip under the token
+    // axis. Empty: not recorded.
+    std::vector<ProvenanceRange> provenance;
 };
 
 // A per-prompt map (layers x tokens), with its scale's default range (the data's is dataRange:

@@ -236,6 +236,13 @@ void useSuspectThresholds(const PromptAnalysis& p, const SuspectThresholds& th, 
             }
 }
 
+std::vector<double> finalMapOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th)
+{
+    std::vector<double> thresholds = mapOffThresholds(p, th, nullptr);
+    useSuspectThresholds(p, th, nullptr, thresholds);
+    return thresholds;
+}
+
 OffFloor findOffFloor(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
                       WorkTeam* team, const EarlierRun* earlier)
 {

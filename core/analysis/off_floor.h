@@ -82,6 +82,10 @@ std::vector<double> mapOffThresholds(const PromptAnalysis& p, const SuspectThres
 void useSuspectThresholds(const PromptAnalysis& p, const SuspectThresholds& th, const std::vector<char>* layersReady,
                           std::vector<double>& thresholds);
 
+// What the map paints off once the analysis is over: mapOffThresholds, the suspects' own in
+// their layers (useSuspectThresholds). Every view that says "off" after the fact uses it.
+std::vector<double> finalMapOffThresholds(const PromptAnalysis& p, const SuspectThresholds& th);
+
 struct OffFloor {
     CellRatios ratios;
     std::int64_t tested = 0;      // finite cells of the finished layers

@@ -107,6 +107,7 @@ Sweep openSweep(const std::vector<std::string>& operands, UnreadableBlockPolicy 
             if (probe)
                 probe(path);
             auto reader = std::make_shared<const BundleReader>(path);
+            bundle.created = reader->metadata().created;
             if (!members.empty())
                 if (const std::string mismatch = sweepMismatch(*members.front().reader, *reader); !mismatch.empty())
                     bundle.problem = BundleError(path, {}, mismatch).what();

@@ -20,6 +20,7 @@ struct SweepBundle {
     std::string name;     // what its prompts' names start with
     std::string path;
     std::string problem;  // why it was left out; empty when it is part of the sweep
+    std::string created{};  // when it was captured (its metadata's ISO 8601 time; empty: not recorded)
 };
 
 struct Sweep {

@@ -1,4 +1,5 @@
 #include "synth/model_capture.h"
+#include "synth/synthetic_provenance.h"
 
 #include "format/bundle_writer.h"
 #include "format/nvfp4.h"
@@ -1311,6 +1312,8 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     out.record.inputIds.assign(tokens.begin(), tokens.begin() + promptLen);
     out.record.teacherTokens.assign(tokens.begin() + promptLen, tokens.end());
     out.record.divergencePositions = divergences;
+    if (!o.provenance.empty())
+        out.record.provenance = provenanceFromSpec(o.provenance, promptLen, total - promptLen);
     for (std::int64_t t : tokens)
         out.record.tokenStrings.push_back(tokenText(t));
 

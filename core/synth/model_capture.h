@@ -153,6 +153,9 @@ struct ModelCaptureOptions {
     static constexpr int kDefaultStep = -1000000;
     int faultStep = kDefaultStep;
     std::string model = "kvscope-synth";
+    // Where each position's KV came from, recorded on every prompt (synthetic_provenance.h's
+    // SPEC); empty: not recorded.
+    std::string provenance;
     int threads = 0;  // prompts computed in parallel (0: one per core); the result does not depend on it
 };
 

@@ -197,6 +197,11 @@ PromptAnalysis handMadePrompt(bool threeWay)
     p.layers = {"model.layers.0.attn", "model.layers.5.attn"};
     p.layerGroups = {0, 2};
     p.layerDtypes = {DType::BFloat16, DType::Float8E4M3};
+    // Positions 0-1 from the prefix cache (blocks 17), 2 loaded by a connector, 3-4 decode steps.
+    p.provenance = parseProvenance(R"([{"start": 0, "end": 2, "kind": "prefix_cache", "blocks": [17]},
+        {"start": 2, "end": 3, "kind": "external", "connector": "Nixl\"Connector"},
+        {"start": 3, "end": 4, "kind": "decode", "step": 0}, {"start": 4, "end": 5, "kind": "decode", "step": 1}])",
+                                   5);
     p.allocate();  // (the JSON writes the arrays too; allocate forgets the scales)
     p.cacheScales[1].granularity = ScaleGranularity::Head;
     p.cacheScales[1].heads = {std::vector<float>{0.5f, 0.25f}, std::vector<float>{1.5f, 3e-5f}};
@@ -338,6 +343,8 @@ void compareShape(const PromptAnalysis& got, const PromptAnalysis& want)
     QVERIFY(got.partNames == want.partNames);
     QCOMPARE(got.layers, want.layers);
     QCOMPARE(got.layerGroups, want.layerGroups);
+    QVERIFY(describeProvenance(got.provenance) == describeProvenance(want.provenance));
+    QVERIFY(got.provenance.front().blocks == want.provenance.front().blocks);
 }
 
 void compareFindings(const PromptAnalysis& got, const PromptAnalysis& want)
@@ -446,6 +453,14 @@ void TestAnalysisJson::recordSharesTheJsonFields()
     QCOMPARE(fromRecord.aggregate.has_value(), threeWay);
     if (threeWay)
         compareAggregate(*fromRecord.aggregate, *made.aggregate, false);
+
+    // The JSON splits the prompt by source; a record does not keep what it can compute again.
+    const Json& sources = prompt.at("sources");
+    QCOMPARE(sources.size(), std::size_t(3));
+    QCOMPARE(sources.at(1).at("source").get<std::string>(), std::string("external (Nixl\"Connector)"));
+    QVERIFY(sources.at(2).at("spans") == Json::parse("[[3, 5]]"));
+    QCOMPARE(sources.at(2).at("positions").get<int>(), 2);
+    QVERIFY(!record.at("prompts").at(0).contains("sources"));
 
     compareKeys(record, json, {"options", "prompts", "aggregate"});
     compareKeys(record.at("prompts").at(0), prompt, {"layer_dtypes", "cache_scales"});
