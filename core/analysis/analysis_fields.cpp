@@ -119,8 +119,14 @@ void writeHypothesis(JsonWriter& w, const Hypothesis& h)
     w.beginObject().field("kind", h.kind).key("parameters").beginObject();
     for (const auto& [name, value] : h.parameters)
         w.field(name, value);
-    w.endObject()
-        .field("text", h.text)
+    w.endObject();
+    if (!h.labels.empty()) {  // absent otherwise: the JSON of kinds without names is as before
+        w.key("labels").beginObject();
+        for (const auto& [name, value] : h.labels)
+            w.field(name, value);
+        w.endObject();
+    }
+    w.field("text", h.text)
         .field("residual_floors", h.residualFloors)
         .field("error_floors", h.errorFloors)
         .field("explained_share", h.explainedShare)
@@ -140,6 +146,16 @@ Hypothesis readHypothesis(const JsonFields& f, const Json& h, const std::string&
         if (!value.is_number() && !value.is_null())
             f.fail(where + "parameters." + name, "must be a number");
         out.parameters.emplace_back(name, value.is_null() ? std::nan("") : value.get<double>());
+    }
+    if (h.contains("labels")) {
+        const Json& labels = h.at("labels");
+        if (!labels.is_object())
+            f.fail(where + "labels", "must be an object");
+        for (const auto& [name, value] : labels.items()) {
+            if (!value.is_string())
+                f.fail(where + "labels." + name, "must be a string");
+            out.labels.emplace_back(name, value.get<std::string>());
+        }
     }
     out.text = f.text(h, "text", where);
     out.residualFloors = f.number(h, "residual_floors", where);

@@ -1,5 +1,6 @@
 #include "analysis/hypotheses.h"
 
+#include "kv/block_layout.h"
 #include "util/short_number.h"
 #include <algorithm>
 #include <cmath>
@@ -274,6 +275,95 @@ void tryKvSwap(const Tester& t, std::vector<Tried>& out)
         return src != nullptr;
     });
     out.push_back({{"kv_swap", {}, "K holds the reference's V and V its K", r, 0, t.share()}, 1});
+}
+
+// The block read in another order than written (kv/block_layout.h): each engine row predicted
+// by the reference row the misread puts there, within the rank's block (same logical block,
+// the rank's heads). Rows the writing snapshot had not written yet are not predicted (their
+// slot held whatever it held); at least half the cells must be predicted.
+void tryLayout(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
+{
+    const std::string& layer = in.prompt.layers[std::size_t(in.layer)];
+    const int g = in.prompt.layerGroups[std::size_t(in.layer)];
+    if (g < 0 || in.config.dcpSize > 1 || in.prompt.headsOf(in.layer) < 1)
+        return;  // under DCP a block's rows are not consecutive positions
+    const int bs = int(in.config.groups[std::size_t(g)].blockSize);
+    const TpLayout tp = in.config.layoutOf(layer);
+    const int perRank = tp.mode() == TpMode::Partitioned ? tp.headsPerRank() : 1;
+    if (bs < 1 || perRank < 1)
+        return;
+    const auto writtenUntil = [&](std::int64_t token) -> std::int64_t {
+        if (!in.snapshots || in.snapshots->empty())
+            return in.reference.seq;
+        std::size_t s = 0;
+        while (s + 1 < in.snapshots->size() && token >= (*in.snapshots)[s].validatedUntil)
+            ++s;
+        const std::int64_t len = (*in.snapshots)[s].seqLen();
+        return len > 0 ? len : in.reference.seq;
+    };
+    const bool sameWidth = t.dim(KvPart::K) == t.dim(KvPart::V);
+    // Misreads that move every row of this block's shape alike are one hypothesis (with one head
+    // a rank, K and V split head-major and token-major are the same bytes): tried once, named
+    // with every name it has.
+    const std::vector<BlockMisread> misreads = blockMisreads(perRank, bs, sameWidth);
+    const auto rowsOf = [&](const BlockMisread& m) {
+        std::vector<int> rows;
+        for (KvPart part : {KvPart::K, KvPart::V})
+            for (int h = 0; h < perRank; ++h)
+                for (int r = 0; r < bs; ++r) {
+                    const BlockRow from = m.source({part, h, r});
+                    rows.push_back(((int(from.part) * perRank + from.head) * bs) + from.row);
+                }
+        return rows;
+    };
+    std::vector<std::vector<int>> seen;
+    double best = kInf, bestShare = 0;
+    const BlockMisread* chosen = nullptr;
+    std::vector<int> chosenRows;
+    for (const BlockMisread& m : misreads) {
+        if (m.writtenAs == "k_v")
+            continue;  // kv_swap says it
+        std::vector<int> rows = rowsOf(m);
+        if (std::find(seen.begin(), seen.end(), rows) != seen.end())
+            continue;
+        seen.push_back(rows);
+        std::vector<double> r;
+        std::size_t within = 0, identity = 0;
+        for (const OffCell& c : t.cells()) {
+            const std::int64_t e = c.token / bs;
+            const BlockRow from = m.source({c.part, c.head, int(c.token - e * bs)});
+            if (from.part == c.part && from.head == c.head && from.row == int(c.token - e * bs))
+                ++identity;  // read where written: this misread moves nothing there
+            const std::int64_t token = e * bs + from.row;
+            if (token >= writtenUntil(c.token) || from.head >= in.reference.heads)
+                continue;
+            const float* src = t.reference(token, from.head, from.part);
+            if (!src || t.dim(from.part) != t.dim(c.part))
+                continue;
+            r.push_back(t.residual(c, src));
+            within += r.back() <= in.explained;
+        }
+        if (identity * 2 > t.cells().size() || r.size() * 2 < t.cells().size())
+            continue;
+        const double res = median(r);
+        if (res < best)
+            best = res, bestShare = double(within) / double(t.cells().size()), chosen = &m, chosenRows = rows;
+    }
+    if (!chosen)
+        return;
+    std::string same;
+    for (const BlockMisread& m : misreads)
+        if (&m != chosen && m.writtenAs != "k_v" && rowsOf(m) == chosenRows)
+            same += (same.empty() ? "" : ", ") + m.writtenAs + "/" + m.readAs;
+    Hypothesis h{"layout", {{"block_size", double(bs)}, {"heads_per_rank", double(perRank)}}, "", best, 0, bestShare};
+    h.labels = {{"written_as", chosen->writtenAs}, {"read_as", chosen->readAs}};
+    if (!same.empty())
+        h.labels.push_back({"same_bytes_as", same});
+    h.text = "each TP rank's block (" + std::to_string(perRank) + " head(s) x " + std::to_string(bs) +
+             " rows) was written " + chosen->writtenAs + " and read " + chosen->readAs +
+             (same.empty() ? std::string() : " (at this shape the same bytes as " + same + ")") +
+             ": the reference laid out that way and read the other way gives the engine's values";
+    out.push_back({h, 2});
 }
 
 void tryScale(const Tester& t, const HypothesisInput& in, std::vector<Tried>& out)
@@ -911,6 +1001,7 @@ std::vector<Hypothesis> testHypotheses(const HypothesisInput& in)
     tryTokenShift(t, in, tried);
     tryHeadMap(t, in, tried);
     tryKvSwap(t, tried);
+    tryLayout(t, in, tried);
     tryScale(t, in, tried);
     tryCacheScales(t, in, tried);
     tryRope(t, in, tried);

@@ -7,6 +7,9 @@
 // bug:
 // - data from elsewhere: token t holds reference token t + d; head i holds reference head j
 //   (a rank holding another rank's shard is such a mapping); K holds V and V holds K;
+// - a layout: each TP rank's block read in another order than written (kv/block_layout.h:
+//   token-major against head-major, K and V split against interleaved), the reference laid
+//   out as the engine wrote it and re-read the other way;
 // - a scale: the least-squares factor per head and part, reported per layer, rank or head;
 // - zeros: never written;
 // - RoPE (with the bundle's rope settings): K rotated for another position (a constant
@@ -20,6 +23,7 @@
 
 #include "analysis/off_floor.h"
 #include "analysis/suspect.h"
+#include "format/capture_bundle.h"
 #include "format/kv_cache_config.h"
 #include "format/rope_settings.h"
 #include "kv/sampled_layer.h"
@@ -40,6 +44,9 @@ struct HypothesisInput {
     const SampledLayer& reference;      // the side the analysis measures against (three-way: the baseline)
     std::optional<RopeSettings> rope;
     double explained = 2.0;             // a residual at most this explains the error (floors)
+    // The prompt's snapshots (when known): a layout misread reads rows of the block that the
+    // snapshot that wrote a position had not written yet, whose values nothing predicts.
+    const std::vector<SnapshotInfo>* snapshots = nullptr;
 };
 
 // Every hypothesis tried, best first: lowest residual, the simpler one on a near tie.

@@ -42,12 +42,14 @@ struct SuspectThresholds {
 // cells (analysis/hypotheses.h): what it is, its parameters, and how far from the engine it
 // leaves them, in the same floors as the error.
 struct Hypothesis {
-    std::string kind;  // "scale", "token_shift", "head_swap", "kv_swap", "zeros", "unrelated", "rope_offset", ...
+    std::string kind;  // "scale", "token_shift", "head_swap", "kv_swap", "layout", "zeros", "unrelated", "rope_offset", ...
     std::vector<std::pair<std::string, double>> parameters;  // e.g. {"factor", 1.25}, {"offset", 1}
     std::string text;               // "actual head 0 holds reference head 1"
     double residualFloors = 0;      // median over the off cells of their error after it
     double errorFloors = 0;         // the same cells' median error before it
     double explainedShare = 0;      // the share of the off cells it brings back near the floor
+    // Parameters that are names (a layout's "written_as" / "read_as"); empty for most kinds.
+    std::vector<std::pair<std::string, std::string>> labels{};
 
     // A parameter's value (NaN when it has none of that name).
     double parameter(const std::string& name) const
@@ -56,6 +58,14 @@ struct Hypothesis {
             if (n == name)
                 return v;
         return std::nan("");
+    }
+    // A label's value (empty when it has none of that name).
+    std::string label(const std::string& name) const
+    {
+        for (const auto& [n, v] : labels)
+            if (n == name)
+                return v;
+        return {};
     }
 };
 

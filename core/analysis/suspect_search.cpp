@@ -172,7 +172,7 @@ std::vector<Hypothesis> explain(const CaptureLoader& loader, const PromptAnalysi
         vectors.rope = ropeSettingsOf(loader.metadata(), loader.path());
         vectors.read = true;
         const HypothesisInput input{p, loader.config(), floor.ratios, onset.layer, onset.cells(), engine, reference,
-                                    vectors.rope, explainedBound};
+                                    vectors.rope, explainedBound, &loader.prompt(p.id).snapshots};
         return testHypotheses(input);
     } catch (const std::exception&) {
         vectors.read = false;

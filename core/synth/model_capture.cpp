@@ -82,6 +82,8 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::OtherPrompt, "other_prompt"},
     {FaultKind::WindowShort, "window_short"},
     {FaultKind::WindowOnFull, "window_on_full_layers"},
+    {FaultKind::LayoutTokenMajor, "layout_token_major"},
+    {FaultKind::LayoutKvHalves, "layout_kv_halves"},
     {FaultKind::TokenScale, "token_scale"},
     {FaultKind::ChannelScale, "channel_scale"},
     {FaultKind::QkvBias, "qkv_bias"},
@@ -376,6 +378,21 @@ bool cacheFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohm
         truth["window"] = o.shape.window;
         truth["description"] = "the cache keeps only the last `window` positions (the model's sliding window applied to its full layers): older ones zero";
         return true;
+    case FaultKind::LayoutTokenMajor:
+        if (o.shape.kvHeads < 2 * o.tpSize)
+            throw std::invalid_argument("layout_token_major needs at least two KV heads a TP rank (" +
+                                        std::to_string(o.shape.kvHeads) + " heads, tp_size " + std::to_string(o.tpSize) + ")");
+        truth["layer"] = layerName(f.layer);
+        truth["written_as"] = "head_major";
+        truth["read_as"] = "token_major";
+        truth["description"] = "each TP rank's block written [heads, rows] and read [rows, heads]";
+        return true;
+    case FaultKind::LayoutKvHalves:
+        truth["layer"] = layerName(f.layer);
+        truth["written_as"] = "kv_split";
+        truth["read_as"] = "kv_interleaved_rows";
+        truth["description"] = "each TP rank's block written all K then all V, read as K and V alternating row by row";
+        return true;
     case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
         truth["layer"] = layerName(f.layer);
         truth["head"] = f.head;
@@ -504,6 +521,7 @@ bool mlaFaultSupported(FaultKind kind, int dcpSize)
     case FaultKind::DeadHead: case FaultKind::WindowOffByOne: case FaultKind::WindowShort: case FaultKind::ShardSwap: case FaultKind::Fp8Scale:
     case FaultKind::ScaleGranularity: case FaultKind::ScaleOtherLayer:
     case FaultKind::HeadSwap: case FaultKind::KvSwap:
+    case FaultKind::LayoutTokenMajor: case FaultKind::LayoutKvHalves:
     case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
         return false;
     default:
@@ -537,6 +555,8 @@ void checkOptions(const ModelCaptureOptions& o)
                 std::to_string(copies));
     require(o.cpInterleave >= 1 && o.fullBlockSize % o.cpInterleave == 0 && o.slidingBlockSize % o.cpInterleave == 0,
             "--cp-interleave must divide the block sizes");
+    require(o.dcpSize == 1 || (o.fault != FaultKind::LayoutTokenMajor && o.fault != FaultKind::LayoutKvHalves),
+            "the layout faults need consecutive positions in a block (no DCP)");
     require(o.dcpSize == 1 || o.fault != FaultKind::ShardSwap,
             "shard_swap under DCP would exchange two DCP ranks' shares of the positions, not two ranks' heads");
     require(!o.promptLens.empty(), "at least one prompt");
@@ -708,6 +728,10 @@ public:
         case FaultKind::WindowShort:
         case FaultKind::WindowOnFull:
             outsideWindow();
+            break;
+        case FaultKind::LayoutTokenMajor:
+        case FaultKind::LayoutKvHalves:
+            misread();
             break;
         case FaultKind::Nan:
         case FaultKind::Inf:
@@ -899,6 +923,51 @@ private:
                     if (pos < blockSize)
                         fromForeign(l, pos);
                 });
+            }
+    }
+
+    // Each TP rank's block of the fault layer read in another order than written. The block as
+    // memory holds the rows this snapshot wrote (zeros in the rows not written yet), in the
+    // order written; each row is then read from where the other order puts it.
+    void misread()
+    {
+        LayerKv& kv = layers[std::size_t(f.layer)];
+        const int g = config.groupOf(layerName(f.layer));
+        if (g < 0)
+            return;
+        const std::int64_t bs = config.groups[std::size_t(g)].blockSize;
+        const int group = std::max(1, heads / config.tpSize);  // heads a rank holds
+        const int width = dims.k;                              // K and V as wide (no MLA)
+        const auto written = [&](std::int64_t pos) { return pos < seqLen && pos < kv.seq && kv.present[std::size_t(pos)]; };
+        std::vector<float> memory;  // the rank's block: [part][head][row][dim] as written, head-major
+        const LayerKv before = kv;
+        for (std::int64_t e = 0; e * bs < kv.seq; ++e)
+            for (int base = 0; base < heads; base += group) {
+                memory.assign(std::size_t(2 * group * bs * width), 0.0f);
+                const auto slot = [&](int part, int h, std::int64_t r) {
+                    return memory.data() + ((std::size_t(part) * std::size_t(group) + std::size_t(h)) * std::size_t(bs) + std::size_t(r)) * std::size_t(width);
+                };
+                for (int part = 0; part < 2; ++part)
+                    for (int h = 0; h < group; ++h)
+                        for (std::int64_t r = 0; r < bs; ++r)
+                            if (written(e * bs + r))
+                                std::copy_n(before.at(part ? KvPart::V : KvPart::K, base + h, e * bs + r), width, slot(part, h, r));
+                // Memory rows in order: K's head-major rows, then V's (the layout written).
+                const auto memoryRow = [&](std::int64_t i) { return memory.data() + std::size_t(i) * std::size_t(width); };
+                for (int part = 0; part < 2; ++part)
+                    for (int h = 0; h < group; ++h)
+                        for (std::int64_t r = 0; r < bs; ++r) {
+                            const std::int64_t pos = e * bs + r;
+                            if (!written(pos))
+                                continue;
+                            std::int64_t i = 0;  // the memory row the read takes
+                            if (f.kind == FaultKind::LayoutTokenMajor)  // read [rows, heads] within the part
+                                i = std::int64_t(part) * group * bs + r * group + h;
+                            else  // read K and V alternating: row (h, r)'s K, then its V
+                                i = 2 * (std::int64_t(h) * bs + r) + part;
+                            std::copy_n(memoryRow(i), width,
+                                        kv.values(part ? KvPart::V : KvPart::K).data() + kv.index(part ? KvPart::V : KvPart::K, base + h, pos));
+                        }
             }
     }
 

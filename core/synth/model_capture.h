@@ -54,6 +54,9 @@ enum class FaultKind {
     OtherPrompt,     // prompt_1's first block, every layer, holds prompt_0's (a prefix-cache key collision)
     WindowShort,     // sliding layers' caches keep one position fewer than the window: the oldest zeroed
     WindowOnFull,    // full layers' caches keep only the last `window` positions: older ones zeroed
+    // a block's bytes read in another order than written, one layer
+    LayoutTokenMajor,  // each TP rank's block written head-major, read token-major (2+ heads a rank)
+    LayoutKvHalves,    // each TP rank's block written K then V (split halves), read as K and V interleaved per row
     // magnitude with the direction intact (not in allFaultKinds: magnitudeFaultKinds)
     TokenScale,      // K of every head scaled by a factor per position (0.4-1.6x), one layer
     ChannelScale,    // V of one head scaled by a factor per channel (0.5-1.5x), one layer

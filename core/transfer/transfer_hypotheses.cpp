@@ -1,5 +1,7 @@
 #include "transfer/transfer_hypotheses.h"
 
+#include "kv/block_layout.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -10,81 +12,6 @@
 namespace kvscope {
 
 namespace {
-
-// A row of the producer's block: (part, head, row in block).
-struct RowRef {
-    KvPart part;
-    int head;
-    int row;
-};
-// A layout: where the consumer's row (part, head, row) was read from in the producer's block.
-using RowMap = std::function<RowRef(RowRef)>;
-
-struct Layout {
-    std::string writtenAs, readAs;
-    RowMap map;
-};
-
-KvPart other(KvPart part) { return part == KvPart::K ? KvPart::V : KvPart::K; }
-
-// The layouts one rank's block of `group` heads and `bs` rows can be misread in. `swapParts`:
-// K and V are as wide (only then can one be read as the other).
-std::vector<Layout> layoutsOf(int group, int bs, bool swapParts)
-{
-    std::vector<Layout> layouts;
-    const auto local = [group](int head) { return std::pair{head - head % group, head % group}; };
-    // Written head-major ([heads, rows]), read token-major ([rows, heads]): the consumer's (h, r)
-    // is memory row r * group + h of the head-major block.
-    layouts.push_back({"head_major", "token_major", [=](RowRef c) {
-                           const auto [base, h] = local(c.head);
-                           const int i = c.row * group + h;
-                           return RowRef{c.part, base + i / bs, i % bs};
-                       }});
-    layouts.push_back({"token_major", "head_major", [=](RowRef c) {
-                           const auto [base, h] = local(c.head);
-                           const int j = h * bs + c.row;
-                           return RowRef{c.part, base + j % group, j / group};
-                       }});
-    if (!swapParts)
-        return layouts;
-    layouts.push_back({"k_v", "v_k", [](RowRef c) { return RowRef{other(c.part), c.head, c.row}; }});
-    // K and V split, each token-major ([2, rows, heads]: FlashAttention's page before vLLM packed
-    // K and V, FlashInfer's NHD), against the packed page (K|V per row of a head: [heads, rows, 2]).
-    layouts.push_back({"kv_split_token_major", "kv_interleaved_rows", [=](RowRef c) {
-                           const auto [base, h] = local(c.head);
-                           const int i = 2 * (h * bs + c.row) + (c.part == KvPart::K ? 0 : 1);  // memory row
-                           const int rest = i % (group * bs);
-                           return RowRef{i < group * bs ? KvPart::K : KvPart::V, base + rest % group, rest / group};
-                       }});
-    layouts.push_back({"kv_interleaved_rows", "kv_split_token_major", [=](RowRef c) {
-                           const auto [base, h] = local(c.head);
-                           const int i = (c.part == KvPart::K ? 0 : group * bs) + c.row * group + h;  // memory row
-                           return RowRef{i % 2 ? KvPart::V : KvPart::K, base + (i / 2) / bs, (i / 2) % bs};
-                       }});
-    // K and V interleaved in units of `unit` rows of the head-major block, against all of K then
-    // all of V.
-    for (const auto& [unit, name] : {std::pair{1, "kv_interleaved_rows"}, std::pair{bs, "kv_interleaved_heads"}}) {
-        const int units = group * bs / unit;
-        if (units < 2)
-            continue;
-        layouts.push_back({name, "kv_split", [=](RowRef c) {
-                               const auto [base, h] = local(c.head);
-                               const int i = h * bs + c.row;
-                               const int j = (c.part == KvPart::K ? 0 : units) + i / unit;  // memory unit
-                               const int from = (j / 2) * unit + i % unit;
-                               return RowRef{j % 2 ? KvPart::V : KvPart::K, base + from / bs, from % bs};
-                           }});
-        layouts.push_back({"kv_split", name, [=](RowRef c) {
-                               const auto [base, h] = local(c.head);
-                               const int i = h * bs + c.row;
-                               const int j = 2 * (i / unit) + (c.part == KvPart::K ? 0 : 1);
-                               const KvPart part = j < units ? KvPart::K : KvPart::V;
-                               const int from = (j % units) * unit + i % unit;
-                               return RowRef{part, base + from / bs, from % bs};
-                           }});
-    }
-    return layouts;
-}
 
 bool allZero(const float* row, int width)
 {
@@ -176,9 +103,9 @@ TransferExplanation explainLocally(const BlockEvidence& ev, ChangedRows& rows)
     // A layout read as another, within each of the consumer's TP ranks' blocks.
     const bool sameWidth = ev.layer.dims.k == ev.layer.dims.v;
     const auto exactJudge = [&](KvPart part) { return ev.judges[std::size_t(part)]; };
-    for (const Layout& layout : layoutsOf(ev.layer.consumerHeadsPerRank, bs, sameWidth)) {
+    for (const BlockMisread& layout : blockMisreads(ev.layer.consumerHeadsPerRank, bs, sameWidth)) {
         const auto predict = [&](const ChangedRows::Row& row, std::vector<float>& out) {
-            const RowRef from = layout.map({row.part, row.head, int(row.position - e * bs)});
+            const BlockRow from = layout.source({row.part, row.head, int(row.position - e * bs)});
             const float* src = ev.producer.row(from.part, e, from.head, from.row);
             out.assign(src, src + ev.producer.dims.of(from.part));
             return true;
