@@ -15,7 +15,7 @@ declare -A allowed=(
   [synth]="util format kv synth"
   [dumps]="util format dumps"
   [quant]="util format kv quant"
-  [transfer]="util format kv transfer"
+  [transfer]="util format kv analysis transfer"
 )
 bad=0
 for folder in "${!allowed[@]}"; do

@@ -397,7 +397,7 @@ void HeatmapView::setScale(ScaleKind kind, QCPRange range, bool logarithmic)
         for (const auto& [at, word] : words)
             ticker->addTick(at, QString::fromStdString(word));
         m_scale->axis()->setTicker(ticker);
-        m_scale->axis()->setLabel(tr("error / off threshold"));
+        m_scale->axis()->setLabel(tr(legendTitle(kind)));
     } else {
         m_scale->axis()->setTicker(logarithmic ? QSharedPointer<QCPAxisTicker>(new QCPAxisTickerLog)
                                                : QSharedPointer<QCPAxisTicker>(new QCPAxisTicker));

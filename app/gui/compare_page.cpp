@@ -5,6 +5,7 @@
 #include "diff/diff_side.h"
 #include "gui/analysis_controller.h"
 #include "gui/map_box.h"
+#include "gui/transfer_view.h"
 #include "widgets/heatmap_view.h"
 #include "widgets/token_line_view.h"
 
@@ -15,6 +16,7 @@
 #include <QLabel>
 #include <QPushButton>
 #include <QSplitter>
+#include <QStackedWidget>
 #include <QTableWidget>
 #include <QToolTip>
 #include <QVBoxLayout>
@@ -35,7 +37,10 @@ QString floorsText(double x)
 ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     : QWidget(parent)
     , m_controller(controller)
+    , m_mode(new QComboBox)
     , m_run(new RunBar(tr("Compare with..."), controller->door(), "compare"))
+    , m_views(new QStackedWidget)
+    , m_transferView(new TransferView)
     , m_summary(new QLabel)
     , m_table(new QTableWidget)
     , m_prompt(new QComboBox)
@@ -75,11 +80,29 @@ ComparePage::ComparePage(AnalysisController* controller, QWidget* parent)
     split->addWidget(lower);
     split->setStretchFactor(0, 1);
     split->setStretchFactor(1, 1);
+    auto* regressions = new QWidget;
+    auto* regressionsLayout = new QVBoxLayout(regressions);
+    regressionsLayout->setContentsMargins(0, 0, 0, 0);
+    regressionsLayout->addWidget(m_summary);
+    regressionsLayout->addWidget(split, 1);
+    m_views->addWidget(regressions);
+    m_views->addWidget(m_transferView);
+    m_mode->setObjectName("compareMode");
+    m_mode->addItems({tr("Regressions: is the open capture (B) worse than A?"),
+                      tr("Transfer: did the open capture (consumer) get the producer's KV?")});
+    m_mode->setToolTip(tr("Regressions compares two captures against the same reference (kvscope diff); transfer "
+                          "compares a consumer's KV with its producer's, bit for bit, without a reference (kvscope transfer)"));
+    auto* top = new QHBoxLayout;
+    top->addWidget(m_mode);
+    top->addWidget(m_run, 1);
     auto* layout = new QVBoxLayout(this);
-    layout->addWidget(m_run);
-    layout->addWidget(m_summary);
-    layout->addWidget(split, 1);
+    layout->addLayout(top);
+    layout->addWidget(m_views, 1);
     reset();
+    connect(m_mode, &QComboBox::currentIndexChanged, this, [this](int index) {
+        m_views->setCurrentIndex(index);
+        m_run->button()->setText(index == 1 ? tr("Compare with the producer...") : tr("Compare with..."));
+    });
 
     connect(m_run, &RunBar::cancelledByUser, this, [this] { m_summary->setText(tr("Cancelled.")); });
     connect(m_run->button(), &QPushButton::clicked, this, &ComparePage::chooseA);
@@ -138,6 +161,27 @@ void ComparePage::reset()
     m_cell->clear();
     m_summary->setText(tr("Is the open capture (B) worse than another capture of the same prompts (A: before an engine "
                           "change, or another engine)? Compare with A's bundle, or with its analysis JSON."));
+    // An engine-only capture has no analysis of its own to compare: it is one end of a transfer.
+    if (const auto loader = m_controller->loader(); loader && loader->metadata().engineOnly)
+        setMode(Mode::Transfer);
+    m_transferView->clear(tr("Did the open capture, taken where a KV transfer arrived (the consumer: a decode instance, the "
+                             "side that loads from an offload store), get exactly what the producer sent? Compare with the "
+                             "producer's capture of the same requests. No reference is needed."));
+}
+
+HeatmapView& ComparePage::exportedMap()
+{
+    return mode() == Mode::Transfer ? m_transferView->heatmap() : *m_map;
+}
+
+void ComparePage::setMode(Mode mode)
+{
+    m_mode->setCurrentIndex(mode == Mode::Transfer ? 1 : 0);
+}
+
+ComparePage::Mode ComparePage::mode() const
+{
+    return m_mode->currentIndex() == 1 ? Mode::Transfer : Mode::Regressions;
 }
 
 QString ComparePage::unavailable() const
@@ -160,6 +204,14 @@ void ComparePage::applyView(const ViewSettings& settings, bool)
 
 void ComparePage::chooseA()
 {
+    if (mode() == Mode::Transfer) {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Compare with the producer (where the KV was sent from)"),
+                                                          QFileInfo(m_controller->path()).absolutePath(),
+                                                          tr("Captures (*.h5 *.hdf5);;All files (*)"));
+        if (!path.isEmpty())
+            compareTransferWith(path);
+        return;
+    }
     // Beside the open bundle: A is usually the capture made before the change, next to it.
     const QString path = QFileDialog::getOpenFileName(this, tr("Compare with (A: before the change)"),
                                                       QFileInfo(m_controller->path()).absolutePath(),
@@ -185,6 +237,31 @@ void ComparePage::compareWith(const QString& pathA)
         const DiffSide a = loadDiffSide(path, options);
         return std::make_shared<const DiffResult>(diffAnalyses(a, *b, *loader, {}));
     }, [this](std::shared_ptr<const DiffResult> result, const QString& error) { finished(std::move(result), error); });
+}
+
+void ComparePage::compareTransferWith(const QString& producerPath)
+{
+    if (!m_controller->loader() || m_controller->isRunning())
+        return;
+    setMode(Mode::Transfer);
+    m_transferView->clear(tr("Comparing with the producer %1 ...").arg(QFileInfo(producerPath).fileName()));
+    const std::string producer = producerPath.toStdString(), consumer = m_controller->path().toStdString();
+    m_run->run<TransferResult>(
+        1000,
+        [producer, consumer](const EngineJob& job) -> std::shared_ptr<const TransferResult> {
+            TransferOptions options;
+            options.cancel = job.cancelFlag();
+            options.progress = [&job](std::size_t done, std::size_t total) { job.progress(int(1000 * done / std::max<std::size_t>(total, 1)), 1000); };
+            options.listedBlocks = 100000;  // the map shows every listed block
+            return std::make_shared<const TransferResult>(compareTransfer(producer, consumer, options));
+        },
+        [this](std::shared_ptr<const TransferResult> result, const QString& error) {
+            if (result)
+                m_transferView->show(std::move(result));
+            else
+                m_transferView->clear(tr("Could not compare: %1").arg(error.toHtmlEscaped()));
+            emit comparisonFinished();
+        });
 }
 
 void ComparePage::finished(std::shared_ptr<const DiffResult> result, const QString& error)

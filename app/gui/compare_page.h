@@ -1,10 +1,13 @@
 #pragma once
-// The "Compare" page (File > Compare with...): the open bundle is B, another capture of the
-// same prompts (or its analysis JSON) is A, compared as kvscope diff does (diff/capture_diff.h),
-// off the GUI thread with a cancel button. Then the result, the layers with the regressions
-// first, the B - A map in floors on a diverging scale centred on 0 (or A's or B's map), and for
-// a clicked cell A and B side by side: the cell's ratio in each, and the layer's ratios across
-// the tokens of both.
+// The "Compare" page (File > Compare with...), in two modes, off the GUI thread with a cancel
+// button:
+// - regressions: the open bundle is B, another capture of the same prompts (or its analysis
+//   JSON) is A, compared as kvscope diff does (diff/capture_diff.h). Then the result, the layers
+//   with the regressions first, the B - A map in floors on a diverging scale centred on 0 (or A's
+//   or B's map), and for a clicked cell A and B side by side: the cell's ratio in each, and the
+//   layer's ratios across the tokens of both;
+// - transfer: the open bundle is the consumer of a KV transfer, another capture of the same
+//   requests the producer, compared bit for bit as kvscope transfer does (gui/transfer_view.h).
 
 #include "diff/capture_diff.h"
 #include "gui/page.h"
@@ -16,6 +19,7 @@
 
 class QComboBox;
 class QLabel;
+class QStackedWidget;
 class QTableWidget;
 
 namespace kvscope {
@@ -23,6 +27,7 @@ namespace kvscope {
 class AnalysisController;
 class HeatmapView;
 class TokenLineView;
+class TransferView;
 
 class ComparePage : public QWidget, public Page {
     Q_OBJECT
@@ -33,7 +38,7 @@ public:
     QWidget* widget() override { return this; }
     QString title() const override { return tr("Compare"); }
     QString unavailable() const override;
-    HeatmapView& exportedMap() override { return *m_map; }
+    HeatmapView& exportedMap() override;
     // The toolbar's K/V shows that part here too.
     void applyView(const ViewSettings& settings, bool promptChanged) override;
     // A bundle opened, or its analysis finished: nothing compared yet (a comparison still
@@ -46,8 +51,14 @@ public:
     void chooseA();
     // Compares the open, analysed bundle (B) with `pathA`; the result arrives later.
     void compareWith(const QString& pathA);
+    // Transfer mode: compares the open bundle (the consumer) with `producerPath`; the result arrives later.
+    void compareTransferWith(const QString& producerPath);
+    enum class Mode { Regressions, Transfer };
+    void setMode(Mode mode);
+    Mode mode() const;
     std::shared_ptr<const DiffResult> result() const { return m_result; }
     HeatmapView& heatmap() { return *m_map; }
+    TransferView& transferView() { return *m_transferView; }
 
 signals:
     void comparisonFinished();
@@ -59,7 +70,10 @@ private:
     void showCell(int row, qint64 token);
 
     AnalysisController* m_controller;
+    QComboBox* m_mode;
     RunBar* m_run;
+    QStackedWidget* m_views;  // the regressions' widgets, the transfer view
+    TransferView* m_transferView;
     QLabel* m_summary;
     QTableWidget* m_table;
     QComboBox* m_prompt;

@@ -77,7 +77,7 @@ QString HelpMenu::shortcutsText()
               "<tr><td><b>K</b>, <b>V</b></td><td>keys or values</td></tr>"
               "<tr><td><b>1</b>-<b>6</b></td><td>metric: L-inf, L2, 1 - cos, error ratio, BC vs noise, reference BC</td></tr>"
               "<tr><td><b>Ctrl+PgUp</b>, <b>Ctrl+PgDown</b></td><td>previous / next prompt</td></tr>"
-              "<tr><td><b>Ctrl+1</b> - <b>Ctrl+4</b></td><td>per prompt / across prompts / what if / compare</td></tr>"
+              "<tr><td><b>Ctrl+1</b> - <b>Ctrl+5</b></td><td>per prompt / across prompts / what if / compare / over time</td></tr>"
               "<tr><td><b>F6</b>, <b>Shift+F6</b></td><td>next / previous panel: heatmap, heads, suspects, worst cells</td></tr>"
               "<tr><td><b>Esc</b></td><td>(heads, suspects, worst cells) back to the heatmap</td></tr>"
               "<tr><td><b>Ctrl+Enter</b></td><td>(what if, compare) run</td></tr>"

@@ -3,6 +3,7 @@
 #include "analysis/worst_prompt.h"
 #include "gui/across_prompts_page.h"
 #include "gui/compare_page.h"
+#include "gui/over_time_page.h"
 #include "gui/drill_down_panel.h"
 #include "gui/prompt_page.h"
 #include "gui/status_line.h"
@@ -59,6 +60,7 @@ MainWindow::MainWindow(QWidget* parent)
     connect(m_tabs, &QTabWidget::currentChanged, this,
             [this](int index) { m_toolbar->setAcrossPrompts(m_pages.all[std::size_t(index)]->acrossPrompts()); });
     connect(m_pages.across, &AcrossPromptsPage::cellChosen, this, &MainWindow::jumpToPrompt);
+    connect(m_pages.overTime, &OverTimePage::timelineShown, this, &MainWindow::refreshTabs);  // (computed after the analysis)
     connect(m_recent, &RecentFilesMenu::openRequested, this, &MainWindow::openPath);
     // After every viewer has seen the event: the tabs as the pages now say.
     for (auto signal : {&AnalysisController::opened, &AnalysisController::failed})

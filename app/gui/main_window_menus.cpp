@@ -4,6 +4,7 @@
 #include "gui/main_window.h"
 
 #include "gui/compare_page.h"
+#include "gui/over_time_page.h"
 #include "gui/help_menu.h"
 #include "gui/whatif_page.h"
 #include "widgets/heatmap_view.h"
@@ -93,6 +94,7 @@ void MainWindow::buildViewMenu()
     view->addAction(tr("&Across prompts"), QKeySequence(Qt::CTRL | Qt::Key_2), this, [this] { showAcrossPrompts(true); });
     view->addAction(tr("&What if"), QKeySequence(Qt::CTRL | Qt::Key_3), this, [this] { showPage(m_pages.whatIf); });
     view->addAction(tr("&Compare"), QKeySequence(Qt::CTRL | Qt::Key_4), this, [this] { showPage(m_pages.compare); });
+    view->addAction(tr("&Over time"), QKeySequence(Qt::CTRL | Qt::Key_5), this, [this] { showPage(m_pages.overTime); });
     menuBar()->addMenu(new HelpMenu(this));
 }
 

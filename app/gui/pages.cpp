@@ -2,6 +2,7 @@
 
 #include "gui/across_prompts_page.h"
 #include "gui/compare_page.h"
+#include "gui/over_time_page.h"
 #include "gui/prompt_page.h"
 #include "gui/whatif_page.h"
 
@@ -14,7 +15,8 @@ Pages makePages(AnalysisController* controller)
     pages.across = new AcrossPromptsPage(controller);
     pages.whatIf = new WhatIfPage(controller);
     pages.compare = new ComparePage(controller);
-    pages.all = {pages.prompt, pages.across, pages.whatIf, pages.compare};
+    pages.overTime = new OverTimePage(controller);
+    pages.all = {pages.prompt, pages.across, pages.whatIf, pages.compare, pages.overTime};
     return pages;
 }
 

@@ -11,6 +11,7 @@ namespace kvscope {
 class AcrossPromptsPage;
 class AnalysisController;
 class ComparePage;
+class OverTimePage;
 class PromptPage;
 class WhatIfPage;
 
@@ -21,6 +22,7 @@ struct Pages {
     AcrossPromptsPage* across = nullptr;
     WhatIfPage* whatIf = nullptr;
     ComparePage* compare = nullptr;
+    OverTimePage* overTime = nullptr;
 };
 
 Pages makePages(AnalysisController* controller);

@@ -1,11 +1,14 @@
 #include "report/report_writer.h"
 
 #include "analysis/off_floor.h"
+#include "analysis/source_summary.h"
+#include "analysis/sweep_timeline.h"
 
 #include "analysis/heatmap_grid.h"
 #include "analysis/map_spec.h"
 #include "analysis/suspect.h"
 #include "widgets/heatmap_view.h"
+#include "widgets/timeline_view.h"
 #include "analysis/worst_cells.h"
 #include "diff/diff_maps.h"
 #include "util/json_writer.h"
@@ -421,7 +424,44 @@ void writeVerdict(QTextStream& out, const AnalysisResult& result, const Threshol
         out << "<p>Not compared: " << html(line) << "</p>";
 }
 
-void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<ReportMap>& maps)
+// Where the capture recorded each position's source: per source its off cells and worst cell
+// (analysis/source_summary.h, as kvscope analyze lists them).
+void writeSources(QTextStream& out, const PromptAnalysis& p, const SuspectThresholds& thresholds)
+{
+    const std::vector<SourceSummary> sources = summarizeBySource(p, p.provenance, finalMapOffThresholds(p, thresholds));
+    out << "<h3>By source</h3><p class=legend>Where each position's KV came from, as the capture recorded it; cells off "
+           "the noise floor as the map paints them.</p><table><tr><th>source</th><th>positions</th><th>off cells</th>"
+           "<th>worst (floors)</th><th>where</th></tr>";
+    for (const SourceSummary& s : sources) {
+        out << "<tr><td>" << html(s.source) << "</td><td>" << html(spanText(s.spans)) << "</td><td"
+            << (s.offCells ? " class=fail" : "") << ">" << s.offCells << " of " << s.cells << "</td><td>"
+            << (s.worstLayer < 0 ? QString("-") : QString::number(s.worstRatio, 'g', 4)) << "</td><td>"
+            << (s.worstLayer < 0 ? QString("-")
+                                 : html(p.layers[std::size_t(s.worstLayer)] + " token " + std::to_string(s.worstToken) + " " +
+                                        partName(p, s.worstPart)))
+            << "</td></tr>";
+    }
+    out << "</table>";
+}
+
+// A soak run over time (analysis/sweep_timeline.h): the trend, the line as a picture drawn by the
+// app's own widget, and every point.
+void writeOverTime(QTextStream& out, const SweepTimeline& t, const QString& picture)
+{
+    out << "<h2>Over time</h2><p>" << (t.trend.empty() ? QString("No rising trend of the worst cell.") : html(t.trend))
+        << "</p><img src='" << picture << "' alt='worst cell over time'><table><tr><th>"
+        << (t.perBundle ? "capture" : "request") << "</th>" << (t.byTime ? "<th>captured</th><th>seconds</th>" : "")
+        << "<th>prompts</th><th>worst (floors)</th><th>off cells</th><th>with a suspect</th></tr>";
+    for (const TimelinePoint& point : t.points)
+        out << "<tr><td>" << html(point.name) << "</td>"
+            << (t.byTime ? "<td>" + html(point.created) + "</td><td>" + QString::number(point.x, 'g', 6) + "</td>" : QString())
+            << "<td>" << point.prompts << "</td><td>" << QString::number(point.worstRatio, 'g', 4) << "</td><td"
+            << (point.offFraction > 0 ? " class=fail" : "") << ">" << QString::number(100 * point.offFraction, 'f', 2)
+            << "%</td><td>" << point.suspects << "</td></tr>";
+    out << "</table>";
+}
+
+void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<ReportMap>& maps, const SuspectThresholds& thresholds)
 {
     out << "<h2>Prompt " << html(p.id) << "</h2><p>" << (p.threeWay ? "three-way" : "two-way") << ", prompt_len "
         << p.promptLen << ", " << p.tokens << " positions, divergences: ";
@@ -448,6 +488,8 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
                           QString::number(c.baseError, 'g', 4) + "</td></tr>");
     }
     out << "</table>";
+    if (!p.provenance.empty())
+        writeSources(out, p, thresholds);
     for (const ReplicaDifference& d : p.replicaDifferences)
         out << "<p class=fail>Replicas differ: " << html(d.describe()) << "</p>";
     for (const std::string& problem : p.problems)
@@ -551,8 +593,19 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
            "log scale: noise quiet, a ramp up to off, then red darkening to 1000x. Framed row: where the suspect starts; "
            "dimmed rows: the layers its error spreads to. BC 0..1: quiet above 0.92 (a clean layer's tokens), orange below "
            "0.9, red below 0.8.</p>";
+    if (const std::optional<SweepTimeline> timeline = sweepTimeline(result, thresholds.suspects)) {
+        TimelineView view;
+        view.resize(1200, 360);
+        view.setTimeline(*timeline);
+        view.replot(QCustomPlot::rpImmediateRefresh);
+        const QString png = "over_time.png";
+        if (!view.savePng(dir.filePath(png), view.width(), view.height()))
+            throw std::runtime_error(("cannot write " + dir.filePath(png)).toStdString());
+        files.images << dir.filePath(png);
+        writeOverTime(out, *timeline, png);
+    }
     for (const PromptAnalysis& p : result.prompts)
-        writePrompt(out, p, maps);
+        writePrompt(out, p, maps, thresholds.suspects);
     if (result.aggregate)
         writeAcrossPrompts(out, *result.aggregate, maps, thresholds,
                            result.prompts.empty() ? std::array<std::string, 2>{"K", "V"}

@@ -13,7 +13,11 @@ ScaleKind scaleOf(HeatmapMetric metric)
 
 const char* scaleName(ScaleKind kind)
 {
-    return kind == ScaleKind::Bc ? "bc" : kind == ScaleKind::Ratio ? "ratio" : kind == ScaleKind::Change ? "change" : "error";
+    return kind == ScaleKind::Bc         ? "bc"
+           : kind == ScaleKind::Ratio    ? "ratio"
+           : kind == ScaleKind::Change   ? "change"
+           : kind == ScaleKind::Transfer ? "transfer"
+                                         : "error";
 }
 
 const std::vector<ColorStop>& colorStops(ScaleKind kind)
@@ -34,7 +38,14 @@ const std::vector<ColorStop>& colorStops(ScaleKind kind)
     // Change: RdBu reversed, white at 0 (the middle of a range symmetric about 0).
     static const std::vector<ColorStop> change{
         {0.0, {33, 102, 172}}, {0.25, {146, 197, 222}}, {0.5, {247, 247, 247}}, {0.75, {244, 165, 130}}, {1.0, {178, 24, 43}}};
-    return kind == ScaleKind::Bc ? bc : kind == ScaleKind::Ratio ? ratio : kind == ScaleKind::Change ? change : error;
+    // Transfer: three bands over -0.5..2.5, the ratio's quiet colour for identical.
+    static const std::vector<ColorStop> transfer{{0.0, {226, 235, 222}},   {0.333, {226, 235, 222}}, {0.334, {253, 174, 97}},
+                                                 {0.666, {253, 174, 97}}, {0.667, {215, 48, 31}},   {1.0, {215, 48, 31}}};
+    return kind == ScaleKind::Bc         ? bc
+           : kind == ScaleKind::Ratio    ? ratio
+           : kind == ScaleKind::Change   ? change
+           : kind == ScaleKind::Transfer ? transfer
+                                         : error;
 }
 
 ValueRange defaultRange(ScaleKind kind)
@@ -48,15 +59,24 @@ ValueRange defaultRange(ScaleKind kind)
         return {0.0, 1.0};
     case ScaleKind::Change:
         return {-10.0, 10.0};
+    case ScaleKind::Transfer:
+        return {-0.5, 2.5};
     }
     return {0.0, 1.0};
 }
 
 std::vector<std::pair<double, std::string>> legendWords(ScaleKind kind)
 {
+    if (kind == ScaleKind::Transfer)
+        return {{0.0, "identical"}, {1.0, "explained"}, {2.0, "unexplained"}};
     if (kind != ScaleKind::Ratio)
         return {};
     return {{kNoiseShareOfOff, "noise"}, {1.0, "off"}, {10.0, "10x off"}, {100.0, "100x"}, {1000.0, "1000x"}};
+}
+
+const char* legendTitle(ScaleKind kind)
+{
+    return kind == ScaleKind::Ratio ? "error / off threshold" : kind == ScaleKind::Transfer ? "changed?" : "";
 }
 
 namespace {
@@ -108,9 +128,10 @@ ValueRange dataRange(const PromptAnalysis& p, const HeatmapSpec& spec, bool loga
 
 std::string shortLayerName(const std::string& layer)
 {
-    const std::string suffix = ".self_attn";
-    if (layer.size() > suffix.size() && layer.compare(layer.size() - suffix.size(), suffix.size(), suffix) == 0)
-        return layer.substr(0, layer.size() - suffix.size());
+    // HF names the attention module "...self_attn"; vLLM its Attention layer under it "...self_attn.attn".
+    for (const std::string suffix : {".self_attn.attn", ".self_attn", ".attn"})
+        if (layer.size() > suffix.size() && layer.compare(layer.size() - suffix.size(), suffix.size(), suffix) == 0)
+            return layer.substr(0, layer.size() - suffix.size());
     return layer;
 }
 

@@ -23,6 +23,9 @@ enum class ScaleKind {
     Ratio,
     Bc,     // the reference tool's BC stops, 0..1
     Change, // kvscope diff's B minus A in floors: blue (better) through white (0) to red (worse), -10..10
+    // kvscope transfer's cells, three values (transfer/transfer_map.h): 0 identical (quiet), 1
+    // changed and explained (orange), 2 changed and unexplained (red); range -0.5..2.5.
+    Transfer,
 };
 
 struct Rgb {
@@ -45,6 +48,8 @@ constexpr double kNoiseShareOfOff = 0.5;
 // The words of a scale's legend at the values that carry them (Ratio: "noise", "off", "10x
 // off", ...; the others: none, numbers are drawn).
 std::vector<std::pair<double, std::string>> legendWords(ScaleKind kind);
+// What a scale with words measures, for its colour bar ("error / off threshold"); empty: nothing to add.
+const char* legendTitle(ScaleKind kind);
 // The colour range of a prompt's map, from its data (rows not in `rowsReady` skipped). Errors:
 // 0 up to twice the 99th percentile of the dtype noise at the same cells (three-way), so that
 // noise fills the lower half and a bug saturates, or up to the 99th percentile of the values
@@ -61,7 +66,7 @@ inline constexpr Rgb kPrefillLineColor{0, 0, 0};
 inline constexpr Rgb kDivergenceLineColor{180, 0, 220};
 inline constexpr Rgb kMarkerOutlineColor{255, 255, 255};
 
-// "model.layers.3.self_attn" -> "model.layers.3".
+// "model.layers.3.self_attn" (HF) or "model.layers.3.self_attn.attn" (vLLM) -> "model.layers.3".
 std::string shortLayerName(const std::string& layer);
 // "model.layers.3 [sliding 128]", "[full]", "[chunked 8192]", "[MLA]", or "[sliding 128, cached
 // as full]" / "[full, chunk 8192]" (FullAttentionSpec with a sliding window or chunk size).

@@ -16,11 +16,13 @@ namespace {
 struct PromptStats {
     float worstRatio = std::nanf("");
     std::int64_t cells = 0, off = 0;
+    std::vector<float> layerOff;  // [layer]: worst ratio over the layer's off threshold
 };
 
 PromptStats statsOf(const PromptAnalysis& p, const SuspectThresholds& thresholds)
 {
     PromptStats s;
+    s.layerOff.assign(p.layers.size(), std::nanf(""));
     const std::vector<double> offAt = finalMapOffThresholds(p, thresholds);
     const CellRatioMaxima ratios = cellRatioMaxima(p);
     for (std::size_t l = 0; l < p.layers.size(); ++l)
@@ -33,6 +35,8 @@ PromptStats statsOf(const PromptAnalysis& p, const SuspectThresholds& thresholds
                 s.off += l < offAt.size() && double(r) > offAt[l] ? 1 : 0;
                 if (!(r <= s.worstRatio))
                     s.worstRatio = r;
+                if (const float overOff = l < offAt.size() ? float(double(r) / offAt[l]) : std::nanf(""); !(overOff <= s.layerOff[l]))
+                    s.layerOff[l] = overOff;
             }
     return s;
 }
@@ -40,7 +44,13 @@ PromptStats statsOf(const PromptAnalysis& p, const SuspectThresholds& thresholds
 void add(TimelinePoint& point, const PromptAnalysis& p, const PromptStats& s, std::int64_t& cells, std::int64_t& off)
 {
     ++point.prompts;
-    if (!(s.worstRatio <= point.worstRatio))
+    // (layers by position: the prompts of a sweep are of one model, analysed with one layer selection)
+    if (point.layerOff.size() < s.layerOff.size())
+        point.layerOff.resize(s.layerOff.size(), std::nanf(""));
+    for (std::size_t l = 0; l < s.layerOff.size(); ++l)
+        if (std::isfinite(s.layerOff[l]) && !(s.layerOff[l] <= point.layerOff[l]))
+            point.layerOff[l] = s.layerOff[l];
+    if (std::isfinite(s.worstRatio) && !(s.worstRatio <= point.worstRatio))
         point.worstRatio = s.worstRatio;
     cells += s.cells;
     off += s.off;
@@ -72,6 +82,37 @@ std::string number(double v)
 }
 
 }  // namespace
+
+HeatmapGrid timelineGrid(const SweepTimeline& t)
+{
+    HeatmapGrid g;
+    g.rows = int(t.layers.size());
+    g.columns = std::int64_t(t.points.size());
+    g.values.assign(std::size_t(g.rows) * t.points.size(), std::nanf(""));
+    g.heads.assign(g.values.size(), -1);
+    for (std::size_t c = 0; c < t.points.size(); ++c)
+        for (std::size_t l = 0; l < t.points[c].layerOff.size() && l < t.layers.size(); ++l)
+            g.values[l * t.points.size() + c] = t.points[c].layerOff[l];
+    return g;
+}
+
+MapSpec timelineMapSpec(const SweepTimeline& t)
+{
+    MapSpec s;
+    const std::string unit = t.perBundle ? "capture" : "request";
+    s.title = "Over time: each layer's worst cell per " + unit + (t.byTime ? ", in order of capture time" : ", in order");
+    s.metricLabel = "worst cell over the layer's off threshold";
+    s.xName = s.xLabel = unit;
+    s.scale = ScaleKind::Ratio;
+    s.range = defaultRange(ScaleKind::Ratio);
+    for (const std::string& layer : t.layers) {
+        s.rowLabels.push_back(shortLayerName(layer));
+        s.layerNames.push_back(layer);
+    }
+    for (const TimelinePoint& p : t.points)
+        s.tokenText.push_back(p.name);
+    return s;
+}
 
 std::optional<double> isoSeconds(const std::string& text)
 {
@@ -112,6 +153,8 @@ std::optional<SweepTimeline> sweepTimeline(const AnalysisResult& result, const S
 {
     SweepTimeline timeline;
     timeline.perBundle = !result.bundles.empty();
+    if (!result.prompts.empty())
+        timeline.layers = result.prompts.front().layers;
     std::vector<std::int64_t> cells, off;
     if (timeline.perBundle) {
         for (const SweepBundle& b : result.bundles)

@@ -10,6 +10,8 @@
 // over heads (cellRatioMaxima), and "off" above the layer's threshold (finalMapOffThresholds).
 
 #include "analysis/analysis_result.h"
+#include "analysis/heatmap_grid.h"
+#include "analysis/map_spec.h"
 #include "analysis/suspect.h"
 
 #include <cmath>
@@ -27,12 +29,16 @@ struct TimelinePoint {
     float worstRatio = std::nanf("");  // the largest cell ratio over its prompts (NaN: no data)
     double offFraction = std::nan("");  // its off cells over its cells with data
     int suspects = 0;      // its prompts with a suspect
+    // [layer of SweepTimeline::layers]: its worst cell over the layer's off threshold (1: at it),
+    // the largest over its prompts; NaN: no data. The "Over time" map's cells.
+    std::vector<float> layerOff;
 };
 
 struct SweepTimeline {
     bool perBundle = true;  // points are bundles (a sweep), else prompts of one bundle
     bool byTime = false;    // x is seconds since the first capture, else the index
     std::vector<TimelinePoint> points;
+    std::vector<std::string> layers;  // the first prompt's analysed layers (a sweep is of one model)
     // Spearman's rank correlation of the worst ratio with x (NaN under 3 points), and the
     // sentence that says a trend where there is one (empty otherwise).
     double rankCorrelation = std::nan("");
@@ -42,6 +48,12 @@ struct SweepTimeline {
 // Null when there is nothing to plot: a sweep of fewer than two bundles, one bundle of fewer
 // than five prompts (a few prompts of one capture are no soak run).
 std::optional<SweepTimeline> sweepTimeline(const AnalysisResult& result, const SuspectThresholds& thresholds);
+
+// The "Over time" map: layers x points (in order), each cell the layer's worst cell in that
+// capture over its off threshold (TimelinePoint::layerOff): already in the units of
+// ScaleKind::Ratio, a layer that degrades under load a row that turns loud.
+HeatmapGrid timelineGrid(const SweepTimeline& timeline);
+MapSpec timelineMapSpec(const SweepTimeline& timeline);
 
 // Seconds since the epoch of an ISO 8601 UTC time ("2026-11-30T17:35:46Z", fractions and a
 // "+00:00" offset allowed); none when it is not one.

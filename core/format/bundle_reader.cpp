@@ -262,7 +262,8 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
             m_file.fail(bundle_path::referenceRole(id, ReferenceRole::Expected),
                         m_metadata.engineOnly
                             ? "missing: an engine-only capture holds no reference KV; `kvscope diff A.h5 THIS.h5` "
-                              "compares it against the reference of A, a capture of the same prompts"
+                              "compares it against the reference of A, a capture of the same prompts; `kvscope transfer "
+                              "PRODUCER.h5 THIS.h5` (the app: Compare, transfer) with the capture its KV was sent from"
                             : "missing: the expected reference KV is required");
         }
     } catch (const BundleError& e) {

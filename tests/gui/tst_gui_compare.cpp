@@ -3,11 +3,15 @@
 // GUI thread; the regressions first in the table, the B - A map equal to the cell ratios
 // recomputed here from both analyses, A and B side by side for a clicked cell; a capture of
 // other prompts is a message, and a comparison left running when another bundle opens is
-// dropped.
+// dropped. In transfer mode, an engine-only consumer against its producer: the block that holds
+// another request's KV found, named and drawn where it was put.
 
 #include "gui_test_support.h"
 
 #include "gui/compare_page.h"
+#include "gui/transfer_view.h"
+#include "transfer/transfer_map.h"
+#include "transfer_pair.h"
 #include "widgets/heatmap_view.h"
 
 #include <QLabel>
@@ -34,6 +38,7 @@ private slots:
     void regressionsFirstAndTheMapIsBMinusA();
     void aCellShowsAAndBSideBySide();
     void otherPromptsAreAMessage();
+    void transferModeShowsWhatArrived();
 
 private:
     ComparePage& page() { return m_window->comparePage(); }
@@ -135,6 +140,49 @@ void TestCompare::otherPromptsAreAMessage()
     openDemo();
     QTest::qWait(300);
     QVERIFY(!page().result());
+}
+
+void TestCompare::transferModeShowsWhatArrived()
+{
+    // Two requests of 40 positions; the consumer's blocks elsewhere, and its request p1 holding
+    // p0's block 1 (positions 16-31) in layer 1: a key collision.
+    const TransferShape shape;
+    const Side producer = makeSide(shape, 2, 40, 0);
+    Side consumer = makeSide(shape, 2, 40, 20);
+    for (int part = 0; part < 2; ++part)
+        for (int head = 0; head < shape.heads; ++head)
+            for (int r = 0; r < shape.blockSize; ++r)
+                std::copy_n(consumer.prompts[0].row(shape, 1, part, 1, head, r), shape.headDim,
+                            consumer.prompts[1].row(shape, 1, part, 1, head, r));
+    const QString producerPath = m_dir.filePath("producer.h5"), consumerPath = m_dir.filePath("consumer.h5");
+    writeSide(producerPath.toStdString(), producer);
+    writeSide(consumerPath.toStdString(), consumer);
+
+    QSignalSpy opened(&m_window->controller(), &AnalysisController::finished);
+    m_window->openPath(consumerPath);
+    QVERIFY(opened.wait(60000));
+    QCOMPARE(page().mode(), ComparePage::Mode::Transfer);  // an engine-only capture is one end of a transfer
+    QSignalSpy done(&page(), &ComparePage::comparisonFinished);
+    page().compareTransferWith(producerPath);
+    QVERIFY(done.wait(60000));
+    const TransferResult* r = page().transferView().result();
+    QVERIFY(r);
+    QCOMPARE(r->changedBlocks, std::size_t(1));
+    QCOMPARE(r->changed.front().explanation.name, std::string("other_request"));
+    QCOMPARE(r->changed.front().block.block, std::int64_t(1));
+    auto* table = page().findChild<QTableWidget*>("transferTable");
+    QVERIFY(table && table->rowCount() == 1);
+    QCOMPARE(table->item(0, 4)->text(), QString("other_request"));
+    // The map shows the prompt of the first change: p1, layer 1, positions 16-31 changed, the rest identical.
+    const HeatmapGrid& grid = page().transferView().heatmap().grid();
+    QCOMPARE(grid.rows, 2);
+    QCOMPARE(grid.columns, std::int64_t(40));
+    for (std::int64_t t = 0; t < 40; ++t) {
+        QCOMPARE(grid.at(0, t), kTransferIdentical);
+        QCOMPARE(grid.at(1, t), t >= 16 && t < 32 ? kTransferExplained : kTransferIdentical);
+    }
+    // The exported view is the transfer's map.
+    QCOMPARE(&page().exportedMap(), &page().transferView().heatmap());
 }
 
 QTEST_MAIN(TestCompare)

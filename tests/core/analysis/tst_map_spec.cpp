@@ -40,6 +40,14 @@ class TestMapSpec : public QObject {
     Q_OBJECT
 
 private slots:
+    void layerNamesShortenedAsEveryViewSaysThem()
+    {
+        QCOMPARE(QString::fromStdString(shortLayerName("model.layers.3.self_attn")), QString("model.layers.3"));
+        QCOMPARE(QString::fromStdString(shortLayerName("model.layers.3.self_attn.attn")), QString("model.layers.3"));  // vLLM's
+        QCOMPARE(QString::fromStdString(shortLayerName("model.layers.7.mixer")), QString("model.layers.7.mixer"));
+        QCOMPARE(QString::fromStdString(shortLayerName(".attn")), QString(".attn"));  // nothing would be left
+    }
+
     void theSuspectsOnsetIsFramedAndItsSpreadDimmed()
     {
         PromptAnalysis p = fourLayerPrompt();

@@ -88,6 +88,10 @@ private slots:
         // 50 and 80 floors are off (the map's threshold is about 6 + 2.6 log10(100 x 64 / 1000) = 8.1); 4 is not.
         QCOMPARE(t->points[3].offFraction, 0.0);
         QCOMPARE(t->points[4].offFraction, 1.0 / 32);  // one of 2 layers x 8 positions x K/V
+        // Per layer, over its off threshold: 50 / (6 + 2.6 log10(6.4)) in layer 1, a tenth of a floor in layer 0.
+        QCOMPARE(t->layers.size(), std::size_t(2));
+        QVERIFY(std::abs(double(t->points[4].layerOff[1]) - 50 / (6 + 2.6 * std::log10(6.4))) < 0.01);
+        QVERIFY(t->points[4].layerOff[0] < 0.1f / 6);
         QCOMPARE(t->rankCorrelation, 1.0);
         const QString trend = QString::fromStdString(t->trend);
         QVERIFY2(trend.contains("capture time") && trend.contains("Spearman 1 over 6 captures") &&
