@@ -1,5 +1,7 @@
 #include "widgets/timeline_view.h"
 
+#include "widgets/plot_decorations.h"
+
 #include <QToolTip>
 
 #include <cmath>
@@ -37,7 +39,7 @@ void TimelineView::clearTimeline(const QString& message)
     m_timeline = {};
     for (QCPGraph* g : {m_line, m_quiet, m_off})
         g->data()->clear();
-    m_title->setText(message);
+    setTitle(message);
     replot(rpQueuedReplot);
 }
 
@@ -66,9 +68,21 @@ void TimelineView::setTimeline(const SweepTimeline& timeline)
     const double pad = std::max(0.5, (last - first) * 0.03);
     xAxis->setRange(first - pad, last + pad);
     yAxis->setRange(lowest / 2, highest * 2);
-    m_title->setText(timeline.trend.empty() ? tr("Worst cell per %1: no rising trend").arg(timeline.perBundle ? tr("capture") : tr("request"))
-                                            : QString::fromStdString(timeline.trend));
+    setTitle(timeline.trend.empty() ? tr("Worst cell per %1: no rising trend").arg(timeline.perBundle ? tr("capture") : tr("request"))
+                                    : QString::fromStdString(timeline.trend));
     replot(rpQueuedReplot);
+}
+
+void TimelineView::setTitle(const QString& title)
+{
+    m_titleText = title;
+    m_title->setText(wrappedToWidth(title, m_title->font(), width() - 20));
+}
+
+void TimelineView::resizeEvent(QResizeEvent* event)
+{
+    setTitle(m_titleText);  // (a long trend wraps at a narrow width)
+    QCustomPlot::resizeEvent(event);
 }
 
 int TimelineView::pointAt(const QPoint& pos) const

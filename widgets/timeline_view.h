@@ -22,13 +22,17 @@ public:
 
 protected:
     void mouseMoveEvent(QMouseEvent* event) override;
+    void resizeEvent(QResizeEvent* event) override;
 
 private:
+    void setTitle(const QString& title);
+
     SweepTimeline m_timeline;
     QCPGraph* m_quiet = nullptr;
     QCPGraph* m_off = nullptr;
     QCPGraph* m_line = nullptr;
     QCPTextElement* m_title = nullptr;
+    QString m_titleText;  // as set; shown wrapped to the width
 };
 
 }  // namespace kvscope

@@ -91,6 +91,7 @@ TransferView::TransferView(QWidget* parent)
     lower->addWidget(m_cell);
     lower->setStretchFactor(0, 1);
     lower->setStretchFactor(1, 1);
+    lower->setSizes({500, 500});  // (the table's size hint would take nearly all: the block's words need room)
     auto* split = new QSplitter(Qt::Vertical);
     split->addWidget(mapBox({{m_prompt, 1}}, m_map));
     split->addWidget(lower);
