@@ -2,35 +2,26 @@
 // whose cells are a tenth of a floor everywhere but at the two positions a connector loaded.
 
 #include "analysis/source_summary.h"
+#include "quiet_prompt.h"
 
 #include <QTest>
 
 #include <cmath>
 
 using namespace kvscope;
+using namespace kvtest;
 
 namespace {
 
 // 8 positions (prompt 6, 2 decode steps), 2 layers x 2 heads; base L-inf 1e-2, actual 1e-3.
 PromptAnalysis prompt()
 {
-    PromptAnalysis p;
-    p.promptLen = 6;
-    p.tokens = 8;
-    p.heads = 2;
-    p.threeWay = true;
-    p.partNames = {"k", "v"};
-    p.layers = {"model.layers.0.self_attn", "model.layers.1.self_attn"};
-    p.allocate();
-    for (int m = 0; m < kMetricCount; ++m)
-        for (std::size_t i = 0; i < p.metrics[std::size_t(m)].size(); ++i)
-            p.metrics[std::size_t(m)][i] = isBaseMetric(Metric(m)) ? 1e-2f : 1e-3f;
-    return p;
+    return quietPrompt(8, 6, 2);
 }
 
 void setLinf(PromptAnalysis& p, KvPart part, int layer, std::int64_t token, int head, float value)
 {
-    p.metrics[std::size_t(metricFor(part, MetricKind::Linf))][p.cell(layer, token, head)] = value;
+    setMetric(p, part, MetricKind::Linf, layer, token, head, value);
 }
 
 std::vector<ProvenanceRange> provenance()

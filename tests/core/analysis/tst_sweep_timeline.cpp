@@ -3,12 +3,14 @@
 // values computed by hand.
 
 #include "analysis/sweep_timeline.h"
+#include "quiet_prompt.h"
 
 #include <QTest>
 
 #include <cmath>
 
 using namespace kvscope;
+using namespace kvtest;
 
 namespace {
 
@@ -16,18 +18,8 @@ namespace {
 // L-inf 1e-2, actual 1e-3) but one K cell at `worst` floors.
 PromptAnalysis prompt(const std::string& id, float worst)
 {
-    PromptAnalysis p;
-    p.id = id;
-    p.promptLen = 6;
-    p.tokens = 8;
-    p.heads = 2;
-    p.threeWay = true;
-    p.layers = {"model.layers.0.self_attn", "model.layers.1.self_attn"};
-    p.allocate();
-    for (int m = 0; m < kMetricCount; ++m)
-        for (std::size_t i = 0; i < p.metrics[std::size_t(m)].size(); ++i)
-            p.metrics[std::size_t(m)][i] = isBaseMetric(Metric(m)) ? 1e-2f : 1e-3f;
-    p.metrics[std::size_t(metricFor(KvPart::K, MetricKind::Linf))][p.cell(1, 7, 0)] = worst * 1e-2f;
+    PromptAnalysis p = quietPrompt(8, 6, 2, true, id);
+    setMetric(p, KvPart::K, MetricKind::Linf, 1, 7, 0, worst * 1e-2f);
     return p;
 }
 

@@ -6,34 +6,26 @@
 
 #include "analysis/heatmap_grid.h"
 #include "analysis/worst_cells.h"
+#include "quiet_prompt.h"
 
 #include <QTest>
 
 #include <cmath>
 
 using namespace kvscope;
+using namespace kvtest;
 
 namespace {
 
+// 4 positions (3 of prompt), 2 heads.
 PromptAnalysis prompt(bool threeWay)
 {
-    PromptAnalysis p;
-    p.promptLen = 3;
-    p.tokens = 4;
-    p.heads = 2;
-    p.threeWay = threeWay;
-    p.layers = {"model.layers.0.self_attn", "model.layers.1.self_attn"};
-    p.allocate();
-    // Every cell quiet: 1e-3 everywhere (the base, three-way, 1e-2: a tenth of a floor).
-    for (int m = 0; m < kMetricCount; ++m)
-        for (std::size_t i = 0; i < p.metrics[std::size_t(m)].size(); ++i)
-            p.metrics[std::size_t(m)][i] = m >= kMetricCount / 2 ? 1e-2f : 1e-3f;
-    return p;
+    return quietPrompt(4, 3, 2, threeWay);
 }
 
 void set(PromptAnalysis& p, KvPart part, MetricKind kind, int layer, std::int64_t token, int head, float value)
 {
-    p.metrics[std::size_t(metricFor(part, kind))][p.cell(layer, token, head)] = value;
+    setMetric(p, part, kind, layer, token, head, value);
 }
 
 }  // namespace
