@@ -4,9 +4,11 @@
 
 #include "widgets/color_scales.h"
 #include "widgets/heatmap_view.h"
+#include "widgets/provenance_strip.h"
 
 #include <QApplication>
 #include <QFontMetrics>
+#include <QVBoxLayout>
 #include <QtTest>
 
 #include <cmath>
@@ -22,6 +24,8 @@ private slots:
     void rowLabelsNeverOverlapAtSmallSizes();
     void pinnedRowsKeepTheirLabels();
     void tokenTextNeverRunsTogether();
+    void transferCellsTakeTheirBand();
+    void provenanceStripFollowsTheMap();
 };
 
 namespace {
@@ -65,7 +69,7 @@ void TestHeatmapView::gradientsHitTheirStopsAndBlendLinearly()
     // The gradient is drawn in 350 levels: a colour may be that of a position up to one level
     // (1/349 of the scale) away, which on a steep stretch moves a channel by its slope / 349.
     const auto near = [](int got, double want, double slope) { return std::abs(got - want) <= slope / 349 + 1.0; };
-    for (ScaleKind kind : {ScaleKind::Error, ScaleKind::Ratio, ScaleKind::Bc, ScaleKind::Change}) {
+    for (ScaleKind kind : {ScaleKind::Error, ScaleKind::Ratio, ScaleKind::Bc, ScaleKind::Change, ScaleKind::Transfer}) {
         QCPColorGradient g = colorGradient(kind);
         const std::vector<ColorStop>& stops = colorStops(kind);
         QVERIFY(stops.size() >= 2);
@@ -171,6 +175,59 @@ void TestHeatmapView::tokenTextNeverRunsTogether()
         QVERIFY2(pixels.size() < 2 || closest(pixels) >= widest,
                  qPrintable(QString("%1 tokens shown: labels %2 px apart, the widest %3 px").arg(width).arg(closest(pixels)).arg(widest)));
     }
+}
+
+// kvscope transfer's three values, over its range -0.5..2.5: each the middle of its band.
+void TestHeatmapView::transferCellsTakeTheirBand()
+{
+    const QCPColorGradient g = colorGradient(ScaleKind::Transfer);
+    const ValueRange r = defaultRange(ScaleKind::Transfer);
+    const auto colour = [&](double v) { return at(g, (v - r.lower) / (r.upper - r.lower)); };
+    QCOMPARE(colour(0), QColor(226, 235, 222));  // identical: the ratio's quiet colour
+    QCOMPARE(colour(1), QColor(253, 174, 97));   // changed, explained
+    QCOMPARE(colour(2), QColor(215, 48, 31));    // changed, unexplained
+    QCOMPARE(legendWords(ScaleKind::Transfer).size(), std::size_t(3));
+}
+
+// The strip under the map: hidden without provenance; under the map's axis, the position under
+// a pixel is the map's, through zoom; the hover names the range.
+void TestHeatmapView::provenanceStripFollowsTheMap()
+{
+    QWidget box;
+    auto* layout = new QVBoxLayout(&box);
+    layout->setContentsMargins(0, 0, 0, 0);
+    auto* map = new HeatmapView;
+    auto* strip = new ProvenanceStrip(map);
+    layout->addWidget(map, 1);
+    layout->addWidget(strip);
+    box.resize(900, 400);
+    HeatmapGrid grid;
+    grid.rows = 2;
+    grid.columns = 100;
+    grid.values.assign(200, 1.0f);
+    grid.heads.assign(200, -1);
+    map->setGrid(grid);
+    map->resetView(100, 2);
+    box.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&box));
+    QVERIFY(!strip->isVisible());
+    ProvenanceRange prefill{0, 64, ProvenanceKind::Prefill}, loaded{64, 96, ProvenanceKind::External}, step{96, 100, ProvenanceKind::Decode};
+    prefill.chunk = 0;
+    loaded.connector = "NixlConnector";
+    step.step = 0;
+    strip->setProvenance({prefill, loaded, step});
+    QVERIFY(strip->isVisible());
+    QCOMPARE(strip->describeAt(70), QString("position 70: 64-95 external (NixlConnector)"));
+    QCOMPARE(strip->describeAt(20), QString("position 20: 0-63 prefill (chunk 0)"));
+    map->replot(QCustomPlot::rpImmediateRefresh);
+    QCOMPARE(strip->positionAt(int(map->xAxis->coordToPixel(70))), qint64(70));
+    map->xAxis->setRange(60, 80);  // zoomed in
+    map->replot(QCustomPlot::rpImmediateRefresh);
+    QCOMPARE(strip->positionAt(int(map->xAxis->coordToPixel(65))), qint64(65));
+    QCOMPARE(strip->positionAt(map->axisRect()->rect().left() - 5), qint64(-1));  // left of the axis
+    QCOMPARE(ProvenanceStrip::kindColour(ProvenanceKind::External), QColor("#e08214"));
+    strip->setProvenance({});
+    QVERIFY(!strip->isVisible());
 }
 
 QTEST_MAIN(TestHeatmapView)
