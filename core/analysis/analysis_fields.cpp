@@ -330,6 +330,38 @@ std::optional<ProvenanceMatch> readProvenance(const JsonFields& f, const Json& j
     return m;
 }
 
+// Only where a structure accounts for the off positions (structural_evidence.h): the JSON of a
+// suspect without one is what it was before the field existed.
+void writeStructure(JsonWriter& w, const std::optional<StructuralFinding>& s)
+{
+    if (!s)
+        return;
+    w.key("structure").beginObject().field("kind", s->kind).key("parameters").beginObject();
+    for (const auto& [name, value] : s->parameters)
+        w.field(name, value);
+    w.endObject().field("text", s->text).endObject();
+}
+
+std::optional<StructuralFinding> readStructure(const JsonFields& f, const Json& j, const std::string& at)
+{
+    if (!j.contains("structure") || j.at("structure").is_null())
+        return std::nullopt;
+    const Json& s = j.at("structure");
+    const std::string where = at + "structure.";
+    StructuralFinding out;
+    out.kind = f.text(s, "kind", where);
+    const Json& parameters = f.at(s, "parameters", where);
+    if (!parameters.is_object())
+        f.fail(where + "parameters", "must be an object");
+    for (const auto& [name, value] : parameters.items()) {
+        if (!value.is_number())
+            f.fail(where + "parameters." + name, "must be a number");
+        out.parameters.emplace_back(name, value.get<double>());
+    }
+    out.text = f.text(s, "text", where);
+    return out;
+}
+
 Suspect readSuspect(const JsonFields& f, const Json& j, const std::string& at)
 {
     Suspect s;
@@ -361,6 +393,7 @@ Suspect readSuspect(const JsonFields& f, const Json& j, const std::string& at)
     s.dcpRanks = f.ints(j, "dcp_ranks", at);
     readSuspectPlace(f, j, at, s);
     s.provenance = readProvenance(f, j, at);
+    s.structure = readStructure(f, j, at);
     return s;
 }
 
@@ -693,6 +726,7 @@ void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects)
             .numbers(s.dcpRanks);
         writeSuspectPlace(w, s);
         writeProvenance(w, s.provenance);
+        writeStructure(w, s.structure);
         w.endObject();
     });
 }

@@ -3,6 +3,7 @@
 #include "analysis/divergence.h"
 #include "analysis/layer_aggregate.h"
 #include "analysis/layer_comparison.h"
+#include "analysis/structural_evidence.h"
 #include "analysis/suspect_search.h"
 #include "format/bundle_error.h"
 #include "kv/block_sharing.h"
@@ -612,8 +613,10 @@ void AnalysisRun::findAllSuspects()
         noteSharedBlocks(i, p.suspects);
         suspects.push_back(p.suspects);
     }
-    if (!m_options.share)  // else pooled where the prompts are gathered
+    if (!m_options.share) {  // else pooled where the prompts are gathered
         m_result.suspects = poolSuspects(suspects);
+        addStructuralEvidence(m_result.suspects, m_result.prompts, m_loader.config());
+    }
 }
 
 // Problems, non-finite cells and replica differences sorted, so that output is reproducible
@@ -726,6 +729,7 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
         for (const PromptAnalysis& p : result.prompts)
             suspects.push_back(p.suspects);
         result.suspects = poolSuspects(suspects);
+        addStructuralEvidence(result.suspects, result.prompts, loader.config());
     }
 }
 

@@ -88,6 +88,22 @@ struct ErrorShape {
     std::string text;                // "direction kept (...); size off by 0.4-1.6x, varying by token; K only"
 };
 
+// Where the error lies against the engine's structure (analysis/structural_evidence.h): a
+// placement with its statistic, not a transformation of the values.
+struct StructuralFinding {
+    std::string kind;  // "last_block_fill", "chunk_boundary"
+    std::vector<std::pair<std::string, double>> parameters;  // e.g. {"block_size", 16}, {"chunk", 2}
+    std::string text;  // "off in the first 3 decode positions of the 3 prompts whose last block ..."
+
+    double parameter(const std::string& name) const
+    {
+        for (const auto& [n, v] : parameters)
+            if (n == name)
+                return v;
+        return std::nan("");
+    }
+};
+
 struct SuspectBlock {
     int group = 0;
     std::int64_t logical = 0;
@@ -106,6 +122,9 @@ struct Suspect {
     // The bundle records where each position's KV came from, and every off position of the
     // onset came the same way (analysis/provenance_match.h); empty otherwise.
     std::optional<ProvenanceMatch> provenance;
+    // The structure the off positions follow (a chunk boundary; the last block's fill across
+    // prompts), when one accounts for every one of them; said at the end of the evidence.
+    std::optional<StructuralFinding> structure;
     std::string evidence;  // one sentence, about one prompt:
     std::string evidencePrompt;        // that prompt
     std::vector<std::string> prompts;  // where it was seen (one per prompt; pooled: every one)

@@ -4,6 +4,7 @@
 #include "analysis/hypotheses.h"
 #include "analysis/map_spec.h"
 #include "analysis/off_floor.h"
+#include "analysis/structural_evidence.h"
 #include "analysis/suspect_patterns.h"
 #include "analysis/whose_kv.h"
 #include "format/rope_settings.h"
@@ -554,14 +555,10 @@ namespace {
 
 // The path every off position of the onset came by, when the bundle records the paths and
 // they are one (analysis/provenance_match.h).
-std::optional<ProvenanceMatch> provenanceOf(const CaptureLoader& loader, const PromptAnalysis& p, const Onset& onset)
+// The positions the analysis compared in the onset layer, in order.
+std::vector<std::int64_t> analysedPositions(const PromptAnalysis& p, const Onset& onset)
 {
-    const std::vector<ProvenanceRange>& ranges = loader.prompt(p.id).provenance;
-    if (ranges.empty())
-        return std::nullopt;
-    std::vector<std::int64_t> off, analysed;
-    for (const OffCell& c : onset.cells())
-        off.push_back(c.token);
+    std::vector<std::int64_t> analysed;
     const Metric linf = metricFor(KvPart::K, MetricKind::Linf);
     for (std::int64_t t = 0; t < p.tokens; ++t)
         for (int h = 0; h < p.headsOf(onset.layer); ++h)
@@ -569,7 +566,28 @@ std::optional<ProvenanceMatch> provenanceOf(const CaptureLoader& loader, const P
                 analysed.push_back(t);
                 break;
             }
-    return matchProvenance(ranges, off, analysed);
+    return analysed;
+}
+
+std::optional<ProvenanceMatch> provenanceOf(const CaptureLoader& loader, const PromptAnalysis& p, const Onset& onset)
+{
+    const std::vector<ProvenanceRange>& ranges = loader.prompt(p.id).provenance;
+    if (ranges.empty())
+        return std::nullopt;
+    std::vector<std::int64_t> off;
+    for (const OffCell& c : onset.cells())
+        off.push_back(c.token);
+    return matchProvenance(ranges, off, analysedPositions(p, onset));
+}
+
+// The chunk boundary the onset's off positions step at, when the bundle records the chunks
+// (structural_evidence.h).
+std::optional<StructuralFinding> chunkStepOf(const CaptureLoader& loader, const PromptAnalysis& p, const Onset& onset)
+{
+    const std::vector<ProvenanceRange>& ranges = loader.prompt(p.id).provenance;
+    if (ranges.empty())
+        return std::nullopt;
+    return chunkBoundaryOf(ranges, onset.tokens, analysedPositions(p, onset), p.promptLen);
 }
 
 // The onset's suspect, off the noise floor (a NaN or infinity is nonFiniteSuspect's).
@@ -623,6 +641,8 @@ std::optional<Suspect> finiteSuspect(const CaptureLoader& loader, const PromptAn
     attribute(loader, p, onset, s);
     if ((s.provenance = provenanceOf(loader, p, onset)))
         why << " " << s.provenance->text;
+    if ((s.structure = chunkStepOf(loader, p, onset)))
+        why << " " << s.structure->text;
     s.evidence = why.str();
     s.evidencePrompt = p.id;
     return s;
@@ -677,6 +697,7 @@ std::vector<Suspect> poolSuspects(const std::vector<std::vector<Suspect>>& perPr
                 q.hypothesis = s.hypothesis;
                 q.tried = s.tried;
                 q.measured = s.measured;
+                q.structure = s.structure;
                 q.worstLayer = s.worstLayer;
                 q.worstToken = s.worstToken;
                 q.worstHead = s.worstHead;

@@ -3,6 +3,7 @@
 
 #include "format/bundle_writer.h"
 #include "format/nvfp4.h"
+#include "format/provenance.h"
 #include "kv/paged_layout.h"
 #include "synth/tiny_transformer.h"
 #include "util/deterministic_math.h"
@@ -84,6 +85,8 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::WindowOnFull, "window_on_full_layers"},
     {FaultKind::LayoutTokenMajor, "layout_token_major"},
     {FaultKind::LayoutKvHalves, "layout_kv_halves"},
+    {FaultKind::LastBlockFill, "last_block_fill"},
+    {FaultKind::ChunkBoundary, "chunk_boundary"},
     {FaultKind::TokenScale, "token_scale"},
     {FaultKind::ChannelScale, "channel_scale"},
     {FaultKind::QkvBias, "qkv_bias"},
@@ -178,6 +181,48 @@ float biasValue(int channel, bool v)
     return float(0.5 * std::cos(1.7 * channel + (v ? 1.1 : 0.3)) * std::sqrt(2.0));
 }
 constexpr float kClipBound = 1.5f;
+
+// The structural faults: last_block_fill halves the first kLastBlockFillTokens decode positions
+// of the prompts whose last block is at most half full; chunk_boundary writes prefill chunk 1 on
+// at 0.75x (a scale kept from the first chunk).
+constexpr int kLastBlockFillTokens = 3;
+constexpr float kLastBlockFillFactor = 0.5f;
+constexpr float kChunkBoundaryFactor = 0.75f;
+
+// Whether last_block_fill damages a prompt of `promptLen` in blocks of `blockSize`.
+bool lastBlockAtMostHalfFull(std::int64_t promptLen, std::int64_t blockSize)
+{
+    return promptLen % blockSize <= blockSize / 2;
+}
+
+// The provenance SPEC recorded on every prompt: the options', or for chunk_boundary without one
+// two prefill chunks, the first half the shortest prompt long.
+std::string provenanceSpecOf(const ModelCaptureOptions& o)
+{
+    if (!o.provenance.empty() || o.fault != FaultKind::ChunkBoundary || o.promptLens.empty())
+        return o.provenance;
+    const int shortest = *std::min_element(o.promptLens.begin(), o.promptLens.end());
+    return "prefill:" + std::to_string(std::max(1, shortest / 2)) + ",prefill";
+}
+
+// Where prefill chunk 1 starts in a prompt of `promptLen` (-1: the provenance records none).
+std::int64_t chunkOneStart(const ModelCaptureOptions& o, std::int64_t promptLen)
+{
+    const std::string spec = provenanceSpecOf(o);
+    if (spec.empty())
+        return -1;
+    const std::int64_t total = promptLen + o.decodeTokens;
+    for (const ProvenanceRange& r : parseProvenance(provenanceFromSpec(spec, promptLen, o.decodeTokens), total))
+        if (r.kind == ProvenanceKind::Prefill && r.chunk == 1)
+            return r.start;
+    return -1;
+}
+
+// The block size of the fault layer's group (MLA: one full group).
+int faultBlockSize(const ModelCaptureOptions& o, int layer)
+{
+    return !o.shape.mla() && layer % 2 == 0 ? o.slidingBlockSize : o.fullBlockSize;
+}
 
 struct ResolvedFault {
     FaultKind kind = FaultKind::None;
@@ -393,6 +438,44 @@ bool cacheFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohm
         truth["read_as"] = "kv_interleaved_rows";
         truth["description"] = "each TP rank's block written all K then all V, read as K and V alternating row by row";
         return true;
+    case FaultKind::LastBlockFill: {
+        const int bs = faultBlockSize(o, f.layer);
+        nlohmann::json damaged = nlohmann::json::array(), spared = nlohmann::json::array();
+        for (std::size_t p = 0; p < o.promptLens.size(); ++p)
+            (lastBlockAtMostHalfFull(o.promptLens[p], bs) ? damaged : spared).push_back("prompt_" + std::to_string(p));
+        if (damaged.empty() || spared.empty())
+            throw std::invalid_argument("last_block_fill needs prompts whose last block is at most half full and prompts "
+                                        "whose last block is fuller (prompt_len mod " + std::to_string(bs) + " <= " +
+                                        std::to_string(bs / 2) + " and > " + std::to_string(bs / 2) + "), for layer " +
+                                        std::to_string(f.layer) + "'s block size " + std::to_string(bs) + "; --prompts gives " +
+                                        (damaged.empty() ? "none of the first" : "none of the second"));
+        truth["layer"] = layerName(f.layer);
+        truth["block_size"] = bs;
+        truth["decode_positions"] = std::min(kLastBlockFillTokens, o.decodeTokens);
+        truth["factor"] = kLastBlockFillFactor;
+        truth["damaged_prompts"] = damaged;
+        truth["spared_prompts"] = spared;
+        truth["description"] = "K and V of every head 0.5x at the first decode positions of the prompts whose last block "
+                               "is at most half full (prompt_len mod block_size <= block_size / 2)";
+        return true;
+    }
+    case FaultKind::ChunkBoundary: {
+        nlohmann::json starts = nlohmann::json::object();
+        for (std::size_t p = 0; p < o.promptLens.size(); ++p) {
+            const std::int64_t start = chunkOneStart(o, o.promptLens[p]);
+            if (start < 1 || start >= o.promptLens[p])
+                throw std::invalid_argument("chunk_boundary needs a prefill chunk 1 inside every prompt (--provenance " +
+                                            provenanceSpecOf(o) + ", prompt_" + std::to_string(p) + " of " +
+                                            std::to_string(o.promptLens[p]) + " tokens)");
+            starts["prompt_" + std::to_string(p)] = start;
+        }
+        truth["layer"] = layerName(f.layer);
+        truth["chunk"] = 1;
+        truth["chunk_start"] = starts;
+        truth["factor"] = kChunkBoundaryFactor;
+        truth["description"] = "K and V of every head 0.75x from the start of prefill chunk 1 to the prompt's end";
+        return true;
+    }
     case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
         truth["layer"] = layerName(f.layer);
         truth["head"] = f.head;
@@ -694,7 +777,8 @@ public:
     CacheCorruption(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config, std::int64_t promptLen,
                     std::size_t p, const std::vector<LayerCache>& foreign, std::vector<LayerKv>& layers, std::int64_t seqLen)
         : f(f), config(config), p(p), foreign(foreign), layers(layers), heads(cacheHeads(o.shape)), dims(cacheDims(o.shape)),
-          at(promptLen + f.step), seqLen(seqLen), window(o.shape.window)
+          at(promptLen + f.step), seqLen(seqLen), window(o.shape.window), promptLen(promptLen),
+          chunkStart(f.kind == FaultKind::ChunkBoundary ? chunkOneStart(o, promptLen) : -1)
     {
     }
 
@@ -732,6 +816,10 @@ public:
         case FaultKind::LayoutTokenMajor:
         case FaultKind::LayoutKvHalves:
             misread();
+            break;
+        case FaultKind::LastBlockFill:
+        case FaultKind::ChunkBoundary:
+            structural();
             break;
         case FaultKind::Nan:
         case FaultKind::Inf:
@@ -971,6 +1059,34 @@ private:
             }
     }
 
+    // Damage where the engine's structure puts it: the first decode positions of a prompt whose
+    // last block is at most half full; prefill chunk 1 on.
+    void structural()
+    {
+        LayerKv& kv = layers[std::size_t(f.layer)];
+        const int g = config.groupOf(layerName(f.layer));
+        if (g < 0)
+            return;
+        std::int64_t from = 0, to = 0;
+        float factor = 1;
+        if (f.kind == FaultKind::LastBlockFill) {
+            if (!lastBlockAtMostHalfFull(promptLen, config.groups[std::size_t(g)].blockSize))
+                return;
+            from = promptLen, to = promptLen + kLastBlockFillTokens, factor = kLastBlockFillFactor;
+        } else {
+            from = chunkStart, to = promptLen, factor = kChunkBoundaryFactor;
+        }
+        forPositions(kv, [&](std::int64_t pos) {
+            if (pos < from || pos >= to)
+                return;
+            for (KvPart part : {KvPart::K, KvPart::V}) {
+                float* x = kv.values(part).data() + kv.index(part, 0, pos);
+                for (std::size_t i = 0; i < kv.rowSize(part); ++i)
+                    x[i] = detmath::roundToBf16(x[i] * factor);
+            }
+        });
+    }
+
     void zeroPosition(LayerKv& kv, std::int64_t pos) const
     {
         if (pos < 0 || pos >= kv.seq || !kv.present[std::size_t(pos)])
@@ -1009,6 +1125,8 @@ private:
     const std::int64_t at;
     const std::int64_t seqLen;  // of the snapshot
     const int window;
+    const std::int64_t promptLen;
+    const std::int64_t chunkStart;  // chunk_boundary: where prefill chunk 1 starts
 };
 
 void corruptCache(const ResolvedFault& f, const ModelCaptureOptions& o, const KvCacheConfig& config,
@@ -1381,8 +1499,8 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
     out.record.inputIds.assign(tokens.begin(), tokens.begin() + promptLen);
     out.record.teacherTokens.assign(tokens.begin() + promptLen, tokens.end());
     out.record.divergencePositions = divergences;
-    if (!o.provenance.empty())
-        out.record.provenance = provenanceFromSpec(o.provenance, promptLen, total - promptLen);
+    if (const std::string spec = provenanceSpecOf(o); !spec.empty())
+        out.record.provenance = provenanceFromSpec(spec, promptLen, total - promptLen);
     for (std::int64_t t : tokens)
         out.record.tokenStrings.push_back(tokenText(t));
 

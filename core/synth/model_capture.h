@@ -57,6 +57,11 @@ enum class FaultKind {
     // a block's bytes read in another order than written, one layer
     LayoutTokenMajor,  // each TP rank's block written head-major, read token-major (2+ heads a rank)
     LayoutKvHalves,    // each TP rank's block written K then V (split halves), read as K and V interleaved per row
+    // damage that follows the engine's structure, one layer
+    LastBlockFill,   // K and V of every head 0.5x at the first 3 decode positions of the prompts whose
+                     // last block is at most half full (prompt_len mod block size <= half of it)
+    ChunkBoundary,   // K and V of every head 0.75x from the start of prefill chunk 1 to the prompt's
+                     // end (chunks recorded in the provenance; default: two, the first half the shortest prompt)
     // magnitude with the direction intact (not in allFaultKinds: magnitudeFaultKinds)
     TokenScale,      // K of every head scaled by a factor per position (0.4-1.6x), one layer
     ChannelScale,    // V of one head scaled by a factor per channel (0.5-1.5x), one layer

@@ -170,6 +170,8 @@ Suspect handMadeSuspect()
     s.lastToken = 3;
     s.phase = "decode";
     s.blocks = {{0, 1, 7}, {2, 4, -1}};
+    s.structure = StructuralFinding{"chunk_boundary", {{"chunk", 1}, {"boundary", 12}, {"chance", 0.0625}},
+                                    "The error steps at position 12, the first of prefill chunk 1"};
     s.worstLayer = 1;
     s.worstToken = 3;
     s.worstHead = 1;
@@ -303,6 +305,14 @@ void compareSuspects(const std::vector<Suspect>& got, const std::vector<Suspect>
             QCOMPARE(gm.parts, wm.parts);
             QCOMPARE(gm.cells, wm.cells);
             QCOMPARE(gm.text, wm.text);
+        }
+        QCOMPARE(g.structure.has_value(), w.structure.has_value());
+        if (w.structure) {
+            QCOMPARE(g.structure->kind, w.structure->kind);
+            QCOMPARE(g.structure->text, w.structure->text);
+            QCOMPARE(g.structure->parameters.size(), w.structure->parameters.size());
+            for (const auto& [name, value] : w.structure->parameters)
+                QCOMPARE(g.structure->parameter(name), value);
         }
         QCOMPARE(g.evidence, w.evidence);
         QCOMPARE(g.evidencePrompt, w.evidencePrompt);

@@ -79,17 +79,23 @@ const std::set<FaultKind> kLater3 = {FaultKind::OtherPrompt, FaultKind::WindowOn
 const std::set<FaultKind> kTuned4 = {FaultKind::LayoutTokenMajor};
 const std::set<FaultKind> kLater4 = {FaultKind::LayoutKvHalves};
 
+// Damage that follows the engine's structure (#54, point 5): the last block's fill tuned on
+// (kTuned5), the chunk boundary held out and run once: a fifth held-out score.
+const std::set<FaultKind> kTuned5 = {FaultKind::LastBlockFill};
+const std::set<FaultKind> kLater5 = {FaultKind::ChunkBoundary};
+
 const char* halfOf(FaultKind k)
 {
     const std::vector<FaultKind> magnitude = magnitudeFaultKinds();
     if (std::find(magnitude.begin(), magnitude.end(), k) != magnitude.end())
         return "magnitude";  // magnitudeFaults, apart from the catalogue's scores
     return kTuned.count(k) ? "tuned" : kLater.count(k) ? "held-out-2" : kLater3.count(k) ? "held-out-3"
-         : kTuned4.count(k) ? "tuned-4" : kLater4.count(k) ? "held-out-4" : "held-out";
+         : kTuned4.count(k) ? "tuned-4" : kLater4.count(k) ? "held-out-4" : kTuned5.count(k) ? "tuned-5"
+         : kLater5.count(k) ? "held-out-5" : "held-out";
 }
 
 // Kinds that touch every layer (the fault layer means nothing), and kinds confined to the
-// prefill (a sliding-window layer has dropped those positions by the end).
+// prefill or the first decode positions (a sliding-window layer has dropped those by the end).
 bool everyLayer(FaultKind k)
 {
     return k == FaultKind::WindowOffByOne || k == FaultKind::ChunkedPrefill || k == FaultKind::RopeScaling ||
@@ -99,7 +105,7 @@ bool everyLayer(FaultKind k)
 }
 bool prefillOnly(FaultKind k)
 {
-    return k == FaultKind::RopePrefill;
+    return k == FaultKind::RopePrefill || k == FaultKind::ChunkBoundary || k == FaultKind::LastBlockFill;
 }
 
 // The first layer of the KV cache group of `layer` (even layers slide, odd ones are full).
@@ -440,6 +446,30 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
                QString("written %1, read %2").arg(QString::fromStdString(s.hypothesis.label("written_as")),
                                                   QString::fromStdString(s.hypothesis.label("read_as"))));
         break;
+    case FaultKind::LastBlockFill:
+        // The values: 0.5x at the first decode positions; the structure: exactly the prompts whose
+        // last block was at most half full, across the capture's prompts.
+        is("scale");
+        expect(near(s.hypothesis.parameter("factor"), 0.5), "factor");
+        patternIn({"position"});
+        layerIs(L);
+        expect(s.structure && s.structure->kind == "last_block_fill" &&
+                   s.structure->parameter("block_size") == r.truth.at("block_size").get<double>() &&
+                   s.structure->parameter("off_prompts") == double(r.truth.at("damaged_prompts").size()) &&
+                   s.structure->parameter("clean_prompts") == double(r.truth.at("spared_prompts").size()) &&
+                   s.structure->parameter("decode_positions") == r.truth.at("decode_positions").get<double>(),
+               "structure " + QString::fromStdString(s.structure ? s.structure->text : "none"));
+        break;
+    case FaultKind::ChunkBoundary:
+        // The values: 0.75x from chunk 1 on; the structure: the step at that chunk's first position.
+        is("scale");
+        expect(near(s.hypothesis.parameter("factor"), 0.75), "factor");
+        patternIn({"position"});
+        layerIs(L);
+        expect(s.structure && s.structure->kind == "chunk_boundary" && s.structure->parameter("chunk") == 1 &&
+                   s.structure->parameter("boundary") == r.truth.at("chunk_start").at(s.evidencePrompt).get<double>(),
+               "structure " + QString::fromStdString(s.structure ? s.structure->text : "none"));
+        break;
     case FaultKind::Nan:
     case FaultKind::Inf:
     case FaultKind::NanExpected: {
@@ -472,7 +502,8 @@ void TestSuspects::check(const ModelCaptureOptions& o, const QString& what)
     const std::vector<Suspect>& all = r.result.suspects;
     const std::string top = all.empty() ? "none"
                                         : std::string(suspectPatternName(all.front().pattern)) + "/" +
-                                              (all.front().hypothesis.kind.empty() ? "-" : all.front().hypothesis.kind);
+                                              (all.front().hypothesis.kind.empty() ? "-" : all.front().hypothesis.kind) +
+                                              (all.front().structure ? "+" + all.front().structure->kind : "");
     ++m_confusion[faultName(o.fault)][top];
     // A scale off by less than the off threshold (6 floors) of the format's rounding (another
     // layer's scale, or a head's own, can be that close in the tiny model) is not required: it
@@ -575,6 +606,10 @@ void TestSuspects::runCatalogue(bool threeWay)
                         o.faultHead = 1;
                         o.faultRank = 1;
                         o.faultStep = 10;  // late enough that a sliding-window layer still holds the position
+                        // Prompts whose last block (8 positions in the full layers) is at most half
+                        // full (mod 8 = 0, 2, 4) and fuller (5, 7, 7).
+                        if (kind == FaultKind::LastBlockFill)
+                            o.promptLens = {24, 31, 26, 29, 20, 23};
                         check(o, QString("%1, layer %2, %3").arg(where).arg(layer).arg(QString::fromStdString(faultName(kind))));
                     }
                 }
