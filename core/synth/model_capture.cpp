@@ -441,14 +441,16 @@ bool cacheFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohm
     case FaultKind::LastBlockFill: {
         const int bs = faultBlockSize(o, f.layer);
         nlohmann::json damaged = nlohmann::json::array(), spared = nlohmann::json::array();
-        for (std::size_t p = 0; p < o.promptLens.size(); ++p)
+        std::string fills;
+        for (std::size_t p = 0; p < o.promptLens.size(); ++p) {
             (lastBlockAtMostHalfFull(o.promptLens[p], bs) ? damaged : spared).push_back("prompt_" + std::to_string(p));
+            fills += (p ? ", " : "") + std::to_string(o.promptLens[p] % bs);
+        }
         if (damaged.empty() || spared.empty())
             throw std::invalid_argument("last_block_fill needs prompts whose last block is at most half full and prompts "
                                         "whose last block is fuller (prompt_len mod " + std::to_string(bs) + " <= " +
-                                        std::to_string(bs / 2) + " and > " + std::to_string(bs / 2) + "), for layer " +
-                                        std::to_string(f.layer) + "'s block size " + std::to_string(bs) + "; --prompts gives " +
-                                        (damaged.empty() ? "none of the first" : "none of the second"));
+                                        std::to_string(bs / 2) + " and > " + std::to_string(bs / 2) + ", the block size of layer " +
+                                        std::to_string(f.layer) + "); --prompts gives mod " + std::to_string(bs) + " = " + fills);
         truth["layer"] = layerName(f.layer);
         truth["block_size"] = bs;
         truth["decode_positions"] = std::min(kLastBlockFillTokens, o.decodeTokens);

@@ -2,10 +2,17 @@
 // position, off from there on and quiet before, is named with its chunk and its chance; an onset
 // one position off a chunk start, at chunk 0, a step that does not stay, one chunk only, or
 // chunks so short that any onset lands on a start, say nothing. (last_block_fill, which needs a
-// capture's analysed prompts, is scored on the synthetic catalogue: tst_suspects.)
+// capture's analysed prompts, is scored on the synthetic catalogue: tst_suspects.) The synth
+// kinds that inject them record which prompts and positions they damage, and refuse prompts
+// that cannot show the structure.
 
 #include "analysis/structural_evidence.h"
+#include "format/bundle_reader.h"
+#include "synth/model_capture.h"
 
+#include <nlohmann/json.hpp>
+
+#include <QTemporaryDir>
 #include <QTest>
 
 #include <numeric>
@@ -101,6 +108,44 @@ private slots:
                 {"start": 8, "end": 10, "kind": "prefill", "chunk": 4}])",
             10);
         QVERIFY(!chunkBoundaryOf(shortChunks, span(4, 10), positions(10), 10));
+    }
+
+    void synthRecordsWhatItDamages()
+    {
+        QTemporaryDir dir;
+        const std::string path = dir.filePath("c.h5").toStdString();
+        synth::ModelCaptureOptions o;
+        o.faultLayer = 3;  // a full layer: blocks of 8
+        o.fault = synth::FaultKind::LastBlockFill;
+        o.promptLens = {24, 31, 26, 29, 20, 23};  // mod 8: 0, 7, 2, 5, 4, 7
+        synth::writeModelCapture(path, o);
+        nlohmann::json truth = nlohmann::json::parse(BundleReader(path).metadata().extra.at("synthetic_fault"));
+        QVERIFY(truth.at("damaged_prompts") == nlohmann::json({"prompt_0", "prompt_2", "prompt_4"}));
+        QVERIFY(truth.at("spared_prompts") == nlohmann::json({"prompt_1", "prompt_3", "prompt_5"}));
+        QCOMPARE(truth.at("block_size").get<int>(), 8);
+
+        o.fault = synth::FaultKind::ChunkBoundary;
+        o.promptLens = {24, 32};  // default chunks: the first 12 positions (half the shortest), then the rest
+        synth::writeModelCapture(path, o);
+        BundleReader reader(path);
+        truth = nlohmann::json::parse(reader.metadata().extra.at("synthetic_fault"));
+        QVERIFY2(truth.at("chunk_start") == nlohmann::json({{"prompt_0", 12}, {"prompt_1", 12}}), truth.dump().c_str());
+    }
+
+    void synthRefusesPromptsThatCannotShowIt()
+    {
+        QTemporaryDir dir;
+        const std::string path = dir.filePath("c.h5").toStdString();
+        synth::ModelCaptureOptions o;
+        o.faultLayer = 3;
+        o.fault = synth::FaultKind::LastBlockFill;
+        o.promptLens = {12, 20};  // mod 8 = 4, 4: every last block half full, none fuller
+        QVERIFY_THROWS_EXCEPTION(std::invalid_argument, synth::writeModelCapture(path, o));
+        o.fault = synth::FaultKind::ChunkBoundary;
+        o.provenance = "prefill";  // one chunk: no chunk 1
+        QVERIFY_THROWS_EXCEPTION(std::invalid_argument, synth::writeModelCapture(path, o));
+        o.provenance = "prefill:16,prefill";  // chunk 1 starts after the first prompt's end
+        QVERIFY_THROWS_EXCEPTION(std::invalid_argument, synth::writeModelCapture(path, o));
     }
 };
 
