@@ -149,14 +149,16 @@ std::vector<Command> bundleCommands()
                   "                         made without a capture: a fixture for viewers at full size, such\n"
                   "                         as 80x131072 (--two-way and --seed apply)\n",
          "a capture from a small transformer, with an injectable engine fault (docs/synth.md)", synth},
-        {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep]\n"
+        {"bench", "bench [--tokens 2048] [--layers 80] [--threads N] [--runs 3] [--dir DIR] [--keep] [--suspects]\n"
                   "      | bench --end-to-end BUNDLE [--threads N] [--runs 5]\n"
                   "  times the three-way analysis of a synthetic Llama-3.3-70B-shaped capture against a\n"
                   "  read-once roofline, at L and 2L layers; the suspects', the what-if's, analyze --save's\n"
                   "  and diff's cost. --end-to-end: whole kvscope processes on BUNDLE (inspect, analyze,\n"
                   "  analyze --json) against reading the bytes it needs once, and where the time goes.\n"
                   "  Past 16384 tokens (a long context): one capture, its analysis against the roofline,\n"
-                  "  peak memory, analyze --save, and the app from the bundle and from the results file\n",
+                  "  peak memory, analyze --save, and the app from the bundle and from the results file.\n"
+                  "  --suspects: only the suspects' share of the analysis, clean and with faults that take\n"
+                  "  their search through each path (whose KV: found, and nothing found)\n",
          "time the analysis against a read-once roofline", nullptr, true, "kvscope-bench"},
         {"bench-run", "bench-run roofline|analyze|whatif|save|phases|... BUNDLE THREADS\n", "one measurement of bench, in its own process",
          nullptr, false, "kvscope-bench"},

@@ -24,6 +24,8 @@
 #include <QElapsedTimer>
 #include <QTimer>
 
+#include <hdf5.h>
+
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,11 +33,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -713,31 +719,153 @@ std::string benchAnalysis(const std::filesystem::path& dir, int tokens, int laye
     return guiRows.str();
 }
 
-// The suspects' cost where they do the most (a fault to explain, on the largest capture), and
-// analyze --save, the what-if and diff against one analyze of the same capture.
+// One block of `layer` of the first prompt holding another sequence's KV (a stale block), on
+// every rank, K and V: normal values of the block's own spread, which no layer or prompt of the
+// capture holds, so that whose_kv.h searches every candidate it may and finds nothing: the
+// suspects' worst case. (A bf16 cache: its values stored as uint16.)
+void writeStaleBlock(const std::string& path, const std::string& layer)
+{
+    std::vector<std::string> datasets;
+    {
+        const BundleReader reader(path);
+        const PromptInfo& p = reader.prompts().front();
+        if (reader.config().firstCompared().dtype != DType::BFloat16)
+            throw std::runtime_error("bench: a stale block is written into a bf16 cache only");
+        for (std::size_t s = 0; s < p.snapshots.size(); ++s)
+            for (int r = 0; r < reader.config().tpSize; ++r)
+                for (const char* part : {"k", "v"})
+                    datasets.push_back(bundle_path::engineKv(p.id, s, r, layer, part));
+    }
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    if (file < 0)
+        throw std::runtime_error("bench: cannot open " + path + " for writing");
+    std::mt19937_64 random(54);
+    bool ok = true;
+    for (const std::string& name : datasets) {
+        if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0)
+            continue;  // a rank that holds nothing of this layer
+        const hid_t d = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+        const hid_t space = H5Dget_space(d);
+        hsize_t dims[4] = {};
+        ok = ok && H5Sget_simple_extent_ndims(space) == 4 && H5Sget_simple_extent_dims(space, dims, nullptr) == 4;
+        // [stored, heads, block_size, head_size]: the middle stored block, whole.
+        const hsize_t start[4] = {dims[0] / 2, 0, 0, 0}, count[4] = {1, dims[1], dims[2], dims[3]};
+        const hid_t memory = H5Screate_simple(4, count, nullptr);
+        std::vector<std::uint16_t> bits(std::size_t(dims[1] * dims[2] * dims[3]));
+        ok = ok && H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr) >= 0 &&
+             H5Dread(d, H5T_NATIVE_UINT16, memory, space, H5P_DEFAULT, bits.data()) >= 0;
+        const auto toFloat = [](std::uint16_t b) {
+            const std::uint32_t u = std::uint32_t(b) << 16;
+            float f;
+            std::memcpy(&f, &u, sizeof f);
+            return f;
+        };
+        double squares = 0;
+        for (std::uint16_t b : bits)
+            squares += double(toFloat(b)) * toFloat(b);
+        std::normal_distribution<float> normal(0.0f, float(std::sqrt(squares / double(bits.size()))));
+        for (std::uint16_t& b : bits) {
+            const float f = normal(random);
+            std::uint32_t u;
+            std::memcpy(&u, &f, sizeof u);
+            b = std::uint16_t(u >> 16);
+        }
+        ok = ok && H5Dwrite(d, H5T_NATIVE_UINT16, memory, space, H5P_DEFAULT, bits.data()) >= 0;
+        H5Sclose(memory);
+        H5Sclose(space);
+        H5Dclose(d);
+    }
+    H5Fclose(file);
+    if (!ok)
+        throw std::runtime_error("bench: could not write a stale block into " + path);
+}
+
+// The suspects found again after the analysis (`bench-run suspects`), `runs` times: the best
+// times, the least and the most of each run's share (the analysis and its suspects timed in
+// one process, so that other load on the machine weighs on both alike), and the top suspect.
+struct SuspectsShare {
+    double analysis = 1e300, suspects = 1e300;
+    double leastShare = 1e300, mostShare = 0;
+    std::string top;
+};
+SuspectsShare suspectsShare(const std::string& path, const std::string& threads, int runs)
+{
+    SuspectsShare share;
+    for (int i = 0; i < runs; ++i) {
+        const ChildResult r = runChild({"kvscope", "bench-run", "suspects", path, threads});
+        if (r.status != 0)
+            throw std::runtime_error("bench child failed on " + path + ": " + r.output);
+        std::istringstream in(r.output);
+        double a = 1e300, s = 1e300;
+        in >> a >> s >> share.top;
+        share.analysis = std::min(share.analysis, a);
+        share.suspects = std::min(share.suspects, s);
+        share.leastShare = std::min(share.leastShare, s / a);
+        share.mostShare = std::max(share.mostShare, s / a);
+    }
+    return share;
+}
+
+// The suspects' share of the analysis on the Llama-3.3-70B-shaped capture (referenced blocks),
+// clean and with faults that take the search through each of its paths: explained at the
+// fault's own place (rope_offset), another layer's KV found by whose_kv.h (other_layer), and a
+// stale block that nothing explains, every candidate layer (and, with two prompts, the other
+// prompt) searched in vain: the worst case.
+void benchSuspects(const std::filesystem::path& dir, int tokens, int layers, int threads, int runs, bool keep,
+                   std::ostream& out)
+{
+    const std::string t = std::to_string(threads);
+    out << "\nsuspects found again after the analysis (" << layers << " layers x " << tokens
+        << " tokens, Llama-3.3-70B's shape, referenced blocks; times best of " << runs
+        << ", their share of the analysis least-most of the runs):\n";
+    struct Case {
+        std::string name;
+        std::function<void(SyntheticCaptureOptions&)> shape;
+        bool stale = false;
+    };
+    const int middle = layers / 2;
+    const std::vector<Case> cases = {
+        {"clean", [](SyntheticCaptureOptions&) {}},
+        {"rope_offset, layer " + std::to_string(middle) + " head 3",
+         [&](SyntheticCaptureOptions& o) { o.faultLayer = middle, o.faultHead = 3, o.faultPosition = 0; }},
+        {"other_layer, layer " + std::to_string(middle) + " (whose KV: found)",
+         [&](SyntheticCaptureOptions& o) { o.faultLayer = middle, o.faultOtherLayer = true; }},
+        {"stale block, layer " + std::to_string(middle) + " (whose KV: nothing found)", [](SyntheticCaptureOptions&) {}, true},
+        {"the same, two prompts of " + std::to_string(tokens) + " positions",
+         [&](SyntheticCaptureOptions& o) { o.promptLens = {tokens / 2, tokens / 2}; }, true},
+    };
+    for (const Case& c : cases) {
+        const std::string path = (dir / ("bench-suspects-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
+        SyntheticCaptureOptions o = llama70bShape(tokens, layers);
+        o.keepOnlyReferencedBlocks = true;
+        c.shape(o);
+        writeSyntheticCapture(path, o);
+        if (c.stale) {
+            const std::string layer = BundleReader(path).config().layerNames().at(std::size_t(middle));  // (closed again)
+            writeStaleBlock(path, layer);
+        }
+        const SuspectsShare share = suspectsShare(path, t, runs);
+        out << "  " << std::left << std::setw(58) << c.name << std::right << " analysis " << std::fixed
+            << std::setprecision(3) << share.analysis << " s, suspects " << share.suspects << " s; share "
+            << std::setprecision(1) << 100 * share.leastShare << "-" << 100 * share.mostShare << "% (top: " << share.top
+            << ")" << std::defaultfloat << std::endl;
+        if (!keep)
+            std::filesystem::remove(path);
+    }
+}
+
+// analyze --save, the what-if and diff against one analyze of a faulty capture (a RoPE fault).
 void benchFaulty(const std::filesystem::path& dir, int tokens, int layers, int threads, int runs, bool keep,
                  std::ostream& out)
 {
     const std::string t = std::to_string(threads);
-    const std::string path = (dir / ("bench-suspects-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
+    const std::string path = (dir / ("bench-faulty-" + std::to_string(tokens) + "x" + std::to_string(layers) + ".h5")).string();
     SyntheticCaptureOptions o = llama70bShape(tokens, layers);
     o.keepOnlyReferencedBlocks = true;
     o.faultLayer = layers / 2;
     o.faultHead = 3;
     o.faultPosition = 0;
     writeSyntheticCapture(path, o);
-    double analysis = 1e300, suspects = 1e300;
-    std::string named;
-    for (int i = 0; i < runs; ++i) {
-        std::istringstream in(runChild({"kvscope", "bench-run", "suspects", path, t}).output);
-        double a = 1e300, s = 1e300;
-        in >> a >> s >> named;
-        analysis = std::min(analysis, a);
-        suspects = std::min(suspects, s);
-    }
-    out << "\nsuspects, with a RoPE fault to explain (" << layers << " layers, referenced): analysis "
-        << std::setprecision(3) << analysis << " s, suspects found again " << suspects << " s = "
-        << std::setprecision(1) << 100 * suspects / analysis << "% of the analysis (top: " << named << ")\n";
     // The what-if's four default schemes, and analyze --save, against one analyze of the
     // same capture, alternated.
     long whatIfRss = 0, analyzeRss = 0, saveRss = 0;
@@ -786,6 +914,8 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
     parser.integer("--runs", runs);
     parser.text({"--dir"}, dirName);
     parser.flag("--keep", keep);
+    bool suspectsOnly = false;
+    parser.flag("--suspects", suspectsOnly);
     std::string endToEnd;
     parser.text({"--end-to-end"}, endToEnd);
     if (!parser.parse(args, err))
@@ -798,11 +928,17 @@ int bench(const Args& args, std::ostream& out, std::ostream& err)
         return 2;
     }
     std::filesystem::create_directories(dir);
+    if (suspectsOnly) {
+        out << "kvscope bench --suspects, " << threads << " thread(s)\n";
+        benchSuspects(dir, tokens, layers, threads, runs, keep, out);
+        return 0;
+    }
     if (tokens > kLongContext)
         return benchLongContext(tokens, layers, threads, dir, keep, out);
     out << "kvscope bench, " << threads << " thread(s), best of " << runs << "\n\n";
     benchStartup(dir, threads, runs, out);
     const std::string guiRows = benchAnalysis(dir, tokens, layers, threads, runs, keep, out);
+    benchSuspects(dir, tokens, layers, threads, runs, keep, out);
     benchFaulty(dir, tokens, layers, threads, runs, keep, out);
     out << "\nthe app (offscreen), from opening the bundle:\n" << std::left << std::setw(12) << "stored" << std::setw(8)
         << "layers" << std::setw(16) << "first row s" << std::setw(16) << "whole map s" << std::setw(16)
