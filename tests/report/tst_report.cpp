@@ -340,7 +340,14 @@ void TestReport::sweepReportNamesMapsByBundle()
     const AnalysisResult result = analyzeSweep(sweep);
     QCOMPARE(result.prompts.size(), std::size_t(4));
     const ReportFiles files = writeReport(*sweep.loader, result, Thresholds{}, m_dir.filePath("report-sweep"));
-    QCOMPARE(files.images.size(), qsizetype(4 * 8 + 4));  // per prompt 4 maps of K and V (no per-token BC vs noise: 128 values a token); 4 across prompts
+    // Per prompt 4 maps of K and V (no per-token BC vs noise: 128 values a token); 4 across
+    // prompts; the sweep's worst cell over time.
+    QCOMPARE(files.images.size(), qsizetype(4 * 8 + 4 + 1));
+    QVERIFY(QFileInfo::exists(m_dir.filePath("report-sweep/over_time.png")));
+    QFile html(files.html);
+    QVERIFY(html.open(QIODevice::ReadOnly));
+    const QString page = QString::fromUtf8(html.readAll());
+    QVERIFY(page.contains("<h2>Over time</h2>") && page.contains("<td>w1</td>") && page.contains("<td>w2</td>"));
     for (const QString& image : files.images) {
         QCOMPARE(QFileInfo(image).absolutePath(), QDir(m_dir.filePath("report-sweep")).absolutePath());
         QVERIFY(QFileInfo::exists(image));
