@@ -29,7 +29,7 @@ struct WhoseKvInput {
 // The first source that explains the off vectors (kind "other_layer" or "other_prompt"), or
 // none. Reads two positions of each candidate layer (eight of one that fits there), and of
 // each other prompt (kMaxWhosePrompts of them) a few positions, then its onset layer once.
-constexpr int kMaxWhoseLayers = 16;
+constexpr int kMaxWhoseLayers = 8;
 constexpr int kMaxWhosePrompts = 16;
 std::optional<Hypothesis> whoseKv(const WhoseKvInput& in);
 
