@@ -25,9 +25,9 @@ void writeLayerRows(JsonWriter& w, const SpillableArray& values, std::size_t lay
 }
 
 // Per source of the prompt's positions (where the capture recorded provenance).
-void writeSources(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds& thresholds)
+void writeSources(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds& thresholds, const CellRatioMaxima& ratios)
 {
-    const std::vector<SourceSummary> sources = summarizeBySource(p, p.provenance, finalMapOffThresholds(p, thresholds));
+    const std::vector<SourceSummary> sources = summarizeBySource(p, p.provenance, finalMapOffThresholds(p, thresholds), &ratios);
     w.array(sources.size(), [&](std::size_t i) {
         const SourceSummary& s = sources[i];
         w.beginObject()
@@ -90,7 +90,7 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds
     }
     writePromptFindings(w, p);
     if (!p.provenance.empty())
-        writeSources(w.key("sources"), p, thresholds);
+        writeSources(w.key("sources"), p, thresholds, ratios);  // (the error_ratios above, not computed again)
     w.endObject();
 }
 

@@ -1,7 +1,5 @@
 #include "analysis/source_summary.h"
 
-#include "analysis/off_floor.h"
-
 #include <map>
 
 namespace kvscope {
@@ -19,7 +17,7 @@ std::string sourceOf(const ProvenanceRange& range)
 }
 
 std::vector<SourceSummary> summarizeBySource(const PromptAnalysis& p, const std::vector<ProvenanceRange>& provenance,
-                                             const std::vector<double>& offThresholds)
+                                             const std::vector<double>& offThresholds, const CellRatioMaxima* given)
 {
     std::vector<SourceSummary> sources;
     if (provenance.empty())
@@ -48,7 +46,10 @@ std::vector<SourceSummary> summarizeBySource(const PromptAnalysis& p, const std:
         ++s.positions;
     }
 
-    const CellRatioMaxima ratios = cellRatioMaxima(p);
+    CellRatioMaxima computed;
+    if (!given)
+        computed = cellRatioMaxima(p);
+    const CellRatioMaxima& ratios = given ? *given : computed;
     for (std::size_t l = 0; l < layers; ++l) {
         const double threshold = l < offThresholds.size() ? offThresholds[l] : std::nan("");
         for (std::int64_t t = 0; t < p.tokens; ++t) {

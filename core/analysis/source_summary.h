@@ -8,6 +8,7 @@
 // heads (cellRatioMaxima), above its layer's threshold (finalMapOffThresholds, off_floor.h).
 
 #include "analysis/analysis_result.h"
+#include "analysis/off_floor.h"
 #include "format/provenance.h"
 
 #include <cmath>
@@ -38,9 +39,10 @@ struct SourceSummary {
 std::string sourceOf(const ProvenanceRange& range);
 
 // One entry a source, in the order of their first positions; positions no range covers are
-// "unknown". Empty when `provenance` is. `offThresholds`: per layer (finalMapOffThresholds).
+// "unknown". Empty when `provenance` is. `offThresholds`: per layer (finalMapOffThresholds);
+// `ratios`: the prompt's cellRatioMaxima when the caller has them already (else computed here).
 std::vector<SourceSummary> summarizeBySource(const PromptAnalysis& p, const std::vector<ProvenanceRange>& provenance,
-                                             const std::vector<double>& offThresholds);
+                                             const std::vector<double>& offThresholds, const CellRatioMaxima* ratios = nullptr);
 
 // "64-127, 200-203": the spans as the text output and the app say them.
 std::string spanText(const std::vector<std::pair<std::int64_t, std::int64_t>>& spans);
