@@ -15,6 +15,7 @@ import numpy as np
 from ._version import __version__
 
 from .kv_cache_config import KvCacheConfig
+from . import recurrent_state
 from .hf_reference import hf_cache_layers
 from .tensors import FOUR_BIT, INT4_TOKEN_HEAD, NVFP4, QUANTISED, load_torch_bytes, to_array, to_float32, to_int_array
 
@@ -270,6 +271,11 @@ def _mla_reference(value, group, where):
     return latent[..., :rank], latent[..., rank:]
 
 
+def _ordered_group(parent, name):
+    """parent[name], created (in creation order, as every group of a bundle) when not there yet."""
+    return parent[name] if name in parent else parent.create_group(name, track_order=True)
+
+
 def _string_dataset(group, name, values):
     array, dtype = _fixed_strings(values)
     return _dataset(group, name, array, dtype=dtype)
@@ -491,7 +497,7 @@ class BundleWriter:
         if strings is not None:
             _string_dataset(group, "token_strings", strings)
         self._prompts[pid] = {"prompt_len": prompt_len, "positions": prompt_len + len(teacher), "snapshots": [],
-                              "references": {}, "divergences": None}
+                              "references": {}, "divergences": None, "states": {}, "reference_states": {}}
 
     def _prompt(self, prompt_id):
         pid = str(prompt_id)
@@ -805,7 +811,7 @@ class BundleWriter:
                 raise ValueError(f"prompt {pid}, {role}, layer {name}: {held} positions, other layers hold {longest}"
                                  + (f" and its sliding window {window} needs at least {window - 1}" if window else ""))
             arrays[name] = [(a[:, :, held - (window - 1):], d) for a, d in arrays[name]]
-        ref = self._file["prompts"][pid].require_group("reference").create_group(role, track_order=True)
+        ref = _ordered_group(self._file["prompts"][pid].require_group("reference"), role)  # its states may be there
         ref.attrs["batch_row"] = np.int64(batch_row)
         for name in names:
             lg = ref.create_group(name)
@@ -820,6 +826,55 @@ class BundleWriter:
                 _set_string(ds, "dtype", dtype)
                 ds.attrs["scale"] = 1.0
         prompt["references"][role] = True
+
+    # --- recurrent state of state-space layers (hybrid models) ---------------------------------
+    def add_state(self, prompt_id, layer, positions, per_rank, kind="mamba2"):
+        """The engine's recurrent state of a state-space layer (one of a MambaSpec group's) at its
+        checkpoints: checkpoint i is the state after the positions [0, positions[i]) (increasing,
+        each >= 1). per_rank: {rank: {part: (tensor, units)}} for every TP rank, tensor [c, units_r,
+        ...] (float32, bfloat16 or float16; torch or numpy) and units the whole model's unit (axis 1
+        of the reference's part) of each of its rows; Mamba2's parts are "conv" [c, conv_dim_r,
+        d_conv - 1] and "ssm" [c, heads_r, head_dim, d_state] (docs/bundle-format.md, "Recurrent
+        state"). kind: the state's model, free text ("mamba2", "gated_delta_net", ...)."""
+        pid, prompt = self._prompt(prompt_id)
+        cfg = self._need_config()
+        where = f"prompt {pid}, layer {layer}"
+        recurrent_state.check_layer(cfg, layer, where)
+        if layer in prompt["states"]:
+            raise ValueError(f"{where}: the engine's state added twice")
+        positions = recurrent_state.check_positions(positions, prompt["positions"], where)
+        record = recurrent_state.engine_record(layer, positions, per_rank, cfg.tp_size, kind, where)
+        for (role, name), reference in prompt["reference_states"].items():
+            if name == layer:
+                recurrent_state.check_against(record, reference, pid, layer)
+        group = _ordered_group(self._file["prompts"][pid].require_group("engine"), "states").create_group(
+            layer, track_order=True)
+        recurrent_state.write_engine(group, record, cfg.tp_size, _dataset, _set_string)
+        prompt["states"][layer] = record
+
+    def add_reference_state(self, prompt_id, role, layer, positions, parts):
+        """The reference model's recurrent state of a state-space layer, whole (unsharded), at its
+        checkpoints (compared where they equal the engine's): parts {part: tensor [c, units, ...]}
+        (HF's Mamba2 cache_params at each checkpoint: "conv" the last d_conv - 1 columns of
+        conv_states, "ssm" the ssm_states). role: "expected" or "baseline"."""
+        pid, prompt = self._prompt(prompt_id)
+        cfg = self._need_config()
+        where = f"prompt {pid}, {role}, layer {layer}"
+        if self._engine_only:
+            raise ValueError(f"prompt {pid}: an engine-only bundle holds no reference state")
+        if role not in REFERENCE_ROLES:
+            raise ValueError(f"prompt {pid}: reference role {role!r} is neither 'expected' nor 'baseline'")
+        recurrent_state.check_layer(cfg, layer, where)
+        if (role, layer) in prompt["reference_states"]:
+            raise ValueError(f"{where}: the reference's state added twice")
+        positions = recurrent_state.check_positions(positions, prompt["positions"], where)
+        record = recurrent_state.reference_record(layer, positions, parts, where)
+        if layer in prompt["states"]:
+            recurrent_state.check_against(prompt["states"][layer], record, pid, layer)
+        group = _ordered_group(_ordered_group(self._file["prompts"][pid].require_group("reference"), role),
+                               "states").create_group(layer, track_order=True)
+        recurrent_state.write_reference(group, record, _dataset, _set_string)
+        prompt["reference_states"][(role, layer)] = record
 
     # --- logits and divergences ------------------------------------------------------------
     def add_logits(self, prompt_id, role, logits):
@@ -857,6 +912,10 @@ class BundleWriter:
                 raise ValueError(f"prompt {pid}: no engine snapshot")
             if "expected" not in prompt["references"] and not self._engine_only:
                 raise ValueError(f"prompt {pid}: no expected reference KV")
+            for layer in prompt["states"]:
+                if not self._engine_only and ("expected", layer) not in prompt["reference_states"]:
+                    raise ValueError(f"prompt {pid}, layer {layer}: the engine's state has no expected reference "
+                                     "state (add_reference_state)")
         for pid, prompt in self._prompts.items():
             group = self._file["prompts"][pid]
             divergences = prompt["divergences"]
