@@ -16,7 +16,7 @@ from .extract import (
     make_kv_extract_fn,
 )
 from .from_shards import bundle_from_shards
-from .hf_reference import extract_hf_mla_latents, hf_cache_layers
+from .hf_reference import extract_hf_mamba_states, extract_hf_mla_latents, hf_cache_layers
 from .kv_cache_config import KvCacheConfig
 from .shards import ShardSet, wait_for_shards
 
@@ -26,6 +26,7 @@ __all__ = [
     "KvCacheConfig",
     "ShardSet",
     "bundle_from_shards",
+    "extract_hf_mamba_states",
     "extract_hf_mla_latents",
     "extract_hf_kv_caches_teacher_forced",
     "extract_vllm_block_tables",

@@ -2,9 +2,11 @@
 becomes a prompt, with the engine's blocks as it held them when the request finished, and the
 reference model teacher-forced over the same tokens (the engine's own output)."""
 
+import re
+
 from .bundle_writer import BundleWriter
 from .extract import extract_hf_kv_caches_teacher_forced
-from .hf_reference import extract_hf_mla_latents
+from .hf_reference import extract_hf_mamba_states, extract_hf_mla_latents
 from .shards import ShardSet, safe_name
 
 
@@ -59,6 +61,9 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
             if r.provenance:
                 w.set_provenance(pid, [tuple(x) for x in r.provenance])
             w.add_engine_snapshot(pid, r.per_rank_kv(), r.block_tables(), r.seq_len)
+            states = r.per_rank_states()  # state-space layers: {layer: (kind, positions, per rank)}
+            for name, (kind, positions, ranks) in sorted(states.items()):
+                w.add_state(pid, name, positions, ranks, kind=kind)
             prompt, teacher = tokens[:prompt_len], tokens[prompt_len:]
             # An MLA model's reference is its latents (HF caches the up-projected K and V).
             extract = extract_hf_mla_latents if w.is_mla else extract_hf_kv_caches_teacher_forced
@@ -71,5 +76,22 @@ def bundle_from_shards(shard_dir, out_path, expected_model, baseline_model=None,
                 else:
                     kv = extract(hf, prompt, teacher)
                 w.add_reference_kv(pid, role, kv)
+                if states:
+                    _add_reference_states(w, pid, role, hf, tokens, states)
             written.append(pid)
     return written
+
+
+def _add_reference_states(writer, pid, role, model, tokens, states):
+    """The reference's state of each state-space layer at the engine's checkpoints: HF's layer
+    index is the first number of vLLM's layer name (model.layers.<i>.mixer)."""
+    wanted = sorted({p for _, positions, _ in states.values() for p in positions})
+    found = extract_hf_mamba_states(model, tokens, wanted)
+    for name, (_, positions, _) in sorted(states.items()):
+        number = re.search(r"\d+", name)
+        index = int(number.group()) if number else None
+        if index not in found:
+            raise ValueError(f"prompt {pid}, {role}, layer {name}: the reference model's cache holds no state of layer "
+                             f"{index} (it has states of layers {sorted(found)[:8]})")
+        rows = [wanted.index(p) for p in positions]
+        writer.add_reference_state(pid, role, name, positions, {part: t[rows] for part, t in found[index].items()})

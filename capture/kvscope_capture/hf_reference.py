@@ -73,3 +73,56 @@ def extract_hf_mla_latents(model, input_ids, teacher_tokens=(), rope_order="vllm
         return tuple(result)
     start = torch.as_tensor(input_ids).numel() - 1
     return out.logits[0, start:start + len(teacher_tokens)], tuple(result)
+
+
+def hf_state_layers(cache):
+    """{layer index: (conv_states [batch, conv_dim, d_conv], ssm_states [batch, heads, head_dim,
+    d_state])} of the state-space layers in HF's cache: Mamba2's cache_params (Mamba2Cache,
+    conv_states / ssm_states indexed by layer) and the hybrid models' caches that keep the same
+    two lists beside their KV (HybridMambaAttentionDynamicCache: NemotronH, Granite 4, Falcon-H1,
+    Zamba2; an attention layer's entries empty), or a cache of per-layer objects holding
+    conv_states and ssm_states (or recurrent_states)."""
+    conv, ssm = getattr(cache, "conv_states", None), getattr(cache, "ssm_states", None)
+    pairs = None
+    if conv is not None and ssm is not None:
+        pairs = [(conv[i], ssm[i]) for i in range(len(conv))]
+    elif getattr(cache, "layers", None) is not None:
+        pairs = [(getattr(layer, "conv_states", None),
+                  getattr(layer, "ssm_states", getattr(layer, "recurrent_states", None))) for layer in cache.layers]
+    if pairs is None:
+        raise ValueError(f"HF's cache ({type(cache).__name__}) holds no conv_states / ssm_states: not a state-space "
+                         "model's cache")
+    return {i: (c, s) for i, (c, s) in enumerate(pairs)
+            if c is not None and s is not None and c.numel() and s.numel()}
+
+
+def extract_hf_mamba_states(model, tokens, positions):
+    """The HF model's recurrent state of every state-space layer after each of `positions` tokens
+    (increasing, each in 1..len(tokens)): {layer index: {'conv': [c, conv_dim, d_conv - 1] (the
+    last d_conv - 1 columns of conv_states, oldest first), 'ssm': [c, heads, head_dim, d_state]}}.
+
+    HF's Mamba2 mixers continue a cached sequence one token at a time (a forward over several
+    tokens with a cache position past 0 takes the single-step path), so each checkpoint is a
+    prefill of its prefix from the start: the cost is the sum of the positions in tokens (one
+    checkpoint at the end: one forward pass over the sequence), with the states of one checkpoint
+    in memory at a time beside what is kept."""
+    import torch
+
+    ids = torch.as_tensor(tokens).reshape(1, -1)
+    positions = [int(p) for p in positions]
+    if any(b <= a for a, b in zip(positions, positions[1:])) or not positions or positions[0] < 1 \
+            or positions[-1] > ids.shape[1]:
+        raise ValueError(f"positions {positions[:8]} must increase within 1..{ids.shape[1]}")
+    found = {}
+    with torch.no_grad():
+        for p in positions:
+            out = model(input_ids=ids[:, :p], use_cache=True)
+            cache = getattr(out, "cache_params", None)
+            if cache is None:
+                cache = getattr(out, "past_key_values", None)
+            for index, (conv, ssm) in hf_state_layers(cache).items():
+                entry = found.setdefault(index, {"conv": [], "ssm": []})
+                width = conv.shape[-1] - 1  # d_conv - 1
+                entry["conv"].append(conv[0, :, conv.shape[-1] - width:].detach().cpu().clone())
+                entry["ssm"].append(ssm[0].detach().cpu().clone())
+    return {index: {part: torch.stack(values) for part, values in entry.items()} for index, entry in found.items()}

@@ -14,6 +14,10 @@ renamed when complete, so that a reader never sees half a shard:
     layers/<layer>/<key>                       what decodes a quantised format, as RankCaches.read
                                                gives it (k_scale, v_scale, zero points, RHT signs,
                                                NVFP4 global scales), raw bits, attribute dtype
+    states/<layer>/positions                   int64 [c], a state-space layer's checkpoints (the
+                                               state after positions [0, p)); attribute kind
+    states/<layer>/<part>, <part>_units        this rank's state [c, units_r, ...] (raw bits,
+                                               attribute dtype) and each row's whole-model unit
 
 A request the connector could not write (its queue was full) leaves `<request>.tp<r>.pp<p>.skipped`
 instead, a line of text saying why.
@@ -73,8 +77,9 @@ def _stored(value, what, declared=None):
     return array, str(array.dtype)
 
 
-def write_shard(path, dump, config, layers, tp_rank, pp_rank):
-    """dump: KvscopeDump (ids and tokens); layers: RankCaches.read's result."""
+def write_shard(path, dump, config, layers, tp_rank, pp_rank, states=None):
+    """dump: KvscopeDump (ids and tokens); layers: RankCaches.read's result; states:
+    RankCaches.state_records' result (state-space layers), or None."""
     partial = path + ".partial"
     with h5py.File(partial, "w") as f:
         f.attrs["format"] = FORMAT
@@ -108,6 +113,14 @@ def write_shard(path, dump, config, layers, tp_rank, pp_rank):
                 array, dtype = _stored(value, f"{path}, layer {name}, {key}",
                                        declared.get((name, key)))
                 group.create_dataset(key, data=array).attrs["dtype"] = dtype
+        for name, record in (states or {}).items():
+            group = f.create_group(f"states/{name}")
+            group.attrs["kind"] = str(record["kind"])
+            group.create_dataset("positions", data=np.asarray(record["positions"], np.int64))
+            for part, (value, units) in record["parts"].items():
+                array, dtype = _stored(value, f"{path}, state of layer {name}, {part}")
+                group.create_dataset(part, data=array).attrs["dtype"] = dtype
+                group.create_dataset(part + "_units", data=np.asarray(units, np.int64))
     os.replace(partial, path)
 
 
@@ -175,6 +188,29 @@ class ShardedRequest:
                         raise ValueError(f"{s['path']}: layer {name} is in two shards of TP rank {s['tp_rank']}")
                     ranks[s["tp_rank"]][name] = entry
         return ranks
+
+    def per_rank_states(self):
+        """{layer: (kind, positions, {rank: {part: (tensor, units)}})} of the state-space layers
+        every TP rank holds a state of (what the writer's add_state takes); the ranks' positions
+        must agree."""
+        found = {}
+        for s in self.shards:
+            with h5py.File(s["path"], "r") as f:
+                for name, group in (f["states"].items() if "states" in f else ()):
+                    positions = group["positions"][()].tolist()
+                    parts = {key: (_read_array(group[key]), group[key + "_units"][()].tolist())
+                             for key in group if key != "positions" and not key.endswith("_units")}
+                    kind, first, ranks = found.setdefault(name, (str(group.attrs["kind"]), positions, {}))
+                    if positions != first:
+                        raise ValueError(f"{s['path']}: layer {name}'s state checkpoints {positions} differ from "
+                                         f"another rank's {first}")
+                    if s["tp_rank"] in ranks:
+                        raise ValueError(f"{s['path']}: layer {name}'s state is in two shards of TP rank {s['tp_rank']}")
+                    ranks[s["tp_rank"]] = parts
+        incomplete = [name for name, (_, _, ranks) in found.items() if len(ranks) != self.tp_size]
+        if incomplete:
+            raise ValueError(f"request {self.request_id}: layer {incomplete[0]}'s state is missing from some TP ranks")
+        return found
 
     def block_tables(self):
         from .vllm.rank_caches import block_tables

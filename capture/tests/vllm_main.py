@@ -26,6 +26,18 @@ after 2026-08-19), written from its sources:
   build_connector_meta before num_computed_tokens advances, rejected drafts rolled back in
   update_from_output, _preempt_request (num_computed_tokens 0, num_preemptions + 1);
   KVCacheBlocks.get_unhashed_block_ids_all_groups as NixlConnector's pull scheduler uses it.
+State-space layers (hybrid models, #56): MambaSpec with mamba_cache_mode and its page of states
+(conv, ssm) per block, bound by MambaBase.bind_kv_cache's unpacking of the [num_blocks, 1, 1, page
+bytes] int8 view (vllm/model_executor/layers/mamba/abstract.py, vllm/v1/worker/gpu/attn_utils.py),
+MambaMixer2's state shapes and TP sharding (mamba_utils.py mamba2_state_shape,
+extra_groups_for_head_shards; conv state "SD" (d_conv - 1, conv_dim / tp)), the states a step
+writes per mode (mamba_mixer2.py conv_ssm_forward), the scheduler's Mamba block freeing
+(MambaManager.get_num_skipped_tokens) and align mode's block-aligned prefill chunks
+(_mamba_block_aligned_split): vllm-project/vllm as mirrored in IwakuraRein/vllm @ c2057261
+(2026-08-19), checked against vllm-project/vllm's mamba_utils.py @ 02d71083 and
+mamba2/mamba_mixer2.py @ 2e0714af, and the newer MambaSpec fields (num_prefill_checkpoint_blocks,
+num_heads, tokens_per_state, tp_replicated) of the kv_cache_interface.py copy that matches
+LingHangwangxianjiui/vllm @ 71bbe391. The states are a small Mamba2's (tests/mamba2_standin.py).
 The KV is written into the caches the way the kernels write it (reshape_and_cache, the per-token-
 head, int4 and NVFP4 kernels), by code written here, independently of kvscope_capture's reading.
 TP ranks are simulated; one pipeline stage."""
@@ -46,6 +58,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sta
 from vllm.distributed import parallel_state  # noqa: E402  (the stand-in)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.v1.attention.ops.triton_quant_kv._hadamard import _get_rht_signs  # noqa: E402
+from mamba2_standin import Mamba2Dims, rank_units  # noqa: E402
 
 
 # --- vllm/v1/kv_cache_interface.py ------------------------------------------------------------------
@@ -142,12 +155,41 @@ class UniformTypeKVCacheSpecs:
         return id(self)
 
 
+class MambaAttentionBackendEnum(enum.Enum):
+    """vllm/v1/attention/backends/registry.py: a Mamba layer's kind (values: the backends' classes)."""
+    MAMBA1 = "vllm.v1.attention.backends.mamba1_attn.Mamba1AttentionBackend"
+    MAMBA2 = "vllm.v1.attention.backends.mamba2_attn.Mamba2AttentionBackend"
+    GDN_ATTN = "vllm.v1.attention.backends.gdn_attn.GDNAttentionBackend"
+
+
 @dataclass(frozen=True)
 class MambaSpec:
+    """A state-space layer's page: its states (conv, ssm) packed one after the other, a state per
+    block; mamba_cache_mode "none" (one block a request), "align" or "all" (a block per
+    block_size tokens, slot k the state after (k + 1) * block_size tokens)."""
     block_size: int
     shapes: tuple
     dtypes: tuple
+    page_size_padded: int = None
+    mamba_type: MambaAttentionBackendEnum = MambaAttentionBackendEnum.MAMBA2
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
     num_heads: int = 1
+    tokens_per_state: int = -1
+    tp_replicated: bool = False
+
+    @property
+    def state_content_size_bytes(self):
+        return sum(int(np.prod(shape)) * torch.tensor([], dtype=dtype).element_size()
+                   for shape, dtype in zip(self.shapes, self.dtypes))
+
+    @property
+    def page_size_bytes(self):
+        return self.page_size_padded or self.state_content_size_bytes
+
+    def get_num_kernel_states(self, kernel_block_size):
+        return 1
 
 
 @dataclass
@@ -206,6 +248,8 @@ def views_of(raw, spec, num_blocks, layout, tensor, kernel_block_size):
     full = (len(tensor.layers),) + shape
     strides = layout_strides(full, layout, (tensor.layer_stride, block_stride, None, None, None))
     view = torch.as_strided(raw, full, strides, raw.storage_offset() + tensor.offset)
+    if isinstance(spec, MambaSpec):  # int8 pages, which the layer's bind_kv_cache unpacks
+        return [view[i] for i in range(len(tensor.layers))]
     return [view[i].view(spec.dtype) for i in range(len(tensor.layers))]
 
 
@@ -397,6 +441,37 @@ class AttentionLayer(torch.nn.Module):
         return self.attn_backend
 
 
+class MambaLayer(torch.nn.Module):
+    """vllm/model_executor/layers/mamba/abstract.py MambaBase (MambaMixer2's get_state_shape /
+    get_state_dtype): bind_kv_cache unpacks the [num_blocks, 1, 1, page bytes] int8 page view
+    into its states, each [num_blocks, *shape] in its dtype (the conv state (d_conv - 1,
+    conv_dim / tp), vLLM's "SD" layout; the SSM state (heads / tp, head_dim, d_state))."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        self.kv_cache = ()
+
+    def get_state_shape(self):
+        return self.spec.shapes
+
+    def get_state_dtype(self):
+        return self.spec.dtypes
+
+    @property
+    def mamba_type(self):
+        return self.spec.mamba_type
+
+    def bind_kv_cache(self, kv_cache):
+        pages = kv_cache.squeeze(2).squeeze(1)
+        states, offset = [], 0
+        for shape, dtype in zip(self.get_state_shape(), self.get_state_dtype()):
+            nbytes = int(np.prod(shape)) * torch.tensor([], dtype=dtype).element_size()
+            states.append(pages[:, offset:offset + nbytes].view(dtype).view(-1, *shape))
+            offset += nbytes
+        self.kv_cache = tuple(states)
+
+
 @dataclass
 class Group:
     """One KV cache group: its layers, attention backend, spec type and format."""
@@ -407,6 +482,8 @@ class Group:
     window: int = None
     mla: bool = False
     mamba: bool = False
+    mamba_dims: object = None  # a Mamba2 group's Mamba2Dims (tests/mamba2_standin.py)
+    mamba_mode: str = "none"  # cache_config.mamba_cache_mode: "none", "align" or "all"
     cache_dtype: str = "auto"  # this group's --kv-cache-dtype (skip layers: "auto")
     layer_heads: dict = None  # per-layer KV heads (UniformTypeKVCacheSpecs: one spec per layer)
 
@@ -572,6 +649,10 @@ class Engine:
             self.initialize_kv_cache(worker)
 
     # -- specs and caches -------------------------------------------------------------------------------
+    def mamba_dims(self):
+        """The model's Mamba2 dimensions (its state-space groups share them)."""
+        return next((g.mamba_dims for g in self.groups if g.mamba and g.mamba_dims), None) or Mamba2Dims()
+
     def heads_of_rank(self, rank, total=None):
         total = total or self.total_heads
         if total >= self.tp:
@@ -590,7 +671,7 @@ class Engine:
         mode = get_kv_quant_mode(group.cache_dtype)
         dtype = {KVQuantMode.NONE: self.dtype, KVQuantMode.INT8_PER_TOKEN_HEAD: torch.int8}.get(mode, torch.uint8)
         if group.mamba:
-            return MambaSpec(group.block_size, ((3, 8), (4, 8, 2)), (torch.float32, torch.float32))
+            return self.mamba_spec(group)
         if group.mla:
             spec = MLAAttentionSpec(block_size=group.block_size, num_kv_heads=1, head_size=sum(self.mla_widths),
                                     dtype=dtype, kv_quant_mode=mode, cache_dtype_str=group.cache_dtype)
@@ -602,6 +683,17 @@ class Engine:
                                      dtype=dtype, kv_quant_mode=mode)
         return group.backend.customize_spec(spec)
 
+    def mamba_spec(self, group):
+        """MambaStateShapeCalculator.mamba2_state_shape (vllm/model_executor/layers/mamba/
+        mamba_utils.py): groups extended to tp when n_groups is not a multiple of it, the conv
+        state (d_conv - 1, conv_dim / tp), the SSM state (heads / tp, head_dim, d_state); dtypes
+        (the model's, mamba_ssm_cache_dtype float32)."""
+        d = group.mamba_dims or Mamba2Dims()
+        groups = d.n_groups + (0 if d.n_groups % self.tp == 0 else self.tp - d.n_groups)
+        conv_dim = d.intermediate + 2 * groups * d.d_state
+        shapes = ((d.d_conv - 1, conv_dim // self.tp), (d.heads // self.tp, d.head_dim, d.d_state))
+        return MambaSpec(group.block_size, shapes, (self.dtype, torch.float32), mamba_cache_mode=group.mamba_mode)
+
     def _worker(self, rank):
         groups = [KVCacheGroupSpec([n for n in g.layer_names if n not in self.alias], self.spec_of(g))
                   for g in self.groups]
@@ -612,7 +704,8 @@ class Engine:
         for g in self.groups:
             for name in g.layer_names:
                 k_scale, v_scale = self.scales.get(name, (1.0, 1.0))
-                modules[name] = AttentionLayer(g.backend, k_scale, v_scale, self.alias.get(name))
+                modules[name] = (MambaLayer(self.mamba_spec(g)) if g.mamba else
+                                 AttentionLayer(g.backend, k_scale, v_scale, self.alias.get(name)))
         extra = self.connector_spec[1] if self.connector_spec else {}
         vllm_config = types.SimpleNamespace(
             parallel_config=types.SimpleNamespace(tensor_parallel_size=self.tp, pipeline_parallel_size=1,
@@ -621,7 +714,8 @@ class Engine:
             model_config=types.SimpleNamespace(get_total_num_kv_heads=lambda: self.total_heads,
                                                hf_text_config=types.SimpleNamespace(
                                                    kv_lora_rank=self.mla_widths[0],
-                                                   qk_rope_head_dim=self.mla_widths[1])),
+                                                   qk_rope_head_dim=self.mla_widths[1],
+                                                   n_groups=self.mamba_dims().n_groups)),
             compilation_config=types.SimpleNamespace(static_forward_context=modules),
             kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config=extra))
         worker = types.SimpleNamespace(tp_rank=rank, pp_rank=0, vllm_config=vllm_config, modules=modules,
@@ -640,7 +734,7 @@ class Engine:
             per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
             return {name: (per_layer[name] if per_layer else group.kv_cache_spec) for name in group.layer_names}
 
-        attention = [g for g in groups if g.layer_names and not isinstance(g.kv_cache_spec, MambaSpec)]
+        attention = [g for g in groups if g.layer_names]  # state-space groups' pages too (MambaSpec)
         bytes_per_block = max(sum(spec.page_size_bytes for spec in specs_of(g).values()) for g in attention)
         outermost_block = self.layout.value[0] == 1
         tensors = []
@@ -685,7 +779,10 @@ class Engine:
         if self.earlier_requests:
             self._write_earlier_requests(worker, caches)
         for name, module in worker.modules.items():
-            module.kv_cache = caches.get(name, module.kv_cache)
+            if isinstance(module, MambaLayer):
+                module.bind_kv_cache(caches[name])
+            else:
+                module.kv_cache = caches.get(name, module.kv_cache)
         runner_config = copy.deepcopy(config)  # the runner's copy lists the sharing layers too
         for name, target in self.alias.items():
             for group in runner_config.kv_cache_groups:
@@ -728,6 +825,14 @@ class Engine:
         groups = request.block_ids or tuple([] for _ in self.groups)
         added = []
         for g, ids in zip(self.groups, groups):
+            if g.mamba and g.mamba_mode != "none":
+                # MambaManager.get_num_skipped_tokens = num_computed_tokens - 1: remove_skipped_blocks
+                # frees every block before the last computed token's and nulls it in the request's
+                # list; a freed block goes to the next allocation (its state is gone).
+                for j in range(max(0, (request.num_computed_tokens - 1) // g.block_size)):
+                    if j < len(ids) and ids[j] > 0:
+                        self.free.append(ids[j])
+                        ids[j] = 0
             need = -(-upto // g.block_size) - len(ids)
             new = [self._take() for _ in range(max(0, need))]
             ids.extend(new)
@@ -820,6 +925,15 @@ class Engine:
                 spec_tokens[rid] = [-1] * drafts
             elif self.chunk:
                 n = min(n, self.chunk)
+            prompt_end = len(request.prompt_token_ids)
+            for g in self.groups:
+                start = request.num_computed_tokens
+                if g.mamba and g.mamba_mode == "align" and start + n < prompt_end and not drafts:
+                    # _mamba_block_aligned_split: a prefill chunk ends at a block boundary, where
+                    # its state is kept (slot k: the state after (k + 1) * block_size tokens)
+                    aligned = (start + n) // g.block_size * g.block_size
+                    if aligned > start:
+                        n = aligned - start
             self._step_plan[rid] = (request.num_computed_tokens, n, drafts, accepted)
             upto = request.num_computed_tokens + n
             added = self._allocate(request, upto)
@@ -871,9 +985,32 @@ class Engine:
                         source = p - 1 if p in rejected else p
                         data = self._token_data(worker.tp_rank, g, self.truth[rid][name], source, total)
                         write_token(fmt, worker.caches[name], kb, t, data, self.head_size)
+            end = request.num_computed_tokens + n - (drafts - accepted)
+            for gi, g in enumerate(self.groups):
+                if g.mamba:
+                    self._write_states(worker, g, ids[gi], request.num_computed_tokens, end, self.truth[rid])
         if connector is not None:
             for name in self.layers:
                 connector.save_kv_layer(name, worker.caches.get(name), None)
+
+    def _write_states(self, worker, group, block_ids, start, end, truth):
+        """The states a step leaves (mamba_mixer2.py conv_ssm_forward): the state after `end` in
+        the block of the step's last token, slot (end - 1) // block_size; with mamba_cache_mode
+        "all" also each block boundary the step crossed, the state after (j + 1) * block_size
+        tokens in slot j (varlen_states at the chunks that end on a boundary). truth: per layer
+        {'conv': [T, conv_dim, d_conv - 1], 'ssm': [T, heads, head_dim, d_state]}, row p - 1 the
+        state after positions [0, p), the whole model's."""
+        bs = group.block_size
+        writes = [((j + 1) * bs, j) for j in range(start // bs, (end - 1) // bs)] if group.mamba_mode == "all" else []
+        writes.append((end, (end - 1) // bs))
+        conv_units, heads = rank_units(group.mamba_dims or Mamba2Dims(), self.tp, worker.tp_rank)
+        for name in group.layer_names:
+            conv, ssm = worker.modules[name].kv_cache
+            for position, slot in writes:
+                block = block_ids[slot]
+                state = truth[name]
+                conv[block] = torch.from_numpy(state["conv"][position - 1][conv_units].T.copy()).to(conv.dtype)
+                ssm[block] = torch.from_numpy(state["ssm"][position - 1][heads].copy()).to(ssm.dtype)
 
     def _write_earlier_requests(self, worker, caches):
         """Every slot of every block written once with other data, as earlier requests leave it."""

@@ -14,7 +14,16 @@ capture, matched against the id the user gave and the engine's (which vLLM suffi
 "-<8 hex>"; default: every request); max_requests: stop capturing after this many;
 max_pending_requests: requests copied to the host and not yet written, at most (default 8);
 external_connector: the name the provenance gives KV that another connector loaded (the transfer
-connector beside this one in MultiConnector, e.g. "NixlConnector").
+connector beside this one in MultiConnector, e.g. "NixlConnector"); state_checkpoints (default
+true): with mamba_cache_mode "align" or "all", also keep the recurrent states vLLM writes at block
+boundaries (false: the state at the request's end only).
+
+State-space layers (hybrid models' MambaSpec groups, Mamba2): the shard holds each layer's state,
+this rank's rows (mamba_state.py), at the request's end and, with state_checkpoints, at each block
+boundary vLLM keeps a state of. vLLM frees a request's earlier state blocks as it advances, so the
+scheduler names, in each step's metadata, the blocks that step's forward leaves a boundary state
+in, and every worker copies them to the host in wait_for_save, after that forward: each costs the
+copy of one state page per layer, held in host memory until the request's shard is written.
 
 How (vllm/distributed/kv_transfer/kv_connector/v1/base.py): the scheduler calls request_finished
 once a request is done, before its blocks are freed. The connector answers True (the blocks stay
@@ -42,12 +51,14 @@ KVTransferConfig...}, {...the other's...}]}; a request's blocks are freed when b
 
 import os
 import re
+import types
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, SupportsHMA)
 
 from ..shards import shard_path
 from .provenance import ProvenanceTracker
+from .mamba_state import step_checkpoints
 from .rank_caches import RankCaches
 from .shard_queue import ShardQueue
 from .worker_extension import _parallel_ranks, forward_layers
@@ -87,8 +98,26 @@ class KvscopeDump:
 
 
 class KvscopeConnectorMetadata(KVConnectorMetadata):
-    def __init__(self, dumps):
+    """dumps: requests finished, to copy out; state_checkpoints: {request: [(vLLM group, block,
+    position)]}, the boundary states this step's forward leaves; forget: requests whose states
+    the workers may drop (finished and not captured)."""
+
+    def __init__(self, dumps, state_checkpoints=None, forget=()):
         self.dumps = list(dumps)
+        self.state_checkpoints = dict(state_checkpoints or {})
+        self.forget = set(forget)
+
+
+def _state_groups(kv_cache_config):
+    """{vLLM group: (block_size, mamba_cache_mode)} of the MambaSpec groups."""
+    groups = {}
+    for g, group in enumerate(getattr(kv_cache_config, "kv_cache_groups", None) or ()):
+        spec = group.kv_cache_spec
+        per_layer = getattr(spec, "kv_cache_specs", None)
+        spec = next(iter(per_layer.values())) if per_layer else spec
+        if type(spec).__name__ == "MambaSpec" and not int(getattr(spec, "num_speculative_blocks", 0) or 0):
+            groups[g] = (int(spec.block_size), str(getattr(spec, "mamba_cache_mode", "none")))
+    return groups
 
 
 class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
@@ -110,10 +139,16 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self._pending = []
         self._captured = 0
         self._provenance = None
+        checkpoints = extra.get("state_checkpoints", True)
+        self._state_groups = _state_groups(kv_cache_config) if checkpoints else {}
+        self._state_groups = {g: v for g, v in self._state_groups.items() if v[1] in ("all", "align")}
+        self._state_blocks = {}  # request -> its block ids per vLLM group, as the workers' tables hold them
+        self._forget = set()
         if role == KVConnectorRole.SCHEDULER:
             self._provenance = ProvenanceTracker(extra.get("external_connector"), _block_size(vllm_config,
                                                                                                kv_cache_config))
         # Worker side
+        self._checkpoints = {}  # request -> {position: {layer: {part: tensor}}}, copied after each forward
         self._caches = None
         self._registered = None
         self._expected = set()  # requests handed to this worker to dump
@@ -140,13 +175,55 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         ids = [request.request_id, given_request_id(request)]
         return not self._prefixes or any(i.startswith(p) for i in ids for p in self._prefixes)
 
+    def _may_be_wanted(self, request_id):
+        """Before it finishes: whether a request may be captured (its states are kept until then)."""
+        if self._max_requests is not None and self._captured >= int(self._max_requests):
+            return False
+        ids = [str(request_id), given_request_id(types.SimpleNamespace(request_id=request_id))]
+        return not self._prefixes or any(i.startswith(p) for i in ids for p in self._prefixes)
+
+    def _state_marks(self, scheduler_output):
+        """{request: [(vLLM group, block, position)]}: the block-boundary states this step leaves
+        (mamba_state.step_checkpoints), from each scheduled request's block table (the workers'
+        append-only rows: new requests' block_ids, then new_block_ids; a resumed request's anew)."""
+        starts = {}
+        for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+            starts[new.req_id] = int(new.num_computed_tokens)
+            self._state_blocks[new.req_id] = [list(ids) for ids in new.block_ids]
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        resumed = getattr(cached, "resumed_req_ids", set()) or set()
+        for i, rid in enumerate(getattr(cached, "req_ids", None) or ()):
+            starts[rid] = int(cached.num_computed_tokens[i])
+            more = cached.new_block_ids[i]
+            if more is None:
+                continue
+            if rid in resumed or rid not in self._state_blocks:
+                self._state_blocks[rid] = [list(ids) for ids in more]
+            else:
+                for ids, extra in zip(self._state_blocks[rid], more):
+                    ids.extend(extra)
+        spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+        marks = {}
+        for rid, n in (getattr(scheduler_output, "num_scheduled_tokens", None) or {}).items():
+            if rid not in starts or spec.get(rid) or not self._may_be_wanted(rid):
+                continue
+            blocks = self._state_blocks.get(rid) or []
+            for g, (block_size, mode) in self._state_groups.items():
+                for position, slot in step_checkpoints(mode, block_size, starts[rid], starts[rid] + int(n)):
+                    if g < len(blocks) and slot < len(blocks[g]) and blocks[g][slot] > 0:
+                        marks.setdefault(rid, []).append((g, blocks[g][slot], position))
+        return marks
+
     def request_finished(self, request, block_ids):
         """One KV cache group: block_ids is its list."""
         return self.request_finished_all_groups(request, (list(block_ids),))
 
     def request_finished_all_groups(self, request, block_ids):
+        self._state_blocks.pop(request.request_id, None)
         if not self._wanted(request) or not any(len(g) for g in block_ids):
             self._provenance.forget(request.request_id)
+            if self._state_groups:
+                self._forget.add(request.request_id)
             return False, None
         self._captured += 1
         dump = KvscopeDump(request.request_id, request.prompt_token_ids, request.output_token_ids,
@@ -157,8 +234,9 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output):
         self._provenance.scheduled(scheduler_output)
-        meta = KvscopeConnectorMetadata(self._pending)
-        self._pending = []
+        marks = self._state_marks(scheduler_output) if self._state_groups else {}
+        meta = KvscopeConnectorMetadata(self._pending, marks, self._forget)
+        self._pending, self._forget = [], set()
         return meta
 
     # --- worker side ---------------------------------------------------------------------------
@@ -196,7 +274,12 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
             path = shard_path(self._output_dir, dump.request_id, caches.tp_rank, caches.pp_rank)
             if self._writer.has_room():
                 ids = {b for group in dump.block_ids for b in group if b > 0}  # 0: vLLM's null block
-                self._writer.submit(path, dump, caches.config, caches.read(ids), caches.tp_rank, caches.pp_rank)
+                states = self._checkpoints.pop(dump.request_id, {})
+                for position, layers in caches.read_states(
+                        caches.final_state_marks(dump.block_ids, dump.num_computed_tokens)).items():
+                    states.setdefault(position, {}).update(layers)
+                self._writer.submit(path, dump, caches.config, caches.read(ids), caches.tp_rank, caches.pp_rank,
+                                    caches.state_records(states))
             else:
                 self._writer.skip(path, dump.request_id, f"the shard writer's queue was full "
                                                          f"(max_pending_requests {self._max_pending})")
@@ -209,6 +292,19 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         return None  # the blocks are read whole once the request has finished
 
     def wait_for_save(self):
+        """After the step's forward: the block-boundary states it left, copied before the scheduler
+        frees their blocks."""
+        if not self.has_connector_metadata():
+            return None
+        metadata = self._get_connector_metadata()
+        for rid in getattr(metadata, "forget", ()):
+            self._checkpoints.pop(rid, None)
+        marks = getattr(metadata, "state_checkpoints", None)
+        if marks:
+            caches = self._rank_caches()
+            for rid, request_marks in marks.items():
+                for position, layers in caches.read_states(request_marks).items():
+                    self._checkpoints.setdefault(rid, {}).setdefault(position, {}).update(layers)
         return None
 
     def shutdown(self):

@@ -10,6 +10,7 @@ modules (their backend and `_k_scale` / `_v_scale`)."""
 
 from ..kv_cache_config import model_order
 from .backend_layout import detect_layout
+from .mamba_state import MambaStateLayout, model_n_groups
 from .spec_layout import FP8_FORMATS, SpecLayout, is_mla_spec, platform_fp8, spec_describes_layout
 
 NOT_READ = ("MambaSpec", "EncoderOnlyAttentionSpec")
@@ -195,6 +196,7 @@ class RankCaches:
             self.caches[name], self.layouts[name] = self.caches[target], self.layouts[target]
             if target in self.scales:
                 self.scales[name] = self.scales[target]
+        self._plan_states(kv_cache_config, vllm_config, caches, tp)
         if self.aliases:
             self.config["kv_sharing"] = dict(self.aliases)
             # Layers the connector's config leaves out are named where kvscope reads them.
@@ -203,6 +205,73 @@ class RankCaches:
                 if name not in listed:
                     entry = next(e for e in groups if target in e["layer_names"])
                     entry["layer_names"].append(name)
+
+    def _plan_states(self, kv_cache_config, vllm_config, caches, tp):
+        """The state-space layers (MambaSpec groups) whose recurrent state is read (mamba_state.py):
+        state_layouts / state_caches per layer, state_groups {vLLM group: (block_size,
+        mamba_cache_mode, [layers])}; states_not_captured says why the others are not."""
+        self.state_layouts, self.state_caches, self.state_groups, self.states_not_captured = {}, {}, {}, []
+        n_groups = model_n_groups(vllm_config.model_config)
+        for g, group in enumerate(kv_cache_config.kv_cache_groups):
+            per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+            for name in group.layer_names:
+                spec = per_layer[name] if per_layer else group.kv_cache_spec
+                if type(spec).__name__ != "MambaSpec":
+                    continue
+                layout = MambaStateLayout(spec, tp, self.tp_rank, n_groups, f"layer {name}")
+                if layout.why_not:
+                    self.states_not_captured.append(layout.why_not)
+                    continue
+                if name not in caches:
+                    raise ValueError(f"layer {name}: a state-space layer of the KV cache config, but no cache was "
+                                     "registered for it")
+                layout.check(caches[name], self.config["num_blocks"])
+                self.state_layouts[name], self.state_caches[name] = layout, caches[name]
+                entry = self.state_groups.setdefault(g, (layout.block_size, layout.mode, []))
+                entry[2].append(name)
+
+    def read_states(self, marks):
+        """{position: {layer: {'conv': t, 'ssm': t}}} (each t one block's state, this rank's rows, on
+        the CPU) of marks [(vLLM group, block id, position)]."""
+        out = {}
+        by_group = {}
+        for g, block, position in marks:
+            if g in self.state_groups and int(block) > 0:  # 0: vLLM's null block
+                by_group.setdefault(g, []).append((int(block), int(position)))
+        for g, items in by_group.items():
+            for name in self.state_groups[g][2]:
+                states = self.state_layouts[name].read(self.state_caches[name], [b for b, _ in items])
+                for i, (_, position) in enumerate(items):
+                    out.setdefault(position, {})[name] = {part: t[i] for part, t in states.items()}
+        return out
+
+    def final_state_marks(self, block_ids, num_computed_tokens):
+        """[(vLLM group, block, position)] of a finished request's latest state per state group."""
+        from .mamba_state import final_slot
+
+        marks = []
+        for g, (block_size, _, _) in self.state_groups.items():
+            if num_computed_tokens < 1 or g >= len(block_ids):
+                continue
+            slot = final_slot(block_size, num_computed_tokens)
+            if slot < len(block_ids[g]) and block_ids[g][slot] > 0:
+                marks.append((g, block_ids[g][slot], int(num_computed_tokens)))
+        return marks
+
+    def state_records(self, checkpoints):
+        """{layer: {'kind', 'positions', 'parts': {part: (tensor [c, ...], units)}}} from
+        read_states' {position: {layer: {part: t}}}."""
+        import torch
+
+        records = {}
+        for name, layout in self.state_layouts.items():
+            positions = sorted(p for p, layers in checkpoints.items() if name in layers)
+            if not positions:
+                continue
+            parts = {part: (torch.stack([checkpoints[p][name][part] for p in positions]), list(units))
+                     for part, units in layout.units.items()}
+            records[name] = {"kind": layout.kind, "positions": positions, "parts": parts}
+        return records
 
     def _backend_layout(self, entry, name, tensor, module, cache_dtype):
         """Older vLLM: the layout its attention backend reports."""
