@@ -95,6 +95,19 @@ std::vector<FaultKind> allFaultKinds();
 // scored catalogue (tst_suspects).
 std::vector<FaultKind> magnitudeFaultKinds();
 
+// A Mamba2 mixer's shape (Dao & Gu 2024; HF Mamba2Config's names in brackets).
+struct Mamba2Shape {
+    int heads = 8;       // num_heads; the inner width (intermediate_size) is heads x headDim
+    int headDim = 16;    // head_dim
+    int stateSize = 16;  // state_size (d_state)
+    int groups = 2;      // n_groups: consecutive heads share B and C, heads / groups a group
+    int convWidth = 4;   // conv_kernel (d_conv)
+    // The engine keeps the SSM state in bf16 (vLLM's mamba_ssm_cache_dtype "bfloat16"), not fp32.
+    bool engineStateBf16 = false;
+    int inner() const { return heads * headDim; }
+    int convDim() const { return inner() + 2 * groups * stateSize; }  // x | B | C
+};
+
 struct ModelShape {
     int layers = 4;
     int hidden = 64;
@@ -123,6 +136,18 @@ struct ModelShape {
     // factors 1 and 4 over an original context of 32 positions, so that a short capture has
     // pairs in all three bands and runs past the original context).
     bool llama3Rope = false;
+    // A hybrid model: these layers are Mamba2 mixers (mamba2_mixer.h) instead of attention, each
+    // keeping its state at every multiple of mambaCheckpointEvery positions (0: none).
+    std::vector<int> mambaLayers;
+    Mamba2Shape mamba;
+    int mambaCheckpointEvery = 0;
+    bool isMamba(int layer) const
+    {
+        for (int l : mambaLayers)
+            if (l == layer)
+                return true;
+        return false;
+    }
 };
 
 struct ModelCaptureOptions {

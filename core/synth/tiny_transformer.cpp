@@ -1,11 +1,12 @@
 #include "synth/tiny_transformer.h"
 
 #include "util/deterministic_math.h"
-#include "util/simd_clones.h"
 
 #include <algorithm>
 #include <span>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 namespace kvscope::synth {
@@ -13,88 +14,6 @@ namespace kvscope::synth {
 namespace {
 
 using detmath::roundToBf16;
-
-// The engine's GEMMs sum each output's products in chunks of this many (split-K), then add
-// the chunk sums in order; the reference sums them in one pass.
-constexpr int kEngineSplitK = 64;
-
-void roundInPlace(std::vector<float>& values)
-{
-    for (float& x : values)
-        x = roundToBf16(x);
-}
-
-// y[n, N] = x[n, K] w[K, N]. Each output sums its K products in fp32 in chunks of `chunk`
-// (in order within a chunk, then the chunk sums in order). Vectorised across outputs only, so
-// every output's additions happen in the same order whatever the instruction set.
-[[gnu::always_inline]] inline void matmulBody(const float* x, int n, int K, const float* w, int N, float* y, int chunk)
-{
-    constexpr int kCols = 256, kRows = 4;
-    float acc[kRows][kCols];
-    float part[kRows][kCols];
-    for (int j0 = 0; j0 < N; j0 += kCols) {
-        const int nb = std::min(kCols, N - j0);
-        for (int i0 = 0; i0 < n; i0 += kRows) {
-            const int nt = std::min(kRows, n - i0);
-            for (int t = 0; t < nt; ++t)
-                std::fill_n(acc[t], nb, 0.0f);
-            for (int k0 = 0; k0 < K; k0 += chunk) {
-                const int k1 = std::min(K, k0 + chunk);
-                for (int t = 0; t < nt; ++t)
-                    std::fill_n(part[t], nb, 0.0f);
-                for (int k = k0; k < k1; ++k) {
-                    const float* wRow = w + std::size_t(k) * std::size_t(N) + std::size_t(j0);
-                    for (int t = 0; t < nt; ++t) {
-                        const float xv = x[std::size_t(i0 + t) * std::size_t(K) + std::size_t(k)];
-                        float* p = part[t];
-                        for (int j = 0; j < nb; ++j)
-                            p[j] += xv * wRow[j];
-                    }
-                }
-                for (int t = 0; t < nt; ++t)
-                    for (int j = 0; j < nb; ++j)
-                        acc[t][j] += part[t][j];
-            }
-            for (int t = 0; t < nt; ++t)
-                std::copy_n(acc[t], nb, y + std::size_t(i0 + t) * std::size_t(N) + std::size_t(j0));
-        }
-    }
-}
-
-// The same loops compiled for the x86-64 baseline and for AVX2 (without FMA): the same bits.
-void matmulBaseline(const float* x, int n, int K, const float* w, int N, float* y, int chunk)
-{
-    matmulBody(x, n, K, w, N, y, chunk);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-[[gnu::target("avx2")]] void matmulAvx2(const float* x, int n, int K, const float* w, int N, float* y, int chunk)
-{
-    matmulBody(x, n, K, w, N, y, chunk);
-}
-#endif
-
-using MatmulFn = void (*)(const float*, int, int, const float*, int, float*, int);
-
-MatmulFn chooseMatmul()
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (useAvx2())
-        return matmulAvx2;
-#endif
-    return matmulBaseline;
-}
-
-Matrix linear(const Matrix& x, const Matrix& w, Numerics n)
-{
-    static const MatmulFn matmul = chooseMatmul();
-    Matrix y(x.rows, w.cols);
-    matmul(x.values.data(), x.rows, x.cols, w.values.data(), w.cols, y.values.data(),
-           n == Numerics::Engine ? kEngineSplitK : x.cols);
-    if (n != Numerics::Baseline)
-        roundInPlace(y.values);  // bf16 output
-    return y;
-}
 
 Matrix rmsNorm(const Matrix& x, const std::vector<float>& weight, Numerics n)
 {
@@ -187,11 +106,6 @@ void faultyRope(float* x, int heads, int dim, std::int64_t position, const Engin
     }
 }
 
-float silu(float x)
-{
-    return float(double(x) / (1.0 + detmath::exp(-double(x))));
-}
-
 void appendRows(std::vector<float>& to, const Matrix& rows)
 {
     to.insert(to.end(), rows.values.begin(), rows.values.end());
@@ -217,6 +131,33 @@ void appendKeys(LayerCache& c, const Matrix& keys)
         for (std::size_t ch = 0; ch < channels; ++ch)
             c.keysByChannel[ch * std::size_t(c.capacity) + std::size_t(c.positions + i)] = keys.row(i)[ch];
     c.positions = positions;
+}
+
+// The engine's state fault (EngineFaults), on `state` after faults.stateAt positions: the conv
+// state stays in bf16 (the model's dtype), the SSM state in the engine's.
+void applyStateFault(const EngineFaults& f, const LayerCache& c, const Mamba2Shape& shape, Mamba2State& state)
+{
+    using Fault = EngineFaults::StateFault;
+    if (f.stateFault == Fault::Stale) {
+        const auto source = std::find_if(c.checkpoints.begin(), c.checkpoints.end(),
+                                         [&](const LayerCache::Checkpoint& k) { return k.positions == f.stateSource; });
+        if (source == c.checkpoints.end())
+            throw std::logic_error("state_stale: no checkpoint at position " + std::to_string(f.stateSource));
+        state = source->state;
+        return;
+    }
+    if (f.stateFault == Fault::Replace) {
+        state = f.stateOther;
+        return;
+    }
+    const auto change = [&](std::vector<float>& part, const std::vector<float>& other, bool bf16) {
+        for (std::size_t i = 0; i < part.size(); ++i) {
+            const float v = f.stateFault == Fault::Scale ? part[i] * f.stateFactor : part[i] + f.stateFactor * other[i];
+            part[i] = bf16 ? roundToBf16(v) : v;
+        }
+    };
+    change(state.conv, f.stateOther.conv, true);
+    change(state.ssm, f.stateOther.ssm, shape.engineStateBf16);
 }
 
 }  // namespace
@@ -327,6 +268,10 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
         m_bf16.layers.push_back({rounded(l.attnNorm), rounded(l.mlpNorm), rounded(l.wq), rounded(l.wk), rounded(l.wv),
                                  rounded(l.wo), rounded(l.wGate), rounded(l.wUp), rounded(l.wDown),
                                  rounded(l.kvNorm)});
+    // Mamba2 layers: each mixer's weights from its own stream, so that the other layers' draws
+    // are the same as without them.
+    for (int l : shape.mambaLayers)
+        m_mixers.emplace_back(shape.hidden, shape.mamba, seed * 1000003 + std::uint64_t(l) + 1);
     // HF: inv_freq = 1 / theta^(2i / dim) in fp32.
     const int rotary = shape.mla() ? shape.ropeHeadDim : shape.headDim;
     for (int i = 0; i < rotary / 2; ++i)
@@ -440,13 +385,128 @@ void TinyTransformer::latentAttentionKv(const Layer& layer, const Matrix& h, Mat
     appendKeys(cache, keys);
 }
 
+Matrix TinyTransformer::attentionBlock(const Layer& layer, const Matrix& h, std::int64_t start, int l, LayerCache& c,
+                                       Numerics numerics, const EngineFaults& faults, std::int64_t promptLen) const
+{
+    const ModelShape& s = m_shape;
+    const int n = h.rows;
+    const bool engine = numerics == Numerics::Engine;
+    Matrix q = linear(h, layer.wq, numerics);
+    if (s.mla())
+        latentAttentionKv(layer, h, q, start, l, numerics, faults, promptLen, c);
+    else {
+        Matrix k = linear(h, layer.wk, numerics);
+        const Matrix v = [&] {
+            Matrix m = linear(h, layer.wv, numerics);
+            for (int i = 0; i < n; ++i) {
+                const std::int64_t pos = start + i;
+                if (engine && l == faults.biasLayer)
+                    for (int d = 0; d < s.headDim; ++d) {
+                        const std::size_t at = std::size_t(faults.biasHead * s.headDim + d);
+                        k.row(i)[at] = roundToBf16(k.row(i)[at] + faults.biasK[std::size_t(d)]);
+                        m.row(i)[at] = roundToBf16(m.row(i)[at] + faults.biasV[std::size_t(d)]);
+                    }
+                if (engine && faults.ropeApplies(l, pos)) {
+                    faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults, s.llama3Rope);
+                    faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults, s.llama3Rope);
+                } else {
+                    rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
+                    const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
+                    rope(k.row(i), s.kvHeads, s.headDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
+                }
+                if (engine && l == faults.deadLayer && pos >= faults.deadFrom) {
+                    std::fill_n(k.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
+                    std::fill_n(m.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
+                }
+            }
+            return m;
+        }();
+        appendRows(c.k, k);
+        appendRows(c.v, v);
+        appendKeys(c, k);
+    }
+    Matrix attended(n, s.queryHeads * s.headDim);
+    attention(q, c, start, l, numerics, faults, attended);
+    return linear(attended, layer.wo, numerics);
+}
+
+Matrix TinyTransformer::mamba(int l, const Matrix& h, std::int64_t start, LayerCache& c, Numerics n,
+                              const EngineFaults& faults) const
+{
+    const Mamba2Mixer& mixer = mixerOf(l);
+    if (c.positions == 0)
+        c.state = mixer.initialState();
+    appendRows(c.mixerInputs, h);
+    const bool faulty = n == Numerics::Engine && faults.stateFault != EngineFaults::StateFault::None && faults.stateLayer == l;
+    const std::int64_t every = m_shape.mambaCheckpointEvery;
+    Matrix out = mixer.forward(h, c.state, n, [&](int row, Mamba2State& state) {
+        const std::int64_t count = start + row + 1;
+        if (faulty && count == faults.stateAt)
+            applyStateFault(faults, c, mixer.shape(), state);
+        if (every > 0 && count % every == 0)
+            c.checkpoints.push_back({count, state});
+    });
+    c.positions = start + h.rows;
+    return out;
+}
+
+const Mamba2Mixer& TinyTransformer::mixerOf(int layer) const
+{
+    const auto at = std::find(m_shape.mambaLayers.begin(), m_shape.mambaLayers.end(), layer);
+    return m_mixers[std::size_t(at - m_shape.mambaLayers.begin())];
+}
+
+Mamba2State TinyTransformer::stateAfter(const LayerCache& cache, int layer, std::int64_t count, Numerics numerics,
+                                        const EngineFaults& faults) const
+{
+    if (count == cache.positions)
+        return cache.state;
+    if (count > cache.positions || count < 0)
+        throw std::logic_error("a Mamba2 state after " + std::to_string(count) + " positions of " +
+                               std::to_string(cache.positions));
+    // From the last checkpoint at or before `count` (or the start), the same inputs again.
+    LayerCache c;
+    for (const LayerCache::Checkpoint& k : cache.checkpoints)
+        if (k.positions <= count) {
+            c.checkpoints.push_back(k);
+            c.state = k.state;
+            c.positions = k.positions;
+        }
+    const int hidden = m_shape.hidden;
+    Matrix h(int(count - c.positions), hidden);
+    std::copy_n(cache.mixerInputs.begin() + std::ptrdiff_t(c.positions * hidden), h.values.size(), h.values.begin());
+    mamba(layer, h, c.positions, c, numerics, faults);
+    return c.state;
+}
+
+std::vector<LayerCache> TinyTransformer::prefix(const std::vector<LayerCache>& cache, std::int64_t count, Numerics numerics,
+                                                const EngineFaults& faults) const
+{
+    std::vector<LayerCache> out;
+    for (int l = 0; l < int(cache.size()); ++l) {
+        const LayerCache& c = cache[std::size_t(l)];
+        if (!m_shape.isMamba(l)) {
+            out.push_back(c.prefix(count));
+            continue;
+        }
+        LayerCache p;
+        p.positions = count;
+        p.state = stateAfter(c, l, count, numerics, faults);
+        p.mixerInputs.assign(c.mixerInputs.begin(), c.mixerInputs.begin() + std::ptrdiff_t(count * m_shape.hidden));
+        for (const LayerCache::Checkpoint& k : c.checkpoints)
+            if (k.positions <= count)
+                p.checkpoints.push_back(k);
+        out.push_back(std::move(p));
+    }
+    return out;
+}
+
 Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
                                 Numerics numerics, const EngineFaults& faults, std::int64_t promptLen) const
 {
     const ModelShape& s = m_shape;
     const Weights& w = weightsFor(numerics);
     const int n = int(tokens.size());
-    const bool engine = numerics == Numerics::Engine;
     const bool bf16 = numerics != Numerics::Baseline;
     if (cache.empty())
         cache.resize(std::size_t(s.layers));
@@ -462,44 +522,11 @@ Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::in
     for (int l = 0; l < s.layers; ++l) {
         const Layer& layer = w.layers[std::size_t(l)];
         const Matrix h = rmsNorm(x, layer.attnNorm, numerics);
-        Matrix q = linear(h, layer.wq, numerics);
         LayerCache& c = cache[std::size_t(l)];
-        if (s.mla())
-            latentAttentionKv(layer, h, q, start, l, numerics, faults, promptLen, c);
-        else {
-            Matrix k = linear(h, layer.wk, numerics);
-            const Matrix v = [&] {
-                Matrix m = linear(h, layer.wv, numerics);
-                for (int i = 0; i < n; ++i) {
-                    const std::int64_t pos = start + i;
-                    if (engine && l == faults.biasLayer)
-                        for (int d = 0; d < s.headDim; ++d) {
-                            const std::size_t at = std::size_t(faults.biasHead * s.headDim + d);
-                            k.row(i)[at] = roundToBf16(k.row(i)[at] + faults.biasK[std::size_t(d)]);
-                            m.row(i)[at] = roundToBf16(m.row(i)[at] + faults.biasV[std::size_t(d)]);
-                        }
-                    if (engine && faults.ropeApplies(l, pos)) {
-                        faultyRope(q.row(i), s.queryHeads, s.headDim, pos, faults, s.llama3Rope);
-                        faultyRope(k.row(i), s.kvHeads, s.headDim, pos, faults, s.llama3Rope);
-                    } else {
-                        rope(q.row(i), s.queryHeads, s.headDim, pos, m_invFreq, numerics);
-                        const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
-                        rope(k.row(i), s.kvHeads, s.headDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
-                    }
-                    if (engine && l == faults.deadLayer && pos >= faults.deadFrom) {
-                        std::fill_n(k.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
-                        std::fill_n(m.row(i) + std::size_t(faults.deadHead) * std::size_t(s.headDim), s.headDim, 0.0f);
-                    }
-                }
-                return m;
-            }();
-            appendRows(c.k, k);
-            appendRows(c.v, v);
-            appendKeys(c, k);
-        }
-        Matrix attended(n, s.queryHeads * s.headDim);
-        attention(q, c, start, l, numerics, faults, attended);
-        addResidual(linear(attended, layer.wo, numerics));
+        if (s.isMamba(l))
+            addResidual(mamba(l, h, start, c, numerics, faults));
+        else
+            addResidual(attentionBlock(layer, h, start, l, c, numerics, faults, promptLen));
         const Matrix m = rmsNorm(x, layer.mlpNorm, numerics);
         const Matrix gate = linear(m, layer.wGate, numerics);
         Matrix act = linear(m, layer.wUp, numerics);

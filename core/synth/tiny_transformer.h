@@ -4,18 +4,14 @@
 // of threads: plain C++ on IEEE basic operations in a fixed order, no BLAS, no libm.
 // Internal to the synthetic generator (model_capture.cpp).
 
+#include "synth/mamba2_mixer.h"
 #include "synth/model_capture.h"
+#include "synth/numerics.h"
 
 #include <cstdint>
 #include <vector>
 
 namespace kvscope::synth {
-
-enum class Numerics {
-    Baseline,  // fp32 throughout
-    Expected,  // bf16 as HF runs it on a GPU: bf16 GEMMs with fp32 accumulation, eager attention
-    Engine,    // bf16 with fused kernels: split-K GEMMs, fp32 norms and RoPE, flash-style attention
-};
 
 // Engine-side faults that change what the engine computes.
 struct EngineFaults {
@@ -38,22 +34,20 @@ struct EngineFaults {
     int biasLayer = -1;
     int biasHead = -1;
     std::vector<float> biasK, biasV;
+    // A Mamba2 layer's state made wrong after `stateAt` positions, the run continuing from it:
+    // the state kept at position stateSource (stale), stateOther (another request's, or zeros),
+    // the state plus stateFactor x stateOther (a leftover), or times stateFactor.
+    enum class StateFault { None, Stale, Replace, AddScaled, Scale };
+    StateFault stateFault = StateFault::None;
+    int stateLayer = -1;
+    std::int64_t stateAt = 0;
+    std::int64_t stateSource = 0;
+    Mamba2State stateOther;
+    float stateFactor = 1.0f;
     bool ropeApplies(int layer, std::int64_t position) const
     {
         return (ropeLayer == -1 || ropeLayer == layer) && position >= ropeFrom && position < ropeTo;
     }
-};
-
-// Row-major float matrix.
-struct Matrix {
-    int rows = 0;
-    int cols = 0;
-    std::vector<float> values;
-
-    Matrix() = default;
-    Matrix(int r, int c) : rows(r), cols(c), values(std::size_t(r) * std::size_t(c)) {}
-    float* row(int r) { return values.data() + std::size_t(r) * std::size_t(cols); }
-    const float* row(int r) const { return values.data() + std::size_t(r) * std::size_t(cols); }
 };
 
 // What one layer cached for positions [0, positions), holding values of the numerics' storage
@@ -71,7 +65,17 @@ struct LayerCache {
     std::vector<float> keysByChannel;
     std::size_t keyChannels = 0;
 
-    // The first `count` positions.
+    // A Mamba2 layer's: its state after `positions`, the normed inputs its mixer took
+    // [positions, hidden] (to step again from a checkpoint) and the states it kept at checkpoints.
+    Mamba2State state;
+    std::vector<float> mixerInputs;
+    struct Checkpoint {
+        std::int64_t positions;
+        Mamba2State state;
+    };
+    std::vector<Checkpoint> checkpoints;
+
+    // The first `count` positions of an attention layer (TinyTransformer::prefix: any layer).
     LayerCache prefix(std::int64_t count) const;
 };
 
@@ -80,13 +84,21 @@ public:
     TinyTransformer(const ModelShape& shape, std::uint64_t seed);
 
     const ModelShape& shape() const { return m_shape; }
-    bool sliding(int layer) const { return !m_shape.mla() && layer % 2 == 0; }
+    bool sliding(int layer) const { return !m_shape.mla() && layer % 2 == 0 && !m_shape.isMamba(layer); }
 
     // Runs `tokens` at positions [start, start + n) after `cache` (positions [0, start)),
     // appends their K and V to `cache` and returns the logits [n, vocab].
     // `promptLen` tells the faults where decoding starts.
     Matrix forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
                    Numerics numerics, const EngineFaults& faults = {}, std::int64_t promptLen = 0) const;
+
+    // What `cache` held after its first `count` positions, run with the same numerics and faults
+    // (a Mamba2 layer steps again from its last checkpoint at or before `count`).
+    std::vector<LayerCache> prefix(const std::vector<LayerCache>& cache, std::int64_t count, Numerics numerics,
+                                   const EngineFaults& faults = {}) const;
+    // Mamba2 layer `layer`'s state after its first `count` positions (a checkpoint's, or stepped again).
+    Mamba2State stateAfter(const LayerCache& cache, int layer, std::int64_t count, Numerics numerics,
+                           const EngineFaults& faults = {}) const;
 
 private:
     struct Layer {
@@ -103,6 +115,13 @@ private:
         std::vector<Layer> layers;
     };
     const Weights& weightsFor(Numerics n) const { return n == Numerics::Baseline ? m_fp32 : m_bf16; }
+    // Runs Mamba2 layer `l`'s mixer on the normed rows `h` at positions from `start`: its state,
+    // inputs and checkpoints in `cache`, the engine's state fault applied.
+    Matrix mamba(int l, const Matrix& h, std::int64_t start, LayerCache& cache, Numerics n, const EngineFaults& faults) const;
+    const Mamba2Mixer& mixerOf(int layer) const;
+    // An attention layer on the normed rows `h`: its new KV into `cache`, its output projected.
+    Matrix attentionBlock(const Layer& layer, const Matrix& h, std::int64_t start, int l, LayerCache& cache,
+                          Numerics numerics, const EngineFaults& faults, std::int64_t promptLen) const;
     void attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
                    const EngineFaults& faults, Matrix& out) const;
     // An MLA layer's Q (rotated in place) and its cache's new rows, from the normed input `h`.
@@ -111,6 +130,7 @@ private:
 
     ModelShape m_shape;
     std::vector<float> m_invFreq;  // RoPE inverse frequencies, fp32
+    std::vector<Mamba2Mixer> m_mixers;  // per layer of shape().mambaLayers, in its order
     Weights m_fp32;                // master weights
     Weights m_bf16;                // the same rounded to bf16 (kept as float values)
 };
