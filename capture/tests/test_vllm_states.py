@@ -126,6 +126,26 @@ class StatesThroughTheConnector(unittest.TestCase):
         engine, request, _, data = self.run_request("all", dims, chunk=20)
         self.assertEqual(request.block_ids[1][:2], [0, 0])  # freed: null blocks when the request ended
         self.check_states(request, data, dims, 2, [8, 16, 24, 30])
+        for w in engine.workers:
+            self.assertEqual(w.connector._checkpoints, {})  # handed to the shard, not kept
+
+    def test_requests_not_captured_keep_no_states(self):
+        dims = Mamba2Dims(n_groups=1)
+        groups = [vm.Group(list(ATTN), vm.FlashAttentionBackend, block_size=BLOCK),
+                  vm.Group(list(MIXERS), block_size=BLOCK, mamba=True, mamba_dims=dims, mamba_mode="all")]
+        engine = vm.Engine(groups, total_heads=HEADS, head_size=DIM, tp=2, num_blocks=48, chunk=20,
+                           connector=(KvscopeConnector, {"output_dir": self.out, "requests": ["cmpl-a"]}))
+        other, tokens = list(range(50, 81)), list(range(31))  # two requests in the same steps
+        engine.add_request("cmpl-b", other[:21], other[21:], data_for(other, dims, seed=3))
+        data = data_for(tokens, dims)
+        engine.add_request("cmpl-a", tokens[:21], tokens[21:], data)
+        engine.run()
+        for w in engine.workers:
+            self.assertTrue(w.connector._writer.flush(30))
+            self.assertEqual(w.connector._checkpoints, {})
+        (request,) = ShardSet(self.out).requests
+        self.assertEqual(request.external_request_id, "cmpl-a")
+        self.check_states(request, data, dims, 2, [8, 16, 24, 30])
 
     def test_align_mode_chunk_ends_on_boundaries(self):
         """"align" keeps the state where a step ends on a boundary: its prefill chunks are cut

@@ -272,9 +272,9 @@ class KvscopeConnector(KVConnectorBase_V1, SupportsHMA):
         self._expected |= {dump.request_id for dump in dumps}
         for dump in dumps:
             path = shard_path(self._output_dir, dump.request_id, caches.tp_rank, caches.pp_rank)
+            states = self._checkpoints.pop(dump.request_id, {})  # its boundary states, copied step by step
             if self._writer.has_room():
                 ids = {b for group in dump.block_ids for b in group if b > 0}  # 0: vLLM's null block
-                states = self._checkpoints.pop(dump.request_id, {})
                 for position, layers in caches.read_states(
                         caches.final_state_marks(dump.block_ids, dump.num_computed_tokens)).items():
                     states.setdefault(position, {}).update(layers)
