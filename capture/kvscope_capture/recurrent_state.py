@@ -57,6 +57,15 @@ def check_positions(positions, limit, where):
     return values
 
 
+def _check_part_name(part, what):
+    """A part's name: a plain HDF5 name of up to 64 characters, not 'positions' nor ending '_units'
+    (the names beside it)."""
+    if not isinstance(part, str) or not part or "/" in part or len(part) > 64 or part.endswith("_units") \
+            or part in ("positions", ".", ".."):
+        raise ValueError(f"{what}: a part is named by a plain HDF5 name of up to 64 characters, not 'positions' "
+                         "nor ending '_units'")
+
+
 def _state_tensor(value, checkpoints, where):
     array, dtype = to_array(value, where)
     if dtype not in STATE_DTYPES:
@@ -88,8 +97,7 @@ def engine_record(layer, positions, per_rank, tp_size, kind, where):
         held = {}
         for part, entry in parts.items():
             what = f"{where}, rank {r}, part {part}"
-            if not isinstance(part, str) or not part or "/" in part or part.endswith("_units") or part == "positions":
-                raise ValueError(f"{what}: a part name is a plain HDF5 name, not 'positions' or ending '_units'")
+            _check_part_name(part, what)
             if not isinstance(entry, (tuple, list)) or len(entry) != 2:
                 raise ValueError(f"{what}: expected (tensor, units)")
             array, dtype = _state_tensor(entry[0], len(positions), what)
@@ -126,8 +134,7 @@ def reference_record(layer, positions, parts, where):
     held = {}
     for part, value in parts.items():
         what = f"{where}, part {part}"
-        if not isinstance(part, str) or not part or "/" in part or part.endswith("_units") or part == "positions":
-            raise ValueError(f"{what}: a part name is a plain HDF5 name, not 'positions' or ending '_units'")
+        _check_part_name(part, what)
         array, dtype = _state_tensor(value, len(positions), what)
         held[part] = (array, dtype, None)
     return StateRecord(where, positions, [held])

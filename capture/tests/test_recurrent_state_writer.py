@@ -197,6 +197,8 @@ class RecurrentStateWriter(unittest.TestCase):
             engine[1]["ssm"] = (engine[1]["ssm"][0].astype(np.float16), ssm_units(1))
             self.refused(lambda: w.add_state("p", MIXERS[0], [10], engine), "part ssm", "rank 1 holds float16")
             self.refused(lambda: w.add_state("p", MIXERS[0], [10], sharded(whole), kind=""), "kind")
+            self.refused(lambda: w.add_reference_state("p", "expected", MIXERS[0], [10], {"conv_units": whole["conv"]}),
+                         "part conv_units", "_units")
             w.abandon()
 
     def test_engine_state_needs_its_expected_reference(self):
