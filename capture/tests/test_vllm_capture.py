@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import vllm_cluster as vc
+from mamba2_standin import Mamba2Dims, mamba2_states, rank_units
 from test_cross_language import decode_fp8
 from kvscope_capture import (BundleWriter, bundle_from_shards, extract_hf_kv_caches_teacher_forced,
                              extract_vllm_block_tables, extract_vllm_kv_cache_config, make_kv_extract_fn)
@@ -305,19 +306,37 @@ class Connector(unittest.TestCase):
 
     @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
     def test_hybrid_model_to_a_bundle(self):
-        """Attention layers captured and compared; the state-space layers listed as not compared."""
-        groups = [vc.Group([L[0], L[2]], vc.FlashAttentionBackend), vc.Group([L[1], L[3]], None, mamba=True)]
-        cluster = vc.Cluster(groups, total_heads=2, output_dir=self.shards)
-        kv = truth_kv(cluster.layers, 2, 45, 8, seed=12)
-        self.capture(cluster, "h", kv)
-        # HF's cache of a hybrid model: an entry for every layer, empty for the state-space ones.
+        """Attention layers captured and compared; the state-space layers' end states captured as
+        vLLM of the spring of 2026 registered them (a list of state views per layer), with the
+        reference's states beside them; no attention layer is left out."""
+        dims = Mamba2Dims(n_groups=1)
+        groups = [vc.Group([L[0], L[2]], vc.FlashAttentionBackend),
+                  vc.Group([L[1], L[3]], None, block_size=64, mamba=True, mamba_dims=dims)]
+        cluster = vc.Cluster(groups, total_heads=2, tp=2, output_dir=self.shards)
+        kv = truth_kv([L[0], L[2]], 2, 45, 8, seed=12)
+        tokens = list(range(20)) + list(range(100, 125))  # what capture() runs
+        states = {n: dict(zip(("conv", "ssm"), mamba2_states(tokens, dims, seed=i))) for i, n in enumerate((L[1], L[3]))}
+        self.capture(cluster, "h", dict(kv, **states))
+        # HF's cache of a hybrid model: an entry for every layer, empty KV for the state-space ones.
         reference = [kv[n] if n in (L[0], L[2]) else (torch.zeros(2, 0, 8), torch.zeros(2, 0, 8)) for n in L]
         bundle = os.path.join(self.tmp.name, "hybrid.h5")
-        bundle_from_shards(self.shards, bundle, vc.FixedReference(reference), log=self.fail)
+        bundle_from_shards(self.shards, bundle, vc.FixedReference(reference, states={1: states[L[1]], 3: states[L[3]]}),
+                           log=self.fail)
+        with h5py.File(bundle, "r") as f:
+            for name in (L[1], L[3]):
+                self.assertEqual(f[f"prompts/h/engine/states/{name}/positions"][()].tolist(), [44])
+                for r in range(2):
+                    conv_units, _ = rank_units(dims, 2, r)
+                    got = f[f"prompts/h/engine/states/{name}/rank_{r}/conv"][()]
+                    want = torch.from_numpy(states[name]["conv"][43][conv_units]).to(torch.bfloat16)
+                    np.testing.assert_array_equal(got[0], want.view(torch.int16).numpy().view(np.uint16))
+                np.testing.assert_array_equal(f[f"prompts/h/reference/expected/states/{name}/ssm"][0],
+                                              states[name]["ssm"][43].astype(np.float32))
         data = analyse(bundle, self.tmp.name)
-        self.assertEqual(data["not_compared"], [{"layer": L[1], "what": "state-space layers"},
-                                                {"layer": L[3], "what": "state-space layers"}])
-        self.assertEqual(data["prompts"][0]["layer_names"], [L[0], L[2]])
+        for entry in data["not_compared"]:
+            self.assertIn(entry, [{"layer": L[1], "what": "state-space layers"},
+                                  {"layer": L[3], "what": "state-space layers"}])
+        self.assertEqual(data["prompts"][0]["layer_names"][:2], [L[0], L[2]])
 
     def test_only_the_named_requests_and_incomplete_shards(self):
         cluster = vc.Cluster(two_groups(vc.FlashAttentionBackend), tp=2, output_dir=self.shards)

@@ -6,6 +6,13 @@ gpu_model_runner does (raw bytes viewed in the physical order, permuted back to 
 shape), a scheduler that allocates blocks from a pool whose block 0 is the null block, and the
 KV connector's life cycle (request_finished, build_connector_meta, start_load_kv, get_finished).
 
+State-space layers (hybrid models) as that vLLM held them with prefix caching off: MambaSpec
+(mamba_type a string, mamba_cache_mode), Mamba2's (conv, ssm) state shapes, the conv state
+(d_conv - 1, conv_dim / tp), and the runner handing each layer (and the connector) a list of its
+state views, [num_blocks, *shape] strided by the page (gpu_model_runner.py _reshape_kv_cache_tensors
+and mamba_utils.py of vllm-project/vllm as mirrored in Josephasafg/vllm @ 7b743ba9, 2026-04-02);
+the request's end state in its one block, a small Mamba2's (tests/mamba2_standin.py).
+
 The KV is written into the caches slot by slot the way the backends' reshape_and_cache kernels
 do, by code written here, independently of kvscope_capture's reading code."""
 
@@ -20,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sta
 
 from vllm.distributed import parallel_state  # noqa: E402  (the stand-in)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from mamba2_standin import Mamba2Dims, rank_units  # noqa: E402
 
 
 # --- attention backends (vllm/v1/attention/backends/*.py) ----------------------------------------
@@ -162,10 +170,17 @@ class MLAAttentionSpec(FullAttentionSpec):
 
 
 class MambaSpec:
-    """A state-space layer's state: shapes and dtypes, no tokens, no heads."""
+    """A state-space layer's state: shapes and dtypes, no tokens, no heads (vllm/v1/kv_cache_interface.py
+    of the spring of 2026: mamba_type a string, mamba_cache_mode; no page view: the runner hands each
+    layer its states, see Cluster._worker)."""
 
-    def __init__(self, block_size, shapes, dtypes):
+    def __init__(self, block_size, shapes, dtypes, mamba_type="mamba2", mamba_cache_mode="none"):
         self.block_size, self.shapes, self.dtypes = block_size, shapes, dtypes
+        self.mamba_type, self.mamba_cache_mode, self.num_speculative_blocks = mamba_type, mamba_cache_mode, 0
+
+    @property
+    def page_size_bytes(self):
+        return sum(int(np.prod(s)) * torch.tensor([], dtype=d).element_size() for s, d in zip(self.shapes, self.dtypes))
 
 
 class AttentionLayer(torch.nn.Module):
@@ -197,10 +212,11 @@ class Group:
     """One KV cache group of the model: its layers, spec and backend."""
 
     def __init__(self, layer_names, backend, block_size=16, kernel_block_size=None, window=None, mla=False,
-                 mamba=False):
+                 mamba=False, mamba_dims=None):
         self.layer_names, self.backend, self.block_size = list(layer_names), backend, block_size
         self.kernel_block_size = kernel_block_size or block_size
         self.window, self.mla, self.mamba = window, mla, mamba
+        self.mamba_dims = mamba_dims  # a Mamba2 group's Mamba2Dims (tests/mamba2_standin.py); None: Mamba2Dims()
 
 
 class Cluster:
@@ -240,8 +256,12 @@ class Cluster:
     def _spec(self, group):
         heads = 1 if group.mla else max(1, self.total_heads // self.tp)
         dtype = self.dtype
-        if group.mamba:
-            return MambaSpec(group.block_size, ((3, 8), (4, 8, 2)), (dtype, dtype))
+        if group.mamba:  # mamba_utils.py mamba2_state_shape of the spring of 2026 (prefix caching off)
+            d = group.mamba_dims or Mamba2Dims()
+            groups = d.n_groups + (0 if d.n_groups % self.tp == 0 else self.tp - d.n_groups)
+            conv_dim = d.intermediate + 2 * groups * d.d_state
+            return MambaSpec(group.block_size, ((d.d_conv - 1, conv_dim // self.tp), (d.heads // self.tp, d.head_dim,
+                                                                                     d.d_state)), (dtype, torch.float32))
         if group.mla:
             return MLAAttentionSpec(group.block_size, heads, self.head_size, dtype)
         if group.window:
@@ -263,8 +283,19 @@ class Cluster:
                 if name in self.alias:
                     layer.kv_cache = caches[self.alias[name]]
                     layer.kv_sharing_target_layer_name = self.alias[name]
-                elif group.mamba:  # (conv state, ssm state) per block
-                    layer.kv_cache = [tuple(torch.zeros((self.num_blocks,) + shape) for shape in spec.shapes)]
+                elif group.mamba:
+                    # gpu_model_runner's _reshape_kv_cache_tensors (spring 2026): per state a view
+                    # [num_blocks, *shape] in its dtype, strided by the page into one raw buffer;
+                    # the layer's kv_cache is the list of them.
+                    raw = torch.zeros(self.num_blocks * spec.page_size_bytes, dtype=torch.int8)
+                    states, offset = [], 0
+                    for shape, dtype_ in zip(spec.shapes, spec.dtypes):
+                        size = torch.tensor([], dtype=dtype_).element_size()
+                        inner = torch.empty((self.num_blocks,) + shape).stride()[1:]
+                        states.append(torch.as_strided(raw.view(dtype_), (self.num_blocks,) + shape,
+                                                       (spec.page_size_bytes // size,) + inner, offset // size))
+                        offset += int(np.prod(shape)) * size
+                    layer.kv_cache = [states]
                 else:
                     layer.kv_cache = [allocate(group.backend, self.num_blocks * ratio, group.kernel_block_size,
                                                spec.num_kv_heads, self.head_size, self.dtype, self.cache_dtype)]
@@ -277,7 +308,9 @@ class Cluster:
             model_config=types.SimpleNamespace(get_total_num_kv_heads=lambda: self.total_heads,
                                                hf_text_config=types.SimpleNamespace(
                                                    kv_lora_rank=self.mla_widths[0],
-                                                   qk_rope_head_dim=self.mla_widths[1])),
+                                                   qk_rope_head_dim=self.mla_widths[1],
+                                                   n_groups=next((g.mamba_dims.n_groups for g in self.groups
+                                                                  if g.mamba and g.mamba_dims), 1))),
             compilation_config=types.SimpleNamespace(static_forward_context=dict(layers)),
             kv_transfer_config=self.kv_transfer_config)
         kv_cache_config = types.SimpleNamespace(num_blocks=self.num_blocks, kv_cache_groups=kv_groups)
@@ -311,7 +344,15 @@ class Cluster:
             block_ids.append(ids)
             for name in group.layer_names:
                 for worker in self.workers:
-                    if self.stage_of[name] != worker.pp_rank or name in self.alias or group.mamba:
+                    if self.stage_of[name] != worker.pp_rank or name in self.alias:
+                        continue
+                    if group.mamba:  # the request's end state, in its one block (prefix caching off)
+                        if name in kv and "ssm" in kv[name]:
+                            conv_units, heads = rank_units(group.mamba_dims or Mamba2Dims(), self.tp, worker.tp_rank)
+                            conv, ssm = worker.caches[name]
+                            block = ids[(written - 1) // bs]
+                            conv[block] = torch.from_numpy(kv[name]["conv"][written - 1][conv_units].T.copy()).to(conv.dtype)
+                            ssm[block] = torch.from_numpy(kv[name]["ssm"][written - 1][heads].copy())
                         continue
                     cache = worker.caches[name]
                     heads = self.heads_of_rank(worker.tp_rank)
@@ -447,12 +488,23 @@ class FixedReference:
     random numbers: model(input_ids=..., use_cache=True) -> .logits, .past_key_values, with
     past_key_values a transformers >= 4.54 Cache (`layers[i].keys / .values`)."""
 
-    def __init__(self, kv_in_model_order, vocab=16, seed=0):
-        self.kv, self.vocab = kv_in_model_order, vocab
+    def __init__(self, kv_in_model_order, vocab=16, seed=0, states=None):
+        """states: {layer index: {'conv': [T, conv_dim, d_conv - 1], 'ssm': [T, ...]}}, row p - 1 the
+        state after p tokens: the cache then also holds conv_states (d_conv columns) and ssm_states
+        by layer index, as transformers' hybrid caches do."""
+        self.kv, self.vocab, self.states = kv_in_model_order, vocab, states or {}
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, input_ids, past_key_values=None, use_cache=True):
         n = input_ids.shape[1]
         layers = [types.SimpleNamespace(keys=k[None, :, :n], values=v[None, :, :n]) for k, v in self.kv]
         logits = torch.randn(1, n, self.vocab, generator=torch.Generator().manual_seed(n))
-        return types.SimpleNamespace(logits=logits, past_key_values=types.SimpleNamespace(layers=layers))
+        cache = types.SimpleNamespace(layers=layers)
+        if self.states:
+            cache.conv_states = [torch.zeros(0)] * len(layers)
+            cache.ssm_states = [torch.zeros(0)] * len(layers)
+            for index, state in self.states.items():
+                conv = torch.as_tensor(state["conv"][n - 1]).float()
+                cache.conv_states[index] = torch.cat([torch.zeros(conv.shape[0], 1), conv], dim=1)[None]
+                cache.ssm_states[index] = torch.as_tensor(state["ssm"][n - 1]).float()[None]
+        return types.SimpleNamespace(logits=logits, past_key_values=cache)
