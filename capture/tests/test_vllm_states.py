@@ -155,6 +155,14 @@ class StatesThroughTheConnector(unittest.TestCase):
         self.assertEqual(engine.log[0][request.request_id][:2], (0, 16))
         self.check_states(request, data, dims, 2, [16, 24, 30])
 
+    def test_align_mode_chunks_smaller_than_a_block(self):
+        """Chunks of 5 in blocks of 8: a chunk that starts mid-block stops at the boundary."""
+        dims = Mamba2Dims(n_groups=1)
+        engine, request, _, data = self.run_request("align", dims, chunk=5)
+        steps = [step[request.request_id][:2] for step in engine.log if request.request_id in step]
+        self.assertEqual(steps[:5], [(0, 5), (5, 3), (8, 5), (13, 3), (16, 5)])
+        self.check_states(request, data, dims, 2, [8, 16, 24, 30])
+
     def test_end_state_only_when_asked(self):
         dims = Mamba2Dims(n_groups=1)
         _, request, _, data = self.run_request("all", dims, chunk=20, extra={"state_checkpoints": False})

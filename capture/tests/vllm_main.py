@@ -934,6 +934,8 @@ class Engine:
                     aligned = (start + n) // g.block_size * g.block_size
                     if aligned > start:
                         n = aligned - start
+                    elif start % g.block_size:  # a chunk that starts mid-block stops at the next boundary
+                        n = min(n, (start // g.block_size + 1) * g.block_size - start)
             self._step_plan[rid] = (request.num_computed_tokens, n, drafts, accepted)
             upto = request.num_computed_tokens + n
             added = self._allocate(request, upto)
