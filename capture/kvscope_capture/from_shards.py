@@ -86,12 +86,17 @@ def _add_reference_states(writer, pid, role, model, tokens, states):
     """The reference's state of each state-space layer at the engine's checkpoints: HF's layer
     index is the first number of vLLM's layer name (model.layers.<i>.mixer)."""
     wanted = sorted({p for _, positions, _ in states.values() for p in positions})
-    found = extract_hf_mamba_states(model, tokens, wanted)
-    for name, (_, positions, _) in sorted(states.items()):
+    found = extract_hf_mamba_states(model, tokens, wanted, state_part="state")
+    for name, (_, positions, ranks) in sorted(states.items()):
         number = re.search(r"\d+", name)
         index = int(number.group()) if number else None
         if index not in found:
             raise ValueError(f"prompt {pid}, {role}, layer {name}: the reference model's cache holds no state of layer "
                              f"{index} (it has states of layers {sorted(found)[:8]})")
         rows = [wanted.index(p) for p in positions]
-        writer.add_reference_state(pid, role, name, positions, {part: t[rows] for part, t in found[index].items()})
+        # The engine's parts: "conv" and the recurrent state's name ("ssm" for Mamba2, "recurrent"
+        # for Gated DeltaNet), which the reference's second state takes.
+        other = [part for part in next(iter(ranks.values())) if part != "conv"]
+        names = {"conv": "conv", "state": other[0] if len(other) == 1 else "state"}
+        writer.add_reference_state(pid, role, name, positions,
+                                   {names[part]: t[rows] for part, t in found[index].items()})

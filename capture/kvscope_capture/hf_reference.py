@@ -76,13 +76,17 @@ def extract_hf_mla_latents(model, input_ids, teacher_tokens=(), rope_order="vllm
 
 
 def hf_state_layers(cache):
-    """{layer index: (conv_states [batch, conv_dim, d_conv], ssm_states [batch, heads, head_dim,
-    d_state])} of the state-space layers in HF's cache: Mamba2's cache_params (Mamba2Cache,
-    conv_states / ssm_states indexed by layer) and the hybrid models' caches that keep the same
-    two lists beside their KV (HybridMambaAttentionDynamicCache: NemotronH, Granite 4, Falcon-H1,
-    Zamba2; an attention layer's entries empty), or a cache of per-layer objects holding
-    conv_states and ssm_states (or recurrent_states)."""
-    conv, ssm = getattr(cache, "conv_states", None), getattr(cache, "ssm_states", None)
+    """{layer index: (conv_states [batch, conv_dim, d_conv], the recurrent state [batch, heads,
+    ...])} of the state-space layers in HF's cache: Mamba2's cache_params (Mamba2Cache,
+    conv_states / ssm_states indexed by layer), the hybrid models' caches that keep the same two
+    lists beside their KV (HybridMambaAttentionDynamicCache: NemotronH, Granite 4, Falcon-H1,
+    Zamba2; Qwen3-Next's conv_states / recurrent_states [batch, heads, head_k_dim, head_v_dim]; an
+    attention layer's entries empty), or a cache of per-layer objects holding conv_states and
+    ssm_states or recurrent_states (transformers 5)."""
+    conv = getattr(cache, "conv_states", None)
+    ssm = getattr(cache, "ssm_states", None)
+    if ssm is None:
+        ssm = getattr(cache, "recurrent_states", None)  # Qwen3-Next's cache (Gated DeltaNet)
     pairs = None
     if conv is not None and ssm is not None:
         pairs = [(conv[i], ssm[i]) for i in range(len(conv))]
@@ -96,10 +100,12 @@ def hf_state_layers(cache):
             if c is not None and s is not None and c.numel() and s.numel()}
 
 
-def extract_hf_mamba_states(model, tokens, positions):
+def extract_hf_mamba_states(model, tokens, positions, state_part="ssm"):
     """The HF model's recurrent state of every state-space layer after each of `positions` tokens
     (increasing, each in 1..len(tokens)): {layer index: {'conv': [c, conv_dim, d_conv - 1] (the
-    last d_conv - 1 columns of conv_states, oldest first), 'ssm': [c, heads, head_dim, d_state]}}.
+    last d_conv - 1 columns of conv_states, oldest first), state_part: [c, heads, ...]}} (Mamba2's
+    SSM state [heads, head_dim, d_state], "ssm"; Gated DeltaNet's [heads, head_k_dim, head_v_dim],
+    "recurrent").
 
     HF's Mamba2 mixers continue a cached sequence one token at a time (a forward over several
     tokens with a cache position past 0 takes the single-step path), so each checkpoint is a
@@ -121,8 +127,8 @@ def extract_hf_mamba_states(model, tokens, positions):
             if cache is None:
                 cache = getattr(out, "past_key_values", None)
             for index, (conv, ssm) in hf_state_layers(cache).items():
-                entry = found.setdefault(index, {"conv": [], "ssm": []})
+                entry = found.setdefault(index, {"conv": [], state_part: []})
                 width = conv.shape[-1] - 1  # d_conv - 1
                 entry["conv"].append(conv[0, :, conv.shape[-1] - width:].detach().cpu().clone())
-                entry["ssm"].append(ssm[0].detach().cpu().clone())
+                entry[state_part].append(ssm[0].detach().cpu().clone())
     return {index: {part: torch.stack(values) for part, values in entry.items()} for index, entry in found.items()}

@@ -1,5 +1,6 @@
-"""A small Mamba2 mixer in numpy (double precision), the state the stand-ins of vLLM and of the HF
-reference hold for a hybrid model's state-space layers, and how vLLM shards that state over TP.
+"""A small Mamba2 mixer and a small Gated DeltaNet in numpy (double precision), the states the
+stand-ins of vLLM and of the HF reference hold for a hybrid model's state-space layers, and how
+vLLM shards them over TP.
 
 The recurrence is the published one (Dao and Gu, "Transformers are SSMs", 2024, the SSD layer;
 transformers' Mamba2Mixer.torch_forward computes the same): for each token t,
@@ -83,3 +84,72 @@ def rank_units(dims, tp, rank):
     c = [dims.intermediate + (dims.n_groups + g) * dims.d_state + j for g in groups for j in range(dims.d_state)]
     heads = dims.heads // tp
     return x + b + c, list(range(rank * heads, (rank + 1) * heads))
+
+
+# --- Gated DeltaNet (Qwen3-Next, Qwen3.5) ------------------------------------------------------------
+@dataclass(frozen=True)
+class GdnDims:
+    """A Gated DeltaNet layer: num_k_heads q/k heads of head_k_dim, num_v_heads value heads of
+    head_v_dim (several value heads share a key head), a causal conv over q | k | v."""
+    num_k_heads: int = 2
+    num_v_heads: int = 4
+    head_k_dim: int = 4
+    head_v_dim: int = 3
+    d_conv: int = 4
+    vocab: int = 256
+    hidden: int = 8
+
+    @property
+    def conv_dim(self):
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+
+def gdn_states(tokens, dims, seed=0):
+    """Every position's state, float64: conv [T, conv_dim, d_conv - 1] (channels q | k | v) and
+    recurrent [T, num_v_heads, head_k_dim, head_v_dim]; the gated delta rule (Yang, Kautz and
+    Hatamizadeh, "Gated Delta Networks", 2024), as transformers' torch_recurrent_gated_delta_rule
+    keeps it: S <- exp(g) S; S <- S + k (outer) beta (v - S^T k), with q and k L2-normalised after
+    the conv's silu, g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)."""
+    rng = np.random.default_rng(seed)
+    embed = rng.standard_normal((dims.vocab, dims.hidden))
+    w_in = rng.standard_normal((dims.conv_dim, dims.hidden)) / np.sqrt(dims.hidden)
+    w_a = rng.standard_normal((dims.num_v_heads, dims.hidden)) / np.sqrt(dims.hidden)
+    w_b = rng.standard_normal((dims.num_v_heads, dims.hidden)) / np.sqrt(dims.hidden)
+    conv_w = rng.standard_normal((dims.conv_dim, dims.d_conv)) / np.sqrt(dims.d_conv)
+    dt_bias = rng.uniform(-1.0, 1.0, dims.num_v_heads)
+    a_log = rng.uniform(-1.0, 1.0, dims.num_v_heads)
+    key = dims.num_k_heads * dims.head_k_dim
+    per_k = dims.num_v_heads // dims.num_k_heads
+    window = np.zeros((dims.conv_dim, dims.d_conv))
+    s = np.zeros((dims.num_v_heads, dims.head_k_dim, dims.head_v_dim))
+    conv_out, state_out = [], []
+    for token in tokens:
+        e = embed[int(token) % dims.vocab]
+        window = np.concatenate([window[:, 1:], (w_in @ e)[:, None]], axis=1)
+        pre = (conv_w * window).sum(axis=1)
+        u = pre / (1.0 + np.exp(-pre))
+        k = u[key:2 * key].reshape(dims.num_k_heads, dims.head_k_dim)
+        k = k / np.sqrt((k * k).sum(axis=1, keepdims=True) + 1e-6)
+        v = u[2 * key:].reshape(dims.num_v_heads, dims.head_v_dim)
+        g = -np.exp(a_log) * np.log1p(np.exp(w_a @ e + dt_bias))
+        beta = 1.0 / (1.0 + np.exp(-(w_b @ e)))
+        for h in range(dims.num_v_heads):
+            kh = k[h // per_k]
+            s[h] = np.exp(g[h]) * s[h]
+            s[h] = s[h] + np.outer(kh, beta[h] * (v[h] - s[h].T @ kh))
+        conv_out.append(window[:, 1:].copy())
+        state_out.append(s.copy())
+    return np.stack(conv_out), np.stack(state_out)
+
+
+def gdn_rank_units(dims, tp, rank):
+    """The conv channels and value heads TP rank `rank` holds, as vLLM shards a Gated DeltaNet
+    (vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py: conv1d's q, k and v each split
+    over the ranks by mamba_v2_sharded_weight_loader, no replication)."""
+    key, q_share, v_share = dims.num_k_heads * dims.head_k_dim, dims.num_k_heads * dims.head_k_dim // tp, \
+        dims.num_v_heads * dims.head_v_dim // tp
+    q = list(range(rank * q_share, (rank + 1) * q_share))
+    k = [key + c for c in q]
+    v = list(range(2 * key + rank * v_share, 2 * key + (rank + 1) * v_share))
+    heads = dims.num_v_heads // tp
+    return q + k + v, list(range(rank * heads, (rank + 1) * heads))

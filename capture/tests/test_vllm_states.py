@@ -1,6 +1,6 @@
 """A hybrid model's recurrent states through the connector, against the stand-in of vLLM main
-(tests/vllm_main.py) running a small Mamba2 (tests/mamba2_standin.py): the state at the request's
-end, and at the block boundaries vLLM keeps states of (mamba_cache_mode "align" and "all"), each
+(tests/vllm_main.py) running a small Mamba2 or Gated DeltaNet (tests/mamba2_standin.py): the state
+at the request's end, and at the block boundaries vLLM keeps states of ("align" and "all"), each
 rank's rows and which whole-model units they are, bit for bit; the states of blocks vLLM frees
 before the request ends are copied in the step that wrote them; then the bundle, with the HF
 reference's states at the same positions."""
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import vllm_main as vm
-from mamba2_standin import Mamba2Dims, mamba2_states, rank_units
+from mamba2_standin import GdnDims, Mamba2Dims, gdn_rank_units, gdn_states, mamba2_states, rank_units
 from kvscope_capture import BundleWriter, bundle_from_shards
 from kvscope_capture.hf_reference import extract_hf_mamba_states
 from kvscope_capture.shards import ShardSet
@@ -32,8 +32,12 @@ def data_for(tokens, dims, seed=0):
     out = {name: {p: torch.randn(HEADS, len(tokens), DIM, generator=g).to(torch.bfloat16) for p in "kv"}
            for name in ATTN}
     for i, name in enumerate(MIXERS):
-        conv, ssm = mamba2_states(tokens, dims, seed=seed + 10 + i)
-        out[name] = {"conv": conv, "ssm": ssm}
+        if isinstance(dims, GdnDims):
+            conv, recurrent = gdn_states(tokens, dims, seed=seed + 10 + i)
+            out[name] = {"conv": conv, "recurrent": recurrent}
+        else:
+            conv, ssm = mamba2_states(tokens, dims, seed=seed + 10 + i)
+            out[name] = {"conv": conv, "ssm": ssm}
     return out
 
 
@@ -57,14 +61,17 @@ class HFStandIn:
         self.calls.append(n)
         layers = [types.SimpleNamespace(keys=self.data[name]["k"][None, :, :n], values=self.data[name]["v"][None, :, :n])
                   for name in ATTN]
-        conv_states, ssm_states = [torch.zeros(0)] * 4, [torch.zeros(0)] * 4
+        conv_states, states = [torch.zeros(0)] * 4, [torch.zeros(0)] * 4
         for name in MIXERS:
             index = int(name.split(".")[2])
             conv = torch.as_tensor(self.data[name]["conv"][n - 1])
             older = torch.full((conv.shape[0], 1), 7.0)  # the input before: not part of the state
             conv_states[index] = self.near(torch.cat([older, conv], dim=1))[None]
-            ssm_states[index] = self.near(self.data[name]["ssm"][n - 1])[None]
-        cache = types.SimpleNamespace(layers=layers, conv_states=conv_states, ssm_states=ssm_states)
+            state = self.data[name].get("ssm", self.data[name].get("recurrent"))
+            states[index] = self.near(state[n - 1])[None]
+        cache = types.SimpleNamespace(layers=layers, conv_states=conv_states)
+        # Mamba2 hybrids' caches name the second state ssm_states, Qwen3-Next's recurrent_states.
+        setattr(cache, "ssm_states" if "ssm" in self.data[MIXERS[0]] else "recurrent_states", states)
         logits = torch.randn(1, n, 16, generator=torch.Generator().manual_seed(n))
         return types.SimpleNamespace(logits=logits, past_key_values=cache)
 
@@ -97,20 +104,23 @@ class StatesThroughTheConnector(unittest.TestCase):
         self.assertEqual(sorted(states), MIXERS)
         for name in MIXERS:
             kind, got_positions, ranks = states[name]
-            self.assertEqual(kind, "mamba2")
             self.assertEqual(got_positions, positions, name)
             self.assertEqual(sorted(ranks), list(range(tp)))
+            gdn = isinstance(dims, GdnDims)
+            part = "recurrent" if gdn else "ssm"
+            self.assertEqual(kind, "gated_delta_net" if gdn else "mamba2")
             for r, parts in ranks.items():
-                conv_units, heads = rank_units(dims, tp, r)
+                self.assertEqual(sorted(parts), sorted(["conv", part]))
+                conv_units, heads = (gdn_rank_units if gdn else rank_units)(dims, tp, r)
                 conv, units = parts["conv"]
                 self.assertEqual(units, conv_units, f"{name} rank {r}")
                 self.assertEqual(conv.dtype, torch.bfloat16)  # the model's dtype, as vLLM keeps it
                 want = torch.from_numpy(np.stack([data[name]["conv"][p - 1][conv_units] for p in positions]))
                 torch.testing.assert_close(conv, want.to(torch.bfloat16), rtol=0, atol=0)
-                ssm, units = parts["ssm"]
+                state, units = parts[part]
                 self.assertEqual(units, heads)
-                want = np.stack([data[name]["ssm"][p - 1][heads] for p in positions]).astype(np.float32)
-                np.testing.assert_array_equal(ssm.numpy(), want, err_msg=f"{name} rank {r}")
+                want = np.stack([data[name][part][p - 1][heads] for p in positions]).astype(np.float32)
+                np.testing.assert_array_equal(state.numpy(), want, err_msg=f"{name} rank {r}")
 
     def test_none_mode_keeps_the_end_state(self):
         dims = Mamba2Dims(n_groups=1)
@@ -175,6 +185,27 @@ class StatesThroughTheConnector(unittest.TestCase):
                 self.setUp()
                 _, request, _, data = self.run_request("all", dims, tp=tp, chunk=20)
                 self.check_states(request, data, dims, tp, [8, 16, 24, 30])
+
+    def test_gated_delta_net(self):
+        """Qwen3-Next's linear attention: conv over q | k | v split over the ranks, the recurrent
+        state kept by vLLM as (head_v_dim, head_k_dim) and read in HF's order."""
+        dims = GdnDims()
+        for tp in (1, 2):
+            with self.subTest(tp=tp):
+                self.tearDown()
+                self.setUp()
+                _, request, _, data = self.run_request("align", dims, tp=tp, chunk=20)
+                self.check_states(request, data, dims, tp, [16, 24, 30])
+        bundle = os.path.join(self.tmp.name, "gdn.h5")
+        bundle_from_shards(self.out, bundle, HFStandIn(data, noise=True), log=self.fail)
+        with h5py.File(bundle, "r") as f:
+            (pid,) = f["prompts"]
+            state = f[f"prompts/{pid}/engine/states/{MIXERS[0]}"]
+            self.assertEqual(state.attrs["kind"], b"gated_delta_net")
+            self.assertEqual(state["rank_1/recurrent"].shape, (3, 2, dims.head_k_dim, dims.head_v_dim))
+            ref = f[f"prompts/{pid}/reference/expected/states/{MIXERS[0]}/recurrent"][()]
+            truth = data[MIXERS[0]]["recurrent"][[15, 23, 29]]
+            self.assertLess(np.abs(ref - truth).max(), 2 ** -7 * np.abs(truth).max())
 
     def test_states_not_read_are_said_and_the_engine_runs(self):
         """A model whose HF config gives no n_groups: the states are not captured (said at

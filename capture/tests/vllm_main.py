@@ -37,7 +37,10 @@ writes per mode (mamba_mixer2.py conv_ssm_forward), the scheduler's Mamba block 
 (2026-08-19), checked against vllm-project/vllm's mamba_utils.py @ 02d71083 and
 mamba2/mamba_mixer2.py @ 2e0714af, and the newer MambaSpec fields (num_prefill_checkpoint_blocks,
 num_heads, tokens_per_state, tp_replicated) of the kv_cache_interface.py copy that matches
-LingHangwangxianjiui/vllm @ 71bbe391. The states are a small Mamba2's (tests/mamba2_standin.py).
+LingHangwangxianjiui/vllm @ 71bbe391; Gated DeltaNet's shapes (recurrent (heads / tp, head_v_dim,
+head_k_dim)) and q | k | v conv sharding from mamba_utils.py gated_delta_net_state_shape and
+gdn/qwen_gdn_linear_attn.py of the same tree. The states are a small Mamba2's or Gated DeltaNet's
+(tests/mamba2_standin.py).
 The KV is written into the caches the way the kernels write it (reshape_and_cache, the per-token-
 head, int4 and NVFP4 kernels), by code written here, independently of kvscope_capture's reading.
 TP ranks are simulated; one pipeline stage."""
@@ -58,7 +61,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sta
 from vllm.distributed import parallel_state  # noqa: E402  (the stand-in)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.v1.attention.ops.triton_quant_kv._hadamard import _get_rht_signs  # noqa: E402
-from mamba2_standin import Mamba2Dims, rank_units  # noqa: E402
+from mamba2_standin import GdnDims, Mamba2Dims, gdn_rank_units, rank_units  # noqa: E402
 
 
 # --- vllm/v1/kv_cache_interface.py ------------------------------------------------------------------
@@ -653,6 +656,15 @@ class Engine:
         """The model's Mamba2 dimensions (its state-space groups share them)."""
         return next((g.mamba_dims for g in self.groups if g.mamba and g.mamba_dims), None) or Mamba2Dims()
 
+    def gdn_config(self):
+        """A Gated DeltaNet model's HF config fields (Qwen3NextConfig's names)."""
+        d = self.mamba_dims()
+        if not isinstance(d, GdnDims):
+            return {}
+        return {"linear_num_key_heads": d.num_k_heads, "linear_num_value_heads": d.num_v_heads,
+                "linear_key_head_dim": d.head_k_dim, "linear_value_head_dim": d.head_v_dim,
+                "linear_conv_kernel_dim": d.d_conv}
+
     def heads_of_rank(self, rank, total=None):
         total = total or self.total_heads
         if total >= self.tp:
@@ -689,6 +701,10 @@ class Engine:
         state (d_conv - 1, conv_dim / tp), the SSM state (heads / tp, head_dim, d_state); dtypes
         (the model's, mamba_ssm_cache_dtype float32)."""
         d = group.mamba_dims or Mamba2Dims()
+        if isinstance(d, GdnDims):  # gated_delta_net_state_shape: recurrent (heads / tp, head_v_dim, head_k_dim)
+            shapes = ((d.d_conv - 1, d.conv_dim // self.tp), (d.num_v_heads // self.tp, d.head_v_dim, d.head_k_dim))
+            return MambaSpec(group.block_size, shapes, (self.dtype, torch.float32),
+                             mamba_type=MambaAttentionBackendEnum.GDN_ATTN, mamba_cache_mode=group.mamba_mode)
         groups = d.n_groups + (0 if d.n_groups % self.tp == 0 else self.tp - d.n_groups)
         conv_dim = d.intermediate + 2 * groups * d.d_state
         shapes = ((d.d_conv - 1, conv_dim // self.tp), (d.heads // self.tp, d.head_dim, d.d_state))
@@ -715,7 +731,8 @@ class Engine:
                                                hf_text_config=types.SimpleNamespace(
                                                    kv_lora_rank=self.mla_widths[0],
                                                    qk_rope_head_dim=self.mla_widths[1],
-                                                   n_groups=self.mamba_dims().n_groups)),
+                                                   n_groups=getattr(self.mamba_dims(), "n_groups", None),
+                                                   **self.gdn_config())),
             compilation_config=types.SimpleNamespace(static_forward_context=modules),
             kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config=extra))
         worker = types.SimpleNamespace(tp_rank=rank, pp_rank=0, vllm_config=vllm_config, modules=modules,
@@ -1000,19 +1017,26 @@ class Engine:
         the block of the step's last token, slot (end - 1) // block_size; with mamba_cache_mode
         "all" also each block boundary the step crossed, the state after (j + 1) * block_size
         tokens in slot j (varlen_states at the chunks that end on a boundary). truth: per layer
-        {'conv': [T, conv_dim, d_conv - 1], 'ssm': [T, heads, head_dim, d_state]}, row p - 1 the
-        state after positions [0, p), the whole model's."""
+        {'conv': [T, conv_dim, d_conv - 1], 'ssm': [T, heads, head_dim, d_state]} (Gated DeltaNet:
+        'recurrent' [T, heads, head_k_dim, head_v_dim]), row p - 1 the state after positions [0, p),
+        the whole model's."""
         bs = group.block_size
         writes = [((j + 1) * bs, j) for j in range(start // bs, (end - 1) // bs)] if group.mamba_mode == "all" else []
         writes.append((end, (end - 1) // bs))
-        conv_units, heads = rank_units(group.mamba_dims or Mamba2Dims(), self.tp, worker.tp_rank)
+        dims = group.mamba_dims or Mamba2Dims()
+        gdn = isinstance(dims, GdnDims)
+        conv_units, heads = (gdn_rank_units if gdn else rank_units)(dims, self.tp, worker.tp_rank)
         for name in group.layer_names:
             conv, ssm = worker.modules[name].kv_cache
             for position, slot in writes:
                 block = block_ids[slot]
                 state = truth[name]
                 conv[block] = torch.from_numpy(state["conv"][position - 1][conv_units].T.copy()).to(conv.dtype)
-                ssm[block] = torch.from_numpy(state["ssm"][position - 1][heads].copy()).to(ssm.dtype)
+                if gdn:  # the truth [heads, head_k_dim, head_v_dim]; vLLM keeps (head_v_dim, head_k_dim)
+                    value = state["recurrent"][position - 1][heads].transpose(0, 2, 1)
+                else:
+                    value = state["ssm"][position - 1][heads]
+                ssm[block] = torch.from_numpy(value.copy()).to(ssm.dtype)
 
     def _write_earlier_requests(self, worker, caches):
         """Every slot of every block written once with other data, as earlier requests leave it."""

@@ -10,7 +10,7 @@ modules (their backend and `_k_scale` / `_v_scale`)."""
 
 from ..kv_cache_config import model_order
 from .backend_layout import detect_layout
-from .mamba_state import MambaStateLayout, model_n_groups
+from .mamba_state import MambaStateLayout, hf_text_config
 from .spec_layout import FP8_FORMATS, SpecLayout, is_mla_spec, platform_fp8, spec_describes_layout
 
 NOT_READ = ("MambaSpec", "EncoderOnlyAttentionSpec")
@@ -211,14 +211,14 @@ class RankCaches:
         state_layouts / state_caches per layer, state_groups {vLLM group: (block_size,
         mamba_cache_mode, [layers])}; states_not_captured says why the others are not."""
         self.state_layouts, self.state_caches, self.state_groups, self.states_not_captured = {}, {}, {}, []
-        n_groups = model_n_groups(vllm_config.model_config)
+        hf = hf_text_config(vllm_config.model_config)
         for g, group in enumerate(kv_cache_config.kv_cache_groups):
             per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
             for name in group.layer_names:
                 spec = per_layer[name] if per_layer else group.kv_cache_spec
                 if type(spec).__name__ != "MambaSpec":
                     continue
-                layout = MambaStateLayout(spec, tp, self.tp_rank, n_groups, f"layer {name}")
+                layout = MambaStateLayout(spec, tp, self.tp_rank, hf, f"layer {name}")
                 if layout.why_not:
                     self.states_not_captured.append(layout.why_not)
                     continue
@@ -231,8 +231,8 @@ class RankCaches:
                 entry[2].append(name)
 
     def read_states(self, marks):
-        """{position: {layer: {'conv': t, 'ssm': t}}} (each t one block's state, this rank's rows, on
-        the CPU) of marks [(vLLM group, block id, position)]."""
+        """{position: {layer: {part: t}}} (each t one block's state, this rank's rows, on the CPU) of
+        marks [(vLLM group, block id, position)]."""
         out = {}
         by_group = {}
         for g, block, position in marks:
