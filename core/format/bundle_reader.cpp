@@ -253,6 +253,8 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
                                                                 std::to_string(seqLen) + ")");
         info.hasExpected = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Expected));
         info.hasBaseline = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Baseline));
+        if (m_file.isGroup(bundle_path::engineStates(id)))
+            info.stateLayers = m_file.children(bundle_path::engineStates(id));
         for (LogitsRole role : {LogitsRole::Expected, LogitsRole::Actual, LogitsRole::Baseline})
             if (m_file.exists(bundle_path::logits(id, role)))
                 info.logits.push_back(role);
@@ -705,6 +707,92 @@ Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) co
         if (!std::isfinite(v))
             m_file.fail(dataset, "holds NaN or infinity: argmax (divergences) would be meaningless");
     return logits;
+}
+
+std::vector<StatePart> BundleReader::readStateParts(const std::string& group, bool engine,
+                                                   std::vector<ChunkRowRead>& reads) const
+{
+    constexpr const char* kUnits = "_units";
+    std::vector<StatePart> parts;
+    for (const std::string& name : m_file.children(group)) {
+        const bool isUnits = name.size() > 6 && name.compare(name.size() - 6, 6, kUnits) == 0;
+        if (name == "positions" || (engine && isUnits))
+            continue;
+        StatePart part;
+        part.name = name;
+        const std::string path = group + "/" + name;
+        const DatasetInfo info = m_file.datasetInfo(path);
+        if (info.shape.size() < 2 || info.shape.size() > 6)
+            m_file.fail(path, "shape " + shapeToString(info.shape) + " is not [checkpoints, units, ...]");
+        part.tensor = readTensor(path, info.shape, nullptr, reads);
+        if (!isStateDType(part.tensor.dtype))
+            m_file.fail(path, "dtype " + dtypeName(part.tensor.dtype) + ": a state is float32, bfloat16 or float16");
+        if (engine) {
+            if (!m_file.exists(path + kUnits))
+                m_file.fail(path + kUnits, "missing: which units of the model this rank's rows are");
+            part.units = m_file.readIntegers(path + kUnits, info.shape[1]);
+        }
+        parts.push_back(std::move(part));
+    }
+    return parts;
+}
+
+LayerStateRecord BundleReader::readEngineState(const std::string& promptId, const std::string& layer) const
+{
+    prompt(promptId);
+    requireData();
+    LayerStateRecord state;
+    state.layer = layer;
+    std::vector<ChunkRowRead> reads;
+    const std::string path = bundle_path::engineState(promptId, layer);
+    {
+        std::lock_guard lock(hdf5Mutex());
+        if (!m_file.isGroup(path))
+            m_file.fail(path, "missing");
+        const int g = m_config.groupOf(layer);
+        if (g < 0 || m_config.groups[std::size_t(g)].specName != "MambaSpec")
+            m_file.fail(path, "layer '" + layer + "' is in no MambaSpec group of the config");
+        if (m_file.hasAttribute(path, "kind"))
+            state.kind = m_file.readStringAttribute(path, "kind");
+        const std::int64_t tpSize = m_file.readIntAttribute(path, "tp_size");
+        if (tpSize < 1 || tpSize > 4096)
+            m_file.fail(path, "tp_size " + std::to_string(tpSize) + " is not plausible");
+        state.positions = m_file.readIntegers(path + "/positions", kMaxSeq);
+        for (std::int64_t r = 0; r < tpSize; ++r) {
+            const std::string rankPath = path + "/rank_" + std::to_string(r);
+            if (!m_file.isGroup(rankPath))
+                m_file.fail(rankPath, "missing: tp_size is " + std::to_string(tpSize));
+            state.ranks.push_back(readStateParts(rankPath, true, reads));
+        }
+        if (const std::string problem = stateRecordProblem(state, true); !problem.empty())
+            m_file.fail(path, problem);
+    }
+    for (const ChunkRowRead& read : reads)
+        read.run();
+    return state;
+}
+
+std::optional<LayerStateRecord> BundleReader::readReferenceState(const std::string& promptId, ReferenceRole role,
+                                                                 const std::string& layer) const
+{
+    prompt(promptId);
+    requireData();
+    LayerStateRecord state;
+    state.layer = layer;
+    std::vector<ChunkRowRead> reads;
+    const std::string path = bundle_path::referenceState(promptId, role, layer);
+    {
+        std::lock_guard lock(hdf5Mutex());
+        if (!m_file.isGroup(path))
+            return std::nullopt;
+        state.positions = m_file.readIntegers(path + "/positions", kMaxSeq);
+        state.ranks.push_back(readStateParts(path, false, reads));
+        if (const std::string problem = stateRecordProblem(state, false); !problem.empty())
+            m_file.fail(path, problem);
+    }
+    for (const ChunkRowRead& read : reads)
+        read.run();
+    return state;
 }
 
 std::vector<std::string> BundleReader::validate() const

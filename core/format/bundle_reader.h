@@ -9,6 +9,7 @@
 #include "format/hdf5_file.h"
 #include "format/kv_cache_config.h"
 #include "format/paged_kv.h"
+#include "format/recurrent_state.h"
 
 #include <array>
 #include <chrono>
@@ -69,6 +70,12 @@ public:
     };
     ReferenceExtent referenceExtent(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
     Logits readLogits(const std::string& promptId, LogitsRole role) const;
+    // A state-space layer's recurrent state (PromptInfo::stateLayers): the engine's ranks, and a
+    // reference role's whole state (nullopt when the role holds none for the layer). Each
+    // checked on its own (stateRecordProblem); a problem throws a BundleError naming the object.
+    LayerStateRecord readEngineState(const std::string& promptId, const std::string& layer) const;
+    std::optional<LayerStateRecord> readReferenceState(const std::string& promptId, ReferenceRole role,
+                                                       const std::string& layer) const;
 
     // Checks every dataset's presence, shape and dtype (no tensor data is read). Returns
     // one message per problem, each naming the file and the object.
@@ -125,6 +132,8 @@ private:
     RawTensor readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
                          const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const;
     DType checkedDType(const std::string& dataset) const;
+    // The parts in a state's group (rank_<r>/ or a reference's), their units when `engine`.
+    std::vector<StatePart> readStateParts(const std::string& group, bool engine, std::vector<ChunkRowRead>& reads) const;
     std::vector<std::int64_t> engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
                                                const std::string& layer, KvPart part) const;
     std::vector<std::int64_t> referenceShape(const std::string& dataset, const std::string& layer, KvPart part) const;

@@ -3,6 +3,7 @@
 #include "format/provenance.h"
 
 #include "format/bundle_error.h"
+#include "format/recurrent_state.h"
 #include "util/version.h"
 
 #include <algorithm>
@@ -359,8 +360,89 @@ void BundleWriter::addLogits(const std::string& promptId, LogitsRole role, const
     m_file->writeRaw(path, H5T_IEEE_F32LE, {logits.steps, logits.vocab}, logits.values.data(), 1);
 }
 
+void BundleWriter::writeStatePart(const std::string& group, const StatePart& part, bool withUnits)
+{
+    const std::string path = group + "/" + part.name;
+    std::vector<std::int64_t> chunk = part.tensor.shape;
+    chunk[0] = 1;  // a checkpoint per chunk: one is read without the others
+    m_file->writeRawChunked(path, storageType(part.tensor.dtype), part.tensor.shape, part.tensor.bytes.data(), chunk);
+    m_file->writeStringAttribute(path, "dtype", dtypeName(part.tensor.dtype));
+    if (withUnits)
+        m_file->writeRaw(path + "_units", H5T_STD_I64LE, {std::int64_t(part.units.size())}, part.units.data());
+}
+
+namespace {
+
+// The record without its tensors' bytes: what finish() checks the sides by.
+LayerStateRecord outlineOf(const LayerStateRecord& state)
+{
+    LayerStateRecord outline = state;
+    for (auto& rank : outline.ranks)
+        for (StatePart& part : rank)
+            part.tensor.bytes = {};
+    return outline;
+}
+
+}  // namespace
+
+void BundleWriter::addEngineState(const std::string& promptId, const LayerStateRecord& state)
+{
+    prompt(promptId);
+    const std::string path = bundle_path::engineState(promptId, state.layer);
+    const int g = m_config.groupOf(state.layer);
+    if (!validName(state.layer) || g < 0 || m_config.groups[std::size_t(g)].specName != "MambaSpec")
+        fail(path, "layer '" + state.layer + "' is in no MambaSpec group of the config");
+    if (m_engineStates.count({promptId, state.layer}))
+        fail(path, "added twice");
+    if (const std::string problem = stateRecordProblem(state, true); !problem.empty())
+        fail(path, problem);
+    m_file->createGroup(path);
+    m_file->writeStringAttribute(path, "kind", state.kind);
+    m_file->writeIntAttribute(path, "tp_size", std::int64_t(state.ranks.size()));
+    m_file->writeRaw(path + "/positions", H5T_STD_I64LE, {std::int64_t(state.positions.size())}, state.positions.data());
+    for (std::size_t r = 0; r < state.ranks.size(); ++r) {
+        const std::string rankPath = path + "/rank_" + std::to_string(r);
+        m_file->createGroup(rankPath);
+        for (const StatePart& part : state.ranks[r])
+            writeStatePart(rankPath, part, true);
+    }
+    m_engineStates.emplace(std::pair{promptId, state.layer}, outlineOf(state));
+}
+
+void BundleWriter::addReferenceState(const std::string& promptId, ReferenceRole role, const LayerStateRecord& state)
+{
+    prompt(promptId);
+    const std::string path = bundle_path::referenceState(promptId, role, state.layer);
+    if (m_engineOnly)
+        fail(path, "an engine-only bundle holds no reference state");
+    const int g = m_config.groupOf(state.layer);
+    if (!validName(state.layer) || g < 0 || m_config.groups[std::size_t(g)].specName != "MambaSpec")
+        fail(path, "layer '" + state.layer + "' is in no MambaSpec group of the config");
+    if (m_referenceStates.count({promptId, role, state.layer}))
+        fail(path, "added twice");
+    if (const std::string problem = stateRecordProblem(state, false); !problem.empty())
+        fail(path, problem);
+    m_file->createGroup(path);
+    m_file->writeRaw(path + "/positions", H5T_STD_I64LE, {std::int64_t(state.positions.size())}, state.positions.data());
+    for (const StatePart& part : state.ranks[0])
+        writeStatePart(path, part, false);
+    m_referenceStates.emplace(std::tuple{promptId, role, state.layer}, outlineOf(state));
+}
+
 void BundleWriter::finish()
 {
+    for (const auto& [key, engine] : m_engineStates)
+        for (ReferenceRole role : {ReferenceRole::Expected, ReferenceRole::Baseline}) {
+            const std::string path = bundle_path::referenceState(key.first, role, key.second);
+            const auto it = m_referenceStates.find({key.first, role, key.second});
+            if (it == m_referenceStates.end()) {
+                if (role == ReferenceRole::Expected && !m_engineOnly)
+                    fail(path, "missing: the engine's state of this layer needs the expected reference's");
+                continue;
+            }
+            if (const std::string problem = stateMismatchProblem(engine, it->second); !problem.empty())
+                fail(path, problem);
+        }
     for (const auto& [id, record] : m_prompts) {
         if (!m_snapshotCounts[id])
             fail(bundle_path::prompt(id), "has no engine snapshot");

@@ -7,12 +7,14 @@
 #include "format/hdf5_file.h"
 #include "format/kv_cache_config.h"
 #include "format/paged_kv.h"
+#include "format/recurrent_state.h"
 
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -59,6 +61,10 @@ public:
     void addReference(const std::string& promptId, ReferenceRole role, const std::string& layer, const RawTensor& k,
                       const RawTensor& v, std::int64_t batchRow = 0);
     void addLogits(const std::string& promptId, LogitsRole role, const Logits& logits);
+    // A state-space layer's recurrent state (docs/bundle-format.md, "Recurrent state"): the
+    // engine's per rank, and the reference's whole; checked against each other at finish().
+    void addEngineState(const std::string& promptId, const LayerStateRecord& state);
+    void addReferenceState(const std::string& promptId, ReferenceRole role, const LayerStateRecord& state);
     // A further metadata attribute of the root group (see BundleMetadata::extra).
     void setMetadata(const std::string& key, const std::string& value);
     void finish();
@@ -77,6 +83,11 @@ private:
     std::map<std::string, PromptRecord> m_prompts;
     std::map<std::string, std::size_t> m_snapshotCounts;
     std::map<std::pair<std::string, ReferenceRole>, std::set<std::string>> m_referenceLayers;
+    // The states added (their tensors' bytes dropped), by prompt and layer, to check the sides
+    // against each other at finish().
+    void writeStatePart(const std::string& group, const StatePart& part, bool withUnits);
+    std::map<std::pair<std::string, std::string>, LayerStateRecord> m_engineStates;
+    std::map<std::tuple<std::string, ReferenceRole, std::string>, LayerStateRecord> m_referenceStates;
     bool m_finished = false;
 };
 

@@ -53,6 +53,21 @@ std::string referenceKv(const std::string& id, ReferenceRole role, const std::st
     return referenceRole(id, role) + "/" + layer + "/" + part;
 }
 
+std::string engineStates(const std::string& id)
+{
+    return prompt(id) + "/engine/states";
+}
+
+std::string engineState(const std::string& id, const std::string& layer)
+{
+    return engineStates(id) + "/" + layer;
+}
+
+std::string referenceState(const std::string& id, ReferenceRole role, const std::string& layer)
+{
+    return referenceRole(id, role) + "/states/" + layer;
+}
+
 std::string logits(const std::string& id, LogitsRole role)
 {
     return prompt(id) + "/logits/" + logitsRoleName(role);

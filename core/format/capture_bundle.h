@@ -63,6 +63,8 @@ struct PromptInfo {
     // an engine-only capture's prompts, which can lend another capture's reference.
     bool referenceMissing = false;
     std::vector<LogitsRole> logits;
+    // The state-space layers whose recurrent state the engine's side holds (engine/states/<L>).
+    std::vector<std::string> stateLayers;
     // Structural problems found on open; a prompt with problems cannot be analysed.
     std::vector<std::string> problems;
 };
@@ -85,6 +87,10 @@ std::string engineKv(const std::string& id, std::size_t snapshotIndex, int rank,
 std::string referenceRole(const std::string& id, ReferenceRole role);
 std::string referenceKv(const std::string& id, ReferenceRole role, const std::string& layer, const char* part);
 std::string logits(const std::string& id, LogitsRole role);
+// A state-space layer's recurrent state: the engine's (rank_<r>/<part> inside), a reference role's.
+std::string engineStates(const std::string& id);
+std::string engineState(const std::string& id, const std::string& layer);
+std::string referenceState(const std::string& id, ReferenceRole role, const std::string& layer);
 }  // namespace bundle_path
 
 }  // namespace kvscope
