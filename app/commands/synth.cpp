@@ -64,6 +64,22 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
         o.shape.chunked = spec == "chunked";
     });
     parser.custom("--state-space-layers", [&o](const std::string& list) { o.stateSpaceLayers = parseList(list); });
+    // After --demo: the hybrid demo; otherwise the model so far as a hybrid model.
+    parser.flag("--hybrid", [&o, &demo] {
+        if (demo)
+            o = synth::demoHybridCaptureOptions();
+        o.hybrid = true;
+    });
+    parser.integer("--mamba-heads", o.shape.mamba.heads);
+    parser.integer("--mamba-head-dim", o.shape.mamba.headDim);
+    parser.integer("--mamba-state", o.shape.mamba.stateSize);
+    parser.integer("--mamba-groups", o.shape.mamba.groups);
+    parser.integer("--mamba-conv", o.shape.mamba.convWidth);
+    parser.custom("--mamba-ssm-cache-dtype", [&o](const std::string& dtype) {
+        if (dtype != "float32" && dtype != "bfloat16")
+            throw std::invalid_argument("--mamba-ssm-cache-dtype takes float32 or bfloat16");
+        o.shape.mamba.engineStateBf16 = dtype == "bfloat16";
+    });
     parser.integer("--tp", o.tpSize);
     parser.integer("--dcp", o.dcpSize);
     parser.integer("--cp-interleave", o.cpInterleave);

@@ -5,6 +5,7 @@
 #include "format/nvfp4.h"
 #include "format/provenance.h"
 #include "kv/paged_layout.h"
+#include "synth/state_capture.h"
 #include "synth/tiny_transformer.h"
 #include "util/deterministic_math.h"
 #include "util/json_writer.h"
@@ -95,6 +96,11 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::Nan, "nan"},
     {FaultKind::Inf, "inf"},
     {FaultKind::NanExpected, "nan_expected"},
+    {FaultKind::StateStale, "state_stale"},
+    {FaultKind::StateOtherRequest, "state_other_request"},
+    {FaultKind::StateNotReset, "state_not_reset"},
+    {FaultKind::StateZeros, "state_zeros"},
+    {FaultKind::StateScale, "state_scale"},
 };
 
 std::string layerName(int i)
@@ -114,6 +120,8 @@ HeadDims cacheDims(const ModelShape& shape)
 
 LayerKv toLayerKv(const LayerCache& c, const ModelShape& shape, std::int64_t positions)
 {
+    if (c.k.empty())  // a Mamba2 layer: no KV
+        return LayerKv::unwritten(cacheHeads(shape), 0, cacheDims(shape));
     LayerKv kv = LayerKv::unwritten(cacheHeads(shape), positions, cacheDims(shape));
     std::copy_n(c.k.begin(), kv.k.size(), kv.k.begin());
     std::copy_n(c.v.begin(), kv.v.size(), kv.v.begin());
@@ -561,7 +569,7 @@ KvCacheConfig makeConfig(const ModelCaptureOptions& o, std::int64_t longest, DTy
     nlohmann::json sliding = nlohmann::json::array(), full = nlohmann::json::array(), stateSpace = nlohmann::json::array();
     for (int l = 0; l < o.shape.layers; ++l) {
         const bool ssm = std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(), l) != o.stateSpaceLayers.end();
-        (ssm ? stateSpace : l % 2 == 0 ? sliding : full).push_back(layerName(l));
+        (ssm ? stateSpace : l % 2 == 0 ? sliding : full).push_back(ssm && o.hybrid ? mixerLayerName(l) : layerName(l));
     }
     const std::string dtype = configDTypeName(kvDtype);
     const int perRank = std::max(1, o.shape.kvHeads / o.tpSize);
@@ -693,7 +701,8 @@ std::vector<FaultKind> allFaultKinds()
     std::vector<FaultKind> kinds;
     for (const auto& [k, name] : kFaultNames)
         if (k != FaultKind::None && k != FaultKind::ReplicaDiff && !isNonFiniteFault(k) &&
-            k != FaultKind::TokenScale && k != FaultKind::ChannelScale && k != FaultKind::QkvBias && k != FaultKind::Clipped)
+            k != FaultKind::TokenScale && k != FaultKind::ChannelScale && k != FaultKind::QkvBias && k != FaultKind::Clipped &&
+            !isStateFault(k))
             kinds.push_back(k);
     return kinds;
 }
@@ -701,6 +710,18 @@ std::vector<FaultKind> allFaultKinds()
 std::vector<FaultKind> magnitudeFaultKinds()
 {
     return {FaultKind::TokenScale, FaultKind::ChannelScale, FaultKind::QkvBias, FaultKind::Clipped};
+}
+
+std::vector<FaultKind> stateFaultKinds()
+{
+    return {FaultKind::StateStale, FaultKind::StateOtherRequest, FaultKind::StateNotReset, FaultKind::StateZeros,
+            FaultKind::StateScale};
+}
+
+bool isStateFault(FaultKind kind)
+{
+    const std::vector<FaultKind> kinds = stateFaultKinds();
+    return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
 }
 
 std::string faultName(FaultKind kind)
@@ -756,6 +777,22 @@ ModelCaptureOptions demoMlaCaptureOptions()
     o.shape.ropeHeadDim = 32;
     o.faultLayer = 9;
     o.model = "kvscope-demo-mla: synthetic 16-layer MLA transformer (8 query heads; c_kv 256, k_pe 32)";
+    return o;
+}
+
+ModelCaptureOptions demoHybridCaptureOptions()
+{
+    ModelCaptureOptions o = demoModelCaptureOptions();
+    o.hybrid = true;
+    o.shape.quietHeadLayers = {23};
+    o.shape.mamba.heads = 16;
+    o.shape.mamba.headDim = 16;
+    o.shape.mamba.stateSize = 32;
+    o.shape.mamba.groups = 4;
+    o.fault = FaultKind::StateStale;
+    o.faultLayer = 12;
+    o.model = "kvscope-demo-hybrid: synthetic 24-layer hybrid (12 Mamba2 mixers of 16 heads, d_state 32; 12 GQA "
+              "attention layers, 16 query / 8 KV heads of 128)";
     return o;
 }
 
@@ -1145,6 +1182,7 @@ struct PromptCapture {
     std::vector<std::pair<RawTensor, RawTensor>> expected, baseline;  // per layer: K, V
     Logits expectedLogits, actualLogits, baselineLogits;
     nlohmann::json truth;  // what the fault adds to the ground truth for this prompt
+    std::vector<LayerStateRecord> engineStates, expectedStates, baselineStates;  // a hybrid model's Mamba2 layers
 };
 
 // The engine-side faults the forward pass itself makes (the rest corrupt its cache after).
@@ -1240,9 +1278,7 @@ std::vector<Snapshot> engineSnapshots(const TinyTransformer& model, const std::v
             break;
         // This call decoded up to d, sampled its own token there and one more: its cache
         // holds the wrong token's KV at d (never validated), the teacher's before.
-        std::vector<LayerCache> prefix;
-        for (const LayerCache& c : engine)
-            prefix.push_back(c.prefix(d));
+        std::vector<LayerCache> prefix = model.prefix(engine, d, Numerics::Engine, faults);
         model.forward({argmaxRow(engineLogits, d - 1)}, d, prefix, Numerics::Engine, faults, promptLen);
         Snapshot s{d + 2, d, {}};
         for (const LayerCache& c : prefix)
@@ -1443,13 +1479,30 @@ private:
 
 PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOptions& o, const KvCacheConfig& config,
                             const ResolvedFault& fault, std::size_t p, std::vector<std::int64_t> tokens,
-                            const std::vector<std::int64_t>& firstPrompt)
+                            const std::vector<std::int64_t>& firstPrompt, const StateFaultPlan& statePlan)
 {
     const ModelShape& shape = o.shape;
     const std::int64_t promptLen = std::int64_t(tokens.size());
     const std::int64_t steps = o.decodeTokens;
     const std::int64_t total = promptLen + steps;
-    const EngineFaults engineFaults = engineFaultsOf(fault, shape, promptLen);
+    const EngineFaults engineFaults = [&] {
+        EngineFaults f = engineFaultsOf(fault, shape, promptLen);
+        if (statePlan.kind == FaultKind::None || statePlan.prompt != p)
+            return f;
+        // prompt_0's engine run over its prompt and teacher tokens, for another request's state
+        std::vector<LayerCache> source;
+        std::int64_t sourceEnd = 0;
+        if (statePlan.needsOtherPrompt()) {
+            std::vector<std::int64_t> first = firstPrompt;
+            std::vector<LayerCache> teacher;
+            decodeTeacher(model, steps, first, teacher);
+            first.pop_back();  // the last teacher token is never fed
+            sourceEnd = std::int64_t(first.size());
+            model.forward(first, 0, source, Numerics::Engine);
+        }
+        addStateFault(statePlan, model, source, sourceEnd, f);
+        return f;
+    }();
     PromptCapture out;
 
     std::vector<LayerCache> base;
@@ -1507,6 +1560,12 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         out.record.tokenStrings.push_back(tokenText(t));
 
     for (int l = 0; l < shape.layers; ++l) {
+        if (shape.isMamba(l)) {  // no KV: its state below
+            out.expected.emplace_back();
+            if (o.baseline)
+                out.baseline.emplace_back();
+            continue;
+        }
         // HF keeps only window - 1 positions of sliding-window layers (every position of chunked ones).
         const std::int64_t from =
             model.sliding(l) && !shape.chunked ? std::max<std::int64_t>(0, total - (shape.window - 1)) : 0;
@@ -1519,6 +1578,17 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
                                       referenceTensor(b.v, shape, KvPart::V, from, total, DType::Float32));
         }
     }
+    // A hybrid model's Mamba2 states at the checkpoints of the engine's run (the last teacher
+    // token is never fed), the references' at the same positions.
+    const std::vector<std::int64_t> positions = checkpointPositions(total - 1, shape.mambaCheckpointEvery);
+    for (int l : shape.mambaLayers) {
+        out.engineStates.push_back(engineStateRecord(model, engine, l, positions, engineFaults, o.tpSize));
+        if (o.engineOnly)
+            continue;
+        out.expectedStates.push_back(referenceStateRecord(model, expected, l, positions, Numerics::Expected));
+        if (o.baseline)
+            out.baselineStates.push_back(referenceStateRecord(model, base, l, positions, Numerics::Baseline));
+    }
     out.expectedLogits = stepLogits(expectedLogits, promptLen - 1, steps);
     out.actualLogits = stepLogits(engineLogits, promptLen - 1, steps);
     out.baselineLogits = std::move(baseLogits);
@@ -1527,10 +1597,21 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
 
 }  // namespace
 
-void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
+void writeModelCapture(const std::string& path, const ModelCaptureOptions& options)
 {
+    const ModelCaptureOptions o = withHybridDefaults(options);
     checkOptions(o);
-    const ResolvedFault fault = resolveFault(o);
+    checkHybridOptions(o);
+    const StateFaultPlan statePlan = planStateFault(o);
+    const ResolvedFault fault = [&] {
+        if (!isStateFault(o.fault))
+            return resolveFault(o);
+        ResolvedFault f;
+        f.kind = statePlan.kind;
+        f.layer = statePlan.layer;
+        f.truth = statePlan.truth;
+        return f;
+    }();
     const bool quantisedFault = fault.kind == FaultKind::Fp8Scale || fault.kind == FaultKind::ScaleGranularity ||
                                 fault.kind == FaultKind::ScaleOtherLayer;
     const DType kvDtype = quantisedFault && !isQuantised(o.kvDtype) ? DType::Float8E4M3 : o.kvDtype;
@@ -1556,6 +1637,14 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
                                   {"kv_scale", granularityName(o.kvScale)}, {"dcp_size", o.dcpSize},
                                   {"cp_kv_cache_interleave_size", o.cpInterleave},
                                   {"prompt_lens", o.promptLens}, {"decode_tokens", o.decodeTokens}};
+    if (o.hybrid) {
+        const Mamba2Shape& m = o.shape.mamba;
+        optionsJson["hybrid"] = true;
+        optionsJson["mamba2"] = {{"layers", o.shape.mambaLayers}, {"heads", m.heads}, {"head_dim", m.headDim},
+                                 {"state_size", m.stateSize}, {"groups", m.groups}, {"conv_width", m.convWidth},
+                                 {"ssm_cache_dtype", m.engineStateBf16 ? "bfloat16" : "float32"},
+                                 {"checkpoint_every", o.shape.mambaCheckpointEvery}};
+    }
     if (o.shape.mla()) {
         optionsJson["kv_lora_rank"] = o.shape.kvLoraRank;
         optionsJson["qk_rope_head_dim"] = o.shape.ropeHeadDim;
@@ -1595,7 +1684,7 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         for (std::size_t i; (i = next++) < order.size();) {
             const std::size_t p = order[i];
             try {
-                captures[p] = capturePrompt(model, o, config, fault, p, prompts[p], prompts.front());
+                captures[p] = capturePrompt(model, o, config, fault, p, prompts[p], prompts.front(), statePlan);
             } catch (...) {
                 errors[p] = std::current_exception();
             }
@@ -1621,7 +1710,8 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         for (const EngineSnapshot& snap : c.snapshots)
             writer.addSnapshot(id, snap);
         for (int l = 0; l < o.shape.layers; ++l) {
-            if (config.groups[std::size_t(config.groupOf(layerName(l)))].specType == SpecType::NotCompared)
+            if (o.shape.isMamba(l) ||
+                config.groups[std::size_t(config.groupOf(layerName(l)))].specType == SpecType::NotCompared)
                 continue;  // a state-space layer: no KV in the capture
             if (o.engineOnly)
                 continue;
@@ -1636,6 +1726,12 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& o)
         writer.addLogits(id, LogitsRole::Actual, c.actualLogits);
         if (o.baseline)
             writer.addLogits(id, LogitsRole::Baseline, c.baselineLogits);
+        for (const LayerStateRecord& state : c.engineStates)
+            writer.addEngineState(id, state);
+        for (const LayerStateRecord& state : c.expectedStates)
+            writer.addReferenceState(id, ReferenceRole::Expected, state);
+        for (const LayerStateRecord& state : c.baselineStates)
+            writer.addReferenceState(id, ReferenceRole::Baseline, state);
         if (!c.truth.is_null())
             truth.update(c.truth);
         c = {};  // release it before the next prompt's writes

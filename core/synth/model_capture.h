@@ -76,6 +76,13 @@ enum class FaultKind {
     Nan,          // NaN in the engine's cache
     Inf,          // +infinity in the engine's cache
     NanExpected,  // NaN in the reference (expected), the engine right
+    // a hybrid model's recurrent state (--hybrid), one Mamba2 layer at one checkpoint, the engine
+    // running on from the wrong state (not in allFaultKinds: stateFaultKinds)
+    StateStale,         // the state of the checkpoint before, prompt_0
+    StateOtherRequest,  // prompt_0's state at the same checkpoint, in prompt_1
+    StateNotReset,      // the state plus 0.5 x prompt_0's final state (a slot not reset), in prompt_1
+    StateZeros,         // zeros, prompt_0
+    StateScale,         // the state 0.5x, prompt_0
 };
 
 std::string faultName(FaultKind kind);                 // "none", "rope_offset", ...
@@ -94,6 +101,10 @@ std::vector<FaultKind> allFaultKinds();
 // The magnitude kinds (token_scale, channel_scale, qkv_bias, clipped), tested apart from the
 // scored catalogue (tst_suspects).
 std::vector<FaultKind> magnitudeFaultKinds();
+// The recurrent-state kinds (state_stale, state_other_request, state_not_reset, state_zeros,
+// state_scale): they need a hybrid model (ModelCaptureOptions::hybrid).
+std::vector<FaultKind> stateFaultKinds();
+bool isStateFault(FaultKind kind);
 
 // A Mamba2 mixer's shape (Dao & Gu 2024; HF Mamba2Config's names in brackets).
 struct Mamba2Shape {
@@ -154,8 +165,13 @@ struct ModelCaptureOptions {
     ModelShape shape;
     bool slidingWindowSpec = true;  // SlidingWindowSpec (blocks freed) or FullAttentionSpec(sliding_window)
     // Layers a hybrid model has as state-space layers: their group is a MambaSpec group, and the
-    // capture holds no KV of theirs (the model computes them as attention; nothing reads them).
+    // capture holds no KV of theirs. Without `hybrid` the model computes them as attention and
+    // nothing reads them; with it they are Mamba2 mixers (shape.mamba; default: the even layers,
+    // named model.layers.N.mixer), whose recurrent state the capture holds per TP rank as vLLM
+    // shards it, with the references', at every multiple of the MambaSpec group's block size
+    // (fullBlockSize; vLLM's mamba_cache_mode "all") and at the end of each prompt's run.
     std::vector<int> stateSpaceLayers;
+    bool hybrid = false;
     std::uint64_t seed = 1;
     // The engine's cache.
     int tpSize = 2;
@@ -199,6 +215,9 @@ ModelCaptureOptions demoModelCaptureOptions();
 // wide), TP 4 (every rank holds the latent), block size 16, the same prompts, and a fault in k_pe
 // of layer 9 (decode positions rotated for position + 1).
 ModelCaptureOptions demoMlaCaptureOptions();
+// The hybrid demo: the demo's 24 layers with the even ones Mamba2 mixers (16 heads of 16, d_state
+// 32, 4 groups) and the odd ones full attention, TP 4, and a state_stale fault in layer 12.
+ModelCaptureOptions demoHybridCaptureOptions();
 // `o` turned into an MLA model of the same size: one latent per token, kvLoraRank 4 x headDim and
 // ropeHeadDim headDim / 2 (even), every layer full attention.
 ModelCaptureOptions withMla(ModelCaptureOptions o);

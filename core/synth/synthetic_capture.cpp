@@ -179,10 +179,10 @@ SyntheticCaptureOptions modelFreeOf(const synth::ModelCaptureOptions& o)
 {
     if (o.fault != synth::FaultKind::None && o.fault != synth::FaultKind::RopeOffset && o.fault != synth::FaultKind::OtherLayer)
         throw std::invalid_argument("--model-free injects none, rope_offset or other_layer only");
-    if (o.kvDtype != DType::BFloat16 || o.dcpSize != 1 || o.shape.mla() || !o.stateSpaceLayers.empty() ||
+    if (o.kvDtype != DType::BFloat16 || o.dcpSize != 1 || o.shape.mla() || !o.stateSpaceLayers.empty() || o.hybrid ||
         o.shape.chunked || !o.slidingWindowSpec)
         throw std::invalid_argument("--model-free writes bf16 caches of sliding and full layers only "
-                                    "(no --kv-dtype, --dcp, --mla, --spec or --state-space-layers)");
+                                    "(no --kv-dtype, --dcp, --mla, --spec, --state-space-layers or --hybrid)");
     SyntheticCaptureOptions m;
     m.model = "kvscope-synth, model-free (" + std::to_string(o.shape.layers) + " layers)";
     m.layers = o.shape.layers;
