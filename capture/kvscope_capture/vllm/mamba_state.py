@@ -48,10 +48,6 @@ def _itemsize(dtype):
     return torch.tensor([], dtype=dtype).element_size()
 
 
-def _dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
-
-
 def hf_text_config(model_config):
     """The model's HF (text) config, whose fields say what a state's channels are."""
     return getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
@@ -65,15 +61,10 @@ def _hf_int(hf, *keys):
     return None
 
 
-def model_n_groups(model_config):
-    """The model's Mamba2 n_groups from its HF config (Mamba2, NemotronH: n_groups; Granite 4,
-    Falcon-H1: mamba_n_groups), or None."""
-    return _hf_int(hf_text_config(model_config), "n_groups", "mamba_n_groups")
-
-
 class MambaStateLayout:
-    """One Mamba2 layer's states on one TP rank: which whole-model units its rows are, and how to
-    read them out of its page. `why_not` is set (and nothing is read) for a state kvscope does not
+    """One Mamba2 or Gated DeltaNet layer's states on one TP rank: which whole-model units its rows
+    are, and how to read them out of its page. The Mamba2 n_groups (Mamba2, NemotronH: n_groups;
+    Granite 4, Falcon-H1: mamba_n_groups) and Gated DeltaNet's head counts come from hf_config. `why_not` is set (and nothing is read) for a state kvscope does not
     read, saying why; the engine still runs and its attention is captured."""
 
     def __init__(self, spec, tp_size, tp_rank, hf_config, what):
