@@ -464,14 +464,21 @@ Mamba2State TinyTransformer::stateAfter(const LayerCache& cache, int layer, std:
     if (count > cache.positions || count < 0)
         throw std::logic_error("a Mamba2 state after " + std::to_string(count) + " positions of " +
                                std::to_string(cache.positions));
-    // From the last checkpoint at or before `count` (or the start), the same inputs again.
+    // From the last checkpoint at or before `count` (or the start), the same inputs again; of the
+    // earlier checkpoints only the one a stale-state fault reads.
     LayerCache c;
-    for (const LayerCache::Checkpoint& k : cache.checkpoints)
-        if (k.positions <= count) {
+    const LayerCache::Checkpoint* from = nullptr;
+    for (const LayerCache::Checkpoint& k : cache.checkpoints) {
+        if (k.positions > count)
+            break;  // in increasing order
+        if (faults.stateFault == EngineFaults::StateFault::Stale && k.positions == faults.stateSource)
             c.checkpoints.push_back(k);
-            c.state = k.state;
-            c.positions = k.positions;
-        }
+        from = &k;
+    }
+    if (from) {
+        c.state = from->state;
+        c.positions = from->positions;
+    }
     const int hidden = m_shape.hidden;
     Matrix h(int(count - c.positions), hidden);
     std::copy_n(cache.mixerInputs.begin() + std::ptrdiff_t(c.positions * hidden), h.values.size(), h.values.begin());
