@@ -92,8 +92,9 @@ std::vector<Command> bundleCommands()
     return {
         {"inspect", "inspect BUNDLE|RUN.kvres\n"
                     "  what a bundle holds; exit 0 when every layer of every prompt reconstructs, 1 if not,\n"
-                    "  2 when the file is not a readable bundle. Of a results file: what it holds, what it was\n"
-                    "  analysed with, and whether its bundle is at hand (exit 0 when it reads)\n",
+                    "  2 when the file is not a readable bundle; from its metadata and block tables, no KV value\n"
+                    "  read (analyze and check verify every block's checksum). Of a results file: what it holds,\n"
+                    "  what it was analysed with, and whether its bundle is at hand (exit 0 when it reads)\n",
          "what a bundle holds, and whether every layer reconstructs", inspect},
         {"import", "import DIR -o BUNDLE.h5\n"
                    "  a bundle from raw dumps: per-rank get_kv_caches .pt files, the config as JSON, block\n"

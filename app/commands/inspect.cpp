@@ -14,7 +14,7 @@ namespace kvscope::cli {
 
 namespace {
 
-std::string heldRanges(const LayerKv& kv)
+std::string heldRanges(const LayerSource& kv)
 {
     // "0-38, 40-58 of 60": the positions that hold data.
     std::string text;
@@ -126,7 +126,11 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
         err << "kvscope: " << problem << "\n";
         ++failures;
     }
-    const CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);
+    // Which positions each layer holds comes from the block tables, the stored block ids and
+    // the references' shapes: nothing of the KV is read (analyze and check read every block,
+    // checksums verified).
+    CaptureLoader loader(reader, UnreadableBlockPolicy::MarkAbsent);
+    loader.setValueRead(ValueRead::LayoutOnly);
     for (const PromptInfo& p : reader->prompts()) {
         const bool engineOnly = engineOnlyPrompt(p);
         out << "\n  prompt " << p.id << ": prompt_len " << p.promptLen << ", " << p.teacherTokens.size()
@@ -156,10 +160,10 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
             out << "    " << std::left << std::setw(32) << layer << std::setw(8) << reader->config().groupOf(layer);
             try {
                 std::vector<std::string> problems;
-                const LayerKv engine = loader.engineLayer(p.id, layer, &problems);
+                const LayerSource engine = loader.engineSource(p.id, layer, &problems);
                 const std::string expected =
                     engineOnly ? "none (engine-only)"
-                               : heldRanges(loader.referenceLayer(p.id, ReferenceRole::Expected, layer));
+                               : heldRanges(loader.referenceSource(p.id, ReferenceRole::Expected, layer));
                 out << std::setw(24) << heldRanges(engine) << expected << "\n";
                 for (const std::string& problem : problems) {
                     err << "kvscope: " << problem << "\n";

@@ -310,7 +310,8 @@ RawTensor BundleReader::storedAs(const std::string& dataset) const
 }
 
 RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
-                                   const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const
+                                   const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred,
+                                   ValueRead values) const
 {
     RawTensor t = storedAs(dataset);
     const DatasetInfo info = m_file.datasetInfo(dataset);
@@ -323,6 +324,8 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
     if (elements < 0 || elements > kMaxTensorBytes / std::int64_t(dtypeSize(t.dtype)))
         m_file.fail(dataset, "declares " + shapeToString(info.shape) + ", too large to read");
     m_file.requirePlausibleSize(dataset, std::uint64_t(elements) * dtypeSize(t.dtype));
+    if (values == ValueRead::LayoutOnly)
+        return t;
     t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
     if (!t.bytes.empty())
         m_file.readRaw(dataset, storageType(t.dtype), t.bytes.data(), rows, &deferred);
@@ -378,7 +381,7 @@ BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t
 
 PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_t snapshot, int rank,
                                          const std::string& layer, KvPart part,
-                                         const std::vector<std::int64_t>* blockIds) const
+                                         const std::vector<std::int64_t>* blockIds, ValueRead values) const
 {
     const PromptInfo& p = prompt(promptId);
     requireData();
@@ -441,7 +444,7 @@ PagedShard BundleReader::readEngineShard(const std::string& promptId, std::size_
     std::vector<ChunkRowRead> reads;
     {
         std::lock_guard lock(hdf5Mutex());
-        shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr, reads);
+        shard.blocks = readTensor(dataset, shape, blockIds && !allRows ? &rows : nullptr, reads, values);
         readScales(dataset, shape, blockIds && !allRows ? &rows : nullptr, shard.blocks);
     }
     for (const ChunkRowRead& read : reads)  // without the lock: another thread may use HDF5 meanwhile
@@ -628,7 +631,7 @@ BundleReader::ReferenceDatasets BundleReader::referenceDatasets(const std::strin
 }
 
 BundleReader::Reference BundleReader::readReference(const std::string& promptId, ReferenceRole role,
-                                                    const std::string& layer) const
+                                                    const std::string& layer, ValueRead values) const
 {
     prompt(promptId);
     requireData();
@@ -638,8 +641,8 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
         std::lock_guard lock(hdf5Mutex());
         const ReferenceDatasets d = referenceDatasets(promptId, role, layer);
         ref.batchRow = d.batchRow;
-        ref.k = readTensor(d.paths[0], d.shapes[0], nullptr, reads);
-        ref.v = readTensor(d.paths[1], d.shapes[1], nullptr, reads);
+        ref.k = readTensor(d.paths[0], d.shapes[0], nullptr, reads, values);
+        ref.v = readTensor(d.paths[1], d.shapes[1], nullptr, reads, values);
     }
     for (const ChunkRowRead& read : reads)
         read.run();
@@ -648,7 +651,7 @@ BundleReader::Reference BundleReader::readReference(const std::string& promptId,
 
 BundleReader::Reference BundleReader::readReferenceRows(const std::string& promptId, ReferenceRole role,
                                                         const std::string& layer, std::int64_t firstRow,
-                                                        std::int64_t endRow) const
+                                                        std::int64_t endRow, ValueRead values) const
 {
     prompt(promptId);
     requireData();
@@ -665,6 +668,8 @@ BundleReader::Reference BundleReader::readReferenceRows(const std::string& promp
     auto read = [&](const std::string& path, const std::vector<std::int64_t>& shape) {
         RawTensor t = storedAs(path);
         t.shape = {1, shape[1], endRow - firstRow, shape[3]};
+        if (values == ValueRead::LayoutOnly)
+            return t;
         t.bytes.resize(std::size_t(t.numel()) * dtypeSize(t.dtype));
         if (!t.bytes.empty())
             m_file.readSlab(path, storageType(t.dtype), t.bytes.data(), {ref.batchRow, 0, firstRow, 0}, t.shape);

@@ -48,7 +48,8 @@ public:
     // One rank's K or V of one layer. With `blockIds`, only those physical blocks (the ones
     // the bundle stores; others are left out for reconstruction to report).
     PagedShard readEngineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
-                               KvPart part, const std::vector<std::int64_t>* blockIds = nullptr) const;
+                               KvPart part, const std::vector<std::int64_t>* blockIds = nullptr,
+                               ValueRead values = ValueRead::Values) const;
     // The reference K and V of one layer, [batch, heads, seq, head_dim], and the batch row to use;
     // or, with a slab, only positions [firstRow, firstRow + rows) of that row (see ReferenceSlab).
     struct Reference {
@@ -57,11 +58,12 @@ public:
         std::int64_t batchRow = 0;
         std::optional<ReferenceSlab> slab;
     };
-    Reference readReference(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
+    Reference readReference(const std::string& promptId, ReferenceRole role, const std::string& layer,
+                            ValueRead values = ValueRead::Values) const;
     // The positions `rows` (clipped to those stored) of the prompt's batch row: a window of
     // tokens reads only the chunks that hold it.
     Reference readReferenceRows(const std::string& promptId, ReferenceRole role, const std::string& layer,
-                                std::int64_t firstRow, std::int64_t endRow) const;
+                                std::int64_t firstRow, std::int64_t endRow, ValueRead values = ValueRead::Values) const;
     // The positions a reference holds (its seq), and how many of them a chunk holds (the most of
     // K's and V's; 0 when not chunked): what reading a window of them costs.
     struct ReferenceExtent {
@@ -130,7 +132,8 @@ private:
     // A tensor's dtype and scale, without its data.
     RawTensor storedAs(const std::string& dataset) const;
     RawTensor readTensor(const std::string& dataset, const std::vector<std::int64_t>& expectedShape,
-                         const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred) const;
+                         const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred,
+                         ValueRead values = ValueRead::Values) const;
     DType checkedDType(const std::string& dataset) const;
     // The parts in a state's group (rank_<r>/ or a reference's), their units when `engine`.
     std::vector<StatePart> readStateParts(const std::string& group, bool engine, std::vector<ChunkRowRead>& reads) const;

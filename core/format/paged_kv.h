@@ -19,6 +19,11 @@ struct BlockTable {
     std::int32_t at(std::int64_t row, std::int64_t col) const { return entries[std::size_t(row * cols + col)]; }
 };
 
+// Whether a read fetches a tensor's values, or only what they are: dtype, scales, shape and
+// which blocks are stored, every structural check made (kvscope inspect shows which positions
+// a layer holds without reading them). LayoutOnly leaves RawTensor::bytes empty.
+enum class ValueRead { Values, LayoutOnly };
+
 // One rank's K or V of one layer: blocks [n, heads_per_rank, block_size, head_dim] and the
 // physical block id of each of the n rows (rows need not be all blocks nor in order).
 struct PagedShard {

@@ -121,8 +121,8 @@ LayerShards CaptureLoader::readShards(const Located& at, std::size_t snapshot, c
     shards.k.resize(std::size_t(config.tpSize));
     shards.v.resize(std::size_t(config.tpSize));
     for (int rank : config.layoutOf(layer).ranksRead()) {
-        shards.k[std::size_t(rank)] = at.reader.readEngineShard(at.id, snapshot, rank, layer, KvPart::K, blockIds);
-        shards.v[std::size_t(rank)] = at.reader.readEngineShard(at.id, snapshot, rank, layer, KvPart::V, blockIds);
+        shards.k[std::size_t(rank)] = at.reader.readEngineShard(at.id, snapshot, rank, layer, KvPart::K, blockIds, m_values);
+        shards.v[std::size_t(rank)] = at.reader.readEngineShard(at.id, snapshot, rank, layer, KvPart::V, blockIds, m_values);
     }
     return shards;
 }
@@ -164,7 +164,7 @@ LayerSource CaptureLoader::snapshotSource(const std::string& promptId, std::size
     const std::int64_t written = snap.seqLen() - 1;
     const std::vector<std::int64_t> ids = requiredBlocks(config, layer, table, snap.batchRow, written, window);
     auto shards = std::make_shared<const LayerShards>(readShards(at, snapshot, layer, &ids));
-    ReconstructOptions options{m_policy, at.reader.path(), bundle_path::snapshot(at.id, snapshot)};
+    ReconstructOptions options{m_policy, at.reader.path(), bundle_path::snapshot(at.id, snapshot), m_values};
     return reconstructSource(config, layer, std::move(shards), table, snap.batchRow, written, options, problems, length,
                              window);
 }
@@ -230,12 +230,12 @@ LayerSource CaptureLoader::referenceSource(const std::string& promptId, Referenc
     const BundleReader& from = *reader;
     std::shared_ptr<const BundleReader::Reference> ref;
     if (window == PositionRange::all()) {
-        ref = std::make_shared<const BundleReader::Reference>(from.readReference(fromId, role, layer));
+        ref = std::make_shared<const BundleReader::Reference>(from.readReference(fromId, role, layer, m_values));
     } else {
         const PositionRange rows =
             referenceRowsFor(window, from.referenceExtent(fromId, role, layer).seq, sequenceLength(promptId));
         ref = std::make_shared<const BundleReader::Reference>(
-            from.readReferenceRows(fromId, role, layer, rows.begin, rows.end));
+            from.readReferenceRows(fromId, role, layer, rows.begin, rows.end, m_values));
     }
     LayerSource source = alignReferenceSource(ref->k, ref->v, ref->batchRow, config, config.groups[std::size_t(group)],
                                               sequenceLength(promptId), from.path(),

@@ -57,6 +57,9 @@ public:
     // Where a prompt's reference is read: this bundle, or the donor's file and prompt it borrows.
     std::string referenceOrigin(const std::string& promptId) const;
     UnreadableBlockPolicy unreadableBlocks() const { return m_policy; }
+    // LayoutOnly: the sources made after this hold which positions are present and where, every
+    // structural check made, but no values (none read, none decoded: kvscope inspect).
+    void setValueRead(ValueRead values) { m_values = values; }
     BundleOutline outline() const { return m_members.front().reader->outline(); }
     // false: only an outline (a results file's)
     bool holdsData() const { return m_members.front().reader->holdsData(); }
@@ -109,6 +112,7 @@ private:
     std::vector<SweepMember> m_members;  // one, unless a sweep
     std::string m_label;                 // a sweep's; empty for one bundle
     UnreadableBlockPolicy m_policy;
+    ValueRead m_values = ValueRead::Values;
     // The readers', in their order, with borrowed references' roles (and a sweep's names).
     std::vector<PromptInfo> m_prompts;
     // A sweep's: per prompt, its member and its id there; the index of each name.

@@ -25,6 +25,8 @@ struct ReconstructOptions {
     // Named in error messages: the file and the object the data came from.
     std::string file;
     std::string object;
+    // LayoutOnly: the shards hold no bytes (ValueRead), only the layout is built.
+    ValueRead values = ValueRead::Values;
 };
 
 // The widths of one head of K and V in a layer of `group` (c_kv and k_pe for MLA).

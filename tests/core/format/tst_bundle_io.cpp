@@ -377,6 +377,23 @@ void TestBundleIo::loaderReconstructsFromBundle()
         refSliding[std::size_t(p)] = true;
     verifyLayer(loader.referenceLayer("p0", ReferenceRole::Expected, kLayers[0]), 0, std::vector<bool>(11, true));
     verifyLayer(loader.referenceLayer("p0", ReferenceRole::Expected, kLayers[1]), 1, refSliding);
+
+    // Layout only (kvscope inspect): the same positions held, from the tables, the stored ids and
+    // the references' shapes; no value read.
+    CaptureLoader layout(std::make_shared<BundleReader>(path.toStdString()));
+    layout.setValueRead(ValueRead::LayoutOnly);
+    const auto held = [](const LayerSource& s) { return std::vector<bool>(s.present.begin(), s.present.end()); };
+    const LayerSource engine = layout.engineSource("p0", kLayers[0]);
+    QCOMPARE(held(engine), full);
+    QVERIFY(engine.runs(KvPart::K, 0)[0].tensor->bytes.empty());
+    QCOMPARE(held(layout.engineSource("p0", kLayers[1])), sliding);
+    const LayerSource reference = layout.referenceSource("p0", ReferenceRole::Expected, kLayers[1]);
+    QCOMPARE(held(reference), refSliding);
+    QVERIFY(reference.runs(KvPart::V, 6)[0].tensor->bytes.empty());
+    std::vector<bool> window(11, false);
+    for (int p = 2; p < 5; ++p)
+        window[std::size_t(p)] = true;
+    QCOMPARE(held(layout.referenceSource("p0", ReferenceRole::Expected, kLayers[0], {2, 5})), window);
 }
 
 void TestBundleIo::noReferencedBlockAtAll()
