@@ -197,6 +197,7 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     addSuspectOptions(parser, options.suspects);
     if (!parser.parse(args, err))
         return 2;
+    options.fingerprints = !jsonPath.empty() || !savePath.empty();  // the summary prints none
     const std::string& bundle = inputs.front();
     const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;
     try {

@@ -29,6 +29,7 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
         AnalysisOptions options;
         options.suspects = t.suspects;
         options.share = sharedAnalysis();
+        options.fingerprints = false;  // a verdict uses none
         result = analysisForVerdict(inputs, options, strict, bundleProbe()).result;  // a bundle, a sweep, or a results file
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";

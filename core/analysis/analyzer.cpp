@@ -359,10 +359,12 @@ void AnalysisRun::readSide(LayerInputs& in, std::size_t prompt, int side, bool o
             const ReferenceRole role = side == 1 && p.threeWay ? ReferenceRole::Baseline : ReferenceRole::Expected;
             LayerSource& source = side == 1 ? s.reference : s.base;
             source = m_loader.referenceSource(p.id, role, name, in.step.window);
-            ContentHash& hash = progress.hashes[prompt][role == ReferenceRole::Baseline ? 1 : 0];
-            if (in.step.firstWindow)
-                hash = source.startHash();
-            source.addToHash(hash, in.step.window);
+            if (m_options.fingerprints) {
+                ContentHash& hash = progress.hashes[prompt][role == ReferenceRole::Baseline ? 1 : 0];
+                if (in.step.firstWindow)
+                    hash = source.startHash();
+                source.addToHash(hash, in.step.window);
+            }
         }
     } catch (const BundleError& e) {
         in.errors[prompt][std::size_t(side)] = e.what();
@@ -457,7 +459,7 @@ void AnalysisRun::compare(LayerInputs& in)
         p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
         mergeReplicaDifferences(p.replicaDifferences, in.replicas[pi]);
         p.nonFinite.insert(p.nonFinite.end(), nonFinite.begin(), nonFinite.end());
-        if (in.step.lastWindow)
+        if (in.step.lastWindow && m_options.fingerprints)
             for (std::size_t role = 0; role < 2; ++role)
                 p.referenceHashes[role][std::size_t(in.step.layer)] =
                     progress.failed[pi] || (role == 1 && !p.threeWay) ? 0 : progress.hashes[pi][role].value();

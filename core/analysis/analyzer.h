@@ -78,6 +78,9 @@ struct AnalysisOptions {
     // Whether to compute the BCs, per token and pooled (kvscope diff needs only the metrics):
     // without, they stay NaN and the result has no aggregate.
     bool bc = true;
+    // Whether to fingerprint the references (PromptAnalysis::referenceHashes, which the JSON,
+    // results files and kvscope diff hold): a pass over their bytes; without, they stay 0.
+    bool fingerprints = true;
     // This process's share of an analysis run by several (kvscope-mpi; analysis_share.h): only
     // its prompts are allocated, read, compared and searched for suspects, the aggregate is
     // combined with the others', and the pooled suspects are left to whoever gathers the prompts.

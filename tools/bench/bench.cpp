@@ -469,6 +469,7 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
     if (args[0] == "analyze") {
         AnalysisOptions options;
         options.threads = threads;
+        options.fingerprints = false;  // as kvscope analyze without --json or --save
         const AnalysisResult result = analyzeBundle(std::make_shared<BundleReader>(args[1]), options);
         out << seconds(start) << " 0 " << peakRssKb() << " " << result.prompts.size() << "\n";
         return 0;

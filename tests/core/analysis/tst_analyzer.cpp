@@ -12,6 +12,7 @@
 #include <QTest>
 
 #include <atomic>
+#include <cmath>
 #include <mutex>
 
 using namespace kvscope;
@@ -25,6 +26,7 @@ private slots:
     void aggregationEqualsPooledErrors_data();
     void aggregationEqualsPooledErrors();
     void singlePromptAggregate();
+    void fingerprintsOnlyWhenAsked();
     void progressAndCancellation();
     void layerSelection();
     void layerSelectionSyntax();
@@ -182,6 +184,37 @@ void TestAnalyzer::singlePromptAggregate()
                 }
             }
     QVERIFY(compared > 50);
+}
+
+void TestAnalyzer::fingerprintsOnlyWhenAsked()
+{
+    // By default each layer's references are fingerprinted as read (in windows: the same value
+    // as a whole layer's); without, the fingerprints stay 0 and every metric is the same.
+    auto reader = std::make_shared<BundleReader>(m_demo);
+    AnalysisOptions options;
+    options.windowTokens = 4;  // several windows a layer
+    const AnalysisResult with = analyzeBundle(reader, options);
+    options.fingerprints = false;
+    const AnalysisResult without = analyzeBundle(reader, options);
+    const CaptureLoader loader(reader);
+    QCOMPARE(with.prompts.size(), without.prompts.size());
+    for (std::size_t i = 0; i < with.prompts.size(); ++i) {
+        const PromptAnalysis& a = with.prompts[i];
+        const PromptAnalysis& b = without.prompts[i];
+        for (int l = 0; l < int(a.layers.size()); ++l) {
+            const std::size_t at = std::size_t(l);
+            QCOMPARE(a.referenceHashes[0][at],
+                     loader.referenceSource(a.id, ReferenceRole::Expected, a.layers[at]).contentHash());
+            QCOMPARE(b.referenceHashes[0][at], std::uint64_t(0));
+            QCOMPARE(b.referenceHashes[1][at], std::uint64_t(0));
+            for (int m = 0; m < kMetricCount; ++m)
+                for (std::int64_t t = 0; t < a.tokens; ++t)
+                    for (int h = 0; h < a.heads; ++h) {
+                        const float x = a.value(Metric(m), l, t, h), y = b.value(Metric(m), l, t, h);
+                        QVERIFY(x == y || (std::isnan(x) && std::isnan(y)));
+                    }
+        }
+    }
 }
 
 void TestAnalyzer::progressAndCancellation()
