@@ -15,7 +15,7 @@ using Json = JsonFields::Json;
 
 const SuspectPattern kPatterns[] = {SuspectPattern::NonFinite,  SuspectPattern::Block,      SuspectPattern::TpRank,
                                     SuspectPattern::Head,       SuspectPattern::Position,   SuspectPattern::WindowEdge,
-                                    SuspectPattern::Layer,      SuspectPattern::Unexplained};
+                                    SuspectPattern::Layer,      SuspectPattern::Unexplained, SuspectPattern::State};
 
 std::string item(const std::string& where, const char* key, std::size_t i)
 {

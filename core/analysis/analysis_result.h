@@ -4,6 +4,7 @@
 // aggregated by generation index and combined per layer. NaN means "no data" (absent
 // position, layer not analysed) everywhere: reductions skip it, JSON writes null.
 
+#include "analysis/state_analysis.h"
 #include "analysis/suspect.h"
 #include "format/dtype.h"
 #include "format/raw_tensor.h"
@@ -104,6 +105,9 @@ struct PromptAnalysis {
     // Where TP replicates KV: rank copies that differ from the one analysed (kv/replica_check.h).
     std::vector<ReplicaDifference> replicaDifferences;
     std::vector<Suspect> suspects;      // best first (analysis/suspect_search.h)
+    // The state-space layers' recurrent states compared (analysis/state_analysis.h), in the
+    // model's order; not kept in results files.
+    std::vector<StateLayerAnalysis> states;
 
     // Every array sized to the shape and NaN: in memory, or in temporary files in
     // `spillDirectory` when it is not empty.

@@ -3,6 +3,8 @@
 #include "analysis/divergence.h"
 #include "analysis/layer_aggregate.h"
 #include "analysis/layer_comparison.h"
+#include "analysis/state_analysis.h"
+#include "analysis/state_suspects.h"
 #include "analysis/structural_evidence.h"
 #include "analysis/suspect_search.h"
 #include "format/bundle_error.h"
@@ -18,6 +20,7 @@
 #include <memory>
 #include <limits>
 #include <optional>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -216,6 +219,8 @@ public:
 
     // Every layer compared and pooled. Throws the first failure, or AnalysisCancelled.
     void streamLayers();
+    // The state-space layers' recurrent states of every prompt this process analyses.
+    void compareStates();
     // The suspects of every prompt, and the bundle's pooled.
     void findAllSuspects();
 
@@ -604,6 +609,20 @@ void AnalysisRun::noteSharedBlocks(std::size_t prompt, std::vector<Suspect>& sus
     }
 }
 
+void AnalysisRun::compareStates()
+{
+    const std::vector<std::string> order = modelLayerOrder(m_loader.config());
+    for (std::size_t i = 0; i < m_result.prompts.size(); ++i) {
+        if (!owns(i))
+            continue;
+        PromptAnalysis& p = m_result.prompts[i];
+        p.states = analyzePromptStates(m_loader, m_loader.prompt(p.id), order, m_options.suspects);
+        for (const StateLayerAnalysis& a : p.states)
+            if (!a.problem.empty())
+                p.problems.push_back(a.problem);
+    }
+}
+
 void AnalysisRun::findAllSuspects()
 {
     std::vector<std::vector<Suspect>> suspects;
@@ -612,6 +631,8 @@ void AnalysisRun::findAllSuspects()
             continue;
         PromptAnalysis& p = m_result.prompts[i];
         p.suspects = findSuspects(m_loader, p, m_options.suspects, nullptr, team());
+        if (!p.states.empty())
+            addStateSuspects(m_loader, p, promptIds(m_result), modelLayerOrder(m_loader.config()), m_options.suspects);
         noteSharedBlocks(i, p.suspects);
         suspects.push_back(p.suspects);
     }
@@ -683,6 +704,11 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
     AnalysisResult result;
     result.bundle = loader.path();
     result.notCompared = loader.config().notComparedLayers();
+    // State-space layers whose recurrent state the bundle holds are compared (state_analysis.h).
+    std::set<std::string> stateLayers;
+    for (const PromptInfo& info : loader.prompts())
+        stateLayers.insert(info.stateLayers.begin(), info.stateLayers.end());
+    std::erase_if(result.notCompared, [&](const auto& layer) { return stateLayers.count(layer.first) > 0; });
     std::vector<const PromptInfo*> analysable;
     for (const PromptInfo* info : selectedPrompts(loader, options)) {
         if (info->problems.empty())
@@ -719,6 +745,7 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
 {
     AnalysisRun run(loader, options, result);
     run.streamLayers();
+    run.compareStates();
     sortFindings(result);
     if (options.searchSuspects)
         run.findAllSuspects();

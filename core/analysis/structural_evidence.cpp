@@ -171,12 +171,13 @@ std::optional<StructuralFinding> chunkBoundaryOf(const std::vector<ProvenanceRan
     return f;
 }
 
-void addStructuralEvidence(std::vector<Suspect>& pooled, const std::vector<PromptAnalysis>& prompts,
+void addStructuralEvidence(std::vector<Suspect>& pooled, const std::vector<PromptSuspects>& prompts,
                            const KvCacheConfig& config)
 {
     const auto top = std::find_if(pooled.begin(), pooled.end(),
                                   [](const Suspect& s) { return s.pattern != SuspectPattern::NonFinite; });
-    if (top == pooled.end() || top->structure)
+    // (a state-space layer's state has no blocks of positions to fill)
+    if (top == pooled.end() || top->structure || top->pattern == SuspectPattern::State)
         return;
     if (std::optional<StructuralFinding> f = lastBlockFillOf(prompts, config, *top)) {
         top->evidence += " " + f->text;

@@ -16,8 +16,9 @@ namespace kvscope {
 
 // NonFinite: a NaN or infinity in an input (the engine's cache or a reference side), named
 // before every finite suspect: a cell holding one is off whatever its floor.
-enum class SuspectPattern { Block, TpRank, Head, Position, WindowEdge, Layer, Unexplained, NonFinite };
-const char* suspectPatternName(SuspectPattern pattern);  // "block", "tp_rank", ..., "unexplained", "non_finite"
+// State: a state-space layer's recurrent state (analysis/state_suspects.h).
+enum class SuspectPattern { Block, TpRank, Head, Position, WindowEdge, Layer, Unexplained, NonFinite, State };
+const char* suspectPatternName(SuspectPattern pattern);  // "block", "tp_rank", ..., "unexplained", "non_finite", "state"
 
 // When a cell is off the noise floor (analysis/off_floor.h): its ratio in floors above
 // floor + perDecade * log10(cells tested / 1000) (never below floor), so that the chance that

@@ -32,6 +32,7 @@ const char* suspectPatternName(SuspectPattern pattern)
     case SuspectPattern::Layer: return "layer";
     case SuspectPattern::Unexplained: return "unexplained";
     case SuspectPattern::NonFinite: return "non_finite";
+    case SuspectPattern::State: return "state";
     }
     return "?";
 }

@@ -199,17 +199,25 @@ Hdf5File Hdf5File::create(const std::string& path)
 
 bool Hdf5File::exists(const std::string& object) const
 {
-    if (object == "/")
+    if (object == "/" || m_existing.count(object))
         return true;
     // Every prefix must exist before H5Lexists may be asked about the next component.
     std::size_t pos = 1;
     while (true) {
         const std::size_t next = object.find('/', pos);
         const std::string prefix = object.substr(0, next);
-        if (H5Lexists(m_file.id(), prefix.c_str(), H5P_DEFAULT) <= 0)
+        if (next == std::string::npos) {
+            if (H5Lexists(m_file.id(), prefix.c_str(), H5P_DEFAULT) <= 0 ||
+                H5Oexists_by_name(m_file.id(), object.c_str(), H5P_DEFAULT) <= 0)
+                return false;
+            // The object and every group on its way resolve.
+            for (std::size_t slash = object.find('/', 1); slash != std::string::npos; slash = object.find('/', slash + 1))
+                m_existing.insert(object.substr(0, slash));
+            m_existing.insert(object);
+            return true;
+        }
+        if (!m_existing.count(prefix) && H5Lexists(m_file.id(), prefix.c_str(), H5P_DEFAULT) <= 0)
             return false;
-        if (next == std::string::npos)
-            return H5Oexists_by_name(m_file.id(), object.c_str(), H5P_DEFAULT) > 0;
         pos = next + 1;
     }
 }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace kvscope {
@@ -144,6 +145,10 @@ private:
     Hdf5Handle m_file;
     std::shared_ptr<PlainFile> m_raw;  // the same file opened plainly, for the fast path
     bool m_checksumsRequired = false;
+    // Paths found to exist (nothing here is ever deleted): exists() asks libhdf5 about each
+    // prefix of a path, each walked from the root, and a read asks it several times per
+    // dataset. Under the HDF5 lock, as every call is.
+    mutable std::unordered_set<std::string> m_existing;
 };
 
 // The HDF5 type a dtype is stored as: float32 as IEEE float, float16 as a 16-bit IEEE float

@@ -244,4 +244,17 @@ LayerSource CaptureLoader::referenceSource(const std::string& promptId, Referenc
     return source;
 }
 
+LayerState CaptureLoader::layerState(const std::string& promptId, const std::string& layer) const
+{
+    const Located at = locate(promptId);
+    return loadLayerState(at.reader, at.id, layer);
+}
+
+std::optional<LayerStateRecord> CaptureLoader::referenceState(const std::string& promptId, ReferenceRole role,
+                                                              const std::string& layer) const
+{
+    const Located at = locate(promptId);
+    return at.reader.readReferenceState(at.id, role, layer);
+}
+
 }  // namespace kvscope

@@ -22,6 +22,8 @@
 #include <map>
 #include <utility>
 #include <memory>
+#include "kv/layer_state.h"
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +91,11 @@ public:
     // The same, left as stored (decoded row by row); with a `window`, only its positions read.
     LayerSource referenceSource(const std::string& promptId, ReferenceRole role, const std::string& layer,
                                 PositionRange window = PositionRange::all()) const;
+    // A state-space layer's recurrent state, both sides (kv/layer_state.h); a reference role's
+    // state alone (nullopt: the role holds none for the layer).
+    LayerState layerState(const std::string& promptId, const std::string& layer) const;
+    std::optional<LayerStateRecord> referenceState(const std::string& promptId, ReferenceRole role,
+                                                   const std::string& layer) const;
 
 private:
     // The bundle holding a prompt, and the prompt's id there.

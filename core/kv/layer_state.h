@@ -15,6 +15,9 @@ class BundleReader;
 struct StatePartValues {
     std::string name;                   // "conv", "ssm", ...
     std::vector<std::int64_t> shape;    // [checkpoints compared, units, ...trailing]
+    // The format's units in one unit of `shape` (1 as read; the analysis groups a conv state's
+    // channels, each a few values, into runs: analysis/state_analysis.h).
+    std::int64_t unitsPerCell = 1;
     std::vector<float> engine, expected, baseline;  // baseline empty when the bundle has none
     DType engineDType = DType::Float32;
     DType referenceDType = DType::Float32;
