@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,10 +65,20 @@ void BundleReader::probeInChild(const std::string& path, const std::function<voi
     // Forked while holding the HDF5 lock, so that no other thread is inside libhdf5 (or holds
     // the lock) in the copy the child gets.
     std::unique_lock lock(hdf5Mutex());
+    // The child's end of a pipe closes when it exits: the parent wakes then, not at its next poll.
+    int exited[2] = {-1, -1};
+    if (pipe2(exited, O_CLOEXEC) != 0)
+        exited[0] = exited[1] = -1;
     const pid_t child = fork();
-    if (child < 0)
+    if (child < 0) {
+        for (int fd : exited)
+            if (fd >= 0)
+                close(fd);
         return;  // cannot fork: the real open still runs, unguarded
+    }
     if (child == 0) {
+        if (exited[0] >= 0)
+            close(exited[0]);
         lock.unlock();
         if (inChild)
             inChild();
@@ -83,6 +95,8 @@ void BundleReader::probeInChild(const std::string& path, const std::function<voi
         _exit(0);  // nothing of the parent's (Qt, exit handlers) runs here
     }
     lock.unlock();
+    if (exited[1] >= 0)
+        close(exited[1]);
     // Corrupt metadata can also make libhdf5 loop for ever: a child still reading after
     // `limit` is stopped.
     const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -91,14 +105,30 @@ void BundleReader::probeInChild(const std::string& path, const std::function<voi
         const pid_t done = waitpid(child, &status, WNOHANG);
         if (done == child || (done < 0 && errno != EINTR))
             break;
-        if (std::chrono::steady_clock::now() >= deadline) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) {
             kill(child, SIGKILL);
             waitpid(child, &status, 0);
+            if (exited[0] >= 0)
+                close(exited[0]);
             throw BundleError(path, {}, "reading its metadata did not finish within " + describe(limit) +
                                             ": the file is corrupt (libhdf5 loops on it); it was not opened");
         }
-        usleep(2000);
+        if (exited[0] >= 0) {
+            // Until the pipe's end of file (the child gone) or a slice of the limit (a process
+            // another thread forked meanwhile may hold the pipe open too: waitpid decides).
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+            pollfd end{exited[0], POLLIN, 0};
+            if (poll(&end, 1, int(std::min<long long>(left, 50))) > 0) {
+                close(exited[0]);
+                exited[0] = -1;
+            }
+        } else {
+            usleep(500);  // the end seen (the child about to be reaped), or no pipe
+        }
     }
+    if (exited[0] >= 0)
+        close(exited[0]);
     if (WIFSIGNALED(status))
         throw BundleError(path, {}, std::string("reading it crashed the HDF5 library (") + strsignal(WTERMSIG(status)) +
                                         "): the file's metadata is corrupt; it was not opened");
