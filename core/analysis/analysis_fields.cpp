@@ -474,8 +474,17 @@ void writeReplicaDifferences(JsonWriter& w, const std::vector<ReplicaDifference>
             .field("logical_block", d.logicalBlock)
             .key("positions")
             .numbers(std::vector<std::int64_t>{d.firstPosition, d.lastPosition})
-            .field("blocks", d.blocks)
-            .field("text", d.describe())  // (for readers of the JSON: made again from the rest)
+            .field("blocks", d.blocks);
+        if (d.head >= 0)  // replicated heads: the head both copies should hold
+            w.field("head", d.head);
+        if (d.copyHoldsHead >= 0 || d.readHoldsHead >= 0)  // a copy holding another head's KV
+            w.key("holds_other_head")
+                .beginObject()
+                .field("rank", d.copyHoldsHead >= 0 ? d.rank : d.againstRank)
+                .field("head", d.copyHoldsHead >= 0 ? d.copyHoldsHead : d.readHoldsHead)
+                .field("equals_rank", d.holdsFrom)
+                .endObject();
+        w.field("text", d.describe())  // (for readers of the JSON: made again from the rest)
             .endObject();
     });
 }
@@ -496,6 +505,19 @@ ReplicaDifference readReplicaDifference(const JsonFields& f, const Json& r, cons
     d.firstPosition = positions[0];
     d.lastPosition = positions[1];
     d.blocks = int(f.integer(r, "blocks", at));
+    if (r.contains("head"))
+        d.head = int(f.integer(r, "head", at));
+    if (r.contains("holds_other_head")) {
+        const Json& o = r.at("holds_other_head");
+        const std::string in = at + "holds_other_head.";
+        const int rank = int(f.integer(o, "rank", in)), head = int(f.integer(o, "head", in));
+        if (rank != d.rank && rank != d.againstRank)
+            f.fail(in + "rank", "must be rank or against_rank");
+        if (d.head < 0 || head == d.head)
+            f.fail(in + "head", "must be another head than `head`");
+        (rank == d.rank ? d.copyHoldsHead : d.readHoldsHead) = head;
+        d.holdsFrom = int(f.integer(o, "equals_rank", in));
+    }
     return d;
 }
 

@@ -49,7 +49,7 @@ bool analysedAt(const PromptAnalysis& p, int layer, std::int64_t token)
 
 }  // namespace
 
-std::optional<StructuralFinding> lastBlockFillOf(const std::vector<PromptAnalysis>& prompts, const KvCacheConfig& config,
+std::optional<StructuralFinding> lastBlockFillOf(const std::vector<PromptSuspects>& prompts, const KvCacheConfig& config,
                                                  const Suspect& pooled)
 {
     const int g = config.groupOf(pooled.firstLayer);
@@ -62,8 +62,9 @@ std::optional<StructuralFinding> lastBlockFillOf(const std::vector<PromptAnalysi
     };
     std::vector<Seen> seen;
     std::int64_t decode = 0;  // the first decode positions the off prompts share
-    for (const PromptAnalysis& p : prompts) {
-        const Suspect* s = finiteOf(p.suspects);
+    for (const PromptSuspects& ps : prompts) {
+        const PromptAnalysis& p = *ps.prompt;
+        const Suspect* s = finiteOf(*ps.suspects);
         if (s && (s->firstLayer != pooled.firstLayer || s->firstToken != p.promptLen || s->lastToken >= p.promptLen + bs ||
                   s->lastToken >= p.tokens - 1))
             return std::nullopt;  // off elsewhere: the fill does not account for it
@@ -73,7 +74,7 @@ std::optional<StructuralFinding> lastBlockFillOf(const std::vector<PromptAnalysi
     }
     // A clean prompt counts only where the analysis compared those positions.
     for (std::size_t i = 0; i < prompts.size(); ++i) {
-        const PromptAnalysis& p = prompts[i];
+        const PromptAnalysis& p = *prompts[i].prompt;
         if (seen[i].off)
             continue;
         const auto at = std::find(p.layers.begin(), p.layers.end(), pooled.firstLayer);
@@ -183,6 +184,15 @@ void addStructuralEvidence(std::vector<Suspect>& pooled, const std::vector<Promp
         top->evidence += " " + f->text;
         top->structure = std::move(f);
     }
+}
+
+void addStructuralEvidence(std::vector<Suspect>& pooled, const std::vector<PromptAnalysis>& prompts,
+                           const KvCacheConfig& config)
+{
+    std::vector<PromptSuspects> own;
+    for (const PromptAnalysis& p : prompts)
+        own.push_back({&p, &p.suspects});
+    addStructuralEvidence(pooled, own, config);
 }
 
 }  // namespace kvscope

@@ -26,10 +26,17 @@ namespace kvscope {
 // any k of the n, the chance that they are exactly those with the least full last blocks.
 constexpr double kStructureChance = 0.1;
 
+// A prompt and the suspects found in it: the analysis's own (PromptAnalysis::suspects), or
+// kvscope diff's suspects of the change.
+struct PromptSuspects {
+    const PromptAnalysis* prompt = nullptr;
+    const std::vector<Suspect>* suspects = nullptr;
+};
+
 // The capture's prompts and the pooled suspect to place (its first layer and prompts). Every
 // prompt needs a finite suspect in that layer starting at its first decode position and ending
 // within a block of it, or none at all; two of each at least.
-std::optional<StructuralFinding> lastBlockFillOf(const std::vector<PromptAnalysis>& prompts, const KvCacheConfig& config,
+std::optional<StructuralFinding> lastBlockFillOf(const std::vector<PromptSuspects>& prompts, const KvCacheConfig& config,
                                                  const Suspect& pooled);
 
 // The chunk boundary the onset's off positions step at: `off` the off positions, `analysed`
@@ -42,6 +49,9 @@ std::optional<StructuralFinding> chunkBoundaryOf(const std::vector<ProvenanceRan
 
 // The pooled suspects given the structure found in `prompts`: the top finite suspect's
 // last_block_fill, said in its evidence (Suspect::structure).
+// (kvscope diff: the suspects of the change, each prompt's own list.)
+void addStructuralEvidence(std::vector<Suspect>& pooled, const std::vector<PromptSuspects>& prompts,
+                           const KvCacheConfig& config);
 void addStructuralEvidence(std::vector<Suspect>& pooled, const std::vector<PromptAnalysis>& prompts,
                            const KvCacheConfig& config);
 

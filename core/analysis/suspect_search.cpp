@@ -4,6 +4,7 @@
 #include "analysis/hypotheses.h"
 #include "analysis/map_spec.h"
 #include "analysis/off_floor.h"
+#include "analysis/page_rereads.h"
 #include "analysis/structural_evidence.h"
 #include "analysis/suspect_patterns.h"
 #include "analysis/whose_kv.h"
@@ -243,6 +244,25 @@ Explanation explainSuspect(const CaptureLoader& loader, const PromptAnalysis& p,
     const auto leads = [&](const Hypothesis& h) { return clearlyLowers(h, clean); };
     std::vector<Hypothesis> hypotheses = explain(loader, p, floor, onset, explainedBound, vectors);
     bool explained = !hypotheses.empty() && hypotheses.front().residualFloors <= explainedBound && leads(hypotheses.front());
+    // Right data read from the wrong place of the engine's own cache (page_rereads.h): a read
+    // rank holding another head while its replica holds the right one (more specific than the
+    // head map it looks like), or, when nothing explains, the cache's page order exchanged.
+    if (vectors.read) {
+        const HypothesisInput input{p, loader.config(), floor.ratios, L0, onset.cells(), vectors.engine,
+                                    vectors.reference, vectors.rope, explainedBound};
+        std::optional<Hypothesis> reread;
+        try {
+            reread = readRankHeadHypothesis(loader, input, p.replicaDifferences);
+            if (!reread && !explained)
+                reread = cacheOrderHypothesis(loader, input);
+        } catch (const std::exception&) {
+            reread.reset();  // the pages could not be read again: the hypotheses above stand
+        }
+        if (reread && leads(*reread)) {
+            hypotheses.insert(hypotheses.begin(), *reread);
+            explained = true;
+        }
+    }
     // Nothing at its own place explains it: whose KV is it (another layer's, another prompt's)?
     if (!explained && vectors.read) {
         const HypothesisInput input{p, loader.config(), floor.ratios, L0, onset.cells(), vectors.engine,
@@ -386,6 +406,16 @@ std::string placeSuspect(const CaptureLoader& loader, const PromptAnalysis& p, c
             << joinInts(dcpShare) << " of " << config.dcpSize << " hold (TP rank(s) " << joinInts(s.tpRanks)
             << "; runs of " << config.cpInterleave << " position(s) dealt in turn), tokens " << s.firstToken << "-"
             << s.lastToken << spread();
+    } else if (explained && s.hypothesis.kind == "replica_head") {
+        // A rank read holding another head: the rank is the place, the head it should hold the data.
+        s.pattern = SuspectPattern::TpRank;
+        s.tpRanks = {int(s.hypothesis.parameter("rank"))};
+        s.heads = {int(s.hypothesis.parameter("should_hold_head"))};
+        narrowToOwnHeads(p, onset, s);
+        why << kvText << " of head " << s.heads.front() << " of " << layer << kvVerb << " off the noise floor at tokens "
+            << s.firstToken << "-" << s.lastToken << ": TP rank " << s.tpRanks.front() << ", whose copy the analysis reads, holds head "
+            << s.hypothesis.parameter("holds_head") << "'s, and its replica on rank " << s.hypothesis.parameter("replica_rank")
+            << " differs from it" << spread();
     } else if (!mappedRanks.empty()) {
         s.pattern = SuspectPattern::TpRank;
         s.tpRanks = mappedRanks;
@@ -549,6 +579,11 @@ std::vector<Suspect> findSuspects(const CaptureLoader& loader, const PromptAnaly
     }
     if (std::optional<Suspect> s = finiteSuspect(loader, p, th, layersReady, team, earlier))
         out.push_back(std::move(*s));
+    // A replica holding another head, which no off cell shows (the copy read is right); not
+    // a change kvscope diff could attribute.
+    if (!earlier)
+        for (Suspect& r : replicaHeadSuspects(p))
+            out.push_back(std::move(r));
     return out;
 }
 

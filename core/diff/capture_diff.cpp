@@ -1,6 +1,7 @@
 #include "diff/capture_diff.h"
 
 #include "analysis/off_floor.h"
+#include "analysis/structural_evidence.h"
 #include "analysis/suspect_search.h"
 #include "kv/capture_loader.h"
 #include "kv/prompt_match.h"
@@ -283,6 +284,12 @@ DiffResult diffAnalyses(const DiffSide& a, const AnalysisResult& b, const Captur
         perPrompt.push_back(findSuspects(loaderB, b.prompts[pairs[m].second], options.suspects, nullptr, nullptr, &earlier));
     }
     result.suspects = poolSuspects(perPrompt);
+    // The structure the change's off positions follow across B's matched prompts, as analyze
+    // says it (a chunk boundary is each prompt's suspect's own already).
+    std::vector<PromptSuspects> changed;
+    for (std::size_t m = 0; m < pairs.size(); ++m)
+        changed.push_back({&b.prompts[pairs[m].second], &perPrompt[m]});
+    addStructuralEvidence(result.suspects, changed, loaderB.config());
     return result;
 }
 

@@ -67,4 +67,19 @@ std::vector<BlockMisread> blockMisreads(int group, int bs, bool sameWidth)
     return layouts;
 }
 
+std::vector<CacheMisread> cacheMisreads(std::int64_t numBlocks)
+{
+    const std::int64_t n = numBlocks;
+    // Memory as pages: K/V-first page u is part u / n of block u % n; blocks-first page u is
+    // part u % 2 of block u / 2. A misread takes the page its own order puts at u.
+    return {{"kv_first", "blocks_first", [n](CachePage read) {
+                 const std::int64_t u = 2 * read.block + (read.part == KvPart::K ? 0 : 1);
+                 return CachePage{u < n ? KvPart::K : KvPart::V, u % n};
+             }},
+            {"blocks_first", "kv_first", [n](CachePage read) {
+                 const std::int64_t u = (read.part == KvPart::K ? 0 : n) + read.block;
+                 return CachePage{u % 2 ? KvPart::V : KvPart::K, u / 2};
+             }}};
+}
+
 }  // namespace kvscope

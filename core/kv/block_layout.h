@@ -2,6 +2,8 @@
 // A block's bytes read in another order than they were written: the misreads of one TP rank's
 // block of a paged KV cache (`heads` KV heads of `rows` positions, K and V). Each maps a row as
 // it was read (part, head, row in block) to the row of the block as written that it holds.
+// And the misread across blocks: a layer's cache of K/V-first pages read blocks-first or the
+// other way round, each page read holding another block's page (cacheMisreads).
 // Shared by the producer-vs-consumer explanations (transfer/transfer_hypotheses.h) and the
 // engine-vs-reference ones (analysis/hypotheses.h). With few heads (two KV heads, or a block
 // as many rows as heads) the shapes of two layouts agree and only the values tell.
@@ -35,5 +37,25 @@ struct BlockMisread {
 // token-major (FlashAttention's page before K and V were packed) against the packed page,
 // and K and V interleaved (per row of a head, or per head) against all K then all V.
 std::vector<BlockMisread> blockMisreads(int heads, int rows, bool sameWidth);
+
+// A page of a layer's cache on one TP rank: one part of one physical block (its heads x rows).
+struct CachePage {
+    KvPart part = KvPart::K;
+    std::int64_t block = 0;
+    bool operator==(const CachePage&) const = default;
+};
+
+struct CacheMisread {
+    // "kv_first" ([2, num_blocks, ...]: all K pages, then all V pages; vLLM's FlashAttention
+    // cache) / "blocks_first" ([num_blocks, 2, ...]: each block's K page then its V page;
+    // FlashInfer's and others').
+    std::string writtenAs, readAs;
+    std::function<CachePage(CachePage)> source;  // the written page a read page holds
+};
+
+// The two: K/V-first read blocks-first, and blocks-first read K/V-first, over a cache of
+// `numBlocks` blocks. Each is the other's inverse: re-read through the other, a misread cache
+// gives back the pages as written.
+std::vector<CacheMisread> cacheMisreads(std::int64_t numBlocks);
 
 }  // namespace kvscope

@@ -5,17 +5,32 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <map>
 #include <unordered_map>
 
 namespace kvscope {
 
 std::string ReplicaDifference::describe() const
 {
-    return "TP rank " + std::to_string(rank) + "'s copy of " + part + " of " + layer + " differs from rank " +
-           std::to_string(againstRank) + "'s from physical block " + std::to_string(physicalBlock) + " (logical " +
-           std::to_string(logicalBlock) + ", positions " + std::to_string(firstPosition) + "-" +
-           std::to_string(lastPosition) + "; " + std::to_string(blocks) + " block(s) differ, snapshot " +
-           std::to_string(snapshot) + ")";
+    std::string text = "TP rank " + std::to_string(rank) + "'s copy of " + part + " of " + layer + " differs from rank " +
+                       std::to_string(againstRank) + "'s from physical block " + std::to_string(physicalBlock) +
+                       " (logical " + std::to_string(logicalBlock) + ", positions " + std::to_string(firstPosition) + "-" +
+                       std::to_string(lastPosition) + "; " + std::to_string(blocks) + " block(s) differ, snapshot " +
+                       std::to_string(snapshot) + ")";
+    const std::string wrong = wrongHeadText();
+    if (!wrong.empty())
+        text += "; " + wrong + ": its copy is rank " + std::to_string(holdsFrom) + "'s bit for bit";
+    return text;
+}
+
+std::string ReplicaDifference::wrongHeadText() const
+{
+    if (head < 0 || (copyHoldsHead < 0 && readHoldsHead < 0))
+        return {};
+    const bool copyWrong = copyHoldsHead >= 0;
+    const int wrong = copyWrong ? rank : againstRank, right = copyWrong ? againstRank : rank;
+    return "TP rank " + std::to_string(wrong) + " holds KV head " + std::to_string(copyWrong ? copyHoldsHead : readHoldsHead) +
+           ", should hold head " + std::to_string(head) + " (its replica on rank " + std::to_string(right) + " does)";
 }
 
 namespace {
@@ -100,8 +115,70 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
                                                              {entryStart(firstEntry), std::min(written, endEntry * span)});
         if (ids.empty())
             continue;
+        // The written positions of table entry b that DCP rank `dcpRank` holds, and their slots
+        // (consecutive positions of one rank have consecutive slots); first < 0: none.
+        struct EntrySlots {
+            std::int32_t id = -1;
+            std::int64_t first = -1, last = -1;
+            int from = 0, to = 0;
+        };
+        int dcpRank = 0;
+        const auto slotsOf = [&](std::int64_t b) {
+            EntrySlots e;
+            e.id = table.at(snap.batchRow, b);
+            if (e.id < 0 || e.id >= config.numBlocks)
+                return EntrySlots{};
+            for (std::int64_t pos = std::max(b * span, firstHeld); pos < std::min((b + 1) * span, written); ++pos) {
+                const TokenSlot slot = config.slotOf(group, pos);
+                if (slot.dcpRank != dcpRank)
+                    continue;
+                if (e.first < 0)
+                    e.first = pos, e.from = slot.offset;
+                e.last = pos, e.to = slot.offset + 1;
+            }
+            return e;
+        };
+        // Whether two ranks' copies agree in every written slot of the window's blocks.
+        std::map<int, std::array<PagedShard, 2>> shards;
+        const auto shardOf = [&](int rank) -> const std::array<PagedShard, 2>& {
+            auto it = shards.find(rank);
+            if (it == shards.end()) {
+                std::array<PagedShard, 2> x;
+                for (KvPart part : {KvPart::K, KvPart::V})
+                    x[std::size_t(part)] = loader.engineShard(promptId, s, rank, layer, part, ids);
+                it = shards.emplace(rank, std::move(x)).first;
+            }
+            return it->second;
+        };
+        const auto agree = [&](int a, int b) {
+            int compared = 0;
+            for (std::int64_t entry = firstEntry; entry < endEntry; ++entry) {
+                const EntrySlots e = slotsOf(entry);
+                if (e.first < 0)
+                    continue;
+                ++compared;
+                for (KvPart part : {KvPart::K, KvPart::V})
+                    if (blockDiffers(shardOf(a)[std::size_t(part)], shardOf(b)[std::size_t(part)], e.id, e.from, e.to))
+                        return false;
+            }
+            return compared > 0;
+        };
+        // The head whose copy `rank` holds instead of its own, and the rank of that copy: the
+        // copy read of another head, trusted only where one of its replicas agrees with it (two
+        // ranks exchanged leave no head with a copy to trust: nothing is named).
+        const auto otherHeadIn = [&](int rank, int own) -> std::pair<int, int> {
+            for (int h = 0; h < layout.totalHeads; ++h) {
+                const std::vector<int> holders = layout.ranksHolding(h, dcpRank);
+                if (h == own || holders.size() < 2 || !agree(rank, holders.front()))
+                    continue;
+                for (std::size_t i = 1; i < holders.size(); ++i)
+                    if (holders[i] != rank && agree(holders.front(), holders[i]))
+                        return {h, holders.front()};
+            }
+            return {-1, -1};
+        };
         for (int reads : layout.ranksRead()) {
-            const int dcpRank = config.dcpRankOf(reads);
+            dcpRank = config.dcpRankOf(reads);
             std::array<PagedShard, 2> read;
             for (KvPart part : {KvPart::K, KvPart::V})
                 read[std::size_t(part)] = loader.engineShard(promptId, s, reads, layer, part, ids);
@@ -114,23 +191,11 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
                     copy[std::size_t(part)] = loader.engineShard(promptId, s, rank, layer, part, ids);
                 ReplicaDifference d{layer, s, rank, reads, {}, -1, -1, 0, 0, 0};
                 for (std::int64_t b = firstEntry; b < endEntry; ++b) {
-                    const std::int32_t id = table.at(snap.batchRow, b);
-                    if (id < 0 || id >= config.numBlocks)
+                    const EntrySlots e = slotsOf(b);
+                    if (e.first < 0)
                         continue;
-                    // The written positions of this entry that this DCP rank holds, and their slots
-                    // (consecutive positions of one rank have consecutive slots).
-                    std::int64_t first = -1, last = -1;
-                    int from = 0, to = 0;
-                    for (std::int64_t pos = std::max(b * span, firstHeld); pos < std::min((b + 1) * span, written); ++pos) {
-                        const TokenSlot slot = config.slotOf(group, pos);
-                        if (slot.dcpRank != dcpRank)
-                            continue;
-                        if (first < 0)
-                            first = pos, from = slot.offset;
-                        last = pos, to = slot.offset + 1;
-                    }
-                    if (first < 0)
-                        continue;
+                    const std::int32_t id = e.id, from = e.from, to = e.to;
+                    const std::int64_t first = e.first, last = e.last;
                     for (KvPart part : {KvPart::K, KvPart::V}) {
                         if (!blockDiffers(read[std::size_t(part)], copy[std::size_t(part)], id, from, to))
                             continue;
@@ -143,6 +208,13 @@ std::vector<ReplicaDifference> findReplicaDifferences(const CaptureLoader& loade
                         }
                         break;
                     }
+                }
+                if (d.blocks > 0 && layout.mode() == TpMode::Replicated && layout.totalHeads > 1) {
+                    d.head = layout.headOnRank(reads, 0);
+                    if (const auto [h, from] = otherHeadIn(rank, d.head); h >= 0)
+                        d.copyHoldsHead = h, d.holdsFrom = from;
+                    else if (const auto [h2, from2] = otherHeadIn(reads, d.head); h2 >= 0)
+                        d.readHoldsHead = h2, d.holdsFrom = from2;
                 }
                 if (d.blocks > 0)
                     found.push_back(d);
@@ -158,10 +230,13 @@ void mergeReplicaDifferences(std::vector<ReplicaDifference>& found, const std::v
         const auto same = std::find_if(found.begin(), found.end(), [&](const ReplicaDifference& f) {
             return f.layer == d.layer && f.snapshot == d.snapshot && f.rank == d.rank && f.againstRank == d.againstRank;
         });
-        if (same == found.end())
+        if (same == found.end()) {
             found.push_back(d);
-        else
-            same->blocks += d.blocks;
+            continue;
+        }
+        same->blocks += d.blocks;
+        if (same->copyHoldsHead != d.copyHoldsHead || same->readHoldsHead != d.readHoldsHead || same->holdsFrom != d.holdsFrom)
+            same->copyHoldsHead = same->readHoldsHead = same->holdsFrom = -1;
     }
 }
 

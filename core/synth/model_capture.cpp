@@ -4,6 +4,7 @@
 #include "format/bundle_writer.h"
 #include "format/nvfp4.h"
 #include "format/provenance.h"
+#include "kv/block_layout.h"
 #include "kv/paged_layout.h"
 #include "synth/state_capture.h"
 #include "synth/tiny_transformer.h"
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <exception>
@@ -86,6 +88,9 @@ const std::pair<FaultKind, const char*> kFaultNames[] = {
     {FaultKind::WindowOnFull, "window_on_full_layers"},
     {FaultKind::LayoutTokenMajor, "layout_token_major"},
     {FaultKind::LayoutKvHalves, "layout_kv_halves"},
+    {FaultKind::LayoutBlocksFirst, "layout_blocks_first"},
+    {FaultKind::ReplicaWrongHead, "replica_wrong_head"},
+    {FaultKind::ReadRankWrongHead, "read_rank_wrong_head"},
     {FaultKind::LastBlockFill, "last_block_fill"},
     {FaultKind::ChunkBoundary, "chunk_boundary"},
     {FaultKind::TokenScale, "token_scale"},
@@ -446,6 +451,37 @@ bool cacheFaultTruth(const ResolvedFault& f, const ModelCaptureOptions& o, nlohm
         truth["read_as"] = "kv_interleaved_rows";
         truth["description"] = "each TP rank's block written all K then all V, read as K and V alternating row by row";
         return true;
+    case FaultKind::LayoutBlocksFirst:
+        truth["layer"] = layerName(f.layer);
+        truth["written_as"] = "kv_first";
+        truth["read_as"] = "blocks_first";
+        truth["description"] = "every TP rank's cache of the layer written [2, num_blocks, ...] (all K pages, then all V) "
+                               "and read [num_blocks, 2, ...] (each block's K page, then its V)";
+        return true;
+    case FaultKind::ReplicaWrongHead:
+    case FaultKind::ReadRankWrongHead: {
+        const int copies = o.tpSize / std::max(1, o.shape.kvHeads);  // ranks holding one head
+        const bool read = f.kind == FaultKind::ReadRankWrongHead;
+        if (o.shape.mla() || o.shape.kvHeads < 2 || o.shape.kvHeads >= o.tpSize || o.dcpSize > 1)
+            throw std::invalid_argument(faultName(f.kind) + " needs at least two KV heads replicated over the TP ranks "
+                                        "(fewer KV heads than ranks, no DCP): " + std::to_string(o.shape.kvHeads) +
+                                        " heads, tp_size " + std::to_string(o.tpSize));
+        if (f.rank < 0 || f.rank >= o.tpSize || (f.rank % copies == 0) != read)
+            throw std::invalid_argument(faultName(f.kind) + " needs " + (read ? "a rank the analysis reads (0, " : "a replica rank (not 0, ") +
+                                        std::to_string(copies) + ", ...): rank " + std::to_string(f.rank) + " of tp_size " +
+                                        std::to_string(o.tpSize));
+        const int head = f.rank / copies, other = (head + 1) % o.shape.kvHeads;
+        truth["layer"] = layerName(f.layer);
+        truth["rank"] = f.rank;
+        truth["holds_head"] = other;
+        truth["should_hold_head"] = head;
+        truth["holds_rank"] = other * copies;               // whose copy it holds
+        truth["replica_rank"] = read ? f.rank + 1 : head * copies;  // a copy of the right head
+        truth["read"] = read;
+        truth["description"] = std::string(read ? "a rank the analysis reads" : "a replica rank") + " holds the next head's KV "
+                               "(that head's read copy), every snapshot";
+        return true;
+    }
     case FaultKind::LastBlockFill: {
         const int bs = faultBlockSize(o, f.layer);
         nlohmann::json damaged = nlohmann::json::array(), spared = nlohmann::json::array();
@@ -523,7 +559,11 @@ ResolvedFault resolveFault(const ModelCaptureOptions& o)
     // into the decode.
     f.layer = o.faultLayer >= 0 ? o.faultLayer : std::min((o.shape.layers / 2) | 1, o.shape.layers - 1);
     f.head = o.faultHead >= 0 ? o.faultHead : o.shape.kvHeads / 2;
-    f.rank = o.faultRank >= 0 ? o.faultRank : o.fault == FaultKind::ReplicaDiff ? 1 : 0;
+    f.rank = o.faultRank >= 0                              ? o.faultRank
+             : o.fault == FaultKind::ReplicaDiff             ? 1
+             : o.fault == FaultKind::ReplicaWrongHead        ? o.tpSize - 1
+             : o.fault == FaultKind::ReadRankWrongHead       ? o.tpSize / std::max(1, o.shape.kvHeads)
+                                                             : 0;
     f.step = o.faultStep != ModelCaptureOptions::kDefaultStep ? o.faultStep : o.decodeTokens / 3;
     if (std::find(o.stateSpaceLayers.begin(), o.stateSpaceLayers.end(), f.layer) != o.stateSpaceLayers.end() &&
         o.fault != FaultKind::None)
@@ -614,7 +654,8 @@ bool mlaFaultSupported(FaultKind kind, int dcpSize)
     case FaultKind::DeadHead: case FaultKind::WindowOffByOne: case FaultKind::WindowShort: case FaultKind::ShardSwap: case FaultKind::Fp8Scale:
     case FaultKind::ScaleGranularity: case FaultKind::ScaleOtherLayer:
     case FaultKind::HeadSwap: case FaultKind::KvSwap:
-    case FaultKind::LayoutTokenMajor: case FaultKind::LayoutKvHalves:
+    case FaultKind::LayoutTokenMajor: case FaultKind::LayoutKvHalves: case FaultKind::LayoutBlocksFirst:
+    case FaultKind::ReplicaWrongHead: case FaultKind::ReadRankWrongHead:
     case FaultKind::Nan: case FaultKind::Inf: case FaultKind::NanExpected:
         return false;
     default:
@@ -650,6 +691,8 @@ void checkOptions(const ModelCaptureOptions& o)
             "--cp-interleave must divide the block sizes");
     require(o.dcpSize == 1 || (o.fault != FaultKind::LayoutTokenMajor && o.fault != FaultKind::LayoutKvHalves),
             "the layout faults need consecutive positions in a block (no DCP)");
+    require(o.fault != FaultKind::LayoutBlocksFirst || (!isQuantised(o.kvDtype) && o.dcpSize == 1),
+            "layout_blocks_first is synthesised with an unquantised cache (a page keeps its part's scale) and no DCP");
     require(o.dcpSize == 1 || o.fault != FaultKind::ShardSwap,
             "shard_swap under DCP would exchange two DCP ranks' shares of the positions, not two ranks' heads");
     require(!o.promptLens.empty(), "at least one prompt");
@@ -1370,6 +1413,11 @@ public:
         recordScales(snap);
         if (m_fault.kind == FaultKind::ShardSwap)
             std::swap(snap.ranks[std::size_t(m_fault.rank)][m_faulty], snap.ranks[std::size_t(m_fault.rank + 1)][m_faulty]);
+        if (m_fault.kind == FaultKind::ReplicaWrongHead || m_fault.kind == FaultKind::ReadRankWrongHead)
+            snap.ranks[std::size_t(m_fault.rank)][m_faulty] = snap.ranks[std::size_t(m_fault.truth.at("holds_rank").get<int>())][m_faulty];
+        if (m_fault.kind == FaultKind::LayoutBlocksFirst)
+            for (auto& rank : snap.ranks)
+                blocksFirst(rank[m_faulty]);
         if (m_fault.kind == FaultKind::Fp8Scale)
             for (auto& rank : snap.ranks)
                 for (RawTensor* part : {&rank[m_faulty].first, &rank[m_faulty].second}) {
@@ -1449,6 +1497,22 @@ private:
             table.entries[std::size_t(logical)] = table.entries[std::size_t(logical - 1)];
         m_truth["group"] = g;
         m_truth["from_logical_block"] = from;
+    }
+
+    // A rank's cache of the layer as written K/V-first, read blocks-first: each page read is
+    // the page the written order puts at its place in memory (kv/block_layout.h).
+    static void blocksFirst(std::pair<RawTensor, RawTensor>& kv)
+    {
+        const std::array<RawTensor, 2> written{kv.first, kv.second};
+        const std::int64_t blocks = written[0].shape[0];
+        const std::size_t page = std::size_t(written[0].stride(0)) * dtypeSize(written[0].dtype);
+        const CacheMisread misread = cacheMisreads(blocks).front();  // kv_first read blocks_first
+        for (KvPart part : {KvPart::K, KvPart::V})
+            for (std::int64_t b = 0; b < blocks; ++b) {
+                const CachePage from = misread.source({part, b});
+                std::copy_n(written[std::size_t(from.part)].bytes.data() + std::size_t(from.block) * page, page,
+                            (part == KvPart::K ? kv.first : kv.second).bytes.data() + std::size_t(b) * page);
+            }
     }
 
     // One rank's copy of the block holding the fault position differs in the last bit.

@@ -57,6 +57,12 @@ enum class FaultKind {
     // a block's bytes read in another order than written, one layer
     LayoutTokenMajor,  // each TP rank's block written head-major, read token-major (2+ heads a rank)
     LayoutKvHalves,    // each TP rank's block written K then V (split halves), read as K and V interleaved per row
+    LayoutBlocksFirst, // the layer's cache written K/V-first ([2, num_blocks, ...]) and read blocks-first
+                       // ([num_blocks, 2, ...]) on every TP rank: each page holds another block's (unquantised caches)
+    // GQA replicas holding the wrong head (fewer KV heads than TP ranks; no DCP), one layer
+    ReplicaWrongHead,  // a replica rank (default: the last) holds the next head's KV, its read copy the right one
+    ReadRankWrongHead, // a rank the analysis reads (default: the second head's) holds the next head's KV, its
+                       // replicas the right one
     // damage that follows the engine's structure, one layer
     LastBlockFill,   // K and V of every head 0.5x at the first 3 decode positions of the prompts whose
                      // last block is at most half full (prompt_len mod block size <= half of it)

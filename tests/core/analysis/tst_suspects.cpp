@@ -8,6 +8,7 @@
 // The kinds are split: the suspects were tuned on the first half; the second half is the
 // held-out score. Both are printed with the confusion table (docs/suspects.md keeps them).
 
+#include "analysis/analysis_fields.h"
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
 #include "analysis/hypotheses.h"
@@ -15,6 +16,9 @@
 #include "analysis/suspect_search.h"
 #include "analysis/threshold_check.h"
 #include "analysis/worst_cells.h"
+#include "format/json_fields.h"
+#include "kv/block_layout.h"
+#include "kv/replica_check.h"
 #include "synth/model_capture.h"
 
 #include "hand_layer.h"
@@ -84,6 +88,13 @@ const std::set<FaultKind> kLater4 = {FaultKind::LayoutKvHalves};
 const std::set<FaultKind> kTuned5 = {FaultKind::LastBlockFill};
 const std::set<FaultKind> kLater5 = {FaultKind::ChunkBoundary};
 
+// GQA replicas holding the wrong head and the cache's page order misread (#54, points 4 and 5):
+// a read rank holding another head (the shard swap look-alike) tuned on (kTuned6); a replica
+// holding another head and K/V-first pages read blocks-first held out, run once: a sixth
+// held-out score.
+const std::set<FaultKind> kTuned6 = {FaultKind::ReadRankWrongHead};
+const std::set<FaultKind> kLater6 = {FaultKind::ReplicaWrongHead, FaultKind::LayoutBlocksFirst};
+
 const char* halfOf(FaultKind k)
 {
     const std::vector<FaultKind> magnitude = magnitudeFaultKinds();
@@ -91,7 +102,7 @@ const char* halfOf(FaultKind k)
         return "magnitude";  // magnitudeFaults, apart from the catalogue's scores
     return kTuned.count(k) ? "tuned" : kLater.count(k) ? "held-out-2" : kLater3.count(k) ? "held-out-3"
          : kTuned4.count(k) ? "tuned-4" : kLater4.count(k) ? "held-out-4" : kTuned5.count(k) ? "tuned-5"
-         : kLater5.count(k) ? "held-out-5" : "held-out";
+         : kLater5.count(k) ? "held-out-5" : kTuned6.count(k) ? "tuned-6" : kLater6.count(k) ? "held-out-6" : "held-out";
 }
 
 // Kinds that touch every layer (the fault layer means nothing), and kinds confined to the
@@ -133,6 +144,8 @@ private slots:
     void nonFiniteHandMade();
     void labelsFollowTheHypothesis();
     void magnitudeFaults();
+    void cachePageOrders();
+    void replicasHoldingAnotherHead();
     void cleanupTestCase();
 
 private:
@@ -430,8 +443,26 @@ QStringList TestSuspects::judge(const ModelCaptureOptions& o, const Run& r) cons
         expect(s.hypothesis.parameter("sliding") == 0 && s.hypothesis.parameter("kept") == o.shape.window,
                QString("kept %1").arg(s.hypothesis.parameter("kept")));
         break;
+    case FaultKind::ReplicaWrongHead:
+    case FaultKind::ReadRankWrongHead:
+        // The rank holding another head, named with the head it holds and the one it should,
+        // whether it is the copy read (the merged cache off: a head map, or a shard swap, in
+        // look) or a replica (the merged cache right).
+        is("replica_head");
+        patternIn({"tp_rank"});
+        layerIs(L);
+        expect(s.tpRanks == std::vector<int>{r.truth.at("rank").get<int>()} &&
+                   s.heads == std::vector<int>{r.truth.at("should_hold_head").get<int>()},
+               "rank and head");
+        expect(s.hypothesis.parameter("holds_head") == r.truth.at("holds_head").get<double>() &&
+                   s.hypothesis.parameter("should_hold_head") == r.truth.at("should_hold_head").get<double>() &&
+                   s.hypothesis.parameter("replica_rank") == r.truth.at("replica_rank").get<double>() &&
+                   s.hypothesis.parameter("read") == (r.truth.at("read").get<bool>() ? 1.0 : 0.0),
+               "held and right heads");
+        break;
     case FaultKind::LayoutTokenMajor:
     case FaultKind::LayoutKvHalves:
+    case FaultKind::LayoutBlocksFirst:
         // The whole layer's blocks misread: named with what was read as what.
         is("layout");
         patternIn({"layer"});
@@ -596,6 +627,10 @@ void TestSuspects::runCatalogue(bool threeWay)
                     // One head a rank: head-major and token-major are the same bytes.
                     if (kind == FaultKind::LayoutTokenMajor && tp == Tp::Replicated)
                         continue;
+                    // Replicas of a head exist only when heads are fewer than ranks.
+                    const bool replicaKind = kind == FaultKind::ReplicaWrongHead || kind == FaultKind::ReadRankWrongHead;
+                    if (replicaKind && tp == Tp::Partitioned)
+                        continue;
                     std::vector<int> layers = everyLayer(kind) ? std::vector<int>{3} : prefillOnly(kind) ? std::vector<int>{3}
                                                                                                              : std::vector<int>{2, 3};
                     for (int layer : layers) {
@@ -605,6 +640,9 @@ void TestSuspects::runCatalogue(bool threeWay)
                         o.faultLayer = layer;
                         o.faultHead = 1;
                         o.faultRank = 1;
+                        // Rank 3, head 1's replica, holding head 0; rank 2, head 1's copy read, holding head 0.
+                        if (replicaKind)
+                            o.faultRank = kind == FaultKind::ReplicaWrongHead ? 3 : 2;
                         o.faultStep = 10;  // late enough that a sliding-window layer still holds the position
                         // Prompts whose last block (8 positions in the full layers) is at most half
                         // full (mod 8 = 0, 2, 4) and fuller (5, 7, 7).
@@ -992,6 +1030,92 @@ void TestSuspects::magnitudeFaults()
     QVERIFY2(m_failures.isEmpty(), qPrintable(QString("%1 wrong:\n").arg(m_failures.size()) + m_failures.join("\n")));
     QVERIFY2(m_unseen.isEmpty(), qPrintable("faults without a suspect: " + m_unseen.join("; ")));
     QVERIFY2(m_leads.isEmpty(), qPrintable("leads that do not lead:\n" + m_leads.join("\n")));
+}
+
+void TestSuspects::cachePageOrders()
+{
+    // Hand-worked, 5 blocks: K/V-first memory is K0..K4 V0..V4; read blocks-first, block b's K
+    // is page 2b and its V page 2b + 1 of that memory.
+    const std::vector<CacheMisread> m = cacheMisreads(5);
+    QCOMPARE(m.size(), std::size_t(2));
+    QCOMPARE(m[0].writtenAs + "/" + m[0].readAs, std::string("kv_first/blocks_first"));
+    const auto is = [](CachePage got, KvPart part, std::int64_t block) { return got.part == part && got.block == block; };
+    QVERIFY(is(m[0].source({KvPart::K, 0}), KvPart::K, 0));
+    QVERIFY(is(m[0].source({KvPart::V, 0}), KvPart::K, 1));
+    QVERIFY(is(m[0].source({KvPart::K, 2}), KvPart::K, 4));
+    QVERIFY(is(m[0].source({KvPart::V, 2}), KvPart::V, 0));
+    QVERIFY(is(m[0].source({KvPart::K, 4}), KvPart::V, 3));
+    QVERIFY(is(m[0].source({KvPart::V, 4}), KvPart::V, 4));
+    // Blocks-first memory is K0 V0 K1 V1 ... V4; read K/V-first, K of block b is page b and V
+    // of block b page 5 + b.
+    QCOMPARE(m[1].writtenAs + "/" + m[1].readAs, std::string("blocks_first/kv_first"));
+    QVERIFY(is(m[1].source({KvPart::K, 3}), KvPart::V, 1));
+    QVERIFY(is(m[1].source({KvPart::V, 0}), KvPart::V, 2));
+    QVERIFY(is(m[1].source({KvPart::V, 4}), KvPart::V, 4));
+    // Each undoes the other, page by page.
+    for (KvPart part : {KvPart::K, KvPart::V})
+        for (std::int64_t b = 0; b < 5; ++b) {
+            QVERIFY(m[1].source(m[0].source({part, b})) == (CachePage{part, b}));
+            QVERIFY(m[0].source(m[1].source({part, b})) == (CachePage{part, b}));
+        }
+}
+
+void TestSuspects::replicasHoldingAnotherHead()
+{
+    // 2 KV heads over TP 4 (ranks 0, 1 hold head 0; 2, 3 head 1; 0 and 2 are read). Rank 3
+    // holding head 0: its replica difference names it, from the ground truth, and says so in
+    // the analysis JSON, read back the same; a bit flipped in a replica, or ranks 1 and 2
+    // exchanged (no head keeps two agreeing copies to trust), names no head.
+    ModelCaptureOptions o = shape(Tp::Replicated, true, 1);
+    o.fault = FaultKind::ReplicaWrongHead;
+    o.faultLayer = 3;
+    o.faultRank = 3;
+    const Run r = run(o);
+    const std::string layer = layerName(3);
+    for (const PromptAnalysis& p : r.result.prompts) {
+        QVERIFY(!p.replicaDifferences.empty());
+        for (const ReplicaDifference& d : p.replicaDifferences) {
+            QCOMPARE(d.layer, layer);
+            QCOMPARE(d.rank, 3);
+            QCOMPARE(d.againstRank, 2);
+            QCOMPARE(d.head, r.truth.at("should_hold_head").get<int>());
+            QCOMPARE(d.copyHoldsHead, r.truth.at("holds_head").get<int>());
+            QCOMPARE(d.readHoldsHead, -1);
+            QCOMPARE(d.holdsFrom, r.truth.at("holds_rank").get<int>());
+            QVERIFY2(d.describe().find("TP rank 3 holds KV head 0, should hold head 1 (its replica on rank 2 does)") != std::string::npos,
+                     d.describe().c_str());
+        }
+    }
+    std::ostringstream text;
+    writeAnalysisJson(r.result, text);
+    const JsonFields f("made");
+    const JsonFields::Json json = JsonFields::Json::parse(text.str());
+    PromptAnalysis back;
+    readPromptFindings(f, json.at("prompts").at(0), "prompts[0].", back);
+    const std::vector<ReplicaDifference>& want = r.result.prompts.front().replicaDifferences;
+    QCOMPARE(back.replicaDifferences.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        const ReplicaDifference& a = back.replicaDifferences[i];
+        const ReplicaDifference& b = want[i];
+        QVERIFY(a.head == b.head && a.copyHoldsHead == b.copyHoldsHead && a.readHoldsHead == b.readHoldsHead &&
+                a.holdsFrom == b.holdsFrom && a.describe() == b.describe());
+    }
+    for (FaultKind kind : {FaultKind::ReplicaDiff, FaultKind::ShardSwap}) {
+        ModelCaptureOptions q = shape(Tp::Replicated, true, 1);
+        q.fault = kind;
+        q.faultLayer = 3;
+        q.faultRank = 1;
+        const Run x = run(q);
+        bool differs = false;
+        for (const PromptAnalysis& p : x.result.prompts)
+            for (const ReplicaDifference& d : p.replicaDifferences) {
+                differs = true;
+                QVERIFY2(d.copyHoldsHead < 0 && d.readHoldsHead < 0 && d.wrongHeadText().empty(), d.describe().c_str());
+            }
+        QVERIFY2(differs, faultName(kind).c_str());
+        for (const Suspect& s : x.result.suspects)
+            QVERIFY2(s.hypothesis.kind != "replica_head", s.evidence.c_str());
+    }
 }
 
 void TestSuspects::cleanupTestCase()

@@ -1,7 +1,8 @@
 // kvscope diff: two captures of the same prompts against the same reference, compared in noise
 // floors. Identical captures give nothing; a fault injected at layer L of B is reported at L
 // (several seeds, both TP modes, cache-side and engine-side faults); a B better everywhere is
-// no worse; other prompts, another reference or another mode cannot be compared. The
+// no worse; other prompts, another reference or another mode cannot be compared; the suspects
+// of the change place their off positions against the engine's structure as analyze does. The
 // statistics are checked against a double-precision recomputation from the analysis's metrics.
 
 #include "analysis/analysis_json.h"
@@ -67,6 +68,7 @@ private slots:
     void metricsWithoutBcAreTheSame();
     void aSubsetOfLayersStandsForA();
     void engineOnlyBIsComparedAgainstAsReference();
+    void theChangesSuspectsSayTheStructure();
 
 private:
     std::string path(const std::string& name) const { return m_dir.filePath(QString::fromStdString(name)).toStdString(); }
@@ -373,6 +375,41 @@ void TestCaptureDiff::engineOnlyBIsComparedAgainstAsReference()
     // A bundle with its own reference borrows none, even when offered one.
     const CaptureLoader own(withOwn.reader, UnreadableBlockPolicy::Error, a.reader);
     QCOMPARE(own.referenceOrigin(own.prompts().front().id), withOwn.reader->path());
+}
+
+void TestCaptureDiff::theChangesSuspectsSayTheStructure()
+{
+    // Damage at the first decode positions of exactly the prompts whose last block (8 positions
+    // in the full layers) is at most half full, and damage stepping at prefill chunk 1's start:
+    // B's suspects of the change say the structure with its statistic, the numbers from the
+    // capture's ground truth.
+    ModelCaptureOptions o = smallModel();
+    o.promptLens = {24, 31, 26, 29, 20, 23};  // mod 8: 0, 7, 2, 5, 4, 7
+    const Capture a = capture(path("structure_a.h5"), o);
+    o.fault = FaultKind::LastBlockFill;
+    o.faultLayer = 3;
+    const Capture b = capture(path("fill_b.h5"), o);
+    const nlohmann::json fill = nlohmann::json::parse(b.reader->metadata().extra.at("synthetic_fault"));
+    DiffResult d = diffOf(a, b);
+    QVERIFY(!d.suspects.empty());
+    const Suspect& s = d.suspects.front();
+    QVERIFY2(s.structure && s.structure->kind == "last_block_fill", s.evidence.c_str());
+    QCOMPARE(s.structure->parameter("block_size"), fill.at("block_size").get<double>());
+    QCOMPARE(s.structure->parameter("off_prompts"), double(fill.at("damaged_prompts").size()));
+    QCOMPARE(s.structure->parameter("clean_prompts"), double(fill.at("spared_prompts").size()));
+    QCOMPARE(s.structure->parameter("decode_positions"), fill.at("decode_positions").get<double>());
+    QVERIFY2(s.evidence.find(s.structure->text) != std::string::npos, s.evidence.c_str());
+
+    o.fault = FaultKind::ChunkBoundary;
+    const Capture c = capture(path("chunk_b.h5"), o);
+    const nlohmann::json chunk = nlohmann::json::parse(c.reader->metadata().extra.at("synthetic_fault"));
+    d = diffOf(a, c);
+    QVERIFY(!d.suspects.empty());
+    const Suspect& t = d.suspects.front();
+    QVERIFY2(t.structure && t.structure->kind == "chunk_boundary", t.evidence.c_str());
+    QCOMPARE(t.structure->parameter("chunk"), 1.0);
+    QCOMPARE(t.structure->parameter("boundary"), chunk.at("chunk_start").at(t.evidencePrompt).get<double>());
+    QVERIFY2(t.evidence.find(t.structure->text) != std::string::npos, t.evidence.c_str());
 }
 
 QTEST_GUILESS_MAIN(TestCaptureDiff)
