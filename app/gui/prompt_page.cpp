@@ -31,6 +31,33 @@
 
 namespace kvscope {
 
+namespace {
+
+// The structure a prompt's suspect's off positions follow: its own (a chunk boundary), or the
+// one the pooled suspect of its pattern and layer found across the prompts (the last block's
+// fill), which the prompt's own suspect does not carry.
+const StructuralFinding* structureOf(const Suspect& s, const std::vector<Suspect>& pooled, const std::string& prompt)
+{
+    if (s.structure)
+        return &*s.structure;
+    for (const Suspect& q : pooled)
+        if (q.structure && q.pattern == s.pattern && q.firstLayer == s.firstLayer &&
+            std::find(q.prompts.begin(), q.prompts.end(), prompt) != q.prompts.end())
+            return &*q.structure;
+    return nullptr;
+}
+
+// A suspect's evidence with the structure's sentence, when the evidence does not say it.
+QString evidenceWith(const Suspect& s, const StructuralFinding* structure)
+{
+    std::string text = s.evidence;
+    if (structure && text.find(structure->text) == std::string::npos)
+        text += " " + structure->text;
+    return QString::fromStdString(text);
+}
+
+}  // namespace
+
 PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     : QSplitter(Qt::Horizontal, parent)
     , m_controller(controller)
@@ -331,7 +358,7 @@ void PromptPage::followSuspect(int row)
     if (!p || m_controller->isRunning() || row < 0 || row >= int(p->suspects.size()))
         return;
     const Suspect s = p->suspects[std::size_t(row)];
-    m_evidence->setText(QString::fromStdString(s.evidence));
+    m_evidence->setText(evidenceWith(s, structureOf(s, m_controller->result()->suspects, p->id)));
     emit partRequested(s.worstPart);
     // Its tokens over the rows of the layers it reaches.
     int top = s.worstLayer, bottom = s.worstLayer;
@@ -636,13 +663,25 @@ void PromptPage::refreshSummary()
             // (a NaN or infinity has no number of floors: it says what it is)
             const QString size = s.pattern == SuspectPattern::NonFinite ? tr("NaN or infinity")
                                                                          : tr("%1 floors").arg(s.score, 0, 'g', 3);
-            auto* item = new QListWidgetItem(QString("%1%2, %3\n%4 · tokens %5-%6")
+            // The structure its off positions follow, with its statistic, at a glance; its
+            // sentence in the tooltip and the evidence.
+            const StructuralFinding* structure = structureOf(s, m_controller->result()->suspects, p->id);
+            const double chance = structure ? structure->parameter("chance") : std::nan("");
+            const QString structureText = !structure ? QString()
+                                          : chance > 0 ? tr("\n%1, chance 1 in %2").arg(QString::fromStdString(structure->kind)).arg(std::lround(1 / chance))
+                                                       : tr("\n%1").arg(QString::fromStdString(structure->kind));
+            auto* item = new QListWidgetItem(QString("%1%2, %3\n%4 · tokens %5-%6%7")
                                                  .arg(suspectPatternName(s.pattern),
                                                       s.pattern == SuspectPattern::NonFinite ? QString() : explanation, size)
                                                  .arg(QString::fromStdString(shortLayerName(s.firstLayer)))
                                                  .arg(s.firstToken)
-                                                 .arg(s.lastToken));
-            item->setToolTip(QString::fromStdString(s.evidence));
+                                                 .arg(s.lastToken)
+                                                 .arg(structureText));
+            item->setToolTip(structure ? tr("<p><b>%1</b>: %2</p><p>%3</p>")
+                                             .arg(QString::fromStdString(structure->kind),
+                                                  QString::fromStdString(structure->text).toHtmlEscaped(),
+                                                  evidenceWith(s, structure).toHtmlEscaped())
+                                       : QString::fromStdString(s.evidence));
             m_suspects->addItem(item);
         }
         // The top suspect's heads stay marked in the drill-down, whichever prompt is shown.
