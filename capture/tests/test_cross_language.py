@@ -636,3 +636,83 @@ class CrossLanguageDcp(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "dcp_size: 2 needs each KV head on a multiple of 2"):
                 w.set_kv_cache_config(cfg)
             w.abandon()
+
+
+class CrossLanguageStates(unittest.TestCase):
+    """A hybrid model's recurrent states written by the Python writer (TP 2, one Mamba2 group, so
+    B and C on both ranks; the conv state bf16, the SSM state fp32, as vLLM keeps them) are read
+    by kvscope: the analysis compares them with the reference's (within bf16's noise: no
+    suspect, no state-space layer left uncompared), and names a stale state where the file has
+    one."""
+
+    ATTN = ["model.layers.0.self_attn", "model.layers.2.self_attn"]
+    MIXERS = ["model.layers.1.mixer", "model.layers.3.mixer"]
+
+    def bundle(self, tmp):
+        from mamba2_standin import Mamba2Dims, mamba2_states, rank_units
+
+        dims, tp, total = Mamba2Dims(heads=4, n_groups=1), 2, 24
+        cfg = {"num_blocks": 24, "tp_size": tp, "total_num_kv_heads": 2, "groups": [
+            {"layer_names": self.ATTN, "spec_type": "FullAttentionSpec", "block_size": 8, "dtype": "torch.bfloat16",
+             "num_kv_heads": 1, "head_size": 4, "sliding_window": None},
+            {"layer_names": self.MIXERS, "spec_type": "MambaSpec", "block_size": 8}]}
+        tokens = [(5 * i + 1) % 200 for i in range(total)]
+        truth = {n: (torch.randn(2, total, 4).to(torch.bfloat16), torch.randn(2, total, 4).to(torch.bfloat16))
+                 for n in self.ATTN}
+        rpc, tables = PagedEngine(cfg, seed=4).snapshot(truth, total)
+        positions = [8, 16, 23]  # two block boundaries and the end (23 written)
+        path = os.path.join(tmp, "states.h5")
+        g = torch.Generator().manual_seed(9)
+        with BundleWriter(path, model="cross-language", engine="stand-in") as w:
+            w.set_kv_cache_config(cfg)
+            w.add_prompt("p", tokens, 16)
+            w.add_engine_snapshot("p", rpc, tables, total, keep_only_referenced=True)
+            w.add_reference_kv("p", "expected", tuple((truth[n][0][None], truth[n][1][None]) for n in self.ATTN))
+            for i, name in enumerate(self.MIXERS):
+                conv, ssm = mamba2_states(tokens, dims, seed=i)
+                conv, ssm = torch.from_numpy(conv[[p - 1 for p in positions]]), torch.from_numpy(ssm[[p - 1 for p in positions]])
+                ranks = {}
+                for r in range(tp):
+                    conv_units, heads = rank_units(dims, tp, r)
+                    ranks[r] = {"conv": (conv[:, conv_units].to(torch.bfloat16), conv_units),
+                                "ssm": (ssm[:, heads].float(), heads)}
+                w.add_state("p", name, positions, ranks)
+                near = lambda t: (t + t.abs() * 2 ** -10 * torch.randn(t.shape, generator=g, dtype=t.dtype)).float()
+                w.add_reference_state("p", "expected", name, positions, {"conv": near(conv), "ssm": near(ssm)})
+        return path, positions
+
+    def analyse(self, path):
+        out = path + ".json"
+        result = subprocess.run([BINARY, "analyze", path, "--json", out], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        with open(out) as f:
+            return json.load(f)
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_states_are_read_and_compared(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path, positions = self.bundle(tmp)
+            result = subprocess.run([BINARY, "inspect", path], capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            data = self.analyse(path)
+            self.assertEqual(data["not_compared"], [])  # the mixers' states were compared
+            self.assertEqual(data["suspects"], [])       # the engine's states are the reference's within bf16
+            self.assertEqual(data["prompts"][0].get("problems", []), [])
+
+    @unittest.skipUnless(BINARY, "KVSCOPE_BINARY is not set")
+    def test_a_stale_state_is_found_at_its_layer_and_checkpoint(self):
+        """The engine's state at the second checkpoint (16) of one mixer is its state at the first
+        (8), on every rank, rewritten in the file as a stale slot would leave it."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path, positions = self.bundle(tmp)
+            with h5py.File(path, "r+") as f:
+                for r in range(2):
+                    for part in ("conv", "ssm"):
+                        ds = f[f"prompts/p/engine/states/{self.MIXERS[1]}/rank_{r}/{part}"]
+                        ds[1] = ds[0]
+            data = self.analyse(path)
+            (top, *_) = data["suspects"]
+            self.assertEqual(top["pattern"], "state", top)
+            self.assertEqual(top["first_layer"], self.MIXERS[1], top)
+            self.assertEqual(top["hypothesis"]["kind"], "state_stale", top)
+            self.assertEqual(top["hypothesis"]["parameters"], {"position": 16, "holds_position": 8}, top)

@@ -5,6 +5,7 @@ rank's rows and which whole-model units they are, bit for bit; the states of blo
 before the request ends are copied in the step that wrote them; then the bundle, with the HF
 reference's states at the same positions."""
 
+import json
 import os
 import subprocess
 import tempfile
@@ -206,6 +207,13 @@ class StatesThroughTheConnector(unittest.TestCase):
             ref = f[f"prompts/{pid}/reference/expected/states/{MIXERS[0]}/recurrent"][()]
             truth = data[MIXERS[0]]["recurrent"][[15, 23, 29]]
             self.assertLess(np.abs(ref - truth).max(), 2 ** -7 * np.abs(truth).max())
+        if BINARY:
+            result = subprocess.run([BINARY, "analyze", bundle, "--json", bundle + ".json"], capture_output=True,
+                                    text=True)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            with open(bundle + ".json") as f:
+                analysis = json.load(f)
+            self.assertEqual((analysis["not_compared"], analysis["suspects"]), ([], []))
 
     def test_states_not_read_are_said_and_the_engine_runs(self):
         """A model whose HF config gives no n_groups: the states are not captured (said at
@@ -243,9 +251,16 @@ class StatesThroughTheConnector(unittest.TestCase):
                 expected = f[f"prompts/{pid}/reference/expected/states/{name}/ssm"][()]
                 truth = np.stack([data[name]["ssm"][p - 1] for p in (8, 16, 24, 30)])
                 self.assertLess(np.abs(expected - truth).max(), 2 ** -7 * np.abs(truth).max())
-        if BINARY:
+        if BINARY:  # kvscope compares them: equal within the noise, no suspect, nothing left out
             result = subprocess.run([BINARY, "inspect", bundle], capture_output=True, text=True)
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            result = subprocess.run([BINARY, "analyze", bundle, "--json", bundle + ".json"], capture_output=True,
+                                    text=True)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            with open(bundle + ".json") as f:
+                analysis = json.load(f)
+            self.assertEqual(analysis["not_compared"], [])
+            self.assertEqual(analysis["suspects"], [])
 
 
 class ReferenceStates(unittest.TestCase):
