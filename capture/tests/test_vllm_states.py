@@ -263,7 +263,27 @@ class StatesThroughTheConnector(unittest.TestCase):
             self.assertEqual(analysis["suspects"], [])
 
 
+class AttentionOnlyReference(HFStandIn):
+    """A reference whose cache holds KV and no state: not the engine's hybrid model."""
+
+    def __call__(self, input_ids, past_key_values=None, use_cache=True):
+        out = super().__call__(input_ids, past_key_values, use_cache)
+        out.past_key_values.conv_states = [torch.zeros(0)] * 4
+        return out
+
+
 class ReferenceStates(unittest.TestCase):
+    def test_a_reference_without_states_is_refused_by_name(self):
+        case = StatesThroughTheConnector("test_none_mode_keeps_the_end_state")
+        case.setUp()
+        try:
+            _, _, _, data = case.run_request("none", Mamba2Dims())
+            with self.assertRaisesRegex(ValueError, "prompt cmpl-s, expected, layer model.layers.1.mixer: the "
+                                                    "reference model's cache holds no state of layer 1"):
+                bundle_from_shards(case.out, os.path.join(case.tmp.name, "b.h5"), AttentionOnlyReference(data))
+        finally:
+            case.tearDown()
+
     def test_prefix_prefills_and_the_last_columns(self):
         dims = Mamba2Dims()
         tokens = list(range(12))
