@@ -263,6 +263,38 @@ class StatesThroughTheConnector(unittest.TestCase):
             self.assertEqual(analysis["suspects"], [])
 
 
+class PaddedPages(unittest.TestCase):
+    def test_a_padded_page_read_through_either_view(self):
+        """mamba_page_size_padded: the page view [num_blocks, 1, 1, padded page] (vLLM of 2026-08-19)
+        and a view of the states alone with the padded block stride (the refactored interface's
+        [B, 1, 1, state_content_size_bytes]) read the same states."""
+        from types import SimpleNamespace
+        from kvscope_capture.vllm.mamba_state import MambaStateLayout
+
+        dims, tp, blocks = Mamba2Dims(heads=4, n_groups=2), 2, 6
+        engine = SimpleNamespace(tp=tp, dtype=torch.bfloat16)
+        spec = vm.Engine.mamba_spec(engine, vm.Group(MIXERS, mamba=True, mamba_dims=dims, block_size=8))
+        content = spec.page_size_bytes
+        spec = vm.MambaSpec(spec.block_size, spec.shapes, spec.dtypes, page_size_padded=content + 96)
+        raw = torch.zeros(blocks * spec.page_size_bytes, dtype=torch.int8)
+        page_view = raw.view(blocks, 1, 1, spec.page_size_bytes)
+        content_view = torch.as_strided(raw, (blocks, 1, 1, content), (spec.page_size_bytes, content, content, 1))
+        layer = vm.MambaLayer(spec)
+        layer.bind_kv_cache(page_view)
+        conv, ssm = layer.kv_cache
+        g = torch.Generator().manual_seed(3)
+        conv.copy_(torch.randn(conv.shape, generator=g).to(conv.dtype))
+        ssm.copy_(torch.randn(ssm.shape, generator=g))
+        raw.view(blocks, -1)[:, content:] = 99  # the padding: not a state
+        layout = MambaStateLayout(spec, tp, 1, SimpleNamespace(n_groups=2), "layer m")
+        self.assertIsNone(layout.why_not)
+        for view in (page_view, content_view):
+            layout.check(view, blocks)
+            got = layout.read(view, [4, 2])
+            torch.testing.assert_close(got["conv"], conv[[4, 2]].transpose(1, 2), rtol=0, atol=0)
+            torch.testing.assert_close(got["ssm"], ssm[[4, 2]], rtol=0, atol=0)
+
+
 class AttentionOnlyReference(HFStandIn):
     """A reference whose cache holds KV and no state: not the engine's hybrid model."""
 

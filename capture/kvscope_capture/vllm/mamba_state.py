@@ -74,7 +74,7 @@ class MambaStateLayout:
         self.mode = str(getattr(spec, "mamba_cache_mode", "none"))
         self.shapes = [tuple(int(x) for x in shape) for shape in spec.shapes]
         self.dtypes = list(spec.dtypes)
-        self.page_bytes = None
+        self.page_bytes = self.content_bytes = None
         self.why_not = None
         self.units = {}
         self.state_part = "recurrent" if self.kind == GDN else "ssm"
@@ -93,6 +93,7 @@ class MambaStateLayout:
             else:
                 self._plan_gdn(tp_size, tp_rank, hf_config)
             content = sum(math.prod(s) * _itemsize(d) for s, d in zip(self.shapes, self.dtypes))
+            self.content_bytes = content
             self.page_bytes = int(getattr(spec, "page_size_bytes", content))
             if content > self.page_bytes:
                 raise _NotRead(f"its states take {content} bytes, more than its page of {self.page_bytes}")
@@ -163,10 +164,12 @@ class MambaStateLayout:
                 raise ValueError(f"{self.what}: registered states of shapes {shapes}, the spec says {self.shapes} "
                                  f"per block for {num_blocks} blocks")
             return
+        # A block's bytes: the padded page (vLLM's [num_blocks, 1, 1, page_size_bytes] view) or just
+        # its states (a view of state_content_size_bytes, the rest of the page in the block stride).
         page = math.prod(value.shape[1:]) * value.element_size()
-        if value.dim() < 2 or value.shape[0] < num_blocks or page < self.page_bytes:
+        if value.dim() < 2 or value.shape[0] < num_blocks or page < self.content_bytes:
             raise ValueError(f"{self.what}: a Mamba page view of shape {tuple(value.shape)} ({value.dtype}); the spec "
-                             f"says [num_blocks {num_blocks}, ...] of {self.page_bytes} bytes a block")
+                             f"says [num_blocks {num_blocks}, ...] holding {self.content_bytes} bytes of states a block")
 
     def read(self, value, block_ids):
         """{'conv': [n, channels_r, d_conv - 1], 'ssm': [n, heads_r, head_dim, d_state]} (Gated
