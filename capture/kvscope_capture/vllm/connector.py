@@ -18,12 +18,13 @@ connector beside this one in MultiConnector, e.g. "NixlConnector"); state_checkp
 true): with mamba_cache_mode "align" or "all", also keep the recurrent states vLLM writes at block
 boundaries (false: the state at the request's end only).
 
-State-space layers (hybrid models' MambaSpec groups, Mamba2): the shard holds each layer's state,
-this rank's rows (mamba_state.py), at the request's end and, with state_checkpoints, at each block
-boundary vLLM keeps a state of. vLLM frees a request's earlier state blocks as it advances, so the
-scheduler names, in each step's metadata, the blocks that step's forward leaves a boundary state
-in, and every worker copies them to the host in wait_for_save, after that forward: each costs the
-copy of one state page per layer, held in host memory until the request's shard is written.
+State-space layers (hybrid models' MambaSpec groups: Mamba2, Gated DeltaNet): the shard holds each
+layer's state, this rank's rows (mamba_state.py), at the request's end and, with
+state_checkpoints, at each block boundary vLLM keeps a state of. vLLM frees a request's earlier
+state blocks as it advances, so the scheduler names, in each step's metadata, the blocks that
+step's forward leaves a boundary state in, and every worker copies them to the host in
+wait_for_save, after that forward: each costs the copy of one state page per layer, held in host
+memory until the request's shard is written.
 
 How (vllm/distributed/kv_transfer/kv_connector/v1/base.py): the scheduler calls request_finished
 once a request is done, before its blocks are freed. The connector answers True (the blocks stay
