@@ -76,6 +76,45 @@ void printSources(const PromptAnalysis& p, const SuspectThresholds& thresholds, 
     }
 }
 
+// Per state-space layer: its checkpoints and its worst cell in floors against its off threshold.
+void printStates(const PromptAnalysis& p, std::ostream& out)
+{
+    out << "  state layers (recurrent state, in floors: relative L2 " << (p.threeWay ? "/ the expected-vs-baseline's" : "/ the dtype's rounding")
+        << "; worst cell over the checkpoints)\n";
+    for (const StateLayerAnalysis& a : p.states) {
+        out << "    " << std::left << std::setw(34) << a.layer;
+        if (!a.problem.empty()) {
+            out << "not compared: " << a.problem << "\n";
+            continue;
+        }
+        float worst = std::nanf("");
+        std::size_t at = 0;
+        int part = 0;
+        std::int64_t cell = 0;
+        for (std::size_t c = 0; c < a.positions.size(); ++c) {
+            int pc = 0;
+            std::int64_t uc = 0;
+            const float r = a.worstRatio(c, &pc, &uc);
+            if (std::isfinite(r) && !(r <= worst)) {
+                worst = r;
+                at = c;
+                part = pc;
+                cell = uc;
+            }
+        }
+        out << (a.kind.empty() ? "state" : a.kind) << ", " << a.positions.size() << " checkpoint(s) "
+            << a.positions.front() << "-" << a.positions.back() << ": worst " << fixed(worst) << " (off above "
+            << fixed(float(a.offThreshold)) << ")";
+        if (std::isfinite(worst))
+            out << " at " << a.parts[std::size_t(part)].name << " cell " << cell << ", position " << a.positions[at];
+        if (!a.uncompared.empty())
+            out << "; " << a.uncompared.size() << " checkpoint(s) the reference lacks";
+        out << "\n";
+        for (const StateReplicaDifference& d : a.replicaDifferences)
+            out << "      " << d.describe() << "\n";
+    }
+}
+
 void printPrompt(const PromptAnalysis& p, const SuspectThresholds& thresholds, std::ostream& out)
 {
     out << "\nprompt " << p.id << " (" << (p.threeWay ? "three-way" : "two-way") << "): prompt_len " << p.promptLen
@@ -152,6 +191,8 @@ void printPrompt(const PromptAnalysis& p, const SuspectThresholds& thresholds, s
             << " values" << (uniformLayers(p) ? " (" + std::to_string(p.heads) + " heads x " +
                                                     std::to_string(std::min(p.dims.k, p.dims.v)) + ")" : "")
             << ", too few for one to mean anything; the combined BC below pools every token)\n";
+    if (!p.states.empty())
+        printStates(p, out);
     if (!p.provenance.empty())
         printSources(p, thresholds, out);
     for (const std::string& problem : p.problems)

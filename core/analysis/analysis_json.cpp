@@ -1,6 +1,7 @@
 #include "analysis/analysis_json.h"
 
 #include "analysis/analysis_fields.h"
+#include "analysis/state_json.h"
 #include "analysis/off_floor.h"
 #include "analysis/source_summary.h"
 #include "analysis/sweep_timeline.h"
@@ -89,6 +90,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds
         w.endObject();
     }
     writePromptFindings(w, p);
+    if (!p.states.empty())
+        writeStates(w.key("states"), p.states);
     if (!p.provenance.empty())
         writeSources(w.key("sources"), p, thresholds, ratios);  // (the error_ratios above, not computed again)
     w.endObject();

@@ -140,7 +140,9 @@ Hypothesis judge(const StateFit& fit, std::string kind, const std::function<bool
     h.kind = std::move(kind);
     std::vector<float> before, after;
     int explained = 0;
-    const double level = fit.cleanLevel() * SuspectThresholds{}.explained;
+    // A cell is brought back when it is no longer off: within twice the layer's clean level, or
+    // (two-way, where that allows for the drift) half the off threshold.
+    const double level = std::max(fit.cleanLevel() * SuspectThresholds{}.explained, fit.analysis().offThreshold / 2);
     std::vector<float> predicted;
     for (const OffStateCell& c : fit.onset()) {
         predicted.assign(std::size_t(fit.unitSize(c.part)), 0.0f);
@@ -550,8 +552,12 @@ void addStateSuspects(const CaptureLoader& loader, PromptAnalysis& p, const std:
         const auto own = loader.referenceState(p.id, ReferenceRole::Expected, a->layer);
         const StateHypotheses hypotheses = testHypotheses(fit, decode(p.id, *own), others);
         if (upstream && !hypotheses.explaining) {
-            if (std::find(upstream->layers.begin(), upstream->layers.end(), a->layer) == upstream->layers.end())
+            if (std::find(upstream->layers.begin(), upstream->layers.end(), a->layer) == upstream->layers.end()) {
                 upstream->layers.push_back(a->layer);
+                upstream->evidence += " The recurrent state of " + a->layer + " drifts from there on too (" +
+                                      shortNumber(double(fit.off().front().ratio)) + " floors at " +
+                                      positionText(a->positions[fit.onset().front().checkpoint]) + "), nothing in it explained.";
+            }
             continue;
         }
         if (onset) {
