@@ -1608,7 +1608,8 @@ PromptCapture capturePrompt(const TinyTransformer& model, const ModelCaptureOpti
         const PagedLayout layout(config, snapshots[s].seqLen, o.seed * 1000 + p * 10 + s);
         EngineSnapshot snap = layout.snapshot(
             [&](const std::string& layer) { return snapshots[s].layers[std::size_t(std::stoi(layer.substr(13)))]; },
-            true, [&](const std::string& layer) { return snapshotFaults.scalingOf(layer); });
+            // (a cache read in the other page order: every block kept, those the right pages went to)
+            fault.kind != FaultKind::LayoutBlocksFirst, [&](const std::string& layer) { return snapshotFaults.scalingOf(layer); });
         snap.validatedUntil = snapshots[s].validatedUntil;
         snapshotFaults.apply(snap, snapshots, s);
         out.snapshots.push_back(std::move(snap));
