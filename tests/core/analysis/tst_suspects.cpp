@@ -13,6 +13,7 @@
 #include "analysis/analyzer.h"
 #include "analysis/hypotheses.h"
 #include "analysis/off_floor.h"
+#include "analysis/page_rereads.h"
 #include "analysis/suspect_search.h"
 #include "analysis/threshold_check.h"
 #include "analysis/worst_cells.h"
@@ -1086,6 +1087,13 @@ void TestSuspects::replicasHoldingAnotherHead()
                      d.describe().c_str());
         }
     }
+    // Its suspect, from the replica differences alone: the rank, the head it should hold.
+    const std::vector<Suspect> own = replicaHeadSuspects(r.result.prompts.front());
+    QCOMPARE(own.size(), std::size_t(1));
+    QVERIFY(own[0].pattern == SuspectPattern::TpRank && own[0].tpRanks == std::vector<int>{3} &&
+            own[0].heads == std::vector<int>{1} && own[0].firstLayer == layer);
+    QCOMPARE(own[0].hypothesis.parameter("holds_head"), 0.0);
+    QCOMPARE(own[0].hypothesis.parameter("read"), 0.0);
     std::ostringstream text;
     writeAnalysisJson(r.result, text);
     const JsonFields f("made");
