@@ -403,6 +403,23 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         out << seconds(start) << " " << bytes << " " << peakRssKb() << " " << sum << "\n";
         return 0;
     }
+    if (args[0] == "capture") {  // bench-run capture FILE TOKENSxLAYERS-{pool,referenced,long}: a bench's capture alone
+        int tokens = 0, layers = 0;
+        char kind[16] = {};
+        if (std::sscanf(args[2].c_str(), "%dx%d-%15s", &tokens, &layers, kind) != 3 || tokens < 4 || layers < 1)
+            return 2;
+        SyntheticCaptureOptions o = llama70bShape(tokens, layers);
+        o.keepOnlyReferencedBlocks = std::string(kind) != "pool";
+        if (std::string(kind) == "long")
+            o.poolFactor = 1;  // as benchLongContext writes it
+        writeSyntheticCapture(args[1], o);
+        return 0;
+    }
+    if (args[0] == "metadata") {  // what kvscope inspect needs: the bundle opened, nothing of its KV read
+        const BundleReader reader(args[1]);
+        out << seconds(start) << " 0 " << peakRssKb() << " " << reader.prompts().size() << "\n";
+        return 0;
+    }
     if (args[0] == "blocks") {
         const auto [scattered, contiguous] = blockReads(args[1]);
         out << scattered << " " << contiguous << "\n";
@@ -501,6 +518,7 @@ int benchEndToEnd(const std::string& bundle, int threads, int runs, std::ostream
     long rss = 0;
     bestOf(1, {"kvscope", "bench-run", "roofline", bundle, t}, rss, &needed);
     const double roof = wall({"kvscope", "bench-run", "roofline", bundle, t});
+    const double metadata = wall({"kvscope", "bench-run", "metadata", bundle, t});
     const double inspect = wall({"kvscope", "inspect", bundle});
     const double summary = wall({"kvscope", "analyze", bundle, "--threads", t});
     const double withJson = wall({"kvscope", "analyze", bundle, "--threads", t, "--json", json});
@@ -517,7 +535,9 @@ int benchEndToEnd(const std::string& bundle, int threads, int runs, std::ostream
         << needed / 1000000 << " MB needed), " << threads << " thread(s), whole processes, best of " << runs << "\n"
         << std::fixed << std::setprecision(3)
         << "  read the needed bytes once (roofline)   " << roof << " s\n"
-        << "  kvscope inspect                         " << inspect << " s\n"
+        << "  open the bundle once (its metadata)     " << metadata << " s\n"
+        << "  kvscope inspect                         " << inspect << " s = " << std::setprecision(2)
+        << inspect / metadata << "x opening it\n" << std::setprecision(3)
         << "  kvscope analyze                         " << summary << " s\n"
         << "  kvscope analyze --json                  " << withJson << " s = " << std::setprecision(2)
         << withJson / roof << "x the roofline\n"
