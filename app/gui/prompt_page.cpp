@@ -1,6 +1,7 @@
 #include "gui/prompt_page.h"
 
 #include "analysis/map_spec.h"
+#include "analysis/state_rows.h"
 #include "analysis/source_summary.h"
 #include "analysis/off_floor.h"
 #include "analysis/suspect.h"
@@ -10,6 +11,7 @@
 #include "gui/worst_cells_model.h"
 #include "widgets/heatmap_view.h"
 #include "widgets/provenance_strip.h"
+#include "widgets/state_strip.h"
 
 #include <QElapsedTimer>
 #include <QFileInfo>
@@ -63,6 +65,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_controller(controller)
     , m_heatmap(new HeatmapView)
     , m_provenance(new ProvenanceStrip(m_heatmap))
+    , m_stateStrip(new StateStrip(m_heatmap))
     , m_drill(new DrillDownPanel(*controller))
     , m_vertical(new QSplitter(Qt::Vertical))
     , m_worstModel(new WorstCellsModel(this))
@@ -129,6 +132,8 @@ void PromptPage::layOut()
     mapLayout->setSpacing(0);
     mapLayout->addWidget(m_heatmap, 1);
     mapLayout->addWidget(m_provenance);
+    mapLayout->addWidget(m_stateStrip);
+    connect(m_stateStrip, &StateStrip::checkpointClicked, this, [this](const QString& text) { m_evidence->setText(text); });
     m_vertical->addWidget(mapAndStrip);
     m_vertical->addWidget(m_drill);
     m_vertical->setStretchFactor(0, 3);
@@ -426,6 +431,7 @@ void PromptPage::clear(const QString& message)
     ++m_opening;  // a map still being built is of what was open
     m_heatmap->showEmpty(message);
     m_provenance->setProvenance({});
+    m_stateStrip->setStates({}, {});
     m_worstModel->setCells(nullptr, {});
     m_suspects->clear();
     m_evidence->clear();
@@ -448,6 +454,9 @@ struct PromptPage::BuiltMap {
     std::vector<char> ready;
     RowStart rowStart;  // drawn over its row, which is not ready
     std::vector<double> offThresholds;  // [layer], for a map in floors (its values are divided by them)
+    // The state-space layers' rows under the map (compared once every layer is: when finished).
+    std::vector<StateRow> stateRows;
+    std::vector<StateLayerAnalysis> states;
 };
 
 void PromptPage::refreshHeatmap()
@@ -509,6 +518,10 @@ void PromptPage::refreshHeatmap()
             built->ready = ready;
         }
         built->spec = promptMapSpec(loader->config(), p, loader->prompt(p.id), settings.map, finished);
+        if (finished) {
+            built->states = p.states;
+            built->stateRows = stateRows(p);
+        }
         ValueRange shownRange = settings.range;
         if (settings.autoRange)
             shownRange = range(settings.logarithmic);
@@ -534,6 +547,7 @@ void PromptPage::showHeatmap(BuiltMap& built)
         emit autoRangeChosen(built.spec.range);
     m_heatmap->showMap(built.spec);
     m_provenance->setProvenance(built.spec.provenance);
+    m_stateStrip->setStates(std::move(built.stateRows), std::move(built.states));
     m_heatmap->setScale(built.spec.scale, toQcpRange(built.spec.range), built.logarithmic);
     m_rowStartShown = built.rowStart.row ? built.rowStart.row->columns : 0;
     m_heatmap->setPendingRows(built.ready, m_cancelled ? tr("not analysed (cancelled)") : tr("analysing..."),

@@ -26,6 +26,7 @@ class AnalysisController;
 class DrillDownPanel;
 class HeatmapView;
 class ProvenanceStrip;
+class StateStrip;
 struct Suspect;
 class WorstCellsModel;
 
@@ -120,6 +121,7 @@ private:
     AnalysisController* m_controller;
     HeatmapView* m_heatmap;
     ProvenanceStrip* m_provenance;  // under the map
+    StateStrip* m_stateStrip;       // under it: a hybrid model's recurrent state
     DrillDownPanel* m_drill;
     QSplitter* m_vertical;
     WorstCellsModel* m_worstModel;

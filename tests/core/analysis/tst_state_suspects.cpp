@@ -9,9 +9,11 @@
 #include "analysis/analyzer.h"
 #include "analysis/state_analysis.h"
 #include "analysis/state_json.h"
+#include "analysis/state_rows.h"
 #include "analysis/state_suspects.h"
 #include "format/bundle_reader.h"
 #include "synth/model_capture.h"
+#include "util/short_number.h"
 #include "test_support.h"
 
 #include <QTemporaryDir>
@@ -94,6 +96,7 @@ private slots:
     void cleanHybridsHaveNoSuspect();
     void attentionFaultUpstreamRanksFirst();
     void jsonCarriesTheStates();
+    void rowsAndWordsOfACheckpoint();
 
 private:
     AnalysisResult analyse(const ModelCaptureOptions& o, nlohmann::json* truth = nullptr)
@@ -351,6 +354,28 @@ void TestStateSuspects::jsonCarriesTheStates()
         }
     }
     QCOMPARE(j.at("suspects").at(0).at("pattern").get<std::string>(), std::string("state"));
+}
+
+void TestStateSuspects::rowsAndWordsOfACheckpoint()
+{
+    // The hand-made state (three-way): unit 1 of the checkpoint at 16 far off.
+    PromptAnalysis p;
+    p.states = {analyzeLayerState(handState(true), 0, SuspectThresholds{}, 1000)};
+    const StateLayerAnalysis& a = p.states[0];
+    const std::vector<StateRow> rows = stateRows(p);
+    QCOMPARE(rows.size(), std::size_t(1));
+    QCOMPARE(rows[0].label, std::string("model.layers.0 [ssm]"));
+    QCOMPARE(rows[0].cells.size(), std::size_t(2));
+    QCOMPARE(rows[0].cells[1].token, std::int64_t(15));  // the state after [0, 16) sits at token 15
+    QCOMPARE(rows[0].cells[1].offs, double(a.parts[0].ratio[4]) / a.offThreshold);
+    QVERIFY(rows[0].cells[1].offs > 1 && rows[0].cells[0].offs < 1);
+    QCOMPARE(stateCellNear(rows[0], 13, 2)->checkpoint, std::size_t(1));
+    QVERIFY(!stateCellNear(rows[0], 11, 2));
+    const std::string text = stateCellText(a, 1);
+    QVERIFY2(text.find("the state after position 16") != std::string::npos, text.c_str());
+    QVERIFY2(text.find("ssm heads: 1 (" + shortNumber(a.parts[0].ratio[4]) + ")") != std::string::npos, text.c_str());
+    QVERIFY2(text.find("(none off)") == std::string::npos, text.c_str());
+    QVERIFY2(stateCellText(a, 0).find("(none off)") != std::string::npos, stateCellText(a, 0).c_str());
 }
 
 QTEST_GUILESS_MAIN(TestStateSuspects)
