@@ -9,6 +9,7 @@
 
 #include <iomanip>
 #include <memory>
+#include <sstream>
 
 namespace kvscope::cli {
 
@@ -30,6 +31,21 @@ std::string heldRanges(const LayerSource& kv)
         p = q + 1;
     }
     return (text.empty() ? "none" : text);
+}
+
+// A state-space layer's state as the bundle holds it, without its values: "mamba2, TP 2,
+// checkpoints 8-21 (3): conv [3, 96, 3] bfloat16, ssm [3, 4, 16, 16] float32 per rank".
+std::string describeState(const LayerStateRecord& s)
+{
+    std::ostringstream text;
+    text << (s.kind.empty() ? "state" : s.kind) << ", TP " << s.ranks.size() << ", checkpoints " << s.positions.front()
+         << "-" << s.positions.back() << " (" << s.positions.size() << "):";
+    for (std::size_t i = 0; i < s.ranks.at(0).size(); ++i) {
+        const StatePart& part = s.ranks[0][i];
+        text << (i ? ", " : " ") << part.name << " " << shapeToString(part.tensor.shape) << " " << dtypeName(part.tensor.dtype);
+    }
+    text << " per rank";
+    return text.str();
 }
 
 void printConfig(const KvCacheConfig& c, std::ostream& out)
@@ -169,6 +185,19 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
                     err << "kvscope: " << problem << "\n";
                     ++failures;
                 }
+            } catch (const std::exception& e) {
+                out << "error\n";
+                err << "kvscope: " << e.what() << "\n";
+                ++failures;
+            }
+        }
+        for (const std::string& layer : p.stateLayers) {  // a hybrid model's recurrent state (compared by analyze)
+            out << "    " << std::left << std::setw(32) << layer << std::setw(8) << reader->config().groupOf(layer);
+            try {
+                const LayerStateRecord state = reader->readEngineStateLayout(p.id, layer);
+                const auto expected = reader->readReferenceStateLayout(p.id, ReferenceRole::Expected, layer);
+                out << "recurrent state: " << describeState(state) << "; expected: "
+                    << (expected ? std::to_string(expected->positions.size()) + " checkpoint(s)" : std::string("none")) << "\n";
             } catch (const std::exception& e) {
                 out << "error\n";
                 err << "kvscope: " << e.what() << "\n";

@@ -76,6 +76,10 @@ public:
     // reference role's whole state (nullopt when the role holds none for the layer). Each
     // checked on its own (stateRecordProblem); a problem throws a BundleError naming the object.
     LayerStateRecord readEngineState(const std::string& promptId, const std::string& layer) const;
+    // The same without the values (each part's dtype and shape, no bytes): what inspect lists.
+    LayerStateRecord readEngineStateLayout(const std::string& promptId, const std::string& layer) const;
+    std::optional<LayerStateRecord> readReferenceStateLayout(const std::string& promptId, ReferenceRole role,
+                                                             const std::string& layer) const;
     std::optional<LayerStateRecord> readReferenceState(const std::string& promptId, ReferenceRole role,
                                                        const std::string& layer) const;
 
@@ -136,7 +140,12 @@ private:
                          ValueRead values = ValueRead::Values) const;
     DType checkedDType(const std::string& dataset) const;
     // The parts in a state's group (rank_<r>/ or a reference's), their units when `engine`.
-    std::vector<StatePart> readStateParts(const std::string& group, bool engine, std::vector<ChunkRowRead>& reads) const;
+    // Without `values`, each part's dtype and shape only (no bytes).
+    std::vector<StatePart> readStateParts(const std::string& group, bool engine, std::vector<ChunkRowRead>& reads,
+                                          bool values = true) const;
+    LayerStateRecord readEngineState(const std::string& promptId, const std::string& layer, bool values) const;
+    std::optional<LayerStateRecord> readReferenceState(const std::string& promptId, ReferenceRole role,
+                                                       const std::string& layer, bool values) const;
     std::vector<std::int64_t> engineShardShape(const PromptInfo& prompt, std::size_t snapshot,
                                                const std::string& layer, KvPart part) const;
     std::vector<std::int64_t> referenceShape(const std::string& dataset, const std::string& layer, KvPart part) const;
