@@ -9,6 +9,7 @@
 
 #include <iomanip>
 #include <memory>
+#include <set>
 #include <sstream>
 
 namespace kvscope::cli {
@@ -48,7 +49,8 @@ std::string describeState(const LayerStateRecord& s)
     return text.str();
 }
 
-void printConfig(const KvCacheConfig& c, std::ostream& out)
+// `stateLayers`: the state-space layers whose recurrent state some prompt holds (compared).
+void printConfig(const KvCacheConfig& c, std::ostream& out, const std::set<std::string>& stateLayers = {})
 {
     out << "  config: " << c.numBlocks << " blocks, TP " << c.tpSize;
     if (c.isMla())
@@ -58,8 +60,15 @@ void printConfig(const KvCacheConfig& c, std::ostream& out)
     if (c.dcpSize > 1)
         out << "  " << describeContextParallel(c) << "\n";
     for (std::size_t g = 0; g < c.groups.size(); ++g) {
-        out << "    group " << g << ": " << describeGroup(c.groups[g]);
         const KvCacheGroup& group = c.groups[g];
+        const bool statesHeld = std::any_of(group.layerNames.begin(), group.layerNames.end(),
+                                            [&](const std::string& layer) { return stateLayers.count(layer) > 0; });
+        if (statesHeld) {
+            out << "    group " << g << ": " << group.specName << ", " << group.layerNames.size()
+                << " layers, their recurrent state compared\n";
+            continue;
+        }
+        out << "    group " << g << ": " << describeGroup(c.groups[g]);
         if (group.specType != SpecType::NotCompared && group.totalKvHeads != c.firstCompared().totalKvHeads)
             out << " (" << describeHeads(c.layout(group)) << ")";  // groups that differ in head count
         out << "\n";
@@ -124,7 +133,10 @@ int inspect(const Args& args, std::ostream& out, std::ostream& err)
     if (meta.engineOnly)
         out << "  engine-only: no reference KV; compared against another capture's (kvscope diff A.h5 THIS.h5) or "
                "the other end of a KV transfer (kvscope transfer PRODUCER CONSUMER)\n";
-    printConfig(reader->config(), out);
+    std::set<std::string> stateLayers;
+    for (const PromptInfo& p : reader->prompts())
+        stateLayers.insert(p.stateLayers.begin(), p.stateLayers.end());
+    printConfig(reader->config(), out, stateLayers);
 
     // An engine-only capture holds no reference by design: not a problem here (diff and
     // transfer read it); a prompt of any other capture without its reference is one.
