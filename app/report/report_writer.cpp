@@ -6,6 +6,7 @@
 
 #include "analysis/heatmap_grid.h"
 #include "analysis/map_spec.h"
+#include "analysis/state_rows.h"
 #include "analysis/suspect.h"
 #include "widgets/heatmap_view.h"
 #include "widgets/timeline_view.h"
@@ -461,6 +462,35 @@ void writeOverTime(QTextStream& out, const SweepTimeline& t, const QString& pict
     out << "</table>";
 }
 
+// A hybrid model's state-space layers: per layer its checkpoints, and each checkpoint's worst
+// cell against the off threshold, with what the app's hover says of the worst one.
+void writeStates(QTextStream& out, const PromptAnalysis& p)
+{
+    out << "<h3>Recurrent state</h3><p class=legend>Each state-space layer's state at its checkpoints (the state after "
+           "positions [0, p)), in the model's order: the worst cell (an SSM head, a run of conv channels) in floors, "
+        << (p.threeWay ? "over what bf16 alone does there" : "over the model dtype's rounding")
+        << " (docs/suspects.md, \"Recurrent state\").</p><table><tr><th>layer</th><th>checkpoints</th><th>worst, floors</th>"
+           "<th>off above</th><th>at its worst checkpoint</th></tr>";
+    for (const StateLayerAnalysis& a : p.states) {
+        out << "<tr><td>" << html(a.layer) << "</td>";
+        if (!a.problem.empty()) {
+            out << "<td colspan=4 class=fail>not compared: " << html(a.problem) << "</td></tr>";
+            continue;
+        }
+        std::size_t worstAt = 0;
+        float worst = -1;
+        for (std::size_t c = 0; c < a.positions.size(); ++c)
+            if (const float r = a.worstRatio(c); std::isfinite(r) && r > worst) {
+                worst = r;
+                worstAt = c;
+            }
+        out << "<td>" << a.positions.size() << " (" << a.positions.front() << "-" << a.positions.back() << ")</td><td"
+            << (worst > a.offThreshold ? " class=fail" : "") << ">" << QString::number(worst, 'g', 4) << "</td><td>"
+            << QString::number(a.offThreshold, 'g', 3) << "</td><td>" << html(stateCellText(a, worstAt)) << "</td></tr>";
+    }
+    out << "</table>";
+}
+
 void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<ReportMap>& maps, const SuspectThresholds& thresholds)
 {
     out << "<h2>Prompt " << html(p.id) << "</h2><p>" << (p.threeWay ? "three-way" : "two-way") << ", prompt_len "
@@ -488,6 +518,8 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
                           QString::number(c.baseError, 'g', 4) + "</td></tr>");
     }
     out << "</table>";
+    if (!p.states.empty())
+        writeStates(out, p);
     if (!p.provenance.empty())
         writeSources(out, p, thresholds);
     for (const ReplicaDifference& d : p.replicaDifferences)
