@@ -46,6 +46,8 @@ QStringList captureFacts(const BundleReader& reader)
     facts << QString("%1 layers").arg(layers.size());
     if (const std::size_t n = config.notComparedLayers().size(); n > 0)
         facts << QString("%1 not compared").arg(n);
+    if (const std::size_t n = reader.prompts().front().stateLayers.size(); n > 0)
+        facts << QString("%1 state layers").arg(n);  // their recurrent state held (and compared)
     const bool split = config.layout(config.firstCompared()).mode() == TpMode::Partitioned;
     facts << QString("tp %1 %2").arg(config.tpSize).arg(split ? "split" : "replicated");
     if (config.dcpSize > 1)
@@ -173,6 +175,12 @@ void TestCleanCaptures::noSuspect_data()
     // Hybrid models: state-space layers listed, not compared.
     row("hybrid", {"--layers", "6", "--state-space-layers", "1,4"}, {"4 layers", "2 not compared"});
     row("hybrid, two-way", {"--layers", "6", "--state-space-layers", "2,3", "--two-way"}, {"2 not compared", "two-way"});
+    // Hybrid models with their Mamba2 layers' recurrent state: compared too.
+    row("hybrid, Mamba2 states", {"--hybrid", "--layers", "6"}, {"3 state layers"});
+    row("hybrid, Mamba2 states, tp 4, one B/C group, two-way", {"--hybrid", "--tp", "4", "--mamba-groups", "1", "--two-way"},
+        {"2 state layers", "two-way"});
+    row("hybrid, bf16 SSM state, prompts of 300 and 700", {"--hybrid", "--mamba-ssm-cache-dtype", "bfloat16", "--prompts", "300,700"},
+        {"2 state layers", "prompt 700"});
     // A bigger model: more cells, so more chances for the noise to look like a fault.
     row("bigger, bf16", kBigger, {"8 layers", "prompt 700"});
     row("bigger, fp8 e4m3 head", kBigger + QStringList{"--kv-dtype", "fp8_e4m3", "--kv-scale", "head"},
