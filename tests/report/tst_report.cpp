@@ -3,6 +3,9 @@
 // markers; `kvscope check` exits 0 / 1 / 2 on a clean capture, a faulty one and a broken file.
 
 #include "analysis/analyzer.h"
+#include "analysis/state_rows.h"
+#include "format/bundle_reader.h"
+#include "kv/capture_loader.h"
 #include "kv/sweep.h"
 #include "synth/model_capture.h"
 #include "report/report_writer.h"
@@ -46,6 +49,7 @@ private slots:
     void bundleIsNeverModified();
     void againstComparesWithA();
     void sweepReportNamesMapsByBundle();
+    void hybridReportHasTheRecurrentState();
 
 private:
     QTemporaryDir m_dir;
@@ -361,6 +365,33 @@ void TestReport::sweepReportNamesMapsByBundle()
                                     "--dump-dom", "file://" + files.html});
     QVERIFY(dom.waitForFinished(120000));
     QVERIFY2(QString(dom.readAllStandardOutput()).contains("data-maps-drawn=\"36\""), "not every map was drawn");
+}
+
+// A hybrid capture with a stale state in layer 2 of prompt_0: the Recurrent state table lists both
+// mixers of each prompt, the stale one off (its worst in the fail style) with the words of its
+// worst checkpoint, which are the analysis's own.
+void TestReport::hybridReportHasTheRecurrentState()
+{
+    synth::ModelCaptureOptions o;
+    o.hybrid = true;
+    o.fault = synth::FaultKind::StateStale;
+    o.threads = 1;
+    const QString bundle = m_dir.filePath("hybrid.h5");
+    synth::writeModelCapture(bundle.toStdString(), o);
+    auto reader = std::make_shared<BundleReader>(bundle.toStdString());
+    const CaptureLoader loader(reader);
+    const AnalysisResult result = analyzeBundle(reader);
+    const ReportFiles files = writeReport(loader, result, Thresholds{}, m_dir.filePath("report-hybrid"));
+    QFile html(files.html);
+    QVERIFY(html.open(QIODevice::ReadOnly));
+    const QString page = QString::fromUtf8(html.readAll());
+    QCOMPARE(page.count("<h3>Recurrent state</h3>"), int(result.prompts.size()));
+    const PromptAnalysis& p = result.prompts.at(0);
+    const StateLayerAnalysis& stale = p.states.at(1);
+    QCOMPARE(stale.layer, std::string("model.layers.2.mixer"));
+    QVERIFY2(page.contains("<td>model.layers.2.mixer</td>"), "the mixer's row");
+    QVERIFY2(page.contains(QString::fromStdString(stateCellText(stale, 1)).toHtmlEscaped()), "its worst checkpoint's words");
+    QVERIFY(page.contains("<td class=fail>" + QString::number(stale.worstRatio(1), 'g', 4) + "</td>"));
 }
 
 QTEST_MAIN(TestReport)
