@@ -246,7 +246,7 @@ private:
     void compare(LayerInputs& in);
     // The pooled BCs of a layer compared in several windows: its windows read again for the
     // second pass over the shared bins.
-    void poolWindowedLayer(const LayerInputs& last);
+    void poolWindowedLayer(LayerInputs& last);
 
     static std::vector<std::string> promptIds(const AnalysisResult& result)
     {
@@ -475,8 +475,7 @@ void AnalysisRun::compare(LayerInputs& in)
         if (in.step.firstOfLayer) {  // the layer in one step: its sides are all here
             aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team(), m_options.share);
         } else {
-            in.sides.clear();  // the second pass reads each window again
-            poolWindowedLayer(in);
+            poolWindowedLayer(in);  // the second pass: this window from its sides, the others read again
         }
     }
     const Step step = in.step;
@@ -493,16 +492,25 @@ void AnalysisRun::compare(LayerInputs& in)
             m_result.prompts[pi].releaseLayer(step.layer);
 }
 
-void AnalysisRun::poolWindowedLayer(const LayerInputs& last)
+void AnalysisRun::poolWindowedLayer(LayerInputs& last)
 {
     std::vector<char> compared(m_result.prompts.size());
     for (std::size_t pi = 0; pi < compared.size(); ++pi)
         compared[pi] = owns(pi) && !last.progress->failed[pi];
     WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.step.layer, *m_result.aggregate, team(),
                                  m_options.share);
+    // The window just compared is counted from the sides in hand (a pooled prompt's are ok
+    // exactly where it is compared and in the batch), first, and freed before the others are
+    // read again: counts add up in any order.
+    if (pooling.needsSides() && !cancelled())
+        pooling.count(last.sides, last.step.window);
+    last.sides.clear();
+    const auto isLast = [&](const Step& step) {
+        return step.window == last.step.window && step.firstPrompt == last.step.firstPrompt;
+    };
     bool unreadable = false;
     for (const Step& step : m_steps) {
-        if (step.layer != last.step.layer || !pooling.needsSides() || unreadable)
+        if (step.layer != last.step.layer || isLast(step) || !pooling.needsSides() || unreadable)
             continue;
         if (cancelled())
             return;
