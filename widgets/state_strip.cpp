@@ -131,9 +131,16 @@ void StateStrip::mouseMoveEvent(QMouseEvent* event)
 
 void StateStrip::mousePressEvent(QMouseEvent* event)
 {
-    const QString text = describeAt(event->position().toPoint());
-    if (!text.isEmpty())
-        emit checkpointClicked(text);
+    int row = -1;
+    const StateRowCell* cell = cellAt(event->position().toPoint(), &row);
+    if (!cell)
+        return;
+    const StateLayerAnalysis& a = m_states[std::size_t(row)];
+    int part = 0;
+    std::int64_t worst = 0;
+    a.worstRatio(cell->checkpoint, &part, &worst);
+    emit checkpointClicked(QString::fromStdString(stateCellText(a, cell->checkpoint)), QString::fromStdString(a.layer),
+                           a.positions[cell->checkpoint], QString::fromStdString(a.parts[std::size_t(part)].name), worst);
 }
 
 }  // namespace kvscope

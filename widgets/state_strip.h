@@ -31,8 +31,9 @@ public:
     QSize minimumSizeHint() const override { return sizeHint(); }
 
 signals:
-    // A checkpoint clicked: its words, for the page to show where it shows a cell's.
-    void checkpointClicked(const QString& text);
+    // A checkpoint clicked: its words, for the page to show where it shows a cell's, and its
+    // worst cell (a part's cell, analysis/state_analysis.h), whose histogram the page shows.
+    void checkpointClicked(const QString& text, const QString& layer, qint64 position, const QString& part, qint64 cell);
 
 protected:
     void paintEvent(QPaintEvent* event) override;

@@ -383,4 +383,25 @@ void AnalysisController::requestHeadHistogram(const std::string& promptId, const
     });
 }
 
+void AnalysisController::requestStateHistogram(const std::string& promptId, const std::string& layer, qint64 position,
+                                               const std::string& part, qint64 cell, HistogramDone done)
+{
+    if (!m_loader) {
+        done(nullptr, tr("no bundle is open"));
+        return;
+    }
+    m_door.ask("histogram", this, [loader = m_loader, promptId, layer, position, part, cell,
+                                   done = std::move(done)](EngineJob& job) {
+        std::shared_ptr<const HeadErrorHistogram> histogram;
+        QString error;
+        try {
+            histogram = std::make_shared<const HeadErrorHistogram>(
+                stateErrorHistogram(*loader, promptId, layer, position, part, cell));
+        } catch (const std::exception& e) {
+            error = QString::fromStdString(e.what());
+        }
+        job.deliver([histogram, error, done] { done(histogram, error); });
+    });
+}
+
 }  // namespace kvscope

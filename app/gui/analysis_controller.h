@@ -80,6 +80,10 @@ public:
     using HistogramDone = std::function<void(std::shared_ptr<const HeadErrorHistogram> histogram, const QString& error)>;
     void requestHeadHistogram(const std::string& promptId, const std::string& layer, int head, KvPart part,
                               qint64 begin, qint64 end, HistogramDone done);
+    // The same of one cell of a state-space layer's recurrent state at a checkpoint
+    // (analysis/head_error_histogram.h's stateErrorHistogram).
+    void requestStateHistogram(const std::string& promptId, const std::string& layer, qint64 position,
+                               const std::string& part, qint64 cell, HistogramDone done);
 
     // Writes the finished analysis to a results file off the GUI thread; `done` gets, on the GUI
     // thread, an empty string or why it could not be written.

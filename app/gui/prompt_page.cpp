@@ -11,6 +11,7 @@
 #include "gui/worst_cells_model.h"
 #include "widgets/heatmap_view.h"
 #include "widgets/provenance_strip.h"
+#include "widgets/histogram_view.h"
 #include "widgets/state_strip.h"
 
 #include <QElapsedTimer>
@@ -133,7 +134,10 @@ void PromptPage::layOut()
     mapLayout->addWidget(m_heatmap, 1);
     mapLayout->addWidget(m_provenance);
     mapLayout->addWidget(m_stateStrip);
-    connect(m_stateStrip, &StateStrip::checkpointClicked, this, [this](const QString& text) { m_evidence->setText(text); });
+    connect(m_stateStrip, &StateStrip::checkpointClicked, this,
+            [this](const QString& text, const QString& layer, qint64 position, const QString& part, qint64 cell) {
+                showStateCheckpoint(text, layer, position, part, cell);
+            });
     m_vertical->addWidget(mapAndStrip);
     m_vertical->addWidget(m_drill);
     m_vertical->setStretchFactor(0, 3);
@@ -419,6 +423,26 @@ void PromptPage::followWorstCell(int row)
     selectCell(c.layer, c.token);
     m_worstView->selectRow(row);
     m_followingList = false;
+}
+
+void PromptPage::showStateCheckpoint(const QString& text, const QString& layer, qint64 position, const QString& part,
+                                     qint64 cell)
+{
+    const PromptAnalysis* p = prompt();
+    if (!p)
+        return;
+    m_evidence->setText(text);
+    // Its worst cell's values against the reference, as the drill-down shows a KV head's.
+    const QString title = tr("%1 %2 %3 %4, the state after position %5")
+                              .arg(layer, part, part == "ssm" ? tr("head") : tr("cell")).arg(cell).arg(position);
+    m_drill->histogram().clearHistogram(tr("reading %1").arg(title));
+    m_controller->requestStateHistogram(p->id, layer.toStdString(), position, part.toStdString(), cell,
+                                        [this, title](std::shared_ptr<const HeadErrorHistogram> histogram, const QString& error) {
+                                            if (histogram)
+                                                m_drill->histogram().setHistogram(*histogram, title);
+                                            else
+                                                m_drill->histogram().clearHistogram(tr("no histogram: %1").arg(error));
+                                        });
 }
 
 void PromptPage::clear(const QString& message)

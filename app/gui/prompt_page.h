@@ -89,6 +89,8 @@ signals:
     void mapShown();
 
 private:
+    // A state checkpoint clicked under the map: its words, and its worst cell's histogram.
+    void showStateCheckpoint(const QString& text, const QString& layer, qint64 position, const QString& part, qint64 cell);
     void layOut();
     void connectViews();
     const PromptAnalysis* prompt() const;

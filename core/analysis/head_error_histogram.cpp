@@ -1,5 +1,7 @@
 #include "analysis/head_error_histogram.h"
 
+#include "analysis/state_analysis.h"
+
 #include "format/bundle_error.h"
 
 #include <algorithm>
@@ -70,6 +72,29 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
         }
     }
     return errorHistogram(threeWay ? &baseErrors : nullptr, actualErrors, tokens, bins);
+}
+
+HeadErrorHistogram stateErrorHistogram(const CaptureLoader& loader, const std::string& promptId, const std::string& layer,
+                                       std::int64_t position, const std::string& part, std::int64_t cell, int bins)
+{
+    LayerState state = loader.layerState(promptId, layer);
+    groupSmallUnits(state);  // the analysis's cells
+    const auto at = std::find(state.positions.begin(), state.positions.end(), position);
+    if (at == state.positions.end())
+        throw std::invalid_argument("no compared checkpoint at position " + std::to_string(position));
+    const std::size_t checkpoint = std::size_t(at - state.positions.begin());
+    const auto values = std::find_if(state.parts.begin(), state.parts.end(), [&](const StatePartValues& p) { return p.name == part; });
+    if (values == state.parts.end() || cell < 0 || cell >= values->units())
+        throw std::invalid_argument("no cell " + std::to_string(cell) + " of part '" + part + "'");
+    const std::size_t n = std::size_t(values->unitSize()), first = (checkpoint * std::size_t(values->units()) + std::size_t(cell)) * n;
+    const std::vector<float>& reference = state.hasBaseline ? values->baseline : values->expected;
+    std::vector<float> actualErrors, baseErrors;
+    for (std::size_t i = first; i < first + n; ++i) {
+        actualErrors.push_back(std::fabs(reference[i] - values->engine[i]));
+        if (state.hasBaseline)
+            baseErrors.push_back(std::fabs(reference[i] - values->expected[i]));
+    }
+    return errorHistogram(state.hasBaseline ? &baseErrors : nullptr, actualErrors, 1, bins);
 }
 
 }  // namespace kvscope

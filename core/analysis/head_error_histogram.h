@@ -16,4 +16,11 @@ HeadErrorHistogram headErrorHistogram(const CaptureLoader& loader, const std::st
                                       const std::string& layer, int head, KvPart part, std::int64_t tokenBegin,
                                       std::int64_t tokenEnd, int bins = kBcBins);
 
+// The same of a state-space layer's recurrent state (analysis/state_analysis.h): one cell (an
+// SSM head, a run of conv channels: `cell` in the analysis's cells of `part`) at the checkpoint
+// of `position`, its values' errors against the baseline (three-way) or expected. Throws
+// BundleError on unreadable data and std::invalid_argument on a bad part, cell or checkpoint.
+HeadErrorHistogram stateErrorHistogram(const CaptureLoader& loader, const std::string& promptId, const std::string& layer,
+                                       std::int64_t position, const std::string& part, std::int64_t cell,
+                                       int bins = kBcBins);
 }  // namespace kvscope

@@ -7,6 +7,7 @@
 
 #include "analysis/analysis_json.h"
 #include "analysis/analyzer.h"
+#include "analysis/head_error_histogram.h"
 #include "analysis/state_analysis.h"
 #include "analysis/state_json.h"
 #include "analysis/state_rows.h"
@@ -97,6 +98,7 @@ private slots:
     void attentionFaultUpstreamRanksFirst();
     void jsonCarriesTheStates();
     void rowsAndWordsOfACheckpoint();
+    void histogramOfAStateHead();
 
 private:
     AnalysisResult analyse(const ModelCaptureOptions& o, nlohmann::json* truth = nullptr)
@@ -376,6 +378,28 @@ void TestStateSuspects::rowsAndWordsOfACheckpoint()
     QVERIFY2(text.find("ssm heads: 1 (" + shortNumber(a.parts[0].ratio[4]) + ")") != std::string::npos, text.c_str());
     QVERIFY2(text.find("(none off)") == std::string::npos, text.c_str());
     QVERIFY2(stateCellText(a, 0).find("(none off)") != std::string::npos, stateCellText(a, 0).c_str());
+}
+
+void TestStateSuspects::histogramOfAStateHead()
+{
+    // A stale state in layer 2 of prompt_0 at position 16: SSM head 0's 16 x 16 values at that
+    // checkpoint, |baseline - engine| far above |baseline - expected|; the same head at 8 (before it) not.
+    const std::string path = m_dir.filePath("histogram.h5").toStdString();
+    writeModelCapture(path, hybrid(FaultKind::StateStale, true));
+    const CaptureLoader loader(std::make_shared<BundleReader>(path));
+    const HeadErrorHistogram at = stateErrorHistogram(loader, "prompt_0", "model.layers.2.mixer", 16, "ssm", 0);
+    QCOMPARE(at.actual.total(), std::uint64_t(16 * 16));
+    QVERIFY(at.base && at.base->total() == 16 * 16);
+    QVERIFY(at.bc < 0.5);
+    const HeadErrorHistogram before = stateErrorHistogram(loader, "prompt_0", "model.layers.2.mixer", 8, "ssm", 0);
+    QVERIFY(before.bc > 0.5);
+    bool refused = false;
+    try {
+        stateErrorHistogram(loader, "prompt_0", "model.layers.2.mixer", 9, "ssm", 0);
+    } catch (const std::invalid_argument&) {
+        refused = true;  // no checkpoint there
+    }
+    QVERIFY(refused);
 }
 
 QTEST_GUILESS_MAIN(TestStateSuspects)
