@@ -618,6 +618,23 @@ void Hdf5File::readRaw(const std::string& dataset, hid_t memType, void* dst, con
 
 namespace {
 
+// Whether a dataset's chunks can be read as stored: chunked, and unfiltered (false) or with just
+// the Fletcher32 checksum appended (true); nullopt otherwise.
+std::optional<bool> chunksAsStored(hid_t d)
+{
+    Hdf5Handle dcpl(H5Dget_create_plist(d), closePlist);
+    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED)
+        return std::nullopt;
+    const int filters = H5Pget_nfilters(dcpl.id());
+    unsigned flags = 0, config = 0;
+    std::size_t n = 0;
+    const bool checksummed = filters == 1 && H5Pget_filter2(dcpl.id(), 0, &flags, &n, nullptr, 0, nullptr, &config) ==
+                                                 H5Z_FILTER_FLETCHER32;
+    if (filters != 0 && !checksummed)
+        return std::nullopt;
+    return checksummed;
+}
+
 // A box of a chunked dataset read chunk by chunk as stored (H5Dread_chunk: no filter run), each
 // chunk's Fletcher32 verified here and the box's part of it copied out. libhdf5's own path sums
 // every chunk with a scalar Fletcher32 and copies it through its chunk cache: a long reference
@@ -627,16 +644,11 @@ namespace {
 bool readBoxByChunks(const Hdf5File& file, hid_t d, hid_t memType, const std::vector<hsize_t>& first,
                      const std::vector<hsize_t>& extent, unsigned char* dst, const std::string& dataset)
 {
+    const std::optional<bool> asStored = chunksAsStored(d);
+    if (!asStored)
+        return false;
+    const bool checksummed = *asStored;
     Hdf5Handle dcpl(H5Dget_create_plist(d), closePlist);
-    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED)
-        return false;
-    const int filters = H5Pget_nfilters(dcpl.id());
-    unsigned flags = 0, config = 0;
-    std::size_t n = 0;
-    const bool checksummed = filters == 1 && H5Pget_filter2(dcpl.id(), 0, &flags, &n, nullptr, 0, nullptr, &config) ==
-                                                 H5Z_FILTER_FLETCHER32;
-    if (filters != 0 && !checksummed)
-        return false;
     const std::size_t rank = first.size();
     std::vector<hsize_t> chunk(rank);
     if (rank == 0 || H5Pget_chunk(dcpl.id(), int(rank), chunk.data()) != int(rank))
@@ -773,16 +785,11 @@ std::optional<RowChunking> Hdf5File::rowChunking(hid_t d, hid_t memType, const s
     // Only chunks of whole rows, stored exactly as the memory type wants them, unfiltered or
     // with just the Fletcher32 checksum appended: then a chunk's bytes on disk are the rows
     // themselves, and the checksum is verified here.
+    const std::optional<bool> asStored = chunksAsStored(d);
+    if (!asStored)
+        return std::nullopt;
+    const bool checksummed = *asStored;
     Hdf5Handle dcpl(H5Dget_create_plist(d), closePlist);
-    if (H5Pget_layout(dcpl.id()) != H5D_CHUNKED)
-        return std::nullopt;
-    const int filters = H5Pget_nfilters(dcpl.id());
-    unsigned flags = 0, config = 0;
-    std::size_t n = 0;
-    const bool checksummed = filters == 1 && H5Pget_filter2(dcpl.id(), 0, &flags, &n, nullptr, 0, nullptr, &config) ==
-                                                 H5Z_FILTER_FLETCHER32;
-    if (filters != 0 && !checksummed)
-        return std::nullopt;
     const int rank = int(dims.size());
     std::vector<hsize_t> chunk(dims.size());
     if (H5Pget_chunk(dcpl.id(), rank, chunk.data()) != rank || chunk[0] == 0)

@@ -56,12 +56,7 @@ Mamba2Mixer::Mamba2Mixer(int hidden, const Mamba2Shape& shape, std::uint64_t see
 {
     checkShape(shape);
     detmath::NormalSampler normal(seed);
-    const auto matrix = [&](int rows, int cols, double stddev) {
-        Matrix m(rows, cols);
-        for (float& x : m.values)
-            x = float(normal() * stddev);
-        return m;
-    };
+    const auto matrix = [&](int rows, int cols, double stddev) { return randomMatrix(normal, rows, cols, stddev); };
     const auto around = [&](int size, double centre, double stddev) {
         std::vector<float> v(static_cast<std::size_t>(size));
         for (float& x : v)

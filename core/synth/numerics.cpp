@@ -84,6 +84,14 @@ void roundInPlace(std::vector<float>& values)
         x = roundToBf16(x);
 }
 
+Matrix randomMatrix(detmath::NormalSampler& normal, int rows, int cols, double stddev)
+{
+    Matrix m(rows, cols);
+    for (float& x : m.values)
+        x = float(normal() * stddev);
+    return m;
+}
+
 Matrix linear(const Matrix& x, const Matrix& w, Numerics n)
 {
     static const MatmulFn matmul = chooseMatmul();

@@ -3,6 +3,8 @@
 // the GEMM with each numerics' summation order and rounding, and SiLU (docs/synth.md). Internal
 // to the synthetic generator (tiny_transformer.cpp, mamba2_mixer.cpp).
 
+#include "util/deterministic_math.h"
+
 #include <vector>
 
 namespace kvscope::synth {
@@ -24,6 +26,10 @@ struct Matrix {
     float* row(int r) { return values.data() + std::size_t(r) * std::size_t(cols); }
     const float* row(int r) const { return values.data() + std::size_t(r) * std::size_t(cols); }
 };
+
+// A rows x cols matrix of normal(0, stddev) values drawn from `normal` in row-major order: the
+// synthetic models' deterministic weights.
+Matrix randomMatrix(detmath::NormalSampler& normal, int rows, int cols, double stddev);
 
 // y = x w (w [in, out]): products summed in fp32 in order of k (the engine: in chunks of 64,
 // then the chunk sums in order); bf16 output but for the baseline.

@@ -186,12 +186,7 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
     : m_shape(shape)
 {
     detmath::NormalSampler normal(seed);
-    const auto matrix = [&](int rows, int cols, double stddev) {
-        Matrix m(rows, cols);
-        for (float& x : m.values)
-            x = float(normal() * stddev);
-        return m;
-    };
+    const auto matrix = [&](int rows, int cols, double stddev) { return randomMatrix(normal, rows, cols, stddev); };
     const auto normWeight = [&](int size) {
         std::vector<float> w{};
         w.resize(std::size_t(size));
