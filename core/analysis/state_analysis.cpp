@@ -100,13 +100,45 @@ std::int64_t StateLayerAnalysis::cells() const
     return n;
 }
 
+namespace {
+
+// How many consecutive units of `size` values make a cell (groupSmallUnits).
+std::int64_t cellRun(std::int64_t units, std::int64_t size)
+{
+    std::int64_t run = 1;
+    while (run < units && (run * size < kStateCellValues || units % run != 0))
+        ++run;
+    return run;
+}
+
+// The cells a layer's comparison will have, from its layout alone: the checkpoints both sides
+// hold, times each part's cells (what loadLayerState and groupSmallUnits make of it).
+std::int64_t cellsOf(const std::pair<LayerStateRecord, std::optional<LayerStateRecord>>& layout)
+{
+    const auto& [engine, expected] = layout;
+    if (!expected || expected->ranks.empty())
+        return 0;
+    std::int64_t checkpoints = 0;
+    for (std::int64_t p : engine.positions)
+        checkpoints += std::binary_search(expected->positions.begin(), expected->positions.end(), p);
+    std::int64_t cells = 0;
+    for (const StatePart& part : expected->ranks[0]) {
+        const std::vector<std::int64_t>& shape = part.tensor.shape;
+        std::int64_t size = 1;
+        for (std::size_t d = 2; d < shape.size(); ++d)
+            size *= shape[d];
+        cells += shape.size() >= 2 ? shape[1] / cellRun(shape[1], size) : 0;
+    }
+    return checkpoints * cells;
+}
+
+}  // namespace
+
 void groupSmallUnits(LayerState& state)
 {
     for (StatePartValues& part : state.parts) {
         const std::int64_t units = part.units(), size = part.unitSize();
-        std::int64_t run = 1;
-        while (run < units && (run * size < kStateCellValues || units % run != 0))
-            ++run;
+        const std::int64_t run = cellRun(units, size);
         if (run == 1)
             continue;
         part.unitsPerCell *= run;
@@ -210,32 +242,28 @@ std::vector<StateLayerAnalysis> analyzePromptStates(const CaptureLoader& loader,
         layers.emplace_back(int(at - modelOrder.begin()), layer);
     }
     std::sort(layers.begin(), layers.end());
-    // Read first: the threshold grows with every state cell of the prompt.
-    std::vector<LayerState> states(layers.size());
-    std::vector<std::string> problems(layers.size());
+    // The threshold grows with every state cell of the prompt: counted from the layouts first,
+    // then one layer's values in memory at a time.
     std::int64_t cells = 0;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
+    for (const auto& [index, layer] : layers) {
         try {
-            states[i] = loader.layerState(prompt.id, layers[i].second);
-            groupSmallUnits(states[i]);
-            for (const StatePartValues& part : states[i].parts)
-                cells += part.shape[0] * part.units();
-        } catch (const BundleError& e) {
-            problems[i] = e.what();
+            cells += cellsOf(loader.stateLayout(prompt.id, layer));
+        } catch (const BundleError&) {  // (said below, when its values are read)
         }
     }
     std::vector<StateLayerAnalysis> analysed;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-        if (!problems[i].empty()) {
+    for (const auto& [index, layer] : layers) {
+        try {
+            LayerState state = loader.layerState(prompt.id, layer);
+            groupSmallUnits(state);
+            analysed.push_back(analyzeLayerState(state, index, thresholds, cells));
+        } catch (const BundleError& e) {
             StateLayerAnalysis a;
-            a.layer = layers[i].second;
-            a.modelIndex = layers[i].first;
-            a.problem = problems[i];
+            a.layer = layer;
+            a.modelIndex = index;
+            a.problem = e.what();
             analysed.push_back(std::move(a));
-            continue;
         }
-        analysed.push_back(analyzeLayerState(states[i], layers[i].first, thresholds, cells));
-        states[i] = {};
     }
     return analysed;
 }

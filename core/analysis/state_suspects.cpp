@@ -59,7 +59,9 @@ struct OffStateCell {
 // The onset layer's state with what the hypotheses measure against.
 class StateFit {
 public:
-    StateFit(const StateLayerAnalysis& analysis, const LayerState& state) : m_a(analysis), m_state(state)
+    // `explained`: SuspectThresholds::explained, what "down to the floor" allows over the clean level.
+    StateFit(const StateLayerAnalysis& analysis, const LayerState& state, double explained)
+        : m_a(analysis), m_state(state), m_explained(explained)
     {
         for (std::size_t p = 0; p < analysis.parts.size(); ++p)
             for (std::size_t c = 0; c < analysis.positions.size(); ++c)
@@ -80,6 +82,8 @@ public:
                 m_onset.push_back(c);
     }
     const std::vector<OffStateCell>& off() const { return m_off; }
+    // Where a cell counts as brought back down to the floor.
+    double explainedLevel() const { return cleanLevel() * m_explained; }
     const std::vector<OffStateCell>& onset() const { return m_onset; }
     // The layer's level where it is not off, in floors (at least 1): what "down to the floor" means.
     double cleanLevel() const
@@ -127,6 +131,7 @@ private:
     }
     const StateLayerAnalysis& m_a;
     const LayerState& m_state;
+    double m_explained;
     std::vector<OffStateCell> m_off;
     std::vector<OffStateCell> m_onset;
     std::vector<float> m_clean;
@@ -142,7 +147,7 @@ Hypothesis judge(const StateFit& fit, std::string kind, const std::function<bool
     int explained = 0;
     // A cell is brought back when it is no longer off: within twice the layer's clean level, or
     // (two-way, where that allows for the drift) half the off threshold.
-    const double level = std::max(fit.cleanLevel() * SuspectThresholds{}.explained, fit.analysis().offThreshold / 2);
+    const double level = std::max(fit.explainedLevel(), fit.analysis().offThreshold / 2);
     std::vector<float> predicted;
     for (const OffStateCell& c : fit.onset()) {
         predicted.assign(std::size_t(fit.unitSize(c.part)), 0.0f);
@@ -159,7 +164,7 @@ Hypothesis judge(const StateFit& fit, std::string kind, const std::function<bool
 
 bool explains(const Hypothesis& h, const StateFit& fit)
 {
-    return h.residualFloors <= fit.cleanLevel() * SuspectThresholds{}.explained && h.explainedShare >= 0.9;
+    return h.residualFloors <= fit.explainedLevel() && h.explainedShare >= 0.9;
 }
 
 // One least-squares factor of `source` for `target` (a = <t, s> / <s, s>), over the cells given.
@@ -422,8 +427,7 @@ int orderOf(const std::vector<std::string>& modelOrder, const std::string& layer
     return it == modelOrder.end() ? std::numeric_limits<int>::max() : int(it - modelOrder.begin());
 }
 
-Suspect stateSuspect(const StateFit& fit, const StateHypotheses& hypotheses, const PromptAnalysis& p,
-                     const std::vector<std::string>& spread)
+Suspect stateSuspect(const StateFit& fit, const StateHypotheses& hypotheses, const PromptAnalysis& p)
 {
     const StateLayerAnalysis& a = fit.analysis();
     Suspect s;
@@ -449,7 +453,6 @@ Suspect stateSuspect(const StateFit& fit, const StateHypotheses& hypotheses, con
     s.score = medianOf(ratios);
     s.firstLayer = a.layer;
     s.layers = {a.layer};
-    s.layers.insert(s.layers.end(), spread.begin(), spread.end());
     for (const std::string& name : partsOff)
         s.kv += (s.kv.empty() ? "" : "+") + name;
     s.heads = units;
@@ -476,8 +479,6 @@ Suspect stateSuspect(const StateFit& fit, const StateHypotheses& hypotheses, con
         s.measured = measureState(fit);
         e << "; unexplained: " << s.measured->text << ".";
     }
-    if (!spread.empty())
-        e << " Later state layers off too: " << spread.size() << ".";
     s.evidence = e.str();
     return s;
 }
@@ -485,7 +486,7 @@ Suspect stateSuspect(const StateFit& fit, const StateHypotheses& hypotheses, con
 }  // namespace
 
 void addStateSuspects(const CaptureLoader& loader, PromptAnalysis& p, const std::vector<std::string>& otherPrompts,
-                      const std::vector<std::string>& modelOrder, const SuspectThresholds&)
+                      const std::vector<std::string>& modelOrder, const SuspectThresholds& thresholds)
 {
     // Non-finite values first: named as the KV's are, before every finite suspect.
     std::vector<Suspect> nonFinite;
@@ -519,9 +520,7 @@ void addStateSuspects(const CaptureLoader& loader, PromptAnalysis& p, const std:
             off.push_back(&a);
     std::sort(off.begin(), off.end(), [](auto* a, auto* b) { return a->modelIndex < b->modelIndex; });
 
-    std::vector<Suspect> found;
-    std::vector<DecodedState> others;
-    bool othersRead = false;
+    std::optional<Suspect> found;
     std::vector<std::string> spread;
     const StateLayerAnalysis* onset = nullptr;
     for (const StateLayerAnalysis* a : off) {
@@ -539,16 +538,14 @@ void addStateSuspects(const CaptureLoader& loader, PromptAnalysis& p, const std:
         }
         LayerState state = loader.layerState(p.id, a->layer);
         groupSmallUnits(state);
-        const StateFit fit(*a, state);
+        const StateFit fit(*a, state, thresholds.explained);
         if (fit.off().empty())
             continue;
-        if (!othersRead) {
-            othersRead = true;
-            for (const std::string& id : otherPrompts)
-                if (id != p.id)
-                    if (auto record = loader.referenceState(id, ReferenceRole::Expected, a->layer))
-                        others.push_back(decode(id, *record));
-        }
+        std::vector<DecodedState> others;  // the other prompts' states of this layer
+        for (const std::string& id : otherPrompts)
+            if (id != p.id)
+                if (auto record = loader.referenceState(id, ReferenceRole::Expected, a->layer))
+                    others.push_back(decode(id, *record));
         const auto own = loader.referenceState(p.id, ReferenceRole::Expected, a->layer);
         const StateHypotheses hypotheses = testHypotheses(fit, decode(p.id, *own), others);
         if (upstream && !hypotheses.explaining) {
@@ -565,13 +562,12 @@ void addStateSuspects(const CaptureLoader& loader, PromptAnalysis& p, const std:
             continue;
         }
         onset = a;
-        found.push_back(stateSuspect(fit, hypotheses, p, {}));
+        found = stateSuspect(fit, hypotheses, p);
     }
-    if (!found.empty()) {
-        Suspect& s = found.front();
+    if (found) {
+        Suspect& s = *found;
         // KV suspects below it that nothing explains, from its first token on: its spread (the
         // engine ran on from the wrong state, and every later layer saw it).
-        int kvSpread = 0;
         const int at = orderOf(modelOrder, s.firstLayer);
         std::erase_if(p.suspects, [&](const Suspect& k) {
             const bool below = k.pattern != SuspectPattern::NonFinite && k.hypothesis.kind.empty() &&
@@ -580,7 +576,6 @@ void addStateSuspects(const CaptureLoader& loader, PromptAnalysis& p, const std:
                 for (const std::string& layer : k.layers)
                     if (std::find(spread.begin(), spread.end(), layer) == spread.end())
                         spread.push_back(layer);
-                ++kvSpread;
             }
             return below;
         });
@@ -598,11 +593,11 @@ void addStateSuspects(const CaptureLoader& loader, PromptAnalysis& p, const std:
         (s.pattern == SuspectPattern::NonFinite ? kvNonFinite : kvFinite).push_back(std::move(s));
     merged.insert(merged.end(), kvNonFinite.begin(), kvNonFinite.end());
     merged.insert(merged.end(), nonFinite.begin(), nonFinite.end());
-    for (Suspect& s : found) {
-        const int at = orderOf(modelOrder, s.firstLayer);
+    if (found) {
+        const int at = orderOf(modelOrder, found->firstLayer);
         auto later = std::find_if(kvFinite.begin(), kvFinite.end(),
                                   [&](const Suspect& k) { return orderOf(modelOrder, k.firstLayer) > at; });
-        kvFinite.insert(later, std::move(s));
+        kvFinite.insert(later, std::move(*found));
     }
     merged.insert(merged.end(), kvFinite.begin(), kvFinite.end());
     p.suspects = std::move(merged);

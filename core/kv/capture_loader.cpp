@@ -250,6 +250,14 @@ LayerState CaptureLoader::layerState(const std::string& promptId, const std::str
     return loadLayerState(at.reader, at.id, layer);
 }
 
+std::pair<LayerStateRecord, std::optional<LayerStateRecord>> CaptureLoader::stateLayout(const std::string& promptId,
+                                                                                        const std::string& layer) const
+{
+    const Located at = locate(promptId);
+    return {at.reader.readEngineStateLayout(at.id, layer),
+            at.reader.readReferenceStateLayout(at.id, ReferenceRole::Expected, layer)};
+}
+
 std::optional<LayerStateRecord> CaptureLoader::referenceState(const std::string& promptId, ReferenceRole role,
                                                               const std::string& layer) const
 {

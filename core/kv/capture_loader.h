@@ -96,6 +96,9 @@ public:
     LayerState layerState(const std::string& promptId, const std::string& layer) const;
     std::optional<LayerStateRecord> referenceState(const std::string& promptId, ReferenceRole role,
                                                    const std::string& layer) const;
+    // The engine's and the expected reference's state without values (shapes, checkpoints).
+    std::pair<LayerStateRecord, std::optional<LayerStateRecord>> stateLayout(const std::string& promptId,
+                                                                             const std::string& layer) const;
 
 private:
     // The bundle holding a prompt, and the prompt's id there.

@@ -6,6 +6,7 @@
 #include "format/fletcher32.h"
 #include "util/version.h"
 #include "kv/capture_loader.h"
+#include "modify_bundle.h"
 #include "test_support.h"
 
 #include <QCryptographicHash>
@@ -105,15 +106,6 @@ Written writeBundle(const QString& path, DType dtype, bool keepOnlyReferenced, f
     writer.addLogits("p0", LogitsRole::Actual, w.logits);
     writer.finish();
     return w;
-}
-
-// Opens a bundle for writing to damage it the way broken files are damaged.
-void modify(const QString& path, const std::function<void(hid_t)>& change)
-{
-    const hid_t file = H5Fopen(path.toUtf8().constData(), H5F_ACC_RDWR, H5P_DEFAULT);
-    QVERIFY(file >= 0);
-    change(file);
-    H5Fclose(file);
 }
 
 // A dataset stored as format v2 stores every one: in chunks (here one) with a Fletcher32 checksum.

@@ -7,6 +7,7 @@
 #include "format/bundle_writer.h"
 #include "format/recurrent_state.h"
 #include "kv/layer_state.h"
+#include "modify_bundle.h"
 #include "test_support.h"
 
 #include <QTemporaryDir>
@@ -102,14 +103,6 @@ void writeHybrid(const QString& path, const Sides* states)
         writer.addReferenceState("p0", ReferenceRole::Baseline, states->baseline);
     }
     writer.finish();
-}
-
-void modify(const QString& path, const std::function<void(hid_t)>& change)
-{
-    const hid_t file = H5Fopen(path.toUtf8().constData(), H5F_ACC_RDWR, H5P_DEFAULT);
-    QVERIFY(file >= 0);
-    change(file);
-    H5Fclose(file);
 }
 
 }  // namespace
