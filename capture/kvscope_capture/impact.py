@@ -107,7 +107,8 @@ def export_engine_kv(bundle, out, prompts, layers, binary=None):
     command += ["--layers", ",".join(layers)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise ValueError(f"{bundle}: kvscope export failed ({binary}): {result.stderr.strip() or result.stdout.strip()}")
+        message = result.stderr.strip() or result.stdout.strip()
+        raise ValueError(f"{bundle}: kvscope export failed ({binary}): {message}")
 
 
 def read_engine_layer(export, path, prompt, layer):
@@ -214,7 +215,6 @@ class _Steps:
         self.forwards = 0
 
     def logits(self, sources):
-        torch = self.torch
         out = []
         for start in range(0, len(self.positions), self.step_batch):
             out.append(self._chunk(self.positions[start:start + self.step_batch], sources))
@@ -391,7 +391,8 @@ def impact_bundle(bundle, model, model_name="", engine_kv=None, prompts=None, la
             if not len(p[3]):
                 log(f"prompt {p[0]}: no teacher tokens, skipped")
         if not chosen:
-            raise ValueError(f"{bundle}: no prompt has teacher tokens: impact measures the decode steps that predict them")
+            raise ValueError(f"{bundle}: no prompt has teacher tokens: impact measures the decode steps that "
+                             "predict them")
     compared = config.layer_names()
     selected = select_layers(layers, compared) if layers else compared
     if not selected:
@@ -417,8 +418,8 @@ def impact_bundle(bundle, model, model_name="", engine_kv=None, prompts=None, la
                     model, prompt, config, lambda layer, pid=prompt[0]: read_engine_layer(exported, export, pid, layer),
                     schemes, cache_class, step_batch, selected)
                 seconds = time.perf_counter() - started
-                log(f"prompt {prompt[0]}: {len(transplants)} transplants x {len(prompt[3])} steps, {forwards} forwards, "
-                    f"{seconds:.1f} s")
+                log(f"prompt {prompt[0]}: {len(transplants)} transplants x {len(prompt[3])} steps, {forwards} "
+                    f"forwards, {seconds:.1f} s")
                 records[prompt[0]] = (transplants, kl, top1, computed_by, seconds)
                 results[prompt[0]] = (transplants, kl, top1)
     write_impact(bundle, records)

@@ -4,13 +4,18 @@ but in one layer is measured through `kvscope export`; its KL is checked against
 computation of the same per-step semantics written here (numpy, from the stand-in's weights), the
 fp8 rounding against hand-worked values and the formats' grids. Needs KVSCOPE_BINARY."""
 
+import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
+import types
 import unittest
-from contextlib import redirect_stderr
+from contextlib import redirect_stderr, redirect_stdout
+from unittest import mock
 
 import h5py
 import numpy as np
@@ -238,7 +243,8 @@ class Impact(unittest.TestCase):
             w.add_engine_snapshot("bare", per_rank, tables, PROMPT_LEN)
             w.add_reference_kv("bare", "expected", {n: (k[None], v[None]) for n, (k, v) in bare.items()})
         cls.export = os.path.join(cls.tmp.name, "export.h5")
-        result = subprocess.run([BINARY, "export", cls.bundle, cls.export, "--prompt", "p"], capture_output=True, text=True)
+        result = subprocess.run([BINARY, "export", cls.bundle, cls.export, "--prompt", "p"], capture_output=True,
+                                text=True)
         assert result.returncode == 0, result.stderr
         with h5py.File(cls.export, "r") as f:
             cls.present = {n: f[f"prompts/p/engine/{n}/present"][()].astype(bool) for n in LAYERS}
@@ -374,12 +380,44 @@ class Impact(unittest.TestCase):
             refused([partial, "'p'", LAYERS[1]], engine_kv=partial)
             refused([self.bundle, "not a kvscope export"], engine_kv=self.bundle)
 
+    def test_command_line(self):
+        """`python3 -m kvscope_capture impact` loads the model through transformers (a stand-in
+        module here) and writes what impact_bundle computes."""
+        standin = types.ModuleType("transformers")
+        standin.DynamicCache = StandinDynamicCache
+        loaded = []
+
+        def from_pretrained(name, torch_dtype=None):
+            loaded.append((name, torch_dtype))
+            return StandinCausalLM(StandinConfig(sliding_windows=[None, None, WINDOW]), seed=3).to(torch_dtype)
+
+        standin.AutoModelForCausalLM = types.SimpleNamespace(from_pretrained=from_pretrained)
+        expected = self.run_impact(engine_kv=self.export)["p"]
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle = shutil.copy(self.bundle, os.path.join(tmp, "b.h5"))
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with mock.patch.dict(sys.modules, {"transformers": standin}), redirect_stdout(stdout), \
+                    redirect_stderr(stderr):
+                code = main(["impact", bundle, "--model", "org/model", "--dtype", "float32", "--device", "cpu",
+                             "--engine-kv", self.export, "--schemes", "fp8_e4m3/tensor"])
+            self.assertEqual(code, 0, stderr.getvalue())
+            self.assertEqual(loaded, [("org/model", torch.float32)])
+            self.assertIn("p: 9 transplants x 8 steps", stdout.getvalue())
+            self.assertIn("bare: no teacher tokens, skipped", stderr.getvalue())
+            with h5py.File(bundle, "r") as f:
+                group = f["prompts/p/impact"]
+                self.assertEqual(group.attrs["computed_by"].decode(), "kvscope_capture impact (org/model)")
+                np.testing.assert_array_equal(group["kl"][:6], expected[1])
+                self.assertEqual([json.loads(s)["kind"] for s in group["transplants"][()]], ["layer"] * 3 + ["from"] * 3
+                                 + ["scheme"] * 3)
+            with mock.patch.dict(sys.modules, {"transformers": standin}), redirect_stderr(stderr):
+                code = main(["impact", bundle, "--model", "org/model", "--engine-kv", self.export, "--prompt", "bare"])
+            self.assertEqual(code, 2)
+            self.assertIn("prompt 'bare' has no teacher tokens", stderr.getvalue())
+
     def test_command_line_without_transformers(self):
-        try:
-            import transformers  # noqa: F401
+        if importlib.util.find_spec("transformers") is not None:
             self.skipTest("transformers is installed")
-        except ImportError:
-            pass
         stderr = io.StringIO()
         with redirect_stderr(stderr):
             code = main(["impact", self.bundle, "--model", "some/model"])
