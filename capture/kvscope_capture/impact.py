@@ -35,6 +35,9 @@ SCHEMES = {"fp8_e4m3/tensor": "e4m3fn", "fp8_e5m2/tensor": "e5m2"}
 # mantissa bits, smallest normal exponent, largest finite value (OCP e4m3fn: no infinities, 448;
 # e5m2: IEEE-like, 57344).
 FP8_FORMATS = {"e4m3fn": (3, -6, 448.0), "e5m2": (2, -14, 57344.0)}
+# The model's KV against the bundle's reference: bf16 rounding and kernels differ by well under 1 %
+# (relative RMS); another model's KV by about 1.4 (uncorrelated).
+MODEL_MISMATCH = 0.1
 # Default budget for the batched steps' caches (every layer's K and V of every row).
 STEP_CACHE_BYTES = 1 << 30
 
@@ -111,12 +114,12 @@ def export_engine_kv(bundle, out, prompts, layers, binary=None):
         raise ValueError(f"{bundle}: kvscope export failed ({binary}): {message}")
 
 
-def read_engine_layer(export, path, prompt, layer):
-    """(k, v, present) of one prompt and layer of a kvscope export: float32 [heads, seq, width]
-    (NaN where absent) and bool [seq]."""
-    name = f"prompts/{prompt}/engine/{layer}"
+def read_export_layer(export, path, prompt, layer, role="engine"):
+    """(k, v, present) of one prompt and layer of a kvscope export, the engine's or the reference's
+    (role "expected"): float32 [heads, seq, width] (NaN where absent) and bool [seq]."""
+    name = f"prompts/{prompt}/{role}/{layer}"
     if name not in export:
-        raise ValueError(f"{path}: no engine KV of prompt {prompt!r}, layer {layer} (export every layer impact "
+        raise ValueError(f"{path}: no {role} KV of prompt {prompt!r}, layer {layer} (export every layer impact "
                          "replaces: kvscope export BUNDLE OUT.h5 without --layers)")
     group = export[name]
     for part in ("k", "v", "present"):
@@ -127,6 +130,21 @@ def read_engine_layer(export, path, prompt, layer):
         raise ValueError(f"{path}: prompt {prompt!r}, layer {layer}: k {k.shape}, v {v.shape}, present "
                          f"{present.shape} are not [heads, seq, width] twice and [seq]")
     return k, v, present
+
+
+def check_same_model(pid, layer, model_kv, bundle_kv):
+    """Refuses a model whose K or V of a layer is not the bundle's reference's (relative RMS over
+    the positions both hold above MODEL_MISMATCH): the impact of another model's KV means nothing."""
+    for part, ours, theirs in zip("kv", model_kv, bundle_kv):
+        m = min(ours.shape[1], theirs.shape[1])
+        a, b = np.asarray(ours[:, :m], np.float64), np.asarray(theirs[:, :m], np.float64)
+        held = np.isfinite(b).all(axis=(0, 2))
+        if not held.any():
+            continue
+        difference = np.sqrt(np.mean((a[:, held] - b[:, held]) ** 2) / max(np.mean(b[:, held] ** 2), 1e-30))
+        if difference > MODEL_MISMATCH:
+            raise ValueError(f"prompt {pid!r}, layer {layer}: the model's {part} differs from the bundle's reference "
+                             f"by {difference:.3g} (relative RMS): not the model (or dtype) of this capture?")
 
 
 # --- the bundle's prompts ------------------------------------------------------------------------
@@ -260,10 +278,12 @@ class _Steps:
         return self.torch.as_tensor(array, device=self.device).to(self.dtype)
 
 
-def prompt_impact(model, prompt, config, engine, schemes=(), cache_class=None, step_batch=None, layers=None):
+def prompt_impact(model, prompt, config, engine, schemes=(), cache_class=None, step_batch=None, layers=None,
+                  reference=None):
     """The impact record of one prompt: (transplants [dicts], kl [t, s] float64, top1_changed [t, s]
     int8, forwards). prompt: (id, prompt_len, input_ids, teacher_tokens); engine(layer) -> (k, v,
-    present) from the export; layers: the compared layers given `layer` and `from` rows (default all)."""
+    present) from the export; reference(layer): the same of the bundle's reference, checked against
+    the model's own (optional); layers: the compared layers given `layer` and `from` rows (default all)."""
     pid, prompt_len, input_ids, teacher = prompt
     if len(teacher) == 0:
         raise ValueError(f"prompt {pid!r} has no teacher tokens: impact measures the decode steps that predict them")
@@ -284,6 +304,9 @@ def prompt_impact(model, prompt, config, engine, schemes=(), cache_class=None, s
     def engine_source(layer):
         if layer not in sources:
             k_ref, v_ref = steps.reference[index[layer]]
+            if reference is not None:
+                check_same_model(pid, layer, (k_ref.float().cpu().numpy(), v_ref.float().cpu().numpy()),
+                                 reference(layer)[:2])
             k, v, present = engine(layer)
             if k.shape[0] != k_ref.shape[0] or k.shape[2] != k_ref.shape[2]:
                 raise ValueError(f"prompt {pid!r}, layer {layer}: the engine's KV has {k.shape[0]} heads of width "
@@ -414,9 +437,11 @@ def impact_bundle(bundle, model, model_name="", engine_kv=None, prompts=None, la
                 raise ValueError(f"{export}: not a kvscope export (its root attribute format is not kvscope-export)")
             for prompt in chosen:
                 started = time.perf_counter()
+                pid = prompt[0]
                 transplants, kl, top1, forwards = prompt_impact(
-                    model, prompt, config, lambda layer, pid=prompt[0]: read_engine_layer(exported, export, pid, layer),
-                    schemes, cache_class, step_batch, selected)
+                    model, prompt, config, lambda layer: read_export_layer(exported, export, pid, layer),
+                    schemes, cache_class, step_batch, selected,
+                    lambda layer: read_export_layer(exported, export, pid, layer, "expected"))
                 seconds = time.perf_counter() - started
                 log(f"prompt {prompt[0]}: {len(transplants)} transplants x {len(prompt[3])} steps, {forwards} "
                     f"forwards, {seconds:.1f} s")

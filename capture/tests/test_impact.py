@@ -373,6 +373,11 @@ class Impact(unittest.TestCase):
         refused(["no prompt 'q'"], engine_kv=self.export, prompts=["q"])
         refused(["/nonexistent/kvscope"], binary="/nonexistent/kvscope")
         refused(["fp8_e4m3/head"], engine_kv=self.export, schemes=["fp8_e4m3/head"])
+        other = StandinCausalLM(StandinConfig(sliding_windows=[None, None, WINDOW]), seed=4).eval()
+        with self.assertRaises(ValueError) as caught:
+            impact_bundle(self.bundle, other, cache_class=StandinDynamicCache, engine_kv=self.export)
+        self.assertIn(f"prompt 'p', layer {LAYERS[0]}: the model's k differs from the bundle's reference",
+                      str(caught.exception))
         with tempfile.TemporaryDirectory() as tmp:
             partial = os.path.join(tmp, "partial.h5")
             subprocess.run([BINARY, "export", self.bundle, partial, "--prompt", "p", "--layers", "0,2"], check=True,
