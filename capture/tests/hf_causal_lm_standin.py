@@ -10,9 +10,10 @@ is not installed here). It mirrors the interface impact relies on, as read in hu
   position_ids, past_key_values, use_cache)` returning `.logits` and `.past_key_values`, the
   cache's length from `get_seq_length()`; the causal and sliding-window masks on cache slots
   (masking_utils: kv_idx <= q_idx, q_idx - kv_idx < sliding_window);
-- DynamicCache (src/transformers/cache_utils.py at 67dd5524): `update(key_states, value_states,
-  layer_idx, cache_kwargs=None)` appends along dim -2 and returns the layer's whole keys and
-  values; `layers[i].keys / .values` (what kvscope_capture.hf_reference.hf_cache_layers reads).
+- DynamicCache (src/transformers/cache_utils.py at 004999d9): `update(key_states, value_states,
+  layer_idx, cache_kwargs=None)` creates the layer lazily (a DynamicLayer when built without a
+  config), appends along dim -2 and returns the layer's whole keys and values; `get_seq_length()`;
+  `layers[i].keys / .values` (what kvscope_capture.hf_reference.hf_cache_layers reads).
 
 Llama's computation (RMSNorm, neox RoPE, grouped KV heads, SiLU MLP), tiny and in any dtype."""
 
