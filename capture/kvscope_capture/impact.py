@@ -2,8 +2,8 @@
 "Impact: the engine's KV put into the reference").
 
 The reference model (a HuggingFace causal LM) decodes the teacher tokens reading, in some layers,
-the engine's KV instead of its own; each step's next-token distribution is compared with the one
-it gives reading its own KV everywhere. The engine's KV comes from `kvscope export` (snapshots and
+the engine's KV instead of its own (or the baseline's, or its own quantised); each step's
+next-token distribution is compared with the one it gives reading its own KV everywhere. The engine's KV comes from `kvscope export` (snapshots and
 TP ranks merged, dequantised), so that nothing here reads the engine's cache a second way.
 
 Step g takes the teacher token at q = prompt_len + g - 1 with a cache holding positions [0, q):
@@ -115,8 +115,8 @@ def export_engine_kv(bundle, out, prompts, layers, binary=None):
 
 
 def read_export_layer(export, path, prompt, layer, role="engine"):
-    """(k, v, present) of one prompt and layer of a kvscope export, the engine's or the reference's
-    (role "expected"): float32 [heads, seq, width] (NaN where absent) and bool [seq]."""
+    """(k, v, present) of one prompt and layer of a kvscope export, role "engine", "expected" or
+    "baseline": float32 [heads, seq, width] (NaN where absent) and bool [seq]."""
     name = f"prompts/{prompt}/{role}/{layer}"
     if name not in export:
         raise ValueError(f"{path}: no {role} KV of prompt {prompt!r}, layer {layer} (export every layer impact "
@@ -150,7 +150,8 @@ def check_same_model(pid, layer, model_kv, bundle_kv):
 # --- the bundle's prompts ------------------------------------------------------------------------
 
 def read_prompts(path):
-    """[(id, prompt_len, input_ids, teacher_tokens)] in the bundle's order, and its KvCacheConfig."""
+    """[(id, prompt_len, input_ids, teacher_tokens, has_baseline)] in the bundle's order, and its
+    KvCacheConfig."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no such bundle")
     with h5py.File(path, "r") as f:
@@ -165,7 +166,7 @@ def read_prompts(path):
         for pid, group in f["prompts"].items():
             teacher = group["teacher_tokens"][()] if "teacher_tokens" in group else np.zeros(0, np.int64)
             prompts.append((pid, int(group.attrs["prompt_len"]), group["input_ids"][()].astype(np.int64),
-                            teacher.astype(np.int64)))
+                            teacher.astype(np.int64), "reference/baseline" in group))
     return prompts, config
 
 
@@ -278,13 +279,13 @@ class _Steps:
         return self.torch.as_tensor(array, device=self.device).to(self.dtype)
 
 
-def prompt_impact(model, prompt, config, engine, schemes=(), cache_class=None, step_batch=None, layers=None,
-                  reference=None):
+def prompt_impact(model, prompt, config, exported, schemes=(), cache_class=None, step_batch=None, layers=None):
     """The impact record of one prompt: (transplants [dicts], kl [t, s] float64, top1_changed [t, s]
-    int8, forwards). prompt: (id, prompt_len, input_ids, teacher_tokens); engine(layer) -> (k, v,
-    present) from the export; reference(layer): the same of the bundle's reference, checked against
-    the model's own (optional); layers: the compared layers given `layer` and `from` rows (default all)."""
-    pid, prompt_len, input_ids, teacher = prompt
+    int8, forwards). prompt: (id, prompt_len, input_ids, teacher_tokens, has_baseline);
+    exported(role, layer) -> (k, v, present) of the export's "engine", "expected" (checked against
+    the model's own) or "baseline" KV; layers: the compared layers given `layer`, `from` (and with a
+    baseline `baseline`, `baseline_from`) rows (default all)."""
+    pid, prompt_len, input_ids, teacher, has_baseline = prompt
     if len(teacher) == 0:
         raise ValueError(f"prompt {pid!r} has no teacher tokens: impact measures the decode steps that predict them")
     compared = config.layer_names()
@@ -299,23 +300,25 @@ def prompt_impact(model, prompt, config, engine, schemes=(), cache_class=None, s
     n = steps.positions[-1] + 1
     last = n - 1  # the last step's position, which the engine must hold
 
-    sources = {}
+    sources, checked = {}, set()
 
-    def engine_source(layer):
-        if layer not in sources:
+    def exported_source(role, layer):
+        """The export's KV of `role` in layer, where it holds positions, the reference's own elsewhere."""
+        if (role, layer) not in sources:
             k_ref, v_ref = steps.reference[index[layer]]
-            if reference is not None:
+            if layer not in checked:
                 check_same_model(pid, layer, (k_ref.float().cpu().numpy(), v_ref.float().cpu().numpy()),
-                                 reference(layer)[:2])
-            k, v, present = engine(layer)
+                                 exported("expected", layer)[:2])
+                checked.add(layer)
+            k, v, present = exported(role, layer)
             if k.shape[0] != k_ref.shape[0] or k.shape[2] != k_ref.shape[2]:
-                raise ValueError(f"prompt {pid!r}, layer {layer}: the engine's KV has {k.shape[0]} heads of width "
+                raise ValueError(f"prompt {pid!r}, layer {layer}: the {role}'s KV has {k.shape[0]} heads of width "
                                  f"{k.shape[2]}, the model's {k_ref.shape[0]} of {k_ref.shape[2]}")
-            held = np.zeros(n, bool)  # positions the engine holds (past its export: none)
+            held = np.zeros(n, bool)  # positions it holds (past its export: none)
             m = min(n, k.shape[1])
             held[:m] = present[:m] & np.isfinite(k[:, :m]).all(axis=(0, 2)) & np.isfinite(v[:, :m]).all(axis=(0, 2))
             if not held[last]:
-                raise ValueError(f"prompt {pid!r}, layer {layer}: the engine does not hold position {last} (the last "
+                raise ValueError(f"prompt {pid!r}, layer {layer}: the {role} does not hold position {last} (the last "
                                  "step's), which impact needs")
             where = steps.torch.as_tensor(held, device=steps.device)
             merged = []
@@ -323,8 +326,8 @@ def prompt_impact(model, prompt, config, engine, schemes=(), cache_class=None, s
                 values = ref.clone()
                 values[:, where] = steps.as_model(part[:, :m][:, held[:m]])
                 merged.append(values)
-            sources[layer] = (merged[0], merged[1], where)
-        return sources[layer]
+            sources[(role, layer)] = (merged[0], merged[1], where)
+        return sources[(role, layer)]
 
     def scheme_source(layer, scheme):
         k_ref, v_ref = steps.reference[index[layer]]
@@ -347,14 +350,16 @@ def prompt_impact(model, prompt, config, engine, schemes=(), cache_class=None, s
         kl.append(done[key][0])
         top1.append(done[key][1])
 
-    for layer in layers:
-        record({"kind": "layer", "layer": layer}, ("engine", layer),
-               lambda layer=layer: {index[layer]: engine_source(layer)})
-    for layer in layers:
-        later = compared[compared.index(layer):]
-        key = ("engine",) + tuple(later)
-        record({"kind": "from", "layer": layer}, key if len(later) > 1 else ("engine", layer),
-               lambda later=later: {index[name]: engine_source(name) for name in later})
+    for role, alone, onwards in (("engine", "layer", "from"), ("baseline", "baseline", "baseline_from")):
+        if role == "baseline" and not has_baseline:
+            continue
+        for layer in layers:
+            record({"kind": alone, "layer": layer}, (role, layer),
+                   lambda role=role, layer=layer: {index[layer]: exported_source(role, layer)})
+        for layer in layers:
+            later = compared[compared.index(layer):]
+            record({"kind": onwards, "layer": layer}, (role,) + tuple(later) if len(later) > 1 else (role, layer),
+                   lambda role=role, later=later: {index[name]: exported_source(role, name) for name in later})
     for scheme in schemes:
         for layer in layers:
             record({"kind": "scheme", "layer": layer, "scheme": scheme}, ("scheme", scheme, layer),
@@ -439,9 +444,8 @@ def impact_bundle(bundle, model, model_name="", engine_kv=None, prompts=None, la
                 started = time.perf_counter()
                 pid = prompt[0]
                 transplants, kl, top1, forwards = prompt_impact(
-                    model, prompt, config, lambda layer: read_export_layer(exported, export, pid, layer),
-                    schemes, cache_class, step_batch, selected,
-                    lambda layer: read_export_layer(exported, export, pid, layer, "expected"))
+                    model, prompt, config, lambda role, layer: read_export_layer(exported, export, pid, layer, role),
+                    schemes, cache_class, step_batch, selected)
                 seconds = time.perf_counter() - started
                 log(f"prompt {prompt[0]}: {len(transplants)} transplants x {len(prompt[3])} steps, {forwards} "
                     f"forwards, {seconds:.1f} s")

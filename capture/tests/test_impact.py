@@ -227,6 +227,13 @@ class Impact(unittest.TestCase):
         k[:, 2:] += 0.4 * torch.randn(k[:, 2:].shape, generator=noise)
         v[:, 2:] += 0.4 * torch.randn(v[:, 2:].shape, generator=noise)
         cls.engine[LAYERS[PERTURBED]] = (k, v)
+        # The baseline (a three-way capture's fp32 reference): here the reference's own but in layer 0,
+        # so that its rows are told apart from the engine's.
+        cls.baseline = dict(cls.own)
+        k, v = (x.clone() for x in cls.own[LAYERS[0]])
+        k += 0.05 * torch.randn(k.shape, generator=noise)
+        v += 0.05 * torch.randn(v.shape, generator=noise)
+        cls.baseline[LAYERS[0]] = (k, v)
         cls.tmp = tempfile.TemporaryDirectory()
         cls.bundle = os.path.join(cls.tmp.name, "capture.h5")
         cfg = kv_cache_config()
@@ -236,6 +243,7 @@ class Impact(unittest.TestCase):
             per_rank, tables = paged(cfg, cls.engine, len(cls.tokens), seed=1)
             w.add_engine_snapshot("p", per_rank, tables, len(cls.tokens))
             w.add_reference_kv("p", "expected", out.past_key_values)
+            w.add_reference_kv("p", "baseline", {n: (k[None], v[None]) for n, (k, v) in cls.baseline.items()})
             # A prompt without teacher tokens: nothing to measure.
             w.add_prompt("bare", cls.tokens[:PROMPT_LEN], PROMPT_LEN)
             bare = {n: (k[:, :PROMPT_LEN], v[:, :PROMPT_LEN]) for n, (k, v) in cls.own.items()}
@@ -260,24 +268,28 @@ class Impact(unittest.TestCase):
         kwargs.setdefault("cache_class", StandinDynamicCache)
         return impact_bundle(self.bundle, self.model, model_name="stand-in", **kwargs)
 
-    def replaced64(self, layers):
-        """{layer index: the engine's KV (as written) where it holds positions, held}: the float64
-        side's transplant, its presence from kvscope's export."""
+    def replaced64(self, layers, source=None):
+        """{layer index: the engine's KV (as written; or the baseline's) where the engine holds
+        positions (the baseline: all), held}: the float64 side's transplant, the engine's presence
+        from kvscope's export."""
         n = len(self.tokens)
         out = {}
         for i in layers:
-            held = np.zeros(n, bool)
-            held[:len(self.present[LAYERS[i]])] = self.present[LAYERS[i]]
-            k, v = (x.double().numpy() for x in self.engine[LAYERS[i]])
+            held = np.ones(n, bool)
+            if source is None:
+                held[:] = False
+                held[:len(self.present[LAYERS[i]])] = self.present[LAYERS[i]]
+            k, v = (x.double().numpy() for x in (source or self.engine)[LAYERS[i]])
             out[i] = (k, v, held)
         return out
 
     def test_kl_against_float64(self):
         self.assertFalse(self.present[LAYERS[2]][:PROMPT_LEN].all())  # the window dropped early positions
-        expected = {("layer", 0): [0], ("layer", 1): [1], ("layer", 2): [2],
-                    ("from", 0): [0, 1, 2], ("from", 1): [1, 2], ("from", 2): [2]}
-        kl64_rows = {key: kl64(self.logits64, self.double.step_logits(self.tokens, self.reference64,
-                                                                      self.replaced64(layers)))
+        expected = {(kind, first): list(range(first, 3)) if kind.endswith("from") else [first]
+                    for kind in ("layer", "from", "baseline", "baseline_from") for first in range(3)}
+        kl64_rows = {key: kl64(self.logits64, self.double.step_logits(
+            self.tokens, self.reference64, self.replaced64(layers, self.baseline if key[0].startswith("baseline")
+                                                           else None)))
                      for key, layers in expected.items()}
         for step_batch in (1, 3, None):  # batching the steps changes nothing
             with self.subTest(step_batch=step_batch):
@@ -285,18 +297,21 @@ class Impact(unittest.TestCase):
                 transplants, kl, top1 = result["p"]
                 self.assertEqual(list(result), ["p"])  # "bare" has no teacher tokens: skipped
                 rows = [(t["kind"], LAYERS.index(t["layer"])) for t in transplants]
-                self.assertEqual(rows, [("layer", i) for i in range(3)] + [("from", i) for i in range(3)])
-                self.assertEqual(kl.shape, (6, TEACHER))
+                self.assertEqual(rows, [(kind, i) for kind in ("layer", "from", "baseline", "baseline_from")
+                                        for i in range(3)])
+                self.assertEqual(kl.shape, (12, TEACHER))
                 for row, key in enumerate(rows):
                     np.testing.assert_allclose(kl[row], kl64_rows[key], rtol=2e-3, atol=1e-9, err_msg=str(key))
                 # The engine's KV, where it is the reference's own, moves nothing: up to the rounding of
                 # the row at q (the reference's whole-sequence forward vs the step's own, float32 here).
-                for key in (("layer", 0), ("layer", 2), ("from", 2)):
+                for key in (("layer", 0), ("layer", 2), ("from", 2), ("baseline", 1), ("baseline", 2),
+                            ("baseline_from", 1), ("baseline_from", 2)):
                     self.assertLess(kl[rows.index(key)].max(), 1e-9, key)
                     self.assertFalse(top1[rows.index(key)].any(), key)
                 # The perturbed layer clearly does, alone and with the layers after it.
-                for key in (("layer", 1), ("from", 0), ("from", 1)):
-                    self.assertGreater(kl[rows.index(key)].min(), 1e-3, key)
+                for key in (("layer", 1), ("from", 0), ("from", 1), ("baseline", 0), ("baseline_from", 0)):
+                    self.assertGreater(kl[rows.index(key)].min(), 1e-6, key)
+                self.assertGreater(kl[rows.index(("layer", 1))].min(), 1e-3)
                 np.testing.assert_array_equal(
                     top1[rows.index(("layer", 1))],
                     np.argmax(self.logits64, -1) != np.argmax(self.double.step_logits(
@@ -306,8 +321,10 @@ class Impact(unittest.TestCase):
         """--layers picks the rows; a `from` row still replaces every later layer."""
         everything = self.run_impact(engine_kv=self.export)["p"]
         transplants, kl, _ = self.run_impact(engine_kv=self.export, layers="0")["p"]
-        self.assertEqual(transplants, [{"kind": "layer", "layer": LAYERS[0]}, {"kind": "from", "layer": LAYERS[0]}])
-        np.testing.assert_array_equal(kl[1], everything[1][everything[0].index(transplants[1])])
+        self.assertEqual(transplants, [{"kind": kind, "layer": LAYERS[0]}
+                                       for kind in ("layer", "from", "baseline", "baseline_from")])
+        for row in range(4):
+            np.testing.assert_array_equal(kl[row], everything[1][everything[0].index(transplants[row])])
         self.assertGreater(kl[1].min(), 1e-3)
 
     def test_schemes_against_float64(self):
@@ -407,14 +424,15 @@ class Impact(unittest.TestCase):
                              "--engine-kv", self.export, "--schemes", "fp8_e4m3/tensor"])
             self.assertEqual(code, 0, stderr.getvalue())
             self.assertEqual(loaded, [("org/model", torch.float32)])
-            self.assertIn("p: 9 transplants x 8 steps", stdout.getvalue())
+            self.assertIn("p: 15 transplants x 8 steps", stdout.getvalue())
             self.assertIn("bare: no teacher tokens, skipped", stderr.getvalue())
             with h5py.File(bundle, "r") as f:
                 group = f["prompts/p/impact"]
                 self.assertEqual(group.attrs["computed_by"].decode(), "kvscope_capture impact (org/model)")
-                np.testing.assert_array_equal(group["kl"][:6], expected[1])
-                self.assertEqual([json.loads(s)["kind"] for s in group["transplants"][()]], ["layer"] * 3 + ["from"] * 3
-                                 + ["scheme"] * 3)
+                np.testing.assert_array_equal(group["kl"][:12], expected[1])
+                self.assertEqual([json.loads(s)["kind"] for s in group["transplants"][()]],
+                                 [kind for kind in ("layer", "from", "baseline", "baseline_from", "scheme")
+                                  for _ in range(3)])
             with mock.patch.dict(sys.modules, {"transformers": standin}), redirect_stderr(stderr):
                 code = main(["impact", bundle, "--model", "org/model", "--engine-kv", self.export, "--prompt", "bare"])
             self.assertEqual(code, 2)
