@@ -285,6 +285,7 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
         info.hasBaseline = m_file.exists(bundle_path::referenceRole(id, ReferenceRole::Baseline));
         if (m_file.isGroup(bundle_path::engineStates(id)))
             info.stateLayers = m_file.children(bundle_path::engineStates(id));
+        info.hasImpact = m_file.exists(impactPath(id));
         for (LogitsRole role : {LogitsRole::Expected, LogitsRole::Actual, LogitsRole::Baseline})
             if (m_file.exists(bundle_path::logits(id, role)))
                 info.logits.push_back(role);
@@ -742,6 +743,15 @@ Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) co
         if (!std::isfinite(v))
             m_file.fail(dataset, "holds NaN or infinity: argmax (divergences) would be meaningless");
     return logits;
+}
+
+std::optional<ImpactRecord> BundleReader::readImpact(const std::string& promptId) const
+{
+    if (!prompt(promptId).hasImpact)
+        return std::nullopt;
+    requireData();
+    std::lock_guard lock(hdf5Mutex());
+    return kvscope::readImpact(m_file, promptId, m_config.layerNames());
 }
 
 std::vector<StatePart> BundleReader::readStateParts(const std::string& group, bool engine,

@@ -7,6 +7,7 @@
 #include "format/bundle_outline.h"
 #include "format/capture_bundle.h"
 #include "format/hdf5_file.h"
+#include "format/impact_record.h"
 #include "format/kv_cache_config.h"
 #include "format/paged_kv.h"
 #include "format/recurrent_state.h"
@@ -72,6 +73,9 @@ public:
     };
     ReferenceExtent referenceExtent(const std::string& promptId, ReferenceRole role, const std::string& layer) const;
     Logits readLogits(const std::string& promptId, LogitsRole role) const;
+    // What the engine's KV does to the reference's output (PromptInfo::hasImpact; nullopt without
+    // one), checked (format/impact_record.h): a problem throws a BundleError naming the object.
+    std::optional<ImpactRecord> readImpact(const std::string& promptId) const;
     // A state-space layer's recurrent state (PromptInfo::stateLayers): the engine's ranks, and a
     // reference role's whole state (nullopt when the role holds none for the layer). Each
     // checked on its own (stateRecordProblem); a problem throws a BundleError naming the object.

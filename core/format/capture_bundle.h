@@ -65,6 +65,8 @@ struct PromptInfo {
     std::vector<LogitsRole> logits;
     // The state-space layers whose recurrent state the engine's side holds (engine/states/<L>).
     std::vector<std::string> stateLayers;
+    // The engine's KV put into the reference was measured (prompts/<id>/impact).
+    bool hasImpact = false;
     // Structural problems found on open; a prompt with problems cannot be analysed.
     std::vector<std::string> problems;
 };

@@ -197,6 +197,26 @@ Hdf5File Hdf5File::create(const std::string& path)
     return file;
 }
 
+Hdf5File Hdf5File::openForUpdate(const std::string& path)
+{
+    silenceHdf5();
+    Hdf5File file;
+    file.m_path = path;
+    if (H5Fis_hdf5(path.c_str()) <= 0)
+        throw BundleError(path, {}, "not an HDF5 file (or missing)");
+    file.m_file = Hdf5Handle(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), closeFile);
+    if (!file.m_file.valid())
+        throw BundleError(path, {}, "cannot be opened for writing (read-only, or open elsewhere?)" + hdf5Detail());
+    return file;
+}
+
+void Hdf5File::remove(const std::string& object)
+{
+    if (H5Ldelete(m_file.id(), object.c_str(), H5P_DEFAULT) < 0)
+        fail(object, "cannot be removed" + hdf5Detail());
+    m_existing.clear();
+}
+
 bool Hdf5File::exists(const std::string& object) const
 {
     if (object == "/" || m_existing.count(object))

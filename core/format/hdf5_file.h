@@ -53,6 +53,8 @@ class Hdf5File {
 public:
     static Hdf5File openReadOnly(const std::string& path);
     static Hdf5File create(const std::string& path);  // truncates
+    // An existing file opened to add to it (a record computed after the capture: its impact).
+    static Hdf5File openForUpdate(const std::string& path);
 
     const std::string& path() const { return m_path; }
     bool isOpen() const { return m_file.valid(); }
@@ -95,6 +97,7 @@ public:
                   const std::vector<std::int64_t>& count) const;
 
     void createGroup(const std::string& group);
+    void remove(const std::string& object);  // unlinks it (its space is not reclaimed)
     void writeStringAttribute(const std::string& object, const std::string& name, const std::string& value);
     void writeIntAttribute(const std::string& object, const std::string& name, std::int64_t value);
     void writeDoubleAttribute(const std::string& object, const std::string& name, double value);

@@ -95,6 +95,12 @@ Logits CaptureLoader::logits(const std::string& promptId, LogitsRole role) const
     return at.reader.readLogits(at.id, role);
 }
 
+std::optional<ImpactRecord> CaptureLoader::impact(const std::string& promptId) const
+{
+    const Located at = locate(promptId);
+    return at.reader.readImpact(at.id);
+}
+
 PagedShard CaptureLoader::engineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
                                       KvPart part, const std::vector<std::int64_t>& blockIds) const
 {

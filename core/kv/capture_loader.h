@@ -68,6 +68,8 @@ public:
 
     BlockTable blockTable(const std::string& promptId, std::size_t snapshot, std::size_t group) const;
     Logits logits(const std::string& promptId, LogitsRole role) const;
+    // The prompt's impact record (nullopt: none measured); see BundleReader::readImpact.
+    std::optional<ImpactRecord> impact(const std::string& promptId) const;
     // One rank's K or V of a layer as stored, only the blocks `blockIds` (see BundleReader).
     PagedShard engineShard(const std::string& promptId, std::size_t snapshot, int rank, const std::string& layer,
                            KvPart part, const std::vector<std::int64_t>& blockIds) const;

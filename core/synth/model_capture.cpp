@@ -6,6 +6,7 @@
 #include "format/provenance.h"
 #include "kv/block_layout.h"
 #include "kv/paged_layout.h"
+#include "synth/impact_capture.h"
 #include "synth/state_capture.h"
 #include "synth/tiny_transformer.h"
 #include "util/deterministic_math.h"
@@ -1803,6 +1804,8 @@ void writeModelCapture(const std::string& path, const ModelCaptureOptions& optio
     }
     writer.setMetadata("synthetic_fault", jsonText(truth));
     writer.finish();
+    if (o.impact && !o.engineOnly)
+        addImpact(path, model, o);
 }
 
 }  // namespace kvscope::synth

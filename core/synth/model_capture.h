@@ -212,6 +212,10 @@ struct ModelCaptureOptions {
     // SPEC); empty: not recorded.
     std::string provenance;
     int threads = 0;  // prompts computed in parallel (0: one per core); the result does not depend on it
+    // The impact of the engine's KV on the model's output, measured and recorded (impact_capture.h),
+    // with the what-if schemes whose impact per layer is measured too (vLLM's fp8 cache by default).
+    bool impact = true;
+    std::vector<std::string> impactSchemes{"fp8_e4m3/tensor"};
 };
 
 // The demo capture: 24 layers alternating sliding/full attention, 8 KV heads of dim 128

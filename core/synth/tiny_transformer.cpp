@@ -274,7 +274,7 @@ TinyTransformer::TinyTransformer(const ModelShape& shape, std::uint64_t seed)
 }
 
 void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
-                                const EngineFaults& faults, Matrix& out) const
+                                const EngineFaults& faults, Matrix& out, const LayerCache* own) const
 {
     const ModelShape& s = m_shape;
     // MLA: every query head has its own key (headDim + ropeHeadDim) and value (headDim).
@@ -291,6 +291,8 @@ void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::i
                                    : s.chunked ? pos / window * window  // windowOffByOne: chunks one too short
                                                : std::max<std::int64_t>(0, pos - window + 1);
         const std::size_t count = std::size_t(pos - first + 1);
+        // With `own`, the row's own position is read from there (its row i), the rest from the cache.
+        const std::size_t fromCache = own ? count - 1 : count;
         for (int h = 0; h < s.queryHeads; ++h) {
             const int kvHead = h / groupSize;
             const float* query = q.row(i) + std::size_t(h) * std::size_t(dim);
@@ -298,11 +300,12 @@ void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::i
             scores.assign(count, 0.0f);
             for (int d = 0; d < dim; ++d) {
                 const float qd = query[d];
-                const float* keys = cache.keysByChannel.data() +
-                                    (std::size_t(kvHead) * std::size_t(dim) + std::size_t(d)) * std::size_t(cache.capacity) +
-                                    std::size_t(first);
-                for (std::size_t j = 0; j < count; ++j)
+                const std::size_t channel = std::size_t(kvHead) * std::size_t(dim) + std::size_t(d);
+                const float* keys = cache.keysByChannel.data() + channel * std::size_t(cache.capacity) + std::size_t(first);
+                for (std::size_t j = 0; j < fromCache; ++j)
                     scores[j] += qd * keys[j];
+                if (own)
+                    scores[count - 1] += qd * own->keysByChannel[channel * std::size_t(own->capacity) + std::size_t(i)];
             }
             for (float& x : scores)  // HF eager: a bf16 matmul output, scaled in bf16
                 x = n == Numerics::Expected ? roundToBf16(roundToBf16(x) * scale) : x * scale;
@@ -321,9 +324,11 @@ void TinyTransformer::attention(const Matrix& q, const LayerCache& cache, std::i
                 w = n == Numerics::Baseline ? w / sum : n == Numerics::Expected ? roundToBf16(w / sum) : roundToBf16(w);
             for (std::size_t j = 0; j < count; ++j) {
                 const float w = weights[j];
-                const float* value = values.data() +
-                                     (std::size_t(first + std::int64_t(j)) * std::size_t(keyHeads) + std::size_t(kvHead)) *
-                                         std::size_t(valueDim);
+                const float* value =
+                    j < fromCache ? values.data() + (std::size_t(first + std::int64_t(j)) * std::size_t(keyHeads) +
+                                                     std::size_t(kvHead)) * std::size_t(valueDim)
+                                  : (s.mla() ? own->values : own->v).data() +
+                                        (std::size_t(i) * std::size_t(keyHeads) + std::size_t(kvHead)) * std::size_t(valueDim);
                 for (int d = 0; d < valueDim; ++d)
                     o[d] += w * value[d];
             }
@@ -364,6 +369,14 @@ void TinyTransformer::latentAttentionKv(const Layer& layer, const Matrix& h, Mat
         const bool offset = engine && l == faults.ropeOffsetLayer && pos >= promptLen;
         rope(kPe.row(i), 1, ropeDim, pos + (offset ? 1 : 0), m_invFreq, numerics);
     }
+    appendLatent(layer, cKv, kPe, numerics, cache);
+}
+
+void TinyTransformer::appendLatent(const Layer& layer, const Matrix& cKv, const Matrix& kPe, Numerics numerics,
+                                   LayerCache& cache) const
+{
+    const ModelShape& s = m_shape;
+    const int n = cKv.rows, ropeDim = s.ropeHeadDim, hd = s.headDim, key = hd + ropeDim;
     // kv_b_proj: each head's K (no rotary part) and V from the latent.
     const Matrix up = linear(cKv, layer.wv, numerics);
     Matrix keys(n, s.queryHeads * key), values(n, s.queryHeads * hd);
@@ -381,7 +394,8 @@ void TinyTransformer::latentAttentionKv(const Layer& layer, const Matrix& h, Mat
 }
 
 Matrix TinyTransformer::attentionBlock(const Layer& layer, const Matrix& h, std::int64_t start, int l, LayerCache& c,
-                                       Numerics numerics, const EngineFaults& faults, std::int64_t promptLen) const
+                                       Numerics numerics, const EngineFaults& faults, std::int64_t promptLen,
+                                       PastRead read) const
 {
     const ModelShape& s = m_shape;
     const int n = h.rows;
@@ -421,7 +435,10 @@ Matrix TinyTransformer::attentionBlock(const Layer& layer, const Matrix& h, std:
         appendKeys(c, k);
     }
     Matrix attended(n, s.queryHeads * s.headDim);
-    attention(q, c, start, l, numerics, faults, attended);
+    if (read.past)  // a decode step reading a cache: `c` holds only the rows' own K and V
+        attention(q, *read.past, start, l, numerics, faults, attended, read.whole ? nullptr : &c);
+    else
+        attention(q, c, start, l, numerics, faults, attended);
     return linear(attended, layer.wo, numerics);
 }
 
@@ -504,45 +521,91 @@ std::vector<LayerCache> TinyTransformer::prefix(const std::vector<LayerCache>& c
 }
 
 Matrix TinyTransformer::forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
-                                Numerics numerics, const EngineFaults& faults, std::int64_t promptLen) const
+                                Numerics numerics, const EngineFaults& faults, std::int64_t promptLen,
+                                std::vector<Matrix>* residuals) const
 {
     const ModelShape& s = m_shape;
     const Weights& w = weightsFor(numerics);
     const int n = int(tokens.size());
-    const bool bf16 = numerics != Numerics::Baseline;
     if (cache.empty())
         cache.resize(std::size_t(s.layers));
-
     Matrix x(n, s.hidden);
     for (int i = 0; i < n; ++i)
         std::copy_n(w.embed.row(int(tokens[std::size_t(i)])), s.hidden, x.row(i));
+    for (int l = 0; l < s.layers; ++l) {
+        if (residuals)
+            residuals->push_back(x);
+        runLayer(l, x, start, cache[std::size_t(l)], numerics, faults, promptLen, {});
+    }
+    return linear(rmsNorm(x, w.finalNorm, numerics), w.lmHead, numerics);
+}
+
+Matrix TinyTransformer::decodeSteps(Matrix residual, std::int64_t first, int firstLayer,
+                                    const std::vector<PastRead>& reads, Numerics numerics) const
+{
+    const Weights& w = weightsFor(numerics);
+    for (int l = firstLayer; l < m_shape.layers; ++l) {
+        LayerCache own;  // the rows' own K and V (or a Mamba2 layer's nothing)
+        runLayer(l, residual, first, own, numerics, {}, 0, reads[std::size_t(l)]);
+    }
+    return linear(rmsNorm(residual, w.finalNorm, numerics), w.lmHead, numerics);
+}
+
+LayerCache TinyTransformer::cacheOf(int l, const Matrix& k, const Matrix& v, Numerics numerics) const
+{
+    LayerCache c;
+    if (m_shape.mla()) {
+        appendLatent(weightsFor(numerics).layers[std::size_t(l)], k, v, numerics, c);
+        return c;
+    }
+    appendRows(c.k, k);
+    appendRows(c.v, v);
+    appendKeys(c, k);
+    return c;
+}
+
+void TinyTransformer::runLayer(int l, Matrix& x, std::int64_t start, LayerCache& c, Numerics numerics,
+                               const EngineFaults& faults, std::int64_t promptLen, PastRead read) const
+{
+    const Layer& layer = weightsFor(numerics).layers[std::size_t(l)];
+    const bool bf16 = numerics != Numerics::Baseline;
     const auto addResidual = [&](const Matrix& y) {
         for (std::size_t i = 0; i < x.values.size(); ++i)
             x.values[i] = bf16 ? roundToBf16(x.values[i] + y.values[i]) : x.values[i] + y.values[i];
     };
-
-    for (int l = 0; l < s.layers; ++l) {
-        const Layer& layer = w.layers[std::size_t(l)];
-        const Matrix h = rmsNorm(x, layer.attnNorm, numerics);
-        LayerCache& c = cache[std::size_t(l)];
-        if (s.isMamba(l))
-            addResidual(mamba(l, h, start, c, numerics, faults));
-        else
-            addResidual(attentionBlock(layer, h, start, l, c, numerics, faults, promptLen));
-        const Matrix m = rmsNorm(x, layer.mlpNorm, numerics);
-        const Matrix gate = linear(m, layer.wGate, numerics);
-        Matrix act = linear(m, layer.wUp, numerics);
-        for (std::size_t i = 0; i < act.values.size(); ++i) {
-            const float g = silu(gate.values[i]), up = act.values[i];
-            switch (numerics) {
-            case Numerics::Baseline: act.values[i] = g * up; break;
-            case Numerics::Expected: act.values[i] = roundToBf16(roundToBf16(g) * up); break;  // silu, then mul
-            case Numerics::Engine: act.values[i] = roundToBf16(g * up); break;                 // fused silu-and-mul
-            }
+    const Matrix h = rmsNorm(x, layer.attnNorm, numerics);
+    if (!m_shape.isMamba(l))
+        addResidual(attentionBlock(layer, h, start, l, c, numerics, faults, promptLen, read));
+    else if (!read.past)
+        addResidual(mamba(l, h, start, c, numerics, faults));
+    else
+        addResidual(mambaSteps(l, h, start, *read.past, numerics));
+    const Matrix m = rmsNorm(x, layer.mlpNorm, numerics);
+    const Matrix gate = linear(m, layer.wGate, numerics);
+    Matrix act = linear(m, layer.wUp, numerics);
+    for (std::size_t i = 0; i < act.values.size(); ++i) {
+        const float g = silu(gate.values[i]), up = act.values[i];
+        switch (numerics) {
+        case Numerics::Baseline: act.values[i] = g * up; break;
+        case Numerics::Expected: act.values[i] = roundToBf16(roundToBf16(g) * up); break;  // silu, then mul
+        case Numerics::Engine: act.values[i] = roundToBf16(g * up); break;                 // fused silu-and-mul
         }
-        addResidual(linear(act, layer.wDown, numerics));
     }
-    return linear(rmsNorm(x, w.finalNorm, numerics), w.lmHead, numerics);
+    addResidual(linear(act, layer.wDown, numerics));
+}
+
+Matrix TinyTransformer::mambaSteps(int l, const Matrix& h, std::int64_t start, const LayerCache& past, Numerics n) const
+{
+    const Mamba2Mixer& mixer = mixerOf(l);
+    Matrix out(h.rows, m_shape.hidden);
+    Matrix row(1, h.cols);
+    for (int i = 0; i < h.rows; ++i) {
+        Mamba2State state = stateAfter(past, l, start + i, n);
+        std::copy_n(h.row(i), h.cols, row.row(0));
+        const Matrix y = mixer.forward(row, state, n);
+        std::copy_n(y.row(0), m_shape.hidden, out.row(i));
+    }
+    return out;
 }
 
 }  // namespace kvscope::synth

@@ -89,8 +89,27 @@ public:
     // Runs `tokens` at positions [start, start + n) after `cache` (positions [0, start)),
     // appends their K and V to `cache` and returns the logits [n, vocab].
     // `promptLen` tells the faults where decoding starts.
+    // `residuals`: the residual stream entering each layer, [n, hidden] per layer.
     Matrix forward(const std::vector<std::int64_t>& tokens, std::int64_t start, std::vector<LayerCache>& cache,
-                   Numerics numerics, const EngineFaults& faults = {}, std::int64_t promptLen = 0) const;
+                   Numerics numerics, const EngineFaults& faults = {}, std::int64_t promptLen = 0,
+                   std::vector<Matrix>* residuals = nullptr) const;
+
+    // How a decode step's layer reads a cache (docs/bundle-format.md, "Impact"): the past [0, q)
+    // from `past` and the row's own K and V as computed, or (`whole`) every position [0, q] from
+    // `past`. A Mamba2 layer steps from `past`'s state after [0, q).
+    struct PastRead {
+        const LayerCache* past = nullptr;
+        bool whole = false;
+    };
+    // Teacher-forced decode steps: rows at positions [first, first + rows) entering layer
+    // `firstLayer` with `residual`, each layer l >= firstLayer reading reads[l] (every one given).
+    // Returns the logits [rows, vocab]. With the caches `forward` made and no `whole`, the same
+    // logits as `forward`'s rows.
+    Matrix decodeSteps(Matrix residual, std::int64_t first, int firstLayer, const std::vector<PastRead>& reads,
+                       Numerics numerics) const;
+    // Layer l's cache holding K and V [positions, width] as an engine caches them (an MLA layer's
+    // c_kv and k_pe, up-projected with `numerics`' weights), for decodeSteps to read.
+    LayerCache cacheOf(int l, const Matrix& k, const Matrix& v, Numerics numerics) const;
 
     // What `cache` held after its first `count` positions, run with the same numerics and faults
     // (a Mamba2 layer steps again from its last checkpoint at or before `count`).
@@ -120,10 +139,20 @@ private:
     Matrix mamba(int l, const Matrix& h, std::int64_t start, LayerCache& cache, Numerics n, const EngineFaults& faults) const;
     const Mamba2Mixer& mixerOf(int layer) const;
     // An attention layer on the normed rows `h`: its new KV into `cache`, its output projected.
+    // `read`: a decode step's (decodeSteps), `cache` then receiving only the rows' own K and V.
     Matrix attentionBlock(const Layer& layer, const Matrix& h, std::int64_t start, int l, LayerCache& cache,
-                          Numerics numerics, const EngineFaults& faults, std::int64_t promptLen) const;
+                          Numerics numerics, const EngineFaults& faults, std::int64_t promptLen, PastRead read) const;
+    // `own`: row i's own position read from own's row i, the earlier ones from `cache`.
     void attention(const Matrix& q, const LayerCache& cache, std::int64_t start, int layer, Numerics n,
-                   const EngineFaults& faults, Matrix& out) const;
+                   const EngineFaults& faults, Matrix& out, const LayerCache* own = nullptr) const;
+    // One layer on the residual stream `x` (attention or Mamba2, then the MLP), in place.
+    void runLayer(int l, Matrix& x, std::int64_t start, LayerCache& cache, Numerics numerics,
+                  const EngineFaults& faults, std::int64_t promptLen, PastRead read) const;
+    // Decode steps of a Mamba2 layer: each row from `past`'s state after the positions before it.
+    Matrix mambaSteps(int l, const Matrix& h, std::int64_t start, const LayerCache& past, Numerics n) const;
+    // An MLA layer's cache rows from c_kv and k_pe: the latents, and each head's K and V up-projected.
+    void appendLatent(const Layer& layer, const Matrix& cKv, const Matrix& kPe, Numerics numerics,
+                      LayerCache& cache) const;
     // An MLA layer's Q (rotated in place) and its cache's new rows, from the normed input `h`.
     void latentAttentionKv(const Layer& layer, const Matrix& h, Matrix& q, std::int64_t start, int l, Numerics n,
                            const EngineFaults& faults, std::int64_t promptLen, LayerCache& cache) const;
