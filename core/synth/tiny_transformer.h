@@ -119,7 +119,6 @@ public:
     Mamba2State stateAfter(const LayerCache& cache, int layer, std::int64_t count, Numerics numerics,
                            const EngineFaults& faults = {}) const;
 
-private:
     struct Layer {
         std::vector<float> attnNorm, mlpNorm;
         Matrix wq, wk, wv, wo, wGate, wUp, wDown;  // [in, out]
@@ -131,8 +130,13 @@ private:
     struct Weights {
         Matrix embed, lmHead;
         std::vector<float> finalNorm;
-        std::vector<Layer> layers;
+        std::vector<Layer> layers;  // a Mamba2 layer's attention weights are drawn but unused
     };
+    // The fp32 master weights (the bf16 numerics run them rounded to bf16), read-only: for a
+    // computation of the same model in another precision (the impact tests' double forward).
+    const Weights& masterWeights() const { return m_fp32; }
+
+private:
     const Weights& weightsFor(Numerics n) const { return n == Numerics::Baseline ? m_fp32 : m_bf16; }
     // Runs Mamba2 layer `l`'s mixer on the normed rows `h` at positions from `start`: its state,
     // inputs and checkpoints in `cache`, the engine's state fault applied.
