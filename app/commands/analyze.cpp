@@ -142,10 +142,13 @@ void printPrompt(const PromptAnalysis& p, const SuspectThresholds& thresholds, s
     if (p.suspects.empty())
         out << " none (nothing leaves the noise floor)";
     out << "\n";
-    for (const Suspect& s : p.suspects)
+    for (const Suspect& s : p.suspects) {
         out << "    " << suspectPatternName(s.pattern)
             << (s.pattern == SuspectPattern::NonFinite ? std::string() : " (score " + fixed(float(s.score), 3) + ")") << ": "
             << s.evidence << "\n";
+        if (s.impact)
+            out << "      output: " << s.impact->text << "\n";
+    }
 
     const std::vector<WorstCell> worst = worstCells(p, 8);
     out << "  worst cells (in floors: " << (p.threeWay ? "L-inf / the expected-vs-baseline L-inf" : "L2 / the dtype's rounding")

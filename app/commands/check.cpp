@@ -45,12 +45,17 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
             return 2;
         }
     }
-    out << "kvscope check " << (result.bundles.empty() ? inputs.front() : result.bundle) << ": min combined " << (t.bcVsNoise ? "BC vs noise " : "BC (reference tool's) ") << t.minBc << ", max L-inf multiplier " << t.maxRatio;
-    if (t.maxLinf)
+    out << "kvscope check " << (result.bundles.empty() ? inputs.front() : result.bundle) << ": ";
+    if (t.maxKl)
+        out << "max next-token KL with the engine's KV in every layer " << *t.maxKl << " nats (impact; the floors not judged)";
+    else
+        out << "min combined " << (t.bcVsNoise ? "BC vs noise " : "BC (reference tool's) ") << t.minBc
+            << ", max L-inf multiplier " << t.maxRatio;
+    if (t.maxLinf && !t.maxKl)
         out << ", max relative L-inf " << *t.maxLinf;
     out << "\n";
     for (const PromptAnalysis& p : result.prompts)
-        if (!p.threeWay && !t.maxLinf)
+        if (!p.threeWay && !t.maxLinf && !t.maxKl)
             out << "  note: prompt " << p.id << " is two-way (no baseline): not judged without --max-linf\n";
     for (const Violation& v : violations) {
         if (!v.bundle.empty()) {

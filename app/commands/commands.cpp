@@ -50,12 +50,15 @@ std::vector<Command> analysingCommands()
                    "               does: the regressions, the suspects of the change, B - A and both maps\n",
          "a self-contained HTML report with PNG maps", nullptr},
         {"check", "check BUNDLE... | DIR [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"
-                  "      [--suspect-drift-two-way 20] [--json OUT] [--strict]\n"
+                  "      [--suspect-drift-two-way 20] [--max-kl X] [--json OUT] [--strict]\n"
                   "  for CI: exit 0 within the thresholds, 1 with the violations listed, 2 when the bundle is\n"
                   "  unreadable or invalid (docs/reports.md). --min-bc judges the combined BC against the\n"
                   "  noise floor; --seed-bc: the reference tool's BC instead. Several bundles (or a folder's)\n"
                   "  are one sweep: one that cannot be read fails (exit 1) and the rest are judged; --strict:\n"
-                  "  exit 2 instead, nothing judged\n",
+                  "  exit 2 instead, nothing judged\n"
+                  "  --max-kl X  judge the output instead of the floors: each prompt's next-token KL (nats) with\n"
+                  "              the engine's KV in every layer, at every decode step, at most X (the bundle's\n"
+                  "              impact record, docs/bundle-format.md; a prompt without one fails)\n",
          "pass/fail against thresholds, for CI", check},
         {"diff", "diff A B [--json OUT] [--max-worse 1.5] [--stat max|p99|median] [--threads N] [--suspect-floor 6]\n"
                  "  did B get worse than A? Two captures of the same prompts against the same reference (A may\n"
@@ -217,6 +220,7 @@ void addThresholdOptions(OptionParser& parser, Thresholds& thresholds)
     parser.real("--min-bc", thresholds.minBc);
     parser.real("--max-ratio", thresholds.maxRatio);
     parser.real("--max-linf", thresholds.maxLinf);
+    parser.real("--max-kl", thresholds.maxKl);
     addSuspectOptions(parser, thresholds.suspects);
 }
 

@@ -1,5 +1,6 @@
 #include "analysis/analysis_fields.h"
 
+#include "analysis/impact_json.h"
 #include "util/content_hash.h"
 #include "util/json_writer.h"
 
@@ -394,6 +395,7 @@ Suspect readSuspect(const JsonFields& f, const Json& j, const std::string& at)
     readSuspectPlace(f, j, at, s);
     s.provenance = readProvenance(f, j, at);
     s.structure = readStructure(f, j, at);
+    s.impact = readSuspectImpact(f, j, at);
     return s;
 }
 
@@ -749,6 +751,7 @@ void writeSuspectsJson(JsonWriter& w, const std::vector<Suspect>& suspects)
         writeSuspectPlace(w, s);
         writeProvenance(w, s.provenance);
         writeStructure(w, s.structure);
+        writeSuspectImpact(w, s.impact);
         w.endObject();
     });
 }

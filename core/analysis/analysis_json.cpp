@@ -1,6 +1,7 @@
 #include "analysis/analysis_json.h"
 
 #include "analysis/analysis_fields.h"
+#include "analysis/impact_json.h"
 #include "analysis/state_json.h"
 #include "analysis/off_floor.h"
 #include "analysis/source_summary.h"
@@ -92,6 +93,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds
     writePromptFindings(w, p);
     if (!p.states.empty())
         writeStates(w.key("states"), p.states);
+    if (p.impact)
+        writePromptImpact(w.key("impact"), *p.impact);
     if (!p.provenance.empty())
         writeSources(w.key("sources"), p, thresholds, ratios);  // (the error_ratios above, not computed again)
     w.endObject();

@@ -6,6 +6,7 @@
 
 #include "analysis/state_analysis.h"
 #include "analysis/suspect.h"
+#include "format/impact_record.h"
 #include "format/dtype.h"
 #include "format/raw_tensor.h"
 #include "format/paged_kv.h"
@@ -108,6 +109,9 @@ struct PromptAnalysis {
     // The state-space layers' recurrent states compared (analysis/state_analysis.h), in the
     // model's order; not kept in results files.
     std::vector<StateLayerAnalysis> states;
+    // What the engine's KV does to the reference's output, as the bundle measured it
+    // (format/impact_record.h; analysis/impact_summary.h sums it up); not kept in results files.
+    std::optional<ImpactRecord> impact;
 
     // Every array sized to the shape and NaN: in memory, or in temporary files in
     // `spillDirectory` when it is not empty.

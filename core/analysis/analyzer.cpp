@@ -1,6 +1,7 @@
 #include "analysis/analyzer.h"
 
 #include "analysis/divergence.h"
+#include "analysis/impact_summary.h"
 #include "analysis/layer_aggregate.h"
 #include "analysis/layer_comparison.h"
 #include "analysis/state_analysis.h"
@@ -749,6 +750,16 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
     return result;
 }
 
+// What the engine's KV does to the output, where the bundle measured it: read for every prompt
+// (gathered ones too) and said for each suspect.
+void sayImpact(const CaptureLoader& loader, AnalysisResult& result)
+{
+    readImpacts(loader, result.prompts);
+    attachImpact(result.suspects, result.prompts);
+    for (PromptAnalysis& p : result.prompts)
+        attachImpact(p.suspects, result.prompts);
+}
+
 void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, AnalysisResult& result)
 {
     AnalysisRun run(loader, options, result);
@@ -757,8 +768,10 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
     sortFindings(result);
     if (options.searchSuspects)
         run.findAllSuspects();
-    if (!options.share)
+    if (!options.share) {
+        sayImpact(loader, result);
         return;
+    }
     if (!options.share->gather(result, loader))
         throw AnalysisHandedOver();
     if (options.searchSuspects) {  // every prompt's are here now: pooled as one process pools them
@@ -768,6 +781,7 @@ void runAnalysis(const CaptureLoader& loader, const AnalysisOptions& options, An
         result.suspects = poolSuspects(suspects);
         addStructuralEvidence(result.suspects, result.prompts, loader.config());
     }
+    sayImpact(loader, result);
 }
 
 AnalysisResult prepareAnalysis(const Sweep& sweep, const AnalysisOptions& options)

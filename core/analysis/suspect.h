@@ -105,6 +105,27 @@ struct StructuralFinding {
     }
 };
 
+// What a transplant of KV into the reference model did to its next-token distribution over the
+// decode steps of one or more prompts (format/impact_record.h).
+struct ImpactFigures {
+    double klMedian = 0;  // nats, over the steps
+    double klMax = 0;
+    int top1Changed = 0;  // steps whose argmax changed
+    int steps = 0;
+};
+
+// Whether the suspect matters (analysis/impact_summary.h): the reference model reading the
+// engine's KV from the onset layer on, against reading the baseline's there (what bf16 noise
+// does), and the onset layer's alone.
+struct SuspectImpact {
+    std::string layer;  // the onset: its KV and every later attention layer's replaced
+    ImpactFigures engine;
+    std::optional<ImpactFigures> noise;  // the baseline's KV in the same layers (three-way)
+    std::optional<ImpactFigures> alone;  // the engine's KV in the onset layer only
+    std::vector<std::string> prompts;    // whose decode steps these are
+    std::string text;  // "With the engine's KV from L on, the reference's next token changes at 8 of 120 ..."
+};
+
 struct SuspectBlock {
     int group = 0;
     std::int64_t logical = 0;
@@ -126,6 +147,9 @@ struct Suspect {
     // The structure the off positions follow (a chunk boundary; the last block's fill across
     // prompts), when one accounts for every one of them; said at the end of the evidence.
     std::optional<StructuralFinding> structure;
+    // What it does to the output, where the bundle measured it (prompts/<id>/impact); said apart
+    // from the evidence.
+    std::optional<SuspectImpact> impact;
     std::string evidence;  // one sentence, about one prompt:
     std::string evidencePrompt;        // that prompt
     std::vector<std::string> prompts;  // where it was seen (one per prompt; pooled: every one)

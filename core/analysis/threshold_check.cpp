@@ -1,5 +1,7 @@
 #include "analysis/threshold_check.h"
 
+#include "analysis/impact_summary.h"
+
 #include "analysis/suspect.h"
 #include "util/json_writer.h"
 
@@ -8,6 +10,49 @@
 
 namespace kvscope {
 
+namespace {
+
+void addNonFinite(const PromptAnalysis& p, std::vector<Violation>& out)
+{
+    for (const NonFiniteCell& c : p.nonFinite)
+        out.push_back({p.id, p.layers[std::size_t(c.layer)], c.token, c.head,
+                       partName(p, c.part) + " input (" + c.side + ") holds NaN or infinity", std::nan(""), 0, {}});
+}
+
+// Each prompt's KL with the engine's KV in every layer (the record's `from` row of its first
+// analysed layer), against maxKl.
+void checkImpact(const PromptAnalysis& p, double maxKl, std::vector<Violation>& out)
+{
+    const std::string first = p.layers.empty() ? std::string() : p.layers.front();
+    if (!p.impact) {
+        out.push_back({p.id, first, -1, -1, "kl (no impact record)", std::nan(""), maxKl,
+                       "the bundle holds no impact for this prompt: `python3 -m kvscope_capture impact BUNDLE --model M` "
+                       "measures it (docs/bundle-format.md, \"Impact\")"});
+        return;
+    }
+    std::optional<std::size_t> row = p.impact->find({TransplantKind::From, first, {}});
+    for (std::size_t t = 0; !row && t < p.impact->transplants.size(); ++t)
+        if (p.impact->transplants[t].kind == TransplantKind::From)
+            row = t;  // (the record's first: writers list layers in model order)
+    if (!row) {
+        out.push_back({p.id, first, -1, -1, "kl (no impact record)", std::nan(""), maxKl,
+                       "the impact record has no `from` row: the engine's KV in every layer was not measured"});
+        return;
+    }
+    const std::optional<ImpactFigures> f = impactFigures({p}, {p.id}, p.impact->transplants[*row]);
+    if (f->klMax <= maxKl)
+        return;
+    std::int64_t worst = 0;
+    for (std::int64_t g = 0; g < p.impact->steps; ++g)
+        if (p.impact->klAt(*row, g) > p.impact->klAt(*row, worst))
+            worst = g;
+    out.push_back({p.id, p.impact->transplants[*row].layer, p.promptLen + worst, -1,
+                   "kl (the engine's KV from this layer on, nats)", f->klMax, maxKl,
+                   "the reference model " + impactFiguresText(*f)});
+}
+
+}  // namespace
+
 std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thresholds& t)
 {
     std::vector<Violation> out;
@@ -15,6 +60,13 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
     for (const SweepBundle& b : result.bundles)
         if (!b.problem.empty())
             out.push_back({"", "", -1, -1, "bundle left out", std::nan(""), 0, b.problem, b.name});
+    if (t.maxKl) {
+        for (const PromptAnalysis& p : result.prompts) {
+            addNonFinite(p, out);
+            checkImpact(p, *t.maxKl, out);
+        }
+        return out;
+    }
     // Any suspect fails, and comes first: something left the noise floor of its dtype.
     for (const Suspect& s : result.suspects) {
         std::string prompts;
@@ -59,10 +111,7 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
             }
             p.releaseLayer(l);
         }
-        for (const NonFiniteCell& c : p.nonFinite)
-            out.push_back({p.id, p.layers[std::size_t(c.layer)], c.token, c.head,
-                           partName(p, c.part) + " input (" + c.side + ") holds NaN or infinity",
-                           std::nan(""), 0, {}});
+        addNonFinite(p, out);
     }
     if (result.aggregate) {
         const AggregateBc& a = *result.aggregate;
@@ -116,6 +165,7 @@ void writeVerdictJson(const std::string& bundle, const Thresholds& t, const std:
         .field("bc", t.bcVsNoise ? "bc_vs_noise" : "bc")
         .field("max_ratio", t.maxRatio)
         .field("max_linf", t.maxLinf)
+        .field("max_kl", t.maxKl)
         .endObject()
         .field("passed", violations.empty())
         .key("violations")

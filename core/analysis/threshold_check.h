@@ -6,7 +6,8 @@
 // than dtype noise the engine gets) must not exceed maxRatio, and the combined BC of the layer
 // (every prompt and token pooled; against the noise floor unless bcVsNoise is false) must
 // reach minBc. Any prompt, if maxLinf is set: every
-// cell's relative L-inf at most maxLinf. Inputs holding NaN/infinity always fail.
+// cell's relative L-inf at most maxLinf. Inputs holding NaN/infinity always fail. With maxKl,
+// the output's KL is judged instead (analysis/impact_summary.h).
 
 #include "analysis/analysis_result.h"
 #include "analysis/suspect.h"
@@ -26,6 +27,11 @@ struct Thresholds {
     bool bcVsNoise = true;
     double maxRatio = 2.0;  // its default L-inf multiplier
     std::optional<double> maxLinf;
+    // Output quality instead of the floors: each prompt's next-token KL (nats) with the engine's
+    // KV in every layer, at every decode step (its impact record), at most this. Set, it replaces
+    // the floor gates (suspects, multipliers, BC, L-inf); NaN or infinity and bundles left out
+    // still fail, and so does a prompt without an impact record.
+    std::optional<double> maxKl;
     // Any suspect is a violation; these say when a cell and a layer count as off the floor.
     SuspectThresholds suspects;
 };
