@@ -77,14 +77,17 @@ std::vector<Command> analysingCommands()
                      "  identical, 1 when something changed, 2 when the captures cannot be compared\n",
          "did the KV arrive as it left? Both ends of a KV transfer compared bit for bit", transfer},
         {"whatif", "whatif BUNDLE [--schemes fp8_e4m3/tensor,fp8_e4m3/head,int8/token_head,int4/g32 | all] [--json OUT]\n"
-                   "       [--maps] [--threads N]\n"
+                   "       [--maps] [--threads N] [--kl-budget NATS]\n"
                    "  what storing the reference KV (expected) in fp8, int8, int4 or NVFP4 would cost: per scheme and\n"
                    "  layer the median relative L2 error it adds, in bf16 noise floors of the same cells, the\n"
                    "  layers it hurts and why (docs/whatif.md). Schemes: fp8_e4m3|fp8_e5m2 /tensor /head\n"
                    "  /token_head, fp8_e4m3/vllm (amax/200 K, amax/100 V from the first prompt's prefill),\n"
                    "  int8/token_head, int4/g32 /g64 /g128 /gN, int4/kivi, int4/token_head_rht (vLLM's\n"
                    "  int4_per_token_head), nvfp4. --maps adds the layer x token\n"
-                   "  maps to the JSON\n",
+                   "  maps to the JSON. Where the bundle measured the schemes' impact on the output (its impact\n"
+                   "  record), each scheme's next-token KL per layer against bf16 noise, and a recipe for vLLM:\n"
+                   "  --kv-cache-dtype and --kv-cache-dtype-skip-layers, each layer within --kl-budget (nats,\n"
+                   "  median over decode steps; default twice the layer's bf16 noise)\n",
          "what an fp8 / int8 / int4 KV cache would cost this model", whatif},
     };
 }

@@ -1,11 +1,14 @@
 #include "commands/commands.h"
 
+#include "analysis/impact_summary.h"
 #include "format/bundle_error.h"
 #include "format/output_path.h"
+#include "quant/impact_recipe.h"
 #include "quant/whatif.h"
 #include "quant/whatif_json.h"
 #include "util/work_team.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -51,6 +54,38 @@ void printResult(const WhatIfResult& r, std::ostream& out)
     }
 }
 
+// The schemes whose impact the records measured (the `scheme` rows), in the order first met.
+std::vector<QuantScheme> measuredSchemes(const std::vector<ImpactRecord>& records)
+{
+    std::vector<QuantScheme> out;
+    for (const ImpactRecord& r : records)
+        for (const Transplant& t : r.transplants) {
+            std::string error;
+            const std::optional<QuantScheme> s = t.kind == TransplantKind::Scheme ? parseScheme(t.scheme, error) : std::nullopt;
+            if (s && std::none_of(out.begin(), out.end(), [&](const QuantScheme& o) { return o.name() == s->name(); }))
+                out.push_back(*s);
+        }
+    return out;
+}
+
+void printRecipe(const ImpactRecipe& recipe, std::ostream& out)
+{
+    out << "\nby output (the bundle's impact record): next-token KL per layer, median / max over decode steps, "
+           "against the baseline's KV there (bf16 noise); budget: "
+        << recipe.budgetRule << "\n";
+    for (const SchemeImpact& s : recipe.schemes) {
+        out << "  " << s.scheme.name() << (s.vllmDtype.empty() ? " (no vLLM cache dtype)" : " (vLLM " + s.vllmDtype + ")")
+            << ": " << s.layers.size() - s.keep.size() << " of " << s.layers.size() << " layers within\n";
+        out << "    " << std::left << std::setw(34) << "layer" << std::setw(22) << "KL median / max" << std::setw(22)
+            << "noise median / max" << "\n";
+        for (const SchemeLayerImpact& l : s.layers)
+            out << "    " << std::setw(34) << l.layer << std::setw(22) << (klText(l.kl.klMedian) + " / " + klText(l.kl.klMax))
+                << std::setw(22) << (l.noise ? klText(l.noise->klMedian) + " / " + klText(l.noise->klMax) : std::string("-"))
+                << (l.within ? "within" : "keep in bf16") << "\n";
+    }
+    out << "recipe: " << recipe.text << "\n";
+}
+
 }  // namespace
 
 int whatif(const Args& args, std::ostream& out, std::ostream& err)
@@ -58,12 +93,14 @@ int whatif(const Args& args, std::ostream& out, std::ostream& err)
     std::string bundle, jsonPath, schemeList;
     int threads = int(std::max(1u, std::thread::hardware_concurrency()));
     bool maps = false;
+    std::optional<double> klBudget;
     OptionParser parser("whatif");
     parser.operand("BUNDLE", bundle);
     parser.text({"--schemes"}, schemeList);
     parser.text({"--json"}, jsonPath);
     parser.flag("--maps", maps);
     parser.integer("--threads", threads);
+    parser.real("--kl-budget", klBudget);
     if (!parser.parse(args, err))
         return 2;
     WhatIfOptions options;
@@ -89,6 +126,17 @@ int whatif(const Args& args, std::ostream& out, std::ostream& err)
         WorkTeam team(std::max(1, threads));
         options.team = &team;
         const WhatIfResult result = runWhatIf(loader, options);
+        std::vector<ImpactRecord> records;
+        for (const std::string& id : result.promptIds)
+            if (std::optional<ImpactRecord> r = loader.impact(id))
+                records.push_back(std::move(*r));
+        std::optional<ImpactRecipe> recipe;
+        if (const std::vector<QuantScheme> measured = measuredSchemes(records); !measured.empty()) {
+            std::vector<const ImpactRecord*> pointers;
+            for (const ImpactRecord& r : records)
+                pointers.push_back(&r);
+            recipe = proposeRecipe(pointers, result.layers, measured, klBudget);
+        }
         if (result.promptIds.empty()) {
             err << "kvscope whatif: " << bundle << ": no prompt has a usable expected reference\n";
             for (const std::string& p : result.problems)
@@ -97,13 +145,15 @@ int whatif(const Args& args, std::ostream& out, std::ostream& err)
         }
         if (!jsonPath.empty()) {
             std::ofstream file(jsonPath);
-            writeWhatIfJson(result, file, maps);
+            writeWhatIfJson(result, file, maps, recipe ? &*recipe : nullptr);
             if (!file)
                 throw std::runtime_error("cannot write " + jsonPath);
             out << "wrote " << jsonPath << "\n";
             return 0;
         }
         printResult(result, out);
+        if (recipe)
+            printRecipe(*recipe, out);
         return 0;
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";

@@ -16,13 +16,6 @@ const PromptAnalysis* findPrompt(const std::vector<PromptAnalysis>& prompts, con
     return nullptr;
 }
 
-double median(std::vector<double> values)
-{
-    std::sort(values.begin(), values.end());
-    const std::size_t n = values.size();
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 std::vector<std::string> allIds(const std::vector<PromptAnalysis>& prompts)
 {
     std::vector<std::string> ids;
@@ -49,26 +42,11 @@ void readImpacts(const CaptureLoader& loader, std::vector<PromptAnalysis>& promp
 std::optional<ImpactFigures> impactFigures(const std::vector<PromptAnalysis>& prompts, const std::vector<std::string>& ids,
                                            const Transplant& transplant)
 {
-    std::vector<double> kl;
-    ImpactFigures f;
-    for (const std::string& id : ids) {
-        const PromptAnalysis* p = findPrompt(prompts, id);
-        if (!p || !p->impact)
-            continue;
-        const std::optional<std::size_t> row = p->impact->find(transplant);
-        if (!row)
-            continue;
-        for (std::int64_t g = 0; g < p->impact->steps; ++g) {
-            kl.push_back(p->impact->klAt(*row, g));
-            f.top1Changed += p->impact->changedAt(*row, g) ? 1 : 0;
-        }
-    }
-    if (kl.empty())
-        return std::nullopt;
-    f.steps = int(kl.size());
-    f.klMax = *std::max_element(kl.begin(), kl.end());
-    f.klMedian = median(std::move(kl));
-    return f;
+    std::vector<const ImpactRecord*> records;
+    for (const std::string& id : ids)
+        if (const PromptAnalysis* p = findPrompt(prompts, id); p && p->impact)
+            records.push_back(&*p->impact);
+    return impactFigures(records, transplant);
 }
 
 std::string klText(double kl)

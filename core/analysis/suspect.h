@@ -4,6 +4,7 @@
 // Found by analysis/suspect_search.h; documented in docs/suspects.md.
 
 #include "analysis/provenance_match.h"
+#include "format/impact_record.h"
 #include "format/paged_kv.h"
 
 #include <cmath>
@@ -103,15 +104,6 @@ struct StructuralFinding {
                 return v;
         return std::nan("");
     }
-};
-
-// What a transplant of KV into the reference model did to its next-token distribution over the
-// decode steps of one or more prompts (format/impact_record.h).
-struct ImpactFigures {
-    double klMedian = 0;  // nats, over the steps
-    double klMax = 0;
-    int top1Changed = 0;  // steps whose argmax changed
-    int steps = 0;
 };
 
 // Whether the suspect matters (analysis/impact_summary.h): the reference model reading the

@@ -86,6 +86,29 @@ std::optional<std::size_t> ImpactRecord::find(const Transplant& transplant) cons
     return std::nullopt;
 }
 
+std::optional<ImpactFigures> impactFigures(const std::vector<const ImpactRecord*>& records, const Transplant& transplant)
+{
+    std::vector<double> kl;
+    ImpactFigures f;
+    for (const ImpactRecord* record : records) {
+        const std::optional<std::size_t> row = record->find(transplant);
+        if (!row)
+            continue;
+        for (std::int64_t g = 0; g < record->steps; ++g) {
+            kl.push_back(record->klAt(*row, g));
+            f.top1Changed += record->changedAt(*row, g) ? 1 : 0;
+        }
+    }
+    if (kl.empty())
+        return std::nullopt;
+    f.steps = int(kl.size());
+    std::sort(kl.begin(), kl.end());
+    const std::size_t n = kl.size();
+    f.klMax = kl.back();
+    f.klMedian = n % 2 ? kl[n / 2] : 0.5 * (kl[n / 2 - 1] + kl[n / 2]);
+    return f;
+}
+
 std::string impactRecordProblem(const ImpactRecord& record, const std::vector<std::string>& layers)
 {
     const std::size_t cells = record.transplants.size() * std::size_t(std::max<std::int64_t>(record.steps, 0));

@@ -48,6 +48,17 @@ struct ImpactRecord {
     }
 };
 
+// What one transplant did to the next-token distribution over the decode steps of one or more
+// prompts.
+struct ImpactFigures {
+    double klMedian = 0;  // nats, over the steps
+    double klMax = 0;
+    int top1Changed = 0;  // steps whose argmax changed
+    int steps = 0;
+};
+// `transplant`'s figures over the steps of every record holding it (nullopt: none does).
+std::optional<ImpactFigures> impactFigures(const std::vector<const ImpactRecord*>& records, const Transplant& transplant);
+
 // What is wrong with `record` (empty when nothing): the shapes, a KL negative or not finite, a
 // top-1 flag not 0 or 1, a transplant of a layer not in `layers` (the config's) or listed twice.
 std::string impactRecordProblem(const ImpactRecord& record, const std::vector<std::string>& layers);

@@ -4,7 +4,45 @@
 
 namespace kvscope {
 
-void writeWhatIfJson(const WhatIfResult& r, std::ostream& out, bool maps)
+namespace {
+
+void writeFigures(JsonWriter& w, const std::optional<ImpactFigures>& f)
+{
+    if (!f) {
+        w.null();
+        return;
+    }
+    w.beginObject().field("kl_median", f->klMedian).field("kl_max", f->klMax).field("top1_changed", f->top1Changed)
+        .field("steps", f->steps).endObject();
+}
+
+void writeRecipe(JsonWriter& w, const ImpactRecipe& recipe)
+{
+    w.beginObject().field("budget", recipe.budgetRule).key("schemes").array(recipe.schemes.size(), [&](std::size_t i) {
+        const SchemeImpact& s = recipe.schemes[i];
+        w.beginObject()
+            .field("name", s.scheme.name())
+            .field("vllm_kv_cache_dtype", s.vllmDtype.empty() ? std::optional<std::string>() : s.vllmDtype)
+            .field("bits_per_value", s.bitsPerValue)
+            .key("keep_in_bf16").strings(s.keep)
+            .key("layers").array(s.layers.size(), [&](std::size_t l) {
+                const SchemeLayerImpact& x = s.layers[l];
+                w.beginObject().field("layer", x.layer).key("kl");
+                writeFigures(w, x.kl);
+                w.key("noise");
+                writeFigures(w, x.noise);
+                w.field("budget", x.budget).field("within", x.within).endObject();
+            });
+        w.endObject();
+    });
+    w.field("arguments", recipe.arguments.empty() ? std::optional<std::string>() : recipe.arguments)
+        .field("text", recipe.text)
+        .endObject();
+}
+
+}  // namespace
+
+void writeWhatIfJson(const WhatIfResult& r, std::ostream& out, bool maps, const ImpactRecipe* impact)
 {
     JsonWriter w(out);
     w.beginObject();
@@ -76,6 +114,8 @@ void writeWhatIfJson(const WhatIfResult& r, std::ostream& out, bool maps)
         w.endObject();
     }
     w.endArray();
+    if (impact)
+        writeRecipe(w.key("impact"), *impact);
     w.key("problems").beginArray();
     for (const std::string& p : r.problems)
         w.value(p);

@@ -805,6 +805,7 @@ ModelCaptureOptions demoModelCaptureOptions()
     o.fault = FaultKind::RopeOffset;
     o.faultLayer = 13;
     o.shape.quietHeadLayers = {0, 23};  // what an fp8 cache with one scale per tensor would crush (kvscope whatif)
+    o.shape.quietHeadOctaves = 16;
     o.model = "kvscope-demo: synthetic 24-layer GQA transformer (16 query / 8 KV heads of 128)";
     return o;
 }
