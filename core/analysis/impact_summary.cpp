@@ -24,6 +24,14 @@ std::vector<std::string> allIds(const std::vector<PromptAnalysis>& prompts)
     return ids;
 }
 
+// 400, 36, 5.1, 0.8
+std::string ratioText(double ratio)
+{
+    char text[32];
+    std::snprintf(text, sizeof text, ratio >= 10 ? "%.0f" : "%.1f", ratio);
+    return text;
+}
+
 }  // namespace
 
 void readImpacts(const CaptureLoader& loader, std::vector<PromptAnalysis>& prompts)
@@ -86,7 +94,7 @@ void attachImpact(std::vector<Suspect>& suspects, const std::vector<PromptAnalys
             impact.text += "; with the baseline's KV there (bf16 noise), at " + std::to_string(impact.noise->top1Changed) +
                            " of " + std::to_string(impact.noise->steps) + " (up to " + klText(impact.noise->klMax) + ")";
             if (impact.noise->klMax > 0)
-                impact.text += ": " + klText(impact.engine.klMax / impact.noise->klMax) + "x the noise";
+                impact.text += ": " + ratioText(impact.engine.klMax / impact.noise->klMax) + "x the noise";
         }
         impact.text += ".";
         s.impact = std::move(impact);
