@@ -1,5 +1,6 @@
 #include "gui/prompt_page.h"
 
+#include "analysis/impact_view_text.h"
 #include "analysis/map_spec.h"
 #include "analysis/state_rows.h"
 #include "analysis/source_summary.h"
@@ -10,6 +11,7 @@
 #include "gui/drill_down_panel.h"
 #include "gui/worst_cells_model.h"
 #include "widgets/heatmap_view.h"
+#include "widgets/impact_column.h"
 #include "widgets/provenance_strip.h"
 #include "widgets/histogram_view.h"
 #include "widgets/state_strip.h"
@@ -25,6 +27,7 @@
 #include <QTableView>
 #include <QTimer>
 #include <QToolTip>
+#include <QHBoxLayout>
 #include <QVBoxLayout>
 
 #include <algorithm>
@@ -50,6 +53,12 @@ const StructuralFinding* structureOf(const Suspect& s, const std::vector<Suspect
     return nullptr;
 }
 
+// What the suspect does to the output, said apart from its evidence (empty: not measured).
+QString impactSentence(const Suspect& s)
+{
+    return s.impact ? QObject::tr("Output: %1").arg(QString::fromStdString(s.impact->text)) : QString();
+}
+
 // A suspect's evidence with the structure's sentence, when the evidence does not say it.
 QString evidenceWith(const Suspect& s, const StructuralFinding* structure)
 {
@@ -67,6 +76,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_heatmap(new HeatmapView)
     , m_provenance(new ProvenanceStrip(m_heatmap))
     , m_stateStrip(new StateStrip(m_heatmap))
+    , m_impact(new ImpactColumn(m_heatmap))
     , m_drill(new DrillDownPanel(*controller))
     , m_vertical(new QSplitter(Qt::Vertical))
     , m_worstModel(new WorstCellsModel(this))
@@ -74,6 +84,7 @@ PromptPage::PromptPage(AnalysisController* controller, QWidget* parent)
     , m_worstTitle(new QLabel)
     , m_suspects(new QListWidget)
     , m_evidence(new QLabel)
+    , m_suspectImpact(new QLabel)
     , m_problems(new QLabel)
     , m_notCompared(new QLabel)
     , m_replicas(new QLabel)
@@ -115,11 +126,16 @@ void PromptPage::layOut()
     sideLayout->setContentsMargins(0, 0, 0, 0);
     m_evidence->setWordWrap(true);
     m_evidence->setTextInteractionFlags(Qt::TextSelectableByMouse);
+    m_suspectImpact->setObjectName("suspectImpact");
+    m_suspectImpact->setWordWrap(true);
+    m_suspectImpact->setTextFormat(Qt::PlainText);
+    m_suspectImpact->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_suspects->setMaximumHeight(80);
     m_suspects->setToolTip(tr("Where the engine first leaves the noise floor, and what kind of bug it looks like"));
     sideLayout->addWidget(new QLabel(tr("<b>Suspects</b>")));
     sideLayout->addWidget(m_suspects);
     sideLayout->addWidget(m_evidence);
+    sideLayout->addWidget(m_suspectImpact);
     sideLayout->addWidget(m_worstTitle);
     sideLayout->addWidget(m_worstView);
     sideLayout->addWidget(m_problems);
@@ -131,7 +147,13 @@ void PromptPage::layOut()
     auto* mapLayout = new QVBoxLayout(mapAndStrip);
     mapLayout->setContentsMargins(0, 0, 0, 0);
     mapLayout->setSpacing(0);
-    mapLayout->addWidget(m_heatmap, 1);
+    // The impact column beside the map shares its layer axis: both start at the same top.
+    auto* mapAndImpact = new QHBoxLayout;
+    mapAndImpact->setContentsMargins(0, 0, 0, 0);
+    mapAndImpact->setSpacing(0);
+    mapAndImpact->addWidget(m_heatmap, 1);
+    mapAndImpact->addWidget(m_impact);
+    mapLayout->addLayout(mapAndImpact, 1);
     mapLayout->addWidget(m_provenance);
     mapLayout->addWidget(m_stateStrip);
     connect(m_stateStrip, &StateStrip::checkpointClicked, this,
@@ -361,6 +383,11 @@ QString PromptPage::suspectEvidence() const
     return m_evidence->text();
 }
 
+QString PromptPage::suspectImpact() const
+{
+    return m_suspectImpact->text();
+}
+
 void PromptPage::followSuspect(int row)
 {
     const PromptAnalysis* p = prompt();
@@ -368,6 +395,7 @@ void PromptPage::followSuspect(int row)
         return;
     const Suspect s = p->suspects[std::size_t(row)];
     m_evidence->setText(evidenceWith(s, structureOf(s, m_controller->result()->suspects, p->id)));
+    m_suspectImpact->setText(impactSentence(s));
     emit partRequested(s.worstPart);
     // Its tokens over the rows of the layers it reaches.
     int top = s.worstLayer, bottom = s.worstLayer;
@@ -432,6 +460,7 @@ void PromptPage::showStateCheckpoint(const QString& text, const QString& layer, 
     if (!p)
         return;
     m_evidence->setText(text);
+    m_suspectImpact->clear();
     // Its worst cell's values against the reference, as the drill-down shows a KV head's.
     const QString title = tr("%1 %2 %3 %4, the state after position %5")
                               .arg(layer, part, part == "ssm" ? tr("head") : tr("cell")).arg(cell).arg(position);
@@ -456,9 +485,11 @@ void PromptPage::clear(const QString& message)
     m_heatmap->showEmpty(message);
     m_provenance->setProvenance({});
     m_stateStrip->setStates({}, {});
+    m_impact->setImpacts({});
     m_worstModel->setCells(nullptr, {});
     m_suspects->clear();
     m_evidence->clear();
+    m_suspectImpact->clear();
     m_heatmap->setHighlight({});
     m_heatmap->setPinnedRows({});
     m_worstTitle->setText(tr("<b>Worst cells</b>"));
@@ -687,11 +718,18 @@ void PromptPage::refreshSummary()
         const QSignalBlocker block(m_suspects);
         m_suspects->clear();
         m_evidence->clear();
+        m_suspectImpact->clear();
         m_heatmap->setHighlight({});
         // Suspects are written when the whole analysis is over (ThreadSanitizer caught this
         // list being read while the worker assigned it): not before.
         const std::vector<Suspect> none;
         const std::vector<Suspect>& suspects = m_controller->isRunning() ? none : p->suspects;
+        // A row that says its impact is a line longer, and wider than the side: wrapped, and the
+        // list a line taller (rows without one as they were).
+        const bool impact = std::any_of(suspects.begin(), suspects.end(), [](const Suspect& s) { return bool(s.impact); });
+        m_suspects->setWordWrap(impact);
+        m_suspects->setHorizontalScrollBarPolicy(impact ? Qt::ScrollBarAlwaysOff : Qt::ScrollBarAsNeeded);
+        m_suspects->setMaximumHeight(impact ? 80 + 2 * m_suspects->fontMetrics().lineSpacing() : 80);
         for (const Suspect& s : suspects) {
             // Two short lines, to fit the side panel: what and how far; where.
             const QString explanation = s.hypothesis.kind.empty() ? QString()
@@ -708,20 +746,29 @@ void PromptPage::refreshSummary()
             const QString structureText = !structure ? QString()
                                           : chance > 0 ? tr("\n%1, chance 1 in %2").arg(QString::fromStdString(structure->kind)).arg(std::lround(1 / chance))
                                                        : tr("\n%1").arg(QString::fromStdString(structure->kind));
-            auto* item = new QListWidgetItem(QString("%1%2, %3\n%4 · tokens %5-%6%7")
+            // What it does to the output, short; its sentence in the tooltip and under the evidence.
+            const QString impactText = s.impact ? "\n" + QString::fromStdString(impactShortText(*s.impact)) : QString();
+            auto* item = new QListWidgetItem(QString("%1%2, %3\n%4 · tokens %5-%6%7%8")
                                                  .arg(suspectPatternName(s.pattern),
                                                       s.pattern == SuspectPattern::NonFinite ? QString() : explanation, size)
                                                  .arg(QString::fromStdString(shortLayerName(s.firstLayer)))
                                                  .arg(s.firstToken)
                                                  .arg(s.lastToken)
-                                                 .arg(structureText));
-            item->setToolTip(structure ? tr("<p><b>%1</b>: %2</p><p>%3</p>")
-                                             .arg(QString::fromStdString(structure->kind),
-                                                  QString::fromStdString(structure->text).toHtmlEscaped(),
-                                                  evidenceWith(s, structure).toHtmlEscaped())
-                                       : QString::fromStdString(s.evidence));
+                                                 .arg(structureText, impactText));
+            QString tooltip = structure ? tr("<p><b>%1</b>: %2</p><p>%3</p>")
+                                              .arg(QString::fromStdString(structure->kind),
+                                                   QString::fromStdString(structure->text).toHtmlEscaped(),
+                                                   evidenceWith(s, structure).toHtmlEscaped())
+                                        : QString::fromStdString(s.evidence);
+            if (s.impact)  // (a plain evidence tooltip becomes rich text: escaped with it)
+                tooltip = (structure ? tooltip : "<p>" + tooltip.toHtmlEscaped() + "</p>") + "<p>" +
+                          impactSentence(s).toHtmlEscaped() + "</p>";
+            item->setToolTip(tooltip);
             m_suspects->addItem(item);
         }
+        // What each layer's KV does to the output, beside the map (hidden without a record).
+        m_impact->setImpacts(m_controller->isRunning() ? std::vector<LayerImpact>()
+                                                       : layerImpacts(m_controller->result()->prompts, {p->id}, p->layers));
         // The top suspect's heads stay marked in the drill-down, whichever prompt is shown.
         markSuspectHeads(suspects.empty() ? nullptr : &suspects.front());
         if (suspects.empty())

@@ -25,6 +25,7 @@ namespace kvscope {
 class AnalysisController;
 class DrillDownPanel;
 class HeatmapView;
+class ImpactColumn;
 class ProvenanceStrip;
 class StateStrip;
 struct Suspect;
@@ -72,7 +73,10 @@ public:
     WorstCellsModel& worstCells() { return *m_worstModel; }
     QTableView& worstCellsView() { return *m_worstView; }
     QListWidget& suspectsView() { return *m_suspects; }
+    ImpactColumn& impactColumn() { return *m_impact; }
     QString suspectEvidence() const;
+    // The shown suspect's impact sentence (empty: none shown, or not measured).
+    QString suspectImpact() const;
     // Shows suspect `row` of the prompt: selects its worst cell, opens the drill-down on its
     // worst head, highlights its tokens and heads.
     void followSuspect(int row);
@@ -124,6 +128,7 @@ private:
     HeatmapView* m_heatmap;
     ProvenanceStrip* m_provenance;  // under the map
     StateStrip* m_stateStrip;       // under it: a hybrid model's recurrent state
+    ImpactColumn* m_impact;         // beside it: what each layer's KV does to the output
     DrillDownPanel* m_drill;
     QSplitter* m_vertical;
     WorstCellsModel* m_worstModel;
@@ -131,6 +136,7 @@ private:
     QLabel* m_worstTitle;
     QListWidget* m_suspects;
     QLabel* m_evidence;
+    QLabel* m_suspectImpact;  // under it: what the suspect does to the output
     QLabel* m_problems;
     QLabel* m_notCompared;
     QLabel* m_replicas;  // TP copies that differ from the one analysed  // layers of groups kvscope does not compare (hybrid models)

@@ -5,6 +5,7 @@
 #include "analysis/sweep_timeline.h"
 
 #include "analysis/heatmap_grid.h"
+#include "analysis/impact_view_text.h"
 #include "analysis/map_spec.h"
 #include "analysis/state_rows.h"
 #include "analysis/suspect.h"
@@ -263,7 +264,8 @@ void writeSuspectTable(QTextStream& out, const std::vector<Suspect>& suspects, c
                 << (s.prompts.size() > 1 ? QString(", over %1 prompts").arg(s.prompts.size()) : QString()) << ")</td><td>"
                 << heads.join(", ") << "</td><td>" << ranks.join(", ") << "</td><td>" << prompts.join(", ").toHtmlEscaped()
                 << "</td><td>" << (s.prompts.size() > 1 ? html("In " + s.evidencePrompt + ": ") : QString())
-                << html(s.evidence) << "</td></tr>";
+                << html(s.evidence)
+                << (s.impact ? "<div class=impact>Output: " + html(s.impact->text) + "</div>" : QString()) << "</td></tr>";
         }
         out << "</table>";
     }
@@ -491,7 +493,42 @@ void writeStates(QTextStream& out, const PromptAnalysis& p)
     out << "</table>";
 }
 
-void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<ReportMap>& maps, const SuspectThresholds& thresholds)
+// What each layer's KV does to the reference's next token in this prompt (its impact record;
+// nothing without one), the same figures the app's column beside the map shows.
+void writeImpact(QTextStream& out, const PromptAnalysis& p, const std::vector<PromptAnalysis>& prompts)
+{
+    if (!p.impact)
+        return;
+    const auto kl = [](const std::optional<ImpactFigures>& f) { return f ? html(klText(f->klMax)) : QStringLiteral("-"); };
+    out << "<h3>Impact on the output, per layer</h3><p class=legend>The reference model decodes the teacher tokens "
+           "reading the engine's KV in one layer (alone) or in it and every later attention layer (from it on); KL of "
+           "its next-token distribution against its own, the largest over the "
+        << p.impact->steps
+        << " decode steps, in nats. Noise: the same with the baseline's (fp32) KV, what bf16 rounding alone does. "
+           "Beyond "
+        << kImpactNoiseFactor
+        << "x the noise (a clean engine's bound, docs/synth.md) in red.</p>";
+    // This prompt's own suspects, as `kvscope analyze` and the app's suspect row say them.
+    for (const Suspect& s : p.suspects)
+        if (s.impact)
+            out << "<p class=impactline>" << suspectPatternName(s.pattern) << " suspect from " << html(s.firstLayer)
+                << ": <span class=impact>" << html(s.impact->text) << "</span></p>";
+    out << "<table><tr><th>layer</th><th>KL max, alone</th>"
+           "<th>its noise</th><th>ratio</th><th>top-1 changed, alone</th><th>KL max, from it on</th><th>its noise</th></tr>";
+    for (const LayerImpact& l : layerImpacts(prompts, {p.id}, p.layers)) {
+        if (!l.alone && !l.from)
+            continue;
+        out << "<tr><td>" << html(l.layer) << "</td><td>" << kl(l.alone) << "</td><td>" << kl(l.aloneNoise) << "</td><td"
+            << (impactLevel(l) == ImpactLevel::AboveNoise ? " class=fail" : "") << ">"
+            << html(noiseRatioText(l.alone, l.aloneNoise)) << "</td><td>"
+            << (l.alone ? QString("%1 of %2").arg(l.alone->top1Changed).arg(l.alone->steps) : QStringLiteral("-"))
+            << "</td><td>" << kl(l.from) << "</td><td>" << kl(l.fromNoise) << "</td></tr>";
+    }
+    out << "</table>";
+}
+
+void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<PromptAnalysis>& prompts,
+                 const std::vector<ReportMap>& maps, const SuspectThresholds& thresholds)
 {
     out << "<h2>Prompt " << html(p.id) << "</h2><p>" << (p.threeWay ? "three-way" : "two-way") << ", prompt_len "
         << p.promptLen << ", " << p.tokens << " positions, divergences: ";
@@ -518,6 +555,7 @@ void writePrompt(QTextStream& out, const PromptAnalysis& p, const std::vector<Re
                           QString::number(c.baseError, 'g', 4) + "</td></tr>");
     }
     out << "</table>";
+    writeImpact(out, p, prompts);
     if (!p.states.empty())
         writeStates(out, p);
     if (!p.provenance.empty())
@@ -637,7 +675,7 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
         writeOverTime(out, *timeline, png);
     }
     for (const PromptAnalysis& p : result.prompts)
-        writePrompt(out, p, maps, thresholds.suspects);
+        writePrompt(out, p, result.prompts, maps, thresholds.suspects);
     if (result.aggregate)
         writeAcrossPrompts(out, *result.aggregate, maps, thresholds,
                            result.prompts.empty() ? std::array<std::string, 2>{"K", "V"}

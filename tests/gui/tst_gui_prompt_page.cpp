@@ -4,9 +4,12 @@
 
 #include "gui_test_support.h"
 
+#include "analysis/impact_view_text.h"
 #include "gui/head_table_model.h"
 #include "gui/worst_cells_model.h"
+#include "small_model.h"
 #include "widgets/histogram_view.h"
+#include "widgets/impact_column.h"
 #include "widgets/plot_export.h"
 #include "widgets/token_line_view.h"
 
@@ -61,6 +64,7 @@ private slots:
     void tabbingIntoWorstCellsKeepsTheCell();
     void doubleClickOnlyResetsTheZoom();
     void selectedAndSuspectRowsKeepTheirLabels();
+    void impactInTheSuspectRowAndBesideTheMap();
     void tokenLabelsDoNotOverlap();
     void tooltipNamesItsBc();
 };
@@ -651,4 +655,52 @@ void TestPromptPage::tooltipNamesItsBc()
 }
 
 QTEST_MAIN(TestPromptPage)
+// A model capture with its impact record: the suspect's row says its impact short, its sentence
+// under the evidence is the analysis's, and the column beside the map has the prompt's layers,
+// the fault's beyond its noise; without a record, the column is not shown.
+void TestPromptPage::impactInTheSuspectRowAndBesideTheMap()
+{
+    synth::ModelCaptureOptions o = kvtest::smallModel(synth::FaultKind::RopeOffset);
+    o.impactSchemes.clear();
+    const QString path = m_dir.filePath("impact.h5");
+    const AnalysisResult reference = kvtest::analyseModelCapture(path.toStdString(), o);
+    const PromptAnalysis& p = reference.prompts.at(0);
+    QVERIFY(!p.suspects.empty() && p.suspects.front().impact);
+    const SuspectImpact& impact = *p.suspects.front().impact;
+    MainWindow window;
+    window.resize(1024, 700);
+    window.show();
+    QSignalSpy finished(&window.controller(), &AnalysisController::finished);
+    window.openPath(path);
+    QVERIFY(finished.wait(60000));
+    QCoreApplication::processEvents();
+    PromptPage& page = promptPageOf(window);
+    QListWidget& list = page.suspectsView();
+    QVERIFY2(list.item(0)->text().endsWith(QString::fromStdString(impactShortText(impact))), qPrintable(list.item(0)->text()));
+    QVERIFY(list.item(0)->toolTip().contains(QString::fromStdString(impact.text).toHtmlEscaped()));
+    list.setCurrentRow(-1);
+    list.setCurrentRow(0);
+    QCOMPARE(page.suspectImpact(), "Output: " + QString::fromStdString(impact.text));
+    ImpactColumn& column = page.impactColumn();
+    QVERIFY(column.isVisible());
+    const int fault = int(std::find(p.layers.begin(), p.layers.end(), p.suspects.front().firstLayer) - p.layers.begin());
+    QVERIFY(fault < int(p.layers.size()));
+    const QString tip = column.describeAt(int(column.barRect(fault).center().y()));
+    QVERIFY2(tip.contains(QString::fromStdString(p.suspects.front().firstLayer)), qPrintable(tip));
+    const std::vector<LayerImpact> layers = layerImpacts(reference.prompts, {p.id}, p.layers);
+    QCOMPARE(impactLevel(layers[std::size_t(fault)]), ImpactLevel::AboveNoise);
+    QVERIFY2(tip.contains(QString::fromStdString(layerImpactLines(layers[std::size_t(fault)]).front()).toHtmlEscaped()),
+             qPrintable(tip));
+
+    o.impact = false;
+    const QString plain = m_dir.filePath("no-impact.h5");
+    synth::writeModelCapture(plain.toStdString(), o);
+    window.openPath(plain);
+    QVERIFY(finished.wait(60000));
+    QCoreApplication::processEvents();
+    QVERIFY(!column.isVisible());
+    QVERIFY(!list.item(0)->text().contains("output:"));
+    QVERIFY(page.suspectImpact().isEmpty());
+}
+
 #include "tst_gui_prompt_page.moc"

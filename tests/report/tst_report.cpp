@@ -30,6 +30,7 @@
 #include <hdf5.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -50,6 +51,7 @@ private slots:
     void againstComparesWithA();
     void sweepReportNamesMapsByBundle();
     void hybridReportHasTheRecurrentState();
+    void impactInTheSuspectsAndPerLayer();
 
 private:
     QTemporaryDir m_dir;
@@ -392,6 +394,66 @@ void TestReport::hybridReportHasTheRecurrentState()
     QVERIFY2(page.contains("<td>model.layers.2.mixer</td>"), "the mixer's row");
     QVERIFY2(page.contains(QString::fromStdString(stateCellText(stale, 1)).toHtmlEscaped()), "its worst checkpoint's words");
     QVERIFY(page.contains("<td class=fail>" + QString::number(stale.worstRatio(1), 'g', 4) + "</td>"));
+}
+
+// A faulty capture with its impact record: each suspect's sentence under its evidence, and per
+// prompt a row per layer whose figures are the record's own (the largest KL over its steps, read
+// here from the bundle); without a record, neither.
+void TestReport::impactInTheSuspectsAndPerLayer()
+{
+    synth::ModelCaptureOptions o = kvtest::smallModel(synth::FaultKind::RopeOffset);
+    o.impactSchemes.clear();
+    const QString bundle = m_dir.filePath("impact.h5");
+    synth::writeModelCapture(bundle.toStdString(), o);
+    auto reader = std::make_shared<BundleReader>(bundle.toStdString());
+    const AnalysisResult result = analyzeBundle(reader);
+    const ReportFiles files = writeReport(CaptureLoader(reader), result, Thresholds{}, m_dir.filePath("report-impact"));
+    QFile html(files.html);
+    QVERIFY(html.open(QIODevice::ReadOnly));
+    const QString page = QString::fromUtf8(html.readAll());
+    QVERIFY(!result.suspects.empty());
+    for (const Suspect& s : result.suspects)
+        if (s.impact)
+            QVERIFY2(page.contains("<div class=impact>Output: " + QString::fromStdString(s.impact->text).toHtmlEscaped() + "</div>"),
+                     qPrintable(QString::fromStdString(s.impact->text)));
+    QVERIFY(std::any_of(result.suspects.begin(), result.suspects.end(), [](const Suspect& s) { return bool(s.impact); }));
+    QCOMPARE(page.count("<h3>Impact on the output, per layer</h3>"), int(result.prompts.size()));
+    // The fault's layer in prompt_0: the largest KL of its rows over the steps, to two digits.
+    const std::string layer = "model.layers.3.self_attn";
+    const ImpactRecord record = reader->readImpact("prompt_0").value();
+    const auto largest = [&](TransplantKind kind) {
+        double max = 0;
+        const std::size_t row = record.find({kind, layer, {}}).value();
+        for (std::int64_t g = 0; g < record.steps; ++g)
+            max = std::max(max, record.kl[row * std::size_t(record.steps) + std::size_t(g)]);
+        return max;
+    };
+    const double alone = largest(TransplantKind::Layer), noise = largest(TransplantKind::Baseline);
+    int changed = 0;
+    const std::size_t aloneRow = record.find({TransplantKind::Layer, layer, {}}).value();
+    for (std::int64_t g = 0; g < record.steps; ++g)
+        changed += record.top1Changed[aloneRow * std::size_t(record.steps) + std::size_t(g)];
+    const QString row = QString("<tr><td>%1</td><td>%2</td><td>%3</td><td%4>%5x</td><td>%6 of %7</td><td>%8</td><td>%9</td></tr>")
+                            .arg(QString::fromStdString(layer), QString::asprintf("%.2g", alone), QString::asprintf("%.2g", noise),
+                                 QString(alone > 4 * noise ? " class=fail" : ""), QString::asprintf("%.2g", alone / noise))
+                            .arg(changed)
+                            .arg(record.steps)
+                            .arg(QString::asprintf("%.2g", largest(TransplantKind::From)),
+                                 QString::asprintf("%.2g", largest(TransplantKind::BaselineFrom)));
+    QVERIFY2(page.contains(row), qPrintable(row));
+    QVERIFY2(alone > 4 * noise, "the RoPE fault's layer is beyond its noise");
+
+    // Without a record: no sentence, no table.
+    o.impact = false;
+    const QString without = m_dir.filePath("no-impact.h5");
+    synth::writeModelCapture(without.toStdString(), o);
+    auto plain = std::make_shared<BundleReader>(without.toStdString());
+    const ReportFiles none = writeReport(CaptureLoader(plain), analyzeBundle(plain), Thresholds{}, m_dir.filePath("report-no-impact"));
+    QFile noneHtml(none.html);
+    QVERIFY(noneHtml.open(QIODevice::ReadOnly));
+    const QString nonePage = QString::fromUtf8(noneHtml.readAll());
+    QVERIFY(nonePage.contains("<h2>Suspects</h2>") && nonePage.contains("rope_offset"));
+    QVERIFY(!nonePage.contains("Impact on the output") && !nonePage.contains("class=impact>"));
 }
 
 QTEST_MAIN(TestReport)
