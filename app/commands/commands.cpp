@@ -87,7 +87,8 @@ std::vector<Command> analysingCommands()
                    "  maps to the JSON. Where the bundle measured the schemes' impact on the output (its impact\n"
                    "  record), each scheme's next-token KL per layer against bf16 noise, and a recipe for vLLM:\n"
                    "  --kv-cache-dtype and --kv-cache-dtype-skip-layers, each layer within --kl-budget (nats,\n"
-                   "  median over decode steps; default twice the layer's bf16 noise)\n",
+                   "  median over decode steps; default: 10x the layer's bf16 noise and twice the typical\n"
+                   "  layer's ratio, docs/whatif.md)\n",
          "what an fp8 / int8 / int4 KV cache would cost this model", whatif},
     };
 }
