@@ -110,7 +110,7 @@ struct PromptAnalysis {
     // model's order; not kept in results files.
     std::vector<StateLayerAnalysis> states;
     // What the engine's KV does to the reference's output, as the bundle measured it
-    // (format/impact_record.h; analysis/impact_summary.h sums it up); not kept in results files.
+    // (format/impact_record.h; analysis/impact_summary.h sums it up); kept in results files.
     std::optional<ImpactRecord> impact;
 
     // Every array sized to the shape and NaN: in memory, or in temporary files in

@@ -2,23 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace kvscope {
 
 namespace {
-
-void writeFigures(JsonWriter& w, const std::optional<ImpactFigures>& f)
-{
-    if (!f) {
-        w.null();
-        return;
-    }
-    w.beginObject()
-        .field("kl_median", f->klMedian)
-        .field("kl_max", f->klMax)
-        .field("top1_changed", f->top1Changed)
-        .field("steps", f->steps)
-        .endObject();
-}
 
 std::optional<ImpactFigures> readFigures(const JsonFields& f, const JsonFields::Json& j, const char* key,
                                          const std::string& where)
@@ -42,9 +30,9 @@ void writeSuspectImpact(JsonWriter& w, const std::optional<SuspectImpact>& impac
     if (!impact)
         return;
     w.key("impact").beginObject().field("layer", impact->layer).field("replaced", "this layer and every later attention layer");
-    writeFigures(w.key("engine"), impact->engine);
-    writeFigures(w.key("noise"), impact->noise);
-    writeFigures(w.key("alone"), impact->alone);
+    writeImpactFigures(w.key("engine"), impact->engine);
+    writeImpactFigures(w.key("noise"), impact->noise);
+    writeImpactFigures(w.key("alone"), impact->alone);
     w.key("prompts").strings(impact->prompts).field("text", impact->text).endObject();
 }
 
@@ -82,6 +70,38 @@ void writePromptImpact(JsonWriter& w, const ImpactRecord& record)
         w.endArray().endObject();
     });
     w.endObject();
+}
+
+std::optional<ImpactRecord> readPromptImpact(const JsonFields& f, const JsonFields::Json& prompt, const std::string& at)
+{
+    if (!prompt.contains("impact") || prompt.at("impact").is_null())
+        return std::nullopt;
+    const JsonFields::Json& j = prompt.at("impact");
+    const std::string where = at + "impact.";
+    ImpactRecord record;
+    record.computedBy = f.text(j, "computed_by", where);
+    record.steps = f.integer(j, "steps", where);
+    const JsonFields::Json& rows = f.array(j, "rows", where);
+    std::vector<std::string> layers;
+    for (std::size_t t = 0; t < rows.size(); ++t) {
+        const std::string row = where + "rows[" + std::to_string(t) + "].";
+        Transplant transplant;
+        if (const std::string problem = parseTransplant(f.at(rows[t], "transplant", row).dump(), transplant); !problem.empty())
+            f.fail(row + "transplant", problem);
+        layers.push_back(transplant.layer);
+        record.transplants.push_back(transplant);
+        const JsonFields::Json& kl = f.array(rows[t], "kl", row);
+        for (const JsonFields::Json& v : kl) {
+            if (!v.is_number())
+                f.fail(row + "kl", "must hold numbers");
+            record.kl.push_back(v.get<double>());
+        }
+        for (std::int64_t flag : f.integers(rows[t], "top1_changed", row))
+            record.top1Changed.push_back(std::int8_t(std::clamp<std::int64_t>(flag, -1, 2)));
+    }
+    if (const std::string problem = impactRecordProblem(record, layers); !problem.empty())
+        f.fail(where, problem);
+    return record;
 }
 
 }  // namespace kvscope

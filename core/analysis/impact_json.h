@@ -15,5 +15,7 @@ void writeSuspectImpact(JsonWriter& w, const std::optional<SuspectImpact>& impac
 std::optional<SuspectImpact> readSuspectImpact(const JsonFields& f, const JsonFields::Json& suspect, const std::string& at);
 // {"computed_by", "steps", "rows": [{"transplant": {...}, "kl": [...], "top1_changed": [...]}]}
 void writePromptImpact(JsonWriter& w, const ImpactRecord& record);
+// The prompt's "impact" read back (a results file keeps it), checked as the bundle's reader checks it.
+std::optional<ImpactRecord> readPromptImpact(const JsonFields& f, const JsonFields::Json& prompt, const std::string& at);
 
 }  // namespace kvscope

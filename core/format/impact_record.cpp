@@ -109,6 +109,20 @@ std::optional<ImpactFigures> impactFigures(const std::vector<const ImpactRecord*
     return f;
 }
 
+void writeImpactFigures(JsonWriter& w, const std::optional<ImpactFigures>& f)
+{
+    if (!f) {
+        w.null();
+        return;
+    }
+    w.beginObject()
+        .field("kl_median", f->klMedian)
+        .field("kl_max", f->klMax)
+        .field("top1_changed", f->top1Changed)
+        .field("steps", f->steps)
+        .endObject();
+}
+
 std::string impactRecordProblem(const ImpactRecord& record, const std::vector<std::string>& layers)
 {
     const std::size_t cells = record.transplants.size() * std::size_t(std::max<std::int64_t>(record.steps, 0));

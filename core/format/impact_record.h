@@ -5,6 +5,7 @@
 // runs the model (kvscope synth, the capture package's `impact`), read by the analysis.
 
 #include "format/hdf5_file.h"
+#include "util/json_writer.h"
 
 #include <cstdint>
 #include <optional>
@@ -58,6 +59,8 @@ struct ImpactFigures {
 };
 // `transplant`'s figures over the steps of every record holding it (nullopt: none does).
 std::optional<ImpactFigures> impactFigures(const std::vector<const ImpactRecord*>& records, const Transplant& transplant);
+// {"kl_median", "kl_max", "top1_changed", "steps"}, or null: how every JSON writes them.
+void writeImpactFigures(JsonWriter& w, const std::optional<ImpactFigures>& figures);
 
 // What is wrong with `record` (empty when nothing): the shapes, a KL negative or not finite, a
 // top-1 flag not 0 or 1, a transplant of a layer not in `layers` (the config's) or listed twice.

@@ -6,16 +6,6 @@ namespace kvscope {
 
 namespace {
 
-void writeFigures(JsonWriter& w, const std::optional<ImpactFigures>& f)
-{
-    if (!f) {
-        w.null();
-        return;
-    }
-    w.beginObject().field("kl_median", f->klMedian).field("kl_max", f->klMax).field("top1_changed", f->top1Changed)
-        .field("steps", f->steps).endObject();
-}
-
 void writeRecipe(JsonWriter& w, const ImpactRecipe& recipe)
 {
     w.beginObject().field("budget", recipe.budgetRule).key("schemes").array(recipe.schemes.size(), [&](std::size_t i) {
@@ -28,9 +18,9 @@ void writeRecipe(JsonWriter& w, const ImpactRecipe& recipe)
             .key("layers").array(s.layers.size(), [&](std::size_t l) {
                 const SchemeLayerImpact& x = s.layers[l];
                 w.beginObject().field("layer", x.layer).key("kl");
-                writeFigures(w, x.kl);
+                writeImpactFigures(w, x.kl);
                 w.key("noise");
-                writeFigures(w, x.noise);
+                writeImpactFigures(w, x.noise);
                 w.field("budget", x.budget).field("within", x.within).endObject();
             });
         w.endObject();

@@ -1,6 +1,7 @@
 #include "results/analysis_record.h"
 
 #include "analysis/analysis_fields.h"
+#include "analysis/impact_json.h"
 #include "util/json_writer.h"
 
 namespace kvscope {
@@ -71,6 +72,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p)
     writeCacheFields(w, p);
     writePromptDivergences(w, p);
     writePromptFindings(w, p);
+    if (p.impact)
+        writePromptImpact(w.key("impact"), *p.impact);
     w.endObject();
 }
 
@@ -81,6 +84,7 @@ PromptAnalysis readPrompt(const JsonFields& f, const Json& j, const std::string&
     readCacheFields(f, j, where, p);
     readPromptDivergences(f, j, where, p);
     readPromptFindings(f, j, where, p);
+    p.impact = readPromptImpact(f, j, where);
     return p;
 }
 

@@ -4,12 +4,11 @@
 #include "kv/capture_loader.h"
 #include "quant/quantiser.h"
 #include "util/deterministic_math.h"
+#include "util/work_team.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <exception>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -170,6 +169,7 @@ void addImpact(const std::string& path, const TinyTransformer& model, const Mode
     }
 
     std::map<std::string, ImpactRecord> records;
+    WorkTeam team(std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency())));
     for (const PromptRun& run : runs) {
         std::vector<Transplant> transplants;
         for (const std::string& layer : attentionLayers) {
@@ -185,48 +185,31 @@ void addImpact(const std::string& path, const TinyTransformer& model, const Mode
         const int vocab = run.referenceLogits.cols;
         std::vector<std::vector<double>> kl(transplants.size());
         std::vector<std::vector<std::int8_t>> changed(transplants.size());
-        std::atomic<std::size_t> next{0};
-        std::vector<std::exception_ptr> errors(transplants.size());
-        const auto work = [&] {
-            for (std::size_t t; (t = next++) < transplants.size();) {
-                try {
-                    const Transplant& tr = transplants[t];
-                    const int first = layerIndex(tr.layer);
-                    std::vector<TinyTransformer::PastRead> reads;
-                    const bool onward = tr.kind == TransplantKind::From || tr.kind == TransplantKind::BaselineFrom;
-                    const bool baseline = tr.kind == TransplantKind::Baseline || tr.kind == TransplantKind::BaselineFrom;
-                    for (int l = 0; l < shape.layers; ++l) {
-                        const bool replaced = l == first || (onward && l > first && run.engine.count(l));
-                        const LayerCache* past = &run.reference[std::size_t(l)];
-                        if (replaced)
-                            past = tr.kind == TransplantKind::Scheme ? &run.quantised.at({l, tr.scheme})
-                                   : baseline                         ? &run.baseline.at(l)
-                                                                      : &run.engine.at(l);
-                        reads.push_back({past, replaced});
-                    }
-                    const Matrix logits = model.decodeSteps(run.residuals[std::size_t(first)], run.first, first, reads,
-                                                            Numerics::Expected);
-                    if (!std::all_of(logits.values.begin(), logits.values.end(), [](float v) { return std::isfinite(v); }))
-                        continue;  // a NaN or infinity reached the output: left out
-                    for (int g = 0; g < run.steps; ++g) {
-                        kl[t].push_back(klDivergence(run.referenceLogits.row(g), logits.row(g), vocab));
-                        changed[t].push_back(argmax(run.referenceLogits.row(g), vocab) != argmax(logits.row(g), vocab));
-                    }
-                } catch (...) {
-                    errors[t] = std::current_exception();
-                }
+        team.run(int(transplants.size()), [&](int index, int) {
+            const std::size_t t = std::size_t(index);
+            const Transplant& tr = transplants[t];
+            const int first = layerIndex(tr.layer);
+            const bool onward = tr.kind == TransplantKind::From || tr.kind == TransplantKind::BaselineFrom;
+            const bool baseline = tr.kind == TransplantKind::Baseline || tr.kind == TransplantKind::BaselineFrom;
+            std::vector<TinyTransformer::PastRead> reads;
+            for (int l = 0; l < shape.layers; ++l) {
+                const bool replaced = l == first || (onward && l > first && run.engine.count(l));
+                const LayerCache* past = &run.reference[std::size_t(l)];
+                if (replaced)
+                    past = tr.kind == TransplantKind::Scheme ? &run.quantised.at({l, tr.scheme})
+                           : baseline                         ? &run.baseline.at(l)
+                                                              : &run.engine.at(l);
+                reads.push_back({past, replaced});
             }
-        };
-        const int threads = std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
-        std::vector<std::thread> pool;
-        for (int i = 1; i < threads; ++i)
-            pool.emplace_back(work);
-        work();
-        for (std::thread& t : pool)
-            t.join();
-        for (const std::exception_ptr& e : errors)
-            if (e)
-                std::rethrow_exception(e);
+            const Matrix logits = model.decodeSteps(run.residuals[std::size_t(first)], run.first, first, reads,
+                                                    Numerics::Expected);
+            if (!std::all_of(logits.values.begin(), logits.values.end(), [](float v) { return std::isfinite(v); }))
+                return;  // a NaN or infinity reached the output: left out
+            for (int g = 0; g < run.steps; ++g) {
+                kl[t].push_back(klDivergence(run.referenceLogits.row(g), logits.row(g), vocab));
+                changed[t].push_back(argmax(run.referenceLogits.row(g), vocab) != argmax(logits.row(g), vocab));
+            }
+        });
         ImpactRecord& record = records[run.id];
         record.computedBy = "kvscope synth";
         record.steps = run.steps;
