@@ -108,6 +108,7 @@ int synth(const Args& args, std::ostream& out, std::ostream& err)
     parser.integer("--decode", o.decodeTokens);
     parser.flag("--two-way", [&o] { o.baseline = false; });
     parser.flag("--engine-only", [&o] { o.engineOnly = true; });
+    parser.flag("--no-impact", [&o] { o.impact = false; });
     parser.integer("--seed", o.seed);
     parser.custom("--fault", [&o](const std::string& name) {
         if (!synth::parseFault(name, o.fault))

@@ -56,13 +56,6 @@ Matrix rowsOf(const LayerKv& kv, KvPart part, const std::vector<float>& own, std
     return m;
 }
 
-Matrix ownRows(const std::vector<float>& values, std::int64_t positions, int width)
-{
-    Matrix m(int(positions), width);
-    std::copy_n(values.begin(), m.values.size(), m.values.begin());
-    return m;
-}
-
 Matrix quantisedRows(const QuantScheme& scheme, const std::vector<float>& values, std::int64_t positions, int heads,
                      int dim, bool isK)
 {
@@ -102,6 +95,110 @@ double klDivergence(const float* referenceLogits, const float* otherLogits, int 
     return std::max(kl, 0.0);  // rounding may leave -1e-17 where the two are the same
 }
 
+namespace {
+
+// The caches one prompt's transplants read: the model's own run over its tokens, and the
+// engine's, the baseline's and the quantised KV of each attention layer.
+PromptRun prepareRun(const TinyTransformer& model, const CaptureLoader& loader, const PromptInfo& p,
+                     const std::vector<std::string>& attentionLayers, const std::vector<QuantScheme>& schemes)
+{
+    const ModelShape& shape = model.shape();
+    PromptRun run;
+    run.id = p.id;
+    run.steps = int(p.teacherTokens.size());
+    run.first = p.promptLen - 1;
+    std::vector<std::int64_t> tokens = p.inputIds;
+    tokens.insert(tokens.end(), p.teacherTokens.begin(), p.teacherTokens.end() - 1);  // the last is never fed
+    const std::int64_t positions = std::int64_t(tokens.size());
+    std::vector<Matrix> residuals;
+    model.forward(tokens, 0, run.reference, Numerics::Expected, {}, 0, &residuals);
+    for (const Matrix& x : residuals) {
+        Matrix rows(run.steps, x.cols);
+        std::copy_n(x.row(int(run.first)), rows.values.size(), rows.values.begin());
+        run.residuals.push_back(std::move(rows));
+    }
+    for (const std::string& name : attentionLayers) {
+        const int l = layerIndex(name);
+        const LayerCache& own = run.reference[std::size_t(l)];
+        const LayerKv kv = loader.engineLayer(p.id, name);
+        run.engine.emplace(l, model.cacheOf(l, rowsOf(kv, KvPart::K, own.k, positions),
+                                            rowsOf(kv, KvPart::V, own.v, positions), Numerics::Expected));
+        if (p.hasBaseline) {
+            const LayerKv base = loader.referenceLayer(p.id, ReferenceRole::Baseline, name);
+            run.baseline.emplace(l, model.cacheOf(l, rowsOf(base, KvPart::K, own.k, positions),
+                                                  rowsOf(base, KvPart::V, own.v, positions), Numerics::Expected));
+        }
+        for (const QuantScheme& scheme : schemes)
+            run.quantised.emplace(std::pair(l, scheme.name()),
+                                  model.cacheOf(l, quantisedRows(scheme, own.k, positions, shape.kvHeads, shape.headDim, true),
+                                                quantisedRows(scheme, own.v, positions, shape.kvHeads, shape.headDim, false),
+                                                Numerics::Expected));
+    }
+    std::vector<TinyTransformer::PastRead> reads;
+    for (const LayerCache& c : run.reference)
+        reads.push_back({&c, false});
+    run.referenceLogits = model.decodeSteps(run.residuals[0], run.first, 0, reads, Numerics::Expected);
+    return run;
+}
+
+// Every transplant of one prompt, in parallel over the team.
+ImpactRecord measure(const TinyTransformer& model, const PromptRun& run, const std::vector<std::string>& attentionLayers,
+                     const std::vector<QuantScheme>& schemes, WorkTeam& team)
+{
+    std::vector<Transplant> transplants;
+    for (const std::string& layer : attentionLayers) {
+        transplants.push_back({TransplantKind::Layer, layer, {}});
+        transplants.push_back({TransplantKind::From, layer, {}});
+        if (!run.baseline.empty()) {
+            transplants.push_back({TransplantKind::Baseline, layer, {}});
+            transplants.push_back({TransplantKind::BaselineFrom, layer, {}});
+        }
+        for (const QuantScheme& scheme : schemes)
+            transplants.push_back({TransplantKind::Scheme, layer, scheme.name()});
+    }
+    const int vocab = run.referenceLogits.cols;
+    std::vector<std::vector<double>> kl(transplants.size());
+    std::vector<std::vector<std::int8_t>> changed(transplants.size());
+    team.run(int(transplants.size()), [&](int index, int) {
+        const std::size_t t = std::size_t(index);
+        const Transplant& tr = transplants[t];
+        const int first = layerIndex(tr.layer);
+        const bool onward = tr.kind == TransplantKind::From || tr.kind == TransplantKind::BaselineFrom;
+        const bool baseline = tr.kind == TransplantKind::Baseline || tr.kind == TransplantKind::BaselineFrom;
+        std::vector<TinyTransformer::PastRead> reads;
+        for (int l = 0; l < model.shape().layers; ++l) {
+            const bool replaced = l == first || (onward && l > first && run.engine.count(l));
+            const LayerCache* past = &run.reference[std::size_t(l)];
+            if (replaced)
+                past = tr.kind == TransplantKind::Scheme ? &run.quantised.at({l, tr.scheme})
+                       : baseline                         ? &run.baseline.at(l)
+                                                          : &run.engine.at(l);
+            reads.push_back({past, replaced});
+        }
+        const Matrix logits =
+            model.decodeSteps(run.residuals[std::size_t(first)], run.first, first, reads, Numerics::Expected);
+        if (!std::all_of(logits.values.begin(), logits.values.end(), [](float v) { return std::isfinite(v); }))
+            return;  // a NaN or infinity reached the output: left out
+        for (int g = 0; g < run.steps; ++g) {
+            kl[t].push_back(klDivergence(run.referenceLogits.row(g), logits.row(g), vocab));
+            changed[t].push_back(argmax(run.referenceLogits.row(g), vocab) != argmax(logits.row(g), vocab));
+        }
+    });
+    ImpactRecord record;
+    record.computedBy = "kvscope synth";
+    record.steps = run.steps;
+    for (std::size_t t = 0; t < transplants.size(); ++t) {
+        if (kl[t].empty())
+            continue;
+        record.transplants.push_back(transplants[t]);
+        record.kl.insert(record.kl.end(), kl[t].begin(), kl[t].end());
+        record.top1Changed.insert(record.top1Changed.end(), changed[t].begin(), changed[t].end());
+    }
+    return record;
+}
+
+}  // namespace
+
 void addImpact(const std::string& path, const TinyTransformer& model, const ModelCaptureOptions& o)
 {
     const auto started = std::chrono::steady_clock::now();
@@ -115,114 +212,25 @@ void addImpact(const std::string& path, const TinyTransformer& model, const Mode
                 throw std::invalid_argument("impact scheme '" + name + "': " + error);
             schemes.push_back(*scheme);
         }
-
-    std::vector<PromptRun> runs;
-    std::vector<std::string> attentionLayers;  // in model order
+    WorkTeam team(std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency())));
+    std::map<std::string, ImpactRecord> records;
     {
         const auto reader = std::make_shared<BundleReader>(path);
         const CaptureLoader loader(reader);
+        std::vector<std::string> attentionLayers;  // in model order: the layers whose KV the capture holds
         for (const std::string& name : reader->config().layerNames())
-            if (!shape.isMamba(layerIndex(name)))
+            if (!shape.isMamba(layerIndex(name)) &&
+                reader->config().groups[std::size_t(reader->config().groupOf(name))].specType != SpecType::NotCompared)
                 attentionLayers.push_back(name);
         std::sort(attentionLayers.begin(), attentionLayers.end(),
                   [](const std::string& a, const std::string& b) { return layerIndex(a) < layerIndex(b); });
-        for (const PromptInfo& p : reader->prompts()) {
-            if (p.teacherTokens.empty())
-                continue;
-            PromptRun run;
-            run.id = p.id;
-            run.steps = int(p.teacherTokens.size());
-            run.first = p.promptLen - 1;
-            std::vector<std::int64_t> tokens = p.inputIds;
-            tokens.insert(tokens.end(), p.teacherTokens.begin(), p.teacherTokens.end() - 1);  // the last is never fed
-            const std::int64_t positions = std::int64_t(tokens.size());
-            std::vector<Matrix> residuals;
-            model.forward(tokens, 0, run.reference, Numerics::Expected, {}, 0, &residuals);
-            for (const Matrix& x : residuals) {
-                Matrix rows(run.steps, x.cols);
-                std::copy_n(x.row(int(run.first)), rows.values.size(), rows.values.begin());
-                run.residuals.push_back(std::move(rows));
-            }
-            for (const std::string& name : attentionLayers) {
-                const int l = layerIndex(name);
-                const LayerCache& own = run.reference[std::size_t(l)];
-                const LayerKv kv = loader.engineLayer(p.id, name);
-                run.engine.emplace(l, model.cacheOf(l, rowsOf(kv, KvPart::K, own.k, positions),
-                                                    rowsOf(kv, KvPart::V, own.v, positions), Numerics::Expected));
-                if (p.hasBaseline) {
-                    const LayerKv base = loader.referenceLayer(p.id, ReferenceRole::Baseline, name);
-                    run.baseline.emplace(l, model.cacheOf(l, rowsOf(base, KvPart::K, own.k, positions),
-                                                          rowsOf(base, KvPart::V, own.v, positions), Numerics::Expected));
-                }
-                for (const QuantScheme& scheme : schemes)
-                    run.quantised.emplace(std::pair(l, scheme.name()),
-                                          model.cacheOf(l, quantisedRows(scheme, own.k, positions, shape.kvHeads, shape.headDim, true),
-                                                        quantisedRows(scheme, own.v, positions, shape.kvHeads, shape.headDim, false),
-                                                        Numerics::Expected));
-            }
-            std::vector<TinyTransformer::PastRead> reads;
-            for (const LayerCache& c : run.reference)
-                reads.push_back({&c, false});
-            run.referenceLogits = model.decodeSteps(run.residuals[0], run.first, 0, reads, Numerics::Expected);
-            runs.push_back(std::move(run));
-        }
-    }
-
-    std::map<std::string, ImpactRecord> records;
-    WorkTeam team(std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency())));
-    for (const PromptRun& run : runs) {
-        std::vector<Transplant> transplants;
-        for (const std::string& layer : attentionLayers) {
-            transplants.push_back({TransplantKind::Layer, layer, {}});
-            transplants.push_back({TransplantKind::From, layer, {}});
-            if (!run.baseline.empty()) {
-                transplants.push_back({TransplantKind::Baseline, layer, {}});
-                transplants.push_back({TransplantKind::BaselineFrom, layer, {}});
-            }
-            for (const QuantScheme& scheme : schemes)
-                transplants.push_back({TransplantKind::Scheme, layer, scheme.name()});
-        }
-        const int vocab = run.referenceLogits.cols;
-        std::vector<std::vector<double>> kl(transplants.size());
-        std::vector<std::vector<std::int8_t>> changed(transplants.size());
-        team.run(int(transplants.size()), [&](int index, int) {
-            const std::size_t t = std::size_t(index);
-            const Transplant& tr = transplants[t];
-            const int first = layerIndex(tr.layer);
-            const bool onward = tr.kind == TransplantKind::From || tr.kind == TransplantKind::BaselineFrom;
-            const bool baseline = tr.kind == TransplantKind::Baseline || tr.kind == TransplantKind::BaselineFrom;
-            std::vector<TinyTransformer::PastRead> reads;
-            for (int l = 0; l < shape.layers; ++l) {
-                const bool replaced = l == first || (onward && l > first && run.engine.count(l));
-                const LayerCache* past = &run.reference[std::size_t(l)];
-                if (replaced)
-                    past = tr.kind == TransplantKind::Scheme ? &run.quantised.at({l, tr.scheme})
-                           : baseline                         ? &run.baseline.at(l)
-                                                              : &run.engine.at(l);
-                reads.push_back({past, replaced});
-            }
-            const Matrix logits = model.decodeSteps(run.residuals[std::size_t(first)], run.first, first, reads,
-                                                    Numerics::Expected);
-            if (!std::all_of(logits.values.begin(), logits.values.end(), [](float v) { return std::isfinite(v); }))
-                return;  // a NaN or infinity reached the output: left out
-            for (int g = 0; g < run.steps; ++g) {
-                kl[t].push_back(klDivergence(run.referenceLogits.row(g), logits.row(g), vocab));
-                changed[t].push_back(argmax(run.referenceLogits.row(g), vocab) != argmax(logits.row(g), vocab));
-            }
-        });
-        ImpactRecord& record = records[run.id];
-        record.computedBy = "kvscope synth";
-        record.steps = run.steps;
-        for (std::size_t t = 0; t < transplants.size(); ++t) {
-            if (kl[t].empty())
-                continue;
-            record.transplants.push_back(transplants[t]);
-            record.kl.insert(record.kl.end(), kl[t].begin(), kl[t].end());
-            record.top1Changed.insert(record.top1Changed.end(), changed[t].begin(), changed[t].end());
-        }
+        for (const PromptInfo& p : reader->prompts())  // one prompt's caches in memory at a time
+            if (!p.teacherTokens.empty())
+                records[p.id] = measure(model, prepareRun(model, loader, p, attentionLayers, schemes), attentionLayers,
+                                        schemes, team);
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    Hdf5File file = Hdf5File::openForUpdate(path);
+    Hdf5File file = Hdf5File::openForUpdate(path);  // (the reader closed: libhdf5 opens a file once)
     for (auto& [id, record] : records) {
         record.seconds = seconds;
         writeImpact(file, id, record);
