@@ -54,20 +54,6 @@ void printResult(const WhatIfResult& r, std::ostream& out)
     }
 }
 
-// The schemes whose impact the records measured (the `scheme` rows), in the order first met.
-std::vector<QuantScheme> measuredSchemes(const std::vector<ImpactRecord>& records)
-{
-    std::vector<QuantScheme> out;
-    for (const ImpactRecord& r : records)
-        for (const Transplant& t : r.transplants) {
-            std::string error;
-            const std::optional<QuantScheme> s = t.kind == TransplantKind::Scheme ? parseScheme(t.scheme, error) : std::nullopt;
-            if (s && std::none_of(out.begin(), out.end(), [&](const QuantScheme& o) { return o.name() == s->name(); }))
-                out.push_back(*s);
-        }
-    return out;
-}
-
 void printRecipe(const ImpactRecipe& recipe, std::ostream& out)
 {
     out << "\nby output (the bundle's impact record): next-token KL per layer, median / max over decode steps, "
@@ -130,13 +116,12 @@ int whatif(const Args& args, std::ostream& out, std::ostream& err)
         for (const std::string& id : result.promptIds)
             if (std::optional<ImpactRecord> r = loader.impact(id))
                 records.push_back(std::move(*r));
+        std::vector<const ImpactRecord*> pointers;
+        for (const ImpactRecord& r : records)
+            pointers.push_back(&r);
         std::optional<ImpactRecipe> recipe;
-        if (const std::vector<QuantScheme> measured = measuredSchemes(records); !measured.empty()) {
-            std::vector<const ImpactRecord*> pointers;
-            for (const ImpactRecord& r : records)
-                pointers.push_back(&r);
+        if (const std::vector<QuantScheme> measured = measuredSchemes(pointers); !measured.empty())
             recipe = proposeRecipe(pointers, result.layers, measured, klBudget);
-        }
         if (result.promptIds.empty()) {
             err << "kvscope whatif: " << bundle << ": no prompt has a usable expected reference\n";
             for (const std::string& p : result.problems)

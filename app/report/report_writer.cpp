@@ -5,6 +5,7 @@
 #include "analysis/sweep_timeline.h"
 
 #include "analysis/heatmap_grid.h"
+#include "analysis/impact_summary.h"
 #include "analysis/impact_view_text.h"
 #include "analysis/map_spec.h"
 #include "analysis/state_rows.h"
@@ -13,6 +14,7 @@
 #include "widgets/timeline_view.h"
 #include "analysis/worst_cells.h"
 #include "diff/diff_maps.h"
+#include "quant/impact_recipe.h"
 #include "util/json_writer.h"
 #include "util/version.h"
 
@@ -325,8 +327,37 @@ void writeComparison(QTextStream& out, const DiffResult& d, const AnalysisResult
     writeMapBlocks(out, maps, "against_");
 }
 
+// What-if by output, where the bundle measured it: the recipe for vLLM and the layers it keeps.
+void writeWhatIfByOutput(QTextStream& out, const WhatIfResult& r, const std::vector<PromptAnalysis>& prompts)
+{
+    std::vector<const ImpactRecord*> records;
+    for (const PromptAnalysis& p : prompts)
+        if (p.impact)
+            records.push_back(&*p.impact);
+    const std::vector<QuantScheme> measured = measuredSchemes(records);
+    if (measured.empty())
+        return;
+    const ImpactRecipe recipe = proposeRecipe(records, r.layers, measured);
+    out << "<h3>By output</h3><p>The bundle measured each scheme's impact: the reference model's next-token KL with "
+           "one layer's KV quantised, against what bf16 noise does in that layer (docs/whatif.md). Recipe: ";
+    if (recipe.arguments.empty())
+        out << html(recipe.text);
+    else  // (the text starts with the arguments)
+        out << "<code>" << html(recipe.arguments) << "</code>" << html(recipe.text.substr(recipe.arguments.size()));
+    out << "</p><table class=whatif><tr><th>scheme</th><th>layer kept in bf16</th>"
+        << "<th>KL median / max</th><th>its noise</th></tr>";
+    for (const SchemeImpact& s : recipe.schemes)
+        for (const SchemeLayerImpact& l : s.layers)
+            if (!l.within)
+                out << "<tr><td>" << html(s.scheme.name()) << "</td><td>" << html(l.layer) << "</td><td>"
+                    << html(klText(l.kl.klMedian) + " / " + klText(l.kl.klMax)) << "</td><td>"
+                    << html(l.noise ? klText(l.noise->klMedian) + " / " + klText(l.noise->klMax) : std::string("-"))
+                    << "</td></tr>";
+    out << "</table>";
+}
+
 // The what-if: a verdict per scheme, and the layer x scheme table of median errors in floors.
-void writeWhatIf(QTextStream& out, const WhatIfResult& r)
+void writeWhatIf(QTextStream& out, const WhatIfResult& r, const std::vector<PromptAnalysis>& prompts)
 {
     out << "<h2>What if the cache were quantised?</h2><p>The reference KV (expected) quantised with each scheme: the "
            "median relative L2 error it adds per layer, in bf16 noise floors of the same cells ("
@@ -353,6 +384,7 @@ void writeWhatIf(QTextStream& out, const WhatIfResult& r)
     out << "</table><p class=legend>Each cell: K / V median error in bf16 noise floors, then after p90 the 90th "
            "percentile of the worse part, which colours the cell (hover: relative L2). Green: within 2 floors; red: 10 "
            "and beyond. hurt: a head of the layer does more than twice as badly as the model's typical worst head.</p>";
+    writeWhatIfByOutput(out, r, prompts);
 }
 
 void writeCapture(QTextStream& out, const CaptureLoader& loader)
@@ -682,7 +714,7 @@ ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& resul
                                                   : std::array{partTitle(result.prompts.front(), KvPart::K),
                                                                partTitle(result.prompts.front(), KvPart::V)});
     if (whatIf)
-        writeWhatIf(out, *whatIf);
+        writeWhatIf(out, *whatIf, result.prompts);
 
     files.html = dir.filePath("report.html");
     QFile file(files.html);

@@ -31,6 +31,19 @@ std::string nats(double kl)
 
 }  // namespace
 
+std::vector<QuantScheme> measuredSchemes(const std::vector<const ImpactRecord*>& records)
+{
+    std::vector<QuantScheme> out;
+    for (const ImpactRecord* r : records)
+        for (const Transplant& t : r->transplants) {
+            std::string error;
+            const std::optional<QuantScheme> s = t.kind == TransplantKind::Scheme ? parseScheme(t.scheme, error) : std::nullopt;
+            if (s && std::none_of(out.begin(), out.end(), [&](const QuantScheme& o) { return o.name() == s->name(); }))
+                out.push_back(*s);
+        }
+    return out;
+}
+
 std::string vllmKvCacheDtype(const QuantScheme& s, std::vector<std::string>* extra)
 {
     using F = QuantScheme::Format;

@@ -48,6 +48,9 @@ struct ImpactRecipe {
 ImpactRecipe proposeRecipe(const std::vector<const ImpactRecord*>& records, const std::vector<std::string>& layers,
                            const std::vector<QuantScheme>& schemes, std::optional<double> klBudget = std::nullopt);
 
+// The schemes whose impact the records measured (their `scheme` rows), in the order first met.
+std::vector<QuantScheme> measuredSchemes(const std::vector<const ImpactRecord*>& records);
+
 // vLLM's --kv-cache-dtype for a scheme (empty: none), and the arguments it also needs.
 std::string vllmKvCacheDtype(const QuantScheme& scheme, std::vector<std::string>* extra = nullptr);
 // The layer index vLLM's --kv-cache-dtype-skip-layers takes (the one integer in the name,

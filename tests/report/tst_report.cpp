@@ -13,6 +13,7 @@
 #include "metric_reference.h"
 #include "small_model.h"
 #include "synth/synthetic_capture.h"
+#include "quant/whatif.h"
 
 #include <QDir>
 #include <QFile>
@@ -52,6 +53,7 @@ private slots:
     void sweepReportNamesMapsByBundle();
     void hybridReportHasTheRecurrentState();
     void impactInTheSuspectsAndPerLayer();
+    void whatIfByOutput();
 
 private:
     QTemporaryDir m_dir;
@@ -454,6 +456,39 @@ void TestReport::impactInTheSuspectsAndPerLayer()
     const QString nonePage = QString::fromUtf8(noneHtml.readAll());
     QVERIFY(nonePage.contains("<h2>Suspects</h2>") && nonePage.contains("rope_offset"));
     QVERIFY(!nonePage.contains("Impact on the output") && !nonePage.contains("class=impact>"));
+}
+
+// What-if by output: a model whose KV head 0 of layers 1 and 4 an fp8 tensor scale crushes; the
+// report's what-if proposes vLLM's arguments keeping exactly those in bf16, each with its KL and
+// noise read here from the bundle; without an impact record, no such part.
+void TestReport::whatIfByOutput()
+{
+    synth::ModelCaptureOptions o;
+    o.shape.layers = 6;
+    o.shape.quietHeadLayers = {1, 4};
+    o.shape.quietHeadOctaves = 16;
+    o.promptLens = {40, 56};
+    o.decodeTokens = 16;
+    const auto pageOf = [&](const QString& name) {
+        const QString bundle = m_dir.filePath(name + ".h5");
+        synth::writeModelCapture(bundle.toStdString(), o);
+        auto reader = std::make_shared<BundleReader>(bundle.toStdString());
+        const CaptureLoader loader(reader);
+        WhatIfOptions options;
+        options.schemes = {{QuantScheme::Format::Fp8E4M3, QuantScheme::Scaling::Tensor}};
+        const WhatIfResult whatIf = runWhatIf(loader, options);
+        const ReportFiles files = writeReport(loader, analyzeBundle(reader), Thresholds{}, m_dir.filePath("report-" + name), &whatIf);
+        QFile html(files.html);
+        return html.open(QIODevice::ReadOnly) ? QString::fromUtf8(html.readAll()) : QString();
+    };
+    const QString page = pageOf("quiet");
+    QVERIFY(page.contains("<h3>By output</h3>"));
+    QVERIFY2(page.contains("<code>--kv-cache-dtype fp8_e4m3 --kv-cache-dtype-skip-layers 1 4</code>"), "the recipe");
+    QCOMPARE(page.count("<tr><td>fp8_e4m3/tensor</td><td>model.layers."), 2);
+    o.impact = false;
+    const QString plain = pageOf("quiet-no-impact");
+    QVERIFY(plain.contains("<h2>What if the cache were quantised?</h2>"));
+    QVERIFY(!plain.contains("<h3>By output</h3>"));
 }
 
 QTEST_MAIN(TestReport)
