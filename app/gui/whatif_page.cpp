@@ -4,6 +4,7 @@
 #include "analysis/map_spec.h"
 #include "gui/analysis_controller.h"
 #include "gui/map_box.h"
+#include "quant/impact_recipe.h"
 #include "report/report_writer.h"
 #include "util/work_team.h"
 #include "widgets/heatmap_view.h"
@@ -160,6 +161,15 @@ void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QStr
                  .arg(m_result->floor == "baseline" ? tr("expected against the fp32 baseline") : tr("bf16 rounding of the values"))
                  .arg(100 * m_result->bf16FloorMedian[0], 0, 'g', 3)
                  .arg(100 * m_result->bf16FloorMedian[1], 0, 'g', 3);
+    // By output first, where the bundle measured the schemes' impact (the analysis holds the records).
+    std::vector<const ImpactRecord*> records;
+    if (const auto analysis = m_controller->result())
+        for (const PromptAnalysis& p : analysis->prompts)
+            if (p.impact)
+                records.push_back(&*p.impact);
+    if (const std::vector<QuantScheme> measured = measuredSchemes(records); !measured.empty())
+        lines << tr("<b>By output</b> (next-token KL with one layer's KV quantised, against bf16 noise there): %1")
+                     .arg(QString::fromStdString(proposeRecipe(records, m_result->layers, measured).text).toHtmlEscaped());
     for (const WhatIfScheme& s : m_result->schemes)
         lines << QString("<b>%1</b>: %2").arg(QString::fromStdString(s.scheme.name()).toHtmlEscaped(),
                                               QString::fromStdString(s.verdict).toHtmlEscaped());

@@ -326,7 +326,7 @@ void judgeScheme(WhatIfScheme& s)
         std::string names;
         for (std::size_t i = 0; i < hurt.size(); ++i)
             names += (i ? (i + 1 == hurt.size() ? " and " : ", ") : "") + hurt[i];
-        text += " but " + names + " (head " + std::to_string(crushedHead) + "'s error up to " + shortNumber(100 * crushed, 2) +
+        text += " but " + names + " (head " + std::to_string(crushedHead) + "'s error up to " + shortNumber(100 * crushed, 100 * crushed >= 100 ? 3 : 2) +
                 "%, the model's typical " + shortNumber(100 * s.typicalWorstHead, 2) + "%";
         if (saturated > 0)
             text += "; saturates " + shortNumber(100 * saturated, 2) + "% of values";
