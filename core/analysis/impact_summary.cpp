@@ -24,14 +24,6 @@ std::vector<std::string> allIds(const std::vector<PromptAnalysis>& prompts)
     return ids;
 }
 
-// 400, 36, 5.1, 0.8
-std::string ratioText(double ratio)
-{
-    char text[32];
-    std::snprintf(text, sizeof text, ratio >= 10 ? "%.0f" : "%.1f", ratio);
-    return text;
-}
-
 }  // namespace
 
 void readImpacts(const CaptureLoader& loader, std::vector<PromptAnalysis>& prompts)
@@ -61,6 +53,13 @@ std::string klText(double kl)
 {
     char text[32];
     std::snprintf(text, sizeof text, "%.2g", kl);
+    return text;
+}
+
+std::string ratioText(double ratio)
+{
+    char text[32];
+    std::snprintf(text, sizeof text, ratio >= 10 ? "%.0f" : "%.1f", ratio);
     return text;
 }
 

@@ -36,6 +36,8 @@ std::vector<LayerImpact> layerImpacts(const std::vector<PromptAnalysis>& prompts
 
 // A KL in nats to 2 significant digits ("0.0029", "0.81", "3.2e-05").
 std::string klText(double kl);
+// A ratio of two KLs, as every view says it: "400", "36", "5.1", "0.9".
+std::string ratioText(double ratio);
 // "changes the next token at 8 of 120 decode steps (KL median 0.00044, up to 0.0029 nats)"
 std::string impactFiguresText(const ImpactFigures& figures);
 

@@ -23,7 +23,7 @@ std::optional<double> noiseRatio(const std::optional<ImpactFigures>& figures, co
 std::string noiseRatioText(const std::optional<ImpactFigures>& figures, const std::optional<ImpactFigures>& noise)
 {
     const std::optional<double> ratio = noiseRatio(figures, noise);
-    return ratio ? klText(*ratio) + "x" : "-";
+    return ratio ? ratioText(*ratio) + "x" : "-";
 }
 
 std::string impactShortText(const SuspectImpact& impact)

@@ -17,7 +17,7 @@ constexpr double kImpactNoiseFactor = 4.0;
 
 // How many times its noise's largest KL `figures`' largest is (nullopt: no noise, or noise 0).
 std::optional<double> noiseRatio(const std::optional<ImpactFigures>& figures, const std::optional<ImpactFigures>& noise);
-// "5.1x" (klText of the ratio, as the suspect's sentence says it); "-" when there is none.
+// "5.1x" (ratioText, as the suspect's sentence says it); "-" when there is none.
 std::string noiseRatioText(const std::optional<ImpactFigures>& figures, const std::optional<ImpactFigures>& noise);
 
 // The suspect's row: "output: 4/40 steps changed, KL ≤ 0.0029 (5.1x noise)".

@@ -437,7 +437,7 @@ void TestReport::impactInTheSuspectsAndPerLayer()
         changed += record.top1Changed[aloneRow * std::size_t(record.steps) + std::size_t(g)];
     const QString row = QString("<tr><td>%1</td><td>%2</td><td>%3</td><td%4>%5x</td><td>%6 of %7</td><td>%8</td><td>%9</td></tr>")
                             .arg(QString::fromStdString(layer), QString::asprintf("%.2g", alone), QString::asprintf("%.2g", noise),
-                                 QString(alone > 4 * noise ? " class=fail" : ""), QString::asprintf("%.2g", alone / noise))
+                                 QString(alone > 4 * noise ? " class=fail" : ""), QString::asprintf(alone / noise >= 10 ? "%.0f" : "%.1f", alone / noise))
                             .arg(changed)
                             .arg(record.steps)
                             .arg(QString::asprintf("%.2g", largest(TransplantKind::From)),
