@@ -144,7 +144,7 @@ std::vector<Command> bundleCommands()
                   "  --two-way              no fp32 baseline       --seed N\n"
                   "  --engine-only          no reference KV at all: B of `kvscope diff A B`, borrowing A's\n"
                   "  --no-impact            without the impact record (the model decoding with the engine's\n"
-                  "                         KV: docs/bundle-format.md \"Impact\"; about a third of the demo's time)\n"
+                  "                         KV: docs/bundle-format.md \"Impact\"; over half of the demo's time)\n"
                   "  --threads N            prompts computed in parallel (default: one per core; same result)\n"
                   "  --fault KIND           none, or one of (docs/synth.md): rope_offset dead_head window_off_by_one\n"
                   "                         rope_prefill chunked_prefill rope_scaling rope_convention partial_rotary\n"

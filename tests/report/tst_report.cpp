@@ -463,12 +463,7 @@ void TestReport::impactInTheSuspectsAndPerLayer()
 // noise read here from the bundle; without an impact record, no such part.
 void TestReport::whatIfByOutput()
 {
-    synth::ModelCaptureOptions o;
-    o.shape.layers = 6;
-    o.shape.quietHeadLayers = {1, 4};
-    o.shape.quietHeadOctaves = 16;
-    o.promptLens = {40, 56};
-    o.decodeTokens = 16;
+    synth::ModelCaptureOptions o = kvtest::quietHeadModel();
     const auto pageOf = [&](const QString& name) {
         const QString bundle = m_dir.filePath(name + ".h5");
         synth::writeModelCapture(bundle.toStdString(), o);

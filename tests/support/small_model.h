@@ -30,6 +30,20 @@ inline kvscope::synth::ModelCaptureOptions smallModel(kvscope::synth::FaultKind 
     return o;
 }
 
+// A 6-layer model whose KV head 0 of layers 1 and 4 is 2^-16 of the others (made up exactly by its
+// queries and output projection): what one fp8 scale per tensor crushes, and the what-if by output
+// keeps in bf16.
+inline kvscope::synth::ModelCaptureOptions quietHeadModel()
+{
+    kvscope::synth::ModelCaptureOptions o;
+    o.shape.layers = 6;
+    o.shape.quietHeadLayers = {1, 4};
+    o.shape.quietHeadOctaves = 16;
+    o.promptLens = {40, 56};
+    o.decodeTokens = 16;
+    return o;
+}
+
 // Writes the model capture `o` to `path` and analyses it; `truth` (optional) gets the ground
 // truth the capture records (its synthetic_fault).
 inline kvscope::AnalysisResult analyseModelCapture(const std::string& path, const kvscope::synth::ModelCaptureOptions& o,
