@@ -244,10 +244,17 @@ private:
     void read(LayerInputs& in, const Step& step, const std::shared_ptr<LayerProgress>& progress, WorkTeam* team);
     void readSide(LayerInputs& in, std::size_t prompt, int side, bool oneAfterAnother);
     // Compares what was read, pools it at the layer's last window, and lets it go.
-    void compare(LayerInputs& in);
+    // `readNext` reads the next step's sides; compare posts it to a helper where it would
+    // otherwise wait (the second pass of a windowed layer), and returns whether it did.
+    bool compare(LayerInputs& in, const std::function<void()>& readNext);
     // The pooled BCs of a layer compared in several windows: its windows read again for the
-    // second pass over the shared bins.
-    void poolWindowedLayer(LayerInputs& last);
+    // second pass over the shared bins, each while the one before is counted (at most two
+    // windows in memory, as in the first pass); `readNext` posted while the last is counted.
+    bool poolWindowedLayer(LayerInputs& last, const std::function<void()>& readNext);
+    bool secondPassFollows(const Step& step) const
+    {
+        return m_result.aggregate && step.lastOfLayer && !step.firstOfLayer;
+    }
 
     static std::vector<std::string> promptIds(const AnalysisResult& result)
     {
@@ -430,7 +437,7 @@ CacheScales cacheScalesOf(const LayerSource& engine)
 
 }  // namespace
 
-void AnalysisRun::compare(LayerInputs& in)
+bool AnalysisRun::compare(LayerInputs& in, const std::function<void()>& readNext)
 {
     LayerProgress& progress = *in.progress;
     for (std::size_t pi = in.step.firstPrompt; pi < in.step.endPrompt && !cancelled(); ++pi) {
@@ -471,12 +478,13 @@ void AnalysisRun::compare(LayerInputs& in)
                     progress.failed[pi] || (role == 1 && !p.threeWay) ? 0 : progress.hashes[pi][role].value();
     }
     if (cancelled())
-        return;
+        return false;
+    bool readPosted = false;
     if (m_result.aggregate && in.step.lastOfLayer) {
         if (in.step.firstOfLayer) {  // the layer in one step: its sides are all here
             aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team(), m_options.share);
-        } else {
-            poolWindowedLayer(in);  // the second pass: this window from its sides, the others read again
+        } else {  // the second pass: this window from its sides, the others read again
+            readPosted = poolWindowedLayer(in, readNext);
         }
     }
     const Step step = in.step;
@@ -484,61 +492,120 @@ void AnalysisRun::compare(LayerInputs& in)
     if (!cancelled() && !step.lastOfLayer && m_options.windowDone)
         m_options.windowDone(step.layer, step.firstPrompt, step.endPrompt, step.window.end);
     if (cancelled() || !step.lastOfLayer)  // a layer pooled in part is not done
-        return;
+        return readPosted;
     ++m_layersDone;
     if (m_options.layerDone)
         m_options.layerDone(step.layer, m_layersDone, m_layerCount);
     for (std::size_t pi = 0; pi < m_result.prompts.size(); ++pi)  // (spilled results: the layer goes to its file)
         if (owns(pi))
             m_result.prompts[pi].releaseLayer(step.layer);
+    return readPosted;
 }
 
-void AnalysisRun::poolWindowedLayer(LayerInputs& last)
+namespace {
+
+// One window of a layer's sides read again for the second pass, or why it could not be.
+struct PooledWindow {
+    std::vector<LayerSides> sides;
+    std::string problem;
+};
+
+}  // namespace
+
+bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void()>& readNext)
 {
     std::vector<char> compared(m_result.prompts.size());
     for (std::size_t pi = 0; pi < compared.size(); ++pi)
         compared[pi] = owns(pi) && !last.progress->failed[pi];
-    WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, last.step.layer, *m_result.aggregate, team(),
+    const int layer = last.step.layer;
+    WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, layer, *m_result.aggregate, team(),
                                  m_options.share);
-    // The window just compared is counted from the sides in hand (a pooled prompt's are ok
-    // exactly where it is compared and in the batch), first, and freed before the others are
-    // read again: counts add up in any order.
-    if (pooling.needsSides() && !cancelled())
-        pooling.count(last.sides, last.step.window);
-    last.sides.clear();
     const auto isLast = [&](const Step& step) {
         return step.window == last.step.window && step.firstPrompt == last.step.firstPrompt;
     };
-    bool unreadable = false;
-    for (const Step& step : m_steps) {
-        if (step.layer != last.step.layer || isLast(step) || !pooling.needsSides() || unreadable)
-            continue;
-        if (cancelled())
-            return;
-        // Only the pooled prompts' references and engine, read as the first pass read them.
-        std::vector<LayerSides> sides(m_result.prompts.size());
+    std::vector<const Step*> again;  // the layer's other windows
+    for (const Step& step : m_steps)
+        if (step.layer == layer && !isLast(step))
+            again.push_back(&step);
+    if (!pooling.needsSides())
+        again.clear();
+    // Only the pooled prompts' references and engine, read as the first pass read them.
+    const auto readAgain = [&](const Step& step, PooledWindow& out) {
+        out.sides.clear();
+        out.sides.resize(m_result.prompts.size());
         for (int pi : m_pooled) {
             const PromptAnalysis& p = m_result.prompts[std::size_t(pi)];
-            if (!compared[std::size_t(pi)] || !step.holds(std::size_t(pi)))
+            if (!compared[std::size_t(pi)] || !step.holds(std::size_t(pi)) || cancelled())
                 continue;
-            const std::string& name = p.layers[std::size_t(last.step.layer)];
-            LayerSides& s = sides[std::size_t(pi)];
+            const std::string& name = p.layers[std::size_t(layer)];
+            LayerSides& s = out.sides[std::size_t(pi)];
             try {
                 s.actual = m_loader.engineSource(p.id, name, nullptr, step.window);
                 s.reference = m_loader.referenceSource(p.id, ReferenceRole::Baseline, name, step.window);
                 s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name, step.window);
             } catch (const BundleError& e) {
                 // Read once, not twice (the file changed?): this layer's pooled BCs stay NaN, said so.
-                m_result.problems.push_back("pooled BC of layer '" + name + "': prompt " + p.id + ": " + e.what());
-                unreadable = true;
-                break;
+                out.problem = "pooled BC of layer '" + name + "': prompt " + p.id + ": " + e.what();
+                out.sides.clear();
+                return;
             }
             s.ok = true;
         }
-        if (!unreadable)
-            pooling.count(sides, step.window);
+    };
+    WorkTeam* const working = team();
+    // A read ahead writes into this frame: leaving it by an exception waits for the read first.
+    struct WaitForReads {
+        WorkTeam* team;
+        ~WaitForReads()
+        {
+            if (team && std::uncaught_exceptions() > 0)
+                try {
+                    team->waitPosted();
+                } catch (...) {  // the first failure is the one reported
+                }
+        }
+    } waitForReads{working};
+    bool readPosted = false;
+    // Reads `again[i]` into `into` on a helper, or, after the last, the next step's sides.
+    // (Without a team each window is read when its turn comes: one window in memory.)
+    const auto readAhead = [&](std::size_t i, PooledWindow& into) {
+        if (!working)
+            return;
+        if (i < again.size()) {
+            working->post([&, i] { readAgain(*again[i], into); });
+        } else if (readNext) {
+            working->post(readNext);
+            readPosted = true;
+        }
+    };
+    // The window just compared is counted from the sides in hand (a pooled prompt's are ok
+    // exactly where it is compared and in the batch), first, and freed before the others are
+    // read again: counts add up in any order.
+    PooledWindow ahead;
+    readAhead(0, ahead);
+    if (pooling.needsSides() && !cancelled())
+        pooling.count(last.sides, last.step.window);
+    last.sides.clear();
+    bool unreadable = false;
+    for (std::size_t i = 0; i < again.size(); ++i) {
+        if (working)
+            working->waitPosted();
+        else
+            readAgain(*again[i], ahead);
+        PooledWindow window = std::move(ahead);
+        ahead = {};
+        if (cancelled())
+            return readPosted;
+        if (!window.problem.empty()) {  // (nothing is read ahead of it)
+            m_result.problems.push_back(window.problem);
+            unreadable = true;
+            break;
+        }
+        readAhead(i + 1, ahead);
+        pooling.count(window.sides, again[i]->window);
     }
     pooling.finish(unreadable);
+    return readPosted;
 }
 
 void AnalysisRun::streamLayers()
@@ -572,11 +639,16 @@ void AnalysisRun::streamLayers()
             const bool more = step + 1 < m_steps.size();
             if (more)
                 progress = progressFor(m_steps[step + 1], progress);
-            if (more && working)
-                working->post([this, &next, step, progress] { read(next, m_steps[step + 1], progress, nullptr); });
-            compare(in);
-            if (more && !working)
+            const std::function<void()> readNext = [this, &next, step, progress] {
                 read(next, m_steps[step + 1], progress, nullptr);
+            };
+            // A windowed layer's last window posts it itself, after its second pass's reads.
+            const bool postedByCompare = more && working && secondPassFollows(in.step);
+            if (more && working && !postedByCompare)
+                working->post(readNext);
+            const bool posted = compare(in, more ? readNext : std::function<void()>{});
+            if (more && (!working || (postedByCompare && !posted)))
+                readNext();
         }
         if (working)
             working->waitPosted();  // a read posted before a cancel
