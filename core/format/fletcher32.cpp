@@ -2,6 +2,8 @@
 
 #include "util/simd_clones.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -102,35 +104,58 @@ AddRunFn chooseAddRun()
 std::uint32_t fold(std::uint32_t s) { return (s & 0xffff) + (s >> 16); }
 }  // namespace
 
-std::uint32_t fletcher32(const unsigned char* data, std::size_t bytes)
+void Fletcher32Sum::add(const unsigned char* data, std::size_t bytes)
 {
     static const AddRunFn addRunVector = chooseAddRun();
-    std::size_t words = bytes / 2;
-    std::uint32_t sum1 = 0, sum2 = 0;
-    while (words) {
-        const std::uint32_t n = words > 360 ? 360 : std::uint32_t(words);
-        words -= n;
-        addRunVector(data, n, sum1, sum2);
+    // HDF5 folds the sums after every 360 words of the whole; a piece ends a run anywhere
+    // (the run's sums are word by word, so adding it in parts gives the same bits).
+    for (std::size_t words = bytes / 2; words;) {
+        const std::uint32_t n = std::uint32_t(std::min<std::size_t>(words, 360 - m_inRun));
+        addRunVector(data, n, m_sum1, m_sum2);
         data += 2 * std::size_t(n);
-        sum1 = fold(sum1);
-        sum2 = fold(sum2);
+        words -= n;
+        if ((m_inRun += n) == 360) {
+            m_sum1 = fold(m_sum1);
+            m_sum2 = fold(m_sum2);
+            m_inRun = 0;
+        }
     }
-    if (bytes % 2) {
-        sum1 += std::uint32_t(*data) << 8;
-        sum2 += sum1;
-        sum1 = fold(sum1);
-        sum2 = fold(sum2);
+}
+
+std::uint32_t Fletcher32Sum::finish(const unsigned char* oddByte)
+{
+    if (m_inRun) {
+        m_sum1 = fold(m_sum1);
+        m_sum2 = fold(m_sum2);
+        m_inRun = 0;
     }
-    sum1 = fold(sum1);
-    sum2 = fold(sum2);
-    return (sum2 << 16) | sum1;
+    if (oddByte) {
+        m_sum1 += std::uint32_t(*oddByte) << 8;
+        m_sum2 += m_sum1;
+        m_sum1 = fold(m_sum1);
+        m_sum2 = fold(m_sum2);
+    }
+    m_sum1 = fold(m_sum1);
+    m_sum2 = fold(m_sum2);
+    return (m_sum2 << 16) | m_sum1;
+}
+
+std::uint32_t fletcher32(const unsigned char* data, std::size_t bytes)
+{
+    Fletcher32Sum sum;
+    sum.add(data, bytes - bytes % 2);
+    return sum.finish(bytes % 2 ? data + bytes - 1 : nullptr);
+}
+
+std::uint32_t storedFletcher32(const unsigned char* stored)
+{
+    return std::uint32_t(stored[0]) | std::uint32_t(stored[1]) << 8 | std::uint32_t(stored[2]) << 16 |
+           std::uint32_t(stored[3]) << 24;
 }
 
 bool fletcher32Matches(const unsigned char* data, std::size_t bytes, const unsigned char* stored)
 {
-    const std::uint32_t sum = std::uint32_t(stored[0]) | std::uint32_t(stored[1]) << 8 |
-                              std::uint32_t(stored[2]) << 16 | std::uint32_t(stored[3]) << 24;
-    return sum == fletcher32(data, bytes);
+    return storedFletcher32(stored) == fletcher32(data, bytes);
 }
 
 }  // namespace kvscope

@@ -122,10 +122,10 @@ public:
                     const std::vector<unsigned char>& bytes);
 
     [[noreturn]] void fail(const std::string& object, const std::string& problem) const;
-
-private:
     // A BundleError naming `dataset` when the file is shorter than when it was opened.
     void requireNotShrunk(const std::string& dataset) const;
+
+private:
     // readRaw's fast paths, when chunks hold whole rows, unfiltered or checksummed, in the
     // memory type: how (nothing when the dataset is not laid out so); the wanted rows' chunks
     // located, to be read straight from the file; or read one by one through libhdf5.

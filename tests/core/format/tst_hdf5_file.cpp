@@ -1050,6 +1050,51 @@ private slots:
                      "cannot be read: its checksum does not match, the file is corrupt");
     }
 
+    // A reference's layout: [batch, heads, positions, width] in chunks of every head and a run
+    // of positions. A box of whole chunks is read straight into place, a piece per head, its
+    // checksum summed over the pieces; a box the chunks do not line up with, through a copy.
+    void slabsOfWholeChunks()
+    {
+        const std::string p = path("slab-pieces.h5");
+        std::vector<std::int32_t> values(2 * 8 * 4);
+        const auto valueAt = [](int head, int position, int column) { return head * 100 + position * 10 + column; };
+        for (int h = 0; h < 2; ++h)
+            for (int t = 0; t < 8; ++t)
+                for (int c = 0; c < 4; ++c)
+                    values[std::size_t((h * 8 + t) * 4 + c)] = valueAt(h, t, c);
+        {
+            Hdf5File f = Hdf5File::create(p);
+            for (const char* name : {"/ref", "/damaged-head-0", "/damaged-head-1"})
+                f.writeRawChunked(name, H5T_STD_I32LE, {1, 2, 8, 4}, values.data(), {1, 2, 2, 4});
+        }
+        // Chunk (positions 4-5): head 0's piece is its first 32 bytes, head 1's the next 32.
+        flipByte(p, chunkAddress(p, "/damaged-head-0", {0, 0, 4, 0}));
+        flipByte(p, chunkAddress(p, "/damaged-head-1", {0, 0, 4, 0}) + 40);
+        const Hdf5File f = Hdf5File::openReadOnly(p);
+        const auto expected = [&](int firstPosition, int positions) {
+            std::vector<std::int32_t> v;
+            for (int h = 0; h < 2; ++h)
+                for (int t = firstPosition; t < firstPosition + positions; ++t)
+                    for (int c = 0; c < 4; ++c)
+                        v.push_back(valueAt(h, t, c));
+            return v;
+        };
+        for (const auto& [first, count] : {std::pair{2, 4}, std::pair{0, 8}, std::pair{1, 4}, std::pair{3, 1}}) {
+            std::vector<std::int32_t> out(std::size_t(2 * count * 4), -1);
+            f.readSlab("/ref", H5T_STD_I32LE, out.data(), {0, 0, first, 0}, {1, 2, count, 4});
+            QCOMPARE(out, expected(first, count));
+        }
+        std::vector<std::int32_t> out(2 * 4 * 4, -1);
+        for (const char* name : {"/damaged-head-0", "/damaged-head-1"}) {
+            f.readSlab(name, H5T_STD_I32LE, out.data(), {0, 0, 0, 0}, {1, 2, 4, 4});  // the damaged chunk left out
+            QCOMPARE(out, expected(0, 4));
+            EXPECT_ERROR(f.readSlab(name, H5T_STD_I32LE, out.data(), {0, 0, 4, 0}, {1, 2, 4, 4}), p, name,
+                         "cannot be read: its checksum does not match, the file is corrupt");
+            EXPECT_ERROR(f.readSlab(name, H5T_STD_I32LE, out.data(), {0, 0, 3, 0}, {1, 2, 2, 4}), p, name,
+                         "cannot be read: its checksum does not match, the file is corrupt");
+        }
+    }
+
     // Results written piece by piece: a deflated, checksummed float dataset and its chunks.
     void compressedFloats()
     {
