@@ -507,6 +507,7 @@ namespace {
 // One window of a layer's sides read again for the second pass, or why it could not be.
 struct PooledWindow {
     std::vector<LayerSides> sides;
+    std::vector<std::array<std::string, 3>> errors;  // per prompt: reading its engine, baseline, expected
     std::string problem;
 };
 
@@ -529,29 +530,48 @@ bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void(
             again.push_back(&step);
     if (!pooling.needsSides())
         again.clear();
-    // Only the pooled prompts' references and engine, read as the first pass read them.
-    const auto readAgain = [&](const Step& step, PooledWindow& out) {
+    // Only the pooled prompts' references and engine, read as the first pass read them: the
+    // prompts to read, then each side (one task each), then the first error, if any.
+    const auto prepare = [&](const Step& step, PooledWindow& out) {
         out.sides.clear();
         out.sides.resize(m_result.prompts.size());
-        for (int pi : m_pooled) {
-            const PromptAnalysis& p = m_result.prompts[std::size_t(pi)];
-            if (!compared[std::size_t(pi)] || !step.holds(std::size_t(pi)) || cancelled())
-                continue;
-            const std::string& name = p.layers[std::size_t(layer)];
-            LayerSides& s = out.sides[std::size_t(pi)];
-            try {
+        out.errors.assign(m_result.prompts.size(), {});
+        std::vector<int> read;
+        for (int pi : m_pooled)
+            if (compared[std::size_t(pi)] && step.holds(std::size_t(pi)))
+                read.push_back(pi);
+        return read;
+    };
+    const auto readSideAgain = [&](const Step& step, int pi, int side, PooledWindow& out) {
+        if (cancelled())
+            return;
+        const PromptAnalysis& p = m_result.prompts[std::size_t(pi)];
+        const std::string& name = p.layers[std::size_t(layer)];
+        LayerSides& s = out.sides[std::size_t(pi)];
+        try {
+            if (side == 0)
                 s.actual = m_loader.engineSource(p.id, name, nullptr, step.window);
-                s.reference = m_loader.referenceSource(p.id, ReferenceRole::Baseline, name, step.window);
-                s.base = m_loader.referenceSource(p.id, ReferenceRole::Expected, name, step.window);
-            } catch (const BundleError& e) {
-                // Read once, not twice (the file changed?): this layer's pooled BCs stay NaN, said so.
-                out.problem = "pooled BC of layer '" + name + "': prompt " + p.id + ": " + e.what();
-                out.sides.clear();
-                return;
-            }
-            s.ok = true;
+            else
+                (side == 1 ? s.reference : s.base) = m_loader.referenceSource(
+                    p.id, side == 1 ? ReferenceRole::Baseline : ReferenceRole::Expected, name, step.window);
+        } catch (const BundleError& e) {
+            out.errors[std::size_t(pi)][std::size_t(side)] = e.what();
         }
     };
+    const auto settle = [&](const std::vector<int>& read, PooledWindow& out) {
+        for (int pi : read) {
+            for (const std::string& error : out.errors[std::size_t(pi)])
+                if (!error.empty()) {
+                    // Read once, not twice (the file changed?): this layer's pooled BCs stay NaN, said so.
+                    const PromptAnalysis& p = m_result.prompts[std::size_t(pi)];
+                    out.problem = "pooled BC of layer '" + p.layers[std::size_t(layer)] + "': prompt " + p.id + ": " + error;
+                    out.sides.clear();
+                    return;
+                }
+            out.sides[std::size_t(pi)].ok = !cancelled();
+        }
+    };
+    std::vector<int> readingAhead;  // the prompts whose sides the window read ahead holds
     WorkTeam* const working = team();
     // A read ahead writes into this frame: leaving it by an exception waits for the read first.
     struct WaitForReads {
@@ -566,13 +586,17 @@ bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void(
         }
     } waitForReads{working};
     bool readPosted = false;
-    // Reads `again[i]` into `into` on a helper, or, after the last, the next step's sides.
-    // (Without a team each window is read when its turn comes: one window in memory.)
+    // Reads `again[i]` into `into`, a task per side for the helpers and the analysing thread
+    // once it has counted, or, after the last, the next step's sides. (Without a team each
+    // window is read when its turn comes: one window in memory.)
     const auto readAhead = [&](std::size_t i, PooledWindow& into) {
         if (!working)
             return;
         if (i < again.size()) {
-            working->post([&, i] { readAgain(*again[i], into); });
+            readingAhead = prepare(*again[i], into);
+            for (int pi : readingAhead)
+                for (int side = 0; side < 3; ++side)
+                    working->post([&, i, pi, side] { readSideAgain(*again[i], pi, side, into); });
         } else if (readNext) {
             working->post(readNext);
             readPosted = true;
@@ -588,10 +612,15 @@ bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void(
     last.sides.clear();
     bool unreadable = false;
     for (std::size_t i = 0; i < again.size(); ++i) {
-        if (working)
+        if (working) {
             working->waitPosted();
-        else
-            readAgain(*again[i], ahead);
+        } else {
+            readingAhead = prepare(*again[i], ahead);
+            for (int pi : readingAhead)
+                for (int side = 0; side < 3 && (side == 0 || ahead.errors[std::size_t(pi)][side - 1].empty()); ++side)
+                    readSideAgain(*again[i], pi, side, ahead);
+        }
+        settle(readingAhead, ahead);
         PooledWindow window = std::move(ahead);
         ahead = {};
         if (cancelled())
