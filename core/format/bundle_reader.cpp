@@ -305,8 +305,18 @@ PromptInfo BundleReader::readPrompt(const std::string& id) const
     return info;
 }
 
+const DatasetInfo& BundleReader::datasetInfo(const std::string& dataset) const
+{
+    if (const auto found = m_datasetInfos.find(dataset); found != m_datasetInfos.end())
+        return found->second;
+    return m_datasetInfos.emplace(dataset, m_file.datasetInfo(dataset)).first->second;
+}
+
 DType BundleReader::checkedDType(const std::string& dataset) const
 {
+    KnownDataset& known = m_known[dataset];
+    if (known.dtype)
+        return *known.dtype;
     if (!m_file.exists(dataset))
         m_file.fail(dataset, "missing");
     if (!m_file.hasAttribute(dataset, "dtype"))
@@ -316,7 +326,7 @@ DType BundleReader::checkedDType(const std::string& dataset) const
     if (!dtype)
         m_file.fail(dataset, "unsupported dtype '" + name + "' (supported: bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, int8, "
                                  "float4_e2m1fn, int4_per_token_head)");
-    const DatasetInfo info = m_file.datasetInfo(dataset);
+    const DatasetInfo& info = datasetInfo(dataset);
     const bool isFloat = *dtype == DType::Float32 || *dtype == DType::Float16;
     if (*dtype == DType::Int8 && info.typeClass == H5T_INTEGER && !info.isSigned)  // an unsigned read would clamp negatives
         m_file.fail(dataset, "stores int8 codes as unsigned integers; they must be signed (int8)");
@@ -325,6 +335,7 @@ DType BundleReader::checkedDType(const std::string& dataset) const
     if ((isFloat ? info.typeClass != H5T_FLOAT : info.typeClass != H5T_INTEGER) || info.typeSize != dtypeSize(*dtype))
         m_file.fail(dataset, "stored as a " + std::to_string(info.typeSize) + "-byte " +
                                  (info.typeClass == H5T_FLOAT ? "float" : "non-float") + " type, which cannot hold " + name);
+    known.dtype = *dtype;
     return *dtype;
 }
 
@@ -332,11 +343,17 @@ RawTensor BundleReader::storedAs(const std::string& dataset) const
 {
     RawTensor t;
     t.dtype = checkedDType(dataset);
-    if (m_file.hasAttribute(dataset, "scale")) {
-        t.scale = float(m_file.readDoubleAttribute(dataset, "scale"));
-        if (!(t.scale > 0.0f) || !std::isfinite(t.scale))
-            m_file.fail(dataset, "scale " + std::to_string(t.scale) + " must be finite and positive");
+    KnownDataset& known = m_known[dataset];
+    if (!known.scale) {
+        float scale = 1.0f;
+        if (m_file.hasAttribute(dataset, "scale")) {
+            scale = float(m_file.readDoubleAttribute(dataset, "scale"));
+            if (!(scale > 0.0f) || !std::isfinite(scale))
+                m_file.fail(dataset, "scale " + std::to_string(scale) + " must be finite and positive");
+        }
+        known.scale = scale;
     }
+    t.scale = *known.scale;
     return t;
 }
 
@@ -345,7 +362,7 @@ RawTensor BundleReader::readTensor(const std::string& dataset, const std::vector
                                    ValueRead values) const
 {
     RawTensor t = storedAs(dataset);
-    const DatasetInfo info = m_file.datasetInfo(dataset);
+    const DatasetInfo& info = datasetInfo(dataset);
     if (info.shape != expectedShape)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", expected " + shapeToString(expectedShape));
     t.shape = info.shape;
@@ -394,7 +411,7 @@ BlockTable BundleReader::readBlockTable(const std::string& promptId, std::size_t
     std::lock_guard lock(hdf5Mutex());
     if (snapshot >= p.snapshots.size())
         m_file.fail(bundle_path::snapshot(promptId, snapshot), "no such snapshot");
-    const DatasetInfo info = m_file.datasetInfo(dataset);
+    const DatasetInfo info = datasetInfo(dataset);
     if (info.typeClass != H5T_INTEGER || info.shape.size() != 2 ||
         info.shape[0] != std::int64_t(p.snapshots[snapshot].seqLens.size()) || info.shape[1] > kMaxSeq)
         m_file.fail(dataset, "must be integers [batch=" + std::to_string(p.snapshots[snapshot].seqLens.size()) +
@@ -507,7 +524,7 @@ std::vector<std::uint8_t> BundleReader::readBytes(const std::string& path, const
 {
     if (!m_file.exists(path))
         m_file.fail(path, "missing");
-    const DatasetInfo info = m_file.datasetInfo(path);
+    const DatasetInfo info = datasetInfo(path);
     if (info.typeClass != H5T_INTEGER || info.typeSize != 1 || info.isSigned != isSigned)
         m_file.fail(path, std::string("must hold ") + (isSigned ? "int8" : "uint8") + " values, found a " +
                               std::to_string(info.typeSize) + "-byte " + (info.typeClass == H5T_INTEGER ? "integer" : "non-integer") +
@@ -591,7 +608,7 @@ void BundleReader::readScales(const std::string& dataset, const std::vector<std:
         m_file.fail(path, "scales for a " + dtypeName(cache.dtype) + " cache, which is not quantised");
     if (cache.scale != 1.0f)
         m_file.fail(path, "given beside the cache's scalar 'scale' attribute; keep one of them");
-    const DatasetInfo info = m_file.datasetInfo(path);
+    const DatasetInfo info = datasetInfo(path);
     const std::vector<std::int64_t> perHead{shape[1]}, perTokenHead{shape[0], shape[1], shape[2]};
     const bool tokenHead = info.shape == perTokenHead;
     // Per run of values in a token's head (fp8_ds_mla: [blocks, 1, block_size, head_dim / 128]).
@@ -630,7 +647,7 @@ std::vector<std::int64_t> BundleReader::referenceShape(const std::string& datase
     const int g = m_config.groupOf(layer);
     if (g < 0)
         m_file.fail(dataset, "layer belongs to no group of the config");
-    const DatasetInfo info = m_file.datasetInfo(dataset);
+    const DatasetInfo info = datasetInfo(dataset);
     if (info.shape.size() != 4)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " must be [batch, heads, seq, head_dim]");
     const int width = m_config.groups[std::size_t(g)].partWidth(part);
@@ -721,7 +738,7 @@ BundleReader::ReferenceExtent BundleReader::referenceExtent(const std::string& p
     ReferenceExtent extent;
     extent.seq = d.shapes[0][2];
     for (const std::string& path : d.paths)
-        if (const std::vector<std::int64_t> chunk = m_file.datasetInfo(path).chunk; chunk.size() == 4)
+        if (const std::vector<std::int64_t> chunk = datasetInfo(path).chunk; chunk.size() == 4)
             extent.positionsPerChunk = std::max(extent.positionsPerChunk, std::min(chunk[2], extent.seq));
     return extent;
 }
@@ -732,7 +749,7 @@ Logits BundleReader::readLogits(const std::string& promptId, LogitsRole role) co
     requireData();
     std::lock_guard lock(hdf5Mutex());
     const std::string dataset = bundle_path::logits(promptId, role);
-    const DatasetInfo info = m_file.datasetInfo(dataset);
+    const DatasetInfo info = datasetInfo(dataset);
     if (info.shape.size() != 2 || info.shape[0] > kMaxSeq || info.shape[1] > kMaxVocab || info.shape[1] < 1)
         m_file.fail(dataset, "shape " + shapeToString(info.shape) + " must be [steps, vocab]");
     Logits logits;
@@ -766,7 +783,7 @@ std::vector<StatePart> BundleReader::readStateParts(const std::string& group, bo
         StatePart part;
         part.name = name;
         const std::string path = group + "/" + name;
-        const DatasetInfo info = m_file.datasetInfo(path);
+        const DatasetInfo info = datasetInfo(path);
         if (info.shape.size() < 2 || info.shape.size() > 6)
             m_file.fail(path, "shape " + shapeToString(info.shape) + " is not [checkpoints, units, ...]");
         if (values) {
@@ -892,7 +909,7 @@ std::vector<std::string> BundleReader::validate() const
             for (std::size_t g = 0; g < m_config.groups.size(); ++g)
                 check([&] {
                     const std::string dataset = bundle_path::blockTable(p.id, s, g);
-                    const DatasetInfo info = m_file.datasetInfo(dataset);
+                    const DatasetInfo info = datasetInfo(dataset);
                     if (info.typeClass != H5T_INTEGER || info.shape.size() != 2 ||
                         info.shape[0] != std::int64_t(p.snapshots[s].seqLens.size()))
                         m_file.fail(dataset, "must be integers [batch, max_blocks], found " + shapeToString(info.shape));
@@ -904,7 +921,7 @@ std::vector<std::string> BundleReader::validate() const
                             const std::string dataset = bundle_path::engineKv(p.id, s, r, layer, kvPartName(part));
                             const DType dtype = checkedDType(dataset);
                             const std::vector<std::int64_t> shape = engineShardShape(p, s, layer, part);
-                            const DatasetInfo info = m_file.datasetInfo(dataset);
+                            const DatasetInfo& info = datasetInfo(dataset);
                             if (info.shape != shape)
                                 m_file.fail(dataset, "shape " + shapeToString(info.shape) + ", the config implies " +
                                                          shapeToString(shape) + " ([blocks, heads_per_rank, block_size, " +
@@ -920,7 +937,7 @@ std::vector<std::string> BundleReader::validate() const
                             for (const auto& [path, expected] : needed) {
                                 if (!m_file.exists(path))
                                     m_file.fail(path, "missing: the " + dtypeName(dtype) + " cache " + dataset + " needs it");
-                                if (const DatasetInfo d = m_file.datasetInfo(path); d.shape != expected)
+                                if (const DatasetInfo d = datasetInfo(path); d.shape != expected)
                                     m_file.fail(path, "shape " + shapeToString(d.shape) + ", expected " + shapeToString(expected));
                             }
                         });

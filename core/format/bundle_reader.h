@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -143,6 +144,15 @@ private:
                          const std::vector<std::int64_t>* rows, std::vector<ChunkRowRead>& deferred,
                          ValueRead values = ValueRead::Values) const;
     DType checkedDType(const std::string& dataset) const;
+    // A dataset's shape, type and chunks, and what checkedDType and storedAs found of it: kept,
+    // since validating the bundle, laying out its positions and every read of the dataset ask
+    // again (each asking opens it and its attributes). A bundle is read only: what was found
+    // stays true. Failures are not kept. Under the HDF5 lock, as every use of m_file.
+    const DatasetInfo& datasetInfo(const std::string& dataset) const;
+    struct KnownDataset {
+        std::optional<DType> dtype;  // once checkedDType has checked it
+        std::optional<float> scale;  // once storedAs has (1 when there is none)
+    };
     // The parts in a state's group (rank_<r>/ or a reference's), their units when `engine`.
     // Without `values`, each part's dtype and shape only (no bytes).
     std::vector<StatePart> readStateParts(const std::string& group, bool engine, std::vector<ChunkRowRead>& reads,
@@ -160,6 +170,8 @@ private:
     KvCacheConfig m_config;
     std::vector<PromptInfo> m_prompts;
     std::uint64_t m_bytes = 0;  // the file's size
+    mutable std::unordered_map<std::string, DatasetInfo> m_datasetInfos;
+    mutable std::unordered_map<std::string, KnownDataset> m_known;
 };
 
 }  // namespace kvscope
