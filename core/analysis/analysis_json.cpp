@@ -69,9 +69,8 @@ void writePrompt(JsonWriter& w, const PromptAnalysis& p, const SuspectThresholds
         if (isBaseMetric(Metric(m)) && !p.threeWay)
             continue;
         const SpillableArray& values = p.metrics[std::size_t(m)];
-        w.key(metricName(Metric(m))).array(layers, [&](std::size_t l) {
-            w.floatRows(values.data() + l * tokens * heads, tokens, heads);
-            values.release(l * tokens * heads, tokens * heads);  // (spilled results: a layer in hand at a time)
+        w.key(metricName(Metric(m))).floatBlocks(values.data(), layers, tokens, heads, [&](std::size_t first, std::size_t count) {
+            values.release(first, count);  // (spilled results: a piece in hand at a time)
         });
     }
     w.endObject();

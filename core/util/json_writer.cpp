@@ -4,12 +4,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cassert>
 #include <charconv>
-#include <cstring>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace kvscope {
 
@@ -206,36 +211,111 @@ JsonWriter& JsonWriter::floatRows(const float* values, std::size_t rows, std::si
     return floatRows(values, rows, width, true);
 }
 
+namespace {
+
+// Values [begin, end) of an array of rows of `width` (in blocks of `rowsPerBlock` rows, or
+// none: 0) as JSON, each number after what opens or separates it: a comma within a row; "],["
+// at a row's start ("]],[[" at a block's); "[" or "[[" first. The closing brackets after the
+// last value are the caller's.
+void formatFloats(const float* values, std::size_t width, std::size_t rowsPerBlock, std::size_t begin, std::size_t end,
+                  std::string& out)
+{
+    constexpr std::size_t kMostPerValue = 5 + 16;  // "]],[[" and the longest float ("-1.1754944e-38")
+    out.resize((end - begin) * kMostPerValue);
+    char* at = out.data();
+    char* const last = at + out.size();
+    const std::size_t blockSize = rowsPerBlock * width;
+    for (std::size_t k = begin; k < end; ++k) {
+        if (k % width) {
+            *at++ = ',';
+        } else {
+            const char* opening = blockSize == 0 ? (k ? "],[" : "[") : (k % blockSize ? "],[" : k ? "]],[[" : "[[");
+            while (*opening)
+                *at++ = *opening++;
+        }
+        const float v = values[k];
+        if (!std::isfinite(v)) {
+            std::memcpy(at, "null", 4);
+            at += 4;
+        } else {
+            at = std::to_chars(at, last, v).ptr;
+        }
+    }
+    out.resize(std::size_t(at - out.data()));
+}
+
+// Past this many numbers an array is formatted by several threads, each a part of a piece of
+// the array, the parts written in order (an 80-layer analysis's JSON holds tens of millions of
+// numbers, and formatting them is most of writing them); a piece at a time bounds the memory.
+constexpr std::size_t kParallelFloats = std::size_t(1) << 15;
+constexpr std::size_t kPieceFloats = std::size_t(1) << 20;
+
+}  // namespace
+
+void JsonWriter::writeFloats(const float* values, std::size_t count, std::size_t width, std::size_t rowsPerBlock,
+                             const std::function<void(std::size_t, std::size_t)>& written)
+{
+    const std::size_t parts =
+        count < kParallelFloats ? 1 : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
+    std::vector<std::string> texts(parts);
+    std::vector<std::exception_ptr> failures(parts);
+    for (std::size_t piece = 0; piece < count; piece += kPieceFloats) {
+        const std::size_t size = std::min(kPieceFloats, count - piece);
+        const auto format = [&](std::size_t part) {
+            try {
+                texts[part].clear();
+                formatFloats(values, width, rowsPerBlock, piece + size * part / parts, piece + size * (part + 1) / parts,
+                             texts[part]);
+            } catch (...) {
+                failures[part] = std::current_exception();
+            }
+        };
+        std::vector<std::thread> helpers;
+        for (std::size_t part = 1; part < parts; ++part)
+            helpers.emplace_back(format, part);
+        format(0);
+        for (std::thread& helper : helpers)
+            helper.join();
+        for (const std::exception_ptr& failure : failures)
+            if (failure)
+                std::rethrow_exception(failure);
+        for (const std::string& text : texts)
+            m_out.write(text.data(), std::streamsize(text.size()));
+        if (written)
+            written(piece, size);
+    }
+}
+
 JsonWriter& JsonWriter::floatRows(const float* values, std::size_t rows, std::size_t width, bool nested)
 {
     if (nested)
         beginArray();
-    // Formatted into a buffer and written a buffer at a time: one stream call per few thousand
-    // numbers instead of two per number (an 80-layer analysis writes tens of millions).
-    char buffer[16384];
-    std::size_t used = 0;
-    for (std::size_t r = 0; r < rows; ++r) {
-        beginArray();
-        for (std::size_t i = 0; i < width; ++i) {
-            if (used > sizeof buffer - 64) {
-                m_out.write(buffer, std::streamsize(used));
-                used = 0;
-            }
-            if (i)
-                buffer[used++] = ',';
-            const float v = values[r * width + i];
-            if (!std::isfinite(v)) {
-                std::memcpy(buffer + used, "null", 4);
-                used += 4;
-            } else {
-                used = std::size_t(std::to_chars(buffer + used, buffer + sizeof buffer, v).ptr - buffer);
-            }
-        }
-        m_out.write(buffer, std::streamsize(used));
-        used = 0;
-        endArray();
+    else
+        separate();
+    if (rows * width == 0) {  // no rows, or rows of nothing
+        for (std::size_t r = 0; r < rows; ++r)
+            m_out.write(r ? ",[]" : "[]", r ? 3 : 2);
+    } else {
+        writeFloats(values, rows * width, width, 0, {});
+        m_out.put(']');
     }
-    return nested ? endArray() : *this;
+    if (!nested)
+        return *this;
+    if (rows > 0)
+        m_hasItems.back() = true;
+    return endArray();
+}
+
+JsonWriter& JsonWriter::floatBlocks(const float* values, std::size_t blocks, std::size_t rows, std::size_t width,
+                                    const std::function<void(std::size_t first, std::size_t count)>& written)
+{
+    if (blocks * rows * width == 0)
+        return array(blocks, [&](std::size_t b) { floatRows(values + b * rows * width, rows, width); });
+    beginArray();
+    writeFloats(values, blocks * rows * width, width, rows, written);
+    m_out.write("]]", 2);
+    m_hasItems.back() = true;
+    return endArray();
 }
 
 JsonWriter& JsonWriter::strings(const std::vector<std::string>& texts)

@@ -13,7 +13,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -60,6 +62,10 @@ public:
     JsonWriter& floats(const float* values, std::size_t count);
     // `rows` arrays of `width` numbers each, as one array ([[...], [...]]).
     JsonWriter& floatRows(const float* values, std::size_t rows, std::size_t width);
+    // `blocks` arrays of `rows` arrays of `width` numbers ([[[...], ...], ...]); `written(first,
+    // count)` is told when values [first, first + count) are written (to let them go).
+    JsonWriter& floatBlocks(const float* values, std::size_t blocks, std::size_t rows, std::size_t width,
+                            const std::function<void(std::size_t first, std::size_t count)>& written = {});
     // One row of floatRows: [v, ...].
     JsonWriter& floatRow(const float* values, std::size_t width) { return floatRows(values, 1, width, false); }
     JsonWriter& strings(const std::vector<std::string>& texts);
@@ -91,6 +97,10 @@ public:
 
 private:
     JsonWriter& floatRows(const float* values, std::size_t rows, std::size_t width, bool nested);
+    // `count` numbers in rows of `width` (and blocks of `rowsPerBlock` rows, or none: 0), every
+    // bracket but the closing ones after the last; formatted in parts on several threads.
+    void writeFloats(const float* values, std::size_t count, std::size_t width, std::size_t rowsPerBlock,
+                     const std::function<void(std::size_t, std::size_t)>& written);
     JsonWriter& integer(std::int64_t v);
     JsonWriter& unsignedInteger(std::uint64_t v);
     // Before a value: the comma after the previous one in an array (after a key, nothing).

@@ -24,7 +24,11 @@ private slots:
     void nestingAndCommas();
     void nonFiniteNumbersAreNull();
     void numbersAreShortestAndExact();
+    void longRowsOfFloatsReadBackExactly_data();
     void longRowsOfFloatsReadBackExactly();
+    void emptyRows();
+    void blocksOfRows_data();
+    void blocksOfRows();
     void integersAtTheirLimits();
     void textIsEscapedAndAlwaysValid();
     void nlohmannDocumentsFollowTheSameRules();
@@ -108,11 +112,25 @@ void TestJsonWriter::numbersAreShortestAndExact()
         QCOMPARE(float(parsed[i].get<double>()), values[i]);  // every float read back exactly
 }
 
+void TestJsonWriter::longRowsOfFloatsReadBackExactly_data()
+{
+    QTest::addColumn<int>("rows");
+    QTest::addColumn<int>("width");
+    QTest::newRow("rows longer than the writer's buffer") << 3 << 7001;
+    // Past 2^15 numbers, formatted in parts by several threads (parts end mid-row), and past
+    // 2^20, a block at a time.
+    QTest::newRow("many short rows, in parts") << 50001 << 8;
+    QTest::newRow("rows across blocks") << 350003 << 3;
+}
+
 void TestJsonWriter::longRowsOfFloatsReadBackExactly()
 {
-    // Rows far longer than the writer's buffer, with NaN and infinities among them: parsed
-    // back, every number is the float written (bit for bit) and every non-finite one null.
-    std::vector<float> values(3 * 7001);
+    // With NaN and infinities among them: parsed back, every number is the float written (bit
+    // for bit) and every non-finite one null, in rows of the width written.
+    QFETCH(int, rows);
+    QFETCH(int, width);
+    const std::size_t w = std::size_t(width);
+    std::vector<float> values(std::size_t(rows) * w);
     std::uint32_t state = 7;
     for (std::size_t i = 0; i < values.size(); ++i) {
         state = state * 1664525u + 1013904223u;
@@ -124,12 +142,16 @@ void TestJsonWriter::longRowsOfFloatsReadBackExactly()
             values[i] = -std::numeric_limits<float>::infinity();
     }
     std::ostringstream out;
-    JsonWriter w(out);
-    w.beginObject().key("rows").floatRows(values.data(), 3, 7001).key("flat").floats(values.data(), values.size()).endObject();
-    const nlohmann::json doc = nlohmann::json::parse(out.str());
-    QCOMPARE(doc["rows"].size(), std::size_t(3));
+    JsonWriter writer(out);
+    writer.beginObject().key("rows").floatRows(values.data(), std::size_t(rows), w).key("flat").floats(values.data(), values.size()).endObject();
+    const nlohmann::json doc = parseStrict(out.str());
+    QCOMPARE(doc["rows"].size(), std::size_t(rows));
+    QCOMPARE(doc["flat"].size(), values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
-        const nlohmann::json& fromRows = doc["rows"][i / 7001][i % 7001];
+        const nlohmann::json& row = doc["rows"][i / w];
+        if (i % w == 0)
+            QCOMPARE(row.size(), w);
+        const nlohmann::json& fromRows = row[i % w];
         const nlohmann::json& fromFlat = doc["flat"][i];
         for (const nlohmann::json* v : {&fromRows, &fromFlat}) {
             if (!std::isfinite(values[i])) {
@@ -139,6 +161,69 @@ void TestJsonWriter::longRowsOfFloatsReadBackExactly()
             const float back = v->get<float>();
             QVERIFY2(std::memcmp(&back, &values[i], sizeof back) == 0 || (back == 0 && values[i] == 0),
                      qPrintable(QString::number(i)));
+        }
+    }
+}
+
+void TestJsonWriter::emptyRows()
+{
+    const float one = 1.0f;
+    std::ostringstream out;
+    JsonWriter(out).beginArray().floatRows(&one, 0, 5).floatRows(&one, 2, 0).floats(&one, 0).floatRow(&one, 1).endArray();
+    QCOMPARE(out.str(), std::string("[[],[[],[]],[],[1]]"));
+}
+
+void TestJsonWriter::blocksOfRows_data()
+{
+    QTest::addColumn<int>("blocks");
+    QTest::addColumn<int>("rows");
+    QTest::addColumn<int>("width");
+    QTest::newRow("small") << 2 << 3 << 4;
+    QTest::newRow("a layer's metric, in parts") << 5 << 2048 << 8;
+    QTest::newRow("across pieces") << 3 << 70001 << 5;
+    QTest::newRow("empty blocks") << 2 << 0 << 4;
+    QTest::newRow("rows of nothing") << 2 << 3 << 0;
+}
+
+// [block][row][column] as written reads back as the same numbers in the same places, and every
+// value is reported written once, in order.
+void TestJsonWriter::blocksOfRows()
+{
+    QFETCH(int, blocks);
+    QFETCH(int, rows);
+    QFETCH(int, width);
+    const std::size_t b = std::size_t(blocks), r = std::size_t(rows), w = std::size_t(width);
+    std::vector<float> values(b * r * w);
+    for (std::size_t i = 0; i < values.size(); ++i)
+        values[i] = i % 89 == 0 ? std::nanf("") : float(i) * 0.25f - 7.0f;
+    std::ostringstream out;
+    std::size_t reported = 0;
+    JsonWriter writer(out);
+    writer.beginArray().value(1).floatBlocks(values.data(), b, r, w, [&](std::size_t first, std::size_t count) {
+        QCOMPARE(first, reported);
+        reported += count;
+    });
+    writer.value(2).endArray();
+    if (!values.empty())
+        QCOMPARE(reported, values.size());
+    const nlohmann::json doc = parseStrict(out.str());
+    QCOMPARE(doc.size(), std::size_t(3));
+    QCOMPARE(doc[0].get<int>(), 1);
+    QCOMPARE(doc[2].get<int>(), 2);
+    const nlohmann::json& grid = doc[1];
+    QCOMPARE(grid.size(), b);
+    for (std::size_t i = 0; i < b; ++i) {
+        QCOMPARE(grid[i].size(), r);
+        for (std::size_t j = 0; j < r; ++j) {
+            QCOMPARE(grid[i][j].size(), w);
+            for (std::size_t k = 0; k < w; ++k) {
+                const float v = values[(i * r + j) * w + k];
+                const nlohmann::json& x = grid[i][j][k];
+                if (std::isnan(v))
+                    QVERIFY(x.is_null());
+                else
+                    QCOMPARE(x.get<float>(), v);
+            }
         }
     }
 }
