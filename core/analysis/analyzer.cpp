@@ -571,9 +571,11 @@ bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void(
             out.sides[std::size_t(pi)].ok = !cancelled();
         }
     };
-    std::vector<int> readingAhead;  // the prompts whose sides the window read ahead holds
+    PooledWindow ahead;  // the window read ahead
+    std::vector<int> readingAhead;  // the prompts whose sides it holds
     WorkTeam* const working = team();
-    // A read ahead writes into this frame: leaving it by an exception waits for the read first.
+    // A read ahead writes into `ahead`: leaving this frame by an exception waits for the read
+    // first (declared after what the reads write into, so it runs before they go).
     struct WaitForReads {
         WorkTeam* team;
         ~WaitForReads()
@@ -605,7 +607,6 @@ bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void(
     // The window just compared is counted from the sides in hand (a pooled prompt's are ok
     // exactly where it is compared and in the batch), first, and freed before the others are
     // read again: counts add up in any order.
-    PooledWindow ahead;
     readAhead(0, ahead);
     if (pooling.needsSides() && !cancelled())
         pooling.count(last.sides, last.step.window);
