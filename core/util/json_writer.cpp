@@ -13,6 +13,7 @@
 #include <exception>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -271,8 +272,13 @@ void JsonWriter::writeFloats(const float* values, std::size_t count, std::size_t
             }
         };
         std::vector<std::thread> helpers;
+        helpers.reserve(parts);  // (so that only starting a thread can fail below)
         for (std::size_t part = 1; part < parts; ++part)
-            helpers.emplace_back(format, part);
+            try {
+                helpers.emplace_back(format, part);
+            } catch (const std::system_error&) {  // no thread to be had: this one formats it
+                format(part);
+            }
         format(0);
         for (std::thread& helper : helpers)
             helper.join();
