@@ -119,9 +119,7 @@ int whatif(const Args& args, std::ostream& out, std::ostream& err)
         std::vector<const ImpactRecord*> pointers;
         for (const ImpactRecord& r : records)
             pointers.push_back(&r);
-        std::optional<ImpactRecipe> recipe;
-        if (const std::vector<QuantScheme> measured = measuredSchemes(pointers); !measured.empty())
-            recipe = proposeRecipe(pointers, result.layers, measured, klBudget);
+        const std::optional<ImpactRecipe> recipe = recipeForMeasured(pointers, result.layers, klBudget);
         if (result.promptIds.empty()) {
             err << "kvscope whatif: " << bundle << ": no prompt has a usable expected reference\n";
             for (const std::string& p : result.problems)

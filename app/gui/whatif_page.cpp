@@ -167,9 +167,9 @@ void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QStr
         for (const PromptAnalysis& p : analysis->prompts)
             if (p.impact)
                 records.push_back(&*p.impact);
-    if (const std::vector<QuantScheme> measured = measuredSchemes(records); !measured.empty())
+    if (const std::optional<ImpactRecipe> recipe = recipeForMeasured(records, m_result->layers))
         lines << tr("<b>By output</b> (next-token KL with one layer's KV quantised, against bf16 noise there): %1")
-                     .arg(QString::fromStdString(proposeRecipe(records, m_result->layers, measured).text).toHtmlEscaped());
+                     .arg(QString::fromStdString(recipe->text).toHtmlEscaped());
     for (const WhatIfScheme& s : m_result->schemes)
         lines << QString("<b>%1</b>: %2").arg(QString::fromStdString(s.scheme.name()).toHtmlEscaped(),
                                               QString::fromStdString(s.verdict).toHtmlEscaped());

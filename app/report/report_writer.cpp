@@ -334,10 +334,10 @@ void writeWhatIfByOutput(QTextStream& out, const WhatIfResult& r, const std::vec
     for (const PromptAnalysis& p : prompts)
         if (p.impact)
             records.push_back(&*p.impact);
-    const std::vector<QuantScheme> measured = measuredSchemes(records);
-    if (measured.empty())
+    const std::optional<ImpactRecipe> found = recipeForMeasured(records, r.layers);
+    if (!found)
         return;
-    const ImpactRecipe recipe = proposeRecipe(records, r.layers, measured);
+    const ImpactRecipe& recipe = *found;
     out << "<h3>By output</h3><p>The bundle measured each scheme's impact: the reference model's next-token KL with "
            "one layer's KV quantised, against what bf16 noise does in that layer (docs/whatif.md). Recipe: ";
     if (recipe.arguments.empty())

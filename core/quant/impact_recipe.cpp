@@ -44,6 +44,15 @@ std::vector<QuantScheme> measuredSchemes(const std::vector<const ImpactRecord*>&
     return out;
 }
 
+std::optional<ImpactRecipe> recipeForMeasured(const std::vector<const ImpactRecord*>& records,
+                                              const std::vector<std::string>& layers, std::optional<double> klBudget)
+{
+    const std::vector<QuantScheme> measured = measuredSchemes(records);
+    if (measured.empty())
+        return std::nullopt;
+    return proposeRecipe(records, layers, measured, klBudget);
+}
+
 std::string vllmKvCacheDtype(const QuantScheme& s, std::vector<std::string>* extra)
 {
     using F = QuantScheme::Format;

@@ -50,6 +50,10 @@ ImpactRecipe proposeRecipe(const std::vector<const ImpactRecord*>& records, cons
 
 // The schemes whose impact the records measured (their `scheme` rows), in the order first met.
 std::vector<QuantScheme> measuredSchemes(const std::vector<const ImpactRecord*>& records);
+// proposeRecipe for the schemes the records measured; nullopt when they measured none.
+std::optional<ImpactRecipe> recipeForMeasured(const std::vector<const ImpactRecord*>& records,
+                                              const std::vector<std::string>& layers,
+                                              std::optional<double> klBudget = std::nullopt);
 
 // vLLM's --kv-cache-dtype for a scheme (empty: none), and the arguments it also needs.
 std::string vllmKvCacheDtype(const QuantScheme& scheme, std::vector<std::string>* extra = nullptr);
