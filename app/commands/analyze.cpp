@@ -242,6 +242,7 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     if (!parser.parse(args, err))
         return 2;
     options.fingerprints = !jsonPath.empty() || !savePath.empty();  // the summary prints none
+    options.bcNeeds.perToken = options.fingerprints;  // nor the reference tool's BC per token
     const std::string& bundle = inputs.front();
     const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;
     try {

@@ -456,7 +456,8 @@ bool AnalysisRun::compare(LayerInputs& in, const std::function<void()>& readNext
         }
         if (s.ok && p.threeWay) {  // with what pooling needs
             if (in.step.firstWindow) {
-                m_stats[pi].keepCounts = m_pooled.size() > 1;  // see aggregateLayer
+                m_stats[pi].keepCounts = m_pooled.size() > 1 &&  // see aggregateLayer
+                                         (m_options.bcNeeds.perToken || m_options.bcNeeds.perTokenVsNoise);
                 // (the tokens at generation indices: no other token's counts are read)
                 m_stats[pi].kept = {p.promptLen, p.promptLen + (m_result.aggregate ? m_result.aggregate->generationCount : 0)};
                 // A block an earlier prompt holds too is pooled there (its tokens counted once).
@@ -465,9 +466,9 @@ bool AnalysisRun::compare(LayerInputs& in, const std::function<void()>& readNext
             }
             const LayerRows base(s.base);
             compareLayer(s.reference, s.actual, &base, in.step.layer, p, nonFinite, m_options.bc ? &m_stats[pi] : nullptr, team(),
-                         m_options.bc, in.step.window);
+                         m_options.bc ? std::optional(m_options.bcNeeds) : std::nullopt, in.step.window);
         } else if (s.ok) {
-            compareLayer(s.reference, s.actual, nullptr, in.step.layer, p, nonFinite, nullptr, team(), true, in.step.window);
+            compareLayer(s.reference, s.actual, nullptr, in.step.layer, p, nonFinite, nullptr, team(), BcNeeds{}, in.step.window);
         }
         p.problems.insert(p.problems.end(), in.problems[pi].begin(), in.problems[pi].end());
         mergeReplicaDifferences(p.replicaDifferences, in.replicas[pi]);
@@ -482,7 +483,8 @@ bool AnalysisRun::compare(LayerInputs& in, const std::function<void()>& readNext
     bool readPosted = false;
     if (m_result.aggregate && in.step.lastOfLayer) {
         if (in.step.firstOfLayer) {  // the layer in one step: its sides are all here
-            aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team(), m_options.share);
+            aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team(), m_options.share,
+                           m_options.bcNeeds);
         } else {  // the second pass: this window from its sides, the others read again
             readPosted = poolWindowedLayer(in, readNext);
         }
@@ -520,7 +522,7 @@ bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void(
         compared[pi] = owns(pi) && !last.progress->failed[pi];
     const int layer = last.step.layer;
     WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, layer, *m_result.aggregate, team(),
-                                 m_options.share);
+                                 m_options.share, m_options.bcNeeds);
     const auto isLast = [&](const Step& step) {
         return step.window == last.step.window && step.firstPrompt == last.step.firstPrompt;
     };

@@ -6,6 +6,7 @@
 
 #include "analysis/analysis_result.h"
 #include "analysis/analysis_share.h"
+#include "analysis/bc_needs.h"
 #include "analysis/suspect.h"
 #include "kv/capture_loader.h"
 #include "kv/sweep.h"
@@ -78,6 +79,8 @@ struct AnalysisOptions {
     // Whether to compute the BCs, per token and pooled (kvscope diff needs only the metrics):
     // without, they stay NaN and the result has no aggregate.
     bool bc = true;
+    // With bc, which of them (those left out stay NaN).
+    BcNeeds bcNeeds;
     // Whether to fingerprint the references (PromptAnalysis::referenceHashes, which the JSON,
     // results files and kvscope diff hold): a pass over their bytes; without, they stay 0.
     bool fingerprints = true;

@@ -115,7 +115,7 @@ class LayerPooling {
 public:
     LayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, std::vector<char> compared,
                  const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team,
-                 AnalysisShare* share)
+                 AnalysisShare* share, BcNeeds needs)
         : m_result(result)
         , m_pooled(pooled)
         , m_compared(std::move(compared))
@@ -124,6 +124,7 @@ public:
         , m_aggregate(aggregate)
         , m_team(team)
         , m_share(share)
+        , m_needs(needs)
         , m_gCount(std::size_t(aggregate.generationCount))
         // One prompt: each generation index is one token, whose counts and noise histograms
         // are those its own BCs came from; pooling them again would give the same bits.
@@ -172,6 +173,7 @@ private:
     AggregateBc& m_aggregate;
     WorkTeam* const m_team;
     AnalysisShare* const m_share;
+    const BcNeeds m_needs;
     const std::size_t m_gCount;
     const bool m_onePrompt;
     std::array<PartPlan, 2> m_plans;
@@ -205,17 +207,22 @@ void LayerPooling::plan(KvPart part)
     if (combined.empty())
         return;
     plan.empty = false;
-    plan.combinedBins.emplace(combined);
-    plan.combined.resize(std::size_t(m_team ? m_team->size() : 1));
-    if (m_onePrompt) {
+    if (m_onePrompt) {  // (values left out are NaN, as copied)
         const PromptAnalysis& p = m_result.prompts[std::size_t(m_pooled[0])];
         for (std::size_t g = 0; g < m_gCount && compared(0); ++g) {  // (not compared: NaN, as left)
             const std::int64_t t = p.promptLen + std::int64_t(g);
             m_aggregate.bc[std::size_t(part)][at(g)] = p.bcValue(part, m_layer, t);
             m_aggregate.bcVsNoise[std::size_t(part)][at(g)] = p.bcVsNoiseValue(part, m_layer, t);
         }
-        if (compared(0))
-            addChunks(m_tasks, {part, false, 0, 0, tokens(0)});
+    }
+    if (!m_needs.countsPooled())
+        return;
+    plan.combinedBins.emplace(combined);
+    plan.combined.resize(std::size_t(m_team ? m_team->size() : 1));
+    if (m_onePrompt || !m_needs.perToken) {  // the combined bins only
+        for (std::size_t i = 0; i < m_pooled.size(); ++i)
+            if (compared(i))
+                addChunks(m_tasks, {part, false, i, 0, tokens(i)});
         return;
     }
     // A generation index whose every token has the pooled range itself has the same bins as
@@ -311,8 +318,9 @@ void LayerPooling::count(const std::vector<LayerSides>& allSides, PositionRange 
 void LayerPooling::writeSharedBinBc(KvPart part)
 {
     PartPlan& plan = m_plans[std::size_t(part)];
-    if (plan.empty)
+    if (plan.empty || !m_needs.countsPooled())
         return;
+    const bool byIndex = !m_onePrompt && m_needs.perToken;
     Histogram combinedBase, combinedTarget;
     for (const auto& [base, target] : plan.combined) {
         combinedBase.merge(base);
@@ -320,14 +328,14 @@ void LayerPooling::writeSharedBinBc(KvPart part)
     }
     if (m_share) {
         std::vector<Histogram*> histograms{&combinedBase, &combinedTarget};
-        for (std::size_t g = 0; g < m_gCount && !m_onePrompt; ++g) {
+        for (std::size_t g = 0; g < m_gCount && byIndex; ++g) {
             histograms.push_back(&m_plans[std::size_t(part)].indexBase[g]);
             histograms.push_back(&m_plans[std::size_t(part)].indexTarget[g]);
         }
         shareCounts(*m_share, histograms);
     }
     m_aggregate.combined[std::size_t(part)][std::size_t(m_layer)] = float(bhattacharyya(combinedBase, combinedTarget));
-    for (std::size_t g = 0; g < m_gCount && !m_onePrompt; ++g)
+    for (std::size_t g = 0; g < m_gCount && byIndex; ++g)
         if (!plan.byIndex[g].empty())  // no prompt holds this index: no data, not BC 1
             m_aggregate.bc[std::size_t(part)][at(g)] = float(bhattacharyya(plan.indexBase[g], plan.indexTarget[g]));
 }
@@ -348,7 +356,7 @@ void LayerPooling::writeNoiseBc(KvPart part)
     if (m_share)
         shareLogCounts(*m_share, {&noiseBase, &noiseActual});
     m_aggregate.combinedVsNoise[std::size_t(part)][std::size_t(m_layer)] = float(bcVsNoise(noiseBase, noiseActual));
-    if (m_onePrompt)
+    if (m_onePrompt || !m_needs.perTokenVsNoise)  // (the tokens' own histograms were not kept)
         return;
     // By generation index: the prompts' tokens at that index, one index at a time (a chunk of
     // indices at a time when they are combined with other processes').
@@ -402,12 +410,12 @@ void LayerPooling::shareOnePromptBc(KvPart part)
 
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
                     const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate, WorkTeam* team,
-                    AnalysisShare* share)
+                    AnalysisShare* share, BcNeeds needs)
 {
     std::vector<char> compared;
     for (const LayerSides& sides : allSides)
         compared.push_back(sides.ok ? 1 : 0);
-    WindowedLayerPooling pooling(result, pooled, std::move(compared), allStats, layer, aggregate, team, share);
+    WindowedLayerPooling pooling(result, pooled, std::move(compared), allStats, layer, aggregate, team, share, needs);
     if (pooling.needsSides())
         pooling.count(allSides, PositionRange::all());
     pooling.finish();
@@ -420,8 +428,9 @@ public:
 
 WindowedLayerPooling::WindowedLayerPooling(const AnalysisResult& result, const std::vector<int>& pooled,
                                            std::vector<char> compared, const std::vector<TokenErrorStats>& allStats,
-                                           int layer, AggregateBc& aggregate, WorkTeam* team, AnalysisShare* share)
-    : m_pooling(std::make_unique<Steps>(result, pooled, std::move(compared), allStats, layer, aggregate, team, share))
+                                           int layer, AggregateBc& aggregate, WorkTeam* team, AnalysisShare* share,
+                                           BcNeeds needs)
+    : m_pooling(std::make_unique<Steps>(result, pooled, std::move(compared), allStats, layer, aggregate, team, share, needs))
 
 {
     for (KvPart part : {KvPart::K, KvPart::V})

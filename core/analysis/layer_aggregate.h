@@ -28,10 +28,11 @@ struct LayerSides {
 
 // Writes layer `layer` of `aggregate`. `allSides` and `allStats` (what comparing them left,
 // stats per prompt) are indexed by prompt; `pooled` lists the prompts pooled. With a `team`,
-// its threads share the second pass.
+// its threads share the second pass. Those of the pooled BCs `needs` leaves out stay NaN (it
+// must match what the comparison was asked for: their per-token statistics).
 void aggregateLayer(const AnalysisResult& result, const std::vector<int>& pooled, const std::vector<LayerSides>& allSides,
                     const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate,
-                    WorkTeam* team = nullptr, AnalysisShare* share = nullptr);
+                    WorkTeam* team = nullptr, AnalysisShare* share = nullptr, BcNeeds needs = {});
 
 // The same for a layer compared in windows of tokens, whose sides are not all held at once:
 // made once every window is compared (`compared`: per prompt, whether its every window was),
@@ -42,7 +43,7 @@ class WindowedLayerPooling {
 public:
     WindowedLayerPooling(const AnalysisResult& result, const std::vector<int>& pooled, std::vector<char> compared,
                          const std::vector<TokenErrorStats>& allStats, int layer, AggregateBc& aggregate,
-                         WorkTeam* team = nullptr, AnalysisShare* share = nullptr);
+                         WorkTeam* team = nullptr, AnalysisShare* share = nullptr, BcNeeds needs = {});
     ~WindowedLayerPooling();
     // Whether the second pass has anything to count (else count() need not be called).
     bool needsSides() const;

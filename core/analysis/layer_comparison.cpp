@@ -172,7 +172,7 @@ void listNonFinite(const float* reference, const float* actual, const float* bas
 // only, and to the stats' stores of `member` (the team member running it).
 void compareTokens(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer, PromptAnalysis& out,
                    std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, int member, std::int64_t begin,
-                   std::int64_t end, bool withBc)
+                   std::int64_t end, const std::optional<BcNeeds>& bcs)
 {
     std::uint64_t scratch[2][kBcBins];
     LayerRows::Tile tiles[3][2];  // [reference, actual, base][part]
@@ -215,7 +215,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             const RowView quantisedRow = quantised ? quantiseRow(base ? baseRow : referenceRow, actual, part, t) : RowView{};
             if (quantisedRow.data)
                 storeQuantisationFloor(referenceRow, quantisedRow, reference.heads(), dim, part, t, layer, out);
-            if (!base || !finite || !withBc)
+            if (!base || !finite || !bcs)
                 continue;  // the token's BC stays NaN, its range empty: aggregates leave it out
             // BC between |baseline - expected| (as a quantised cache stores it) and
             // |baseline - actual| over all heads.
@@ -223,25 +223,33 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
             float* actualErrors = errorScratch(n, 1);
             ErrorRange range = rowErrors(referenceRow, quantisedRow.data ? quantisedRow : baseRow, reference.heads(), dim, baseErrors);
             range.merge(rowErrors(referenceRow, actualRow, reference.heads(), dim, actualErrors));
-            const bool keepCounts = stats && stats->keeps(t);
-            std::uint64_t* p = keepCounts ? stats->countsOf(part, t, 0) : scratch[0];
-            std::uint64_t* q = keepCounts ? stats->countsOf(part, t, 1) : scratch[1];
             if (stats)
                 stats->ranges[std::size_t(part)][std::size_t(t)] = range;
-            if (!keepCounts)
-                std::fill_n(&scratch[0][0], 2 * kBcBins, 0);
-            const SharedBins bins(range);
-            bins.add(baseErrors, n, p);
-            bins.add(actualErrors, n, q);
-            out.bc[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
-                float(bhattacharyya(p, q, kBcBins));
-            thread_local LogHistogram noiseBase, noiseActual;
+            const std::size_t at = std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t);
+            if (bcs->perToken) {
+                const bool keepCounts = stats && stats->keeps(t);
+                std::uint64_t* p = keepCounts ? stats->countsOf(part, t, 0) : scratch[0];
+                std::uint64_t* q = keepCounts ? stats->countsOf(part, t, 1) : scratch[1];
+                if (!keepCounts)
+                    std::fill_n(&scratch[0][0], 2 * kBcBins, 0);
+                const SharedBins bins(range);
+                bins.add(baseErrors, n, p);
+                bins.add(actualErrors, n, q);
+                out.bc[std::size_t(part)][at] = float(bhattacharyya(p, q, kBcBins));
+            }
             auto* totals = stats && stats->pooledHere(t) ? &stats->noiseTotals[std::size_t(member)][side] : nullptr;
+            if (!bcs->perTokenVsNoise) {  // the totals only
+                if (totals) {
+                    (*totals)[0].add(baseErrors, n);
+                    (*totals)[1].add(actualErrors, n);
+                }
+                continue;
+            }
+            thread_local LogHistogram noiseBase, noiseActual;
             noiseBase.add(baseErrors, n, totals ? &(*totals)[0] : nullptr);
             noiseActual.add(actualErrors, n, totals ? &(*totals)[1] : nullptr);
-            out.bcVsNoise[std::size_t(part)][std::size_t(layer) * std::size_t(out.tokens) + std::size_t(t)] =
-                float(bcVsNoise(noiseBase, noiseActual));
-            if (keepCounts) {
+            out.bcVsNoise[std::size_t(part)][at] = float(bcVsNoise(noiseBase, noiseActual));
+            if (stats && stats->keeps(t)) {
                 std::vector<std::uint32_t>& store = stats->noiseStores[std::size_t(member)];
                 int set = 0;
                 for (const LogHistogram* h : {&noiseBase, &noiseActual}) {
@@ -262,7 +270,7 @@ void compareTokens(const LayerRows& reference, const LayerRows& actual, const La
 
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats, WorkTeam* team,
-                  bool withBc, PositionRange window)
+                  std::optional<BcNeeds> bcs, PositionRange window)
 {
     auto sameShape = [](const LayerRows& a, const LayerRows& b) {
         return a.heads() == b.heads() && a.seq() == b.seq() && a.dims() == b.dims();
@@ -281,7 +289,7 @@ void compareLayer(const LayerRows& reference, const LayerRows& actual, const Lay
     std::vector<std::vector<NonFiniteCell>> found(static_cast<std::size_t>(chunks));
     auto compareChunk = [&](int chunk, int member) {
         const std::int64_t begin = range.begin + chunk * kCompareChunk, end = std::min(range.end, begin + kCompareChunk);
-        compareTokens(reference, actual, base, layer, out, found[std::size_t(chunk)], stats, member, begin, end, withBc);
+        compareTokens(reference, actual, base, layer, out, found[std::size_t(chunk)], stats, member, begin, end, bcs);
     };
     if (team)
         team->run(chunks, compareChunk);

@@ -8,6 +8,7 @@
 // A token is compared only where every side holds it; elsewhere its cells stay NaN.
 
 #include "analysis/analysis_result.h"
+#include "analysis/bc_needs.h"
 #include "kv/position_range.h"
 #include "analysis/layer_rows.h"
 #include "metrics/bc_vs_noise.h"
@@ -88,15 +89,18 @@ struct TokenErrorStats {
 // only that layer's cells are touched, so layers may be compared concurrently. Cells whose
 // input holds NaN or infinity stay NaN and are listed in `nonFinite`, in token order; such a
 // token has no BC for that part (NaN), and aggregates leave it out.
-// With a `team`, its threads compare chunks of kCompareChunk tokens. Without `withBc`, the
-// BCs stay NaN (kvscope diff needs only the metrics). With a `window`, only its tokens are
+// With a `team`, its threads compare chunks of kCompareChunk tokens. Without `bcs` (kvscope
+// diff needs only the metrics) the BCs stay NaN, and so do those `bcs` leaves out (with
+// `stats`, the errors' ranges and the noise floor's totals are gathered whenever `bcs` is
+// given: the pooled BCs come from them). With a `window`, only its tokens are
 // compared (a long context, a window at a time, in order: `stats` start afresh with the
 // window at token 0 and gather the later ones).
 // Throws std::invalid_argument when the shapes of the sides differ.
 inline constexpr std::int64_t kCompareChunk = 64;
 void compareLayer(const LayerRows& reference, const LayerRows& actual, const LayerRows* base, int layer,
                   PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
-                  WorkTeam* team = nullptr, bool withBc = true, PositionRange window = PositionRange::all());
+                  WorkTeam* team = nullptr, std::optional<BcNeeds> bcs = BcNeeds{},
+                  PositionRange window = PositionRange::all());
 inline void compareLayer(const LayerKv& reference, const LayerKv& actual, const LayerKv* base, int layer,
                          PromptAnalysis& out, std::vector<NonFiniteCell>& nonFinite, TokenErrorStats* stats = nullptr,
                          WorkTeam* team = nullptr)

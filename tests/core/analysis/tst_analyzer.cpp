@@ -11,7 +11,9 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <mutex>
 
@@ -27,6 +29,7 @@ private slots:
     void aggregationEqualsPooledErrors();
     void singlePromptAggregate();
     void fingerprintsOnlyWhenAsked();
+    void bcsOnlyAsked();
     void progressAndCancellation();
     void layerSelection();
     void layerSelectionSyntax();
@@ -213,6 +216,59 @@ void TestAnalyzer::fingerprintsOnlyWhenAsked()
                         const float x = a.value(Metric(m), l, t, h), y = b.value(Metric(m), l, t, h);
                         QVERIFY(x == y || (std::isnan(x) && std::isnan(y)));
                     }
+        }
+    }
+}
+
+void TestAnalyzer::bcsOnlyAsked()
+{
+    // Each BC a command asks for is what the whole analysis gives, bit for bit, whole layers and
+    // in windows (where the second pass reads the other windows again, or not at all); those it
+    // leaves out stay NaN; every other metric is the same.
+    auto reader = std::make_shared<BundleReader>(m_demo);
+    const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+    const auto sameOrNaN = [&](const std::vector<float>& got, const std::vector<float>& all, bool asked) {
+        if (got.size() != all.size())
+            return false;
+        for (std::size_t i = 0; i < got.size(); ++i)
+            if (bits(got[i]) != bits(asked ? all[i] : std::nanf("")))
+                return false;
+        return true;
+    };
+    for (const std::int64_t window : {std::int64_t(0), std::int64_t(4)}) {
+        AnalysisOptions options;
+        options.windowTokens = window;
+        const AnalysisResult all = analyzeBundle(reader, options);
+        for (const BcNeeds needs : {BcNeeds{.perToken = false, .combined = true, .perTokenVsNoise = true},
+                                    BcNeeds{.perToken = false, .combined = false, .perTokenVsNoise = false},
+                                    BcNeeds{.perToken = false, .combined = true, .perTokenVsNoise = false}}) {
+            options.bcNeeds = needs;
+            const AnalysisResult some = analyzeBundle(reader, options);
+            const AggregateBc &a = *some.aggregate, &b = *all.aggregate;
+            for (std::size_t part = 0; part < 2; ++part) {
+                QVERIFY(sameOrNaN(a.combinedVsNoise[part], b.combinedVsNoise[part], true));
+                QVERIFY(sameOrNaN(a.combined[part], b.combined[part], needs.countsPooled()));
+                QVERIFY(sameOrNaN(a.bc[part], b.bc[part], needs.perToken));
+                QVERIFY(sameOrNaN(a.bcVsNoise[part], b.bcVsNoise[part], needs.perTokenVsNoise));
+                for (const auto* values : {&b.combined[part], &b.combinedVsNoise[part], &b.bc[part], &b.bcVsNoise[part]})
+                    QVERIFY(std::any_of(values->begin(), values->end(), [](float x) { return !std::isnan(x); }));
+            }
+            QCOMPARE(some.prompts.size(), all.prompts.size());
+            for (std::size_t i = 0; i < all.prompts.size(); ++i) {
+                const PromptAnalysis &p = some.prompts[i], &q = all.prompts[i];
+                for (KvPart part : {KvPart::K, KvPart::V})
+                    for (int l = 0; l < int(p.layers.size()); ++l)
+                        for (std::int64_t t = 0; t < p.tokens; ++t) {
+                            QCOMPARE(bits(p.bcValue(part, l, t)), bits(needs.perToken ? q.bcValue(part, l, t) : std::nanf("")));
+                            QCOMPARE(bits(p.bcVsNoiseValue(part, l, t)),
+                                     bits(needs.perTokenVsNoise ? q.bcVsNoiseValue(part, l, t) : std::nanf("")));
+                        }
+                for (int m = 0; m < kMetricCount; ++m)
+                    for (int l = 0; l < int(p.layers.size()); ++l)
+                        for (std::int64_t t = 0; t < p.tokens; ++t)
+                            for (int h = 0; h < p.heads; ++h)
+                                QCOMPARE(bits(p.value(Metric(m), l, t, h)), bits(q.value(Metric(m), l, t, h)));
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 // prompt, several of different prompt lengths, absent and NaN cells, a prompt not compared, a
 // token pooled with an earlier prompt, the windowed second pass and a team of threads.
 
+#include "analysis/bc_needs.h"
 #include "analysis/layer_aggregate.h"
 #include "analysis/layer_comparison.h"
 #include "metric_reference.h"
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 
 using namespace kvscope;
@@ -129,10 +131,12 @@ struct Setup {
     std::vector<LayerSides> sides;
     std::vector<TokenErrorStats> stats;
     std::vector<int> pooled;
+    BcNeeds needs;
 
-    Setup(std::vector<PromptCase> promptCases, std::vector<int> pooledPrompts)
+    Setup(std::vector<PromptCase> promptCases, std::vector<int> pooledPrompts, BcNeeds bcNeeds = {})
         : cases(std::move(promptCases))
         , pooled(std::move(pooledPrompts))
+        , needs(bcNeeds)
     {
         AggregateBc agg;
         agg.generationCount = std::numeric_limits<std::int64_t>::max();
@@ -168,12 +172,13 @@ struct Setup {
         for (std::size_t i = 0; i < cases.size(); ++i) {
             if (!sides[i].ok)
                 continue;
-            stats[i].keepCounts = pooled.size() > 1;
+            stats[i].keepCounts = pooled.size() > 1 && (needs.perToken || needs.perTokenVsNoise);
             stats[i].kept = {cases[i].promptLen, cases[i].promptLen + agg.generationCount};
             stats[i].pooledElsewhere = cases[i].pooledElsewhere;
             std::vector<NonFiniteCell> nonFinite;
             const LayerRows base(sides[i].base);
-            compareLayer(sides[i].reference, sides[i].actual, &base, kLayer, result.prompts[i], nonFinite, &stats[i]);
+            compareLayer(sides[i].reference, sides[i].actual, &base, kLayer, result.prompts[i], nonFinite, &stats[i],
+                         nullptr, needs);
         }
     }
     const AggregateBc& aggregate() const { return *result.aggregate; }
@@ -267,20 +272,24 @@ bool same(float got, double want)
 #define CHECK_SAME(got, want, what)                                                                                  \
     QVERIFY2(same(got, want), qPrintable(QStringLiteral("%1: got %2, want %3").arg(what).arg(double(got), 0, 'g', 9).arg(want, 0, 'g', 9)))
 
+// Against the reference: each BC the setup's needs ask for; those they leave out NaN.
 void checkAgainstReference(const Setup& s)
 {
     const Expected e = reference(s);
     const AggregateBc& agg = s.aggregate();
     const std::size_t g0 = std::size_t(kLayer) * std::size_t(agg.generationCount);
+    const double leftOut = std::nan("");
     for (KvPart part : {KvPart::K, KvPart::V}) {
         const std::size_t pi = std::size_t(part);
         const QString name = part == KvPart::K ? "K" : "V";
-        CHECK_SAME(agg.combined[pi][kLayer], e.combined[pi], name + " combined");
+        CHECK_SAME(agg.combined[pi][kLayer], s.needs.countsPooled() ? e.combined[pi] : leftOut, name + " combined");
         CHECK_SAME(agg.combinedVsNoise[pi][kLayer], e.combinedVsNoise[pi], name + " combined vs noise");
         QVERIFY(std::isnan(agg.combined[pi][0]) && std::isnan(agg.combinedVsNoise[pi][0]));  // layer 0 untouched
         for (std::int64_t g = 0; g < agg.generationCount; ++g) {
-            CHECK_SAME(agg.bc[pi][g0 + std::size_t(g)], e.bc[pi][std::size_t(g)], name + " bc g=" + QString::number(g));
-            CHECK_SAME(agg.bcVsNoise[pi][g0 + std::size_t(g)], e.bcVsNoise[pi][std::size_t(g)],
+            CHECK_SAME(agg.bc[pi][g0 + std::size_t(g)], s.needs.perToken ? e.bc[pi][std::size_t(g)] : leftOut,
+                       name + " bc g=" + QString::number(g));
+            CHECK_SAME(agg.bcVsNoise[pi][g0 + std::size_t(g)],
+                       s.needs.perTokenVsNoise ? e.bcVsNoise[pi][std::size_t(g)] : leftOut,
                        name + " bcVsNoise g=" + QString::number(g));
             QVERIFY(std::isnan(agg.bc[pi][std::size_t(g)]) && std::isnan(agg.bcVsNoise[pi][std::size_t(g)]));
         }
@@ -319,6 +328,8 @@ private slots:
     void nothingPooledLeavesNaN();
     void indexNoPromptHoldsStaysNaN();
     void windowedAndTeamGiveTheSameBits();
+    void bcsLeftOut_data();
+    void bcsLeftOut();
     void unreadableWindowWritesNothing();
 };
 
@@ -473,6 +484,62 @@ void TestLayerAggregate::windowedAndTeamGiveTheSameBits()
                                  *windowed.result.aggregate);
     QVERIFY(pooling.needsSides());
     for (std::int64_t begin = 0; begin < 10; begin += 4)
+        pooling.count(windowed.sides, {begin, begin + 4});
+    QVERIFY(pooling.finish());
+    QVERIFY(sameBits(whole.aggregate(), windowed.aggregate()));
+}
+
+Q_DECLARE_METATYPE(kvscope::BcNeeds)
+
+void TestLayerAggregate::bcsLeftOut_data()
+{
+    QTest::addColumn<BcNeeds>("needs");
+    QTest::addColumn<int>("prompts");
+    const std::pair<const char*, BcNeeds> needs[] = {
+        {"kvscope analyze's summary", {.perToken = false, .combined = true, .perTokenVsNoise = true}},
+        {"kvscope check", {.perToken = false, .combined = false, .perTokenVsNoise = false}},
+        {"kvscope check --seed-bc", {.perToken = false, .combined = true, .perTokenVsNoise = false}},
+        {"the reference tool's per token only", {.perToken = true, .combined = false, .perTokenVsNoise = false}},
+        {"against the noise floor per token only", {.perToken = false, .combined = false, .perTokenVsNoise = true}}};
+    for (const auto& [name, n] : needs)
+        for (int prompts : {1, 3})
+            QTest::newRow(qPrintable(QString("%1, %2 prompt(s)").arg(name).arg(prompts))) << n << prompts;
+}
+
+void TestLayerAggregate::bcsLeftOut()
+{
+    // What is asked for is the reference's, whole and a window at a time; what is not stays NaN,
+    // per token too, and without a second pass nothing is read again.
+    QFETCH(BcNeeds, needs);
+    QFETCH(int, prompts);
+    std::vector<PromptCase> cases{make(3, 9, 61, {2}), make(5, 10, 62, {}), make(1, 7, 63, {}, 3)};
+    cases.resize(std::size_t(prompts));
+    std::vector<int> pooled(cases.size());
+    std::iota(pooled.begin(), pooled.end(), 0);
+    Setup whole(cases, pooled, needs);
+    aggregateLayer(whole.result, whole.pooled, whole.sides, whole.stats, kLayer, *whole.result.aggregate, nullptr,
+                   nullptr, needs);
+    checkAgainstReference(whole);
+    // Per token: the comparison's with every BC asked for (tst_layer_comparison checks those), or NaN.
+    const Setup every(cases, pooled);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const PromptAnalysis& p = whole.result.prompts[i];
+        const PromptAnalysis& all = every.result.prompts[i];
+        for (KvPart part : {KvPart::K, KvPart::V})
+            for (std::int64_t t = 0; t < p.tokens; ++t) {
+                const float bc = all.bcValue(part, kLayer, t), vsNoise = all.bcVsNoiseValue(part, kLayer, t);
+                QCOMPARE(std::bit_cast<std::uint32_t>(p.bcValue(part, kLayer, t)),
+                         std::bit_cast<std::uint32_t>(needs.perToken ? bc : std::nanf("")));
+                QCOMPARE(std::bit_cast<std::uint32_t>(p.bcVsNoiseValue(part, kLayer, t)),
+                         std::bit_cast<std::uint32_t>(needs.perTokenVsNoise ? vsNoise : std::nanf("")));
+            }
+    }
+
+    Setup windowed(cases, pooled, needs);
+    WindowedLayerPooling pooling(windowed.result, windowed.pooled, std::vector<char>(cases.size(), 1), windowed.stats,
+                                 kLayer, *windowed.result.aggregate, nullptr, nullptr, needs);
+    QCOMPARE(pooling.needsSides(), needs.countsPooled());
+    for (std::int64_t begin = 0; begin < 10 && pooling.needsSides(); begin += 4)
         pooling.count(windowed.sides, {begin, begin + 4});
     QVERIFY(pooling.finish());
     QVERIFY(sameBits(whole.aggregate(), windowed.aggregate()));

@@ -1,0 +1,27 @@
+#pragma once
+// Which of the analysis's BCs a result needs. Each costs a histogram of every error, or a
+// second pass over the layer (docs/performance.md), so a command computes those its output
+// shows: kvscope check judges the combined BC against the noise floor and needs none of the
+// others; kvscope analyze prints no per-token BC of the reference tool. The combined BC against
+// the noise floor (AggregateBc::combinedVsNoise) comes with any of them.
+
+namespace kvscope {
+
+struct BcNeeds {
+    // The reference tool's BC per token (PromptAnalysis::bc) and by generation index
+    // (AggregateBc::bc). Pooling it by generation index shares the combined BC's second pass,
+    // which it therefore runs too.
+    bool perToken = true;
+    // The reference tool's BC per layer, every token pooled (AggregateBc::combined): the
+    // layer's whole range first, then a second pass.
+    bool combined = true;
+    // The BC against the noise floor per token (PromptAnalysis::bcVsNoise) and by generation
+    // index (AggregateBc::bcVsNoise).
+    bool perTokenVsNoise = true;
+
+    bool all() const { return perToken && combined && perTokenVsNoise; }
+    // Whether the second pass runs.
+    bool countsPooled() const { return perToken || combined; }
+};
+
+}  // namespace kvscope
