@@ -341,19 +341,29 @@ int measureApp(const std::string& file, std::ostream& out)
         if (firstRow < 0 && row)
             firstRow = timer.nsecsElapsed() / 1e9;
     });
-    // The whole map: analysed (or, from a results file, every array read), and its last build drawn.
+    // The whole map: analysed (or, from a results file, every array read), and its last build
+    // drawn. A build's lane ends just after it delivers the map, so once analysed this looks
+    // again until nothing builds, and takes the time the last map was shown (or, where that was
+    // before, the analysis finished).
     bool analysed = false;
-    const auto wholeMapShown = [&] {
-        if (analysed && whole < 0 && page->mapUpToDate()) {
-            whole = timer.nsecsElapsed() / 1e9;
-            QCoreApplication::quit();
+    double lastShown = -1, analysedAt = -1;
+    std::function<void()> wholeMapShown = [&] {
+        if (!analysed || whole >= 0)
+            return;
+        if (!page->mapUpToDate()) {
+            QTimer::singleShot(1, &window, wholeMapShown);
+            return;
         }
+        whole = std::max(lastShown, analysedAt);
+        QCoreApplication::quit();
     };
-    QObject::connect(page, &PromptPage::mapShown, &window, wholeMapShown);
+    QObject::connect(page, &PromptPage::mapShown, &window, [&] { lastShown = timer.nsecsElapsed() / 1e9; });
+    QObject::connect(page, &PromptPage::mapShown, &window, [&] { wholeMapShown(); });
     QObject::connect(&window.controller(), &AnalysisController::finished, &window, [&] {
         analysed = true;
+        analysedAt = timer.nsecsElapsed() / 1e9;
         // (a stored map is not drawn again when the arrays are in: it was whole from the start)
-        QTimer::singleShot(0, &window, wholeMapShown);
+        QTimer::singleShot(0, &window, [&] { wholeMapShown(); });
     });
     QObject::connect(&window.controller(), &AnalysisController::failed, &window, &QCoreApplication::quit);
     timer.start();
