@@ -65,6 +65,7 @@ WhatIfPage::WhatIfPage(AnalysisController* controller, QWidget* parent)
     setObjectName("whatIf");
     m_run->button()->setObjectName("whatIfRun");
     m_table->setObjectName("whatIfTable");
+    m_verdicts->setObjectName("whatIfVerdicts");
     m_verdicts->setWordWrap(true);
     m_verdicts->setAlignment(Qt::AlignTop | Qt::AlignLeft);
     m_verdicts->setTextInteractionFlags(Qt::TextSelectableByMouse);
@@ -154,26 +155,7 @@ void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QStr
         m_verdicts->setText(error);
         return;
     }
-    QStringList lines;
-    lines << tr("Floor: %1 (median relative L2 K %2%, V %3%). Cells: K / V median error in floors, then the 90th "
-                "percentile of the worse part, which colours the cell; hurt: a head does more than twice as badly as the "
-                "model's typical worst head.")
-                 .arg(m_result->floor == "baseline" ? tr("expected against the fp32 baseline") : tr("bf16 rounding of the values"))
-                 .arg(100 * m_result->bf16FloorMedian[0], 0, 'g', 3)
-                 .arg(100 * m_result->bf16FloorMedian[1], 0, 'g', 3);
-    // By output first, where the bundle measured the schemes' impact (the analysis holds the records).
-    std::vector<const ImpactRecord*> records;
-    if (const auto analysis = m_controller->result())
-        for (const PromptAnalysis& p : analysis->prompts)
-            if (p.impact)
-                records.push_back(&*p.impact);
-    if (const std::optional<ImpactRecipe> recipe = recipeForMeasured(records, m_result->layers))
-        lines << tr("<b>By output</b> (next-token KL with one layer's KV quantised, against bf16 noise there): %1")
-                     .arg(QString::fromStdString(recipe->text).toHtmlEscaped());
-    for (const WhatIfScheme& s : m_result->schemes)
-        lines << QString("<b>%1</b>: %2").arg(QString::fromStdString(s.scheme.name()).toHtmlEscaped(),
-                                              QString::fromStdString(s.verdict).toHtmlEscaped());
-    m_verdicts->setText(lines.join("<br>"));
+    m_verdicts->setText(verdicts());
     fillTable();
     const QSignalBlocker a(m_scheme), b(m_prompt);
     m_scheme->clear();
@@ -183,6 +165,38 @@ void WhatIfPage::finished(std::shared_ptr<const WhatIfResult> result, const QStr
     for (const std::string& id : m_result->promptIds)
         m_prompt->addItem(QString::fromStdString(id));
     showMap();
+}
+
+void WhatIfPage::captureAnalysed()
+{
+    if (m_result)
+        m_verdicts->setText(verdicts());
+}
+
+QString WhatIfPage::verdicts() const
+{
+    QStringList lines;
+    lines << tr("Floor: %1 (median relative L2 K %2%, V %3%). Cells: K / V median error in floors, then the 90th "
+                "percentile of the worse part, which colours the cell; hurt: a head does more than twice as badly as the "
+                "model's typical worst head.")
+                 .arg(m_result->floor == "baseline" ? tr("expected against the fp32 baseline") : tr("bf16 rounding of the values"))
+                 .arg(100 * m_result->bf16FloorMedian[0], 0, 'g', 3)
+                 .arg(100 * m_result->bf16FloorMedian[1], 0, 'g', 3);
+    // By output first, where the bundle measured the schemes' impact (the analysis holds the
+    // records, which its thread writes as it ends: read once it has).
+    std::vector<const ImpactRecord*> records;
+    const auto analysis = m_controller->isRunning() ? nullptr : m_controller->result();
+    if (analysis)
+        for (const PromptAnalysis& p : analysis->prompts)
+            if (p.impact)
+                records.push_back(&*p.impact);
+    if (const std::optional<ImpactRecipe> recipe = recipeForMeasured(records, m_result->layers))
+        lines << tr("<b>By output</b> (next-token KL with one layer's KV quantised, against bf16 noise there): %1")
+                     .arg(QString::fromStdString(recipe->text).toHtmlEscaped());
+    for (const WhatIfScheme& s : m_result->schemes)
+        lines << QString("<b>%1</b>: %2").arg(QString::fromStdString(s.scheme.name()).toHtmlEscaped(),
+                                              QString::fromStdString(s.verdict).toHtmlEscaped());
+    return lines.join("<br>");
 }
 
 void WhatIfPage::fillTable()

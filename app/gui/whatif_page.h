@@ -37,6 +37,8 @@ public:
     // A bundle opened: its what-if is not known yet (a run still going is dropped).
     void captureOpened() override { reset(); }
     void captureClosed(const QString&) override { reset(); }
+    // The analysis's impact records are read when it ends: the verdicts take them in then.
+    void captureAnalysed() override;
     void reset();
     std::shared_ptr<const WhatIfResult> result() const { return m_result; }
     HeatmapView& heatmap() { return *m_map; }
@@ -46,6 +48,8 @@ public slots:
 
 private:
     void finished(std::shared_ptr<const WhatIfResult> result, const QString& error);
+    // The floor, the recipe by output (once the analysis has ended) and each scheme's verdict.
+    QString verdicts() const;
     void fillTable();
     void showMap();
 

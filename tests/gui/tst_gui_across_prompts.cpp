@@ -2,9 +2,11 @@
 // prompt where the cell is worst.
 
 #include "gui_test_support.h"
+#include "small_model.h"
 
 #include "gui/head_table_model.h"
 #include "gui/whatif_page.h"
+#include "quant/impact_recipe.h"
 #include "quant/whatif.h"
 #include "gui/worst_cells_model.h"
 #include "widgets/histogram_view.h"
@@ -22,6 +24,7 @@
 #include <QLabel>
 #include <QListWidget>
 #include <QScrollBar>
+#include <QSignalSpy>
 #include <QSortFilterProxyModel>
 #include <QStatusBar>
 #include <QTableView>
@@ -48,6 +51,7 @@ private slots:
     void acrossPromptsLeadsToThePrompt();
     void statusMessageGoesWithItsCell();
     void whatIfRunsInTheBackgroundAndShowsTheSameNumbers();
+    void whatIfRecipeByOutput();
 };
 
 void TestAcrossPrompts::acrossPromptsLeadsToThePrompt()
@@ -135,11 +139,40 @@ void TestAcrossPrompts::whatIfRunsInTheBackgroundAndShowsTheSameNumbers()
                      qPrintable(text));
             QCOMPARE(text.contains("hurt"), x.hurt);
         }
+    // (The demo here measured no impact: no recipe by output.)
+    QVERIFY(!partOf<QLabel>(*m_window, "whatIfVerdicts").text().contains("By output"));
     // Sorting by a scheme's column orders the rows by its number, not its text.
     table.sortByColumn(1, Qt::DescendingOrder);
     for (int r = 1; r < table.rowCount(); ++r)
         QVERIFY(table.item(r - 1, 1)->data(Qt::UserRole).toDouble() >= table.item(r, 1)->data(Qt::UserRole).toDouble());
     tabs.setCurrentIndex(0);
+}
+
+// A capture that measured its schemes' impact on the output: the what-if's verdicts start with
+// the recipe those measurements propose (read from the analysis once it has ended).
+void TestAcrossPrompts::whatIfRecipeByOutput()
+{
+    const QString path = m_dir.filePath("quiet-heads.h5");
+    const AnalysisResult reference = analyseModelCapture(path.toStdString(), quietHeadModel());
+    std::vector<const ImpactRecord*> records;
+    for (const PromptAnalysis& p : reference.prompts)
+        if (p.impact)
+            records.push_back(&*p.impact);
+    const std::optional<ImpactRecipe> recipe = recipeForMeasured(records, reference.prompts.at(0).layers);
+    QVERIFY(recipe);
+    MainWindow window;
+    window.resize(1024, 700);
+    window.show();
+    QSignalSpy analysed(&window.controller(), &AnalysisController::finished);
+    window.openPath(path);
+    QVERIFY(analysed.wait(60000));
+    WhatIfPage& page = partOf<WhatIfPage>(window, "whatIf");
+    window.findChild<QTabWidget*>()->setCurrentWidget(&page);
+    QTest::mouseClick(&partOf<QPushButton>(window, "whatIfRun"), Qt::LeftButton);
+    QTRY_VERIFY_WITH_TIMEOUT(page.result() != nullptr, 60000);
+    const QString verdicts = partOf<QLabel>(window, "whatIfVerdicts").text();
+    QVERIFY2(verdicts.contains("By output") && verdicts.contains(QString::fromStdString(recipe->text).toHtmlEscaped()),
+             qPrintable(verdicts));
 }
 
 QTEST_MAIN(TestAcrossPrompts)
