@@ -24,7 +24,6 @@
 #include <QLabel>
 #include <QListWidget>
 #include <QScrollBar>
-#include <QSignalSpy>
 #include <QSortFilterProxyModel>
 #include <QStatusBar>
 #include <QTableView>
@@ -161,11 +160,7 @@ void TestAcrossPrompts::whatIfRecipeByOutput()
     const std::optional<ImpactRecipe> recipe = recipeForMeasured(records, reference.prompts.at(0).layers);
     QVERIFY(recipe);
     MainWindow window;
-    window.resize(1024, 700);
-    window.show();
-    QSignalSpy analysed(&window.controller(), &AnalysisController::finished);
-    window.openPath(path);
-    QVERIFY(analysed.wait(60000));
+    QVERIFY(showAndAnalyse(window, path));
     WhatIfPage& page = partOf<WhatIfPage>(window, "whatIf");
     window.findChild<QTabWidget*>()->setCurrentWidget(&page);
     QTest::mouseClick(&partOf<QPushButton>(window, "whatIfRun"), Qt::LeftButton);
