@@ -546,6 +546,7 @@ int benchEndToEnd(const std::string& bundle, int threads, int runs, std::ostream
     const double inspect = wall({"kvscope", "inspect", bundle});
     const double summary = wall({"kvscope", "analyze", bundle, "--threads", t});
     const double withJson = wall({"kvscope", "analyze", bundle, "--threads", t, "--json", json});
+    const double verdict = wall({"kvscope", "check", bundle});  // (on every core, as CI runs it)
     std::filesystem::remove(json);
     double probe = 1e300, open = 1e300, analysis = 1e300, written = 1e300;
     std::uint64_t jsonBytes = 0;
@@ -562,9 +563,12 @@ int benchEndToEnd(const std::string& bundle, int threads, int runs, std::ostream
         << "  open the bundle once (its metadata)     " << metadata << " s\n"
         << "  kvscope inspect                         " << inspect << " s = " << std::setprecision(2)
         << inspect / metadata << "x opening it\n" << std::setprecision(3)
-        << "  kvscope analyze                         " << summary << " s\n"
+        << "  kvscope analyze                         " << summary << " s = " << std::setprecision(2)
+        << summary / roof << "x the roofline\n" << std::setprecision(3)
         << "  kvscope analyze --json                  " << withJson << " s = " << std::setprecision(2)
-        << withJson / roof << "x the roofline\n"
+        << withJson / roof << "x the roofline\n" << std::setprecision(3)
+        << "  kvscope check                           " << verdict << " s = " << std::setprecision(2)
+        << verdict / roof << "x the roofline\n"
         << "where analyze --json's time goes (one process, phase by phase):\n" << std::setprecision(1)
         << "  the crash guard's probe child           " << 1000 * probe << " ms\n"
         << "  opening the bundle (metadata)           " << 1000 * open << " ms\n"
