@@ -241,8 +241,10 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     addSuspectOptions(parser, options.suspects);
     if (!parser.parse(args, err))
         return 2;
-    options.fingerprints = !jsonPath.empty() || !savePath.empty();  // the summary prints none
-    options.bcNeeds.perToken = options.fingerprints;  // nor the reference tool's BC per token
+    if (jsonPath.empty() && savePath.empty()) {  // the summary prints no fingerprint, and not every BC
+        options.fingerprints = false;
+        options.bcNeeds = BcNeeds::summary();
+    }
     const std::string& bundle = inputs.front();
     const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;
     try {

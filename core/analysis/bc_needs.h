@@ -22,6 +22,12 @@ struct BcNeeds {
     bool all() const { return perToken && combined && perTokenVsNoise; }
     // Whether the second pass runs.
     bool countsPooled() const { return perToken || combined; }
+
+    // What kvscope check judges: the combined BC against the noise floor, or with `seedBc` the
+    // reference tool's.
+    static BcNeeds verdict(bool seedBc) { return {.perToken = false, .combined = seedBc, .perTokenVsNoise = false}; }
+    // What kvscope analyze prints without --json or --save: all but the reference tool's per token.
+    static BcNeeds summary() { return {.perToken = false, .combined = true, .perTokenVsNoise = true}; }
 };
 
 }  // namespace kvscope

@@ -504,13 +504,11 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
     if (args[0] == "analyze" || args[0] == "analyze-all" || args[0] == "check") {
         AnalysisOptions options;
         options.threads = threads;
-        if (args[0] == "analyze") {  // as kvscope analyze without --json or --save
+        if (args[0] != "analyze-all") {  // (everything, as kvscope analyze --json computes)
             options.fingerprints = false;
-            options.bcNeeds.perToken = false;
-        } else if (args[0] == "check") {  // as kvscope check with its defaults
-            options.fingerprints = false;
-            options.bcNeeds = {.perToken = false, .combined = false, .perTokenVsNoise = false};
-        }  // (analyze-all: everything, as kvscope analyze --json computes)
+            // as kvscope analyze without --json or --save, or kvscope check with its defaults
+            options.bcNeeds = args[0] == "analyze" ? BcNeeds::summary() : BcNeeds::verdict(false);
+        }
         const AnalysisResult result = analyzeBundle(std::make_shared<BundleReader>(args[1]), options);
         out << seconds(start) << " 0 " << peakRssKb() << " " << result.prompts.size() << "\n";
         return 0;

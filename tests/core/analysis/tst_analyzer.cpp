@@ -239,9 +239,7 @@ void TestAnalyzer::bcsOnlyAsked()
         AnalysisOptions options;
         options.windowTokens = window;
         const AnalysisResult all = analyzeBundle(reader, options);
-        for (const BcNeeds needs : {BcNeeds{.perToken = false, .combined = true, .perTokenVsNoise = true},
-                                    BcNeeds{.perToken = false, .combined = false, .perTokenVsNoise = false},
-                                    BcNeeds{.perToken = false, .combined = true, .perTokenVsNoise = false}}) {
+        for (const BcNeeds needs : {BcNeeds::summary(), BcNeeds::verdict(false), BcNeeds::verdict(true)}) {
             options.bcNeeds = needs;
             const AnalysisResult some = analyzeBundle(reader, options);
             const AggregateBc &a = *some.aggregate, &b = *all.aggregate;

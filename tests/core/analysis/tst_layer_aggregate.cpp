@@ -496,9 +496,9 @@ void TestLayerAggregate::bcsLeftOut_data()
     QTest::addColumn<BcNeeds>("needs");
     QTest::addColumn<int>("prompts");
     const std::pair<const char*, BcNeeds> needs[] = {
-        {"kvscope analyze's summary", {.perToken = false, .combined = true, .perTokenVsNoise = true}},
-        {"kvscope check", {.perToken = false, .combined = false, .perTokenVsNoise = false}},
-        {"kvscope check --seed-bc", {.perToken = false, .combined = true, .perTokenVsNoise = false}},
+        {"kvscope analyze's summary", BcNeeds::summary()},
+        {"kvscope check", BcNeeds::verdict(false)},
+        {"kvscope check --seed-bc", BcNeeds::verdict(true)},
         {"the reference tool's per token only", {.perToken = true, .combined = false, .perTokenVsNoise = false}},
         {"against the noise floor per token only", {.perToken = false, .combined = false, .perTokenVsNoise = true}}};
     for (const auto& [name, n] : needs)
