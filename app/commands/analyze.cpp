@@ -230,6 +230,7 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     std::string jsonPath, layerSpec, savePath;
     std::vector<std::string> inputs;
     AnalysisOptions options;
+    bool seedBc = false;
     OptionParser parser("analyze");
     parser.operands("BUNDLE", inputs);
     parser.text({"--json"}, jsonPath);
@@ -238,12 +239,13 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
     parser.text({"--layers"}, layerSpec);
     parser.integer("--threads", options.threads);
     parser.flag("--strict", [&options] { options.unreadableBlocks = UnreadableBlockPolicy::Error; });
+    parser.flag("--seed-bc", [&seedBc] { seedBc = true; });
     addSuspectOptions(parser, options.suspects);
     if (!parser.parse(args, err))
         return 2;
     if (jsonPath.empty() && savePath.empty()) {  // the summary prints no fingerprint, and not every BC
         options.fingerprints = false;
-        options.bcNeeds = BcNeeds::summary();
+        options.bcNeeds = BcNeeds::summary(seedBc);
     }
     const std::string& bundle = inputs.front();
     const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;
@@ -334,11 +336,16 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
                 << " generation indices; combined BC per layer, every token pooled ("
                 << (result.prompts.empty() ? "K / V" : partTitle(result.prompts.front(), KvPart::K) + " / " +
                                                            partTitle(result.prompts.front(), KvPart::V))
-                << "): against the noise floor, and the reference tool's:\n";
-            for (std::size_t l = 0; l < a.layers.size(); ++l)
-                out << "    " << std::left << std::setw(34) << a.layers[l] << std::setw(17)
-                    << fixed(a.combinedVsNoise[0][l]) + " / " + fixed(a.combinedVsNoise[1][l]) << "reference tool's "
-                    << fixed(a.combined[0][l]) << " / " << fixed(a.combined[1][l]) << "\n";
+                << "): against the noise floor" << (seedBc ? ", and the reference tool's" : "") << ":\n";
+            for (std::size_t l = 0; l < a.layers.size(); ++l) {
+                const std::string vsNoise = fixed(a.combinedVsNoise[0][l]) + " / " + fixed(a.combinedVsNoise[1][l]);
+                out << "    " << std::left << std::setw(34) << a.layers[l];
+                if (seedBc)
+                    out << std::setw(17) << vsNoise << "reference tool's " << fixed(a.combined[0][l]) << " / "
+                        << fixed(a.combined[1][l]) << "\n";
+                else
+                    out << vsNoise << "\n";
+            }
         }
         return 0;
     } catch (const std::invalid_argument& e) {

@@ -27,7 +27,7 @@ std::vector<Command> analysingCommands()
                  "  --capture-only  make the capture (when missing) and stop\n",
          "open the app on the built-in demo capture (headless: write its report)", nullptr},
         {"analyze", "analyze BUNDLE|RESULTS.kvres [--json OUT.json] [--save RESULTS.kvres] [--prompt ID]... [--layers SPEC]\n"
-                    "        [--threads N] [--strict] [--suspect-floor 6] [--suspect-drift-two-way 20]\n"
+                    "        [--threads N] [--strict] [--seed-bc] [--suspect-floor 6] [--suspect-drift-two-way 20]\n"
                     "        | analyze BUNDLE BUNDLE... | DIR [options]\n"
                     "  several bundles (or a folder's *.h5) are one sweep: every prompt pooled, named BUNDLE/ID; a\n"
                     "  bundle that cannot be read is left out with a warning (--strict: an error) (docs/scale-out.md)\n"
@@ -39,6 +39,8 @@ std::vector<Command> analysingCommands()
                     "                 e.g. 0-3,7\n"
                     "  --threads N    threads (default: one per core); one of them reads the next layer\n"
                     "  --strict       an unreadable block is an error instead of absent positions\n"
+                    "  --seed-bc      print the reference tool's combined BC per layer too (it reads ~1 on real\n"
+                    "                 faults; a second pass over each layer); --json and --save always have it\n"
                     "  --suspect-floor, --suspect-drift-two-way  the suspects' thresholds, as for check and report\n",
          "compare engine and reference KV: a readable summary, or every metric as JSON", analyze},
         {"report", "report BUNDLE... | DIR -o DIR [--strict] [--min-bc 0.9] [--seed-bc] [--max-ratio 2.0] [--max-linf X] [--suspect-floor 6]\n"

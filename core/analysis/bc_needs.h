@@ -2,8 +2,9 @@
 // Which of the analysis's BCs a result needs. Each costs a histogram of every error, or a
 // second pass over the layer (docs/performance.md), so a command computes those its output
 // shows: kvscope check judges the combined BC against the noise floor and needs none of the
-// others; kvscope analyze prints no per-token BC of the reference tool. The combined BC against
-// the noise floor (AggregateBc::combinedVsNoise) comes with any of them.
+// others; kvscope analyze's summary prints the BCs against the noise floor, and the reference
+// tool's combined BC only when asked (--seed-bc). The combined BC against the noise floor
+// (AggregateBc::combinedVsNoise) comes with any of them.
 
 namespace kvscope {
 
@@ -26,8 +27,9 @@ struct BcNeeds {
     // What kvscope check judges: the combined BC against the noise floor, or with `seedBc` the
     // reference tool's.
     static BcNeeds verdict(bool seedBc) { return {.perToken = false, .combined = seedBc, .perTokenVsNoise = false}; }
-    // What kvscope analyze prints without --json or --save: all but the reference tool's per token.
-    static BcNeeds summary() { return {.perToken = false, .combined = true, .perTokenVsNoise = true}; }
+    // What kvscope analyze prints without --json or --save: the BCs against the noise floor, and
+    // with `seedBc` the reference tool's combined BC (the one pass, or with it the second).
+    static BcNeeds summary(bool seedBc) { return {.perToken = false, .combined = seedBc, .perTokenVsNoise = true}; }
 };
 
 }  // namespace kvscope

@@ -5,6 +5,8 @@
 #include "qt_commands/app_commands.h"
 #include "commands/commands.h"
 #include "commands/option_parser.h"
+#include "analysis/analyzer.h"
+#include "format/bundle_reader.h"
 #include "synth/synthetic_capture.h"
 
 #include <QTemporaryDir>
@@ -13,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
-
+#include <iomanip>
 #include <sstream>
 
 using namespace kvscope::cli;
@@ -30,6 +32,7 @@ private slots:
     void thresholdOptionsSetTheThresholds();
     void everyCommandHasAFunctionInOneExecutable();
     void analyzeSummarySpeaksTheAppsLanguage();
+    void analyzeSummaryPrintsTheReferenceToolsBcWhenAsked();
     void aFolderGivenByMistakeSaysSo();
     void progressOnlyOnATerminal();
     void whatifWritesItsJsonAndRefusesUnknownSchemes();
@@ -184,7 +187,7 @@ void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
     QVERIFY(small.find("_bc_vs_noise ") == std::string::npos);
     // The worst cells name the noise floor as the app does, not "base".
     QVERIFY2(small.find(" floor ") != std::string::npos && small.find(" base ") == std::string::npos, small.c_str());
-    QVERIFY(small.find("against the noise floor, and the reference tool's") != std::string::npos);
+    QVERIFY2(small.find("every token pooled (K / V): against the noise floor:\n") != std::string::npos, small.c_str());
     // 8 heads x 128 dims: 1024 values, enough.
     o.kvHeads = 8;
     o.headDim = 128;
@@ -192,6 +195,52 @@ void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
     QCOMPARE(rcLarge, 0);
     QVERIFY2(large.find("min BC vs noise floor over tokens") != std::string::npos, large.c_str());
     QVERIFY(large.find("k_bc_vs_noise ") != std::string::npos && large.find("no per-token BC") == std::string::npos);
+}
+
+void TestCommandLine::analyzeSummaryPrintsTheReferenceToolsBcWhenAsked()
+{
+    // The reference tool's combined BC costs a second pass over each layer and reads ~1 on real
+    // faults: the summary prints it with --seed-bc only, and then the values the whole analysis
+    // (as --json computes it) has.
+    QTemporaryDir dir;
+    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
+    o.layers = 2;
+    o.promptLens = {24};
+    o.decodeTokens = 6;
+    o.divergence = -1;
+    const std::string path = dir.filePath("c.h5").toStdString();
+    kvscope::writeSyntheticCapture(path, o);
+    std::ostringstream plain, seed, err;
+    QCOMPARE(analyze({path}, plain, err), 0);
+    QCOMPARE(analyze({path, "--seed-bc"}, seed, err), 0);
+    QVERIFY2(plain.str().find("reference tool's") == std::string::npos, plain.str().c_str());
+    QVERIFY2(seed.str().find("against the noise floor, and the reference tool's:\n") != std::string::npos, seed.str().c_str());
+
+    const kvscope::AnalysisResult all = kvscope::analyzeBundle(std::make_shared<kvscope::BundleReader>(path), {});
+    QVERIFY(all.aggregate);
+    const kvscope::AggregateBc& a = *all.aggregate;
+    QCOMPARE(a.layers.size(), std::size_t(2));
+    for (std::size_t l = 0; l < a.layers.size(); ++l) {
+        const auto four = [](float v) {
+            std::ostringstream s;
+            s << std::setprecision(4) << v;
+            return s.str();
+        };
+        QVERIFY(!std::isnan(a.combined[0][l]) && !std::isnan(a.combinedVsNoise[0][l]));
+        const std::string vsNoise = four(a.combinedVsNoise[0][l]) + " / " + four(a.combinedVsNoise[1][l]);
+        const std::string reference = "reference tool's " + four(a.combined[0][l]) + " / " + four(a.combined[1][l]);
+        const std::string start = "    " + a.layers[l];
+        // (after the aggregate's heading: the worst cells name the layers too)
+        const std::size_t atPlain = plain.str().find(start + " ", plain.str().find("\naggregate over "));
+        const std::size_t atSeed = seed.str().find(start + " ", seed.str().find("\naggregate over "));
+        QVERIFY(atPlain != std::string::npos && atSeed != std::string::npos);
+        const std::string linePlain = plain.str().substr(atPlain, plain.str().find('\n', atPlain) - atPlain);
+        const std::string lineSeed = seed.str().substr(atSeed, seed.str().find('\n', atSeed) - atSeed);
+        QVERIFY2(linePlain.size() >= vsNoise.size() && linePlain.substr(linePlain.size() - vsNoise.size()) == vsNoise, linePlain.c_str());
+        QVERIFY2(lineSeed.find(vsNoise) != std::string::npos, lineSeed.c_str());
+        QVERIFY2(lineSeed.size() >= reference.size() && lineSeed.substr(lineSeed.size() - reference.size()) == reference,
+                 lineSeed.c_str());
+    }
 }
 
 void TestCommandLine::progressOnlyOnATerminal()

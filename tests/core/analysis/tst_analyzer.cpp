@@ -239,7 +239,7 @@ void TestAnalyzer::bcsOnlyAsked()
         AnalysisOptions options;
         options.windowTokens = window;
         const AnalysisResult all = analyzeBundle(reader, options);
-        for (const BcNeeds needs : {BcNeeds::summary(), BcNeeds::verdict(false), BcNeeds::verdict(true)}) {
+        for (const BcNeeds needs : {BcNeeds::summary(false), BcNeeds::summary(true), BcNeeds::verdict(false), BcNeeds::verdict(true)}) {
             options.bcNeeds = needs;
             const AnalysisResult some = analyzeBundle(reader, options);
             const AggregateBc &a = *some.aggregate, &b = *all.aggregate;

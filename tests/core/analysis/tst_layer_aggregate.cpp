@@ -496,7 +496,8 @@ void TestLayerAggregate::bcsLeftOut_data()
     QTest::addColumn<BcNeeds>("needs");
     QTest::addColumn<int>("prompts");
     const std::pair<const char*, BcNeeds> needs[] = {
-        {"kvscope analyze's summary", BcNeeds::summary()},
+        {"kvscope analyze's summary", BcNeeds::summary(false)},
+        {"kvscope analyze --seed-bc", BcNeeds::summary(true)},
         {"kvscope check", BcNeeds::verdict(false)},
         {"kvscope check --seed-bc", BcNeeds::verdict(true)},
         {"the reference tool's per token only", {.perToken = true, .combined = false, .perTokenVsNoise = false}},
