@@ -116,14 +116,22 @@ void LogHistogram::clear()
 
 namespace {
 
-// sqrt(base / nBase * actual / nActual) of every bin, element by element (vectorised: each
-// lane rounds as the scalar expression does, so the terms are the same bits).
+// The sum of sqrt(base * actual) over `count` bins, in four running sums (bin i into sum i mod 4)
+// added in order at the end: correctly rounded products and square roots added in a fixed
+// order, so the same bits on every CPU and vector width, with no chain of additions a bin long
+// (a token's counts, below 2^26, multiply exactly).
 KVSCOPE_VECTOR_CLONES
-void bcTerms(const double* base, const double* actual, int count, double nBase, double nActual, double* terms)
+double sqrtProductSum(const std::uint32_t* base, const std::uint32_t* actual, int count)
 {
+    double sums[4] = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= count; i += 4)
 #pragma omp simd
-    for (int i = 0; i < count; ++i)
-        terms[i] = std::sqrt(base[i] / nBase * actual[i] / nActual);
+        for (int k = 0; k < 4; ++k)
+            sums[k] += std::sqrt(double(base[i + k]) * double(actual[i + k]));
+    for (; i < count; ++i)
+        sums[0] += std::sqrt(double(base[i]) * double(actual[i]));
+    return ((sums[0] + sums[1]) + sums[2]) + sums[3];
 }
 
 std::uint64_t total(const LogHistogram& h)
@@ -145,23 +153,10 @@ double bcVsNoise(const LogHistogram& base, const LogHistogram& actual)
     const int first = std::max(base.first, actual.first), last = std::min(base.last, actual.last);
     if (first > last)
         return 0.0;
-    // Only bins counted on both sides add to the sum (the others add +0, which changes no
-    // sum): their counts as doubles, in bin order.
-    thread_local std::vector<double> buffer(std::size_t(kLogBins) * 3);
-    double* b = buffer.data();
-    double* a = b + kLogBins;
-    double* terms = a + kLogBins;
-    int both = 0;
-    for (int i = first; i <= last; ++i) {
-        b[both] = double(base.counts[std::size_t(i)]);
-        a[both] = double(actual.counts[std::size_t(i)]);
-        both += base.counts[std::size_t(i)] != 0 && actual.counts[std::size_t(i)] != 0;
-    }
-    bcTerms(b, a, both, nBase, nActual, terms);
-    double bc = 0;
-    for (int i = 0; i < both; ++i)
-        bc += terms[std::size_t(i)];
-    return std::clamp(bc, 0.0, 1.0);
+    // sum sqrt(p q) = sum sqrt(base actual) / sqrt(nBase nActual): a bin empty on either side
+    // adds +0, which changes no sum, so every bin both touched ranges share is summed alike.
+    const double sum = sqrtProductSum(base.counts.data() + first, actual.counts.data() + first, last - first + 1);
+    return std::clamp(sum / std::sqrt(nBase * nActual), 0.0, 1.0);
 }
 
 }  // namespace kvscope

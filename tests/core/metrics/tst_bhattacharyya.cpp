@@ -7,6 +7,7 @@
 
 #include <QTest>
 
+#include <map>
 #include <random>
 
 using namespace kvscope;
@@ -19,6 +20,7 @@ private slots:
     void bcHandWorked();
     void bcBinsFollowNumpy();
     void bcVsNoiseHandWorked();
+    void bcVsNoiseMatchesTheDefinition();
 };
 
 void TestBhattacharyya::bcHandWorked()
@@ -95,6 +97,38 @@ void TestBhattacharyya::bcVsNoiseHandWorked()
     QCOMPARE(pooled.counts[std::size_t(logBinOf(5.0f))], 1u);
     pooled.clear();
     QVERIFY(std::isnan(bcVsNoise(a, pooled)));
+}
+
+void TestBhattacharyya::bcVsNoiseMatchesTheDefinition()
+{
+    // Errors over many octaves (a few hundred bins, a bin count that is no multiple of four,
+    // empty bins on either side, one set wider than the other), against sum sqrt(p q) with
+    // p = base counts / base total, q = actual counts / actual total, in long double.
+    std::mt19937 random(57);
+    for (int trial = 0; trial < 50; ++trial) {
+        std::lognormal_distribution<float> noise(-9.0f, 1.5f + 0.05f * float(trial)), fault(-7.0f, 3.0f);
+        std::vector<float> base(1000 + std::size_t(trial) * 37), actual(900 + std::size_t(trial) * 53);
+        for (float& e : base)
+            e = noise(random);
+        for (float& e : actual)
+            e = trial % 3 ? noise(random) : fault(random);
+        if (trial % 5 == 0)
+            actual[0] = 0.0f;  // the zero bin, on one side only
+        LogHistogram b, a;
+        b.add(base.data(), base.size());
+        a.add(actual.data(), actual.size());
+        std::map<int, std::pair<long double, long double>> counts;
+        for (float e : base)
+            counts[logBinOf(e)].first += 1;
+        for (float e : actual)
+            counts[logBinOf(e)].second += 1;
+        long double expect = 0;
+        for (const auto& [bin, c] : counts)
+            expect += std::sqrt(c.first / (long double)(base.size()) * c.second / (long double)(actual.size()));
+        QVERIFY2(std::abs(bcVsNoise(b, a) - double(expect)) < 1e-13,
+                 qPrintable(QString("trial %1: %2 against %3").arg(trial).arg(bcVsNoise(b, a), 0, 'g', 17).arg(double(expect), 0, 'g', 17)));
+        QVERIFY(std::abs(bcVsNoise(b, b) - 1.0) < 1e-13);
+    }
 }
 
 QTEST_APPLESS_MAIN(TestBhattacharyya)
