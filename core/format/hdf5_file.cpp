@@ -911,15 +911,17 @@ void Hdf5File::readChunksDirect(hid_t d, const RowChunking& c, const std::vector
     std::vector<hsize_t> offset(std::size_t(rank), 0);
     for (const ChunkRun& chunk : chunkRuns(rows, c.chunkRows)) {
         offset[0] = chunk.firstRow;
-        const std::string where = "chunk at row " + std::to_string(chunk.firstRow);
+        const auto fault = [&](const char* what) {  // (the message made only when it is needed)
+            fail(dataset, "chunk at row " + std::to_string(chunk.firstRow) + what);
+        };
         hsize_t stored = 0;
         if (H5Dget_chunk_storage_size(d, offset.data(), &stored) < 0 || stored != scratch.size())
-            fail(dataset, where + " is missing or of the wrong size (truncated file?)");
+            fault(" is missing or of the wrong size (truncated file?)");
         std::uint32_t filterMask = 0;
         if (H5Dread_chunk(d, H5P_DEFAULT, offset.data(), &filterMask, scratch.data()) < 0)
-            fail(dataset, where + " lies beyond the end of the file (truncated?)");
+            fault(" lies beyond the end of the file (truncated?)");
         if (filterMask != 0 || !fletcher32Matches(scratch.data(), chunkBytes, scratch.data() + chunkBytes))
-            fail(dataset, where + " does not match its Fletcher32 checksum: the file is corrupt");
+            fault(" does not match its Fletcher32 checksum: the file is corrupt");
         for (std::size_t k = chunk.begin; k < chunk.end; ++k)
             std::memcpy(out + k * c.rowBytes, scratch.data() + (std::uint64_t(rows[k]) - chunk.firstRow) * c.rowBytes,
                         c.rowBytes);
