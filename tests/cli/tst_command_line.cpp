@@ -20,6 +20,21 @@
 
 using namespace kvscope::cli;
 
+namespace {
+
+// The demo's shape cut to 2 layers and one prompt of 24 + 6 positions, without a divergence.
+kvscope::SyntheticCaptureOptions smallDemo()
+{
+    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
+    o.layers = 2;
+    o.promptLens = {24};
+    o.decodeTokens = 6;
+    o.divergence = -1;
+    return o;
+}
+
+}  // namespace
+
 class TestCommandLine : public QObject {
     Q_OBJECT
 
@@ -168,12 +183,8 @@ void TestCommandLine::everyCommandHasAFunctionInOneExecutable()
 void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
 {
     QTemporaryDir dir;
-    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
-    o.layers = 2;
-    o.promptLens = {24};
-    o.decodeTokens = 6;
+    kvscope::SyntheticCaptureOptions o = smallDemo();
     o.faultLayer = -1;
-    o.divergence = -1;
     auto summary = [&](const std::string& path) {
         kvscope::writeSyntheticCapture(path, o);
         std::ostringstream out, err;
@@ -203,13 +214,8 @@ void TestCommandLine::analyzeSummaryPrintsTheReferenceToolsBcWhenAsked()
     // faults: the summary prints it with --seed-bc only, and then the values the whole analysis
     // (as --json computes it) has.
     QTemporaryDir dir;
-    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
-    o.layers = 2;
-    o.promptLens = {24};
-    o.decodeTokens = 6;
-    o.divergence = -1;
     const std::string path = dir.filePath("c.h5").toStdString();
-    kvscope::writeSyntheticCapture(path, o);
+    kvscope::writeSyntheticCapture(path, smallDemo());
     std::ostringstream plain, seed, err;
     QCOMPARE(analyze({path}, plain, err), 0);
     QCOMPARE(analyze({path, "--seed-bc"}, seed, err), 0);
@@ -275,12 +281,8 @@ void TestCommandLine::aFolderGivenByMistakeSaysSo()
 void TestCommandLine::whatifWritesItsJsonAndRefusesUnknownSchemes()
 {
     QTemporaryDir dir;
-    kvscope::SyntheticCaptureOptions o = kvscope::demoCaptureOptions();
-    o.layers = 2;
-    o.promptLens = {24};
-    o.decodeTokens = 6;
+    kvscope::SyntheticCaptureOptions o = smallDemo();
     o.faultLayer = -1;
-    o.divergence = -1;
     const std::string path = dir.filePath("w.h5").toStdString(), json = dir.filePath("w.json").toStdString();
     kvscope::writeSyntheticCapture(path, o);
     std::ostringstream out, err;
