@@ -42,6 +42,7 @@ public:
     void setMarkers(double prefillBoundary, const QVector<double>& divergences);
     void setScale(ScaleKind kind, QCPRange range, bool logarithmic);
     void setTitle(const QString& title);
+    const QString& titleText() const { return m_titleText; }  // as set (shown wrapped)
     void setSelection(int row, qint64 token);  // row < 0: none
     // A dashed frame around a region in map coordinates (x0, y0, x1, y1); empty: none.
     void setHighlight(const QVector<double>& corners);

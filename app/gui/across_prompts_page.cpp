@@ -55,8 +55,8 @@ bool AcrossPromptsPage::refresh()
     if (!result || !result->aggregate)
         return false;
     const AggregateBc& a = *result->aggregate;
-    m_map->setGrid(aggregateHeatmap(a, m_part));
-    m_map->showMap(acrossPromptsMapSpec(m_controller->loader()->config(), a, m_part));
+    m_map->setGrid(aggregateHeatmap(*result, m_part));
+    m_map->showMap(acrossPromptsMapSpec(m_controller->loader()->config(), *result, m_part));
     m_map->resetView(a.generationCount, int(a.layers.size()));
     QStringList rows;
     for (const std::string& l : a.layers)
@@ -80,13 +80,16 @@ void AcrossPromptsPage::showTooltip(int row, qint64 g, const QPoint& globalPos)
     const AggregateBc& a = *result->aggregate;
     if (row < 0 || row >= int(a.layers.size()) || g < 0 || g >= a.generationCount)
         return;
-    const float bc = a.bcVsNoise[std::size_t(m_part)][std::size_t(row) * std::size_t(a.generationCount) + std::size_t(g)];
+    // (the map's value: none where an index pools too few values for a BC)
+    const float bc = m_map->grid().at(row, g);
     QToolTip::showText(globalPos,
                        QString("<b>%1</b><br>generation index %2<br>%3 BC vs noise: %4<br>divergences here: %5/%6<br><i>click: the prompt where it is worst</i>")
                            .arg(QString::fromStdString(a.layers[std::size_t(row)]))
                            .arg(g)
                            .arg(QString::fromStdString(result->prompts.empty() ? kvPartName(m_part) : partName(result->prompts.front(), m_part)),
-                                std::isnan(bc) ? tr("no data") : QString::number(bc, 'f', 4))
+                                !generationBcMeaningful(*result) ? tr("not drawn: too few values")
+                                : std::isnan(bc)                   ? tr("no data")
+                                                                   : QString::number(bc, 'f', 4))
                            .arg(a.divergenceCounts[std::size_t(g)])
                            .arg(a.promptIds.size()),
                        m_map);

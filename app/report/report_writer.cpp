@@ -211,8 +211,8 @@ std::vector<ReportMap> reportMaps(const CaptureLoader& loader, const AnalysisRes
         for (const bool vsNoise : {true, false})
             for (KvPart part : {KvPart::K, KvPart::V})
                 maps.push_back({std::string("aggregate_") + partLabel(cfg.firstCompared(), part) + (vsNoise ? "_bc_vs_noise" : "_bc"),
-                                acrossPromptsMapSpec(cfg, a, part, vsNoise),
-                                poolColumns(aggregateHeatmap(a, part, vsNoise), 0, a.generationCount, kMaxReportColumns, true), {}});
+                                acrossPromptsMapSpec(cfg, result, part, vsNoise),
+                                poolColumns(aggregateHeatmap(result, part, vsNoise), 0, a.generationCount, kMaxReportColumns, true), {}});
     }
 
     return maps;

@@ -21,6 +21,20 @@ bool isBaseMetric(Metric metric)
     return int(metric) >= int(Metric::BaseKCos);
 }
 
+std::int64_t smallestGenerationValues(const AnalysisResult& result)
+{
+    if (!result.aggregate)
+        return 0;
+    std::int64_t values = 0;
+    for (const std::string& id : result.aggregate->promptIds)
+        for (const PromptAnalysis& p : result.prompts)
+            if (p.id == id) {
+                values += smallestTokenValues(p);
+                break;
+            }
+    return values;
+}
+
 std::string partTitle(const PromptAnalysis& p, KvPart part)
 {
     std::string name = partName(p, part);

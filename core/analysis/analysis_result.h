@@ -226,6 +226,13 @@ inline bool tokenBcMeaningful(const PromptAnalysis& p)
 {
     return smallestTokenValues(p) >= kMinValuesForTokenBc;
 }
+// The BC by generation index pools that token of every pooled prompt: the fewest values it
+// pools (0 without an aggregate), and whether that is enough, as for a token's own BC.
+std::int64_t smallestGenerationValues(const AnalysisResult& result);
+inline bool generationBcMeaningful(const AnalysisResult& result)
+{
+    return smallestGenerationValues(result) >= kMinValuesForTokenBc;
+}
 // What `part` is called in prompt `p` ("k", "v", "c_kv", "k_pe"), and upper-cased for
 // headings of attention layers ("K", "V"; MLA's names stay as they are).
 inline const std::string& partName(const PromptAnalysis& p, KvPart part) { return p.partNames[std::size_t(part)]; }

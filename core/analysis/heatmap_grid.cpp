@@ -265,12 +265,15 @@ HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t
     return poolRuns(grid, from, to, run, lowerWorse);
 }
 
-HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part, bool vsNoise)
+HeatmapGrid aggregateHeatmap(const AnalysisResult& result, KvPart part, bool vsNoise)
 {
+    const AggregateBc& aggregate = *result.aggregate;
     HeatmapGrid g;
     g.rows = int(aggregate.layers.size());
     g.columns = aggregate.generationCount;
     g.values = vsNoise ? aggregate.bcVsNoise[std::size_t(part)] : aggregate.bc[std::size_t(part)];
+    if (vsNoise && !generationBcMeaningful(result))
+        std::fill(g.values.begin(), g.values.end(), std::nanf(""));
     g.heads.assign(g.values.size(), -1);
     return g;
 }

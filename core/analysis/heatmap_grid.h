@@ -79,7 +79,9 @@ HeatmapGrid poolColumns(const HeatmapGrid& grid, std::int64_t from, std::int64_t
                         bool lowerWorse);
 
 // The aggregated BC across prompts: layers x generation indices; against the noise floor, or
-// the reference tool's.
-HeatmapGrid aggregateHeatmap(const AggregateBc& aggregate, KvPart part, bool vsNoise = true);
+// the reference tool's. Against the noise floor with too few values at an index
+// (generationBcMeaningful), every cell is NaN: nothing to draw, as the prompt page leaves a
+// token's BC out.
+HeatmapGrid aggregateHeatmap(const AnalysisResult& result, KvPart part, bool vsNoise = true);
 
 }  // namespace kvscope

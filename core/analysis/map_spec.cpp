@@ -203,12 +203,18 @@ MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt,
     return m;
 }
 
-MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise)
+MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AnalysisResult& result, KvPart part, bool vsNoise)
 {
+    const AggregateBc& aggregate = *result.aggregate;
     MapSpec m;
     m.metricLabel = std::string(partLabel(config.firstCompared(), part)) + (vsNoise ? " BC vs noise" : " BC (reference tool)");
     m.title = m.metricLabel + " by generation index across " + std::to_string(aggregate.promptIds.size()) +
               " prompt(s) (top: divergences c/N)";
+    if (vsNoise && !generationBcMeaningful(result))  // (aggregateHeatmap leaves it empty)
+        m.title = m.metricLabel + " by generation index: not drawn, an index pools " +
+                  std::to_string(smallestGenerationValues(result)) + " values (" + std::to_string(aggregate.promptIds.size()) +
+                  " prompt(s)), too few for a BC to mean anything (at least " + std::to_string(kMinValuesForTokenBc) +
+                  "); the combined BC per layer pools every token";
     m.xName = "generation index";
     // Decode positions only: a fault confined to the prefill is not here (the suspects give the onset).
     m.xLabel = "generation index (decode only, 0 = first decode token: the prefill is not shown)";

@@ -103,8 +103,9 @@ struct MapSpec {
 // are written when the analysis is over: not before).
 MapSpec promptMapSpec(const KvCacheConfig& config, const PromptAnalysis& prompt, const PromptInfo& info,
                       const HeatmapSpec& spec, bool withSuspect = true);
-// The across-prompts BC map (layers x generation index): against the noise floor, or the
-// reference tool's BC.
-MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AggregateBc& aggregate, KvPart part, bool vsNoise = true);
+// The across-prompts BC map (layers x generation index) of `result`'s aggregate: against the
+// noise floor (its title saying why nothing is drawn when an index pools too few values), or
+// the reference tool's BC.
+MapSpec acrossPromptsMapSpec(const KvCacheConfig& config, const AnalysisResult& result, KvPart part, bool vsNoise = true);
 
 }  // namespace kvscope

@@ -51,6 +51,7 @@ private slots:
     void statusMessageGoesWithItsCell();
     void whatIfRunsInTheBackgroundAndShowsTheSameNumbers();
     void whatIfRecipeByOutput();
+    void anIndexOfTooFewValuesDrawsNoBc();
 };
 
 void TestAcrossPrompts::acrossPromptsLeadsToThePrompt()
@@ -168,6 +169,48 @@ void TestAcrossPrompts::whatIfRecipeByOutput()
     const QString verdicts = partOf<QLabel>(window, "whatIfVerdicts").text();
     QVERIFY2(verdicts.contains("By output") && verdicts.contains(QString::fromStdString(recipe->text).toHtmlEscaped()),
              qPrintable(verdicts));
+}
+
+// Two prompts of a 2-head x 16-dim model pool 64 values at a generation index: two draws of the
+// same noise already give a BC far from 1, so the map draws none and says why. Two prompts of
+// 4 heads x 128 dims pool 1,024: drawn.
+void TestAcrossPrompts::anIndexOfTooFewValuesDrawsNoBc()
+{
+    SyntheticCaptureOptions o = demoCaptureOptions();
+    o.layers = 2;
+    o.kvHeads = 2;
+    o.headDim = 16;
+    o.promptLens = {24, 30};
+    o.decodeTokens = 6;
+    o.divergence = -1;
+    const QString path = m_dir.filePath("small-heads.h5");
+    writeSyntheticCapture(path.toStdString(), o);
+    MainWindow window;
+    QVERIFY(showAndAnalyse(window, path));
+    window.showAcrossPrompts(true);
+    QTRY_VERIFY(acrossPageOf(window).unavailable().isEmpty());
+    const HeatmapGrid& grid = acrossPageOf(window).heatmap().grid();
+    QCOMPARE(grid.columns, qint64(6));
+    QVERIFY(std::all_of(grid.values.begin(), grid.values.end(), [](float v) { return std::isnan(v); }));
+    const QString title = acrossPageOf(window).heatmap().titleText();
+    QVERIFY2(title.contains("not drawn, an index pools 64 values (2 prompt(s))") && title.contains("at least 1000"),
+             qPrintable(title));
+    // The BCs were computed (the JSON has them); only the map leaves them out.
+    const AnalysisResult& small = *window.controller().result();
+    QVERIFY(std::any_of(small.aggregate->bcVsNoise[0].begin(), small.aggregate->bcVsNoise[0].end(),
+                        [](float v) { return !std::isnan(v); }));
+
+    o.kvHeads = 4;
+    o.headDim = 128;
+    const std::string enough = m_dir.filePath("enough.h5").toStdString();
+    writeSyntheticCapture(enough, o);
+    const AnalysisResult drawn = analyzeBundle(std::make_shared<BundleReader>(enough));
+    QCOMPARE(smallestGenerationValues(drawn), std::int64_t(1024));
+    const HeatmapGrid map = aggregateHeatmap(drawn, KvPart::K);
+    const std::vector<float>& bcs = drawn.aggregate->bcVsNoise[0];
+    QVERIFY(map.values.size() == bcs.size() &&
+            std::memcmp(map.values.data(), bcs.data(), bcs.size() * sizeof(float)) == 0);  // (NaN where no data)
+    QVERIFY(std::any_of(map.values.begin(), map.values.end(), [](float v) { return !std::isnan(v); }));
 }
 
 QTEST_MAIN(TestAcrossPrompts)
