@@ -245,7 +245,7 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
         return 2;
     if (jsonPath.empty() && savePath.empty()) {  // the summary prints no fingerprint, and not every BC
         options.fingerprints = false;
-        options.bcNeeds = BcNeeds::summary(seedBc);
+        options.bcs = BcNeeds::summary(seedBc);
     }
     const std::string& bundle = inputs.front();
     const bool strict = options.unreadableBlocks == UnreadableBlockPolicy::Error;

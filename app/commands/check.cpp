@@ -30,7 +30,7 @@ int check(const Args& args, std::ostream& out, std::ostream& err)
         options.suspects = t.suspects;
         options.share = sharedAnalysis();
         options.fingerprints = false;  // a verdict uses none
-        options.bcNeeds = BcNeeds::verdict(!t.bcVsNoise);  // and of the BCs only the one it judges
+        options.bcs = BcNeeds::verdict(!t.bcVsNoise);  // and of the BCs only the one it judges
         result = analysisForVerdict(inputs, options, strict, bundleProbe()).result;  // a bundle, a sweep, or a results file
     } catch (const std::exception& e) {
         err << "kvscope: " << e.what() << "\n";

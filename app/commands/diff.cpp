@@ -144,7 +144,7 @@ int diff(const Args& args, std::ostream& out, std::ostream& err)
     }
     options.suspects = diffOptions.suspects;
     options.searchSuspects = false;  // the change's suspects are looked for below
-    options.bc = false;               // diff compares the metrics only
+    options.bcs.reset();  // diff compares the metrics only
     try {
         // A first, reduced to what the comparison needs, so that only one analysis is held at a time.
         // Strict, as check is: a part of either capture that cannot be read is not a pass.

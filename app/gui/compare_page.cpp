@@ -231,7 +231,7 @@ void ComparePage::compareWith(const QString& pathA)
     m_run->run<DiffResult>(0, [loader, b, path](const EngineJob& job) -> std::shared_ptr<const DiffResult> {
         AnalysisOptions options;  // as kvscope diff analyses A
         options.searchSuspects = false;
-        options.bc = false;
+        options.bcs.reset();
         options.cancel = job.cancelFlag();
         options.layerDone = [&job](int, int done, int total) { job.progress(done, total); };
         const DiffSide a = loadDiffSide(path, options);

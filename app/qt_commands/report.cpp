@@ -44,7 +44,7 @@ int report(const Args& args, std::ostream& out, std::ostream& err)
         if (!against.empty()) {  // A's side as kvscope diff takes it, first: an engine-only B borrows its reference
             AnalysisOptions lean = options;
             lean.searchSuspects = false;
-            lean.bc = false;
+            lean.bcs.reset();
             sideA = loadDiffSide(against, lean);
             options.referenceDonor = sideA->bundle;
         }

@@ -456,8 +456,8 @@ bool AnalysisRun::compare(LayerInputs& in, const std::function<void()>& readNext
         }
         if (s.ok && p.threeWay) {  // with what pooling needs
             if (in.step.firstWindow) {
-                m_stats[pi].keepCounts = m_pooled.size() > 1 &&  // see aggregateLayer
-                                         (m_options.bcNeeds.perToken || m_options.bcNeeds.perTokenVsNoise);
+                m_stats[pi].keepCounts = m_pooled.size() > 1 && m_options.bcs &&  // see aggregateLayer
+                                         (m_options.bcs->perToken || m_options.bcs->perTokenVsNoise);
                 // (the tokens at generation indices: no other token's counts are read)
                 m_stats[pi].kept = {p.promptLen, p.promptLen + (m_result.aggregate ? m_result.aggregate->generationCount : 0)};
                 // A block an earlier prompt holds too is pooled there (its tokens counted once).
@@ -465,8 +465,8 @@ bool AnalysisRun::compare(LayerInputs& in, const std::function<void()>& readNext
                     m_sharing.heldEarlierMask(pi, p.layerGroups[std::size_t(in.step.layer)], p.tokens, m_counted);
             }
             const LayerRows base(s.base);
-            compareLayer(s.reference, s.actual, &base, in.step.layer, p, nonFinite, m_options.bc ? &m_stats[pi] : nullptr, team(),
-                         m_options.bc ? std::optional(m_options.bcNeeds) : std::nullopt, in.step.window);
+            compareLayer(s.reference, s.actual, &base, in.step.layer, p, nonFinite, m_options.bcs ? &m_stats[pi] : nullptr, team(),
+                         m_options.bcs, in.step.window);
         } else if (s.ok) {
             compareLayer(s.reference, s.actual, nullptr, in.step.layer, p, nonFinite, nullptr, team(), BcNeeds{}, in.step.window);
         }
@@ -484,7 +484,7 @@ bool AnalysisRun::compare(LayerInputs& in, const std::function<void()>& readNext
     if (m_result.aggregate && in.step.lastOfLayer) {
         if (in.step.firstOfLayer) {  // the layer in one step: its sides are all here
             aggregateLayer(m_result, m_pooled, in.sides, m_stats, in.step.layer, *m_result.aggregate, team(), m_options.share,
-                           m_options.bcNeeds);
+                           *m_options.bcs);  // (an aggregate only with BCs)
         } else {  // the second pass: this window from its sides, the others read again
             readPosted = poolWindowedLayer(in, readNext);
         }
@@ -522,7 +522,7 @@ bool AnalysisRun::poolWindowedLayer(LayerInputs& last, const std::function<void(
         compared[pi] = owns(pi) && !last.progress->failed[pi];
     const int layer = last.step.layer;
     WindowedLayerPooling pooling(m_result, m_pooled, compared, m_stats, layer, *m_result.aggregate, team(),
-                                 m_options.share, m_options.bcNeeds);
+                                 m_options.share, *m_options.bcs);
     const auto isLast = [&](const Step& step) {
         return step.window == last.step.window && step.firstPrompt == last.step.firstPrompt;
     };
@@ -849,7 +849,7 @@ AnalysisResult prepareAnalysis(const CaptureLoader& loader, const AnalysisOption
     for (std::size_t i = 0; i < analysable.size(); ++i)
         if (!options.share || options.share->analyses(i))
             result.prompts[i].allocate(spillTo);
-    if (options.bc)
+    if (options.bcs)
         result.aggregate = emptyAggregate(result.prompts, layers, options.share);
     return result;
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -76,11 +77,9 @@ struct AnalysisOptions {
     SuspectThresholds suspects;
     // Whether to look for suspects at all (kvscope diff looks for those of the change instead).
     bool searchSuspects = true;
-    // Whether to compute the BCs, per token and pooled (kvscope diff needs only the metrics):
-    // without, they stay NaN and the result has no aggregate.
-    bool bc = true;
-    // With bc, which of them (those left out stay NaN).
-    BcNeeds bcNeeds;
+    // Which BCs to compute, per token and pooled (those left out stay NaN); none at all (kvscope
+    // diff needs only the metrics): every BC stays NaN and the result has no aggregate.
+    std::optional<BcNeeds> bcs = BcNeeds{};
     // Whether to fingerprint the references (PromptAnalysis::referenceHashes, which the JSON,
     // results files and kvscope diff hold): a pass over their bytes; without, they stay 0.
     bool fingerprints = true;

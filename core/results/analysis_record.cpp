@@ -135,7 +135,7 @@ RecordedOptions readOptions(const JsonFields& f, const Json& document)
 RecordedOptions recordedOptions(const AnalysisOptions& options)
 {
     // (an analysis that left some BCs out is kept as one without: a reader would take NaN for no data)
-    return {options.suspects, options.searchSuspects, options.bc && options.bcNeeds.all(), options.unreadableBlocks};
+    return {options.suspects, options.searchSuspects, options.bcs && options.bcs->all(), options.unreadableBlocks};
 }
 
 void writeAnalysisRecord(JsonWriter& w, const AnalysisResult& result, const RecordedOptions& options)

@@ -493,7 +493,7 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         AnalysisOptions options;
         options.threads = threads;
         options.searchSuspects = false;
-        options.bc = false;
+        options.bcs.reset();
         const DiffSide a = loadDiffSide(args[1], options);
         const auto reader = std::make_shared<BundleReader>(args[3]);
         const AnalysisResult b = analyzeForVerdict(reader, options);
@@ -507,7 +507,7 @@ int benchRun(const Args& args, std::ostream& out, std::ostream& err)
         if (args[0] != "analyze-all") {  // (everything, as kvscope analyze --json computes)
             options.fingerprints = false;
             // as kvscope analyze without --json or --save, or kvscope check with its defaults
-            options.bcNeeds = args[0] == "analyze" ? BcNeeds::summary(false) : BcNeeds::verdict(false);
+            options.bcs = args[0] == "analyze" ? BcNeeds::summary(false) : BcNeeds::verdict(false);
         }
         const AnalysisResult result = analyzeBundle(std::make_shared<BundleReader>(args[1]), options);
         out << seconds(start) << " 0 " << peakRssKb() << " " << result.prompts.size() << "\n";

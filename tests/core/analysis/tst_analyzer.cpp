@@ -240,7 +240,7 @@ void TestAnalyzer::bcsOnlyAsked()
         options.windowTokens = window;
         const AnalysisResult all = analyzeBundle(reader, options);
         for (const BcNeeds needs : {BcNeeds::summary(false), BcNeeds::summary(true), BcNeeds::verdict(false), BcNeeds::verdict(true)}) {
-            options.bcNeeds = needs;
+            options.bcs = needs;
             const AnalysisResult some = analyzeBundle(reader, options);
             const AggregateBc &a = *some.aggregate, &b = *all.aggregate;
             for (std::size_t part = 0; part < 2; ++part) {

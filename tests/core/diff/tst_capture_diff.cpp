@@ -287,7 +287,7 @@ void TestCaptureDiff::metricsWithoutBcAreTheSame()
     // diff analyses without the BCs: the metrics must be the very same bits.
     const auto reader = std::make_shared<BundleReader>(path("json_b.h5"));
     AnalysisOptions without;
-    without.bc = false;
+    without.bcs.reset();
     const AnalysisResult full = analyzeBundle(reader), lean = analyzeBundle(reader, without);
     QVERIFY(full.aggregate && !lean.aggregate);
     for (std::size_t p = 0; p < full.prompts.size(); ++p) {
