@@ -166,6 +166,15 @@ class StatesThroughTheConnector(unittest.TestCase):
         self.assertEqual(engine.log[0][request.request_id][:2], (0, 16))
         self.check_states(request, data, dims, 2, [16, 24, 30])
 
+    def test_align_mode_stops_at_the_last_boundary_of_an_unchunked_prompt(self):
+        """Without chunking the prompt (21 tokens, blocks of 8) is still cut at its last block
+        boundary (last_cache_position: 16), so that state is kept, then the rest (5)."""
+        dims = Mamba2Dims(n_groups=1)
+        engine, request, _, data = self.run_request("align", dims)
+        steps = [step[request.request_id][:2] for step in engine.log if request.request_id in step]
+        self.assertEqual(steps[:2], [(0, 16), (16, 5)])
+        self.check_states(request, data, dims, 2, [16, 24, 30])
+
     def test_align_mode_chunks_smaller_than_a_block(self):
         """Chunks of 5 in blocks of 8: a chunk that starts mid-block stops at the boundary."""
         dims = Mamba2Dims(n_groups=1)

@@ -376,7 +376,7 @@ class Cluster:
         # The step's SchedulerOutput, as the first runner's execute_model gets it (one prefill step).
         scheduler_output = types.SimpleNamespace(
             scheduled_new_reqs=[types.SimpleNamespace(req_id=request_id, block_ids=tuple(list(g) for g in block_ids))],
-            scheduled_cached_reqs=types.SimpleNamespace(req_ids=[], new_block_ids=[], resumed_from_preemption=[]),
+            scheduled_cached_reqs=types.SimpleNamespace(req_ids=[], new_block_ids=[], resumed_req_ids=set()),
             num_scheduled_tokens={request_id: written}, finished_req_ids=set())
         for worker in self.workers:
             worker.model_runner.requests[request_id] = state

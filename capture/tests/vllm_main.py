@@ -10,7 +10,11 @@ after 2026-08-19), written from its sources:
   both model runners: vllm/v1/worker/gpu_model_runner.py (requests[id].block_ids) and Model Runner
   V2, vllm/v1/worker/gpu/model_runner.py (req_states and GPU block tables, no block ids per request
   in Python; resumed requests sent to it as new ones; registers its caches with the connector in
-  initialize_kv_cache; its connector's start_load_kv after the forward, gpu/kv_connector.py @ 2994a1af);
+  initialize_kv_cache); each step's connector calls as both runners make them @ 00f4240e
+  (kv_connector_model_runner_mixin.py, gpu/kv_connector.py): start_load_kv before the forward only
+  when the step has synchronous loads (SchedulerOutput.has_sync_kv_loads), else after it, then
+  wait_for_save and get_transfer_results; both handle_preemptions before the forward (the first
+  runner's execute_model, c2057261), Model Runner V2 finish_forward after it;
   the engine core's KVCacheTensors (v1/core/kv_cache_utils.py, get_kv_cache_config_from_groups @
   e0698da6): one region that every group overlays from byte 0, a tensor per (group, distinct layer
   spec) at increasing offsets;
@@ -535,6 +539,7 @@ class SchedulerOutput:
     finished_req_ids: set
     preempted_req_ids: set = None
     kv_connector_metadata: object = None
+    has_sync_kv_loads: bool = False
 
 
 class GPUModelRunner:
@@ -910,10 +915,32 @@ class Engine:
         request.num_computed_tokens = local + external
         request.admitted = True
         request.loading = load_async
+        request.sync_load = external > 0 and not load_async  # loaded by this step's start_load_kv
         return not load_async
+
+    def _mamba_block_aligned_split(self, request, n, block_size):
+        """Scheduler._mamba_block_aligned_split (c2057261): a prefill chunk ends where a state is
+        kept (slot k: the state after (k + 1) * block_size tokens): at a block boundary unless it is
+        the prompt's last chunk, never past the last block boundary of the request's tokens, and a
+        chunk that starts mid-block at the next boundary. (No EAGLE, no partial-tail hash hits, no
+        shared-prefix junctions here: their stops are left out.)"""
+        start = request.num_computed_tokens
+        prefill_end = max(len(request.prompt_token_ids), request.num_tokens - 1)
+        if start >= prefill_end:
+            return n
+        last_cache_position = request.num_tokens - request.num_tokens % block_size
+        end = start + n
+        if end < prefill_end:
+            aligned_end = end // block_size * block_size
+            if aligned_end > start or block_size <= (self.chunk or float("inf")):  # max_num_scheduled_tokens
+                end = aligned_end
+        stops = ((start // block_size + 1) * block_size if start % block_size else 0, last_cache_position)
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
 
     def schedule(self, finished):
         new, cached, scheduled, spec_tokens = [], CachedRequestData(), {}, {}
+        has_sync_kv_loads = False
         self._step_plan = {}
         for rid, request in self.requests.items():
             if request.done:
@@ -942,17 +969,11 @@ class Engine:
                 spec_tokens[rid] = [-1] * drafts
             elif self.chunk:
                 n = min(n, self.chunk)
-            prompt_end = len(request.prompt_token_ids)
             for g in self.groups:
-                start = request.num_computed_tokens
-                if g.mamba and g.mamba_mode == "align" and start + n < prompt_end and not drafts:
-                    # _mamba_block_aligned_split: a prefill chunk ends at a block boundary, where
-                    # its state is kept (slot k: the state after (k + 1) * block_size tokens)
-                    aligned = (start + n) // g.block_size * g.block_size
-                    if aligned > start:
-                        n = aligned - start
-                    elif start % g.block_size:  # a chunk that starts mid-block stops at the next boundary
-                        n = min(n, (start // g.block_size + 1) * g.block_size - start)
+                if g.mamba and g.mamba_mode == "align" and not drafts:
+                    n = self._mamba_block_aligned_split(request, n, g.block_size)
+            if n == 0:
+                continue  # (vLLM schedules it no tokens this step either)
             self._step_plan[rid] = (request.num_computed_tokens, n, drafts, accepted)
             upto = request.num_computed_tokens + n
             added = self._allocate(request, upto)
@@ -972,8 +993,11 @@ class Engine:
                     cached.new_block_ids.append(added if any(added) else None)
                 cached.num_computed_tokens.append(request.num_computed_tokens)
             scheduled[rid] = n
+            has_sync_kv_loads = has_sync_kv_loads or getattr(request, "sync_load", False)
+            request.sync_load = False
         return SchedulerOutput(new, cached, scheduled, sum(scheduled.values()), spec_tokens, set(finished),
-                               preempted_req_ids=getattr(self, "_preempted", set()))
+                               preempted_req_ids=getattr(self, "_preempted", set()),
+                               has_sync_kv_loads=has_sync_kv_loads)
 
     def _forward(self, worker, out, block_ids_of):
         """Writes the KV of every scheduled position, as the attention layers' kernels do (a
@@ -1078,8 +1102,8 @@ class Engine:
         return {part: value[heads, p] for part, value in truth.items()}
 
     def step(self):
-        """One engine step: schedule, each worker's forward and connector calls (as Model Runner V2's
-        pre/post_forward: bind, start_load_kv, wait_for_save, get_finished, clear), then the
+        """One engine step: schedule, each worker's forward and connector calls (as the first
+        runner's connector context and Model Runner V2's pre/post_forward make them), then the
         scheduler frees what is finished. Returns the request ids the workers reported finished."""
         self.step_count += 1
         finished_now = [rid for rid, r in self.requests.items()
@@ -1105,22 +1129,26 @@ class Engine:
         reported = []
         for worker in self.workers:
             def run(w=worker):
-                # The first runner starts loads before the forward; Model Runner V2 after it
-                # (post_forward), unless the step has synchronous loads.
+                # Loads start before the forward only when this step's forward needs them
+                # (synchronous loads); otherwise after it, off the critical path.
                 c = w.connector
+                load_before = out.has_sync_kv_loads
                 if c is not None:
+                    c.handle_preemptions(out.kv_connector_metadata)
                     c.bind_connector_metadata(out.kv_connector_metadata)
-                    if self.runner_kind == "v1":
+                    if load_before:
                         c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
                 w.model_runner.execute_model(out)
                 if c is None:
                     return set(), set()
                 if self.runner_kind == "v2":
+                    c.finish_forward()
+                if not load_before:
                     c.start_load_kv(types.SimpleNamespace(attn_metadata=None))
                 c.wait_for_save()
-                sending, recving = c.get_finished(set(out.finished_req_ids))
+                results = c.get_transfer_results(set(out.finished_req_ids))
                 c.clear_connector_metadata()
-                return set(sending or ()), set(recving or ())
+                return set(results.finished_sending), set(results.finished_recving)
             reported.append(self.call(worker, run))
         self.log.append(dict(self._step_plan))
         for rid, n in out.num_scheduled_tokens.items():

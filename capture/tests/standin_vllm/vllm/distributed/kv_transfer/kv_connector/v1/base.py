@@ -1,10 +1,13 @@
 """KVConnectorBase_V1 as vllm/distributed/kv_transfer/kv_connector/v1/base.py defines it (the
-parts a connector implements or calls), as of vllm-project/vllm @ 003df296 and the tree of
-2026-08-19 (c2057261): constructor (vllm_config, role, kv_cache_config), register_kv_caches(dict),
-set_host_xfer_buffer_ops, request_finished[_all_groups] returning (held, params), get_finished."""
+parts a connector implements or calls), as of vllm-project/vllm @ 003df296, the tree of 2026-08-19
+(c2057261) and @ 00f4240e: constructor (vllm_config, role, kv_cache_config), register_kv_caches(dict),
+set_host_xfer_buffer_ops, request_finished[_all_groups] returning (held, params), get_finished; and
+the worker's step hooks of 00f4240e: handle_preemptions, finish_forward, reset_capture_state, and
+get_transfer_results, whose default wraps get_finished."""
 
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 
 class SupportsHMA(ABC):
@@ -20,6 +23,14 @@ class KVConnectorRole(enum.Enum):
 
 class KVConnectorMetadata(ABC):  # noqa: B024
     pass
+
+
+@dataclass
+class KVConnectorTransferResults:
+    finished_sending: set = field(default_factory=set)
+    finished_recving: set = field(default_factory=set)
+    failed_recving: set = field(default_factory=set)
+    prefix_replay_checkpoints: dict = field(default_factory=dict)
 
 
 class KVConnectorBase_V1(ABC):
@@ -56,6 +67,15 @@ class KVConnectorBase_V1(ABC):
     def set_host_xfer_buffer_ops(self, copy_operation):
         return
 
+    def finish_forward(self):
+        return
+
+    def reset_capture_state(self):
+        return
+
+    def handle_preemptions(self, kv_connector_metadata):
+        return
+
     def shutdown(self):
         return None
 
@@ -77,6 +97,11 @@ class KVConnectorBase_V1(ABC):
 
     def get_finished(self, finished_req_ids):
         return None, None
+
+    def get_transfer_results(self, finished_req_ids):
+        finished_sending, finished_recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=set(finished_sending or ()),
+                                          finished_recving=set(finished_recving or ()))
 
     @abstractmethod
     def get_num_new_matched_tokens(self, request, num_computed_tokens):

@@ -1,14 +1,15 @@
 """MultiConnector as vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py defines it in the
-tree of 2026-08-19 (vllm-project/vllm c2057261): children built from
-kv_connector_extra_config["connectors"], every worker call forwarded to each, a request's blocks
-held while any child holds them, and reported finished sending once every child that held it
-has reported it."""
+tree of 2026-08-19 (vllm-project/vllm c2057261) and @ 00f4240e: children built from
+kv_connector_extra_config["connectors"], every worker call forwarded to each (finish_forward and
+handle_preemptions too, each child its own metadata), a request's blocks held while any child holds
+them, and reported finished sending once every child that held it has reported it, through the
+children's get_transfer_results (get_finished answers from it)."""
 
 import copy
 import importlib
 import types
 
-from .base import KVConnectorBase_V1, KVConnectorMetadata, SupportsHMA
+from .base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorTransferResults, SupportsHMA
 
 
 def connector_class(config):
@@ -80,24 +81,36 @@ class MultiConnector(KVConnectorBase_V1, SupportsHMA):
         for c in self._connectors:
             c.shutdown()
 
-    def get_finished(self, finished_req_ids):
-        finished_sending, finished_recving = set(), set()
+    def finish_forward(self):
         for c in self._connectors:
-            sending, recving = c.get_finished(finished_req_ids)
-            if not recving and not sending:
-                continue
-            finished_recving.update(recving or ())
-            for req_id in sending or ():
+            c.finish_forward()
+
+    def handle_preemptions(self, kv_connector_metadata):
+        assert isinstance(kv_connector_metadata, MultiKVConnectorMetadata)
+        for c, cm in zip(self._connectors, kv_connector_metadata.metadata):
+            c.handle_preemptions(cm)
+
+    def get_finished(self, finished_req_ids):
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids):
+        results = KVConnectorTransferResults()
+        for c in self._connectors:
+            child = c.get_transfer_results(finished_req_ids)
+            results.finished_recving.update(child.finished_recving)
+            results.failed_recving.update(child.failed_recving)
+            for req_id in child.finished_sending:
                 extra_pending = self._extra_async_saves.get(req_id)
                 if extra_pending is None:
-                    finished_sending.add(req_id)
+                    results.finished_sending.add(req_id)
                     continue
                 assert extra_pending > 0
                 if extra_pending == 1:
                     del self._extra_async_saves[req_id]
                 else:
                     self._extra_async_saves[req_id] = extra_pending - 1
-        return finished_sending or None, finished_recving or None
+        return results
 
     # scheduler side
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
