@@ -281,7 +281,7 @@ class PaddedPages(unittest.TestCase):
         from kvscope_capture.vllm.mamba_state import MambaStateLayout
 
         dims, tp, blocks = Mamba2Dims(heads=4, n_groups=2), 2, 6
-        engine = SimpleNamespace(tp=tp, dtype=torch.bfloat16)
+        engine = SimpleNamespace(tp=tp, dtype=torch.bfloat16, _padded_to_attention=lambda spec: spec)  # states alone
         spec = vm.Engine.mamba_spec(engine, vm.Group(MIXERS, mamba=True, mamba_dims=dims, block_size=8))
         content = spec.page_size_bytes
         spec = vm.MambaSpec(spec.block_size, spec.shapes, spec.dtypes, page_size_padded=content + 96)

@@ -129,6 +129,8 @@ class AttentionSpec:
 
     @property
     def page_size_bytes(self):
+        if self.page_size_padded is not None:
+            return self.page_size_padded
         return self.num_heads * self.get_num_kernel_states(self.block_size) * self.state_content_size_bytes
 
 
@@ -238,22 +240,40 @@ def layer_shape_bytes(spec, num_blocks, kernel_block_size):
             spec.get_num_kernel_states(kernel_block_size), spec.state_content_size_bytes)
 
 
-def layout_strides(shape, layout, fixed=(None,) * 5):
-    """compute_layout_strides: byte strides of [L, B, H, N, C], innermost physical axis first."""
+def layout_strides(shape, layout, fixed=(None,) * 5, padded_page=None):
+    """compute_layout_strides: byte strides of [L, B, H, N, C], innermost physical axis first; a
+    padded page (page_size_padded) sets the stride of the page grid's innermost axis (L or B), the
+    axes outside the page being L, B or of size 1."""
+    order = layout.value
+    grid_end = max(order.index(0), order.index(1)) + 1
+    if padded_page is not None and int(np.prod([shape[d] for d in order[:grid_end]])) != shape[0] * shape[1]:
+        raise ValueError(f"Page padding requires dimensions outside the page tail to be L, B, or singleton; "
+                         f"got {layout.name} with shape {shape}.")
     strides, running = [0] * 5, 1
-    for dim in reversed(layout.value):
+    for physical, dim in reversed(tuple(enumerate(order))):
+        if padded_page is not None and physical == grid_end - 1:
+            running = max(running, padded_page)
         strides[dim] = fixed[dim] or running
         running = strides[dim] * shape[dim]
     return strides
 
 
 def views_of(raw, spec, num_blocks, layout, tensor, kernel_block_size):
-    """create_kv_cache_views: each layer of `tensor` as a [B, H, N, C] view of `raw` in the spec's dtype."""
+    """create_kv_cache_views: each layer of `tensor` as a [B, H, N, C] view of `raw` in the spec's
+    dtype. Kernel blocks split a manager block only where it is one dense page."""
     shape = layer_shape_bytes(spec, num_blocks, kernel_block_size)
     ratio = shape[0] // num_blocks
-    block_stride = tensor.block_stride // ratio
+    block_stride = tensor.block_stride
+    if ratio > 1:
+        dense_page = int(np.prod(layer_shape_bytes(spec, 1, spec.block_size)[1:]))
+        if block_stride != dense_page:
+            raise ValueError(f"The resolved KV cache layout ({layout.name}) does not store blocks as dense, unpadded "
+                             f"pages (block stride {block_stride} != page {dense_page}), so a manager block cannot "
+                             f"be split into {ratio} kernel blocks of {kernel_block_size} tokens.")
+        block_stride //= ratio
     full = (len(tensor.layers),) + shape
-    strides = layout_strides(full, layout, (tensor.layer_stride, block_stride, None, None, None))
+    strides = layout_strides(full, layout, (tensor.layer_stride, block_stride, None, None, None),
+                             spec.page_size_padded)
     view = torch.as_strided(raw, full, strides, raw.storage_offset() + tensor.offset)
     if isinstance(spec, MambaSpec):  # int8 pages, which the layer's bind_kv_cache unpacks
         return [view[i] for i in range(len(tensor.layers))]
@@ -708,12 +728,28 @@ class Engine:
         d = group.mamba_dims or Mamba2Dims()
         if isinstance(d, GdnDims):  # gated_delta_net_state_shape: recurrent (heads / tp, head_v_dim, head_k_dim)
             shapes = ((d.d_conv - 1, d.conv_dim // self.tp), (d.num_v_heads // self.tp, d.head_v_dim, d.head_k_dim))
-            return MambaSpec(group.block_size, shapes, (self.dtype, torch.float32),
-                             mamba_type=MambaAttentionBackendEnum.GDN_ATTN, mamba_cache_mode=group.mamba_mode)
+            return self._padded_to_attention(
+                MambaSpec(group.block_size, shapes, (self.dtype, torch.float32),
+                          mamba_type=MambaAttentionBackendEnum.GDN_ATTN, mamba_cache_mode=group.mamba_mode))
         groups = d.n_groups + (0 if d.n_groups % self.tp == 0 else self.tp - d.n_groups)
         conv_dim = d.intermediate + 2 * groups * d.d_state
         shapes = ((d.d_conv - 1, conv_dim // self.tp), (d.heads // self.tp, d.head_dim, d.d_state))
-        return MambaSpec(group.block_size, shapes, (self.dtype, torch.float32), mamba_cache_mode=group.mamba_mode)
+        return self._padded_to_attention(
+            MambaSpec(group.block_size, shapes, (self.dtype, torch.float32), mamba_cache_mode=group.mamba_mode))
+
+    def _padded_to_attention(self, spec):
+        """The platform's hybrid check (vllm/platforms/interface.py, c2057261): an attention layer's
+        page must hold a Mamba page (vLLM raises the attention block size until it does; here the
+        engine must be given such a block size), and the Mamba page is padded to exactly the
+        attention page (mamba_page_size_padded)."""
+        attention = [g for g in getattr(self, "groups", ()) if not g.mamba]
+        if not attention:
+            return spec
+        page = self.spec_of(attention[0]).page_size_bytes
+        if page < spec.page_size_bytes:
+            raise ValueError(f"an attention page of {page} bytes cannot hold a Mamba page of {spec.page_size_bytes}: "
+                             "vLLM would raise the attention block size")
+        return replace(spec, page_size_padded=page) if page > spec.page_size_bytes else spec
 
     def _worker(self, rank):
         groups = [KVCacheGroupSpec([n for n in g.layer_names if n not in self.alias], self.spec_of(g))
@@ -768,7 +804,7 @@ class Engine:
             for spec, names in by_spec.items():
                 shape = (len(names),) + layer_shape_bytes(spec, self.num_blocks, spec.block_size)
                 fixed = (None, bytes_per_block if outermost_block else None, None, None, None)
-                layer_stride, block_stride = layout_strides(shape, self.layout, fixed)[:2]
+                layer_stride, block_stride = layout_strides(shape, self.layout, fixed, spec.page_size_padded)[:2]
                 offset = byte_offset * max(layer_stride, spec.page_size_bytes) // spec.page_size_bytes
                 tensors.append(KVCacheTensor(size=bytes_per_block * self.num_blocks, layers=names,
                                              layer_stride=layer_stride, block_stride=block_stride, offset=offset))
