@@ -136,7 +136,8 @@ class Layouts(unittest.TestCase):
 
     def test_rocm_attention_refused(self):
         with self.assertRaisesRegex(LayoutError, "layer z: backend ROCM_ATTN .*reinterpret the cache's bytes"):
-            detect_layout((6, 2, 16, 16), 6, 16, 2, 8, backend=vc.RocmAttentionBackend, what="layer z")
+            shape = vc.RocmAttentionBackend.get_kv_cache_shape(6, 16, 2, 8)  # what it reports
+            detect_layout(shape, 6, 16, 2, 8, backend=vc.RocmAttentionBackend, what="layer z")
 
     def test_unknown_layout_refused_by_name(self):
         cache = torch.zeros(6, 4, 16, 8)

@@ -299,8 +299,12 @@ class Capture(CaptureCase):
 
     def test_unknown_formats_refused_by_name_at_registration(self):
         cases = [
+            # a slot per head: FP8 keys (64 bytes) + 4-bit values (32) and their scale and zero point (4)
             (vm.Group(L, backend=vm.TurboQuantBackend, cache_dtype="turboquant_k8v4"), {},
-             "kv_quant_mode TURBOQUANT_K8V4 with None head slots of 64 bytes.*FullAttentionSpec"),
+             "kv_quant_mode TURBOQUANT_K8V4 with None head slots of 100 bytes.*FullAttentionSpec"),
+            # 3-bit key indices (24) + their norm (2), 3-bit values (24) + 4: 54
+            (vm.Group(L, backend=vm.TurboQuantBackend, cache_dtype="turboquant_3bit_nc"), {},
+             "kv_quant_mode TURBOQUANT_3BIT_NC with None head slots of 54 bytes.*FullAttentionSpec"),
             (vm.Group(L, backend=vm.FlashInferBackend, cache_dtype="nvfp4"), {"layout": vm.KVCacheLayout.LBNHC},
              "NVFP4 pages only in a head-major layout"),
         ]

@@ -105,8 +105,10 @@ class PackedTritonAttentionBackend:
         cache[block, :, offset, dim:] = v
 
 
-class RocmAttentionBackend(PackedTritonAttentionBackend):
-    """ROCm attention: reports a shape its kernels do not use (they reinterpret the bytes)."""
+class RocmAttentionBackend(FlashAttentionBackend):
+    """ROCm attention (rocm_attn.py @ 7b743ba9): reports FlashAttention's (2, num_blocks, block_size,
+    heads, head_size), which its kernels do not use (PagedAttention.split_kv_cache reinterprets the
+    bytes)."""
 
     @staticmethod
     def get_name():

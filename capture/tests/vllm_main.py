@@ -332,13 +332,24 @@ class RocmAttentionBackend(FlashAttentionBackend):
 
 
 class TurboQuantBackend(FlashAttentionBackend):
+    """turboquant_attn.py and quantization/turboquant/config.py (c2057261): K and V packed in one
+    slot per head, [key | value], its size rounded up to even (slot_size_aligned); keys FP8 (a byte
+    an element) or MSE indices and an fp16 norm, values uniform with an fp16 scale and zero point."""
+    PRESETS = {KVQuantMode.TURBOQUANT_K8V4: (8, 4), KVQuantMode.TURBOQUANT_4BIT_NC: (4, 4),
+               KVQuantMode.TURBOQUANT_K3V4_NC: (3, 4), KVQuantMode.TURBOQUANT_3BIT_NC: (3, 3)}
+
     @staticmethod
     def get_name():
         return "TURBOQUANT"
 
     @classmethod
     def customize_spec(cls, spec):
-        return replace(spec, state_content_bytes=spec.head_size)
+        if spec.state_content_bytes is not None or spec.kv_quant_mode not in cls.PRESETS:
+            return spec
+        key_bits, value_bits = cls.PRESETS[spec.kv_quant_mode]
+        key = spec.head_size if key_bits == 8 else -(-spec.head_size * key_bits // 8) + 2
+        slot = key + -(-spec.head_size * value_bits // 8) + 4
+        return replace(spec, state_content_bytes=slot + slot % 2)
 
 
 class FlashMLABackend(FlashAttentionBackend):
@@ -526,7 +537,10 @@ class KVCacheBlocks:
         return self.block_ids
 
     def get_unhashed_block_ids_all_groups(self):
-        return (self.block_ids[0][self.hashed:],) + self.block_ids[1:]
+        """Per group, the blocks with no hash (here: all but group 0's first `hashed`), the null
+        block (0) left out (c2057261)."""
+        groups = (self.block_ids[0][self.hashed:],) + self.block_ids[1:]
+        return tuple([b for b in g if b != 0] for g in groups)
 
 
 @dataclass
