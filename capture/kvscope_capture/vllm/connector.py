@@ -30,8 +30,10 @@ How (vllm/distributed/kv_transfer/kv_connector/v1/base.py): the scheduler calls 
 once a request is done, before its blocks are freed. The connector answers True (the blocks stay
 held) and hands the request's block ids and tokens to the workers in the next step's connector
 metadata. Each worker copies those blocks to the host in start_load_kv (called every step, with or
-without a forward pass), hands them to a background writer (shard_queue.py), and reports the
-request in get_finished, which frees the blocks. Only the request's blocks are read; nothing is
+without a forward pass; since August 2026 after the step's forward unless the step loads KV
+synchronously: either way the blocks are held), hands them to a background writer
+(shard_queue.py), and reports the request in get_finished (which vLLM's get_transfer_results
+wraps), which frees the blocks. Only the request's blocks are read; nothing is
 held for longer than one step, and the step pays the device-to-host copy only. When the writer's
 queue is full the request is skipped and counted, and a marker file names it.
 
