@@ -287,15 +287,25 @@ class Capture(CaptureCase):
         self.check_values(engine, request, data, same)
 
     def test_mla_latent_view(self):
-        engine = self.engine([vm.Group(L, backend=vm.FlashMLABackend, mla=True)], tp=2, mla_widths=(64, 16))
-        data = truth(L, "mla", 30, mla_width=80)
-        request = self.capture(engine, data)
-        group = request.config["groups"][0]
-        self.assertEqual((group["kv_lora_rank"], group["qk_rope_head_dim"]), (64, 16))
+        """The latent (kv_lora_rank | rope) per position; with an alignment (DeepSeek V4's spec) each
+        page padded: a block of 16 latents of 160 bytes, 2,560 bytes, in pages of 4,096."""
+        for alignment in (None, 4096):
+            with self.subTest(alignment=alignment):
+                self.tmp.cleanup()
+                self.tmp = tempfile.TemporaryDirectory()
+                self.out = os.path.join(self.tmp.name, "shards")
+                groups = [vm.Group(L, backend=vm.FlashMLABackend, mla=True, mla_alignment=alignment)]
+                engine = self.engine(groups, tp=2, mla_widths=(64, 16))
+                if alignment:
+                    self.assertEqual(engine.spec_of(engine.groups[0]).page_size_bytes, 4096)
+                data = truth(L, "mla", 30, mla_width=80)
+                request = self.capture(engine, data)
+                group = request.config["groups"][0]
+                self.assertEqual((group["kv_lora_rank"], group["qk_rope_head_dim"]), (64, 16))
 
-        def same(entry, row, t, heads, truth_, p):
-            self.assertTrue(torch.equal(entry["latent"][row, t], truth_["latent"][p]))
-        self.check_values(engine, request, data, same)
+                def same(entry, row, t, heads, truth_, p):
+                    self.assertTrue(torch.equal(entry["latent"][row, t], truth_["latent"][p]))
+                self.check_values(engine, request, data, same)
 
     def test_unknown_formats_refused_by_name_at_registration(self):
         cases = [

@@ -147,11 +147,18 @@ class SlidingWindowSpec(AttentionSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class MLAAttentionSpec(FullAttentionSpec):
+    """alignment (DeepSeek V4's): the page padded up to a multiple of it (_apply_alignment_padding)."""
     cache_dtype_str: str = None
+    alignment: int = None
+    model_version: str = None
 
     def __post_init__(self):
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", 0)  # one latent, no separate V
+        if self.alignment is not None:
+            page = self.num_heads * self.get_num_kernel_states(self.block_size) * self.state_content_size_bytes
+            if page % self.alignment:
+                object.__setattr__(self, "page_size_padded", -(-page // self.alignment) * self.alignment)
 
 
 @dataclass(frozen=True)
@@ -519,6 +526,7 @@ class Group:
     kernel_block_size: int = None
     window: int = None
     mla: bool = False
+    mla_alignment: int = None  # MLAAttentionSpec.alignment
     mamba: bool = False
     mamba_dims: object = None  # a Mamba2 group's Mamba2Dims (tests/mamba2_standin.py)
     mamba_mode: str = "none"  # cache_config.mamba_cache_mode: "none", "align" or "all"
@@ -725,7 +733,8 @@ class Engine:
             return self.mamba_spec(group)
         if group.mla:
             spec = MLAAttentionSpec(block_size=group.block_size, num_kv_heads=1, head_size=sum(self.mla_widths),
-                                    dtype=dtype, kv_quant_mode=mode, cache_dtype_str=group.cache_dtype)
+                                    dtype=dtype, kv_quant_mode=mode, cache_dtype_str=group.cache_dtype,
+                                    alignment=group.mla_alignment)
         elif group.window:
             spec = SlidingWindowSpec(block_size=group.block_size, num_kv_heads=heads, head_size=self.head_size,
                                      dtype=dtype, kv_quant_mode=mode, sliding_window=group.window)
