@@ -223,6 +223,43 @@ void printTimeline(const SweepTimeline& t, std::ostream& out)
         out << "  trend: " << t.trend << "\n";
 }
 
+// The three-way prompts pooled into the aggregate that hold no compared cell of `layer` (a
+// block or reference that could not be read): the layer's pooled BCs leave them out.
+std::vector<std::string> promptsNotPooledAt(const AnalysisResult& result, const std::string& layer)
+{
+    std::vector<std::string> ids;
+    for (const PromptAnalysis& p : result.prompts) {
+        if (std::find(result.aggregate->promptIds.begin(), result.aggregate->promptIds.end(), p.id) ==
+            result.aggregate->promptIds.end())
+            continue;
+        const auto at = std::find(p.layers.begin(), p.layers.end(), layer);
+        if (at == p.layers.end())
+            continue;
+        const int l = int(at - p.layers.begin());
+        if (layerMax(p, metricFor(KvPart::K, MetricKind::Linf), l).head < 0 &&
+            layerMax(p, metricFor(KvPart::V, MetricKind::Linf), l).head < 0)
+            ids.push_back(p.id);
+    }
+    return ids;
+}
+
+// What could not be read, on the error stream too: the summary lists it with its prompt, where
+// a script reading the exit code or the JSON would not look.
+void warnOfProblems(const AnalysisResult& result, std::ostream& err)
+{
+    std::vector<std::string> problems = result.problems;
+    for (const PromptAnalysis& p : result.prompts)
+        problems.insert(problems.end(), p.problems.begin(), p.problems.end());
+    for (const SweepBundle& b : result.bundles)
+        if (!b.problem.empty())
+            problems.push_back(b.name + " left out: " + b.problem);
+    if (problems.empty())
+        return;
+    err << "kvscope analyze: " << problems.size() << " problem(s), the rest analysed (--strict: an error):\n";
+    for (const std::string& problem : problems)
+        err << "  " << problem << "\n";
+}
+
 }  // namespace
 
 int analyze(const Args& args, std::ostream& out, std::ostream& err)
@@ -315,6 +352,7 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
             if (!file.flush())
                 throw BundleError(jsonPath, {}, "write failed");
             out << "wrote " << jsonPath << "\n";
+            warnOfProblems(result, err);
             return 0;
         }
         if (heading.empty())
@@ -342,11 +380,19 @@ int analyze(const Args& args, std::ostream& out, std::ostream& err)
                 out << "    " << std::left << std::setw(34) << a.layers[l];
                 if (seedBc)
                     out << std::setw(17) << vsNoise << "reference tool's " << fixed(a.combined[0][l]) << " / "
-                        << fixed(a.combined[1][l]) << "\n";
+                        << fixed(a.combined[1][l]);
                 else
-                    out << vsNoise << "\n";
+                    out << vsNoise;
+                if (const std::vector<std::string> left = promptsNotPooledAt(result, a.layers[l]); !left.empty()) {
+                    out << "  (without";
+                    for (const std::string& id : left)
+                        out << " " << id;
+                    out << ": not compared at this layer)";
+                }
+                out << "\n";
             }
         }
+        warnOfProblems(result, err);
         return 0;
     } catch (const std::invalid_argument& e) {
         err << "kvscope: " << e.what() << "\n";

@@ -38,7 +38,8 @@ std::vector<Command> analysingCommands()
                     "  --layers SPEC  layers by index among the compared layers in model order, or by name,\n"
                     "                 e.g. 0-3,7\n"
                     "  --threads N    threads (default: one per core); one of them reads the next layer\n"
-                    "  --strict       an unreadable block is an error instead of absent positions\n"
+                    "  --strict       an unreadable block is an error instead of absent positions (without it,\n"
+                    "                 what could not be read is named on the error stream too)\n"
                     "  --seed-bc      print the reference tool's combined BC per layer too (it reads ~1 on real\n"
                     "                 faults; a second pass over each layer); --json and --save always have it\n"
                     "  --suspect-floor, --suspect-drift-two-way  the suspects' thresholds, as for check and report\n",

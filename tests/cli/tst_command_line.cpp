@@ -12,6 +12,7 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <hdf5.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -48,6 +49,7 @@ private slots:
     void everyCommandHasAFunctionInOneExecutable();
     void analyzeSummarySpeaksTheAppsLanguage();
     void analyzeSummaryPrintsTheReferenceToolsBcWhenAsked();
+    void analyzeSaysWhatItCouldNotReadOnItsErrorStream();
     void aFolderGivenByMistakeSaysSo();
     void progressOnlyOnATerminal();
     void whatifWritesItsJsonAndRefusesUnknownSchemes();
@@ -206,6 +208,56 @@ void TestCommandLine::analyzeSummarySpeaksTheAppsLanguage()
     QCOMPARE(rcLarge, 0);
     QVERIFY2(large.find("min BC vs noise floor over tokens") != std::string::npos, large.c_str());
     QVERIFY(large.find("k_bc_vs_noise ") != std::string::npos && large.find("no per-token BC") == std::string::npos);
+}
+
+void TestCommandLine::analyzeSaysWhatItCouldNotReadOnItsErrorStream()
+{
+    // One byte of prompt_0's baseline K of layer 1 damaged: its checksum fails, the rest is
+    // analysed (exit 0), the error stream names the dataset (with --json too), and the layer's
+    // pooled BC says it leaves prompt_0 out.
+    QTemporaryDir dir;
+    const std::string path = dir.filePath("c.h5").toStdString();
+    kvscope::SyntheticCaptureOptions o = smallDemo();
+    o.promptLens = {24, 24};
+    kvscope::writeSyntheticCapture(path, o);
+    const char* damaged = "/prompts/prompt_0/reference/baseline/model.layers.1.self_attn/k";
+    {
+        const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+        const hid_t d = H5Dopen2(f, damaged, H5P_DEFAULT);
+        QVERIFY(d >= 0);
+        const hsize_t origin[4] = {0, 0, 0, 0};
+        unsigned mask = 0;
+        haddr_t address = HADDR_UNDEF;
+        hsize_t size = 0;
+        QVERIFY(H5Dget_chunk_info_by_coord(d, origin, &mask, &address, &size) >= 0 && address != HADDR_UNDEF);
+        H5Dclose(d);
+        H5Fclose(f);
+        std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+        file.seekg(std::streamoff(address + 2));
+        const char byte = char(file.get() ^ 0x40);
+        file.seekp(std::streamoff(address + 2));
+        file.put(byte);
+    }
+    std::ostringstream out, err;
+    QCOMPARE(analyze({path}, out, err), 0);
+    QVERIFY2(err.str().find("kvscope analyze: 1 problem(s), the rest analysed") == 0, err.str().c_str());
+    QVERIFY2(err.str().find(std::string(damaged) + ": chunk at row 0 does not match its Fletcher32 checksum") !=
+                 std::string::npos, err.str().c_str());
+    const std::string summary = out.str();
+    const std::size_t aggregate = summary.find("\naggregate over 2 three-way prompt(s)");
+    QVERIFY2(aggregate != std::string::npos, summary.c_str());
+    const auto lineOf = [&](const std::string& layer) {
+        const std::size_t at = summary.find("    " + layer + " ", aggregate);
+        return at == std::string::npos ? std::string() : summary.substr(at, summary.find('\n', at) - at);
+    };
+    QVERIFY2(lineOf("model.layers.1.self_attn").find("(without prompt_0: not compared at this layer)") != std::string::npos,
+             summary.c_str());
+    QVERIFY2(!lineOf("model.layers.0.self_attn").empty() &&
+                 lineOf("model.layers.0.self_attn").find("without") == std::string::npos, summary.c_str());
+
+    std::ostringstream jsonOut, jsonErr;
+    QCOMPARE(analyze({path, "--json", dir.filePath("c.json").toStdString()}, jsonOut, jsonErr), 0);
+    QCOMPARE(jsonErr.str(), err.str());
 }
 
 void TestCommandLine::analyzeSummaryPrintsTheReferenceToolsBcWhenAsked()
