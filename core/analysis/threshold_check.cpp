@@ -68,11 +68,15 @@ std::vector<Violation> checkThresholds(const AnalysisResult& result, const Thres
         return out;
     }
     // Any suspect fails, and comes first: something left the noise floor of its dtype.
+    // Seen in several prompts: the prompt its evidence is about first, and no token (positions
+    // differ from prompt to prompt; the evidence gives that prompt's).
     for (const Suspect& s : result.suspects) {
-        std::string prompts;
+        std::string prompts = s.prompts.size() > 1 ? s.evidencePrompt : "";
         for (const std::string& id : s.prompts)
-            prompts += (prompts.empty() ? "" : ",") + id;
-        out.push_back({prompts, s.firstLayer, s.firstToken, s.heads.size() == 1 ? s.heads.front() : -1,
+            if (s.prompts.size() == 1 || id != s.evidencePrompt)
+                prompts += (prompts.empty() ? "" : ",") + id;
+        out.push_back({prompts, s.firstLayer, s.prompts.size() > 1 ? -1 : s.firstToken,
+                       s.heads.size() == 1 ? s.heads.front() : -1,
                        std::string("suspect: ") + suspectPatternName(s.pattern) +
                            (s.pattern == SuspectPattern::NonFinite ? " (NaN or infinity, off whatever the floor)"
                                                                     : " (score, in noise floors)"),

@@ -143,6 +143,7 @@ private slots:
     void noiseCountIsPoisson();
     void nonFiniteIsNamedFirst();
     void nonFiniteHandMade();
+    void checkNamesAPooledSuspectByItsEvidencePrompt();
     void labelsFollowTheHypothesis();
     void magnitudeFaults();
     void cachePageOrders();
@@ -885,6 +886,41 @@ void TestSuspects::nonFiniteIsNamedFirst()
                 QVERIFY2(v.front().metric.find("non_finite") != std::string::npos, v.front().metric.c_str());
             }
     qInfo("non-finite: %d captures", m_count - before);
+}
+
+void TestSuspects::checkNamesAPooledSuspectByItsEvidencePrompt()
+{
+    // Seen in p0 (from token 64) and p1 (from 96), its evidence about p1: the verdict names p1
+    // first and gives no token, since the pooled first token (64) is p0's and the sentence p1's.
+    const auto suspect = [](const std::string& prompt, std::int64_t first, double score) {
+        Suspect s;
+        s.pattern = SuspectPattern::Head;
+        s.firstLayer = "l3";
+        s.prompts = {prompt};
+        s.heads = {1};
+        s.firstToken = first;
+        s.lastToken = first + 20;
+        s.score = score;
+        s.evidencePrompt = prompt;
+        s.evidence = "about " + prompt;
+        return s;
+    };
+    AnalysisResult pooled;
+    pooled.suspects = poolSuspects({{suspect("p0", 64, 35.1)}, {suspect("p1", 96, 35.9)}});
+    QCOMPARE(pooled.suspects.size(), std::size_t(1));
+    std::vector<Violation> v = checkThresholds(pooled, Thresholds{});
+    QCOMPARE(v.size(), std::size_t(1));
+    QCOMPARE(v[0].prompt, std::string("p1,p0"));
+    QCOMPARE(v[0].token, std::int64_t(-1));
+    QCOMPARE(v[0].detail, std::string("about p1"));
+    QCOMPARE(v[0].head, 1);
+
+    AnalysisResult one;  // one prompt: its own first token
+    one.suspects = {suspect("p0", 64, 35.1)};
+    v = checkThresholds(one, Thresholds{});
+    QCOMPARE(v.size(), std::size_t(1));
+    QCOMPARE(v[0].prompt, std::string("p0"));
+    QCOMPARE(v[0].token, std::int64_t(64));
 }
 
 void TestSuspects::nonFiniteHandMade()
