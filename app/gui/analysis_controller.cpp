@@ -51,8 +51,9 @@ void AnalysisController::stopped(const QString& error, bool wasOpened)
     else if (m_result)
         tell(&CaptureViewer::openingStopped, path, error);
     else
-        tell(&CaptureViewer::captureClosed, error.isEmpty() ? tr("import of %1 cancelled").arg(path)
-                                                            : tr("could not open %1: %2").arg(path, error));
+        tell(&CaptureViewer::captureClosed, error.isEmpty()               ? tr("import of %1 cancelled").arg(path)
+                                            : error.startsWith(path + ":") ? tr("could not open %1").arg(error)  // (it names the file)
+                                                                           : tr("could not open %1: %2").arg(path, error));
 }
 
 void AnalysisController::cancel()

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 // Resources compiled into a static library must be registered by hand (outside any namespace).
@@ -665,9 +666,12 @@ QColor whatIfColour(double floorRatio)
 ReportFiles writeReport(const CaptureLoader& loader, const AnalysisResult& result, const Thresholds& thresholds,
                         const QString& directory, const WhatIfResult* whatIf, const DiffResult* against)
 {
-    QDir dir(directory);
-    if (!dir.exists() && !QDir().mkpath(directory))
-        throw std::runtime_error(("cannot create " + directory).toStdString());
+    std::error_code failed;
+    std::filesystem::create_directories(directory.toStdString(), failed);
+    if (failed || !QDir(directory).exists())
+        throw std::runtime_error(directory.toStdString() + ": the report's folder cannot be created (" +
+                                 (failed ? failed.message() : "it is a file") + ")");
+    const QDir dir(directory);
     const std::vector<ReportMap> maps = reportMaps(loader, result, against, thresholds.suspects);
     ReportFiles files;
     for (const ReportMap& m : maps) {

@@ -75,6 +75,27 @@ std::string hdf5Detail()
     return detail.empty() ? detail : " (HDF5: " + detail + ")";
 }
 
+// A file shorter than its superblock says: "holds N of the M bytes it declares", from libhdf5's
+// "truncated file: eof = N, ..., stored_eof = M"; empty for any other failure to open.
+std::string truncation(const std::string& detail)
+{
+    const auto number = [&](const char* key) -> std::string {
+        const std::size_t at = detail.find(key);
+        if (at == std::string::npos)
+            return {};
+        const std::size_t begin = at + std::strlen(key);
+        const std::size_t end = detail.find_first_not_of("0123456789", begin);
+        return detail.substr(begin, end - begin);
+    };
+    if (detail.find("truncated file") == std::string::npos)
+        return {};
+    const std::string present = number("truncated file: eof = "), declared = number("stored_eof = ");
+    if (present.empty() || declared.empty())
+        return {};
+    return "is truncated: it holds " + present + " of the " + declared +
+           " bytes it declares (an interrupted copy or write?)";
+}
+
 // Why a read failed, in words a user can act on.
 std::string readProblem()
 {
@@ -170,8 +191,11 @@ Hdf5File Hdf5File::openReadOnly(const std::string& path)
     if (H5Fis_hdf5(path.c_str()) <= 0)
         throw BundleError(path, {}, "not an HDF5 file");
     file.m_file = Hdf5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), closeFile);
-    if (!file.m_file.valid())
-        throw BundleError(path, {}, "cannot be opened as HDF5 (truncated or corrupt?)" + hdf5Detail());
+    if (!file.m_file.valid()) {
+        const std::string detail = hdf5Detail();
+        const std::string truncated = truncation(detail);
+        throw BundleError(path, {}, truncated.empty() ? "cannot be opened as HDF5 (truncated or corrupt?)" + detail : truncated);
+    }
     auto raw = std::make_shared<PlainFile>();
     raw->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     Hdf5Handle fcpl(H5Fget_create_plist(file.m_file.id()), closePlist);

@@ -130,6 +130,19 @@ void TestOpening::failedOpenLeavesNothingStale()
     // Open Recent lists what opened, not what failed.
     QVERIFY(!QSettings().value("recentFiles").toStringList().contains(broken));
     QVERIFY(QSettings().value("recentFiles").toStringList().contains(m_path));
+    // The message box and the status bar say what is wrong, each naming the file once.
+    bool said = false;
+    for (QWidget* w : QApplication::topLevelWidgets())
+        if (auto* box = qobject_cast<QMessageBox*>(w); box && box->isVisible()) {
+            const QString text = box->text() + "\n" + box->informativeText();
+            if (!text.contains(broken))
+                continue;  // (another test's)
+            QVERIFY2(text.contains("is truncated: it holds") && text.count(broken) == 1, qPrintable(text));
+            said = true;
+        }
+    QVERIFY(said);
+    const QString status = fresh.statusBar()->findChild<QLabel*>()->text();
+    QVERIFY2(status.contains("is truncated: it holds") && status.count(broken) == 1, qPrintable(status));
     for (QWidget* w : QApplication::topLevelWidgets())  // the message box
         if (w->inherits("QMessageBox"))
             w->close();

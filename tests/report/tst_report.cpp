@@ -233,6 +233,9 @@ void TestReport::checkExitCodes()
     QCOMPARE(run({"check", broken}, &text), 2);
     QVERIFY(text.contains(broken));
     QCOMPARE(run({"check", m_dir.filePath("missing.h5")}), 2);
+    // A report's folder that cannot be made: it and why, exit 2.
+    QCOMPARE(run({"report", clean, "-o", broken + "/report"}, &text), 2);
+    QVERIFY2(text.contains(broken + "/report: the report's folder cannot be created (Not a directory)"), qPrintable(text));
     // The app's screenshot mode on a bundle it cannot open: the reason, exit 2, no wait.
     QProcess app;
     QProcessEnvironment env = QProcessEnvironment::systemEnvironment();

@@ -323,7 +323,9 @@ private slots:
         }
         const QByteArray whole = bytesOf(truncated);
         writeBytes(truncated, whole.left(whole.size() / 2));
-        EXPECT_ERROR(Hdf5File::openReadOnly(truncated), truncated, "", "cannot be opened as HDF5 (truncated or corrupt?)");
+        EXPECT_ERROR(Hdf5File::openReadOnly(truncated), truncated, "",
+                     "is truncated: it holds " + std::to_string(whole.size() / 2) + " of the " +
+                         std::to_string(whole.size()) + " bytes it declares (an interrupted copy or write?)");
         // Its superblock damaged (after the signature): its checksum fails.
         const std::string superblock = path("superblock.h5");
         writeBytes(superblock, whole);
