@@ -58,7 +58,7 @@ int demo(const Args& args, std::ostream& out, std::ostream& err)
         mla      ? "making the MLA demo capture (a 16-layer latent-attention model run three ways; a few seconds, once)"
         : hybrid ? "making the hybrid demo capture (a 24-layer Mamba2 and attention model run three ways; about half a "
                    "minute, once)"
-                 : "making the demo capture (a 24-layer model run three ways; about half a minute, once)";
+                 : "making the demo capture (a 24-layer model run three ways; a minute or two, once)";
     if (captureOnly || !hasDisplay()) {
         if (!std::filesystem::exists(path)) {
             out << making << std::endl;
