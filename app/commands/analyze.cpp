@@ -244,15 +244,13 @@ std::vector<std::string> promptsNotPooledAt(const AnalysisResult& result, const 
 }
 
 // What could not be read, on the error stream too: the summary lists it with its prompt, where
-// a script reading the exit code or the JSON would not look.
+// a script reading the exit code or the JSON would not look. (A sweep's bundles left out were
+// warned of as it opened.)
 void warnOfProblems(const AnalysisResult& result, std::ostream& err)
 {
     std::vector<std::string> problems = result.problems;
     for (const PromptAnalysis& p : result.prompts)
         problems.insert(problems.end(), p.problems.begin(), p.problems.end());
-    for (const SweepBundle& b : result.bundles)
-        if (!b.problem.empty())
-            problems.push_back(b.name + " left out: " + b.problem);
     if (problems.empty())
         return;
     err << "kvscope analyze: " << problems.size() << " problem(s), the rest analysed (--strict: an error):\n";
