@@ -128,10 +128,12 @@ class AttentionSpec:
         return kernel_block_size // self.tokens_per_state
 
     @property
-    def page_size_bytes(self):
-        if self.page_size_padded is not None:
-            return self.page_size_padded
+    def unpadded_page_size_bytes(self):
         return self.num_heads * self.get_num_kernel_states(self.block_size) * self.state_content_size_bytes
+
+    @property
+    def page_size_bytes(self):
+        return self.page_size_padded if self.page_size_padded is not None else self.unpadded_page_size_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +158,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", 0)  # one latent, no separate V
         if self.alignment is not None:
-            page = self.num_heads * self.get_num_kernel_states(self.block_size) * self.state_content_size_bytes
+            page = self.unpadded_page_size_bytes
             if page % self.alignment:
                 object.__setattr__(self, "page_size_padded", -(-page // self.alignment) * self.alignment)
 
